@@ -1,0 +1,83 @@
+#include "data/sentencepiece_tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "data/text_dataset.h"
+#include "data/wordpiece_tokenizer.h"
+#include "proto/job_spec.h"
+
+namespace trainyard {
+
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
+    : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  auto status = processor_->Load(model_path);
+  if (!status.ok())
+    throw std::runtime_error(model_path + ": cannot load the SentencePiece model: " +
+                             status.ToString());
+  pad_id_ = std::max(0, processor_->pad_id());
+  cls_id_ = processor_->bos_id() >= 0 ? processor_->bos_id() : processor_->unk_id();
+  sep_id_ = processor_->eos_id() >= 0 ? processor_->eos_id() : processor_->unk_id();
+}
+
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+int SentencePieceTokenizer::vocab_size() const { return processor_->GetPieceSize(); }
+
+void SentencePieceTokenizer::Train(const std::vector<std::string>& texts,
+                                   const std::string& model_path, int vocab_size) {
+  namespace fs = std::filesystem;
+  fs::path model(model_path);
+  if (model.has_parent_path()) fs::create_directories(model.parent_path());
+  const std::string corpus = model_path + ".corpus.txt";
+  {
+    std::ofstream out(corpus);
+    for (std::string text : texts) {
+      std::replace(text.begin(), text.end(), '\n', ' ');
+      out << text << '\n';
+    }
+  }
+  std::string prefix = model_path.substr(0, model_path.size() - model.extension().string().size());
+  auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + corpus + " --model_prefix=" + prefix + " --vocab_size=" +
+      std::to_string(vocab_size) +
+      " --model_type=unigram --character_coverage=0.9995 --pad_id=0 --unk_id=1 --bos_id=2"
+      " --eos_id=3 --input_sentence_size=200000 --shuffle_input_sentence=true"
+      " --minloglevel=2 --num_threads=2");
+  fs::remove(corpus);
+  if (!status.ok()) throw std::runtime_error("SentencePiece training failed: " + status.ToString());
+  if (prefix + ".model" != model_path) fs::rename(prefix + ".model", model_path);
+}
+
+std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int max_len) const {
+  std::vector<int> pieces;
+  processor_->Encode(std::string(text), &pieces);
+  const size_t room = max_len > 2 ? static_cast<size_t>(max_len - 2) : 0;
+  if (pieces.size() > room) pieces.resize(room);
+  std::vector<int32_t> ids;
+  ids.reserve(pieces.size() + 2);
+  ids.push_back(cls_id_);
+  ids.insert(ids.end(), pieces.begin(), pieces.end());
+  ids.push_back(sep_id_);
+  return ids;
+}
+
+std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train) {
+  const TokenizerSpec& t = spec.tokenizer;
+  if (t.kind == TokenizerKind::kWordPiece)
+    return std::make_unique<WordPieceTokenizer>(t.vocab, t.lowercase);
+  if (!std::filesystem::exists(t.model)) {
+    std::vector<std::string> texts;
+    texts.reserve(train.examples.size());
+    for (const auto& e : train.examples) texts.push_back(e.text);
+    SentencePieceTokenizer::Train(texts, t.model, t.vocab_size);
+  }
+  return std::make_unique<SentencePieceTokenizer>(t.model);
+}
+
+}  // namespace trainyard

@@ -1,0 +1,114 @@
+// The typed form of a job YAML file. A job file is parsed and validated once, by
+// LoadJobSpec(); everything downstream reads these structs and never the YAML.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace trainyard {
+
+// A job file that cannot be used. what() is one line:
+//   "<file>:<line>:<column>: <key.path>: <what was expected>"
+class SpecError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class JobKind { kFinetune, kBenchmark, kInference };
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+enum class TokenizerKind { kWordPiece, kSentencePiece };
+enum class DataFormat { kTsv, kJsonl };
+
+struct TokenizerSpec {
+  TokenizerKind kind = TokenizerKind::kWordPiece;
+  std::string vocab;           // WordPiece vocab.txt (absolute path)
+  bool lowercase = true;       // WordPiece: BERT uncased rules (also strips accents)
+  std::string model;           // SentencePiece .model; trained from data.train if absent
+  int vocab_size = 8000;       // SentencePiece training only
+};
+
+struct DataSpec {
+  std::string train, dev;      // absolute paths; dev may be empty
+  std::string labels;          // optional labels.txt (one label a line); else labels seen in train
+  DataFormat format = DataFormat::kTsv;
+  std::string text_field = "text", label_field = "label";  // JSONL keys
+  TokenizerSpec tokenizer;
+  int max_seq_len = 128;
+  int bucket_batches = 50;     // batches per length-sorted window of the sampler
+  int prefetch_batches = 8;    // 0 turns the background pipeline off
+  int loader_threads = 2;
+};
+
+struct ModelSpec {
+  std::string preset = "tiny"; // tiny | mini | base
+  std::string init;            // HF checkpoint dir (model.safetensors + config.json); empty = random init
+  double dropout = 0.1;
+};
+
+struct LossScaleSpec {
+  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int growth_interval = 2000;
+};
+
+struct TrainSpec {
+  int epochs = 3;
+  int batch_size = 32;         // per rank
+  int64_t max_steps = 0;       // 0 = no limit
+  double lr = 5e-4, weight_decay = 0.01, warmup_ratio = 0.1, max_grad_norm = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  Precision precision = Precision::kFp32;
+  LossScaleSpec loss_scale;
+};
+
+struct CheckpointSpec {
+  int64_t every_steps = 0;     // 0 = at the end of each epoch only
+  int keep = 2;
+  std::string resume = "none"; // none | auto | <checkpoint file>
+};
+
+struct RuntimeSpec {
+  DeviceChoice device = DeviceChoice::kAuto;
+  int threads = 0;             // intra-op threads per rank; 0 = libtorch's default
+};
+
+struct LogSpec {
+  std::string runs_dir;        // absolute; empty = "runs" under the working directory
+  int steps_every = 20;        // steps.jsonl cadence
+  bool progress = true;
+};
+
+struct JobSpec {
+  std::string source_file;     // the YAML the spec came from
+  std::string name;
+  JobKind kind = JobKind::kFinetune;
+  uint64_t seed = 1234;
+  DataSpec data;
+  ModelSpec model;
+  TrainSpec train;
+  CheckpointSpec checkpoint;
+  RuntimeSpec runtime;
+  LogSpec log;
+  // "file:line:column" of every key read from the file, by key path ("train.epochs").
+  std::map<std::string, std::string> locations;
+
+  // "<file>:<line>:<column>: <key>" for messages about a value read from the job file.
+  std::string Where(const std::string& key_path) const;
+};
+
+// Parses and validates a job file. Relative paths resolve against the file's folder.
+// Throws SpecError (file:line:column: key: message) on any problem, including
+// missing input files.
+JobSpec LoadJobSpec(const std::string& path);
+
+// Same, from YAML text; `source_name` is used in messages and `base_dir` for paths.
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
+                     const std::string& base_dir);
+
+const char* ToString(Precision p);
+const char* ToString(JobKind k);
+
+}  // namespace trainyard

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs everything Trainyard needs on a Debian 12 machine. Idempotent: a second
+# run only checks and returns in seconds.
+#   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
+#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11 and the fortunes data.
+#   - A Python virtual environment with the torch wheel (its libtorch is what the C++
+#     build links) and Hugging Face transformers (the independent reference in tests).
+# The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
+# so fresh clones reuse the several-GB torch install.
+set -euo pipefail
+
+TORCH_VERSION="${TRAINYARD_TORCH_VERSION:-2.11.0}"
+TRANSFORMERS_VERSION="4.57.6"
+VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git python3 python3-venv python3-pip
+  openmpi-bin libopenmpi-dev
+  libzmq3-dev cppzmq-dev
+  libprotobuf-dev protobuf-compiler
+  libspdlog-dev libfmt-dev
+  libgtest-dev googletest
+  libyaml-cpp-dev
+  libsqlite3-dev sqlite3
+  nlohmann-json3-dev
+  libsentencepiece-dev sentencepiece
+  libcli11-dev
+  fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo
+)
+
+log() { echo "[setup] $*"; }
+
+missing_apt_packages() {
+  local p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"
+  done
+}
+
+install_apt_packages() {
+  local missing
+  missing=$(missing_apt_packages)
+  if [[ -z "$missing" ]]; then
+    log "Debian packages: all present"
+    return
+  fi
+  log "Debian packages to install: $(echo $missing | tr '\n' ' ')"
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing
+}
+
+venv_is_ready() {
+  [[ -x "$VENV/bin/python" ]] || return 1
+  "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" <<'PY' 2>/dev/null
+import sys, importlib.metadata as md
+want_torch, want_tf = sys.argv[1], sys.argv[2]
+ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
+import numpy, safetensors  # noqa: F401
+sys.exit(0 if ok else 1)
+PY
+}
+
+install_python_env() {
+  if venv_is_ready; then
+    log "Python venv $VENV: torch $TORCH_VERSION and transformers $TRANSFORMERS_VERSION present"
+    return
+  fi
+  log "creating Python venv $VENV (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)"
+  mkdir -p "$(dirname "$VENV")"
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" \
+    numpy safetensors
+}
+
+install_apt_packages
+install_python_env
+log "done: venv at $VENV"

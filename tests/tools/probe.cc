@@ -1,0 +1,107 @@
+// ty_probe: drives single components of the worker from the command line, so the
+// Python reference tests (tests/reference/) can compare them with Hugging Face and
+// PyTorch on identical inputs.
+//   ty_probe tokenize VOCAB [--cased]        stdin: one TSV-escaped text a line; stdout: ids
+//   ty_probe logits MODEL_DIR INPUTS.json    stdout: JSON logits of our BERT
+//   ty_probe scaler PATTERN INIT INTERVAL    stdout: JSON scale/skip sequence
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "data/text_dataset.h"
+#include "data/wordpiece_tokenizer.h"
+#include "worker/amp.h"
+#include "worker/models/hf_checkpoint.h"
+#include "worker/optimizer.h"
+
+namespace trainyard {
+namespace {
+
+int Tokenize(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const bool cased = argc > 3 && std::string(argv[3]) == "--cased";
+  WordPieceTokenizer tokenizer(argv[2], !cased);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    auto ids = tokenizer.Encode(UnescapeTsvField(line), 1 << 20);
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+torch::Tensor ToTensor(const nlohmann::json& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& row : rows)
+    for (const auto& v : row) flat.push_back(v.get<int64_t>());
+  return torch::tensor(flat, torch::kLong).view({static_cast<int64_t>(rows.size()), -1});
+}
+
+int Logits(int argc, char** argv) {
+  if (argc < 4) return 2;
+  BertForSequenceClassification model(ReadHfConfig(argv[2]));
+  LoadHfWeights(argv[2], model);
+  model->eval();
+  std::ifstream in(argv[3]);
+  nlohmann::json inputs = nlohmann::json::parse(in);
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits = model->forward(ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"]));
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    auto row = logits[i].contiguous();
+    out.push_back(std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel()));
+  }
+  std::cout << nlohmann::json{{"logits", out}}.dump() << "\n";
+  return 0;
+}
+
+// Replays a pattern of steps ('1' = plant an inf in the gradients) through
+// GradScaler + AdamW on one parameter, printing what torch.amp.GradScaler reports.
+int Scaler(int argc, char** argv) {
+  if (argc < 5) return 2;
+  const std::string pattern = argv[2];
+  LossScaleSpec spec;
+  spec.init_scale = std::stod(argv[3]);
+  spec.growth_interval = std::stoi(argv[4]);
+  GradScaler scaler(spec, true);
+  torch::Tensor w = torch::ones({4}, torch::requires_grad());
+  AdamW optimizer({{"w", w}}, AdamWOptions{});
+  nlohmann::json scales = nlohmann::json::array(), skipped = nlohmann::json::array();
+  for (char c : pattern) {
+    torch::Tensor loss = (w * w).sum();
+    scaler.Scale(loss).backward();
+    if (c == '1') {
+      torch::NoGradGuard no_grad;
+      w.mutable_grad()[1] = std::numeric_limits<float>::infinity();
+    }
+    bool found_inf = scaler.UnscaleAndCheck({w});
+    if (!found_inf) optimizer.Step(1e-3);
+    scaler.Update(found_inf);
+    optimizer.ZeroGrad();
+    scales.push_back(scaler.scale());
+    skipped.push_back(found_inf);
+  }
+  std::vector<float> weights(w.data_ptr<float>(), w.data_ptr<float>() + 4);
+  std::cout << nlohmann::json{{"scales", scales}, {"skipped", skipped}, {"weights", weights}}.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  try {
+    if (command == "tokenize") return trainyard::Tokenize(argc, argv);
+    if (command == "logits") return trainyard::Logits(argc, argv);
+    if (command == "scaler") return trainyard::Scaler(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "usage: ty_probe tokenize|logits|scaler ...\n";
+  return 2;
+}

@@ -1,0 +1,19 @@
+// Logging for the worker. libtorch ships its own {fmt} headers, which clash with the
+// {fmt} that Debian's spdlog is built against, so code that sees torch headers logs
+// through these functions (implemented in a torch-free file) and formats with
+// StrFormat (printf-style) instead of including spdlog.
+#pragma once
+
+#include <string>
+
+namespace trainyard {
+
+void LogSetup(const std::string& level);  // trace, debug, info, warn, error
+void LogDebug(const std::string& message);
+void LogInfo(const std::string& message);
+void LogWarn(const std::string& message);
+void LogError(const std::string& message);
+
+std::string StrFormat(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace trainyard

@@ -1,0 +1,60 @@
+// The safetensors file format (Hugging Face): an 8-byte little-endian header size, a
+// JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}}, then
+// the raw little-endian tensor bytes. This module is libtorch-free; see
+// hf_checkpoint.h for the conversion to and from torch tensors.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+// A file that is not valid safetensors; what() names the file and the lie it tells.
+class SafetensorsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TensorRecord {
+  std::string dtype;            // "F32", "F16", "BF16", "I64", "I32", "U8", ...
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;    // byte range inside the data section
+};
+
+// Bytes per element of a safetensors dtype; 0 if unknown.
+size_t DtypeSize(const std::string& dtype);
+
+class SafetensorsFile {
+ public:
+  // Reads and validates the whole file: the header must parse, every dtype be known,
+  // every byte range match its shape and lie inside the file, and the data section
+  // end exactly where the last tensor does (which catches truncation).
+  static SafetensorsFile Read(const std::string& path);
+
+  const std::map<std::string, TensorRecord>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const uint8_t* Data(const TensorRecord& record) const { return data_.data() + data_offset_ + record.begin; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> data_;
+  size_t data_offset_ = 0;
+  std::map<std::string, TensorRecord> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct TensorToWrite {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;   // contiguous little-endian bytes, DtypeSize(dtype) * numel
+};
+
+// Writes a safetensors file atomically (temporary file, fsync, rename).
+void WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                      const std::map<std::string, std::string>& metadata);
+
+}  // namespace trainyard

@@ -1,0 +1,46 @@
+// AdamW with decoupled weight decay (Loshchilov & Hutter), the update torch.optim.AdamW
+// makes, and the linear warm-up/decay learning-rate schedule.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+
+class AdamW {
+ public:
+  // Decay applies to matrices and embeddings only (dim >= 2), not to biases or
+  // LayerNorm weights, as in Hugging Face's Trainer. `params` must outlive this.
+  AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions options);
+
+  void Step(double lr);
+  void ZeroGrad();
+  int64_t step_count() const { return step_count_; }
+
+  // State for checkpoints: "exp_avg.<name>", "exp_avg_sq.<name>".
+  std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
+  // Throws std::runtime_error if a tensor is missing or mis-shaped.
+  void RestoreState(const std::map<std::string, torch::Tensor>& tensors, int64_t step_count);
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::Tensor param, exp_avg, exp_avg_sq;
+    bool decay;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions options_;
+  int64_t step_count_ = 0;
+};
+
+// lr at optimizer step `step` (0-based): linear warm-up to `peak` over `warmup_steps`,
+// then linear decay to 0 at `total_steps`.
+double LinearWarmupDecay(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps);
+
+}  // namespace trainyard

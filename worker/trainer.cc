@@ -1,0 +1,355 @@
+#include "worker/trainer.h"
+
+#include <filesystem>
+
+#include "worker/batch_pipeline.h"
+#include "worker/device_transfer.h"
+#include "worker/log.h"
+#include "worker/models/hf_checkpoint.h"
+#include "worker/models/safetensors.h"
+
+#ifdef TRAINYARD_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::vector<int32_t> LengthProxies(const TextDataset& data) {
+  std::vector<int32_t> lengths;
+  lengths.reserve(data.examples.size());
+  for (const auto& e : data.examples) lengths.push_back(static_cast<int32_t>(e.text.size()));
+  return lengths;
+}
+
+}  // namespace
+
+struct Trainer::StepTimes {
+  double wait = 0, h2d = 0, forward = 0, backward = 0, optimizer = 0;
+  double loss = 0;
+  bool skipped = false;
+};
+
+// Sums over the steps of the epoch in progress in this process (timings are not
+// carried across a resume; losses are, through TrainProgress).
+struct Trainer::EpochTotals {
+  StepTimes sum;
+  int64_t steps = 0, samples = 0;
+  Clock::time_point start = Clock::now();
+};
+
+Trainer::Trainer(JobSpec spec) : spec_(std::move(spec)), totals_(std::make_unique<EpochTotals>()) {
+  if (spec_.runtime.threads > 0) torch::set_num_threads(spec_.runtime.threads);
+  torch::manual_seed(spec_.seed);
+  ChooseDevice();
+  LoadData();
+  BuildModel();
+  ResolveResume();
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::run_dir() const {
+  fs::path root = spec_.log.runs_dir.empty() ? fs::path("runs") : fs::path(spec_.log.runs_dir);
+  return (root / spec_.name).string();
+}
+
+void Trainer::ChooseDevice() {
+  const bool cuda = torch::cuda::is_available();
+  if (spec_.runtime.device == DeviceChoice::kCuda && !cuda)
+    throw InputError(spec_.Where("runtime.device") + ": 'cuda' asked for, but no CUDA device is visible");
+  if (spec_.runtime.device != DeviceChoice::kCpu && cuda) device_ = torch::Device(torch::kCUDA, 0);
+  if (spec_.train.precision == Precision::kFp16 && !device_.is_cuda())
+    throw InputError(spec_.Where("train.precision") +
+                     ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
+}
+
+void Trainer::LoadData() {
+  TextFormat format{spec_.data.format == DataFormat::kJsonl, spec_.data.text_field, spec_.data.label_field};
+  try {
+    if (!spec_.data.labels.empty()) labels_ = LabelSet::FromFile(spec_.data.labels);
+  } catch (const DatasetError& e) {
+    throw InputError(spec_.Where("data.labels") + ": " + e.what());
+  }
+  try {
+    train_ = ReadTextDataset(spec_.data.train, format, &labels_);
+  } catch (const DatasetError& e) {
+    throw InputError(spec_.Where("data.train") + ": " + e.what());
+  }
+  try {
+    if (!spec_.data.dev.empty()) dev_ = ReadTextDataset(spec_.data.dev, format, &labels_);
+  } catch (const DatasetError& e) {
+    throw InputError(spec_.Where("data.dev") + ": " + e.what());
+  }
+  try {
+    tokenizer_ = MakeTokenizer(spec_.data, train_);
+  } catch (const std::exception& e) {
+    const bool wordpiece = spec_.data.tokenizer.kind == TokenizerKind::kWordPiece;
+    throw InputError(spec_.Where(wordpiece ? "data.tokenizer.vocab" : "data.tokenizer.model") + ": " + e.what());
+  }
+  sampler_ = std::make_unique<LengthBucketSampler>(LengthProxies(train_), spec_.train.batch_size,
+                                                   spec_.data.bucket_batches, spec_.seed);
+  steps_per_epoch_ = static_cast<int64_t>(sampler_->EpochPlan(0).size());
+}
+
+void Trainer::BuildModel() {
+  BertConfig config;
+  if (spec_.model.init.empty()) {
+    config = BertConfig::Preset(spec_.model.preset, tokenizer_->vocab_size(), labels_.names(),
+                                spec_.data.max_seq_len);
+  } else {
+    try {
+      config = ReadHfConfig(spec_.model.init);
+    } catch (const std::exception& e) {
+      throw InputError(spec_.Where("model.init") + ": " + e.what());
+    }
+    config.labels = labels_.names();
+  }
+  config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec_.model.dropout;
+  if (config.vocab_size < tokenizer_->vocab_size())
+    throw InputError(spec_.Where("model.init") + ": the model's vocab_size " + std::to_string(config.vocab_size) +
+                     " is smaller than the tokenizer's " + std::to_string(tokenizer_->vocab_size()));
+  if (config.max_position_embeddings < spec_.data.max_seq_len)
+    throw InputError(spec_.Where("data.max_seq_len") + ": exceeds the model's max_position_embeddings " +
+                     std::to_string(config.max_position_embeddings));
+  model_ = BertForSequenceClassification(config);
+  if (!spec_.model.init.empty()) {
+    try {
+      for (const auto& name : LoadHfWeights(spec_.model.init, model_))
+        LogInfo("model.init: '" + name + "' starts from a fresh initialisation");
+    } catch (const std::exception& e) {
+      throw InputError(spec_.Where("model.init") + ": " + e.what());
+    }
+  }
+  model_->to(device_);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model_->named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+    params_.push_back(item.value());
+  }
+  const TrainSpec& t = spec_.train;
+  optimizer_ = std::make_unique<AdamW>(named, AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  scaler_ = std::make_unique<GradScaler>(t.loss_scale, t.precision == Precision::kFp16);
+}
+
+void Trainer::ResolveResume() {
+  const std::string& resume = spec_.checkpoint.resume;
+  if (resume == "none") return;
+  if (resume == "auto") {
+    std::vector<std::string> rejected;
+    resume_from_ = LatestValidCheckpoint(run_dir() + "/checkpoints", &rejected);
+    for (const auto& why : rejected) LogWarn("resume: skipping invalid checkpoint " + why);
+  } else {
+    resume_from_ = resume;
+  }
+  if (!resume_from_) return;
+  try {
+    progress_ = LoadCheckpoint(*resume_from_, model_, *optimizer_, *scaler_);
+  } catch (const CheckpointError& e) {
+    throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
+  }
+}
+
+void Trainer::Synchronize() const {
+#ifdef TRAINYARD_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+double Trainer::LrAt(int64_t step, int64_t total_steps) const {
+  const auto warmup = static_cast<int64_t>(spec_.train.warmup_ratio * double(total_steps));
+  return LinearWarmupDecay(spec_.train.lr, step, warmup, total_steps);
+}
+
+void Trainer::TrainStep(Batch& batch, double lr, StepTimes* times) {
+  auto start = Clock::now();
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(device_.type(), spec_.train.precision);
+    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
+    loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
+  }
+  Synchronize();
+  times->forward = MsSince(start);
+  start = Clock::now();
+  scaler_->Scale(loss).backward();
+  Synchronize();
+  times->backward = MsSince(start);
+  start = Clock::now();
+  times->skipped = scaler_->UnscaleAndCheck(params_);
+  if (!times->skipped) {
+    if (spec_.train.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params_, spec_.train.max_grad_norm);
+    optimizer_->Step(lr);
+  }
+  scaler_->Update(times->skipped);
+  optimizer_->ZeroGrad();
+  times->loss = loss.item<double>();
+  times->optimizer = MsSince(start);
+}
+
+void Trainer::SaveCheckpointNow(const std::string& reason) {
+  const std::string dir = run_dir() + "/checkpoints";
+  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_);
+  PruneCheckpoints(dir, spec_.checkpoint.keep);
+  LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
+}
+
+void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog& log) {
+  std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
+  plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
+  PipelineOptions options;
+  options.prefetch_batches = spec_.data.prefetch_batches;
+  options.threads = spec_.data.loader_threads;
+  options.pin_memory = device_.is_cuda();
+  options.max_len = spec_.data.max_seq_len;
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
+  DeviceTransfer transfer(device_);
+  ProgressLine progress_line(StrFormat("epoch %ld", long(epoch + 1)), steps_per_epoch_, spec_.log.progress);
+  model_->train();
+  *totals_ = EpochTotals{};
+  while (progress_.global_step < total_steps) {
+    StepTimes times;
+    auto start = Clock::now();
+    std::optional<Batch> host = pipeline.Next();
+    if (!host) break;
+    times.wait = MsSince(start);
+    start = Clock::now();
+    Batch batch = transfer.ToDevice(std::move(*host));
+    Synchronize();
+    times.h2d = MsSince(start);
+    const double lr = LrAt(progress_.global_step, total_steps);
+    TrainStep(batch, lr, &times);
+
+    ++progress_.global_step;
+    ++progress_.next_batch;
+    ++progress_.epoch_steps;
+    progress_.epoch_skipped += times.skipped;
+    progress_.epoch_loss_sum += times.loss * double(batch.size());
+    progress_.epoch_examples += batch.size();
+    EpochTotals& t = *totals_;
+    t.sum.wait += times.wait, t.sum.h2d += times.h2d, t.sum.forward += times.forward;
+    t.sum.backward += times.backward, t.sum.optimizer += times.optimizer;
+    ++t.steps;
+    t.samples += batch.size();
+
+    const double step_ms = times.wait + times.h2d + times.forward + times.backward + times.optimizer;
+    progress_line.Update(progress_.next_batch,
+                         StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
+                                   progress_.epoch_loss_sum / double(progress_.epoch_examples),
+                                   MsSince(t.start) / double(t.steps),
+                                   100.0 * t.sum.wait / std::max(1e-9, MsSince(t.start))));
+    if (progress_.global_step % spec_.log.steps_every == 0)
+      log.AddStep({{"step", progress_.global_step}, {"epoch", epoch + 1}, {"loss", times.loss},
+                   {"lr", lr}, {"ms", step_ms}, {"wait_ms", times.wait}, {"skipped", times.skipped},
+                   {"loss_scale", scaler_->scale()}, {"tokens", batch.real_tokens}});
+    if (spec_.checkpoint.every_steps > 0 && progress_.global_step % spec_.checkpoint.every_steps == 0)
+      SaveCheckpointNow("every_steps");
+  }
+  progress_line.Finish();
+}
+
+std::pair<double, double> Trainer::Evaluate() {
+  if (dev_.examples.empty()) return {0.0, 0.0};
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  std::vector<int32_t> order(dev_.examples.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return dev_.examples[a].text.size() < dev_.examples[b].text.size();
+  });
+  std::vector<BatchIndices> batches;
+  const size_t batch_size = static_cast<size_t>(spec_.train.batch_size) * 2;
+  for (size_t i = 0; i < order.size(); i += batch_size)
+    batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
+  PipelineOptions options;
+  options.prefetch_batches = spec_.data.prefetch_batches;
+  options.threads = spec_.data.loader_threads;
+  options.pin_memory = device_.is_cuda();
+  options.max_len = spec_.data.max_seq_len;
+  BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
+  DeviceTransfer transfer(device_);
+  double loss_sum = 0;
+  int64_t correct = 0;
+  while (auto host = pipeline.Next()) {
+    Batch batch = transfer.ToDevice(std::move(*host));
+    AutocastScope autocast(device_.type(), spec_.train.precision);
+    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(batch.labels).sum().item<int64_t>();
+  }
+  model_->train();
+  const double n = double(dev_.examples.size());
+  return {loss_sum / n, double(correct) / n};
+}
+
+nlohmann::json Trainer::Run() {
+  const auto run_start = Clock::now();
+  int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
+  if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
+  const bool resumed = resume_from_.has_value();
+  RunLog log(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
+  LogInfo(StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
+                    "batch %d, %s on %s, %d threads",
+                    spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(),
+                    tokenizer_->vocab_size(), long(steps_per_epoch_), spec_.train.batch_size,
+                    ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
+  if (resumed)
+    LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(),
+                      long(progress_.epoch + 1), long(progress_.global_step)));
+  log.PrintHeader();
+  while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps) {
+    const int64_t epoch = progress_.epoch;
+    TrainEpoch(epoch, total_steps, log);
+    auto [eval_loss, eval_acc] = Evaluate();
+    const EpochTotals& t = *totals_;
+    const double elapsed_ms = MsSince(t.start);
+    const double steps = std::max<int64_t>(1, t.steps);
+    EpochRow row;
+    row.epoch = epoch + 1;
+    row.time_s = elapsed_ms / 1000.0;
+    row.steps = progress_.epoch_steps;
+    row.skipped_steps = progress_.epoch_skipped;
+    row.ms_per_step = (t.sum.wait + t.sum.h2d + t.sum.forward + t.sum.backward + t.sum.optimizer) / steps;
+    row.samples_per_s = double(t.samples) / std::max(1e-9, elapsed_ms / 1000.0);
+    row.data_wait_pct = 100.0 * t.sum.wait / std::max(1e-9, row.ms_per_step * steps);
+    row.train_loss = progress_.epoch_loss_sum / double(std::max<int64_t>(1, progress_.epoch_examples));
+    row.eval_loss = eval_loss;
+    row.eval_acc = eval_acc;
+    row.lr = LrAt(std::max<int64_t>(0, progress_.global_step - 1), total_steps);
+    if (scaler_->enabled()) row.loss_scale = scaler_->scale();
+    row.wait_ms = t.sum.wait / steps, row.h2d_ms = t.sum.h2d / steps, row.forward_ms = t.sum.forward / steps;
+    row.backward_ms = t.sum.backward / steps, row.optimizer_ms = t.sum.optimizer / steps;
+    log.AddEpoch(row);
+    progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
+    SaveCheckpointNow("end of epoch");
+  }
+  const std::string model_dir = run_dir() + "/model";
+  SaveHfModel(model_dir, model_);
+  nlohmann::json summary = {{"job", spec_.name},
+                            {"job_file", spec_.source_file},
+                            {"status", "succeeded"},
+                            {"epochs", log.rows().size()},
+                            {"global_step", progress_.global_step},
+                            {"precision", ToString(spec_.train.precision)},
+                            {"device", device_.str()},
+                            {"threads", torch::get_num_threads()},
+                            {"wall_time_s", MsSince(run_start) / 1000.0},
+                            {"model_dir", model_dir}};
+  if (!log.rows().empty()) {
+    const EpochRow& last = log.rows().back();
+    summary["final"] = {{"train_loss", last.train_loss}, {"eval_loss", last.eval_loss}, {"eval_acc", last.eval_acc}};
+  }
+  log.WriteSummary(summary);
+  return summary;
+}
+
+}  // namespace trainyard
