@@ -24,8 +24,8 @@ APT_PACKAGES=(
   libsqlite3-dev sqlite3
   nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
-  libcli11-dev
-  fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo
+  libcli11-dev libicu-dev
+  fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )
 
 log() { echo "[setup] $*"; }
@@ -47,9 +47,16 @@ install_apt_packages() {
   log "Debian packages to install: $(echo $missing | tr '\n' ' ')"
   local sudo=""
   [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
+  local apt_log
+  apt_log=$(mktemp)
   # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+           --no-install-recommends $missing; } > "$apt_log" 2>&1; then
+    cat "$apt_log"
+    echo "[setup] apt-get failed" >&2
+    exit 1
+  fi
+  rm -f "$apt_log"
 }
 
 venv_is_ready() {

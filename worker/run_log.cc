@@ -94,6 +94,10 @@ void RunLog::PrintHeader() const {
 void RunLog::AddEpoch(const EpochRow& r) {
   rows_.push_back(r);
   WriteCsv();
+  PrintRow(r);
+}
+
+void RunLog::PrintRow(const EpochRow& r) const {
   std::string scale = r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "-";
   spdlog::info("{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10}",
                r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct,

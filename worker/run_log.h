@@ -32,6 +32,7 @@ class RunLog {
   RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step);
 
   void PrintHeader() const;
+  void PrintRow(const EpochRow& row) const;
   // Console row plus an atomic rewrite of epochs.csv.
   void AddEpoch(const EpochRow& row);
   void AddStep(const nlohmann::json& line);

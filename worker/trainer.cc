@@ -296,6 +296,9 @@ nlohmann::json Trainer::Run() {
   int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
   if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
   const bool resumed = resume_from_.has_value();
+  // A fresh run must not leave an older run's checkpoints next to its own: they would
+  // outrank the new ones in pruning and in `resume: auto`.
+  if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
   RunLog log(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
   LogInfo(StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
                     "batch %d, %s on %s, %d threads",
@@ -306,6 +309,9 @@ nlohmann::json Trainer::Run() {
     LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(),
                       long(progress_.epoch + 1), long(progress_.global_step)));
   log.PrintHeader();
+  for (const auto& row : log.rows()) log.PrintRow(row);  // epochs done before the resume
+  if (progress_.epoch >= spec_.train.epochs || progress_.global_step >= total_steps)
+    LogInfo("the job had already finished; use --resume none to train it again");
   while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps) {
     const int64_t epoch = progress_.epoch;
     TrainEpoch(epoch, total_steps, log);

@@ -4,6 +4,7 @@
 //   ty_probe tokenize VOCAB [--cased]        stdin: one TSV-escaped text a line; stdout: ids
 //   ty_probe logits MODEL_DIR INPUTS.json    stdout: JSON logits of our BERT
 //   ty_probe scaler PATTERN INIT INTERVAL    stdout: JSON scale/skip sequence
+//   ty_probe resave SRC_DIR DST_DIR          load an HF folder into our model, save it again
 #include <torch/torch.h>
 
 #include <fstream>
@@ -89,6 +90,14 @@ int Scaler(int argc, char** argv) {
   return 0;
 }
 
+int Resave(int argc, char** argv) {
+  if (argc < 4) return 2;
+  BertForSequenceClassification model(ReadHfConfig(argv[2]));
+  LoadHfWeights(argv[2], model);
+  SaveHfModel(argv[3], model);
+  return 0;
+}
+
 }  // namespace
 }  // namespace trainyard
 
@@ -98,10 +107,11 @@ int main(int argc, char** argv) {
     if (command == "tokenize") return trainyard::Tokenize(argc, argv);
     if (command == "logits") return trainyard::Logits(argc, argv);
     if (command == "scaler") return trainyard::Scaler(argc, argv);
+    if (command == "resave") return trainyard::Resave(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe tokenize|logits|scaler ...\n";
+  std::cerr << "usage: ty_probe tokenize|logits|scaler|resave ...\n";
   return 2;
 }

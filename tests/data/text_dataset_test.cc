@@ -1,0 +1,50 @@
+#include "data/text_dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace trainyard {
+namespace {
+
+std::string Write(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / (std::to_string(::getpid()) + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+TEST(TextDataset, TsvUnescapesAndCollectsSortedLabels) {
+  LabelSet labels;
+  auto data = ReadTextDataset(Write("a.tsv", "label\ttext\nb\tone\\ttab\\nline\na\ttwo\\\\\n"), {}, &labels);
+  ASSERT_EQ(data.examples.size(), 2u);
+  EXPECT_EQ(data.examples[0].text, "one\ttab\nline");
+  EXPECT_EQ(data.examples[1].text, "two\\");
+  EXPECT_EQ(labels.names(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(data.examples[0].label, 1);
+}
+
+TEST(TextDataset, JsonlReadsNamedFields) {
+  LabelSet labels;
+  TextFormat format{true, "body", "lang"};
+  auto data = ReadTextDataset(Write("b.jsonl", "{\"body\": \"hi\", \"lang\": \"en\"}\n"), format, &labels);
+  EXPECT_EQ(data.examples[0].text, "hi");
+}
+
+TEST(TextDataset, ErrorsNameFileAndLine) {
+  LabelSet labels;
+  const std::string tsv = Write("c.tsv", "label\ttext\na\tfine\nno tab here\n");
+  try {
+    ReadTextDataset(tsv, {}, &labels);
+    FAIL();
+  } catch (const DatasetError& e) {
+    EXPECT_EQ(std::string(e.what()), tsv + ":3: expected 'label<TAB>text', found no tab");
+  }
+  LabelSet fixed({"x"});
+  EXPECT_THROW(ReadTextDataset(Write("d.tsv", "label\ttext\ny\tz\n"), {}, &fixed), DatasetError);
+  TextFormat jsonl{true, "text", "label"};
+  EXPECT_THROW(ReadTextDataset(Write("e.jsonl", "{\"text\": 1}\n"), jsonl, &labels), DatasetError);
+}
+
+}  // namespace
+}  // namespace trainyard

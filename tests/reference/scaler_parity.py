@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Loss-scaling parity: for the same planted pattern of inf gradients, our GradScaler
+produces the same sequence of scales and skipped steps as torch.amp.GradScaler, and
+AdamW leaves the same weights."""
+import argparse
+import json
+import subprocess
+import sys
+
+import torch
+
+PATTERN = "00100001100000000010000000100"
+INIT_SCALE = 1024.0
+GROWTH_INTERVAL = 3
+
+
+def reference():
+    w = torch.ones(4, requires_grad=True)
+    opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+    scales, skipped = [], []
+    for planted in PATTERN:
+        loss = (w * w).sum()
+        scaler.scale(loss).backward()
+        if planted == "1":
+            with torch.no_grad():
+                w.grad[1] = float("inf")
+        scaler.step(opt)
+        found = sum(v.item() for v in scaler._found_inf_per_device(opt).values()) > 0
+        scaler.update()
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+        skipped.append(found)
+    return scales, skipped, w.detach().tolist()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe", required=True)
+    args = parser.parse_args()
+    out = subprocess.run([args.probe, "scaler", PATTERN, str(INIT_SCALE), str(GROWTH_INTERVAL)],
+                         capture_output=True, text=True, check=True)
+    ours = json.loads(out.stdout)
+    scales, skipped, weights = reference()
+    print("torch scales:", scales)
+    print("our scales:  ", ours["scales"])
+    print("torch skipped:", [int(s) for s in skipped])
+    print("our skipped:  ", [int(s) for s in ours["skipped"]])
+    ok = ours["scales"] == scales and ours["skipped"] == skipped
+    wdiff = max(abs(a - b) for a, b in zip(weights, ours["weights"]))
+    print(f"max |weight diff| after {len(PATTERN)} steps: {wdiff:.3e}")
+    if not ok or wdiff > 1e-6 or not any(skipped):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

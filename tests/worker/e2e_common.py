@@ -1,0 +1,49 @@
+"""Helpers for the end-to-end worker tests: small real jobs on the prepared langid data."""
+import os
+import subprocess
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
+
+
+def subset_tsv(folder, count):
+    """The first `count` training examples of langid, as a TSV in `folder`."""
+    path = os.path.join(folder, f"train_{count}.tsv")
+    with open(os.path.join(LANGID, "train.tsv"), encoding="utf-8") as f:
+        lines = f.readlines()[: count + 1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    return path
+
+
+def job_yaml(name, train, extra=""):
+    return f"""name: {name}
+seed: 7
+data:
+  train: {train}
+  dev: {os.path.join(LANGID, "dev.tsv")}
+  labels: {os.path.join(LANGID, "labels.txt")}
+  max_seq_len: 64
+  loader_threads: 1
+  tokenizer:
+    vocab: {os.path.join(LANGID, "vocab.txt")}
+model:
+  preset: tiny
+  dropout: 0.1
+runtime:
+  device: cpu
+  threads: 1
+log:
+  progress: false
+{extra}"""
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def run_worker(worker, job, runs, *extra, **kwargs):
+    return subprocess.run([worker, job, "--runs-dir", runs, *extra], capture_output=True, text=True, **kwargs)
