@@ -58,8 +58,12 @@ class SpecReader {
   void CheckKeys(const YAML::Node& map, const std::string& path,
                  const std::vector<std::string>& allowed) const {
     if (!map.IsMap()) Fail(map, path.empty() ? "<document>" : path, "expected a mapping of keys");
+    std::vector<std::string> seen;
     for (const auto& entry : map) {
       const std::string key = entry.first.as<std::string>();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        Fail(entry.first, Child(path, key), "duplicate key; each key may appear once");
+      seen.push_back(key);
       if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
       std::string nearest = allowed.front();
       for (const auto& candidate : allowed)
@@ -263,6 +267,24 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
                                                  {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
+  YAML::Node ds = r.Section(root, "distributed", {"backend", "bucket_mb", "overlap", "compression",
+                                                   "timeout_s", "check_consistency"});
+  DistributedSpec& dist = spec->distributed;
+  r.ReadEnum(ds, "backend", "distributed",
+             std::map<std::string, CommBackend>{{"auto", CommBackend::kAuto},
+                                                {"mpi", CommBackend::kMpi},
+                                                {"nccl", CommBackend::kNccl}},
+             &dist.backend);
+  r.ReadDouble(ds, "bucket_mb", "distributed", &dist.bucket_mb, 0.001, 4096.0);
+  r.ReadBool(ds, "overlap", "distributed", &dist.overlap);
+  r.ReadEnum(ds, "compression", "distributed",
+             std::map<std::string, bool>{{"none", false}, {"fp16", true}}, &dist.fp16_compression);
+  r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
+  r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
+  YAML::Node dbg = r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank"});
+  r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
+  r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1);
+  r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0);
   YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress"});
   r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, false);
   r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1);
@@ -270,7 +292,8 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 }
 
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
-  r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime", "log"});
+  r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime",
+                         "distributed", "debug", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");

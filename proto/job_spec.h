@@ -75,6 +75,24 @@ struct RuntimeSpec {
   int threads = 0;             // intra-op threads per rank; 0 = libtorch's default
 };
 
+enum class CommBackend { kAuto, kMpi, kNccl };
+
+struct DistributedSpec {
+  CommBackend backend = CommBackend::kAuto;  // auto: NCCL for CUDA jobs when built, else MPI
+  double bucket_mb = 25.0;     // gradient bucket size
+  bool overlap = true;         // all-reduce buckets during backward (false: after it)
+  bool fp16_compression = false;
+  double timeout_s = 300.0;    // deadline of every collective
+  bool check_consistency = false;  // compare a parameter hash across ranks every step
+};
+
+// Fault injection for tests of the failure paths; off unless set.
+struct DebugSpec {
+  bool force_loss_scaling = false;  // run the fp16 loss-scaler path without fp16 autocast
+  int64_t plant_inf_step = -1;      // 1-based step whose gradients get an inf ...
+  int plant_inf_rank = 0;           // ... on this rank only
+};
+
 struct LogSpec {
   std::string runs_dir;        // absolute; empty = "runs" under the working directory
   int steps_every = 20;        // steps.jsonl cadence
@@ -91,6 +109,8 @@ struct JobSpec {
   TrainSpec train;
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
+  DistributedSpec distributed;
+  DebugSpec debug;
   LogSpec log;
   // "file:line:column" of every key read from the file, by key path ("train.epochs").
   std::map<std::string, std::string> locations;

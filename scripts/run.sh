@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 1: installs what is missing, builds the worker, prepares the fortunes
-# data and runs configs/jobs/langid_tiny.yaml under mpirun, printing the epoch table.
+# data and runs configs/jobs/langid_tiny.yaml on 2 MPI ranks (TRAINYARD_RANKS), printing
+# the epoch table.
 # Logs land in runs/langid_tiny/. Extra arguments go to the worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,5 +9,5 @@ scripts/setup.sh
 scripts/build.sh worker
 "${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python" scripts/prepare_data.py
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # containers run as root
-exec mpirun -n "${TRAINYARD_RANKS:-1}" --oversubscribe --bind-to none \
+exec mpirun -n "${TRAINYARD_RANKS:-2}" --oversubscribe --bind-to none \
   build/bin/worker configs/jobs/langid_tiny.yaml --resume none "$@"

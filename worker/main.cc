@@ -1,4 +1,5 @@
-// The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD.
+// The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
+// per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
 // checkpoints) reported as one line naming the file, line and key.
 #include <mpi.h>
@@ -6,9 +7,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
+#include <memory>
 
 #include "proto/job_spec.h"
+#include "worker/comm/mpi_communicator.h"
+#ifdef TRAINYARD_WITH_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
 #include "worker/log.h"
 #include "worker/trainer.h"
 
@@ -29,25 +34,87 @@ void ApplyOverrides(const Options& o, trainyard::JobSpec* spec) {
   if (o.no_progress) spec->log.progress = false;
 }
 
-int RunJob(const Options& options, int world_rank, int world_size) {
+int LocalRank() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return local;
+}
+
+// NCCL for CUDA jobs when it was built in (or asked for), MPI otherwise. Throws
+// InputError when the job asks for NCCL where it cannot run.
+bool ChooseNccl(const trainyard::JobSpec& spec) {
+  const bool cuda_job = spec.runtime.device != trainyard::DeviceChoice::kCpu && torch::cuda::is_available();
+#ifdef TRAINYARD_WITH_NCCL
+  const bool built = true;
+#else
+  const bool built = false;
+#endif
+  if (spec.distributed.backend == trainyard::CommBackend::kNccl) {
+    if (!cuda_job)
+      throw trainyard::InputError(spec.Where("distributed.backend") + ": nccl needs a CUDA job and a visible GPU");
+    if (!built) throw trainyard::InputError(spec.Where("distributed.backend") + ": this build has no NCCL");
+    return true;
+  }
+  return spec.distributed.backend == trainyard::CommBackend::kAuto && cuda_job && built;
+}
+
+// Builds the trainer on every rank; if any rank rejects its input, all exit with 2.
+std::unique_ptr<trainyard::Trainer> MakeTrainer(trainyard::JobSpec spec, const trainyard::RankContext& ranks) {
+  std::unique_ptr<trainyard::Trainer> trainer;
+  bool failed = false;
   try {
-    trainyard::JobSpec spec = trainyard::LoadJobSpec(options.job_file);
-    ApplyOverrides(options, &spec);
-    if (world_size > 1)
-      throw trainyard::InputError(options.job_file + ": launched on " + std::to_string(world_size) +
-                                  " MPI ranks, but this build trains on one rank only");
-    trainyard::Trainer trainer(std::move(spec));
-    nlohmann::json summary = trainer.Run();
-    trainyard::LogInfo("done: " + trainer.run_dir() + " (model in " + summary["model_dir"].get<std::string>() + ")");
-    return 0;
-  } catch (const trainyard::SpecError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    trainer = std::make_unique<trainyard::Trainer>(std::move(spec), ranks);
   } catch (const trainyard::InputError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    failed = true;
+  }
+  if (ranks.comm && ranks.comm->AnyTrue(failed, "input check")) failed = true;
+  if (failed) throw trainyard::InputError("");  // already reported by the rank(s) at fault
+  return trainer;
+}
+
+int RunJob(const Options& options, int rank, int world) {
+  trainyard::JobSpec spec;
+  try {
+    spec = trainyard::LoadJobSpec(options.job_file);
+    ApplyOverrides(options, &spec);
+  } catch (const trainyard::SpecError& e) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());  // every rank read the same file
+    return 2;
+  }
+  const int local_rank = LocalRank();
+  std::unique_ptr<trainyard::MpiCommunicator> mpi;
+  std::unique_ptr<trainyard::Communicator> nccl;
+  try {
+    const bool use_nccl = ChooseNccl(spec);
+    if (world > 1) mpi = std::make_unique<trainyard::MpiCommunicator>(MPI_COMM_WORLD, spec.distributed.timeout_s);
+#ifdef TRAINYARD_WITH_NCCL
+    if (world > 1 && use_nccl)
+      nccl = std::make_unique<trainyard::NcclCommunicator>(
+          *mpi, local_rank % static_cast<int>(torch::cuda::device_count()), spec.distributed.timeout_s);
+#else
+    (void)use_nccl;
+#endif
+  } catch (const trainyard::InputError& e) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  trainyard::Communicator* comm = nccl ? nccl.get() : static_cast<trainyard::Communicator*>(mpi.get());
+  trainyard::RankContext ranks{rank, world, local_rank, comm};
+  try {
+    auto trainer = MakeTrainer(std::move(spec), ranks);
+    nlohmann::json summary = trainer->Run();
+    if (rank == 0)
+      trainyard::LogInfo("done: " + trainer->run_dir() + " (model in " + summary.value("model_dir", "") + ")");
+    return 0;
+  } catch (const trainyard::InputError& e) {
     return 2;
   } catch (const std::exception& e) {
-    trainyard::LogError("rank " + std::to_string(world_rank) + ": job failed: " + e.what());
+    trainyard::LogError("rank " + std::to_string(rank) + ": job failed: " + e.what());
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks may be inside a collective
     return 1;
   }
 }
@@ -56,8 +123,9 @@ int RunJob(const Options& options, int world_rank, int world_size) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Trainyard worker: runs a fine-tuning job described by a YAML file.\n"
-               "Standalone: worker JOB.yaml, or mpirun -n 1 worker JOB.yaml.\n"
-               "Writes runs/<job name>/{epochs.csv,steps.jsonl,summary.json,checkpoints/,model/}."};
+               "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
+               "(data-parallel over N ranks; train.batch_size is per rank).\n"
+               "Rank 0 writes runs/<job name>/{epochs.csv,steps.jsonl,summary.json,checkpoints/,model/}."};
   Options o;
   app.add_option("job", o.job_file, "job YAML file (see configs/jobs/langid_tiny.yaml)")->required();
   app.add_option("--runs-dir", o.runs_dir, "folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
@@ -74,12 +142,18 @@ int main(int argc, char** argv) {
   }
   trainyard::LogSetup(o.log_level);
 
+  // The comm thread makes every MPI call after start-up, never two threads at once.
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int code = RunJob(o, rank, size);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (rank == 0) std::fprintf(stderr, "error: this MPI library lacks MPI_THREAD_SERIALIZED support\n");
+    MPI_Finalize();
+    return 1;
+  }
+  int code = RunJob(o, rank, world);
   MPI_Finalize();
   return code;
 }

@@ -1,5 +1,6 @@
 #include "worker/run_log.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -12,35 +13,52 @@
 namespace trainyard {
 namespace {
 
-constexpr const char* kCsvHeader =
-    "epoch,time_s,steps,ms_per_step,samples_per_s,data_wait_pct,train_loss,eval_loss,eval_acc,lr,"
-    "loss_scale,skipped_steps,wait_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms";
-
-std::string CsvLine(const EpochRow& r) {
-  char buffer[512];
-  std::snprintf(buffer, sizeof buffer,
-                "%ld,%.3f,%ld,%.3f,%.2f,%.2f,%.6f,%.6f,%.6f,%.6e,%s,%ld,%.3f,%.3f,%.3f,%.3f,%.3f",
-                long(r.epoch), r.time_s, long(r.steps), r.ms_per_step, r.samples_per_s,
-                r.data_wait_pct, r.train_loss, r.eval_loss, r.eval_acc, r.lr,
-                r.loss_scale ? std::to_string(*r.loss_scale).c_str() : "", long(r.skipped_steps),
-                r.wait_ms, r.h2d_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
-  return buffer;
+std::string CsvHeader() {
+  std::string header =
+      "epoch,time_s,steps,ms_per_step,samples_per_s,data_wait_pct,train_loss,eval_loss,eval_acc,lr,"
+      "loss_scale,skipped_steps,wait_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms,ranks,global_batch,"
+      "comm_ms";
+  for (const char* part : kStepParts)
+    header += std::string(",") + part + "_ms_min," + part + "_ms_med," + part + "_ms_max";
+  return header + ",slowest_rank,slowest_ms_per_step";
 }
 
-EpochRow ParseCsvLine(const std::string& line) {
-  std::vector<std::string> f;
+std::string CsvLine(const EpochRow& r) {
+  std::string line = fmt::format(
+      "{},{:.3f},{},{:.3f},{:.2f},{:.2f},{:.6f},{:.6f},{:.6f},{:.6e},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:.3f}",
+      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss,
+      r.eval_loss, r.eval_acc, r.lr, r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "",
+      r.skipped_steps, r.wait_ms, r.h2d_ms, r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks,
+      r.global_batch, r.comm_ms);
+  for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
+  return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
+}
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> cells;
   std::stringstream in(line);
-  for (std::string cell; std::getline(in, cell, ',');) f.push_back(cell);
-  f.resize(17);
-  auto num = [&](int i) { return f[i].empty() ? 0.0 : std::stod(f[i]); };
+  for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  return cells;
+}
+
+// The fields the console table shows, read by column name so older files still load.
+EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string& line) {
+  std::vector<std::string> cells = SplitCsv(line);
+  cells.resize(header.size());
+  auto get = [&](const char* name) {
+    for (size_t i = 0; i < header.size(); ++i)
+      if (header[i] == name && !cells[i].empty()) return std::stod(cells[i]);
+    return 0.0;
+  };
   EpochRow r;
-  r.epoch = std::stoll(f[0]);
-  r.time_s = num(1), r.steps = int64_t(num(2)), r.ms_per_step = num(3), r.samples_per_s = num(4);
-  r.data_wait_pct = num(5), r.train_loss = num(6), r.eval_loss = num(7), r.eval_acc = num(8);
-  r.lr = num(9);
-  if (!f[10].empty()) r.loss_scale = num(10);
-  r.skipped_steps = int64_t(num(11)), r.wait_ms = num(12), r.h2d_ms = num(13);
-  r.forward_ms = num(14), r.backward_ms = num(15), r.optimizer_ms = num(16);
+  r.epoch = static_cast<int64_t>(get("epoch"));
+  r.time_s = get("time_s"), r.steps = static_cast<int64_t>(get("steps")), r.ms_per_step = get("ms_per_step");
+  r.samples_per_s = get("samples_per_s"), r.data_wait_pct = get("data_wait_pct");
+  r.train_loss = get("train_loss"), r.eval_loss = get("eval_loss"), r.eval_acc = get("eval_acc"), r.lr = get("lr");
+  if (get("loss_scale") > 0) r.loss_scale = get("loss_scale");
+  r.comm_ms = get("comm_ms"), r.slowest_rank = static_cast<int>(get("slowest_rank"));
+  r.slowest_ms_per_step = get("slowest_ms_per_step"), r.ranks = std::max(1, static_cast<int>(get("ranks")));
   return r;
 }
 
@@ -61,11 +79,14 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
 void RunLog::LoadRows(int64_t before_epoch) {
   std::ifstream in(dir_ + "/epochs.csv");
   std::string line;
-  std::getline(in, line);  // header
+  if (!std::getline(in, line)) return;
+  const std::vector<std::string> header = SplitCsv(line);
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    EpochRow row = ParseCsvLine(line);
-    if (row.epoch < before_epoch) rows_.push_back(row);
+    EpochRow row = ParseCsvLine(header, line);
+    if (row.epoch >= before_epoch) continue;
+    rows_.push_back(row);
+    csv_lines_.push_back(line);
   }
 }
 
@@ -80,28 +101,31 @@ void RunLog::TrimSteps(int64_t up_to_step) {
 }
 
 void RunLog::WriteCsv() const {
-  std::string text = std::string(kCsvHeader) + "\n";
-  for (const auto& r : rows_) text += CsvLine(r) + "\n";
+  std::string text = CsvHeader() + "\n";
+  for (const auto& line : csv_lines_) text += line + "\n";
   WriteFileAtomically(dir_ + "/epochs.csv", text);
 }
 
 void RunLog::PrintHeader() const {
-  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10}", "epoch",
-               "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss",
-               "eval_acc", "lr", "loss_scale");
+  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10} {:>6} {:>12}",
+               "epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss",
+               "eval_loss", "eval_acc", "lr", "loss_scale", "comm%", "slowest");
 }
 
 void RunLog::AddEpoch(const EpochRow& r) {
   rows_.push_back(r);
+  csv_lines_.push_back(CsvLine(r));
   WriteCsv();
   PrintRow(r);
 }
 
 void RunLog::PrintRow(const EpochRow& r) const {
   std::string scale = r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "-";
-  spdlog::info("{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10}",
+  std::string slowest = r.ranks > 1 ? fmt::format("r{} {:.1f}ms", r.slowest_rank, r.slowest_ms_per_step) : "-";
+  double comm_pct = r.ms_per_step > 0 ? 100.0 * r.comm_ms / r.ms_per_step : 0.0;
+  spdlog::info("{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10} {:>6.1f} {:>12}",
                r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct,
-               r.train_loss, r.eval_loss, r.eval_acc, r.lr, scale);
+               r.train_loss, r.eval_loss, r.eval_acc, r.lr, scale, comm_pct, slowest);
 }
 
 void RunLog::AddStep(const nlohmann::json& line) {

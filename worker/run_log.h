@@ -13,6 +13,15 @@
 
 namespace trainyard {
 
+// One part of a step across ranks: each rank's mean ms per step, reduced.
+struct PartStats {
+  double min = 0, median = 0, max = 0;
+};
+
+// The parts a step is split into, in table order.
+inline constexpr const char* kStepParts[] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
+inline constexpr int kNumStepParts = 6;
+
 struct EpochRow {
   int64_t epoch = 0;            // 1-based
   double time_s = 0;
@@ -20,8 +29,15 @@ struct EpochRow {
   double ms_per_step = 0, samples_per_s = 0, data_wait_pct = 0;
   double train_loss = 0, eval_loss = 0, eval_acc = 0, lr = 0;
   std::optional<double> loss_scale;  // fp16 only
-  // Mean ms per step of each part of a step.
+  // Mean ms per step of each part of a step, on rank 0.
   double wait_ms = 0, h2d_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // Across ranks (a single rank gives min = median = max).
+  int ranks = 1;
+  int64_t global_batch = 0;
+  double comm_ms = 0;                 // exposed communication on rank 0
+  PartStats parts[kNumStepParts];     // indexed like kStepParts
+  int slowest_rank = 0;
+  double slowest_ms_per_step = 0;
 };
 
 class RunLog {
@@ -47,6 +63,7 @@ class RunLog {
 
   std::string dir_;
   std::vector<EpochRow> rows_;
+  std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
   std::ofstream steps_;
 };
 

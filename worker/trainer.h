@@ -20,6 +20,8 @@
 #include "proto/job_spec.h"
 #include "worker/amp.h"
 #include "worker/checkpoint.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/reducer.h"
 #include "worker/models/bert.h"
 #include "worker/optimizer.h"
 #include "worker/run_log.h"
@@ -33,17 +35,26 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Where this process sits in the job. `comm` is null for a single rank.
+struct RankContext {
+  int rank = 0, world = 1, local_rank = 0;
+  Communicator* comm = nullptr;
+};
+
 class Trainer {
  public:
-  // Throws InputError for bad inputs.
-  explicit Trainer(JobSpec spec);
+  // Throws InputError for bad inputs. Makes no collective call, so ranks can agree on
+  // whether all of them got this far before Run().
+  Trainer(JobSpec spec, RankContext ranks);
   ~Trainer();
 
   // Trains to the end (or to train.max_steps) and returns summary.json's content.
-  // Throws std::runtime_error for a failure mid-run.
+  // Collective over the ranks: parameters are first broadcast from rank 0. Only rank 0
+  // writes runs/<job>/. Throws std::runtime_error for a failure mid-run.
   nlohmann::json Run();
 
   std::string run_dir() const;
+  bool is_rank0() const { return ranks_.rank == 0; }
   BertForSequenceClassification& model() { return model_; }
 
  private:
@@ -54,14 +65,21 @@ class Trainer {
   void LoadData();
   void BuildModel();
   void ResolveResume();
-  void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog& log);
-  void TrainStep(struct Batch& batch, double lr, StepTimes* times);
+  void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
+  void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimes* times);
+  bool AgreeOnFoundInf(bool local_found_inf);
+  void CheckConsistency();
+  void BroadcastParameters();
+  void AgreeOnResumePoint();
+  std::vector<BatchIndices> RankShards(std::vector<BatchIndices> global, std::vector<double>* weights) const;
+  EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
   std::pair<double, double> Evaluate();
   void SaveCheckpointNow(const std::string& reason);
   double LrAt(int64_t step, int64_t total_steps) const;
   void Synchronize() const;
 
   JobSpec spec_;
+  RankContext ranks_;
   torch::Device device_{torch::kCPU};
   LabelSet labels_;
   TextDataset train_, dev_;
@@ -71,10 +89,12 @@ class Trainer {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<Reducer> reducer_;
   std::optional<std::string> resume_from_;
   TrainProgress progress_;
   std::unique_ptr<EpochTotals> totals_;
   int64_t steps_per_epoch_ = 0;
+  int64_t consistency_checks_ = 0;
 };
 
 }  // namespace trainyard

@@ -86,6 +86,11 @@ TEST_F(JobSpecTest, MissingDatasetFileNamesTheKey) {
   EXPECT_EQ(error.rfind("job.yaml:3:10: data.train: file not found: ", 0), 0u) << error;
 }
 
+TEST_F(JobSpecTest, DuplicateKeyIsRejected) {
+  std::string error = ErrorOf(Valid("  epochs: 3\n"));
+  EXPECT_EQ(error, "job.yaml:8:3: train.epochs: duplicate key; each key may appear once");
+}
+
 TEST_F(JobSpecTest, EnumListsTheChoices) {
   std::string error = ErrorOf(Valid("  precision: fp8\n"));
   EXPECT_EQ(error, "job.yaml:8:14: train.precision: expected one of bf16, fp16, fp32, got 'fp8'");

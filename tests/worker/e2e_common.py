@@ -35,6 +35,7 @@ runtime:
   threads: 1
 log:
   progress: false
+  steps_every: 1
 {extra}"""
 
 

@@ -1,0 +1,110 @@
+// The MPI communicator and the reducer, run with real ranks: ctest starts this binary
+// under mpirun -n 2 and -n 4.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "worker/comm/mpi_communicator.h"
+#include "worker/comm/reducer.h"
+
+namespace trainyard {
+namespace {
+
+std::unique_ptr<MpiCommunicator> g_comm;  // made after MPI_Init, destroyed before MPI_Finalize
+
+MpiCommunicator& Comm() { return *g_comm; }
+
+TEST(MpiCommunicator, AllReduceSumMaxMin) {
+  const int r = Comm().rank(), n = Comm().size();
+  torch::Tensor t = torch::tensor({float(r), float(r) * 2, 1.0f});
+  Comm().AllReduce(t, ReduceOp::kSum, "sum");
+  EXPECT_FLOAT_EQ(t[0].item<float>(), n * (n - 1) / 2.0f);
+  EXPECT_FLOAT_EQ(t[2].item<float>(), float(n));
+  torch::Tensor m = torch::tensor({int64_t(r)});
+  Comm().AllReduce(m, ReduceOp::kMax, "max");
+  EXPECT_EQ(m.item<int64_t>(), n - 1);
+  torch::Tensor d = torch::tensor({double(r) + 0.5});
+  Comm().AllReduce(d, ReduceOp::kMin, "min");
+  EXPECT_DOUBLE_EQ(d.item<double>(), 0.5);
+}
+
+TEST(MpiCommunicator, Fp16SumAddsInFloat) {
+  torch::Tensor t = torch::full({1000}, 0.25 * (Comm().rank() + 1), torch::kHalf);
+  Comm().AllReduce(t, ReduceOp::kSum, "fp16 sum");
+  const int n = Comm().size();
+  EXPECT_FLOAT_EQ(t[999].item<float>(), 0.25f * n * (n + 1) / 2);
+}
+
+TEST(MpiCommunicator, BroadcastAllGatherAnyTrue) {
+  torch::Tensor t = torch::full({3}, float(Comm().rank() + 7));
+  Comm().Broadcast(t, 1 % Comm().size(), "bcast");
+  EXPECT_FLOAT_EQ(t[0].item<float>(), float(1 % Comm().size() + 7));
+  auto all = Comm().AllGather({double(Comm().rank()), 1.5}, "gather");
+  ASSERT_EQ(int(all.size()), Comm().size());
+  for (int r = 0; r < Comm().size(); ++r) EXPECT_EQ(all[r][0], double(r));
+  EXPECT_TRUE(Comm().AnyTrue(Comm().rank() == Comm().size() - 1, "any"));
+  EXPECT_FALSE(Comm().AnyTrue(false, "none"));
+}
+
+TEST(MpiCommunicator, AsyncCollectivesCompleteInOrder) {
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 20; ++i) {
+    tensors.push_back(torch::full({1000}, float(i)));
+    works.push_back(Comm().AllReduceAsync(tensors.back(), ReduceOp::kSum, "async"));
+  }
+  for (int i = 0; i < 20; ++i) {
+    works[i]->Wait();
+    EXPECT_FLOAT_EQ(tensors[i][500].item<float>(), float(i * Comm().size()));
+  }
+}
+
+// Each rank feeds its own data through a small network; the reducer must leave every
+// rank with the average of all ranks' gradients, for any bucketing and either mode.
+void CheckReducerAverages(int64_t bucket_bytes, bool overlap, bool fp16) {
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& item : net->named_parameters()) named.emplace_back(item.key(), item.value());
+  Reducer reducer(named, Comm(), ReducerOptions{bucket_bytes, overlap, fp16});
+  auto loss_on = [&](int rank) {
+    torch::manual_seed(100 + rank);
+    return net->forward(torch::randn({8, 16})).pow(2).mean();
+  };
+  std::vector<torch::Tensor> expected;  // mean of every rank's gradient, computed locally
+  for (auto& p : net->parameters()) expected.push_back(torch::zeros_like(p));
+  for (int r = 0; r < Comm().size(); ++r) {
+    net->zero_grad();
+    loss_on(r).backward();
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += net->parameters()[i].grad() / Comm().size();
+  }
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  reducer.PrepareForBackward();
+  loss_on(Comm().rank()).backward();
+  reducer.FinishBackward();
+  const double tolerance = fp16 ? 2e-3 : 1e-6;
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_TRUE(torch::allclose(net->parameters()[i].grad(), expected[i], tolerance, tolerance))
+        << "parameter " << i << " bucket_bytes " << bucket_bytes;
+}
+
+TEST(Reducer, AveragesGradientsAcrossRanks) {
+  CheckReducerAverages(1 << 20, true, false);   // one bucket
+  CheckReducerAverages(256, true, false);       // one bucket per parameter, overlapped
+  CheckReducerAverages(256, false, false);      // all after backward
+  CheckReducerAverages(700, true, true);        // fp16 on the wire
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  trainyard::g_comm = std::make_unique<trainyard::MpiCommunicator>(MPI_COMM_WORLD, 60.0);
+  int failed = RUN_ALL_TESTS();
+  const bool any_failed = trainyard::Comm().AnyTrue(failed != 0, "verdict");
+  trainyard::g_comm.reset();  // joins the comm thread, which owns MPI until then
+  MPI_Finalize();
+  return any_failed ? 1 : 0;
+}

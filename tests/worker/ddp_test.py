@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Data-parallel tests with real MPI ranks (mpirun --oversubscribe).
+
+  equivalence  4 ranks x batch b and 1 rank x batch 4b agree after 20 steps
+               (parameters within 1e-5 relative; fp32, CPU, dropout off)
+  consistency  parameters are bitwise identical across ranks after every step
+  fp16_agree   an inf planted in one rank's gradients makes every rank skip that
+               step and halve the loss scale; ranks stay identical afterwards
+  overlap      exposed communication is smaller with overlap on than off
+  hang         SIGSTOP one rank mid-epoch: the others name it and the collective,
+               and the job exits non-zero within timeout + 5 s
+  kill         SIGKILL one rank mid-epoch: the job exits non-zero within bounds
+"""
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from e2e_common import job_yaml, subset_tsv, write
+
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def mpirun(args, ranks):
+    return [args.mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none", args.worker]
+
+
+def run_job(args, work, name, ranks, extra, train_count=1600, check=True):
+    train = subset_tsv(work, train_count)
+    job = write(os.path.join(work, name + ".yaml"), job_yaml(name, train, extra))
+    runs = os.path.join(work, "runs")
+    result = subprocess.run(mpirun(args, ranks) + [job, "--runs-dir", runs], capture_output=True, text=True,
+                            env=MPI_ENV, timeout=600)
+    if check and result.returncode != 0:
+        sys.exit(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return os.path.join(runs, name), result
+
+
+def load_weights(run_dir):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+def epochs_csv(run_dir):
+    with open(os.path.join(run_dir, "epochs.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def steps_jsonl(run_dir):
+    with open(os.path.join(run_dir, "steps.jsonl")) as f:
+        return [json.loads(l) for l in f]
+
+
+def equivalence(args, work):
+    common = "  max_steps: 20\n  lr: 1.0e-3\n  epochs: 1\n"
+    four, _ = run_job(args, work, "eq_four", 4, "train:\n  batch_size: 8\n" + common)
+    one, _ = run_job(args, work, "eq_one", 1, "train:\n  batch_size: 32\n" + common)
+    a, b = load_weights(four), load_weights(one)
+    rel = {k: ((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in b}
+    worst = max(rel, key=rel.get)
+    print(f"4x8 vs 1x32 after 20 steps: worst relative difference {rel[worst]:.2e} in {worst} "
+          f"(norm {b[worst].norm().item():.2e}); max abs difference "
+          f"{max((a[k] - b[k]).abs().max().item() for k in b):.2e}")
+    return all(torch_allclose(a[k], b[k]) for k in b)
+
+
+def torch_allclose(x, y):
+    """Within 1e-5 relative per element, with an absolute floor for entries near 0."""
+    return bool(((x - y).abs() <= 1e-5 * y.abs() + 1e-6).all())
+
+
+def dropout_off(text):
+    return text.replace("  dropout: 0.1", "  dropout: 0.0")
+
+
+def consistency(args, work):
+    run, _ = run_job(args, work, "consistent", 4, "train:\n  batch_size: 8\n  max_steps: 30\n  epochs: 1\n"
+                     "distributed:\n  check_consistency: true\n  bucket_mb: 1\n")
+    with open(os.path.join(run, "summary.json")) as f:
+        checks = json.load(f)["consistency_checks"]
+    print(f"parameter hashes compared across 4 ranks after {checks} steps: all identical")
+    return checks == 30
+
+
+def fp16_agree(args, work):
+    run, result = run_job(args, work, "fp16_agree", 4,
+                          "train:\n  batch_size: 8\n  max_steps: 12\n  epochs: 1\n"
+                          "  loss_scale:\n    init_scale: 1024\n    growth_interval: 100\n"
+                          "distributed:\n  check_consistency: true\n"
+                          "debug:\n  force_loss_scaling: true\n  plant_inf_step: 5\n  plant_inf_rank: 2\n")
+    steps = steps_jsonl(run)
+    skipped = [s["step"] for s in steps if s["skipped"]]
+    scales = [s["loss_scale"] for s in steps]
+    print(f"skipped steps {skipped}; loss scale by step {scales}")
+    planted = "planted an inf in rank 2" in result.stdout + result.stderr
+    return planted and skipped == [5] and scales[3] == 1024 and scales[4] == 512 and scales[-1] == 512
+
+
+def small_vocab(text, work):
+    """A 1,000-piece SentencePiece vocabulary, so the embedding (the last gradient
+    backward produces, which no schedule can hide) is a small share of the bytes."""
+    start = text.index("  tokenizer:")
+    end = text.index("model:")
+    model = os.path.join(work, "sp1000.model")
+    return text[:start] + f"  tokenizer:\n    kind: sentencepiece\n    model: {model}\n    vocab_size: 1000\n" + text[end:]
+
+
+def overlap(args, work):
+    import e2e_common
+    original = e2e_common.job_yaml
+    globals()["job_yaml"] = lambda *a, **k: small_vocab(original(*a, **k).replace("preset: tiny", "preset: mini"), work)
+    exposed = {}
+    for flag in ("true", "false"):
+        run, _ = run_job(args, work, f"overlap_{flag}", 2,
+                         "train:\n  batch_size: 16\n  max_steps: 30\n  epochs: 1\n"
+                         f"distributed:\n  overlap: {flag}\n  bucket_mb: 1\n")
+        row = epochs_csv(run)[-1]
+        exposed[flag] = float(row["comm_ms_med"])
+        print(f"overlap {flag:5}: exposed communication {exposed[flag]:.2f} ms/step (median rank), "
+              f"backward {float(row['backward_ms_med']):.2f} ms/step")
+    return exposed["true"] < exposed["false"]
+
+
+def rank_pids(mpirun_pid, count, deadline):
+    """The worker processes of an mpirun, by MPI rank (from their environment)."""
+    while time.time() < deadline:
+        found = {}
+        out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
+        for pid in out:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+            except (OSError, KeyError, ValueError):
+                pass
+        if len(found) == count:
+            return found
+        time.sleep(0.1)
+    sys.exit("could not find the worker ranks")
+
+
+def fault(args, work, sig):
+    timeout_s = 6.0
+    name = "hang" if sig == signal.SIGSTOP else "killed"
+    train = subset_tsv(work, 6000)
+    job = write(os.path.join(work, name + ".yaml"), job_yaml(
+        name, train, f"train:\n  batch_size: 16\n  epochs: 5\ndistributed:\n  timeout_s: {timeout_s}\n"))
+    runs = os.path.join(work, "runs")
+    proc = subprocess.Popen(mpirun(args, 4) + [job, "--runs-dir", runs], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=MPI_ENV, text=True)
+    pids = rank_pids(proc.pid, 4, time.time() + 60)
+    steps_file = os.path.join(runs, name, "steps.jsonl")
+    while not (os.path.exists(steps_file) and os.path.getsize(steps_file) > 2000):
+        if proc.poll() is not None:
+            sys.exit(proc.stdout.read())
+        time.sleep(0.05)
+    os.kill(pids[2], sig)
+    faulted = time.time()
+    try:
+        out, _ = proc.communicate(timeout=timeout_s + 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    elapsed = time.time() - faulted
+    report = [l for l in out.splitlines() if "timed out" in l]
+    for line in report[:4]:
+        print(line)
+    print(f"{signal.Signals(sig).name} of rank 2: job exited with {proc.returncode} {elapsed:.1f} s later "
+          f"(limit {timeout_s + 5:.0f} s)")
+    if sig == signal.SIGSTOP:
+        named = report and all("rank 2 did not reach it" in l and "collective #" in l for l in report)
+        return proc.returncode != 0 and elapsed <= timeout_s + 5 and bool(named)
+    return proc.returncode != 0 and elapsed <= timeout_s + 5
+
+
+CASES = {"equivalence": equivalence, "consistency": consistency, "fp16_agree": fp16_agree,
+         "overlap": overlap, "hang": lambda a, w: fault(a, w, signal.SIGSTOP),
+         "kill": lambda a, w: fault(a, w, signal.SIGKILL)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("case", choices=sorted(CASES))
+    args = parser.parse_args()
+    import e2e_common
+    original = e2e_common.job_yaml
+    if args.case in ("equivalence", "consistency", "fp16_agree"):
+        e2e_common.job_yaml = lambda *a, **k: dropout_off(original(*a, **k))
+        globals()["job_yaml"] = e2e_common.job_yaml
+    with tempfile.TemporaryDirectory() as work:
+        ok = CASES[args.case](args, work)
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

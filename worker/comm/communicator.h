@@ -1,0 +1,60 @@
+// Collective operations over the ranks of one job.
+//
+// Every collective is numbered (1, 2, ...) in the order a rank issues it, which is the
+// same order on every rank, and carries a short description ("grad bucket 2/5",
+// "found_inf"). Every collective has a deadline: if it does not complete within the
+// job's timeout, the rank works out which ranks never reached that collective, reports
+// it, and the whole job is aborted (see MpiCommunicator for the protocol).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// A collective that did not finish in time; what() is the hang report.
+class CollectiveTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A collective in flight. Wait() returns once the result is in the tensor given to
+// the call (on its own device), or throws.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void Wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // Starts an in-place all-reduce of a contiguous tensor. `tensor` must stay alive and
+  // untouched until Wait() returns. Collectives start in call order.
+  virtual std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op,
+                                               std::string what) = 0;
+  virtual std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) = 0;
+
+  void AllReduce(torch::Tensor tensor, ReduceOp op, std::string what) {
+    AllReduceAsync(std::move(tensor), op, std::move(what))->Wait();
+  }
+  void Broadcast(torch::Tensor tensor, int root, std::string what) {
+    BroadcastAsync(std::move(tensor), root, std::move(what))->Wait();
+  }
+  // Every rank's `values` (same length on all ranks), rank-major: result[r][i].
+  std::vector<std::vector<double>> AllGather(const std::vector<double>& values, std::string what);
+  // True on every rank if `flag` is true on any rank.
+  bool AnyTrue(bool flag, std::string what);
+};
+
+}  // namespace trainyard

@@ -1,0 +1,269 @@
+#include "worker/comm/mpi_communicator.h"
+
+#include <c10/util/Half.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "worker/comm/mpi_check.h"
+#include "worker/log.h"
+
+namespace trainyard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kStatusRequestTag = 101, kStatusReplyTag = 102;
+constexpr auto kAttributionWindow = std::chrono::milliseconds(1500);
+constexpr auto kPeerReportGrace = std::chrono::milliseconds(1000);
+
+void HalfSum(void* in, void* inout, int* length, MPI_Datatype*) {
+  auto* a = static_cast<const c10::Half*>(in);
+  auto* b = static_cast<c10::Half*>(inout);
+  for (int i = 0; i < *length; ++i) b[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
+}
+
+MPI_Op HalfSumOp() {
+  static MPI_Op op = [] {
+    MPI_Op created;
+    MPI_Op_create(&HalfSum, /*commute=*/1, &created);
+    return created;
+  }();
+  return op;
+}
+
+MPI_Datatype MpiType(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return MPI_FLOAT;
+    case torch::kDouble: return MPI_DOUBLE;
+    case torch::kInt: return MPI_INT;
+    case torch::kLong: return MPI_INT64_T;
+    case torch::kHalf: return MPI_UINT16_T;
+    case torch::kByte: return MPI_UINT8_T;
+    default: throw std::runtime_error(std::string("MPI backend: unsupported dtype ") + c10::toString(type));
+  }
+}
+
+MPI_Op MpiOp(ReduceOp op, torch::ScalarType type) {
+  if (type == torch::kHalf) {
+    if (op != ReduceOp::kSum) throw std::runtime_error("MPI backend: fp16 supports sum only");
+    return HalfSumOp();
+  }
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+}  // namespace
+
+// What a rank says about itself when asked during hang attribution.
+struct MpiCommunicator::Status {
+  int64_t started = 0;
+  char what[112] = {};
+};
+
+struct MpiCommunicator::Operation : public Work {
+  bool is_broadcast = false;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  int64_t number = 0;
+  std::string what;
+  torch::Tensor user;    // the caller's tensor
+  torch::Tensor host;    // what MPI reads and writes (user itself on CPU)
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void Wait() override {
+    std::unique_lock<std::mutex> lock(mutex);
+    done_cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+    if (!user.is_cpu()) user.copy_(host);
+  }
+  void Finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    error = e;
+    done_cv.notify_all();
+  }
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s)
+    : timeout_(timeout_s) {
+  TY_MPI_CHECK(MPI_Comm_dup(comm, &data_comm_));
+  TY_MPI_CHECK(MPI_Comm_dup(comm, &control_comm_));
+  TY_MPI_CHECK(MPI_Comm_rank(data_comm_, &rank_));
+  TY_MPI_CHECK(MPI_Comm_size(data_comm_, &size_));
+  thread_ = std::thread([this] { Loop(); });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  MPI_Comm_free(&data_comm_);
+  MPI_Comm_free(&control_comm_);
+}
+
+std::shared_ptr<Work> MpiCommunicator::AllReduceAsync(torch::Tensor tensor, ReduceOp op,
+                                                      std::string what) {
+  auto operation = std::make_shared<Operation>();
+  operation->op = op;
+  operation->what = std::move(what);
+  operation->user = std::move(tensor);
+  return Enqueue(operation);
+}
+
+std::shared_ptr<Work> MpiCommunicator::BroadcastAsync(torch::Tensor tensor, int root, std::string what) {
+  auto operation = std::make_shared<Operation>();
+  operation->is_broadcast = true;
+  operation->root = root;
+  operation->what = std::move(what);
+  operation->user = std::move(tensor);
+  return Enqueue(operation);
+}
+
+std::shared_ptr<Work> MpiCommunicator::Enqueue(std::shared_ptr<Operation> operation) {
+  if (!operation->user.is_contiguous()) throw std::invalid_argument("collective on a non-contiguous tensor");
+  // GPU tensors are staged through (pinned) host memory; the copy is synchronous on the
+  // caller's stream, so the gradient is complete before MPI reads it.
+  operation->host = operation->user.is_cpu() ? operation->user : operation->user.to(torch::kCPU);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    operation->number = ++issued_;
+    queue_.push_back(operation);
+  }
+  wake_.notify_all();
+  return operation;
+}
+
+void MpiCommunicator::Loop() {
+  while (true) {
+    std::shared_ptr<Operation> operation;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_ && queue_.empty()) return;
+      if (!queue_.empty()) {
+        operation = queue_.front();
+        queue_.pop_front();
+      }
+    }
+    try {
+      ServeStatusRequests();
+      if (operation) Execute(*operation);
+    } catch (...) {
+      if (operation) operation->Finish(std::current_exception());
+      continue;
+    }
+    if (operation) operation->Finish(nullptr);
+  }
+}
+
+void MpiCommunicator::Execute(Operation& operation) {
+  started_ = operation.number;
+  current_ = operation.what;
+  torch::Tensor& t = operation.host;
+  const int count = static_cast<int>(t.numel());
+  MPI_Request request;
+  if (operation.is_broadcast) {
+    TY_MPI_CHECK(MPI_Ibcast(t.data_ptr(), count, MpiType(t.scalar_type()), operation.root, data_comm_, &request));
+  } else {
+    TY_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count, MpiType(t.scalar_type()),
+                                MpiOp(operation.op, t.scalar_type()), data_comm_, &request));
+  }
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(timeout_);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    TY_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    // Spin briefly for latency, then poll gently so compute keeps the cores.
+    if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if ((polls & 63) == 0) {
+      ServeStatusRequests();
+      if (Clock::now() > deadline) ReportHangAndAbort(operation);
+    }
+  }
+}
+
+void MpiCommunicator::ServeStatusRequests() {
+  while (true) {
+    int flag = 0;
+    MPI_Status probe;
+    MPI_Iprobe(MPI_ANY_SOURCE, kStatusRequestTag, control_comm_, &flag, &probe);
+    if (!flag) return;
+    int64_t asked_about = 0;
+    MPI_Recv(&asked_about, 1, MPI_INT64_T, probe.MPI_SOURCE, kStatusRequestTag, control_comm_, MPI_STATUS_IGNORE);
+    Status status;
+    status.started = started_;
+    std::strncpy(status.what, current_.c_str(), sizeof(status.what) - 1);
+    MPI_Send(&status, sizeof(Status), MPI_BYTE, probe.MPI_SOURCE, kStatusReplyTag, control_comm_);
+  }
+}
+
+std::string MpiCommunicator::AttributeHang(const Operation& operation) {
+  std::vector<Status> replies(size_);
+  std::vector<MPI_Request> receives(size_, MPI_REQUEST_NULL);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request send;
+    MPI_Isend(&operation.number, 1, MPI_INT64_T, r, kStatusRequestTag, control_comm_, &send);
+    MPI_Request_free(&send);
+    MPI_Irecv(&replies[r], sizeof(Status), MPI_BYTE, r, kStatusReplyTag, control_comm_, &receives[r]);
+  }
+  std::vector<bool> answered(size_, false);
+  answered[rank_] = true;
+  const auto until = Clock::now() + kAttributionWindow;
+  while (Clock::now() < until) {
+    bool all = true;
+    for (int r = 0; r < size_; ++r) {
+      if (answered[r]) continue;
+      int done = 0;
+      MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
+      answered[r] = done != 0;
+      all = all && answered[r];
+    }
+    if (all) break;
+    ServeStatusRequests();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::ostringstream culprits;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (!answered[r]) {
+      culprits << "; rank " << r << " did not reach it (no answer: stopped, hung or dead)";
+      MPI_Cancel(&receives[r]);
+    } else if (replies[r].started < operation.number) {
+      culprits << "; rank " << r << " did not reach it (busy outside communication after collective #"
+               << replies[r].started << (replies[r].what[0] ? std::string(" (") + replies[r].what + ")" : "") << ")";
+    }
+  }
+  std::string names = culprits.str();
+  return names.empty() ? "; every rank reached it (a stalled transport?)" : names;
+}
+
+void MpiCommunicator::ServeFor(std::chrono::milliseconds duration) {
+  const auto until = Clock::now() + duration;
+  while (Clock::now() < until) {
+    ServeStatusRequests();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void MpiCommunicator::ReportHangAndAbort(const Operation& operation) {
+  std::string culprits = AttributeHang(operation);
+  LogError(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s%s", rank_, long(operation.number),
+                     operation.what.c_str(), timeout_.count(), culprits.c_str()));
+  ServeFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPeerReportGrace));
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
+}
+
+}  // namespace trainyard
