@@ -145,6 +145,46 @@ class SpecReader {
     return true;
   }
 
+  // A non-empty YAML sequence of scalars, each converted by `convert` (which calls Fail
+  // through `fail_item` for a bad element).
+  template <typename T, typename Convert>
+  bool ReadList(const YAML::Node& m, const std::string& k, const std::string& p, std::vector<T>* out,
+                Convert convert) const {
+    const YAML::Node node = m[k];
+    if (!node.IsDefined() || node.IsNull()) return false;
+    (*locations_)[Child(p, k)] = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
+                                 std::to_string(node.Mark().column + 1);
+    if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
+    if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
+    out->clear();
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string item_path = Child(p, k) + "[" + std::to_string(i) + "]";
+      if (!node[i].IsScalar()) Fail(node[i], item_path, "expected a scalar");
+      out->push_back(convert(node[i], item_path));
+    }
+    return true;
+  }
+
+  int PositiveInt(const YAML::Node& n, const std::string& path) const {
+    int value = 0;
+    try {
+      value = n.as<int>();
+    } catch (const YAML::BadConversion&) {
+      Fail(n, path, "expected an integer, got '" + n.Scalar() + "'");
+    }
+    if (value < 1) Fail(n, path, "expected an integer >= 1, got " + std::to_string(value));
+    return value;
+  }
+
+  template <typename E>
+  E Choice(const YAML::Node& n, const std::string& path, const std::map<std::string, E>& choices) const {
+    auto it = choices.find(n.Scalar());
+    if (it != choices.end()) return it->second;
+    std::vector<std::string> names;
+    for (const auto& c : choices) names.push_back(c.first);
+    Fail(n, path, "expected one of " + Join(names) + ", got '" + n.Scalar() + "'");
+  }
+
   YAML::Node Section(const YAML::Node& root, const std::string& key,
                      const std::vector<std::string>& allowed) const {
     YAML::Node node = root[key];
@@ -188,11 +228,15 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
               {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer",
                "max_seq_len", "bucket_batches", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
-  if (!r.ReadPath(d, "train", "data", &out.train, true))
-    r.Fail(d, "data.train", "required: path to the training file (.tsv or .jsonl)");
+  if (!r.ReadPath(d, "train", "data", &out.train, true) && spec->kind != JobKind::kInference)
+    r.Fail(d, "data.train", spec->kind == JobKind::kFinetune
+                                ? "required: path to the training file (.tsv or .jsonl)"
+                                : "required: the text file benchmark inputs are tokenized from");
   r.ReadPath(d, "dev", "data", &out.dev, true);
   r.ReadPath(d, "labels", "data", &out.labels, true);
-  out.format = fs::path(out.train).extension() == ".jsonl" ? DataFormat::kJsonl : DataFormat::kTsv;
+  out.format = fs::path(out.train.empty() ? spec->inference.input : out.train).extension() == ".jsonl"
+                   ? DataFormat::kJsonl
+                   : DataFormat::kTsv;
   r.ReadEnum(d, "format", "data",
              std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv},
                                                {"jsonl", DataFormat::kJsonl}},
@@ -291,9 +335,56 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(lg, "progress", "log", &spec->log.progress);
 }
 
+const std::map<std::string, Precision>& PrecisionNames() {
+  static const std::map<std::string, Precision> names = {
+      {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+  return names;
+}
+
+void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node b = r.Section(root, "benchmark", {"mode", "batch_sizes", "seq_lens", "precisions", "modes",
+                                               "torchscript", "warmup", "iters", "max_cv", "max_remeasure",
+                                               "memory_cap_mb", "train_steps"});
+  BenchmarkSpec& out = spec->benchmark;
+  r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
+             &out.train_step);
+  auto positive = [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path); };
+  r.ReadList(b, "batch_sizes", "benchmark", &out.batch_sizes, positive);
+  r.ReadList(b, "seq_lens", "benchmark", &out.seq_lens, positive);
+  r.ReadList(b, "precisions", "benchmark", &out.precisions,
+             [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, PrecisionNames()); });
+  r.ReadList(b, "modes", "benchmark", &out.modes, [&](const YAML::Node& n, const std::string& path) {
+    return r.Choice(n, path, std::map<std::string, BenchMode>{{"eager", BenchMode::kEager},
+                                                              {"torchscript", BenchMode::kTorchScript},
+                                                              {"cuda_graph", BenchMode::kCudaGraph}});
+  });
+  bool wants_script = false;
+  for (BenchMode m : out.modes) wants_script = wants_script || m == BenchMode::kTorchScript;
+  if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, true) && wants_script)
+    r.Fail(b["modes"], "benchmark.torchscript", "required by the torchscript mode: a .pt file");
+  r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0);
+  r.ReadInt(b, "iters", "benchmark", &out.iters, 2);
+  r.ReadDouble(b, "max_cv", "benchmark", &out.max_cv, 0.0, 10.0);
+  r.ReadInt(b, "max_remeasure", "benchmark", &out.max_remeasure, 0);
+  r.ReadDouble(b, "memory_cap_mb", "benchmark", &out.memory_cap_mb, 0.0, 1e9);
+  r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2);
+}
+
+void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node n = r.Section(root, "inference", {"input", "output", "batch_size", "sort_by_length"});
+  InferenceSpec& out = spec->inference;
+  if (!r.ReadPath(n, "input", "inference", &out.input, true))
+    r.Fail(n.IsDefined() ? n : root, "inference.input", "required: the dataset file to predict over");
+  r.ReadPath(n, "output", "inference", &out.output, false);
+  r.ReadInt(n, "batch_size", "inference", &out.batch_size, 1);
+  r.ReadEnum(n, "sort_by_length", "inference",
+             std::map<std::string, std::string>{{"true", "true"}, {"false", "false"}, {"both", "both"}},
+             &out.sort_by_length);
+}
+
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
   r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime",
-                         "distributed", "debug", "log"});
+                         "distributed", "debug", "benchmark", "inference", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
@@ -304,13 +395,16 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
                                             {"benchmark", JobKind::kBenchmark},
                                             {"inference", JobKind::kInference}},
              &spec.kind);
-  if (spec.kind != JobKind::kFinetune)
-    r.Fail(root["kind"], "kind", "only 'finetune' jobs are supported by this build");
   r.ReadInt(root, "seed", "", &spec.seed, 0);
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
   ParseTrain(r, root, &spec);
   ParseRest(r, root, &spec);
+  if (spec.kind == JobKind::kBenchmark) ParseBenchmark(r, root, &spec);
+  if (spec.kind == JobKind::kInference) ParseInference(r, root, &spec);
+  for (const char* other : {"benchmark", "inference"})
+    if (root[other].IsDefined() && std::string(other) != ToString(spec.kind))
+      r.Fail(root[other], other, std::string("only used by kind: ") + other);
   return spec;
 }
 
@@ -353,6 +447,15 @@ const char* ToString(Precision p) {
     case Precision::kFp32: return "fp32";
     case Precision::kBf16: return "bf16";
     case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* ToString(BenchMode m) {
+  switch (m) {
+    case BenchMode::kEager: return "eager";
+    case BenchMode::kTorchScript: return "torchscript";
+    case BenchMode::kCudaGraph: return "cuda_graph";
   }
   return "?";
 }

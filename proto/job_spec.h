@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace trainyard {
 
@@ -86,6 +87,29 @@ struct DistributedSpec {
   bool check_consistency = false;  // compare a parameter hash across ranks every step
 };
 
+enum class BenchMode { kEager, kTorchScript, kCudaGraph };
+
+struct BenchmarkSpec {
+  bool train_step = false;                       // mode: sweep (false) | train_step
+  std::vector<int> batch_sizes = {1, 2, 4, 8};
+  std::vector<int> seq_lens = {8, 64, 128};
+  std::vector<Precision> precisions = {Precision::kFp32};
+  std::vector<BenchMode> modes = {BenchMode::kEager};
+  std::string torchscript;                       // .pt file for the torchscript mode
+  int warmup = 3, iters = 10;
+  double max_cv = 0.10;                          // a cell noisier than this is measured again
+  int max_remeasure = 2;                         // ... at most this often, then flagged
+  double memory_cap_mb = 0;                      // 0 = none; a cell needing more is "OOM"
+  int train_steps = 20;                          // train_step: steps timed (first excluded)
+};
+
+struct InferenceSpec {
+  std::string input;                             // dataset file to predict over
+  std::string output;                            // predictions TSV; default runs/<name>/predictions.tsv
+  int batch_size = 64;
+  std::string sort_by_length = "true";           // true | false | both (both: runs each, compares)
+};
+
 // Fault injection for tests of the failure paths; off unless set.
 struct DebugSpec {
   bool force_loss_scaling = false;  // run the fp16 loss-scaler path without fp16 autocast
@@ -111,6 +135,8 @@ struct JobSpec {
   RuntimeSpec runtime;
   DistributedSpec distributed;
   DebugSpec debug;
+  BenchmarkSpec benchmark;
+  InferenceSpec inference;
   LogSpec log;
   // "file:line:column" of every key read from the file, by key path ("train.epochs").
   std::map<std::string, std::string> locations;
@@ -130,5 +156,6 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
 
 const char* ToString(Precision p);
 const char* ToString(JobKind k);
+const char* ToString(BenchMode m);
 
 }  // namespace trainyard

@@ -14,6 +14,8 @@
 #ifdef TRAINYARD_WITH_NCCL
 #include "worker/comm/nccl_communicator.h"
 #endif
+#include "worker/benchmark.h"
+#include "worker/inference.h"
 #include "worker/log.h"
 #include "worker/trainer.h"
 
@@ -61,19 +63,28 @@ bool ChooseNccl(const trainyard::JobSpec& spec) {
   return spec.distributed.backend == trainyard::CommBackend::kAuto && cuda_job && built;
 }
 
-// Builds the trainer on every rank; if any rank rejects its input, all exit with 2.
-std::unique_ptr<trainyard::Trainer> MakeTrainer(trainyard::JobSpec spec, const trainyard::RankContext& ranks) {
-  std::unique_ptr<trainyard::Trainer> trainer;
+// Builds the job's runner on every rank; if any rank rejects its input, all exit with 2.
+template <typename Runner>
+std::unique_ptr<Runner> MakeRunner(trainyard::JobSpec spec, const trainyard::RankContext& ranks) {
+  std::unique_ptr<Runner> runner;
   bool failed = false;
   try {
-    trainer = std::make_unique<trainyard::Trainer>(std::move(spec), ranks);
+    runner = std::make_unique<Runner>(std::move(spec), ranks);
   } catch (const trainyard::InputError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     failed = true;
   }
   if (ranks.comm && ranks.comm->AnyTrue(failed, "input check")) failed = true;
   if (failed) throw trainyard::InputError("");  // already reported by the rank(s) at fault
-  return trainer;
+  return runner;
+}
+
+template <typename Runner>
+void RunKind(trainyard::JobSpec spec, const trainyard::RankContext& ranks) {
+  auto runner = MakeRunner<Runner>(std::move(spec), ranks);
+  nlohmann::json summary = runner->Run();
+  if (ranks.rank == 0 && summary.contains("model_dir"))
+    trainyard::LogInfo("done: " + runner->run_dir() + " (model in " + summary["model_dir"].get<std::string>() + ")");
 }
 
 int RunJob(const Options& options, int rank, int world) {
@@ -105,12 +116,13 @@ int RunJob(const Options& options, int rank, int world) {
   trainyard::Communicator* comm = nccl ? nccl.get() : static_cast<trainyard::Communicator*>(mpi.get());
   trainyard::RankContext ranks{rank, world, local_rank, comm};
   try {
-    auto trainer = MakeTrainer(std::move(spec), ranks);
-    nlohmann::json summary = trainer->Run();
-    if (rank == 0)
-      trainyard::LogInfo("done: " + trainer->run_dir() + " (model in " + summary.value("model_dir", "") + ")");
+    switch (spec.kind) {
+      case trainyard::JobKind::kFinetune: RunKind<trainyard::Trainer>(std::move(spec), ranks); break;
+      case trainyard::JobKind::kBenchmark: RunKind<trainyard::BenchmarkRunner>(std::move(spec), ranks); break;
+      case trainyard::JobKind::kInference: RunKind<trainyard::InferenceRunner>(std::move(spec), ranks); break;
+    }
     return 0;
-  } catch (const trainyard::InputError& e) {
+  } catch (const trainyard::InputError&) {
     return 2;
   } catch (const std::exception& e) {
     trainyard::LogError("rank " + std::to_string(rank) + ": job failed: " + e.what());
@@ -122,7 +134,7 @@ int RunJob(const Options& options, int rank, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Trainyard worker: runs a fine-tuning job described by a YAML file.\n"
+  CLI::App app{"Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
                "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
                "(data-parallel over N ranks; train.batch_size is per rank).\n"
                "Rank 0 writes runs/<job name>/{epochs.csv,steps.jsonl,summary.json,checkpoints/,model/}."};

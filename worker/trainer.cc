@@ -51,7 +51,6 @@ Trainer::Trainer(JobSpec spec, RankContext ranks)
     : spec_(std::move(spec)), ranks_(ranks), totals_(std::make_unique<EpochTotals>()) {
   if (spec_.runtime.threads > 0) torch::set_num_threads(spec_.runtime.threads);
   torch::manual_seed(spec_.seed);
-  ChooseDevice();
   LoadData();
   BuildModel();
   ResolveResume();
@@ -64,43 +63,15 @@ std::string Trainer::run_dir() const {
   return (root / spec_.name).string();
 }
 
-void Trainer::ChooseDevice() {
-  const bool cuda = torch::cuda::is_available();
-  if (spec_.runtime.device == DeviceChoice::kCuda && !cuda)
-    throw InputError(spec_.Where("runtime.device") + ": 'cuda' asked for, but no CUDA device is visible");
-  if (spec_.runtime.device != DeviceChoice::kCpu && cuda) {
-    // One GPU per rank: the local rank picks it.
-    const int count = static_cast<int>(torch::cuda::device_count());
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks_.local_rank % count));
-  }
+void Trainer::LoadData() {
+  device_ = ChooseDevice(spec_, ranks_.local_rank);
   if (spec_.train.precision == Precision::kFp16 && !device_.is_cuda())
     throw InputError(spec_.Where("train.precision") +
                      ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
-}
-
-void Trainer::LoadData() {
-  TextFormat format{spec_.data.format == DataFormat::kJsonl, spec_.data.text_field, spec_.data.label_field};
-  try {
-    if (!spec_.data.labels.empty()) labels_ = LabelSet::FromFile(spec_.data.labels);
-  } catch (const DatasetError& e) {
-    throw InputError(spec_.Where("data.labels") + ": " + e.what());
-  }
-  try {
-    train_ = ReadTextDataset(spec_.data.train, format, &labels_);
-  } catch (const DatasetError& e) {
-    throw InputError(spec_.Where("data.train") + ": " + e.what());
-  }
-  try {
-    if (!spec_.data.dev.empty()) dev_ = ReadTextDataset(spec_.data.dev, format, &labels_);
-  } catch (const DatasetError& e) {
-    throw InputError(spec_.Where("data.dev") + ": " + e.what());
-  }
-  try {
-    tokenizer_ = MakeTokenizer(spec_.data, train_);
-  } catch (const std::exception& e) {
-    const bool wordpiece = spec_.data.tokenizer.kind == TokenizerKind::kWordPiece;
-    throw InputError(spec_.Where(wordpiece ? "data.tokenizer.vocab" : "data.tokenizer.model") + ": " + e.what());
-  }
+  labels_ = LoadLabels(spec_);
+  train_ = LoadTexts(spec_, "data.train", spec_.data.train, &labels_);
+  if (!spec_.data.dev.empty()) dev_ = LoadTexts(spec_, "data.dev", spec_.data.dev, &labels_);
+  tokenizer_ = LoadTokenizer(spec_, train_);
   // The plan is made of global batches (batch_size per rank x ranks), so any number of
   // ranks sees the same global order of samples; each rank takes its shard of each.
   sampler_ = std::make_unique<LengthBucketSampler>(
@@ -109,34 +80,7 @@ void Trainer::LoadData() {
 }
 
 void Trainer::BuildModel() {
-  BertConfig config;
-  if (spec_.model.init.empty()) {
-    config = BertConfig::Preset(spec_.model.preset, tokenizer_->vocab_size(), labels_.names(),
-                                spec_.data.max_seq_len);
-  } else {
-    try {
-      config = ReadHfConfig(spec_.model.init);
-    } catch (const std::exception& e) {
-      throw InputError(spec_.Where("model.init") + ": " + e.what());
-    }
-    config.labels = labels_.names();
-  }
-  config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec_.model.dropout;
-  if (config.vocab_size < tokenizer_->vocab_size())
-    throw InputError(spec_.Where("model.init") + ": the model's vocab_size " + std::to_string(config.vocab_size) +
-                     " is smaller than the tokenizer's " + std::to_string(tokenizer_->vocab_size()));
-  if (config.max_position_embeddings < spec_.data.max_seq_len)
-    throw InputError(spec_.Where("data.max_seq_len") + ": exceeds the model's max_position_embeddings " +
-                     std::to_string(config.max_position_embeddings));
-  model_ = BertForSequenceClassification(config);
-  if (!spec_.model.init.empty()) {
-    try {
-      for (const auto& name : LoadHfWeights(spec_.model.init, model_))
-        LogInfo("model.init: '" + name + "' starts from a fresh initialisation");
-    } catch (const std::exception& e) {
-      throw InputError(spec_.Where("model.init") + ": " + e.what());
-    }
-  }
+  model_ = trainyard::BuildModel(spec_, *tokenizer_, labels_.names(), spec_.data.max_seq_len);
   model_->to(device_);
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : model_->named_parameters()) {

@@ -22,24 +22,12 @@
 #include "worker/checkpoint.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/reducer.h"
+#include "worker/job_setup.h"
 #include "worker/models/bert.h"
 #include "worker/optimizer.h"
 #include "worker/run_log.h"
 
 namespace trainyard {
-
-// A problem with what the user gave us (exit code 2). what() is one line naming the
-// job file, line and key, and the file at fault.
-class InputError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Where this process sits in the job. `comm` is null for a single rank.
-struct RankContext {
-  int rank = 0, world = 1, local_rank = 0;
-  Communicator* comm = nullptr;
-};
 
 class Trainer {
  public:
@@ -61,7 +49,6 @@ class Trainer {
   struct StepTimes;
   struct EpochTotals;
 
-  void ChooseDevice();
   void LoadData();
   void BuildModel();
   void ResolveResume();

@@ -5,6 +5,8 @@
 //   ty_probe logits MODEL_DIR INPUTS.json    stdout: JSON logits of our BERT
 //   ty_probe scaler PATTERN INIT INTERVAL    stdout: JSON scale/skip sequence
 //   ty_probe resave SRC_DIR DST_DIR          load an HF folder into our model, save it again
+//   ty_probe torchscript MODEL.pt INPUTS.json stdout: JSON logits of a TorchScript module
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -90,6 +92,24 @@ int Scaler(int argc, char** argv) {
   return 0;
 }
 
+int TorchScript(int argc, char** argv) {
+  if (argc < 4) return 2;
+  torch::jit::Module module = torch::jit::load(argv[2]);
+  module.eval();
+  std::ifstream in(argv[3]);
+  nlohmann::json inputs = nlohmann::json::parse(in);
+  torch::NoGradGuard no_grad;
+  torch::IValue out = module.forward({ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"])});
+  torch::Tensor logits = out.isTuple() ? out.toTupleRef().elements()[0].toTensor() : out.toTensor();
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    auto row = logits[i].contiguous();
+    rows.push_back(std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel()));
+  }
+  std::cout << nlohmann::json{{"logits", rows}}.dump() << "\n";
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
   BertForSequenceClassification model(ReadHfConfig(argv[2]));
@@ -108,10 +128,11 @@ int main(int argc, char** argv) {
     if (command == "logits") return trainyard::Logits(argc, argv);
     if (command == "scaler") return trainyard::Scaler(argc, argv);
     if (command == "resave") return trainyard::Resave(argc, argv);
+    if (command == "torchscript") return trainyard::TorchScript(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe tokenize|logits|scaler|resave ...\n";
+  std::cerr << "usage: ty_probe tokenize|logits|scaler|resave|torchscript ...\n";
   return 2;
 }

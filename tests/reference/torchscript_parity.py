@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""TorchScript: a module traced from HF BertForSequenceClassification by PyTorch loads
+through torch::jit::load in C++, its logits equal HF's (within 1e-4) and our eager
+model's on the same weights, and it runs as a `torchscript` benchmark cell."""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe", required=True)
+    parser.add_argument("--worker", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        torch.manual_seed(0)
+        vocab = sum(1 for _ in open(os.path.join(LANGID, "vocab.txt"), encoding="utf-8"))
+        config = BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=128, max_position_embeddings=128, num_labels=9, torchscript=True)
+        model = BertForSequenceClassification(config).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "LayerNorm" not in name:
+                    p.normal_(0.0, 0.15)
+        hf_dir = os.path.join(work, "hf")
+        model.save_pretrained(hf_dir, safe_serialization=True)
+        ids = torch.randint(5, vocab, (3, 24))
+        mask = torch.ones_like(ids)
+        ids[1, 15:] = 0
+        mask[1, 15:] = 0
+        traced = torch.jit.trace(model, (ids, mask))
+        script = os.path.join(work, "bert_traced.pt")
+        traced.save(script)
+        with torch.no_grad():
+            expected = model(ids, mask)[0]
+        inputs = os.path.join(work, "inputs.json")
+        json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, open(inputs, "w"))
+
+        def probe(*cmd):
+            out = subprocess.run([args.probe, *cmd], capture_output=True, text=True, check=True).stdout
+            return torch.tensor(json.loads(out)["logits"])
+
+        scripted = probe("torchscript", script, inputs)
+        eager = probe("logits", hf_dir, inputs)
+        d_hf = (scripted - expected).abs().max().item()
+        d_eager = (scripted - eager).abs().max().item()
+        print(f"torchscript vs HF: {d_hf:.2e}; torchscript vs our eager: {d_eager:.2e} "
+              f"(logit scale {expected.abs().max().item():.2f})")
+
+        job = os.path.join(work, "job.yaml")
+        open(job, "w").write(f"""name: ts_bench
+kind: benchmark
+data:
+  train: {LANGID}/train.tsv
+  tokenizer: {{vocab: {LANGID}/vocab.txt}}
+model: {{init: {hf_dir}}}
+benchmark:
+  batch_sizes: [1, 4]
+  seq_lens: [16, 64]
+  modes: [eager, torchscript]
+  torchscript: {script}
+  iters: 4
+runtime: {{device: cpu, threads: 1}}
+""")
+        run = subprocess.run([args.worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True, text=True)
+        print(run.stdout[-2000:], run.stderr[-2000:])
+        with open(os.path.join(work, "runs", "ts_bench", "benchmark.csv")) as f:
+            cells = list(csv.DictReader(f))
+        script_cells = [c for c in cells if c["mode"] == "torchscript"]
+        ran = run.returncode == 0 and len(script_cells) == 4 and all(c["status"] == "ok" for c in script_cells)
+        print(f"torchscript benchmark cells: {[(c['batch'], c['seq_len'], c['status'], c['mean_ms']) for c in script_cells]}")
+    sys.exit(0 if d_hf < 1e-4 and d_eager < 1e-4 and ran else 1)
+
+
+if __name__ == "__main__":
+    main()

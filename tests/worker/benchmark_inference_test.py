@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Benchmark and inference jobs, end to end on CPU.
+
+  sweep       tiny and mini presets: every cell of batch x seq x precision is written;
+              a cell made impossible by memory_cap_mb is OOM and the sweep finishes;
+              seq_len > 512 and fp16 on CPU are N/A; the report files exist
+  train_step  mean/p50 ms per step per precision, first step excluded
+  inference   sorted and file-order predictions are identical and in input order
+  validation  cuda_graph on a CPU-only job exits 2 with file:line; so do an empty
+              list, batch 0 and an unknown mode
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from e2e_common import LANGID, SOURCE_DIR, write
+
+TOPICS = os.path.join(SOURCE_DIR, "data", "prepared", "topics")
+
+
+def bench_job(name, preset, body):
+    return f"""name: {name}
+kind: benchmark
+data:
+  train: {LANGID}/train.tsv
+  labels: {LANGID}/labels.txt
+  tokenizer: {{vocab: {LANGID}/vocab.txt}}
+model: {{preset: {preset}}}
+runtime: {{device: cpu, threads: 1}}
+benchmark:
+{body}"""
+
+
+def run(worker, work, name, text):
+    job = write(os.path.join(work, name + ".yaml"), text)
+    result = subprocess.run([worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True, text=True)
+    return result, os.path.join(work, "runs", name)
+
+
+def sweep(worker, work):
+    ok = True
+    for preset in ("tiny", "mini"):
+        result, out = run(worker, work, f"sweep_{preset}", bench_job(f"sweep_{preset}", preset, """  batch_sizes: [1, 4, 2048]
+  seq_lens: [8, 32, 600]
+  precisions: [fp32, bf16, fp16]
+  iters: 3
+  memory_cap_mb: 300
+"""))
+        if result.returncode != 0:
+            print(result.stdout, result.stderr)
+            return False
+        cells = list(csv.DictReader(open(os.path.join(out, "benchmark.csv"))))
+        status = {(int(c["batch"]), int(c["seq_len"]), c["precision"]): c["status"] for c in cells}
+        expected_na = all(status[(b, 600, p)] == "N/A" for b in (1, 4, 2048) for p in ("fp32", "bf16", "fp16"))
+        fp16_na = all(status[(b, s, "fp16")] == "N/A" for b in (1, 4, 2048) for s in (8, 32))
+        measured = all(status[(b, s, p)] == "ok" for b in (1, 4) for s in (8, 32) for p in ("fp32", "bf16"))
+        oom = status[(2048, 32, "fp32")] == "OOM"
+        files = all(os.path.exists(os.path.join(out, f)) for f in
+                    ("benchmark.md", "latency_heatmap.svg", "throughput.svg", "env.json"))
+        env = json.load(open(os.path.join(out, "env.json")))
+        print(f"{preset}: {len(cells)} cells; statuses {sorted(set(status.values()))}; 2048x32 fp32 -> "
+              f"{status[(2048, 32, 'fp32')]}; env torch {env['torch_version']} on {env['device']}")
+        ok = ok and len(cells) == 27 and expected_na and fp16_na and measured and oom and files
+    return ok
+
+
+def train_step(worker, work):
+    result, out = run(worker, work, "train_step", bench_job("train_step", "tiny", """  mode: train_step
+  precisions: [fp32, bf16]
+  train_steps: 6
+""").replace("runtime:", "train: {batch_size: 8}\nruntime:"))
+    cells = list(csv.DictReader(open(os.path.join(out, "benchmark.csv")))) if result.returncode == 0 else []
+    for c in cells:
+        print(f"train_step {c['precision']}: mean {c['mean_ms']} ms, p50 {c['p50_ms']} ms")
+    return len(cells) == 2 and all(c["status"] == "ok" and float(c["mean_ms"]) > 0 for c in cells)
+
+
+def inference(worker, work):
+    predictions = {}
+    for sort in ("true", "false", "both"):
+        result, out = run(worker, work, f"infer_{sort}", f"""name: infer_{sort}
+kind: inference
+data:
+  labels: {TOPICS}/labels.txt
+  max_seq_len: 128
+  tokenizer: {{vocab: {TOPICS}/vocab.txt}}
+model: {{preset: tiny}}
+runtime: {{device: cpu, threads: 1}}
+inference:
+  input: {TOPICS}/dev.tsv
+  batch_size: 32
+  sort_by_length: {sort}
+""")
+        if result.returncode != 0:
+            print(result.stdout, result.stderr)
+            return False
+        rows = list(csv.DictReader(open(os.path.join(out, "predictions.tsv")), delimiter="\t"))
+        predictions[sort] = rows
+        if sort == "both":
+            summary = json.load(open(os.path.join(out, "summary.json")))
+            print(f"both orders: agree {summary['orders_agree']}, sorted speedup {summary['sorted_speedup']:.2f}x")
+    a, b = predictions["true"], predictions["false"]
+    same_order = [r["index"] for r in a] == [str(i) for i in range(len(a))] == [r["index"] for r in b]
+    same_labels = [r["predicted"] for r in a] == [r["predicted"] for r in b]
+    gold = [l.split("\t", 1)[0] for l in open(os.path.join(TOPICS, "dev.tsv"), encoding="utf-8").readlines()[1:]]
+    in_input_order = [r["gold"] for r in a] == gold
+    logit_cols = [k for k in a[0] if k.startswith("logit_")]
+    diff = max(abs(float(x[k]) - float(y[k])) for x, y in zip(a, b) for k in logit_cols)
+    print(f"{len(a)} predictions: same order {same_order}, gold column follows the input {in_input_order}, "
+          f"same labels {same_labels}, max logit diff {diff:.1e}")
+    return same_order and same_labels and in_input_order and diff < 1e-4
+
+
+def validation(worker, work):
+    cases = {
+        "cuda_graph on CPU": ("  modes: [eager, cuda_graph]\n", r"benchmark\.modes: cuda_graph needs a CUDA device"),
+        "empty list": ("  batch_sizes: []\n", r"benchmark\.batch_sizes: expected a non-empty list"),
+        "batch 0": ("  batch_sizes: [1, 0]\n", r"benchmark\.batch_sizes\[1\]: expected an integer >= 1, got 0"),
+        "unknown mode": ("  modes: [eager, onnx]\n", r"benchmark\.modes\[1\]: expected one of cuda_graph, eager, torchscript, got 'onnx'"),
+    }
+    ok = True
+    for name, (body, expected) in cases.items():
+        result, out = run(worker, work, "invalid", bench_job("invalid", "tiny", body))
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        good = (result.returncode == 2 and len(lines) == 1 and re.search(r"invalid\.yaml:\d+:\d+: ", lines[0])
+                and re.search(expected, lines[0]) and not os.path.exists(out))
+        print(f"{'ok  ' if good else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
+        ok = ok and bool(good)
+    return ok
+
+
+def multirank(worker, work, mpirun):
+    """2 ranks: sweep cells are dealt across ranks and gathered; inference shards too."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    sweep_job = write(os.path.join(work, "mr_sweep.yaml"), bench_job("mr_sweep", "tiny", """  batch_sizes: [1, 2, 4]
+  seq_lens: [8, 16]
+  iters: 3
+"""))
+    infer_text = f"""name: mr_infer
+kind: inference
+data:
+  labels: {TOPICS}/labels.txt
+  max_seq_len: 128
+  tokenizer: {{vocab: {TOPICS}/vocab.txt}}
+model: {{preset: tiny}}
+runtime: {{device: cpu, threads: 1}}
+inference:
+  input: {TOPICS}/dev.tsv
+  batch_size: 32
+  sort_by_length: true
+"""
+    infer_job = write(os.path.join(work, "mr_infer.yaml"), infer_text)
+    runs2, runs1 = os.path.join(work, "runs2"), os.path.join(work, "runs1")
+    for job in (sweep_job, infer_job):
+        r = subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", worker, job, "--runs-dir", runs2],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            print(r.stdout, r.stderr)
+            return False
+    subprocess.run([worker, infer_job, "--runs-dir", runs1], check=True, capture_output=True)
+    cells = list(csv.DictReader(open(os.path.join(runs2, "mr_sweep", "benchmark.csv"))))
+    ranks = sorted({c["rank"] for c in cells})
+    p2 = open(os.path.join(runs2, "mr_infer", "predictions.tsv")).read().splitlines()
+    p1 = open(os.path.join(runs1, "mr_infer", "predictions.tsv")).read().splitlines()
+    same = [l.split("\t")[:3] for l in p1] == [l.split("\t")[:3] for l in p2]
+    print(f"2-rank sweep: {len(cells)} cells measured by ranks {ranks}, all ok: {all(c['status'] == 'ok' for c in cells)}; "
+          f"2-rank inference predictions equal 1-rank: {same}")
+    return len(cells) == 6 and ranks == ["0", "1"] and all(c["status"] == "ok" for c in cells) and same
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("case", choices=["sweep", "train_step", "inference", "validation", "multirank"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        if args.case == "multirank":
+            ok = multirank(args.worker, work, args.mpirun)
+        else:
+            ok = globals()[args.case](args.worker, work)
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+#include "worker/job_setup.h"
+
+#include "worker/log.h"
+#include "worker/models/hf_checkpoint.h"
+
+namespace trainyard {
+
+torch::Device ChooseDevice(const JobSpec& spec, int local_rank) {
+  const bool cuda = torch::cuda::is_available();
+  if (spec.runtime.device == DeviceChoice::kCuda && !cuda)
+    throw InputError(spec.Where("runtime.device") + ": 'cuda' asked for, but no CUDA device is visible");
+  if (spec.runtime.device != DeviceChoice::kCpu && cuda) {
+    const int count = static_cast<int>(torch::cuda::device_count());
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+  }
+  return torch::Device(torch::kCPU);
+}
+
+LabelSet LoadLabels(const JobSpec& spec) {
+  if (spec.data.labels.empty()) return LabelSet();
+  try {
+    return LabelSet::FromFile(spec.data.labels);
+  } catch (const DatasetError& e) {
+    throw InputError(spec.Where("data.labels") + ": " + e.what());
+  }
+}
+
+TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::string& path, LabelSet* labels,
+                      bool any_label) {
+  TextFormat format{spec.data.format == DataFormat::kJsonl, spec.data.text_field, spec.data.label_field};
+  try {
+    if (!any_label) return ReadTextDataset(path, format, labels);
+    LabelSet seen;
+    TextDataset data = ReadTextDataset(path, format, &seen);
+    for (auto& example : data.examples) example.label = labels->IdOf(seen.names()[example.label]);
+    return data;
+  } catch (const DatasetError& e) {
+    throw InputError(spec.Where(key) + ": " + e.what());
+  }
+}
+
+std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train) {
+  try {
+    return MakeTokenizer(spec.data, train);
+  } catch (const std::exception& e) {
+    const bool wordpiece = spec.data.tokenizer.kind == TokenizerKind::kWordPiece;
+    throw InputError(spec.Where(wordpiece ? "data.tokenizer.vocab" : "data.tokenizer.model") + ": " + e.what());
+  }
+}
+
+BertForSequenceClassification BuildModel(const JobSpec& spec, const Tokenizer& tokenizer,
+                                         const std::vector<std::string>& labels, int64_t max_positions,
+                                         bool keep_init_labels) {
+  BertConfig config;
+  if (spec.model.init.empty()) {
+    config = BertConfig::Preset(spec.model.preset, tokenizer.vocab_size(), labels, max_positions);
+  } else {
+    try {
+      config = ReadHfConfig(spec.model.init);
+    } catch (const std::exception& e) {
+      throw InputError(spec.Where("model.init") + ": " + e.what());
+    }
+    if (!keep_init_labels || config.labels.empty()) config.labels = labels;
+  }
+  config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.model.dropout;
+  if (config.vocab_size < tokenizer.vocab_size())
+    throw InputError(spec.Where("model.init") + ": the model's vocab_size " + std::to_string(config.vocab_size) +
+                     " is smaller than the tokenizer's " + std::to_string(tokenizer.vocab_size()));
+  if (spec.kind == JobKind::kFinetune && config.max_position_embeddings < spec.data.max_seq_len)
+    throw InputError(spec.Where("data.max_seq_len") + ": exceeds the model's max_position_embeddings " +
+                     std::to_string(config.max_position_embeddings));
+  if (config.labels.empty()) throw InputError(spec.Where("data.labels") + ": no labels for the classifier");
+  BertForSequenceClassification model(config);
+  if (!spec.model.init.empty()) {
+    try {
+      for (const auto& name : LoadHfWeights(spec.model.init, model))
+        LogInfo("model.init: '" + name + "' starts from a fresh initialisation");
+    } catch (const std::exception& e) {
+      throw InputError(spec.Where("model.init") + ": " + e.what());
+    }
+  }
+  return model;
+}
+
+}  // namespace trainyard

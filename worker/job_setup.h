@@ -1,0 +1,52 @@
+// The start of every job kind: choose the device, read labels and texts, build the
+// tokenizer and the model. Problems with the user's inputs become InputError (exit
+// code 2) naming the job file, line and key.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
+#include "proto/job_spec.h"
+#include "worker/comm/communicator.h"
+#include "worker/models/bert.h"
+
+namespace trainyard {
+
+// Where this process sits in the job. `comm` is null for a single rank.
+struct RankContext {
+  int rank = 0, world = 1, local_rank = 0;
+  Communicator* comm = nullptr;
+};
+
+// A problem with what the user gave us (exit code 2). what() is one line naming the
+// job file, line and key, and the file at fault.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// CUDA when available and not refused (the node-local rank picks the GPU), else CPU.
+torch::Device ChooseDevice(const JobSpec& spec, int local_rank);
+
+// data.labels if given, else empty (to be collected from the first dataset read).
+LabelSet LoadLabels(const JobSpec& spec);
+
+// Reads `path` (named by `key` in the job file). Unknown labels are an error unless
+// `any_label` is set, in which case they get id -1.
+TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::string& path, LabelSet* labels,
+                      bool any_label = false);
+
+std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train);
+
+// model.init (a Hugging Face folder) or a fresh model.preset; the classifier gets
+// `labels` unless `keep_init_labels` and the checkpoint names its own.
+BertForSequenceClassification BuildModel(const JobSpec& spec, const Tokenizer& tokenizer,
+                                         const std::vector<std::string>& labels, int64_t max_positions,
+                                         bool keep_init_labels = false);
+
+}  // namespace trainyard
