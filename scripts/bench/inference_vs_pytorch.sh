@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Inference benchmark, one run: the worker's eager and TorchScript latency next to
+# Python PyTorch eager on HF BertForSequenceClassification, same weights (one HF
+# folder), same inputs (the same real-text token stream cut to each cell), same cells
+# and threads; prints the ratio per cell. Then the worker's sorted vs file-order batch
+# inference throughput at batch 1/8/32/64 on the topics dev split.
+#   scripts/bench/inference_vs_pytorch.sh [--preset mini] [--threads 2]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PRESET=mini THREADS=2 BATCHES="1 8 32" SEQS="32 128"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --preset) PRESET=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;; *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+PY="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python"
+[[ -x build/bin/worker ]] || scripts/build.sh worker
+"$PY" scripts/prepare_data.py > /dev/null
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+LANGID=$PWD/data/prepared/langid TOPICS=$PWD/data/prepared/topics
+"$PY" scripts/bench/inference_reference.py prepare --vocab "$LANGID/vocab.txt" --preset "$PRESET" --out "$WORK/model" 2>/dev/null
+cat > "$WORK/bench.yaml" <<YAML
+name: bench_infer
+kind: benchmark
+data:
+  train: $LANGID/train.tsv
+  tokenizer: {vocab: $LANGID/vocab.txt}
+model: {init: $WORK/model}
+benchmark:
+  batch_sizes: [$(echo $BATCHES | tr ' ' ',')]
+  seq_lens: [$(echo $SEQS | tr ' ' ',')]
+  modes: [eager, torchscript]
+  torchscript: $WORK/model/traced.pt
+  warmup: 3
+  iters: 10
+runtime: {device: cpu, threads: $THREADS}
+YAML
+build/bin/worker "$WORK/bench.yaml" --runs-dir "$WORK/runs" > "$WORK/bench.log" 2>&1 || { cat "$WORK/bench.log"; exit 1; }
+"$PY" scripts/bench/inference_reference.py time --vocab "$LANGID/vocab.txt" --data "$LANGID/train.tsv" \
+  --model "$WORK/model" --threads "$THREADS" --batches $BATCHES --seqs $SEQS > "$WORK/ref.json" 2>/dev/null
+"$PY" - "$WORK/runs/bench_infer/benchmark.csv" "$WORK/ref.json" <<PY
+import csv, json, sys
+cells = list(csv.DictReader(open(sys.argv[1])))
+ref = json.load(open(sys.argv[2]))
+ours = {(c["mode"], c["batch"], c["seq_len"]): float(c["mean_ms"]) for c in cells if c["status"] == "ok"}
+print(f"inference latency, preset $PRESET, fp32, $THREADS threads (mean ms per batch)")
+print(f"{'batch x seq':>12} {'ours eager':>11} {'ours script':>12} {'pytorch':>9} {'eager/pt':>9} {'script/pt':>10}")
+for key, pt in ref.items():
+    b, s = key.split("x")
+    e, t = ours[("eager", b, s)], ours[("torchscript", b, s)]
+    print(f"{key:>12} {e:11.3f} {t:12.3f} {pt:9.3f} {e / pt:9.3f} {t / pt:10.3f}")
+PY
+echo
+echo "batch inference on topics dev (tiny preset), file order vs sorted by length:"
+for B in 1 8 32 64; do
+  cat > "$WORK/infer.yaml" <<YAML
+name: bench_sorted_$B
+kind: inference
+data:
+  labels: $TOPICS/labels.txt
+  max_seq_len: 256
+  tokenizer: {vocab: $TOPICS/vocab.txt}
+model: {preset: tiny}
+runtime: {device: cpu, threads: $THREADS}
+inference: {input: $TOPICS/dev.tsv, batch_size: $B, sort_by_length: both}
+YAML
+  build/bin/worker "$WORK/infer.yaml" --runs-dir "$WORK/runs" > "$WORK/infer.log" 2>&1 || { cat "$WORK/infer.log"; exit 1; }
+  "$PY" -c "
+import json
+s = json.load(open('$WORK/runs/bench_sorted_$B/summary.json'))
+f, o = s['passes']['file order'], s['passes']['sorted by length']
+print(f'  batch {$B:>3}: file order {f[\"texts_per_s\"]:8.1f} texts/s ({f[\"padding_pct\"]:4.1f}% padding), '
+      f'sorted {o[\"texts_per_s\"]:8.1f} texts/s ({o[\"padding_pct\"]:4.1f}% padding), speedup {s[\"sorted_speedup\"]:.2f}x')"
+done
