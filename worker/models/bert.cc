@@ -125,8 +125,10 @@ torch::Tensor BertLayerImpl::SelfAttention(const torch::Tensor& x, const torch::
   auto split_heads = [&](const torch::Tensor& t) {
     return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2);
   };
+  std::optional<torch::Tensor> mask;
+  if (keep_mask.defined()) mask = keep_mask;
   torch::Tensor context = at::scaled_dot_product_attention(
-      split_heads(query_(x)), split_heads(key_(x)), split_heads(value_(x)), keep_mask,
+      split_heads(query_(x)), split_heads(key_(x)), split_heads(value_(x)), mask,
       is_training() ? attention_dropout_ : 0.0);
   return context.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
 }
@@ -192,7 +194,12 @@ torch::Tensor BertForSequenceClassificationImpl::Embed(const torch::Tensor& inpu
 
 torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                          const torch::Tensor& attention_mask) {
-  torch::Tensor keep_mask = attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);
+  // A batch without padding needs no mask, and without one SDPA can take its fused
+  // kernels (on CPU a masked call falls back to the reference path). Checked for CPU
+  // tensors only: on a GPU the check would stall the stream and break graph capture.
+  torch::Tensor keep_mask;
+  if (attention_mask.is_cuda() || !attention_mask.all().item<bool>())
+    keep_mask = attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);
   torch::Tensor hidden = Embed(input_ids);
   for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask);
   torch::Tensor pooled = torch::tanh(pooler_(hidden.select(1, 0)));

@@ -39,7 +39,8 @@ struct BertConfig {
 class BertLayerImpl : public torch::nn::Module {
  public:
   explicit BertLayerImpl(const BertConfig& config);
-  // hidden: [B, S, H]; keep_mask: [B, 1, 1, S] bool, true where a key may be attended.
+  // hidden: [B, S, H]; keep_mask: [B, 1, 1, S] bool, true where a key may be attended,
+  // or undefined when every key may be.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
 
  private:
