@@ -1,0 +1,238 @@
+#include "coordinator/state_store.h"
+
+#include <filesystem>
+#include <functional>
+
+namespace trainyard {
+namespace {
+
+// A prepared statement with positional binds; finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
+      throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db)) + " in: " + sql);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement& Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
+  Statement& Bind(int i, double v) { return Check(sqlite3_bind_double(stmt_, i, v)); }
+  Statement& Bind(int i, const std::string& v) {
+    return Check(sqlite3_bind_text(stmt_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  bool Step() {  // true while a row is available
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db_)));
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) const {
+    const auto* text = sqlite3_column_text(stmt_, col);
+    return text ? reinterpret_cast<const char*>(text) : "";
+  }
+
+ private:
+  Statement& Check(int rc) {
+    if (rc != SQLITE_OK) throw StoreError("SQLite bind: " + std::string(sqlite3_errmsg(db_)));
+    return *this;
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+constexpr const char* kJobColumns =
+    "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
+    "reason, submitted_at, not_before";
+
+JobRecord ReadJob(const Statement& s) {
+  JobRecord j;
+  j.id = s.Int(0), j.name = s.Text(1), j.idempotency_key = s.Text(2), j.spec_yaml = s.Text(3);
+  j.source = s.Text(4), j.state = JobStateFromString(s.Text(5)), j.priority = int(s.Int(6));
+  j.ranks = int(s.Int(7)), j.max_restarts = int(s.Int(8)), j.attempts = int(s.Int(9)), j.device = s.Text(10);
+  j.reason = s.Text(11), j.submitted_at = s.Real(12), j.not_before = s.Real(13);
+  return j;
+}
+
+}  // namespace
+
+const char* ToString(JobState state) {
+  switch (state) {
+    case JobState::kQueued: return "QUEUED";
+    case JobState::kRunning: return "RUNNING";
+    case JobState::kSucceeded: return "SUCCEEDED";
+    case JobState::kFailed: return "FAILED";
+    case JobState::kCancelled: return "CANCELLED";
+  }
+  return "?";
+}
+
+JobState JobStateFromString(const std::string& text) {
+  for (JobState s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled})
+    if (text == ToString(s)) return s;
+  throw StoreError("unknown job state '" + text + "' in the database");
+}
+
+StateStore::StateStore(const std::string& path, bool start_fresh) {
+  Open(path);
+  try {
+    CheckIntegrity(path);
+  } catch (const StoreError&) {
+    if (!start_fresh) throw;
+    sqlite3_close(db_);
+    db_ = nullptr;
+    std::filesystem::rename(path, path + ".corrupt");
+    for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
+    Open(path);
+  }
+  CreateSchema();
+}
+
+StateStore::~StateStore() { sqlite3_close(db_); }
+
+void StateStore::Open(const std::string& path) {
+  if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK)
+    throw StoreError(path + ": cannot open the state database: " + sqlite3_errmsg(db_));
+  sqlite3_busy_timeout(db_, 5000);
+}
+
+void StateStore::CheckIntegrity(const std::string& path) const {
+  try {
+    Statement check(db_, "PRAGMA integrity_check");
+    std::string verdict = check.Step() ? check.Text(0) : "no answer";
+    if (verdict != "ok") throw StoreError(verdict);
+  } catch (const StoreError& e) {
+    throw StoreError(path + ": the state database is corrupt (" + e.what() +
+                     "); restore it, or start with --fresh to set it aside and begin empty");
+  }
+}
+
+void StateStore::Exec(const std::string& sql) const {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
+    std::string text = error ? error : "unknown error";
+    sqlite3_free(error);
+    throw StoreError("SQLite: " + text);
+  }
+}
+
+void StateStore::CreateSchema() {
+  Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
+  Exec(R"(CREATE TABLE IF NOT EXISTS jobs(
+      id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, idempotency_key TEXT UNIQUE,
+      spec_yaml TEXT NOT NULL, source TEXT NOT NULL, state TEXT NOT NULL, priority INTEGER NOT NULL,
+      ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+      device TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', submitted_at REAL NOT NULL,
+      not_before REAL NOT NULL DEFAULT 0);
+    CREATE TABLE IF NOT EXISTS attempts(
+      job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
+      started_at REAL NOT NULL, ended_at REAL, outcome TEXT, PRIMARY KEY(job, attempt));
+    CREATE TABLE IF NOT EXISTS epochs(
+      job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, epoch INTEGER NOT NULL,
+      csv_line TEXT NOT NULL, PRIMARY KEY(job, attempt, epoch));
+    CREATE TABLE IF NOT EXISTS events(
+      job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);)");
+}
+
+std::string StateStore::journal_mode() const {
+  Statement s(db_, "PRAGMA journal_mode");
+  return s.Step() ? s.Text(0) : "";
+}
+
+JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
+  Statement existing(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE idempotency_key = ?");
+  existing.Bind(1, job.idempotency_key);
+  if (!job.idempotency_key.empty() && existing.Step()) {
+    *created = false;
+    return ReadJob(existing);
+  }
+  Statement insert(db_, "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
+                        "max_restarts, device, submitted_at) VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?)");
+  insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
+  insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
+  insert.Bind(8, job.device).Bind(9, now);
+  insert.Step();
+  *created = true;
+  return *Find(sqlite3_last_insert_rowid(db_));
+}
+
+std::optional<JobRecord> StateStore::Find(int64_t id) const {
+  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE id = ?");
+  s.Bind(1, id);
+  if (!s.Step()) return std::nullopt;
+  return ReadJob(s);
+}
+
+std::vector<JobRecord> StateStore::Jobs() const {
+  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs ORDER BY id");
+  std::vector<JobRecord> out;
+  while (s.Step()) out.push_back(ReadJob(s));
+  return out;
+}
+
+void StateStore::SetState(int64_t id, JobState state, const std::string& reason) {
+  Statement s(db_, "UPDATE jobs SET state = ?, reason = ? WHERE id = ?");
+  s.Bind(1, std::string(ToString(state))).Bind(2, reason).Bind(3, id);
+  s.Step();
+}
+
+int StateStore::StartAttempt(int64_t id, const std::string& placement, double now) {
+  Exec("BEGIN IMMEDIATE");
+  try {
+    Statement bump(db_, "UPDATE jobs SET attempts = attempts + 1, state = 'RUNNING' WHERE id = ?");
+    bump.Bind(1, id);
+    bump.Step();
+    const int attempt = Find(id)->attempts;
+    Statement insert(db_, "INSERT INTO attempts(job, attempt, placement, started_at) VALUES(?, ?, ?, ?)");
+    insert.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, placement).Bind(4, now);
+    insert.Step();
+    Exec("COMMIT");
+    return attempt;
+  } catch (...) {
+    Exec("ROLLBACK");
+    throw;
+  }
+}
+
+void StateStore::EndAttempt(int64_t id, int attempt, const std::string& outcome, double now) {
+  Statement s(db_, "UPDATE attempts SET ended_at = ?, outcome = ? WHERE job = ? AND attempt = ?");
+  s.Bind(1, now).Bind(2, outcome).Bind(3, id).Bind(4, int64_t(attempt));
+  s.Step();
+}
+
+void StateStore::Requeue(int64_t id, const std::string& reason, double not_before) {
+  Statement s(db_, "UPDATE jobs SET state = 'QUEUED', reason = ?, not_before = ? WHERE id = ?");
+  s.Bind(1, reason).Bind(2, not_before).Bind(3, id);
+  s.Step();
+}
+
+bool StateStore::AddEpochRow(int64_t id, int attempt, int epoch, const std::string& csv_line) {
+  Statement s(db_, "INSERT OR IGNORE INTO epochs(job, attempt, epoch, csv_line) VALUES(?, ?, ?, ?)");
+  s.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, int64_t(epoch)).Bind(4, csv_line);
+  s.Step();
+  return sqlite3_changes(db_) == 1;
+}
+
+std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
+  Statement s(db_, "SELECT attempt, epoch, csv_line FROM epochs WHERE job = ? ORDER BY attempt, epoch");
+  s.Bind(1, id);
+  std::vector<EpochRecord> out;
+  while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2)});
+  return out;
+}
+
+void StateStore::AddEvent(int64_t id, const std::string& text, double now) {
+  Statement s(db_, "INSERT INTO events(job, at, text) VALUES(?, ?, ?)");
+  s.Bind(1, id).Bind(2, now).Bind(3, text);
+  s.Step();
+}
+
+std::vector<std::string> StateStore::Events(int64_t id) const {
+  Statement s(db_, "SELECT text FROM events WHERE job = ? ORDER BY rowid");
+  s.Bind(1, id);
+  std::vector<std::string> out;
+  while (s.Step()) out.push_back(s.Text(0));
+  return out;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,82 @@
+// The coordinator's durable state in SQLite (WAL mode): jobs, attempts, events and
+// epoch rows. Every mutating call commits before it returns, so what the coordinator
+// acknowledges survives a crash. Not thread-safe: the coordinator's loop thread owns it.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+const char* ToString(JobState state);
+JobState JobStateFromString(const std::string& text);
+
+struct JobRecord {
+  int64_t id = 0;                // also the submission order
+  std::string name, idempotency_key, spec_yaml, source;
+  JobState state = JobState::kQueued;
+  int priority = 0, ranks = 1, max_restarts = 0, attempts = 0;
+  std::string device = "any";
+  std::string reason;            // why it failed or was cancelled
+  double submitted_at = 0, not_before = 0;  // not_before: requeue backoff
+};
+
+struct NewJob {
+  std::string name, idempotency_key, spec_yaml, source, device = "any";
+  int priority = 0, ranks = 1, max_restarts = 0;
+};
+
+struct EpochRecord {
+  int attempt = 0, epoch = 0;
+  std::string csv_line;
+};
+
+class StateStore {
+ public:
+  // Opens or creates the database. A database failing `PRAGMA integrity_check` is
+  // refused with a StoreError, unless `start_fresh`, which moves it aside to
+  // "<path>.corrupt" and starts empty.
+  StateStore(const std::string& path, bool start_fresh);
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  // Inserts a queued job, or returns the existing one with the same idempotency key.
+  // `*created` tells which.
+  JobRecord Submit(const NewJob& job, double now, bool* created);
+  std::optional<JobRecord> Find(int64_t id) const;
+  std::vector<JobRecord> Jobs() const;
+  void SetState(int64_t id, JobState state, const std::string& reason);
+  // Opens attempt n+1 of a job and marks it running; returns n+1.
+  int StartAttempt(int64_t id, const std::string& placement, double now);
+  void EndAttempt(int64_t id, int attempt, const std::string& outcome, double now);
+  void Requeue(int64_t id, const std::string& reason, double not_before);
+  // Adds an epoch row; a row already stored for (job, attempt, epoch) is kept and
+  // false is returned, so a replayed report never duplicates a row.
+  bool AddEpochRow(int64_t id, int attempt, int epoch, const std::string& csv_line);
+  std::vector<EpochRecord> EpochRows(int64_t id) const;
+  void AddEvent(int64_t id, const std::string& text, double now);
+  std::vector<std::string> Events(int64_t id) const;
+  std::string journal_mode() const;
+
+ private:
+  void Exec(const std::string& sql) const;
+  void Open(const std::string& path);
+  void CheckIntegrity(const std::string& path) const;
+  void CreateSchema();
+
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,104 @@
+// The state store on a real SQLite file.
+#include "coordinator/state_store.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StateStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ty_store_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "state.db").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static NewJob Job(const std::string& key) {
+    NewJob j;
+    j.name = "langid", j.idempotency_key = key, j.spec_yaml = "name: langid\n", j.source = "job.yaml", j.ranks = 2;
+    return j;
+  }
+
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(StateStoreTest, UsesWalAndKeepsJobsAcrossReopen) {
+  {
+    StateStore store(path_, false);
+    EXPECT_EQ(store.journal_mode(), "wal");
+    bool created = false;
+    store.Submit(Job("a"), 1.0, &created);
+    store.Submit(Job("b"), 2.0, &created);
+    store.StartAttempt(1, "world w ranks 0,1", 3.0);
+  }
+  StateStore reopened(path_, false);
+  auto jobs = reopened.Jobs();
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].state, JobState::kRunning);
+  EXPECT_EQ(jobs[0].attempts, 1);
+  EXPECT_EQ(jobs[1].state, JobState::kQueued);
+  EXPECT_EQ(jobs[1].ranks, 2);
+}
+
+TEST_F(StateStoreTest, SameIdempotencyKeyMakesOneJob) {
+  StateStore store(path_, false);
+  bool created = false;
+  JobRecord first = store.Submit(Job("key-1"), 1.0, &created);
+  EXPECT_TRUE(created);
+  JobRecord again = store.Submit(Job("key-1"), 2.0, &created);
+  EXPECT_FALSE(created);
+  EXPECT_EQ(first.id, again.id);
+  EXPECT_EQ(store.Jobs().size(), 1u);
+}
+
+TEST_F(StateStoreTest, EpochRowsAreNeverDuplicated) {
+  StateStore store(path_, false);
+  bool created = false;
+  store.Submit(Job("k"), 1.0, &created);
+  EXPECT_TRUE(store.AddEpochRow(1, 1, 1, "1,2.0"));
+  EXPECT_FALSE(store.AddEpochRow(1, 1, 1, "1,2.0"));  // a replayed report
+  EXPECT_TRUE(store.AddEpochRow(1, 2, 2, "2,2.1"));
+  auto rows = store.EpochRows(1);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].attempt, 2);
+}
+
+TEST_F(StateStoreTest, RequeueAndFailureKeepTheReason) {
+  StateStore store(path_, false);
+  bool created = false;
+  store.Submit(Job("k"), 1.0, &created);
+  store.StartAttempt(1, "w:0,1", 2.0);
+  store.EndAttempt(1, 1, "rank 1 killed by signal 9", 3.0);
+  store.Requeue(1, "attempt 1: rank 1 killed by signal 9", 13.0);
+  store.AddEvent(1, "requeued", 3.0);
+  auto job = *store.Find(1);
+  EXPECT_EQ(job.state, JobState::kQueued);
+  EXPECT_DOUBLE_EQ(job.not_before, 13.0);
+  EXPECT_EQ(job.reason, "attempt 1: rank 1 killed by signal 9");
+  EXPECT_EQ(store.Events(1), std::vector<std::string>{"requeued"});
+}
+
+TEST_F(StateStoreTest, CorruptDatabaseIsRefusedUnlessStartingFresh) {
+  std::ofstream(path_) << std::string(8192, 'x');
+  try {
+    StateStore store(path_, false);
+    FAIL() << "a corrupt database was accepted";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+  }
+  StateStore fresh(path_, true);
+  EXPECT_TRUE(fresh.Jobs().empty());
+  EXPECT_TRUE(fs::exists(path_ + ".corrupt"));
+}
+
+}  // namespace
+}  // namespace trainyard
