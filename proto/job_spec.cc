@@ -311,6 +311,14 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
                                                  {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
+  YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
+  r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1);
+  r.ReadEnum(rs, "device", "resources",
+             std::map<std::string, std::string>{{"cpu", "cpu"}, {"cuda", "cuda"}, {"any", "any"}},
+             &spec->resources.device);
+  r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1000000);
+  r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0);
+  r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
   YAML::Node ds = r.Section(root, "distributed", {"backend", "bucket_mb", "overlap", "compression",
                                                    "timeout_s", "check_consistency"});
   DistributedSpec& dist = spec->distributed;
@@ -384,7 +392,7 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
 
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
   r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime",
-                         "distributed", "debug", "benchmark", "inference", "log"});
+                         "resources", "distributed", "debug", "benchmark", "inference", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");

@@ -76,6 +76,15 @@ struct RuntimeSpec {
   int threads = 0;             // intra-op threads per rank; 0 = libtorch's default
 };
 
+// What a job asks of the coordinator's pool (ignored by a standalone worker).
+struct ResourcesSpec {
+  int ranks = 1;                 // all from one MPI world
+  std::string device = "any";    // cpu | cuda | any
+  int priority = 0;              // higher runs first
+  int max_restarts = 2;          // requeues after a failed attempt, resuming from checkpoints
+  double estimate_minutes = 0;   // expected run time; lets the job backfill (0 = unknown)
+};
+
 enum class CommBackend { kAuto, kMpi, kNccl };
 
 struct DistributedSpec {
@@ -133,6 +142,7 @@ struct JobSpec {
   TrainSpec train;
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
+  ResourcesSpec resources;
   DistributedSpec distributed;
   DebugSpec debug;
   BenchmarkSpec benchmark;

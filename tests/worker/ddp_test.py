@@ -118,12 +118,15 @@ def overlap(args, work):
     exposed = {}
     for flag in ("true", "false"):
         run, _ = run_job(args, work, f"overlap_{flag}", 2,
-                         "train:\n  batch_size: 16\n  max_steps: 30\n  epochs: 1\n"
+                         "train:\n  batch_size: 16\n  max_steps: 40\n  epochs: 1\n"
                          f"distributed:\n  overlap: {flag}\n  bucket_mb: 1\n")
         row = epochs_csv(run)[-1]
-        exposed[flag] = float(row["comm_ms_med"])
-        print(f"overlap {flag:5}: exposed communication {exposed[flag]:.2f} ms/step (median rank), "
-              f"backward {float(row['backward_ms_med']):.2f} ms/step")
+        # Median over steps (rank 0, after warm-up): on two shared cores a single
+        # scheduling stall can swing a mean by more than overlap saves.
+        per_step = sorted(s["comm_ms"] for s in steps_jsonl(run)[5:])
+        exposed[flag] = per_step[len(per_step) // 2]
+        print(f"overlap {flag:5}: exposed communication median {exposed[flag]:.2f} ms/step "
+              f"(epoch mean {float(row['comm_ms']):.2f}), backward {float(row['backward_ms_med']):.2f} ms/step")
     return exposed["true"] < exposed["false"]
 
 

@@ -1,0 +1,201 @@
+// jobctl: the user's command line for the coordinator.
+//   jobctl submit JOB.yaml | list | status ID | cancel ID | logs ID [-f]
+// Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
+// the reply, then reconnect and resend, `--retries` times, then give up with a clear
+// error. A submission carries an idempotency key, so a resend never makes two jobs.
+// Exit codes: 0 ok, 2 bad input (the job file, an unknown job), 1 failure.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+
+#include "proto/job_spec.h"
+#include "trainyard.pb.h"
+
+namespace {
+
+namespace wire = trainyard::wire;
+
+struct Options {
+  std::string coordinator = "tcp://127.0.0.1:5555";
+  double timeout_s = 2.5;
+  int retries = 3;
+  bool json = false;
+};
+
+class Unreachable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One request, one reply, with Lazy Pirate retries.
+wire::Envelope Request(const Options& o, wire::Envelope request) {
+  request.set_version(1);
+  const std::string bytes = request.SerializeAsString();
+  zmq::context_t context(1);
+  for (int attempt = 1; attempt <= o.retries; ++attempt) {
+    zmq::socket_t socket(context, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(o.coordinator);
+    socket.send(zmq::buffer(bytes), zmq::send_flags::none);
+    zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
+    if (items[0].revents & ZMQ_POLLIN) {
+      zmq::message_t reply;
+      (void)socket.recv(reply);
+      wire::Envelope envelope;
+      if (!envelope.ParseFromArray(reply.data(), static_cast<int>(reply.size())))
+        throw std::runtime_error("the coordinator's reply does not parse");
+      return envelope;
+    }
+    if (attempt < o.retries)
+      std::cerr << "jobctl: no reply from " << o.coordinator << " in " << o.timeout_s << " s, retrying ("
+                << attempt << "/" << o.retries << ")\n";
+  }
+  throw Unreachable("the coordinator at " + o.coordinator + " did not answer after " + std::to_string(o.retries) +
+                    " tries of " + std::to_string(o.timeout_s) + " s; is it running?");
+}
+
+// Throws for an ErrorReply: code 2 is bad input.
+class Rejected : public std::runtime_error {
+ public:
+  Rejected(int code, const std::string& m) : std::runtime_error(m), code(code) {}
+  int code;
+};
+
+wire::Envelope Expect(const wire::Envelope& reply) {
+  if (reply.has_error()) throw Rejected(reply.error().code(), reply.error().message());
+  return reply;
+}
+
+std::string NewKey() {
+  std::random_device device;
+  std::ostringstream out;
+  out << std::hex << device() << device() << "-" << ::getpid();
+  return out.str();
+}
+
+nlohmann::json ToJson(const wire::JobInfo& j) {
+  nlohmann::json out = {{"id", j.id()}, {"name", j.name()}, {"state", j.state()}, {"priority", j.priority()},
+                        {"ranks", j.ranks()}, {"device", j.device()}, {"attempts", j.attempts()},
+                        {"reason", j.reason()}, {"submitted_at", j.submitted_at()}};
+  if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
+  return out;
+}
+
+void PrintTable(const std::vector<wire::JobInfo>& jobs) {
+  std::printf("%-6s %-24s %-10s %5s %5s %-5s %8s  %s\n", "id", "name", "state", "prio", "ranks", "dev", "attempts",
+              "reason");
+  for (const auto& j : jobs)
+    std::printf("%-6ld %-24s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(), j.state().c_str(),
+                j.priority(), j.ranks(), j.device().c_str(), j.attempts(), j.reason().c_str());
+}
+
+int Submit(const Options& o, const std::string& path, std::string key) {
+  trainyard::LoadJobSpec(path);  // the same checks, and errors, as the coordinator and worker
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  wire::Envelope request;
+  auto* submit = request.mutable_submit();
+  submit->set_yaml(text.str());
+  submit->set_source(path);
+  submit->set_base_dir(std::filesystem::absolute(path).parent_path().string());
+  submit->set_idempotency_key(key.empty() ? NewKey() : key);
+  const auto reply = Expect(Request(o, request));
+  if (o.json)
+    std::cout << nlohmann::json{{"job_id", reply.submitted().job_id()}, {"created", reply.submitted().created()}} << "\n";
+  else
+    std::cout << reply.submitted().job_id() << "\n";
+  return 0;
+}
+
+int Show(const Options& o, const std::string& what, int64_t id) {
+  wire::Envelope request;
+  if (what == "list") request.mutable_list();
+  if (what == "status") request.mutable_status()->set_job_id(id);
+  if (what == "cancel") request.mutable_cancel()->set_job_id(id);
+  const auto reply = Expect(Request(o, request));
+  std::vector<wire::JobInfo> jobs;
+  if (reply.has_jobs()) jobs.assign(reply.jobs().jobs().begin(), reply.jobs().jobs().end());
+  if (reply.has_job()) jobs.push_back(reply.job());
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& j : jobs) out.push_back(ToJson(j));
+    std::cout << (what == "list" ? out : out.at(0)).dump(2) << "\n";
+    return 0;
+  }
+  PrintTable(jobs);
+  for (const auto& j : jobs)
+    for (const auto& e : j.events()) std::printf("  event: %s\n", e.c_str());
+  return 0;
+}
+
+int Logs(const Options& o, int64_t id, bool follow) {
+  int seen = 0;
+  while (true) {
+    wire::Envelope request;
+    request.mutable_logs()->set_job_id(id);
+    request.mutable_logs()->set_after(seen);
+    const auto reply = Expect(Request(o, request));
+    for (const auto& line : reply.log_rows().csv_lines()) std::cout << line << "\n";
+    seen += reply.log_rows().csv_lines_size();
+    const std::string state = reply.log_rows().state();
+    if (!follow || (state != "QUEUED" && state != "RUNNING")) return 0;
+    std::cout.flush();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
+  Options o;
+  app.add_option("--coordinator", o.coordinator, "coordinator endpoint (default tcp://127.0.0.1:5555)");
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply (default 2.5)");
+  app.add_option("--retries", o.retries, "tries before giving up (default 3)")->check(CLI::PositiveNumber);
+  app.add_flag("--json", o.json, "machine-readable output");
+  app.require_subcommand(1);
+  std::string job_file, key;
+  int64_t id = 0;
+  bool follow = false;
+  auto* submit = app.add_subcommand("submit", "queue a job file; prints the job id");
+  submit->add_option("job", job_file, "job YAML file")->required()->check(CLI::ExistingFile);
+  submit->add_option("--key", key, "idempotency key (default: random); a resend with the same key makes no new job");
+  app.add_subcommand("list", "all jobs");
+  for (const char* name : {"status", "cancel"})
+    app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events" : "cancel a queued job")
+        ->add_option("id", id, "job id")->required();
+  auto* logs = app.add_subcommand("logs", "the job's epoch rows (CSV)");
+  logs->add_option("id", id, "job id")->required();
+  logs->add_flag("-f,--follow", follow, "keep printing rows until the job ends");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  const std::string command = app.get_subcommands().front()->get_name();
+  try {
+    if (command == "submit") return Submit(o, job_file, key);
+    if (command == "logs") return Logs(o, id, follow);
+    return Show(o, command, id);
+  } catch (const trainyard::SpecError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const Rejected& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.code == 2 ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
