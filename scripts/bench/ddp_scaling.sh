@@ -45,7 +45,7 @@ open(dst, "w", encoding="utf-8").write("label\ttext\n" + "".join(out))
 PY
 LABELS=$(cut -f1 "$WORK/long.tsv" | tail -n +2 | sort -u | wc -l)
 
-ours() {  # ranks overlap -> "ms_per_step comm_ms"
+ours() {  # ranks overlap -> "mean_ms median_ms mean_comm_ms median_comm_ms"
   cat > "$WORK/job.yaml" <<YAML
 name: bench_ddp
 data:
@@ -65,27 +65,32 @@ YAML
   "$PY" -c "
 import json
 rows = [json.loads(l) for l in open('$WORK/runs/bench_ddp/steps.jsonl')][$WARMUP:]
-print(sum(r['ms'] for r in rows) / len(rows), sum(r['comm_ms'] for r in rows) / len(rows))"
+ms, comm = sorted(r['ms'] for r in rows), sorted(r['comm_ms'] for r in rows)
+print(sum(ms) / len(ms), ms[len(ms) // 2], sum(comm) / len(comm), comm[len(comm) // 2])"
 }
 ddp() {
   "$PY" scripts/bench/ddp_reference.py --data "$WORK/long.tsv" --vocab "$DATA/vocab.txt" --preset "$PRESET" \
     --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" --ranks "$1" --labels "$LABELS" |
-    "$PY" -c "import json,sys; print(json.load(sys.stdin)['ms_per_step'])"
+    "$PY" -c "import json,sys; d = json.load(sys.stdin); print(d['ms_per_step'], d['median_ms_per_step'])"
 }
-read -r OURS1 _ <<< "$(ours 1 true)"
-read -r OURS2 COMM_ON <<< "$(ours 2 true)"
-read -r OURS2_OFF COMM_OFF <<< "$(ours 2 false)"
-DDP1=$(ddp 1)
-DDP2=$(ddp 2)
-"$PY" - "$OURS1" "$OURS2" "$DDP1" "$DDP2" "$COMM_ON" "$OURS2" "$COMM_OFF" "$OURS2_OFF" <<PY
+read -r OURS1 OURS1_MED _ _ <<< "$(ours 1 true)"
+read -r OURS2 OURS2_MED COMM_ON COMM_ON_MED <<< "$(ours 2 true)"
+read -r OURS2_OFF OURS2_OFF_MED COMM_OFF COMM_OFF_MED <<< "$(ours 2 false)"
+read -r DDP1 DDP1_MED <<< "$(ddp 1)"
+read -r DDP2 DDP2_MED <<< "$(ddp 2)"
+"$PY" - "$OURS1" "$OURS2" "$DDP1" "$DDP2" "$OURS1_MED" "$OURS2_MED" "$DDP1_MED" "$DDP2_MED" \
+  "$COMM_ON" "$OURS2" "$COMM_OFF" "$OURS2_OFF" "$COMM_ON_MED" "$OURS2_MED" "$COMM_OFF_MED" "$OURS2_OFF_MED" <<PY
 import sys
-o1, o2, d1, d2, con, oon, coff, ooff = map(float, sys.argv[1:])
+v = list(map(float, sys.argv[1:]))
 b = $BATCH
 print(f"data-parallel scaling, preset $PRESET, batch {b}/rank x seq $SEQ, fp32, 1 thread/rank, steps $((WARMUP + 1))..$STEPS")
-print(f"{'':22}{'1 rank':>16}{'2 ranks':>16}{'efficiency':>12}")
-print(f"{'trainyard (MPI)':22}{b * 1000 / o1:10.1f} smp/s{2 * b * 1000 / o2:10.1f} smp/s{o1 / o2:12.2f}")
-print(f"{'PyTorch DDP (gloo)':22}{b * 1000 / d1:10.1f} smp/s{2 * b * 1000 / d2:10.1f} smp/s{d1 / d2:12.2f}")
-print(f"ms/step ours / DDP:   1 rank {o1 / d1:.3f}   2 ranks {o2 / d2:.3f}")
-print(f"exposed communication at 2 ranks: overlap on {100 * con / oon:.1f}% of the step ({con:.1f} ms), "
-      f"overlap off {100 * coff / ooff:.1f}% ({coff:.1f} ms)")
+print("(mean step time, and in brackets the median step: on a shared machine a few stalled steps move the mean)")
+print(f"{'':22}{'1 rank':>24}{'2 ranks':>24}{'efficiency':>16}")
+for name, one, two, one_m, two_m in (("trainyard (MPI)", v[0], v[1], v[4], v[5]), ("PyTorch DDP (gloo)", v[2], v[3], v[6], v[7])):
+    print(f"{name:22}{b * 1000 / one:10.1f} [{b * 1000 / one_m:6.1f}] smp/s{2 * b * 1000 / two:10.1f} [{2 * b * 1000 / two_m:6.1f}] smp/s"
+          f"{one / two:9.2f} [{one_m / two_m:4.2f}]")
+print(f"ms/step ours / DDP:   1 rank {v[0] / v[2]:.3f} [{v[4] / v[6]:.3f}]   2 ranks {v[1] / v[3]:.3f} [{v[5] / v[7]:.3f}]")
+con, oon, coff, ooff, conm, oonm, coffm, ooffm = v[8:]
+print(f"exposed communication at 2 ranks: overlap on {100 * con / oon:.1f}% of the step ({con:.1f} ms, median {conm:.1f}), "
+      f"overlap off {100 * coff / ooff:.1f}% ({coff:.1f} ms, median {coffm:.1f})")
 PY
