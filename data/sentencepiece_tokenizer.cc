@@ -57,14 +57,7 @@ void SentencePieceTokenizer::Train(const std::vector<std::string>& texts,
 std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int max_len) const {
   std::vector<int> pieces;
   processor_->Encode(std::string(text), &pieces);
-  const size_t room = max_len > 2 ? static_cast<size_t>(max_len - 2) : 0;
-  if (pieces.size() > room) pieces.resize(room);
-  std::vector<int32_t> ids;
-  ids.reserve(pieces.size() + 2);
-  ids.push_back(cls_id_);
-  ids.insert(ids.end(), pieces.begin(), pieces.end());
-  ids.push_back(sep_id_);
-  return ids;
+  return WrapWithClsSep(std::vector<int32_t>(pieces.begin(), pieces.end()), cls_id_, sep_id_, max_len);
 }
 
 std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train) {

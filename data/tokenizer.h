@@ -21,6 +21,9 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
 };
 
+// "[CLS] pieces [SEP]", the pieces cut so that the whole is at most max_len.
+std::vector<int32_t> WrapWithClsSep(std::vector<int32_t> pieces, int32_t cls, int32_t sep, int max_len);
+
 // Builds the tokenizer a job asks for; a SentencePiece model that does not exist yet
 // is trained from `train` first. Throws std::runtime_error with the file at fault.
 std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train);

@@ -206,14 +206,17 @@ std::vector<int32_t> WordPieceTokenizer::TokenIds(std::string_view text) const {
 }
 
 std::vector<int32_t> WordPieceTokenizer::Encode(std::string_view text, int max_len) const {
-  std::vector<int32_t> pieces = TokenIds(text);
+  return WrapWithClsSep(TokenIds(text), cls_id_, sep_id_, max_len);
+}
+
+std::vector<int32_t> WrapWithClsSep(std::vector<int32_t> pieces, int32_t cls, int32_t sep, int max_len) {
   const size_t room = max_len > 2 ? static_cast<size_t>(max_len - 2) : 0;
   if (pieces.size() > room) pieces.resize(room);
   std::vector<int32_t> ids;
   ids.reserve(pieces.size() + 2);
-  ids.push_back(cls_id_);
+  ids.push_back(cls);
   ids.insert(ids.end(), pieces.begin(), pieces.end());
-  ids.push_back(sep_id_);
+  ids.push_back(sep);
   return ids;
 }
 

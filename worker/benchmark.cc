@@ -135,10 +135,7 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks) : spec_(std::m
     throw InputError(spec_.Where("data.train") + ": too little text to build benchmark inputs");
 }
 
-std::string BenchmarkRunner::run_dir() const {
-  fs::path root = spec_.log.runs_dir.empty() ? fs::path("runs") : fs::path(spec_.log.runs_dir);
-  return (root / spec_.name).string();
-}
+std::string BenchmarkRunner::run_dir() const { return RunDir(spec_); }
 
 torch::Tensor BenchmarkRunner::Inputs(int batch, int seq) const {
   torch::Tensor ids = torch::empty({batch, seq}, torch::kLong);

@@ -48,10 +48,7 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks) : spec_(std::m
   shard_end_ = shard_begin_ + n / world + (r < n % world ? 1 : 0);
 }
 
-std::string InferenceRunner::run_dir() const {
-  fs::path root = spec_.log.runs_dir.empty() ? fs::path("runs") : fs::path(spec_.log.runs_dir);
-  return (root / spec_.name).string();
-}
+std::string InferenceRunner::run_dir() const { return RunDir(spec_); }
 
 InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
   std::vector<int32_t> order(shard_end_ - shard_begin_);
@@ -64,11 +61,7 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
   const size_t batch_size = spec_.inference.batch_size;
   for (size_t i = 0; i < order.size(); i += batch_size)
     batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
-  PipelineOptions options;
-  options.prefetch_batches = spec_.data.prefetch_batches;
-  options.threads = spec_.data.loader_threads;
-  options.pin_memory = device_.is_cuda();
-  options.max_len = spec_.data.max_seq_len;
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
   std::vector<BatchIndices> plan = batches;
   Pass pass;
   pass.logits = torch::zeros({int64_t(order.size()), int64_t(labels_.size())}, torch::kFloat);

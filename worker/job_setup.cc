@@ -1,9 +1,26 @@
 #include "worker/job_setup.h"
 
+#include <filesystem>
+
 #include "worker/log.h"
 #include "worker/models/hf_checkpoint.h"
 
 namespace trainyard {
+
+std::string RunDir(const JobSpec& spec) {
+  std::filesystem::path root = spec.log.runs_dir.empty() ? std::filesystem::path("runs")
+                                                         : std::filesystem::path(spec.log.runs_dir);
+  return (root / spec.name).string();
+}
+
+PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device) {
+  PipelineOptions options;
+  options.prefetch_batches = spec.data.prefetch_batches;
+  options.threads = spec.data.loader_threads;
+  options.pin_memory = device.is_cuda();
+  options.max_len = spec.data.max_seq_len;
+  return options;
+}
 
 torch::Device ChooseDevice(const JobSpec& spec, int local_rank) {
   const bool cuda = torch::cuda::is_available();

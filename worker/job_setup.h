@@ -12,6 +12,7 @@
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "proto/job_spec.h"
+#include "worker/batch_pipeline.h"
 #include "worker/comm/communicator.h"
 #include "worker/models/bert.h"
 
@@ -29,6 +30,12 @@ class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// <log.runs_dir or ./runs>/<job name>: where rank 0 writes the job's outputs.
+std::string RunDir(const JobSpec& spec);
+
+// The input pipeline's options for this job (pinned memory on CUDA).
+PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);
 
 // CUDA when available and not refused (the node-local rank picks the GPU), else CPU.
 torch::Device ChooseDevice(const JobSpec& spec, int local_rank);

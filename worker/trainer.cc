@@ -58,10 +58,7 @@ Trainer::Trainer(JobSpec spec, RankContext ranks)
 
 Trainer::~Trainer() = default;
 
-std::string Trainer::run_dir() const {
-  fs::path root = spec_.log.runs_dir.empty() ? fs::path("runs") : fs::path(spec_.log.runs_dir);
-  return (root / spec_.name).string();
-}
+std::string Trainer::run_dir() const { return RunDir(spec_); }
 
 void Trainer::LoadData() {
   device_ = ChooseDevice(spec_, ranks_.local_rank);
@@ -234,11 +231,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
   std::vector<double> loss_weights;
   plan = RankShards(std::move(plan), &loss_weights);
-  PipelineOptions options;
-  options.prefetch_batches = spec_.data.prefetch_batches;
-  options.threads = spec_.data.loader_threads;
-  options.pin_memory = device_.is_cuda();
-  options.max_len = spec_.data.max_seq_len;
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
   BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
   DeviceTransfer transfer(device_);
   ProgressLine progress_line(StrFormat("epoch %ld", long(epoch + 1)), steps_per_epoch_,
@@ -302,11 +295,7 @@ std::pair<double, double> Trainer::Evaluate() {
   for (size_t i = 0, b = 0; i < order.size(); i += batch_size, ++b)
     if (static_cast<int>(b % ranks_.world) == ranks_.rank)
       batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
-  PipelineOptions options;
-  options.prefetch_batches = spec_.data.prefetch_batches;
-  options.threads = spec_.data.loader_threads;
-  options.pin_memory = device_.is_cuda();
-  options.max_len = spec_.data.max_seq_len;
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
   BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
   DeviceTransfer transfer(device_);
   torch::Tensor sums = torch::zeros({2}, torch::kDouble);  // loss sum, correct
