@@ -14,11 +14,12 @@ void OnSignal(int) { g_stop = true; }
 
 int main(int argc, char** argv) {
   CLI::App app{"Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
-               "Submit and inspect jobs with jobctl."};
+               "Submit and inspect jobs with jobctl. Worker pools are not built yet: queued jobs wait."};
   trainyard::ServerOptions o;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
-  app.add_option("--runs", o.runs_dir, "folder for runs/<job id>/ (default runs)");
+  app.add_option("--runs", o.runs_dir,
+                 "folder for runs/<job id>/attempt-<n>/ (default runs); unused until worker pools exist");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));

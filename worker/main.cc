@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
                "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
                "(data-parallel over N ranks; train.batch_size is per rank).\n"
-               "Rank 0 writes runs/<job name>/{epochs.csv,steps.jsonl,summary.json,checkpoints/,model/}."};
+               "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
+               "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
   Options o;
   app.add_option("job", o.job_file, "job YAML file (see configs/jobs/langid_tiny.yaml)")->required();
   app.add_option("--runs-dir", o.runs_dir, "folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
