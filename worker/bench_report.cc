@@ -64,7 +64,7 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
   std::map<std::string, std::vector<const BenchCell*>> panels;
   for (const auto& c : cells)
     if (c.mode != "train_step") panels[c.precision + " / " + c.mode].push_back(&c);
-  const int cell_w = 70, cell_h = 28, gap = 50;
+  const int cell_w = 70, cell_h = 28, gap = 50, left = 100;  // left: room for "batch 1024"
   std::string body;
   int y0 = 30, width = 200;
   for (const auto& [title, group] : panels) {
@@ -74,17 +74,18 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
       batches.insert(c->batch), seqs.insert(c->seq);
       if (c->status == "ok") lo = std::min(lo, c->mean_ms), hi = std::max(hi, c->mean_ms);
     }
-    body += fmt::format("<text x='10' y='{}' font-weight='bold'>{} (mean ms; batch down, seq_len across)</text>\n",
-                        y0, title);
+    const std::string heading = title + " (mean ms; batch down, seq_len across)";
+    body += fmt::format("<text x='10' y='{}' font-weight='bold'>{}</text>\n", y0, heading);
+    width = std::max(width, 20 + static_cast<int>(heading.size()) * 8);
     int col = 0;
-    for (int s : seqs) body += fmt::format("<text x='{}' y='{}'>{}</text>\n", 80 + col++ * cell_w + 20, y0 + 20, s);
+    for (int s : seqs) body += fmt::format("<text x='{}' y='{}'>{}</text>\n", left + col++ * cell_w + 20, y0 + 20, s);
     int row = 0;
     for (int b : batches) {
       const int y = y0 + 28 + row++ * cell_h;
       body += fmt::format("<text x='10' y='{}'>batch {}</text>\n", y + 18, b);
       col = 0;
       for (int s : seqs) {
-        const int x = 80 + col++ * cell_w;
+        const int x = left + col++ * cell_w;
         auto it = std::find_if(group.begin(), group.end(), [&](const BenchCell* c) { return c->batch == b && c->seq == s; });
         if (it == group.end()) continue;
         const BenchCell& c = **it;
@@ -94,7 +95,7 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
         body += fmt::format("<text x='{}' y='{}' font-size='11'>{}</text>\n", x + 6, y + 18, CellText(c));
       }
     }
-    width = std::max(width, 100 + col * cell_w);
+    width = std::max(width, left + 20 + col * cell_w);
     y0 += 40 + static_cast<int>(batches.size()) * cell_h + gap;
   }
   return fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' "
