@@ -43,6 +43,16 @@ torch::Tensor ToTensor(const nlohmann::json& rows) {
   return torch::tensor(flat, torch::kLong).view({static_cast<int64_t>(rows.size()), -1});
 }
 
+// {"logits": [[...], ...]} on stdout, a row per input.
+void PrintLogits(const torch::Tensor& logits) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    auto row = logits[i].contiguous();
+    rows.push_back(std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel()));
+  }
+  std::cout << nlohmann::json{{"logits", rows}}.dump() << "\n";
+}
+
 int Logits(int argc, char** argv) {
   if (argc < 4) return 2;
   BertForSequenceClassification model(ReadHfConfig(argv[2]));
@@ -51,13 +61,7 @@ int Logits(int argc, char** argv) {
   std::ifstream in(argv[3]);
   nlohmann::json inputs = nlohmann::json::parse(in);
   torch::NoGradGuard no_grad;
-  torch::Tensor logits = model->forward(ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"]));
-  nlohmann::json out = nlohmann::json::array();
-  for (int64_t i = 0; i < logits.size(0); ++i) {
-    auto row = logits[i].contiguous();
-    out.push_back(std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel()));
-  }
-  std::cout << nlohmann::json{{"logits", out}}.dump() << "\n";
+  PrintLogits(model->forward(ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"])));
   return 0;
 }
 
@@ -100,13 +104,7 @@ int TorchScript(int argc, char** argv) {
   nlohmann::json inputs = nlohmann::json::parse(in);
   torch::NoGradGuard no_grad;
   torch::IValue out = module.forward({ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"])});
-  torch::Tensor logits = out.isTuple() ? out.toTupleRef().elements()[0].toTensor() : out.toTensor();
-  nlohmann::json rows = nlohmann::json::array();
-  for (int64_t i = 0; i < logits.size(0); ++i) {
-    auto row = logits[i].contiguous();
-    rows.push_back(std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel()));
-  }
-  std::cout << nlohmann::json{{"logits", rows}}.dump() << "\n";
+  PrintLogits(out.isTuple() ? out.toTupleRef().elements()[0].toTensor() : out.toTensor());
   return 0;
 }
 
