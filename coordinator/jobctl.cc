@@ -1,5 +1,5 @@
 // jobctl: the user's command line for the coordinator.
-//   jobctl submit JOB.yaml | list | status ID | cancel ID | logs ID [-f]
+//   jobctl submit JOB.yaml | list | status ID | cancel ID | logs ID [-f] | report ID | workers
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -146,6 +147,7 @@ int Logs(const Options& o, int64_t id, bool follow) {
     request.mutable_logs()->set_job_id(id);
     request.mutable_logs()->set_after(seen);
     const auto reply = Expect(Request(o, request));
+    if (seen == 0 && !reply.log_rows().csv_header().empty()) std::cout << reply.log_rows().csv_header() << "\n";
     for (const auto& line : reply.log_rows().csv_lines()) std::cout << line << "\n";
     seen += reply.log_rows().csv_lines_size();
     const std::string state = reply.log_rows().state();
@@ -153,6 +155,112 @@ int Logs(const Options& o, int64_t id, bool follow) {
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> cells;
+  std::stringstream in(line);
+  for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  return cells;
+}
+
+std::string FormatTime(double seconds_since_epoch) {
+  if (seconds_since_epoch <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(seconds_since_epoch);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return text;
+}
+
+// The epoch rows as a table: the timing columns a user reads first, and where the
+// step time went (median across ranks) with the slowest rank named.
+void PrintEpochTable(const wire::ReportReply& r) {
+  const std::vector<std::string> header = SplitCsv(r.csv_header());
+  const std::vector<std::pair<const char*, const char*>> columns = {
+      {"epoch", "epoch"},          {"time_s", "time s"},          {"ms_per_step", "ms/step"},
+      {"samples_per_s", "samp/s"}, {"data_wait_pct", "wait%"},    {"train_loss", "loss"},
+      {"eval_acc", "acc"},         {"forward_ms_med", "fwd"},     {"backward_ms_med", "bwd"},
+      {"comm_ms_med", "comm"},     {"optimizer_ms_med", "opt"},   {"slowest_rank", "slowest"}};
+  std::printf("%-8s", "attempt");
+  for (const auto& [key, title] : columns) std::printf(" %9s", title);
+  std::printf("\n");
+  for (int i = 0; i < r.csv_lines_size(); ++i) {
+    const std::vector<std::string> cells = SplitCsv(r.csv_lines(i));
+    std::printf("%-8d", r.row_attempts(i));
+    for (const auto& [key, title] : columns) {
+      std::string value = "-";
+      for (size_t c = 0; c < header.size() && c < cells.size(); ++c)
+        if (header[c] == key) value = cells[c];
+      std::printf(" %9s", value.c_str());
+    }
+    std::printf("\n");
+  }
+}
+
+int Report(const Options& o, int64_t id) {
+  wire::Envelope request;
+  request.mutable_report()->set_job_id(id);
+  const auto reply = Expect(Request(o, request));
+  const wire::ReportReply& r = reply.job_report();
+  if (o.json) {
+    nlohmann::json out = ToJson(r.job());
+    out["attempts"] = nlohmann::json::array();
+    for (const auto& a : r.attempts())
+      out["attempts"].push_back({{"attempt", a.attempt()}, {"placement", a.placement()},
+                                 {"started_at", a.started_at()}, {"ended_at", a.ended_at()},
+                                 {"outcome", a.outcome()}});
+    out["epochs"] = nlohmann::json::array();
+    const std::vector<std::string> header = SplitCsv(r.csv_header());
+    for (int i = 0; i < r.csv_lines_size(); ++i) {
+      nlohmann::json row = {{"attempt", r.row_attempts(i)}};
+      const std::vector<std::string> cells = SplitCsv(r.csv_lines(i));
+      for (size_t c = 0; c < header.size() && c < cells.size(); ++c) row[header[c]] = cells[c];
+      out["epochs"].push_back(row);
+    }
+    if (!r.summary_json().empty()) out["summary"] = nlohmann::json::parse(r.summary_json(), nullptr, false);
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  const wire::JobInfo& j = r.job();
+  std::printf("job %ld '%s': %s, %d ranks (%s), priority %d\n", long(j.id()), j.name().c_str(), j.state().c_str(),
+              j.ranks(), j.device().c_str(), j.priority());
+  if (!j.reason().empty()) std::printf("reason: %s\n", j.reason().c_str());
+  std::printf("\nattempts:\n  %-3s %-28s %-19s %8s  %s\n", "#", "placement", "started", "seconds", "outcome");
+  for (const auto& a : r.attempts())
+    std::printf("  %-3d %-28s %-19s %8s  %s\n", a.attempt(), a.placement().c_str(), FormatTime(a.started_at()).c_str(),
+                a.ended_at() > 0 ? std::to_string(int(a.ended_at() - a.started_at())).c_str() : "-",
+                a.outcome().empty() ? "running" : a.outcome().c_str());
+  if (r.csv_lines_size() > 0) {
+    std::printf("\nepochs (step parts: median ms per step across ranks):\n");
+    PrintEpochTable(r);
+  }
+  if (!r.summary_json().empty()) std::printf("\nsummary: %s\n", r.summary_json().c_str());
+  if (j.events_size() > 0) std::printf("\nevents:\n");
+  for (const auto& e : j.events()) std::printf("  %s\n", e.c_str());
+  return 0;
+}
+
+int Workers(const Options& o) {
+  wire::Envelope request;
+  request.mutable_workers();
+  const auto reply = Expect(Request(o, request));
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& w : reply.worker_list().workers())
+      out.push_back({{"world", w.rank().world()}, {"rank", w.rank().rank()}, {"world_size", w.rank().world_size()},
+                     {"host", w.rank().host()}, {"device", w.rank().device()}, {"pid", w.rank().pid()},
+                     {"job_id", w.job_id()}, {"attempt", w.attempt()}, {"seen_ago_s", w.seen_ago_s()},
+                     {"last_log_line", w.last_log_line()}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-28s %5s %-5s %-16s %8s %8s %7s\n", "world", "rank", "dev", "host", "pid", "job", "seen");
+  for (const auto& w : reply.worker_list().workers())
+    std::printf("%-28s %5d %-5s %-16s %8ld %8s %6.1fs\n", w.rank().world().c_str(), w.rank().rank(),
+                w.rank().device().c_str(), w.rank().host().c_str(), long(w.rank().pid()),
+                w.job_id() ? std::to_string(w.job_id()).c_str() : "idle", w.seen_ago_s());
+  return 0;
 }
 
 }  // namespace
@@ -173,8 +281,14 @@ int main(int argc, char** argv) {
   submit->add_option("--key", key, "idempotency key (default: random); a resend with the same key makes no new job");
   app.add_subcommand("list", "all jobs");
   for (const char* name : {"status", "cancel"})
-    app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events" : "cancel a queued job")
+    app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
+                                                            : "cancel a job; a running one stops on all its ranks")
         ->add_option("id", id, "job id")->required();
+  app.add_subcommand("report", "one job: attempts and their outcomes, epoch timings with the step breakdown, "
+                               "summary and events")
+      ->add_option("id", id, "job id")
+      ->required();
+  app.add_subcommand("workers", "the registered worker ranks and what each runs");
   auto* logs = app.add_subcommand("logs", "the job's epoch rows (CSV)");
   logs->add_option("id", id, "job id")->required();
   logs->add_flag("-f,--follow", follow, "keep printing rows until the job ends");
@@ -187,6 +301,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "submit") return Submit(o, job_file, key);
     if (command == "logs") return Logs(o, id, follow);
+    if (command == "report") return Report(o, id);
+    if (command == "workers") return Workers(o);
     return Show(o, command, id);
   } catch (const trainyard::SpecError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

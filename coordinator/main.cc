@@ -1,4 +1,5 @@
-// coordinator: the Trainyard daemon. Queues jobs durably in SQLite and answers jobctl.
+// coordinator: the Trainyard daemon. Queues jobs durably in SQLite, answers jobctl, and
+// gang-schedules them onto registered worker ranks.
 // Exit codes: 0 after SIGINT/SIGTERM, 2 for bad options or a corrupt state database.
 #include <spdlog/spdlog.h>
 
@@ -14,15 +15,28 @@ void OnSignal(int) { g_stop = true; }
 
 int main(int argc, char** argv) {
   CLI::App app{"Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
-               "Submit and inspect jobs with jobctl. Worker pools are not built yet: queued jobs wait."};
+               "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT\n"
+               "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
+               "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/."};
   trainyard::ServerOptions o;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
   app.add_option("--runs", o.runs_dir,
-                 "folder for runs/<job id>/attempt-<n>/ (default runs); unused until worker pools exist");
+                 "folder for <job id>/ (default runs); workers write checkpoints there too, so it must be\n"
+                 "reachable at the same path from every worker host");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--heartbeat", o.heartbeat_s, "seconds between heartbeats (default 1)")
+      ->check(CLI::Range(0.05, 60.0));
+  app.add_option("--liveness", o.liveness, "heartbeats a rank may miss before it counts as lost (default 3)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--grace", o.grace_s,
+                 "seconds for ranks to start an assignment, or to re-register after a restart (default 30)")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--restart-backoff", o.restart_backoff_s,
+                 "seconds before the first retry of a failed job; doubles per retry, at most 60 (default 2)")
+      ->check(CLI::Range(0.0, 60.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,15 +3,16 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "proto/job_spec.h"
 
 namespace trainyard {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double Now() { return WallNow(); }
 
 void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_id(j.id);
@@ -26,6 +27,10 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
 }
 
 }  // namespace
+
+double WallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 wire::Envelope ErrorEnvelope(int code, const std::string& message) {
   wire::Envelope e;
@@ -44,6 +49,9 @@ Server::Server(ServerOptions options)
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::router_mandatory, 0);
   socket_.bind(options_.listen);
+  options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
+  started_at_ = Now();
+  ReloadRunningAttempts();
 }
 
 std::string Server::endpoint() const { return socket_.get(zmq::sockopt::last_endpoint); }
@@ -57,7 +65,12 @@ void Server::Run(const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;  // a signal; `stop` says whether to go on
       throw;
     }
-    if (items[0].revents & ZMQ_POLLIN) ReceiveOne();
+    // Drain what arrived (bounded, so timers still run under a flood), then the timers.
+    for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
+      ReceiveOne();
+      items[0].revents = socket_.get(zmq::sockopt::events) & ZMQ_POLLIN;
+    }
+    Tick();
   }
 }
 
@@ -94,7 +107,7 @@ void Server::ReceiveOne() {
     return;
   }
   try {
-    Reply(frames[0], Handle(request));
+    if (auto reply = Dispatch(frames[0], request)) Reply(frames[0], *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
     spdlog::error("request failed: {}", e.what());
     Reply(frames[0], ErrorEnvelope(1, e.what()));
@@ -102,9 +115,27 @@ void Server::ReceiveOne() {
 }
 
 void Server::Reply(const zmq::message_t& identity, const wire::Envelope& reply) {
-  std::string bytes = reply.SerializeAsString();
-  socket_.send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  Send(std::string(static_cast<const char*>(identity.data()), identity.size()), reply);
+}
+
+void Server::Send(const std::string& identity, const wire::Envelope& message) {
+  wire::Envelope copy = message;
+  copy.set_version(kProtocolVersion);
+  std::string bytes = copy.SerializeAsString();
+  socket_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
   socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+}
+
+std::optional<wire::Envelope> Server::Dispatch(const zmq::message_t& identity_frame, const wire::Envelope& request) {
+  const std::string identity(static_cast<const char*>(identity_frame.data()), identity_frame.size());
+  switch (request.body_case()) {
+    case wire::Envelope::kRegister: OnRegister(identity, request.register_()); return std::nullopt;
+    case wire::Envelope::kHeartbeat: OnHeartbeat(identity, request.heartbeat()); return std::nullopt;
+    case wire::Envelope::kEpoch: OnEpoch(identity, request.epoch()); return std::nullopt;
+    case wire::Envelope::kResult: OnResult(identity, request.result()); return std::nullopt;
+    case wire::Envelope::kRankExit: OnRankExit(identity, request.rank_exit()); return std::nullopt;
+    default: return Handle(request);
+  }
 }
 
 wire::Envelope Server::Handle(const wire::Envelope& request) {
@@ -114,6 +145,8 @@ wire::Envelope Server::Handle(const wire::Envelope& request) {
     case wire::Envelope::kStatus: return Status(request.status().job_id());
     case wire::Envelope::kCancel: return Cancel(request.cancel().job_id());
     case wire::Envelope::kLogs: return Logs(request.logs());
+    case wire::Envelope::kReport: return Report(request.report().job_id());
+    case wire::Envelope::kWorkers: return Workers();
     default: return ErrorEnvelope(2, "this coordinator does not accept that message");
   }
 }
@@ -129,8 +162,10 @@ wire::Envelope Server::Submit(const wire::SubmitRequest& request) {
   job.name = spec.name, job.idempotency_key = request.idempotency_key(), job.spec_yaml = request.yaml();
   job.source = request.source(), job.device = spec.resources.device, job.priority = spec.resources.priority;
   job.ranks = spec.resources.ranks, job.max_restarts = spec.resources.max_restarts;
+  job.base_dir = request.base_dir(), job.estimate_s = spec.resources.estimate_minutes * 60.0;
   bool created = false;
   JobRecord record = store_->Submit(job, Now(), &created);  // committed before the reply
+  schedule_due_ = schedule_due_ || created;
   if (created) spdlog::info("job {} '{}' queued ({} ranks, priority {})", record.id, record.name, record.ranks,
                             record.priority);
   wire::Envelope reply;
@@ -166,9 +201,57 @@ wire::Envelope Server::Cancel(int64_t id) {
     store_->AddEvent(id, "cancelled while queued", Now());
     spdlog::info("job {} cancelled", id);
   } else if (job->state == JobState::kRunning) {
-    return ErrorEnvelope(1, "job " + std::to_string(id) + " is running; this coordinator has no worker pool to stop it");
+    auto running = running_.find(id);
+    if (running != running_.end()) {
+      StopRanks(running->second, "cancelled by the user");
+      store_->EndAttempt(id, running->second.attempt, "cancelled", Now());
+      running_.erase(running);
+    }
+    store_->SetState(id, JobState::kCancelled, "cancelled while running");
+    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", Now());
+    spdlog::info("job {} cancelled while running", id);
   }
   return Status(id);
+}
+
+wire::Envelope Server::Report(int64_t id) {
+  wire::Envelope status = Status(id);
+  if (status.has_error()) return status;
+  wire::Envelope reply;
+  reply.set_version(kProtocolVersion);
+  wire::ReportReply* report = reply.mutable_job_report();
+  *report->mutable_job() = status.job();
+  for (const AttemptRecord& a : store_->Attempts(id)) {
+    wire::AttemptInfo* info = report->add_attempts();
+    info->set_attempt(a.attempt), info->set_placement(a.placement), info->set_started_at(a.started_at);
+    info->set_ended_at(a.ended_at), info->set_outcome(a.outcome);
+  }
+  for (const EpochRecord& row : store_->EpochRows(id)) {
+    if (report->csv_header().empty()) report->set_csv_header(row.csv_header);
+    report->add_csv_lines(row.csv_line);
+    report->add_row_attempts(row.attempt);
+  }
+  std::ifstream summary(JobRunsDir(id) + "/summary.json");
+  if (summary) {
+    std::stringstream text;
+    text << summary.rdbuf();
+    report->set_summary_json(text.str());
+  }
+  return reply;
+}
+
+wire::Envelope Server::Workers() {
+  wire::Envelope reply;
+  reply.set_version(kProtocolVersion);
+  wire::WorkersReply* list = reply.mutable_worker_list();
+  const double now = Now();
+  for (const auto& [key, entry] : ranks_) {
+    wire::WorkerInfo* info = list->add_workers();
+    *info->mutable_rank() = entry.info;
+    info->set_job_id(entry.job), info->set_attempt(entry.attempt);
+    info->set_seen_ago_s(now - entry.last_seen), info->set_last_log_line(entry.last_log_line);
+  }
+  return reply;
 }
 
 wire::Envelope Server::Logs(const wire::LogsRequest& request) {
@@ -180,6 +263,7 @@ wire::Envelope Server::Logs(const wire::LogsRequest& request) {
   auto rows = store_->EpochRows(request.job_id());
   for (size_t i = static_cast<size_t>(std::max(0, request.after())); i < rows.size(); ++i)
     reply.mutable_log_rows()->add_csv_lines(rows[i].csv_line);
+  if (!rows.empty()) reply.mutable_log_rows()->set_csv_header(rows.front().csv_header);
   reply.mutable_log_rows()->set_state(ToString(job->state));
   return reply;
 }

@@ -43,7 +43,7 @@ class Statement {
 
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
-    "reason, submitted_at, not_before";
+    "reason, submitted_at, not_before, base_dir, estimate_s";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -51,6 +51,7 @@ JobRecord ReadJob(const Statement& s) {
   j.source = s.Text(4), j.state = JobStateFromString(s.Text(5)), j.priority = int(s.Int(6));
   j.ranks = int(s.Int(7)), j.max_restarts = int(s.Int(8)), j.attempts = int(s.Int(9)), j.device = s.Text(10);
   j.reason = s.Text(11), j.submitted_at = s.Real(12), j.not_before = s.Real(13);
+  j.base_dir = s.Text(14), j.estimate_s = s.Real(15);
   return j;
 }
 
@@ -123,13 +124,15 @@ void StateStore::CreateSchema() {
       spec_yaml TEXT NOT NULL, source TEXT NOT NULL, state TEXT NOT NULL, priority INTEGER NOT NULL,
       ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
       device TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', submitted_at REAL NOT NULL,
-      not_before REAL NOT NULL DEFAULT 0);
+      not_before REAL NOT NULL DEFAULT 0, base_dir TEXT NOT NULL DEFAULT '',
+      estimate_s REAL NOT NULL DEFAULT 0);
     CREATE TABLE IF NOT EXISTS attempts(
       job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
       started_at REAL NOT NULL, ended_at REAL, outcome TEXT, PRIMARY KEY(job, attempt));
     CREATE TABLE IF NOT EXISTS epochs(
-      job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, epoch INTEGER NOT NULL,
-      csv_line TEXT NOT NULL, PRIMARY KEY(job, attempt, epoch));
+      job INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, attempt INTEGER NOT NULL,
+      csv_line TEXT NOT NULL, csv_header TEXT NOT NULL DEFAULT '', breakdown_json TEXT NOT NULL DEFAULT '',
+      PRIMARY KEY(job, epoch));
     CREATE TABLE IF NOT EXISTS events(
       job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);)");
 }
@@ -147,10 +150,11 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
     return ReadJob(existing);
   }
   Statement insert(db_, "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                        "max_restarts, device, submitted_at) VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?)");
+                        "max_restarts, device, submitted_at, base_dir, estimate_s) "
+                        "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
-  insert.Bind(8, job.device).Bind(9, now);
+  insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s);
   insert.Step();
   *created = true;
   return *Find(sqlite3_last_insert_rowid(db_));
@@ -165,6 +169,14 @@ std::optional<JobRecord> StateStore::Find(int64_t id) const {
 
 std::vector<JobRecord> StateStore::Jobs() const {
   Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs ORDER BY id");
+  std::vector<JobRecord> out;
+  while (s.Step()) out.push_back(ReadJob(s));
+  return out;
+}
+
+std::vector<JobRecord> StateStore::JobsIn(JobState state) const {
+  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE state = ? ORDER BY id");
+  s.Bind(1, std::string(ToString(state)));
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
   return out;
@@ -206,18 +218,38 @@ void StateStore::Requeue(int64_t id, const std::string& reason, double not_befor
   s.Step();
 }
 
-bool StateStore::AddEpochRow(int64_t id, int attempt, int epoch, const std::string& csv_line) {
-  Statement s(db_, "INSERT OR IGNORE INTO epochs(job, attempt, epoch, csv_line) VALUES(?, ?, ?, ?)");
-  s.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, int64_t(epoch)).Bind(4, csv_line);
+std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
+  Statement s(db_, "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0) "
+                   "FROM attempts WHERE job = ? ORDER BY attempt");
+  s.Bind(1, id);
+  std::vector<AttemptRecord> out;
+  while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
+  return out;
+}
+
+std::vector<AttemptRecord> StateStore::OpenAttempts() const {
+  Statement s(db_, "SELECT job, attempt, placement, '', started_at, 0 FROM attempts WHERE ended_at IS NULL "
+                   "ORDER BY job, attempt");
+  std::vector<AttemptRecord> out;
+  while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
+  return out;
+}
+
+bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
+  Statement s(db_, "INSERT OR IGNORE INTO epochs(job, epoch, attempt, csv_line, csv_header, breakdown_json) "
+                   "VALUES(?, ?, ?, ?, ?, ?)");
+  s.Bind(1, id).Bind(2, int64_t(row.epoch)).Bind(3, int64_t(row.attempt)).Bind(4, row.csv_line);
+  s.Bind(5, row.csv_header).Bind(6, row.breakdown_json);
   s.Step();
   return sqlite3_changes(db_) == 1;
 }
 
 std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
-  Statement s(db_, "SELECT attempt, epoch, csv_line FROM epochs WHERE job = ? ORDER BY attempt, epoch");
+  Statement s(db_, "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
+                   "ORDER BY epoch");
   s.Bind(1, id);
   std::vector<EpochRecord> out;
-  while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2)});
+  while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)});
   return out;
 }
 

@@ -24,22 +24,31 @@ JobState JobStateFromString(const std::string& text);
 
 struct JobRecord {
   int64_t id = 0;                // also the submission order
-  std::string name, idempotency_key, spec_yaml, source;
+  std::string name, idempotency_key, spec_yaml, source, base_dir;
   JobState state = JobState::kQueued;
   int priority = 0, ranks = 1, max_restarts = 0, attempts = 0;
   std::string device = "any";
   std::string reason;            // why it failed or was cancelled
   double submitted_at = 0, not_before = 0;  // not_before: requeue backoff
+  double estimate_s = 0;         // resources.estimate_minutes; 0 = unknown
 };
 
 struct NewJob {
-  std::string name, idempotency_key, spec_yaml, source, device = "any";
+  std::string name, idempotency_key, spec_yaml, source, base_dir, device = "any";
   int priority = 0, ranks = 1, max_restarts = 0;
+  double estimate_s = 0;
 };
 
 struct EpochRecord {
   int attempt = 0, epoch = 0;
-  std::string csv_line;
+  std::string csv_line, csv_header, breakdown_json;
+};
+
+struct AttemptRecord {
+  int64_t job = 0;
+  int attempt = 0;
+  std::string placement, outcome;  // outcome: empty while it runs
+  double started_at = 0, ended_at = 0;
 };
 
 class StateStore {
@@ -57,14 +66,20 @@ class StateStore {
   JobRecord Submit(const NewJob& job, double now, bool* created);
   std::optional<JobRecord> Find(int64_t id) const;
   std::vector<JobRecord> Jobs() const;
+  std::vector<JobRecord> JobsIn(JobState state) const;
   void SetState(int64_t id, JobState state, const std::string& reason);
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
   void EndAttempt(int64_t id, int attempt, const std::string& outcome, double now);
+  std::vector<AttemptRecord> Attempts(int64_t id) const;
+  // Attempts not ended yet, of every job: what a restarted coordinator re-adopts.
+  std::vector<AttemptRecord> OpenAttempts() const;
   void Requeue(int64_t id, const std::string& reason, double not_before);
-  // Adds an epoch row; a row already stored for (job, attempt, epoch) is kept and
-  // false is returned, so a replayed report never duplicates a row.
-  bool AddEpochRow(int64_t id, int attempt, int epoch, const std::string& csv_line);
+  // Adds the row of one epoch of a job; a row already stored for that (job, epoch),
+  // from this attempt or an earlier one, is kept and false is returned, so a resent
+  // report or a resumed attempt never duplicates an epoch.
+  bool AddEpochRow(int64_t id, const EpochRecord& row);
+  // In epoch order.
   std::vector<EpochRecord> EpochRows(int64_t id) const;
   void AddEvent(int64_t id, const std::string& text, double now);
   std::vector<std::string> Events(int64_t id) const;

@@ -14,14 +14,17 @@
 #include "proto/job_spec.h"
 #include "worker/batch_pipeline.h"
 #include "worker/comm/communicator.h"
+#include "worker/job_hooks.h"
 #include "worker/models/bert.h"
 
 namespace trainyard {
 
-// Where this process sits in the job. `comm` is null for a single rank.
+// Where this process sits in the job. `comm` is null for a single rank; `hooks` is
+// null outside a worker pool.
 struct RankContext {
   int rank = 0, world = 1, local_rank = 0;
   Communicator* comm = nullptr;
+  JobHooks* hooks = nullptr;
 };
 
 // A problem with what the user gave us (exit code 2). what() is one line naming the

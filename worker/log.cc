@@ -3,9 +3,26 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdarg>
+#include <mutex>
 #include <vector>
 
 namespace trainyard {
+namespace {
+
+std::mutex last_line_mutex;
+std::string last_line;
+
+void Remember(const std::string& message) {
+  std::lock_guard<std::mutex> lock(last_line_mutex);
+  last_line = message.substr(0, 400);
+}
+
+}  // namespace
+
+std::string LastLogLine() {
+  std::lock_guard<std::mutex> lock(last_line_mutex);
+  return last_line;
+}
 
 void LogSetup(const std::string& level) {
   spdlog::set_level(spdlog::level::from_str(level));
@@ -13,9 +30,18 @@ void LogSetup(const std::string& level) {
 }
 
 void LogDebug(const std::string& message) { spdlog::debug("{}", message); }
-void LogInfo(const std::string& message) { spdlog::info("{}", message); }
-void LogWarn(const std::string& message) { spdlog::warn("warning: {}", message); }
-void LogError(const std::string& message) { spdlog::error("error: {}", message); }
+void LogInfo(const std::string& message) {
+  Remember(message);
+  spdlog::info("{}", message);
+}
+void LogWarn(const std::string& message) {
+  Remember("warning: " + message);
+  spdlog::warn("warning: {}", message);
+}
+void LogError(const std::string& message) {
+  Remember("error: " + message);
+  spdlog::error("error: {}", message);
+}
 
 std::string StrFormat(const char* format, ...) {
   va_list args;

@@ -13,6 +13,9 @@ void LogDebug(const std::string& message);
 void LogInfo(const std::string& message);
 void LogWarn(const std::string& message);
 void LogError(const std::string& message);
+// The latest message logged at info level or above (what a pool rank's heartbeat
+// carries, so a failure report can quote it).
+std::string LastLogLine();
 
 std::string StrFormat(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

@@ -11,9 +11,8 @@
 #include "worker/atomic_file.h"
 
 namespace trainyard {
-namespace {
 
-std::string CsvHeader() {
+std::string EpochCsvHeader() {
   std::string header =
       "epoch,time_s,steps,ms_per_step,samples_per_s,data_wait_pct,train_loss,eval_loss,eval_acc,lr,"
       "loss_scale,skipped_steps,wait_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms,ranks,global_batch,"
@@ -23,7 +22,7 @@ std::string CsvHeader() {
   return header + ",slowest_rank,slowest_ms_per_step";
 }
 
-std::string CsvLine(const EpochRow& r) {
+std::string EpochCsvLine(const EpochRow& r) {
   std::string line = fmt::format(
       "{},{:.3f},{},{:.3f},{:.2f},{:.2f},{:.6f},{:.6f},{:.6f},{:.6e},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:.3f}",
       r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss,
@@ -33,6 +32,8 @@ std::string CsvLine(const EpochRow& r) {
   for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
   return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
 }
+
+namespace {
 
 std::vector<std::string> SplitCsv(const std::string& line) {
   std::vector<std::string> cells;
@@ -101,7 +102,7 @@ void RunLog::TrimSteps(int64_t up_to_step) {
 }
 
 void RunLog::WriteCsv() const {
-  std::string text = CsvHeader() + "\n";
+  std::string text = EpochCsvHeader() + "\n";
   for (const auto& line : csv_lines_) text += line + "\n";
   WriteFileAtomically(dir_ + "/epochs.csv", text);
 }
@@ -114,7 +115,7 @@ void RunLog::PrintHeader() const {
 
 void RunLog::AddEpoch(const EpochRow& r) {
   rows_.push_back(r);
-  csv_lines_.push_back(CsvLine(r));
+  csv_lines_.push_back(EpochCsvLine(r));
   WriteCsv();
   PrintRow(r);
 }

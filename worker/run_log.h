@@ -40,6 +40,10 @@ struct EpochRow {
   double slowest_ms_per_step = 0;
 };
 
+// epochs.csv's header, and one row of it.
+std::string EpochCsvHeader();
+std::string EpochCsvLine(const EpochRow& row);
+
 class RunLog {
  public:
   // Opens runs/<job>/. With `resume_epoch` > 0 (the 1-based epoch being resumed), the
@@ -54,6 +58,8 @@ class RunLog {
   void AddStep(const nlohmann::json& line);
   void WriteSummary(const nlohmann::json& summary) const;
   const std::vector<EpochRow>& rows() const { return rows_; }
+  // rows() as written in epochs.csv (kept verbatim across resumes).
+  const std::vector<std::string>& csv_lines() const { return csv_lines_; }
   const std::string& dir() const { return dir_; }
 
  private:

@@ -204,6 +204,14 @@ void Trainer::CheckConsistency() {
   ++consistency_checks_;
 }
 
+void Trainer::StopIfAsked() {
+  bool stop = ranks_.hooks->StopRequested();
+  if (ranks_.comm) stop = ranks_.comm->AnyTrue(stop, "stop request");
+  if (stop)
+    throw JobStopped(StrFormat("stopped on request at step %ld of epoch %ld", long(progress_.global_step),
+                               long(progress_.epoch + 1)));
+}
+
 void Trainer::SaveCheckpointNow(const std::string& reason) {
   const std::string dir = run_dir() + "/checkpoints";
   SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_);
@@ -240,6 +248,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   model_->train();
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
+    if (ranks_.hooks) StopIfAsked();
     StepTimes times;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();
@@ -386,6 +395,9 @@ nlohmann::json Trainer::Run() {
                         long(progress_.epoch + 1), long(progress_.global_step)));
     log->PrintHeader();
     for (const auto& row : log->rows()) log->PrintRow(row);  // epochs done before the resume
+    if (ranks_.hooks)  // a later attempt: the pool keeps only the epochs it has not seen
+      for (size_t i = 0; i < log->rows().size(); ++i)
+        ranks_.hooks->EpochDone(log->rows()[i], EpochCsvHeader(), log->csv_lines()[i]);
     if (progress_.epoch >= spec_.train.epochs || progress_.global_step >= total_steps)
       LogInfo("the job had already finished; use --resume none to train it again");
   }
@@ -397,6 +409,7 @@ nlohmann::json Trainer::Run() {
     if (log) log->AddEpoch(row);
     progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
     if (is_rank0()) SaveCheckpointNow("end of epoch");
+    if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
   }
   nlohmann::json summary = {{"job", spec_.name},
                             {"job_file", spec_.source_file},

@@ -64,12 +64,31 @@ TEST_F(StateStoreTest, EpochRowsAreNeverDuplicated) {
   StateStore store(path_, false);
   bool created = false;
   store.Submit(Job("k"), 1.0, &created);
-  EXPECT_TRUE(store.AddEpochRow(1, 1, 1, "1,2.0"));
-  EXPECT_FALSE(store.AddEpochRow(1, 1, 1, "1,2.0"));  // a replayed report
-  EXPECT_TRUE(store.AddEpochRow(1, 2, 2, "2,2.1"));
+  EXPECT_TRUE(store.AddEpochRow(1, {1, 2, "2,2.0"}));
+  EXPECT_TRUE(store.AddEpochRow(1, {1, 1, "1,2.0"}));
+  EXPECT_FALSE(store.AddEpochRow(1, {1, 1, "1,2.0"}));  // a resent report
+  EXPECT_FALSE(store.AddEpochRow(1, {2, 2, "2,9.9"}));  // a later attempt replaying a done epoch
+  EXPECT_TRUE(store.AddEpochRow(1, {2, 3, "3,2.1"}));
   auto rows = store.EpochRows(1);
-  ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(rows[1].attempt, 2);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].epoch, 1);  // epoch order, whatever the arrival order
+  EXPECT_EQ(rows[1].csv_line, "2,2.0");
+  EXPECT_EQ(rows[2].attempt, 2);
+}
+
+TEST_F(StateStoreTest, OpenAttemptsAreWhatARestartReadopts) {
+  StateStore store(path_, false);
+  bool created = false;
+  store.Submit(Job("a"), 1.0, &created);
+  store.Submit(Job("b"), 1.0, &created);
+  store.StartAttempt(1, "w:0,1", 2.0);
+  store.StartAttempt(2, "w:2,3", 2.0);
+  store.EndAttempt(1, 1, "succeeded", 3.0);
+  auto open = store.OpenAttempts();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(open[0].job, 2);
+  EXPECT_EQ(open[0].placement, "w:2,3");
+  EXPECT_EQ(store.Attempts(1).at(0).outcome, "succeeded");
 }
 
 TEST_F(StateStoreTest, RequeueAndFailureKeepTheReason) {

@@ -1,0 +1,429 @@
+// The worker-pool half of the coordinator: registry, heartbeats, assignment, epoch
+// reports, results and the life cycle of attempts. See server.h for the protocol.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "coordinator/server.h"
+#include "worker/atomic_file.h"
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string PlacementText(const std::string& world, const std::vector<int>& ranks) {
+  std::string text = world + ":";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+// "<world>:<r>,<r>..." back into its parts; false for anything else.
+bool ParsePlacement(const std::string& text, std::string* world, std::vector<int>* ranks) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return false;
+  *world = text.substr(0, colon);
+  std::stringstream in(text.substr(colon + 1));
+  for (std::string cell; std::getline(in, cell, ',');) {
+    try {
+      ranks->push_back(std::stoi(cell));
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return !ranks->empty();
+}
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::string WithLastLine(std::string reason, const std::string& last_line) {
+  if (!last_line.empty()) reason += "; its last log line: \"" + last_line + "\"";
+  return reason;
+}
+
+nlohmann::json BreakdownJson(const wire::StepBreakdown& b) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& p : b.parts())
+    parts.push_back({{"name", p.name()}, {"min_ms", p.min_ms()}, {"median_ms", p.median_ms()}, {"max_ms", p.max_ms()}});
+  return {{"parts", parts}, {"slowest_rank", b.slowest_rank()}, {"slowest_ms_per_step", b.slowest_ms_per_step()}};
+}
+
+wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epoch = 0, int world_rank = 0) {
+  wire::Envelope e;
+  wire::Ack* ack = e.mutable_ack();
+  ack->set_job_id(job), ack->set_attempt(attempt), ack->set_what(what), ack->set_epoch(epoch);
+  ack->set_world_rank(world_rank);
+  return e;
+}
+
+}  // namespace
+
+std::string Server::JobRunsDir(int64_t job) const { return options_.runs_dir + "/" + std::to_string(job); }
+
+std::string Server::DescribeRank(const RankKey& key) const {
+  std::string text = "rank " + std::to_string(key.second) + " of world " + key.first;
+  auto it = ranks_.find(key);
+  if (it != ranks_.end())
+    text += " (pid " + std::to_string(it->second.info.pid()) + " on " + it->second.info.host() + ")";
+  return text;
+}
+
+bool Server::RankBusy(const RankEntry& rank) const {
+  if (rank.job != 0) return true;
+  for (const auto& [id, attempt] : running_)
+    if (attempt.world == rank.info.world() &&
+        std::count(attempt.ranks.begin(), attempt.ranks.end(), rank.info.rank()) &&
+        !attempt.finished.count(rank.info.rank()))
+      return true;
+  return false;
+}
+
+void Server::ReloadRunningAttempts() {
+  for (const AttemptRecord& open : store_->OpenAttempts()) {
+    auto job = store_->Find(open.job);
+    RunningAttempt attempt;
+    if (!job || job->state != JobState::kRunning || !ParsePlacement(open.placement, &attempt.world, &attempt.ranks)) {
+      store_->EndAttempt(open.job, open.attempt, "abandoned: not running after a coordinator restart", started_at_);
+      continue;
+    }
+    attempt.job = open.job, attempt.attempt = open.attempt, attempt.started_at = open.started_at;
+    attempt.adopted = false;
+    if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
+    running_[open.job] = attempt;
+    spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
+                 open.placement, options_.grace_s);
+  }
+}
+
+void Server::NoteAdoption(RunningAttempt* attempt, int world_rank) {
+  if (attempt->adopted) return;
+  attempt->present.insert(world_rank);
+  for (int r : attempt->ranks)
+    if (!attempt->present.count(r)) return;
+  attempt->adopted = true;
+  store_->AddEvent(attempt->job,
+                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart", WallNow());
+  spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
+}
+
+void Server::OnRegister(const std::string& identity, const wire::Register& message) {
+  const RankKey key{message.rank().world(), message.rank().rank()};
+  const bool known = ranks_.count(key) > 0;
+  RankEntry& entry = ranks_[key];
+  entry.info = message.rank(), entry.identity = identity, entry.last_seen = WallNow();
+  entry.job = message.job_id(), entry.attempt = message.attempt();
+  if (!known)
+    spdlog::info("worker rank {} of world {} registered ({} on {}, pid {}{})", key.second, key.first,
+                 entry.info.device(), entry.info.host(), entry.info.pid(),
+                 entry.job ? ", running job " + std::to_string(entry.job) : "");
+  auto running = running_.find(entry.job);
+  if (running != running_.end() && running->second.attempt == entry.attempt) NoteAdoption(&running->second, key.second);
+  SendStopIfStale(entry);
+  Send(identity, [] { wire::Envelope e; e.mutable_pulse(); return e; }());
+  schedule_due_ = true;
+}
+
+void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& message) {
+  auto it = ranks_.find({message.world(), message.rank()});
+  if (it == ranks_.end()) {  // registered with an earlier coordinator process
+    wire::Envelope e;
+    e.mutable_reregister();
+    Send(identity, e);
+    return;
+  }
+  RankEntry& entry = it->second;
+  const bool freed = entry.job != 0 && message.job_id() == 0;
+  entry.identity = identity, entry.last_seen = WallNow();
+  entry.job = message.job_id(), entry.attempt = message.attempt();
+  if (!message.last_log_line().empty()) entry.last_log_line = message.last_log_line();
+  SendStopIfStale(entry);
+  if (freed) schedule_due_ = true;
+}
+
+// A rank running an attempt the coordinator has ended (cancelled, failed, or given up
+// on during a restart) is told again to stop: StopJob is idempotent on the worker.
+void Server::SendStopIfStale(const RankEntry& rank) {
+  if (rank.job == 0) return;
+  auto running = running_.find(rank.job);
+  if (running != running_.end() && running->second.attempt == rank.attempt) return;
+  wire::Envelope e;
+  e.mutable_stop()->set_job_id(rank.job);
+  e.mutable_stop()->set_attempt(rank.attempt);
+  e.mutable_stop()->set_reason("the coordinator no longer runs this attempt");
+  Send(rank.identity, e);
+}
+
+void Server::OnEpoch(const std::string& identity, const wire::EpochReport& message) {
+  if (store_->Find(message.job_id())) {
+    EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),
+                    BreakdownJson(message.breakdown()).dump()};
+    if (store_->AddEpochRow(message.job_id(), row)) WriteEpochFiles(message.job_id());  // committed first
+  }
+  Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
+}
+
+void Server::WriteEpochFiles(int64_t job) {
+  const auto rows = store_->EpochRows(job);
+  if (rows.empty()) return;
+  std::map<int, std::string> per_attempt;
+  std::string all = rows.front().csv_header + "\n";
+  for (const EpochRecord& row : rows) {
+    std::string& text = per_attempt[row.attempt];
+    if (text.empty()) text = row.csv_header + "\n";
+    text += row.csv_line + "\n";
+    all += row.csv_line + "\n";
+  }
+  try {
+    for (const auto& [attempt, text] : per_attempt) {
+      const std::string dir = JobRunsDir(job) + "/attempt-" + std::to_string(attempt);
+      fs::create_directories(dir);
+      WriteFileAtomically(dir + "/epochs.csv", text);
+    }
+    WriteFileAtomically(JobRunsDir(job) + "/epochs.csv", all);
+  } catch (const std::exception& e) {  // the rows are in the store; the files can be rewritten later
+    spdlog::error("job {}: cannot write its epoch files: {}", job, e.what());
+  }
+}
+
+void Server::OnResult(const std::string& identity, const wire::JobResult& message) {
+  Send(identity, AckFor(message.job_id(), message.attempt(), "result", 0, message.world_rank()));
+  auto it = running_.find(message.job_id());
+  if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
+  RunningAttempt& attempt = it->second;
+  NoteAdoption(&attempt, message.world_rank());
+  if (message.outcome() != "succeeded") {
+    const std::string reason = "rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
+                               (message.outcome() == "bad_input" ? "rejected the job's input: " : "failed: ") +
+                               message.message();
+    FailAttempt(message.job_id(), reason, message.outcome() != "bad_input");
+    return;
+  }
+  attempt.finished.insert(message.world_rank());
+  if (!message.summary_json().empty()) attempt.summary_json = message.summary_json();
+  schedule_due_ = true;
+  if (attempt.finished.size() == attempt.ranks.size()) SucceedAttempt(attempt);
+}
+
+void Server::OnRankExit(const std::string& identity, const wire::RankExit& message) {
+  Send(identity, AckFor(0, 0, "rank_exit", 0, message.rank().rank()));
+  const RankKey key{message.rank().world(), message.rank().rank()};
+  std::string how = message.signal() != 0
+                        ? "was killed by signal " + std::to_string(message.signal()) + " (" +
+                              SignalName(message.signal()) + ")" + (message.forwarded() ? ", sent to the rank's world" : "")
+                        : "exited with code " + std::to_string(message.exit_code());
+  std::string last_line = message.last_log_line();
+  auto entry = ranks_.find(key);
+  if (entry != ranks_.end() && last_line.empty()) last_line = entry->second.last_log_line;
+  const std::string who = "rank " + std::to_string(key.second) + " of world " + key.first + " (pid " +
+                          std::to_string(message.rank().pid()) + " on " + message.rank().host() + ")";
+  spdlog::warn("{} {}", who, how);
+  if (entry != ranks_.end()) ranks_.erase(entry);
+  for (auto& [id, attempt] : running_)
+    if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second) &&
+        !attempt.finished.count(key.second)) {
+      FailAttempt(id, WithLastLine(who + " " + how, last_line));
+      break;
+    }
+  schedule_due_ = true;
+}
+
+void Server::Tick() {
+  const double now = WallNow();
+  if (now - last_pulse_ >= options_.heartbeat_s) {
+    PulseRanks(now);
+    ExpireSilentRanks(now);
+    CheckAttemptsStarted(now);
+  }
+  if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
+}
+
+void Server::PulseRanks(double now) {
+  last_pulse_ = now;
+  wire::Envelope pulse;
+  pulse.mutable_pulse();
+  for (const auto& [key, entry] : ranks_) Send(entry.identity, pulse);
+}
+
+void Server::ExpireSilentRanks(double now) {
+  const double limit = options_.heartbeat_s * options_.liveness;
+  for (auto it = ranks_.begin(); it != ranks_.end();) {
+    if (now - it->second.last_seen <= limit) {
+      ++it;
+      continue;
+    }
+    const std::string who = DescribeRank(it->first);
+    const std::string reason = WithLastLine(
+        who + " stopped heartbeating (silent for " + std::to_string(int(now - it->second.last_seen)) + " s)",
+        it->second.last_log_line);
+    spdlog::warn("{}", reason);
+    const RankKey key = it->first;
+    it = ranks_.erase(it);
+    for (auto& [id, attempt] : running_)
+      if (attempt.adopted && attempt.world == key.first && !attempt.finished.count(key.second) &&
+          std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second)) {
+        FailAttempt(id, reason);
+        break;
+      }
+    schedule_due_ = true;
+  }
+}
+
+// Attempts whose ranks never started them (the Assign was lost), or, after a restart,
+// never came back naming them, are given up after the grace period.
+void Server::CheckAttemptsStarted(double now) {
+  std::vector<std::pair<int64_t, std::string>> failed;
+  for (auto& [id, attempt] : running_) {
+    const double since = attempt.adopted ? attempt.started_at : started_at_;
+    if (now - since < options_.grace_s) continue;
+    if (!attempt.adopted) {
+      failed.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
+                                  " s of a coordinator restart");
+      continue;
+    }
+    for (int r : attempt.ranks) {
+      auto entry = ranks_.find({attempt.world, r});
+      const bool started = entry != ranks_.end() && entry->second.job == id && entry->second.attempt == attempt.attempt;
+      if (!started && !attempt.finished.count(r)) {
+        failed.emplace_back(id, DescribeRank({attempt.world, r}) + " did not start the attempt within " +
+                                    std::to_string(int(options_.grace_s)) + " s");
+        break;
+      }
+    }
+  }
+  for (const auto& [id, reason] : failed) FailAttempt(id, reason);
+}
+
+void Server::ScheduleQueued(double now) {
+  last_schedule_ = now;
+  schedule_due_ = false;
+  std::vector<QueuedJob> queue;
+  std::map<std::string, JobRecord> records;
+  for (JobRecord& job : store_->JobsIn(JobState::kQueued)) {
+    if (job.not_before > now) continue;
+    queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s});
+    records.emplace(std::to_string(job.id), std::move(job));
+  }
+  if (queue.empty() || ranks_.empty()) return;
+  std::vector<WorkerRank> workers;
+  for (const auto& [key, entry] : ranks_) {
+    WorkerRank w{key.first, key.second, entry.info.device(), "", 0};
+    if (RankBusy(entry)) {
+      w.job = std::to_string(entry.job);
+      for (const auto& [id, attempt] : running_)
+        if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second))
+          w.job = std::to_string(id), w.estimated_end = attempt.estimated_end;
+    }
+    workers.push_back(w);
+  }
+  ScheduleResult result = scheduler_.Schedule(queue, workers, now);
+  for (const Placement& placement : result.start) StartAttempt(records.at(placement.job), placement, now);
+  for (const std::string& id : result.unplaceable) {
+    const int64_t job = std::stoll(id);
+    if (!reported_unplaceable_.insert(job).second) continue;
+    store_->AddEvent(job, "waiting: no registered world has " + std::to_string(records.at(id).ranks) + " " +
+                              (records.at(id).device == "any" ? "" : records.at(id).device + " ") + "ranks",
+                     now);
+  }
+}
+
+void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
+  RunningAttempt attempt;
+  attempt.job = job.id, attempt.world = placement.world, attempt.ranks = placement.ranks;
+  attempt.started_at = now;
+  if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
+  const std::string where = PlacementText(placement.world, placement.ranks);
+  attempt.attempt = store_->StartAttempt(job.id, where, now);
+  store_->AddEvent(job.id,
+                   "attempt " + std::to_string(attempt.attempt) + " started on " + where +
+                       (placement.backfilled ? " (backfilled)" : ""),
+                   now);
+  fs::create_directories(JobRunsDir(job.id) + "/attempt-" + std::to_string(attempt.attempt));
+  running_[job.id] = attempt;
+  reported_unplaceable_.erase(job.id);
+  for (int r : placement.ranks) SendAssign(job, attempt, r);
+  spdlog::info("job {} '{}' attempt {} started on {}", job.id, job.name, attempt.attempt, where);
+}
+
+void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, int world_rank) {
+  wire::Envelope e;
+  wire::Assign* assign = e.mutable_assign();
+  assign->set_job_id(job.id), assign->set_attempt(attempt.attempt);
+  assign->set_yaml(job.spec_yaml), assign->set_source(job.source), assign->set_base_dir(job.base_dir);
+  for (int r : attempt.ranks) assign->add_ranks(r);
+  assign->set_runs_dir(JobRunsDir(job.id));
+  assign->set_resume(attempt.attempt > 1);
+  Send(ranks_.at({attempt.world, world_rank}).identity, e);
+}
+
+void Server::SucceedAttempt(RunningAttempt attempt) {
+  const double now = WallNow();
+  running_.erase(attempt.job);
+  store_->EndAttempt(attempt.job, attempt.attempt, "succeeded", now);
+  store_->SetState(attempt.job, JobState::kSucceeded, "");
+  store_->AddEvent(attempt.job, "attempt " + std::to_string(attempt.attempt) + " succeeded", now);
+  const std::string dir = JobRunsDir(attempt.job) + "/attempt-" + std::to_string(attempt.attempt);
+  try {
+    fs::create_directories(dir);
+    if (!attempt.summary_json.empty()) {
+      WriteFileAtomically(dir + "/summary.json", attempt.summary_json + "\n");
+      WriteFileAtomically(JobRunsDir(attempt.job) + "/summary.json", attempt.summary_json + "\n");
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("job {}: cannot write summary.json: {}", attempt.job, e.what());
+  }
+  spdlog::info("job {} succeeded (attempt {})", attempt.job, attempt.attempt);
+  schedule_due_ = true;
+}
+
+void Server::FailAttempt(int64_t id, const std::string& reason, bool retry) {
+  auto it = running_.find(id);
+  if (it == running_.end()) return;
+  const RunningAttempt attempt = it->second;
+  running_.erase(it);
+  const double now = WallNow();
+  StopRanks(attempt, "attempt failed: " + reason);
+  const std::string what = "attempt " + std::to_string(attempt.attempt) + " failed: " + reason;
+  store_->EndAttempt(id, attempt.attempt, "failed: " + reason, now);
+  const JobRecord job = *store_->Find(id);
+  const int restarts_used = job.attempts - 1;
+  if (retry && restarts_used < job.max_restarts) {
+    const double backoff = std::min(60.0, options_.restart_backoff_s * std::pow(2.0, restarts_used));
+    store_->Requeue(id, what, now + backoff);
+    store_->AddEvent(id,
+                     what + "; requeued to resume from its last checkpoint in " + std::to_string(int(backoff)) +
+                         " s (restart " + std::to_string(restarts_used + 1) + " of " +
+                         std::to_string(job.max_restarts) + ")",
+                     now);
+    spdlog::warn("job {}: {}; requeued (restart {} of {})", id, what, restarts_used + 1, job.max_restarts);
+  } else {
+    const std::string final_reason =
+        what + (retry ? " (no restarts left: resources.max_restarts is " + std::to_string(job.max_restarts) + ")"
+                      : " (not retried: the input is at fault)");
+    store_->SetState(id, JobState::kFailed, final_reason);
+    store_->AddEvent(id, final_reason, now);
+    spdlog::warn("job {} failed: {}", id, final_reason);
+  }
+  schedule_due_ = true;
+}
+
+void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason) {
+  wire::Envelope e;
+  e.mutable_stop()->set_job_id(attempt.job);
+  e.mutable_stop()->set_attempt(attempt.attempt);
+  e.mutable_stop()->set_reason(reason);
+  for (int r : attempt.ranks) {
+    auto entry = ranks_.find({attempt.world, r});
+    if (entry != ranks_.end()) Send(entry->second.identity, e);
+  }
+}
+
+}  // namespace trainyard

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Worker pools end to end: a real coordinator, a real `mpirun -n N worker --coordinator`
+pool and jobctl, all on 127.0.0.1, training real (small) jobs on the langid data.
+
+Cases:
+  gang              three 2-rank jobs on a 4-rank pool: two run at once, the third
+                    follows, all succeed with their epoch logs under runs/;
+  rank_kill         kill -9 of a job's rank 1: the attempt fails naming the rank and
+                    SIGKILL; after the pool is restarted the job resumes from its
+                    checkpoint as attempt 2, and every epoch is logged exactly once;
+  coordinator_kill  kill -9 of the coordinator mid-job, restarted ~5 s later: the queue
+                    is identical, the running job is re-adopted (no second attempt) and
+                    completes, and no epoch row is lost or duplicated;
+  cancel            cancelling a running job frees its ranks within a few seconds, and
+                    the queued job then starts and succeeds."""
+import argparse
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
+import e2e_common  # noqa: E402
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Cluster:
+    """One coordinator and its pools, in a scratch folder."""
+
+    def __init__(self, args, work):
+        self.args, self.work = args, work
+        self.port = free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.state = os.path.join(work, "state.db")
+        self.runs = os.path.join(work, "runs")
+        self.coordinator = None
+        self.pool = None
+        self.logs = []
+
+    def start_coordinator(self):
+        log = open(os.path.join(self.work, f"coordinator-{len(self.logs)}.log"), "w")
+        self.logs.append(log.name)
+        self.coordinator = subprocess.Popen(
+            [self.args.coordinator, "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
+             "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1"],
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def start_pool(self, ranks):
+        log = open(os.path.join(self.work, f"pool-{len(self.logs)}.log"), "w")
+        self.logs.append(log.name)
+        self.pool = subprocess.Popen(
+            [self.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(ranks), self.args.worker,
+             "--coordinator", self.endpoint, "--heartbeat", "0.5", "--liveness", "4"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **MPI_ENV}, start_new_session=True)
+        wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
+
+    def stop(self):
+        if self.pool and self.pool.poll() is None:
+            self.pool.send_signal(signal.SIGTERM)
+            try:
+                self.pool.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pool.pid, signal.SIGKILL)
+        if self.coordinator and self.coordinator.poll() is None:
+            self.coordinator.send_signal(signal.SIGTERM)
+            self.coordinator.wait(timeout=10)
+
+    def jobctl(self, *args):
+        r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--timeout", "3", "--json", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"jobctl {' '.join(args)}: {r.stderr}"
+        return json.loads(r.stdout)
+
+    def workers(self):
+        try:
+            return self.jobctl("workers")
+        except AssertionError:
+            return []
+
+    def submit(self, path):
+        return self.jobctl("submit", path)["job_id"]
+
+    def job(self, job_id):
+        return self.jobctl("status", str(job_id))
+
+    def wait_state(self, job_id, states, timeout):
+        return wait_for(lambda: (lambda j: j if j["state"] in states else None)(self.job(job_id)), timeout,
+                        f"job {job_id} to reach {states}")
+
+    def epochs_done(self, job_id):
+        return len(self.jobctl("report", str(job_id))["epochs"])
+
+    def dump_logs(self):
+        for name in self.logs:
+            with open(name, encoding="utf-8", errors="replace") as f:
+                print(f"--- {os.path.basename(name)} (last 40 lines)\n" + "".join(f.readlines()[-40:]))
+
+
+def write_job(folder, name, epochs, examples=300, max_restarts=0):
+    train = e2e_common.subset_tsv(folder, examples)
+    extra = f"""train:
+  epochs: {epochs}
+  batch_size: 16
+resources:
+  ranks: 2
+  max_restarts: {max_restarts}
+"""
+    return e2e_common.write(os.path.join(folder, f"{name}.yaml"), e2e_common.job_yaml(name, train, extra))
+
+
+def epoch_column(path):
+    with open(path, encoding="utf-8") as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def case_gang(c, work):
+    c.start_coordinator()
+    c.start_pool(4)
+    jobs = [c.submit(write_job(work, f"gang{i}", epochs=3)) for i in range(3)]
+    peak = wait_for(lambda: (lambda s: s if s.count("RUNNING") == 2 else None)(
+        [c.job(j)["state"] for j in jobs]), 60, "two jobs running at once")
+    assert peak.count("QUEUED") == 1, peak
+    for j in jobs:
+        c.wait_state(j, {"SUCCEEDED", "FAILED"}, 240)
+    reports = [c.jobctl("report", str(j)) for j in jobs]
+    for r in reports:
+        assert r["state"] == "SUCCEEDED", r
+        assert len(r["attempts"]) == 1, r
+        attempt_dir = os.path.join(c.runs, str(r["id"]), "attempt-1")
+        assert epoch_column(os.path.join(attempt_dir, "epochs.csv")) == [1, 2, 3]
+        with open(os.path.join(attempt_dir, "summary.json")) as f:
+            assert json.load(f)["status"] == "succeeded"
+    starts = sorted((r["attempts"][0]["started_at"], r["attempts"][0]["ended_at"]) for r in reports)
+    # The third job started only once one of the first two had ended.
+    assert starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts
+    print("gang: 2 of 3 jobs ran at once on 4 ranks, the third followed; all succeeded with 3 epoch rows each")
+
+
+def case_rank_kill(c, work):
+    c.start_coordinator()
+    c.start_pool(2)
+    job = c.submit(write_job(work, "victim", epochs=6, max_restarts=2))
+    wait_for(lambda: c.epochs_done(job) >= 2, 120, "two epochs of attempt 1")
+    victim = [w for w in c.workers() if w["job_id"] == job and w["rank"] == 1][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    requeued = wait_for(lambda: (lambda j: j if j["attempts"] == 1 and j["state"] != "RUNNING" else None)(
+        c.job(job)), 30, "attempt 1 to end")
+    reason = requeued["reason"]
+    assert "rank 1" in reason and "SIGKILL" in reason and str(victim["pid"]) in reason, reason
+    c.pool.wait(timeout=60)  # mpirun tears the rest of the world down
+    c.start_pool(2)
+    final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED", final
+    report = c.jobctl("report", str(job))
+    assert [a["attempt"] for a in report["attempts"]] == [1, 2], report["attempts"]
+    assert "signal 9 (SIGKILL)" in report["attempts"][0]["outcome"], report["attempts"][0]
+    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == [1, 2, 3, 4, 5, 6]
+    first = epoch_column(os.path.join(c.runs, str(job), "attempt-1", "epochs.csv"))
+    second = epoch_column(os.path.join(c.runs, str(job), "attempt-2", "epochs.csv"))
+    assert first and second and max(first) < min(second) and sorted(first + second) == [1, 2, 3, 4, 5, 6], \
+        (first, second)
+    assert any("resum" in e for e in report["events"]), report["events"]
+    print(f"rank_kill: attempt 1 failed with '{reason}'; attempt 2 resumed at epoch {min(second)}; "
+          f"epochs {first} + {second}, each once")
+
+
+def queue_view(c):
+    return [(j["id"], j["name"], j["state"], j["priority"], j["ranks"], j["attempts"]) for j in c.jobctl("list")]
+
+
+def case_coordinator_kill(c, work):
+    c.start_coordinator()
+    c.start_pool(2)
+    job = c.submit(write_job(work, "survivor", epochs=8))
+    waiting = c.submit(write_job(work, "waiting", epochs=1))
+    wait_for(lambda: c.epochs_done(job) >= 1, 120, "the first epoch")
+    before = queue_view(c)
+    c.coordinator.send_signal(signal.SIGKILL)
+    c.coordinator.wait(timeout=10)
+    time.sleep(5)
+    c.start_coordinator()
+    after = queue_view(c)
+    assert after == before, (before, after)
+    final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
+    assert any("re-adopted" in e for e in final["events"]), final["events"]
+    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 9))
+    logs = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "logs", str(job)], capture_output=True,
+                          text=True, timeout=30).stdout.splitlines()
+    assert [int(line.split(",")[0]) for line in logs[1:]] == list(range(1, 9)), logs
+    assert c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
+    print("coordinator_kill: queue identical after the restart; the job was re-adopted as attempt 1 and "
+          "logged epochs 1..8 exactly once; the queued job then ran")
+
+
+def case_cancel(c, work):
+    c.start_coordinator()
+    c.start_pool(2)
+    long_job = c.submit(write_job(work, "long", epochs=50))
+    queued = c.submit(write_job(work, "next", epochs=1))
+    wait_for(lambda: c.epochs_done(long_job) >= 1, 120, "the long job's first epoch")
+    assert c.job(queued)["state"] == "QUEUED"
+    start = time.time()
+    assert c.jobctl("cancel", str(long_job))["state"] == "CANCELLED"
+    wait_for(lambda: all(w["job_id"] != long_job for w in c.workers()), 15, "the cancelled job's ranks to stop")
+    c.wait_state(queued, {"RUNNING", "SUCCEEDED"}, 15)
+    freed_s = time.time() - start
+    assert c.wait_state(queued, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
+    assert c.epochs_done(long_job) < 50
+    print(f"cancel: the running job stopped on both ranks and the queued job started {freed_s:.1f} s after the cancel")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
+        p.add_argument(flag, required=True)
+    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel"])
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        c = Cluster(a, work)
+        try:
+            globals()[f"case_{a.case}"](c, work)
+        except BaseException:
+            c.stop()
+            c.dump_logs()
+            raise
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()
