@@ -45,6 +45,7 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
   for (int attempt = 1; attempt <= o.retries; ++attempt) {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
     socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::maxmsgsize, int64_t(256) << 20);
     socket.connect(o.coordinator);
     socket.send(zmq::buffer(bytes), zmq::send_flags::none);
     zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
@@ -61,8 +62,10 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
       std::cerr << "jobctl: no reply from " << o.coordinator << " in " << o.timeout_s << " s, retrying ("
                 << attempt << "/" << o.retries << ")\n";
   }
-  throw Unreachable("the coordinator at " + o.coordinator + " did not answer after " + std::to_string(o.retries) +
-                    " tries of " + std::to_string(o.timeout_s) + " s; is it running?");
+  std::ostringstream message;
+  message << "the coordinator at " << o.coordinator << " did not answer after " << o.retries << " tries of "
+          << o.timeout_s << " s; is it running?";
+  throw Unreachable(message.str());
 }
 
 // Throws for an ErrorReply: code 2 is bad input.

@@ -117,9 +117,15 @@ class Server {
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, int world_rank);
   void SucceedAttempt(RunningAttempt attempt);
-  // Ends the attempt; requeues the job with a backoff unless `retry` is false or its
-  // restarts are spent, then it fails with `reason`.
-  void FailAttempt(int64_t job, const std::string& reason, bool retry = true);
+  // How an ended attempt counts against resources.max_restarts.
+  enum class Retry {
+    kCounted,  // the job's own failure (or one we cannot tell apart from it): uses a restart
+    kFree,     // interrupted from outside (its pool was stopped, or never came back): requeued as is
+    kNever,    // its input is at fault: retrying cannot help
+  };
+  // Ends the attempt and requeues the job (with a backoff for counted failures), unless
+  // the policy or the spent restarts say it fails with `reason`.
+  void FailAttempt(int64_t job, const std::string& reason, Retry retry = Retry::kCounted);
   void StopRanks(const RunningAttempt& attempt, const std::string& reason);
   void WriteEpochFiles(int64_t job);
   void NoteAdoption(RunningAttempt* attempt, int world_rank);

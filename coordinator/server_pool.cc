@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,12 @@ bool ParsePlacement(const std::string& text, std::string* world, std::vector<int
 std::string SignalName(int signal) {
   const char* abbrev = sigabbrev_np(signal);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
 }
 
 std::string WithLastLine(std::string reason, const std::string& last_line) {
@@ -116,6 +123,12 @@ void Server::NoteAdoption(RunningAttempt* attempt, int world_rank) {
 }
 
 void Server::OnRegister(const std::string& identity, const wire::Register& message) {
+  if (message.rank().world().empty() || message.rank().rank() < 0 ||
+      message.rank().rank() >= std::max(1, message.rank().world_size())) {
+    ++bad_frames_;
+    Send(identity, ErrorEnvelope(2, "a registration needs a world id and a rank below the world size"));
+    return;
+  }
   const RankKey key{message.rank().world(), message.rank().rank()};
   const bool known = ranks_.count(key) > 0;
   RankEntry& entry = ranks_[key];
@@ -196,6 +209,10 @@ void Server::WriteEpochFiles(int64_t job) {
 
 void Server::OnResult(const std::string& identity, const wire::JobResult& message) {
   Send(identity, AckFor(message.job_id(), message.attempt(), "result", 0, message.world_rank()));
+  // A rank sends its result after it has gone idle: free it now, not at its next heartbeat.
+  auto rank = ranks_.find({message.world(), message.world_rank()});
+  if (rank != ranks_.end() && rank->second.job == message.job_id() && rank->second.attempt == message.attempt())
+    rank->second.job = 0, rank->second.attempt = 0;
   auto it = running_.find(message.job_id());
   if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
   RunningAttempt& attempt = it->second;
@@ -204,7 +221,7 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
     const std::string reason = "rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
                                (message.outcome() == "bad_input" ? "rejected the job's input: " : "failed: ") +
                                message.message();
-    FailAttempt(message.job_id(), reason, message.outcome() != "bad_input");
+    FailAttempt(message.job_id(), reason, message.outcome() == "bad_input" ? Retry::kNever : Retry::kCounted);
     return;
   }
   attempt.finished.insert(message.world_rank());
@@ -218,7 +235,7 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
   const RankKey key{message.rank().world(), message.rank().rank()};
   std::string how = message.signal() != 0
                         ? "was killed by signal " + std::to_string(message.signal()) + " (" +
-                              SignalName(message.signal()) + ")" + (message.forwarded() ? ", sent to the rank's world" : "")
+                              SignalName(message.signal()) + ")" + (message.forwarded() ? " (forwarded by its supervisor: the world was being stopped)" : "")
                         : "exited with code " + std::to_string(message.exit_code());
   std::string last_line = message.last_log_line();
   auto entry = ranks_.find(key);
@@ -230,7 +247,9 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
   for (auto& [id, attempt] : running_)
     if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second) &&
         !attempt.finished.count(key.second)) {
-      FailAttempt(id, WithLastLine(who + " " + how, last_line));
+      // A signal forwarded by the supervisor came from outside the job: its pool is being
+      // stopped (a rank that failed on its own is reported, and ends the attempt, first).
+      FailAttempt(id, WithLastLine(who + " " + how, last_line), message.forwarded() ? Retry::kFree : Retry::kCounted);
       break;
     }
   schedule_due_ = true;
@@ -262,7 +281,7 @@ void Server::ExpireSilentRanks(double now) {
     }
     const std::string who = DescribeRank(it->first);
     const std::string reason = WithLastLine(
-        who + " stopped heartbeating (silent for " + std::to_string(int(now - it->second.last_seen)) + " s)",
+        who + " stopped heartbeating (silent for " + Seconds(now - it->second.last_seen) + ")",
         it->second.last_log_line);
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
@@ -280,13 +299,13 @@ void Server::ExpireSilentRanks(double now) {
 // Attempts whose ranks never started them (the Assign was lost), or, after a restart,
 // never came back naming them, are given up after the grace period.
 void Server::CheckAttemptsStarted(double now) {
-  std::vector<std::pair<int64_t, std::string>> failed;
+  std::vector<std::pair<int64_t, std::string>> failed, abandoned;
   for (auto& [id, attempt] : running_) {
     const double since = attempt.adopted ? attempt.started_at : started_at_;
     if (now - since < options_.grace_s) continue;
     if (!attempt.adopted) {
-      failed.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
-                                  " s of a coordinator restart");
+      abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
+                                     " s of a coordinator restart");
       continue;
     }
     for (int r : attempt.ranks) {
@@ -300,6 +319,7 @@ void Server::CheckAttemptsStarted(double now) {
     }
   }
   for (const auto& [id, reason] : failed) FailAttempt(id, reason);
+  for (const auto& [id, reason] : abandoned) FailAttempt(id, reason, Retry::kFree);
 }
 
 void Server::ScheduleQueued(double now) {
@@ -384,30 +404,37 @@ void Server::SucceedAttempt(RunningAttempt attempt) {
   schedule_due_ = true;
 }
 
-void Server::FailAttempt(int64_t id, const std::string& reason, bool retry) {
+void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   auto it = running_.find(id);
   if (it == running_.end()) return;
   const RunningAttempt attempt = it->second;
   running_.erase(it);
   const double now = WallNow();
-  StopRanks(attempt, "attempt failed: " + reason);
-  const std::string what = "attempt " + std::to_string(attempt.attempt) + " failed: " + reason;
-  store_->EndAttempt(id, attempt.attempt, "failed: " + reason, now);
+  StopRanks(attempt, "attempt ended: " + reason);
+  const bool free = retry == Retry::kFree;
+  const std::string what =
+      "attempt " + std::to_string(attempt.attempt) + (free ? " interrupted: " : " failed: ") + reason;
+  store_->EndAttempt(id, attempt.attempt, (free ? "interrupted: " : "failed: ") + reason, now);
   const JobRecord job = *store_->Find(id);
-  const int restarts_used = job.attempts - 1;
-  if (retry && restarts_used < job.max_restarts) {
-    const double backoff = std::min(60.0, options_.restart_backoff_s * std::pow(2.0, restarts_used));
+  int restarts_used = 0;  // failed attempts after the first; interrupted ones are free
+  for (const AttemptRecord& a : store_->Attempts(id)) restarts_used += a.outcome.rfind("failed", 0) == 0;
+  restarts_used = std::max(0, restarts_used - 1);
+  const bool counted_retry_left = retry == Retry::kCounted && restarts_used < job.max_restarts;
+  if (free || counted_retry_left) {
+    const double backoff = free ? 0 : std::min(60.0, options_.restart_backoff_s * std::pow(2.0, restarts_used));
     store_->Requeue(id, what, now + backoff);
     store_->AddEvent(id,
-                     what + "; requeued to resume from its last checkpoint in " + std::to_string(int(backoff)) +
-                         " s (restart " + std::to_string(restarts_used + 1) + " of " +
-                         std::to_string(job.max_restarts) + ")",
+                     what + "; requeued to resume from its last checkpoint" +
+                         (free ? " (not counted as a restart)"
+                               : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) +
+                                     " of " + std::to_string(job.max_restarts) + ")"),
                      now);
-    spdlog::warn("job {}: {}; requeued (restart {} of {})", id, what, restarts_used + 1, job.max_restarts);
+    spdlog::warn("job {}: {}; requeued", id, what);
   } else {
     const std::string final_reason =
-        what + (retry ? " (no restarts left: resources.max_restarts is " + std::to_string(job.max_restarts) + ")"
-                      : " (not retried: the input is at fault)");
+        what + (retry == Retry::kNever ? " (not retried: the input is at fault)"
+                                       : " (no restarts left: resources.max_restarts is " +
+                                             std::to_string(job.max_restarts) + ")");
     store_->SetState(id, JobState::kFailed, final_reason);
     store_->AddEvent(id, final_reason, now);
     spdlog::warn("job {} failed: {}", id, final_reason);

@@ -393,16 +393,18 @@ nlohmann::json BenchmarkRunner::Run() {
   size_t total = 0;
   if (spec_.benchmark.train_step) {
     total = spec_.benchmark.precisions.size();
-    for (size_t i = ranks_.rank; i < total; i += ranks_.world) mine.push_back(MeasureTrainStep(spec_.benchmark.precisions[i]));
+    for (size_t i = ranks_.rank; i < total && !StopAsked(ranks_); i += ranks_.world)
+      mine.push_back(MeasureTrainStep(spec_.benchmark.precisions[i]));
   } else {
     std::vector<CellPlan> plans = PlanCells();
     total = plans.size();
-    for (size_t i = ranks_.rank; i < total; i += ranks_.world) {
+    for (size_t i = ranks_.rank; i < total && !StopAsked(ranks_); i += ranks_.world) {
       mine.push_back(Measure(plans[i]));
       if (ranks_.world == 1 || spec_.log.progress)
         LogInfo(StrFormat("[%zu/%zu] ", i + 1, total) + DescribeCell(mine.back()));
     }
   }
+  AgreeOnStop(ranks_, StrFormat("after %zu of this rank's benchmark cells", mine.size()));
   std::vector<BenchCell> cells = Gather(std::move(mine), total);
   nlohmann::json summary = {{"job", spec_.name}, {"kind", "benchmark"}, {"cells", cells.size()},
                             {"wall_time_s", std::chrono::duration<double>(Clock::now() - start).count()}};

@@ -69,7 +69,9 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
   const auto start = Clock::now();
   BatchPipeline pipeline(input_, *tokenizer_, std::move(plan), options);
   DeviceTransfer transfer(device_);
-  for (size_t b = 0; auto host = pipeline.Next(); ++b) {
+  for (size_t b = 0; !StopAsked(ranks_); ++b) {
+    auto host = pipeline.Next();
+    if (!host) break;
     pass.tokens += host->real_tokens;
     pass.padded_tokens += host->input_ids.numel();
     Batch batch = transfer.ToDevice(std::move(*host));
@@ -117,6 +119,7 @@ nlohmann::json InferenceRunner::Run() {
   std::vector<std::pair<std::string, Pass>> passes;
   if (mode == "false" || mode == "both") passes.emplace_back("file order", Predict(false));
   if (mode == "true" || mode == "both") passes.emplace_back("sorted by length", Predict(true));
+  AgreeOnStop(ranks_, "during batch prediction");
   nlohmann::json summary = {{"job", spec_.name}, {"kind", "inference"}, {"texts", input_.examples.size()},
                             {"batch_size", spec_.inference.batch_size}, {"ranks", ranks_.world}};
   std::vector<torch::Tensor> gathered;

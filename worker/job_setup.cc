@@ -7,6 +7,13 @@
 
 namespace trainyard {
 
+void AgreeOnStop(const RankContext& ranks, const std::string& where) {
+  if (!ranks.hooks) return;
+  bool stop = ranks.hooks->StopRequested();
+  if (ranks.comm) stop = ranks.comm->AnyTrue(stop, "stop request");
+  if (stop) throw JobStopped("stopped on request " + where);
+}
+
 std::string RunDir(const JobSpec& spec) {
   std::filesystem::path root = spec.log.runs_dir.empty() ? std::filesystem::path("runs")
                                                          : std::filesystem::path(spec.log.runs_dir);

@@ -27,6 +27,13 @@ struct RankContext {
   JobHooks* hooks = nullptr;
 };
 
+// Pool mode only (no-ops standalone). StopAsked is local and cheap: loops test it to
+// skip the rest of their work. AgreeOnStop is collective over the job's ranks and
+// throws JobStopped on every rank if any of them was asked to stop, so ranks never
+// part ways at a collective.
+inline bool StopAsked(const RankContext& ranks) { return ranks.hooks && ranks.hooks->StopRequested(); }
+void AgreeOnStop(const RankContext& ranks, const std::string& where);
+
 // A problem with what the user gave us (exit code 2). what() is one line naming the
 // job file, line and key, and the file at fault.
 class InputError : public std::runtime_error {

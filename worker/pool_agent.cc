@@ -15,6 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kProtocolVersion = 1;
 constexpr double kMaxBackoffS = 16;
+constexpr int64_t kMaxMessageBytes = 64 << 20;  // an Assign carries a job file
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -137,6 +138,7 @@ void PoolAgent::Loop() {
   auto connect = [&] {
     link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
     link.socket->set(zmq::sockopt::linger, 0);
+    link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     link.socket->connect(options_.endpoint);
     register_rank();
     link.last_heard = Clock::now();

@@ -204,13 +204,6 @@ void Trainer::CheckConsistency() {
   ++consistency_checks_;
 }
 
-void Trainer::StopIfAsked() {
-  bool stop = ranks_.hooks->StopRequested();
-  if (ranks_.comm) stop = ranks_.comm->AnyTrue(stop, "stop request");
-  if (stop)
-    throw JobStopped(StrFormat("stopped on request at step %ld of epoch %ld", long(progress_.global_step),
-                               long(progress_.epoch + 1)));
-}
 
 void Trainer::SaveCheckpointNow(const std::string& reason) {
   const std::string dir = run_dir() + "/checkpoints";
@@ -248,7 +241,8 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   model_->train();
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
-    if (ranks_.hooks) StopIfAsked();
+    if (ranks_.hooks)  // every step: ranks stop together, before the next collective
+      AgreeOnStop(ranks_, StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1)));
     StepTimes times;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();

@@ -62,8 +62,6 @@ class Trainer {
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
   std::pair<double, double> Evaluate();
   void SaveCheckpointNow(const std::string& reason);
-  // In a worker pool: every rank stops (JobStopped) at the same step once any was asked.
-  void StopIfAsked();
   double LrAt(int64_t step, int64_t total_steps) const;
   void Synchronize() const;
 

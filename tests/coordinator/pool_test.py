@@ -12,7 +12,8 @@ Cases:
                     is identical, the running job is re-adopted (no second attempt) and
                     completes, and no epoch row is lost or duplicated;
   cancel            cancelling a running job frees its ranks within a few seconds, and
-                    the queued job then starts and succeeds."""
+                    the queued job then starts and succeeds; a job running when its pool
+                    is stopped is requeued, not failed."""
 import argparse
 import csv
 import json
@@ -120,7 +121,10 @@ class Cluster:
 
 
 def write_job(folder, name, epochs, examples=300, max_restarts=0):
-    train = e2e_common.subset_tsv(folder, examples)
+    # Written once: rewriting it would race with jobs already reading it.
+    train = os.path.join(folder, f"train_{examples}.tsv")
+    if not os.path.exists(train):
+        e2e_common.subset_tsv(folder, examples)
     extra = f"""train:
   epochs: {epochs}
   batch_size: 16
@@ -231,6 +235,15 @@ def case_cancel(c, work):
     assert c.wait_state(queued, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
     assert c.epochs_done(long_job) < 50
     print(f"cancel: the running job stopped on both ranks and the queued job started {freed_s:.1f} s after the cancel")
+    # Stopping the pool under a running job is not the job's failure: it is requeued
+    # without using one of its (zero) restarts.
+    third = c.submit(write_job(work, "interrupted", epochs=50))
+    wait_for(lambda: c.epochs_done(third) >= 1, 120, "the third job's first epoch")
+    c.pool.send_signal(signal.SIGTERM)
+    c.pool.wait(timeout=60)
+    job = c.wait_state(third, {"QUEUED", "FAILED"}, 30)
+    assert job["state"] == "QUEUED" and "interrupted" in job["reason"] and "SIGTERM" in job["reason"], job
+    print(f"cancel: a pool stopped under a running job requeued it: {job['reason']}")
 
 
 def main():

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace trainyard {
@@ -21,6 +23,10 @@ class ServerTest : public ::testing::Test {
     options.listen = "tcp://127.0.0.1:*";
     options.state_path = (dir_ / "state.db").string();
     options.max_message_bytes = 64 * 1024;
+    options.runs_dir = (dir_ / "runs").string();
+    options.heartbeat_s = 0.1;
+    options.liveness = 10;
+    options.restart_backoff_s = 0;
     server_ = std::make_unique<Server>(options);
     endpoint_ = server_->endpoint();
     thread_ = std::thread([this] { server_->Run(stop_); });
@@ -105,6 +111,129 @@ TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
   auto reply = Send(s, {e.SerializeAsString()});
   ASSERT_TRUE(reply && reply->has_error());
   EXPECT_NE(reply->error().message().find("version 99"), std::string::npos);
+}
+
+// A worker rank speaking the pool protocol by hand over a real socket.
+class ScriptedRank {
+ public:
+  ScriptedRank(zmq::context_t& context, const std::string& endpoint, int rank)
+      : socket_(context, zmq::socket_type::dealer), rank_(rank) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+  void Send(wire::Envelope e) {
+    e.set_version(kProtocolVersion);
+    socket_.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::none);
+  }
+  void Register() {
+    wire::Envelope e;
+    e.mutable_register_()->mutable_rank()->set_world("w");
+    e.mutable_register_()->mutable_rank()->set_rank(rank_);
+    e.mutable_register_()->mutable_rank()->set_world_size(2);
+    e.mutable_register_()->mutable_rank()->set_device("cpu");
+    Send(e);
+  }
+  void Heartbeat(int64_t job, int attempt) {
+    wire::Envelope e;
+    e.mutable_heartbeat()->set_world("w"), e.mutable_heartbeat()->set_rank(rank_);
+    e.mutable_heartbeat()->set_job_id(job), e.mutable_heartbeat()->set_attempt(attempt);
+    Send(e);
+  }
+  // The next message that is not a pulse, waiting up to `timeout_ms` while heartbeating
+  // (naming `job`) as a live rank would.
+  std::optional<wire::Envelope> Next(int timeout_ms, int64_t job = 0, int attempt = 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      Heartbeat(job, attempt);
+      zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 1, std::chrono::milliseconds(50));
+      zmq::message_t frame;
+      while (socket_.recv(frame, zmq::recv_flags::dontwait)) {
+        wire::Envelope e;
+        EXPECT_TRUE(e.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+        if (!e.has_pulse()) return e;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  zmq::socket_t socket_;
+  int rank_;
+};
+
+TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
+  std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
+  std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
+  ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+  r0.Register(), r1.Register();
+  zmq::socket_t client = Connect();
+  wire::Envelope submit;
+  submit.set_version(kProtocolVersion);
+  submit.mutable_submit()->set_yaml(
+      "name: proto\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+      "resources:\n  ranks: 2\n  max_restarts: 1\n");
+  submit.mutable_submit()->set_source("job.yaml");
+  submit.mutable_submit()->set_base_dir(dir_.string());
+  auto submitted = Send(client, {submit.SerializeAsString()});
+  ASSERT_TRUE(submitted && submitted->has_submitted());
+  const int64_t job = submitted->submitted().job_id();
+
+  // Attempt 1 goes to both ranks; then they fall silent.
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  EXPECT_EQ(a0->assign().attempt(), 1);
+  EXPECT_FALSE(a0->assign().resume());
+  EXPECT_EQ(std::vector<int>(a0->assign().ranks().begin(), a0->assign().ranks().end()), (std::vector<int>{0, 1}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // > heartbeat x liveness
+  wire::Envelope status;
+  status.set_version(kProtocolVersion);
+  status.mutable_status()->set_job_id(job);
+  auto requeued = Send(client, {status.SerializeAsString()});
+  ASSERT_TRUE(requeued && requeued->has_job());
+  EXPECT_EQ(requeued->job().state(), "QUEUED");
+  EXPECT_NE(requeued->job().reason().find("stopped heartbeating"), std::string::npos) << requeued->job().reason();
+
+  // The ranks come back: attempt 2 resumes; a resent epoch report is stored once.
+  r0.Register(), r1.Register();
+  auto next_assign = [](ScriptedRank& r) {  // skipping attempt 1's stop orders
+    auto e = r.Next(3000);
+    while (e && e->has_stop() && e->stop().attempt() == 1) e = r.Next(3000);
+    return e;
+  };
+  auto b0 = next_assign(r0), b1 = next_assign(r1);
+  ASSERT_TRUE(b0 && b0->has_assign() && b1 && b1->has_assign())
+      << (b0 ? b0->DebugString() : "none") << (b1 ? b1->DebugString() : "none");
+  EXPECT_EQ(b0->assign().attempt(), 2);
+  EXPECT_TRUE(b0->assign().resume());
+  wire::Envelope epoch;
+  epoch.mutable_epoch()->set_job_id(job), epoch.mutable_epoch()->set_attempt(2), epoch.mutable_epoch()->set_epoch(1);
+  epoch.mutable_epoch()->set_csv_header("epoch,loss"), epoch.mutable_epoch()->set_csv_line("1,0.5");
+  for (int copy = 0; copy < 2; ++copy) {
+    r0.Send(epoch);
+    auto ack = r0.Next(2000, job, 2);
+    ASSERT_TRUE(ack && ack->has_ack());
+    EXPECT_EQ(ack->ack().epoch(), 1);
+  }
+  for (ScriptedRank* r : {&r0, &r1}) {
+    wire::Envelope result;
+    result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(2);
+    result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome("succeeded");
+    result.mutable_result()->set_world_rank(r == &r0 ? 0 : 1);
+    if (r == &r0) result.mutable_result()->set_summary_json("{\"status\":\"succeeded\"}");
+    r->Send(result);
+    auto ack = r->Next(2000);
+    ASSERT_TRUE(ack && ack->has_ack());
+  }
+  auto done = Send(client, {status.SerializeAsString()});
+  ASSERT_TRUE(done && done->has_job());
+  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().attempts(), 2);
+  std::ifstream csv(dir_ / "runs" / std::to_string(job) / "attempt-2" / "epochs.csv");
+  std::stringstream text;
+  text << csv.rdbuf();
+  EXPECT_EQ(text.str(), "epoch,loss\n1,0.5\n");
+  EXPECT_TRUE(fs::exists(dir_ / "runs" / std::to_string(job) / "summary.json"));
 }
 
 }  // namespace
