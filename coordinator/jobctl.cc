@@ -20,10 +20,12 @@
 
 #include "proto/job_spec.h"
 #include "trainyard.pb.h"
+#include "worker/run_log.h"
 
 namespace {
 
 namespace wire = trainyard::wire;
+using trainyard::SplitCsv;
 
 struct Options {
   std::string coordinator = "tcp://127.0.0.1:5555";
@@ -158,14 +160,6 @@ int Logs(const Options& o, int64_t id, bool follow) {
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-}
-
-std::vector<std::string> SplitCsv(const std::string& line) {
-  std::vector<std::string> cells;
-  std::stringstream in(line);
-  for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
-  if (!line.empty() && line.back() == ',') cells.emplace_back();
-  return cells;
 }
 
 std::string FormatTime(double seconds_since_epoch) {

@@ -233,10 +233,11 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
 void Server::OnRankExit(const std::string& identity, const wire::RankExit& message) {
   Send(identity, AckFor(0, 0, "rank_exit", 0, message.rank().rank()));
   const RankKey key{message.rank().world(), message.rank().rank()};
-  std::string how = message.signal() != 0
-                        ? "was killed by signal " + std::to_string(message.signal()) + " (" +
-                              SignalName(message.signal()) + ")" + (message.forwarded() ? " (forwarded by its supervisor: the world was being stopped)" : "")
-                        : "exited with code " + std::to_string(message.exit_code());
+  std::string how = "exited with code " + std::to_string(message.exit_code());
+  if (message.signal() != 0) {
+    how = "was killed by signal " + std::to_string(message.signal()) + " (" + SignalName(message.signal()) + ")";
+    if (message.forwarded()) how += " (forwarded by its supervisor: the world was being stopped)";
+  }
   std::string last_line = message.last_log_line();
   auto entry = ranks_.find(key);
   if (entry != ranks_.end() && last_line.empty()) last_line = entry->second.last_log_line;
@@ -390,6 +391,7 @@ void Server::SucceedAttempt(RunningAttempt attempt) {
   store_->EndAttempt(attempt.job, attempt.attempt, "succeeded", now);
   store_->SetState(attempt.job, JobState::kSucceeded, "");
   store_->AddEvent(attempt.job, "attempt " + std::to_string(attempt.attempt) + " succeeded", now);
+  WriteEpochFiles(attempt.job);  // again: a crash may have come between a row's commit and its file
   const std::string dir = JobRunsDir(attempt.job) + "/attempt-" + std::to_string(attempt.attempt);
   try {
     fs::create_directories(dir);

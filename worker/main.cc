@@ -2,7 +2,9 @@
 // per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
 // `mpirun -n 4 worker --coordinator ENDPOINT` makes the ranks a worker pool instead.
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
-// checkpoints) reported as one line naming the file, line and key.
+// checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
+// when stopped (SIGTERM, SIGINT) while idle; the outcome of each job goes to the
+// coordinator instead.
 #include <mpi.h>
 
 #include <unistd.h>
@@ -288,11 +290,11 @@ int main(int argc, char** argv) {
   app.add_option("--liveness", o.liveness,
                  "pool: missed coordinator heartbeats before reconnecting, with backoff (default 3)")
       ->check(CLI::Range(1, 1000));
-  app.add_option("--runs-dir", o.runs_dir, "folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
-  app.add_option("--resume", o.resume, "none, auto (latest valid checkpoint) or a checkpoint file");
-  app.add_option("--threads", o.threads, "intra-op threads per rank (0: libtorch default)");
-  app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)");
-  app.add_flag("--no-progress", o.no_progress, "no progress line while an epoch runs");
+  app.add_option("--runs-dir", o.runs_dir, "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
+  app.add_option("--resume", o.resume, "standalone: none, auto (latest valid checkpoint) or a checkpoint file");
+  app.add_option("--threads", o.threads, "standalone: intra-op threads per rank (0: libtorch default)");
+  app.add_option("--max-steps", o.max_steps, "standalone: stop after this many steps (0: no limit)");
+  app.add_flag("--no-progress", o.no_progress, "standalone: no progress line while an epoch runs (pools never draw one)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {

@@ -33,8 +33,6 @@ std::string EpochCsvLine(const EpochRow& r) {
   return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
 }
 
-namespace {
-
 std::vector<std::string> SplitCsv(const std::string& line) {
   std::vector<std::string> cells;
   std::stringstream in(line);
@@ -42,6 +40,8 @@ std::vector<std::string> SplitCsv(const std::string& line) {
   if (!line.empty() && line.back() == ',') cells.emplace_back();
   return cells;
 }
+
+namespace {
 
 // The fields the console table shows, read by column name so older files still load.
 EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string& line) {

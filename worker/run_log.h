@@ -43,6 +43,8 @@ struct EpochRow {
 // epochs.csv's header, and one row of it.
 std::string EpochCsvHeader();
 std::string EpochCsvLine(const EpochRow& row);
+// The cells of one epochs.csv line (no quoting: its cells never hold commas).
+std::vector<std::string> SplitCsv(const std::string& line);
 
 class RunLog {
  public:
