@@ -4,7 +4,8 @@ pool and jobctl, all on 127.0.0.1, training real (small) jobs on the langid data
 
 Cases:
   gang              three 2-rank jobs on a 4-rank pool: two run at once, the third
-                    follows, all succeed with their epoch logs under runs/;
+                    follows, all succeed with their epoch logs under runs/, and the
+                    losses equal those of a standalone run of the same job file;
   rank_kill         kill -9 of a job's rank 1: the attempt fails naming the rank and
                     SIGKILL; after the pool is restarted the job resumes from its
                     checkpoint as attempt 2, and every epoch is logged exactly once;
@@ -160,7 +161,19 @@ def case_gang(c, work):
     starts = sorted((r["attempts"][0]["started_at"], r["attempts"][0]["ended_at"]) for r in reports)
     # The third job started only once one of the first two had ended.
     assert starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts
-    print("gang: 2 of 3 jobs ran at once on 4 ranks, the third followed; all succeeded with 3 epoch rows each")
+    # The pool runs a job through the same code as standalone mode: same losses, bit for bit.
+    standalone_runs = os.path.join(work, "standalone")
+    r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
+                        os.path.join(work, "gang0.yaml"), "--runs-dir", standalone_runs],
+                       capture_output=True, text=True, env={**os.environ, **MPI_ENV}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(standalone_runs, "gang0", "summary.json")) as f:
+        standalone = json.load(f)["final"]
+    with open(os.path.join(c.runs, str(jobs[0]), "summary.json")) as f:
+        pooled = json.load(f)["final"]
+    assert pooled == standalone, (pooled, standalone)
+    print("gang: 2 of 3 jobs ran at once on 4 ranks, the third followed; all succeeded with 3 epoch rows each; "
+          f"the pool's losses equal a standalone run's exactly ({pooled})")
 
 
 def case_rank_kill(c, work):

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,23 +20,29 @@ class ServerTest : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("ty_server_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    ServerOptions options;
-    options.listen = "tcp://127.0.0.1:*";
-    options.state_path = (dir_ / "state.db").string();
-    options.max_message_bytes = 64 * 1024;
-    options.runs_dir = (dir_ / "runs").string();
-    options.heartbeat_s = 0.1;
-    options.liveness = 10;
-    options.restart_backoff_s = 0;
-    server_ = std::make_unique<Server>(options);
+    options_.listen = "tcp://127.0.0.1:*";
+    options_.state_path = (dir_ / "state.db").string();
+    options_.max_message_bytes = 64 * 1024;
+    options_.runs_dir = (dir_ / "runs").string();
+    options_.heartbeat_s = 0.1;
+    options_.liveness = 10;
+    options_.restart_backoff_s = 0;
+    Start();
+  }
+  void TearDown() override {
+    Stop();
+    fs::remove_all(dir_);
+  }
+  void Start() {
+    stop_ = false;
+    server_ = std::make_unique<Server>(options_);
     endpoint_ = server_->endpoint();
     thread_ = std::thread([this] { server_->Run(stop_); });
   }
-  void TearDown() override {
+  void Stop() {
     stop_ = true;
     thread_.join();
     server_.reset();
-    fs::remove_all(dir_);
   }
 
   zmq::socket_t Connect() {
@@ -57,6 +64,21 @@ class ServerTest : public ::testing::Test {
     return e;
   }
 
+  // A valid 2-rank job (its files in dir_); returns its id, or 0.
+  int64_t SubmitTwoRankJob(zmq::socket_t& client) {
+    std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
+    std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
+    wire::Envelope submit;
+    submit.set_version(kProtocolVersion);
+    submit.mutable_submit()->set_yaml(
+        "name: proto\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+        "resources:\n  ranks: 2\n  max_restarts: 1\n");
+    submit.mutable_submit()->set_source("job.yaml");
+    submit.mutable_submit()->set_base_dir(dir_.string());
+    auto submitted = Send(client, {submit.SerializeAsString()});
+    return submitted && submitted->has_submitted() ? submitted->submitted().job_id() : 0;
+  }
+
   std::string ListRequest() {
     wire::Envelope e;
     e.set_version(kProtocolVersion);
@@ -65,6 +87,7 @@ class ServerTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  ServerOptions options_;
   std::unique_ptr<Server> server_;
   std::string endpoint_;
   std::atomic<bool> stop_{false};
@@ -162,22 +185,27 @@ class ScriptedRank {
   int rank_;
 };
 
+wire::Envelope StatusRequest(int64_t job) {
+  wire::Envelope status;
+  status.set_version(kProtocolVersion);
+  status.mutable_status()->set_job_id(job);
+  return status;
+}
+
+wire::Envelope Result(int64_t job, int attempt, int rank) {
+  wire::Envelope result;
+  result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(attempt);
+  result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome("succeeded");
+  result.mutable_result()->set_world_rank(rank);
+  return result;
+}
+
 TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
-  std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
-  std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
   ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
   r0.Register(), r1.Register();
   zmq::socket_t client = Connect();
-  wire::Envelope submit;
-  submit.set_version(kProtocolVersion);
-  submit.mutable_submit()->set_yaml(
-      "name: proto\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
-      "resources:\n  ranks: 2\n  max_restarts: 1\n");
-  submit.mutable_submit()->set_source("job.yaml");
-  submit.mutable_submit()->set_base_dir(dir_.string());
-  auto submitted = Send(client, {submit.SerializeAsString()});
-  ASSERT_TRUE(submitted && submitted->has_submitted());
-  const int64_t job = submitted->submitted().job_id();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
 
   // Attempt 1 goes to both ranks; then they fall silent.
   auto a0 = r0.Next(3000), a1 = r1.Next(3000);
@@ -186,9 +214,7 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   EXPECT_FALSE(a0->assign().resume());
   EXPECT_EQ(std::vector<int>(a0->assign().ranks().begin(), a0->assign().ranks().end()), (std::vector<int>{0, 1}));
   std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // > heartbeat x liveness
-  wire::Envelope status;
-  status.set_version(kProtocolVersion);
-  status.mutable_status()->set_job_id(job);
+  wire::Envelope status = StatusRequest(job);
   auto requeued = Send(client, {status.SerializeAsString()});
   ASSERT_TRUE(requeued && requeued->has_job());
   EXPECT_EQ(requeued->job().state(), "QUEUED");
@@ -234,6 +260,66 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   text << csv.rdbuf();
   EXPECT_EQ(text.str(), "epoch,loss\n1,0.5\n");
   EXPECT_TRUE(fs::exists(dir_ / "runs" / std::to_string(job) / "summary.json"));
+}
+
+// A job that finished while the coordinator was down: its ranks come back, one naming
+// the job and one idle with its result still unacknowledged; the job is re-adopted and
+// succeeds as attempt 1.
+TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
+  int64_t job = 0;
+  {
+    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+    r0.Register(), r1.Register();
+    zmq::socket_t client = Connect();
+    job = SubmitTwoRankJob(client);
+    auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+    ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  }
+  Stop();
+  Start();  // same state database, new port
+  ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+  wire::Envelope running;
+  running.mutable_register_()->mutable_rank()->set_world("w");
+  running.mutable_register_()->mutable_rank()->set_world_size(2);
+  running.mutable_register_()->set_job_id(job), running.mutable_register_()->set_attempt(1);
+  r0.Send(running);
+  r1.Register();
+  r1.Send(Result(job, 1, 1));
+  ASSERT_TRUE(r1.Next(2000).value_or(wire::Envelope()).has_ack());
+  r0.Send(Result(job, 1, 0));
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
+  zmq::socket_t client = Connect();
+  auto done = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(done && done->has_job());
+  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().attempts(), 1);
+  const auto& events = done->job().events();
+  EXPECT_TRUE(std::any_of(events.begin(), events.end(),
+                          [](const std::string& e) { return e.find("re-adopted") != std::string::npos; }));
+}
+
+// Ranks that never come back after a restart: after the grace period the attempt is
+// given up and the job requeued, without using one of its restarts.
+TEST_F(ServerTest, RestartRequeuesAJobWhoseRanksNeverComeBack) {
+  int64_t job = 0;
+  {
+    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+    r0.Register(), r1.Register();
+    zmq::socket_t client = Connect();
+    job = SubmitTwoRankJob(client);
+    auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+    ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  }
+  Stop();
+  options_.grace_s = 1;
+  Start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  zmq::socket_t client = Connect();
+  auto status = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(status && status->has_job());
+  EXPECT_EQ(status->job().state(), "QUEUED");
+  EXPECT_NE(status->job().reason().find("interrupted"), std::string::npos) << status->job().reason();
+  EXPECT_NE(status->job().reason().find("did not come back"), std::string::npos) << status->job().reason();
 }
 
 }  // namespace
