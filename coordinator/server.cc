@@ -12,8 +12,6 @@
 namespace trainyard {
 namespace {
 
-double Now() { return WallNow(); }
-
 void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_id(j.id);
   info->set_name(j.name);
@@ -50,7 +48,7 @@ Server::Server(ServerOptions options)
   socket_.set(zmq::sockopt::router_mandatory, 0);
   socket_.bind(options_.listen);
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
-  started_at_ = Now();
+  started_at_ = WallNow();
   ReloadRunningAttempts();
 }
 
@@ -164,7 +162,7 @@ wire::Envelope Server::Submit(const wire::SubmitRequest& request) {
   job.ranks = spec.resources.ranks, job.max_restarts = spec.resources.max_restarts;
   job.base_dir = request.base_dir(), job.estimate_s = spec.resources.estimate_minutes * 60.0;
   bool created = false;
-  JobRecord record = store_->Submit(job, Now(), &created);  // committed before the reply
+  JobRecord record = store_->Submit(job, WallNow(), &created);  // committed before the reply
   schedule_due_ = schedule_due_ || created;
   if (created) spdlog::info("job {} '{}' queued ({} ranks, priority {})", record.id, record.name, record.ranks,
                             record.priority);
@@ -198,17 +196,17 @@ wire::Envelope Server::Cancel(int64_t id) {
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
   if (job->state == JobState::kQueued) {
     store_->SetState(id, JobState::kCancelled, "cancelled while queued");
-    store_->AddEvent(id, "cancelled while queued", Now());
+    store_->AddEvent(id, "cancelled while queued", WallNow());
     spdlog::info("job {} cancelled", id);
   } else if (job->state == JobState::kRunning) {
     auto running = running_.find(id);
     if (running != running_.end()) {
       StopRanks(running->second, "cancelled by the user");
-      store_->EndAttempt(id, running->second.attempt, "cancelled", Now());
+      store_->EndAttempt(id, running->second.attempt, "cancelled", WallNow());
       running_.erase(running);
     }
     store_->SetState(id, JobState::kCancelled, "cancelled while running");
-    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", Now());
+    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", WallNow());
     spdlog::info("job {} cancelled while running", id);
   }
   return Status(id);
@@ -244,7 +242,7 @@ wire::Envelope Server::Workers() {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   wire::WorkersReply* list = reply.mutable_worker_list();
-  const double now = Now();
+  const double now = WallNow();
   for (const auto& [key, entry] : ranks_) {
     wire::WorkerInfo* info = list->add_workers();
     *info->mutable_rank() = entry.info;

@@ -130,7 +130,8 @@ class Server {
   void WriteEpochFiles(int64_t job);
   void NoteAdoption(RunningAttempt* attempt, int world_rank);
   void SendStopIfStale(const RankEntry& rank);
-  bool RankBusy(const RankEntry& rank) const;
+  // The running attempt this rank belongs to and whose result it has not sent; null if none.
+  RunningAttempt* AttemptAwaiting(const RankKey& key);
   std::string DescribeRank(const RankKey& key) const;
   std::string JobRunsDir(int64_t job) const;
 

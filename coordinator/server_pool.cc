@@ -84,14 +84,12 @@ std::string Server::DescribeRank(const RankKey& key) const {
   return text;
 }
 
-bool Server::RankBusy(const RankEntry& rank) const {
-  if (rank.job != 0) return true;
-  for (const auto& [id, attempt] : running_)
-    if (attempt.world == rank.info.world() &&
-        std::count(attempt.ranks.begin(), attempt.ranks.end(), rank.info.rank()) &&
-        !attempt.finished.count(rank.info.rank()))
-      return true;
-  return false;
+RunningAttempt* Server::AttemptAwaiting(const RankKey& key) {
+  for (auto& [id, attempt] : running_)
+    if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second) &&
+        !attempt.finished.count(key.second))
+      return &attempt;
+  return nullptr;
 }
 
 void Server::ReloadRunningAttempts() {
@@ -245,14 +243,11 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
                           std::to_string(message.rank().pid()) + " on " + message.rank().host() + ")";
   spdlog::warn("{} {}", who, how);
   if (entry != ranks_.end()) ranks_.erase(entry);
-  for (auto& [id, attempt] : running_)
-    if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second) &&
-        !attempt.finished.count(key.second)) {
-      // A signal forwarded by the supervisor came from outside the job: its pool is being
-      // stopped (a rank that failed on its own is reported, and ends the attempt, first).
-      FailAttempt(id, WithLastLine(who + " " + how, last_line), message.forwarded() ? Retry::kFree : Retry::kCounted);
-      break;
-    }
+  // A signal forwarded by the supervisor came from outside the job: its pool is being
+  // stopped (a rank that failed on its own is reported, and ends the attempt, first).
+  if (const RunningAttempt* attempt = AttemptAwaiting(key))
+    FailAttempt(attempt->job, WithLastLine(who + " " + how, last_line),
+                message.forwarded() ? Retry::kFree : Retry::kCounted);
   schedule_due_ = true;
 }
 
@@ -287,12 +282,8 @@ void Server::ExpireSilentRanks(double now) {
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
     it = ranks_.erase(it);
-    for (auto& [id, attempt] : running_)
-      if (attempt.adopted && attempt.world == key.first && !attempt.finished.count(key.second) &&
-          std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second)) {
-        FailAttempt(id, reason);
-        break;
-      }
+    const RunningAttempt* attempt = AttemptAwaiting(key);
+    if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;
   }
 }
@@ -326,6 +317,7 @@ void Server::CheckAttemptsStarted(double now) {
 void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
+  if (ranks_.empty()) return;
   std::vector<QueuedJob> queue;
   std::map<std::string, JobRecord> records;
   for (JobRecord& job : store_->JobsIn(JobState::kQueued)) {
@@ -333,16 +325,16 @@ void Server::ScheduleQueued(double now) {
     queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s});
     records.emplace(std::to_string(job.id), std::move(job));
   }
-  if (queue.empty() || ranks_.empty()) return;
+  if (queue.empty()) return;
+  // A rank is busy while an attempt awaits its result, and while its heartbeats still
+  // name a job (one being cancelled, or given up on).
   std::vector<WorkerRank> workers;
   for (const auto& [key, entry] : ranks_) {
     WorkerRank w{key.first, key.second, entry.info.device(), "", 0};
-    if (RankBusy(entry)) {
+    if (const RunningAttempt* attempt = AttemptAwaiting(key))
+      w.job = std::to_string(attempt->job), w.estimated_end = attempt->estimated_end;
+    else if (entry.job != 0)
       w.job = std::to_string(entry.job);
-      for (const auto& [id, attempt] : running_)
-        if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second))
-          w.job = std::to_string(id), w.estimated_end = attempt.estimated_end;
-    }
     workers.push_back(w);
   }
   ScheduleResult result = scheduler_.Schedule(queue, workers, now);

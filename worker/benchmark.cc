@@ -404,7 +404,7 @@ nlohmann::json BenchmarkRunner::Run() {
         LogInfo(StrFormat("[%zu/%zu] ", i + 1, total) + DescribeCell(mine.back()));
     }
   }
-  AgreeOnStop(ranks_, StrFormat("after %zu of this rank's benchmark cells", mine.size()));
+  AgreeOnStop(ranks_, [&] { return StrFormat("after %zu of this rank's benchmark cells", mine.size()); });
   std::vector<BenchCell> cells = Gather(std::move(mine), total);
   nlohmann::json summary = {{"job", spec_.name}, {"kind", "benchmark"}, {"cells", cells.size()},
                             {"wall_time_s", std::chrono::duration<double>(Clock::now() - start).count()}};

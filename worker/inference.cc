@@ -119,7 +119,7 @@ nlohmann::json InferenceRunner::Run() {
   std::vector<std::pair<std::string, Pass>> passes;
   if (mode == "false" || mode == "both") passes.emplace_back("file order", Predict(false));
   if (mode == "true" || mode == "both") passes.emplace_back("sorted by length", Predict(true));
-  AgreeOnStop(ranks_, "during batch prediction");
+  AgreeOnStop(ranks_, [] { return std::string("during batch prediction"); });
   nlohmann::json summary = {{"job", spec_.name}, {"kind", "inference"}, {"texts", input_.examples.size()},
                             {"batch_size", spec_.inference.batch_size}, {"ranks", ranks_.world}};
   std::vector<torch::Tensor> gathered;

@@ -7,11 +7,11 @@
 
 namespace trainyard {
 
-void AgreeOnStop(const RankContext& ranks, const std::string& where) {
+void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where) {
   if (!ranks.hooks) return;
   bool stop = ranks.hooks->StopRequested();
   if (ranks.comm) stop = ranks.comm->AnyTrue(stop, "stop request");
-  if (stop) throw JobStopped("stopped on request " + where);
+  if (stop) throw JobStopped("stopped on request " + where());
 }
 
 std::string RunDir(const JobSpec& spec) {

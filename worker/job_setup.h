@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -30,9 +31,9 @@ struct RankContext {
 // Pool mode only (no-ops standalone). StopAsked is local and cheap: loops test it to
 // skip the rest of their work. AgreeOnStop is collective over the job's ranks and
 // throws JobStopped on every rank if any of them was asked to stop, so ranks never
-// part ways at a collective.
+// part ways at a collective; `where` (for the message) is only called then.
 inline bool StopAsked(const RankContext& ranks) { return ranks.hooks && ranks.hooks->StopRequested(); }
-void AgreeOnStop(const RankContext& ranks, const std::string& where);
+void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where);
 
 // A problem with what the user gave us (exit code 2). what() is one line naming the
 // job file, line and key, and the file at fault.

@@ -37,6 +37,8 @@ struct PoolAgent::Link {
   std::unique_ptr<zmq::socket_t> socket;
   Clock::time_point last_heard = Clock::now(), last_beat{};
   double backoff_s = 0.5;
+
+  void Send(const std::string& bytes) { (void)socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
 };
 
 PoolAgent::PoolAgent(PoolOptions options, RankIdentity self) : options_(std::move(options)), self_(std::move(self)) {
@@ -121,29 +123,7 @@ bool PoolAgent::Drain(double timeout_s) {
 
 void PoolAgent::Loop() {
   Link link;
-  auto send = [&](const std::string& bytes) { (void)link.socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); };
-  // (Re)connects and registers, naming the job still running, then resends every
-  // unacknowledged report in order.
-  auto register_rank = [&] {
-    wire::Envelope e;
-    wire::Register* reg = e.mutable_register_();
-    wire::RankInfo* info = reg->mutable_rank();
-    info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
-    info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid);
-    std::lock_guard<std::mutex> lock(mutex_);
-    reg->set_job_id(job_id_), reg->set_attempt(attempt_);
-    send(Serialize(e));
-    for (const auto& [key, bytes] : unacked_) send(bytes);
-  };
-  auto connect = [&] {
-    link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
-    link.socket->set(zmq::sockopt::linger, 0);
-    link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
-    link.socket->connect(options_.endpoint);
-    register_rank();
-    link.last_heard = Clock::now();
-  };
-  connect();
+  Connect(link);
   while (!quitting_) {
     zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, 1, std::chrono::milliseconds(20));
@@ -151,51 +131,10 @@ void PoolAgent::Loop() {
       link.last_heard = Clock::now();
       link.backoff_s = 0.5;
       wire::Envelope in;
-      if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
-      if (in.has_reregister()) {
-        register_rank();
-      } else if (in.has_assign()) {
-        const wire::Assign& a = in.assign();
-        Assignment next{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(),
-                        std::vector<int>(a.ranks().begin(), a.ranks().end()), a.resume()};
-        std::lock_guard<std::mutex> lock(mutex_);
-        assignments_.push_back(std::move(next));
-        assigned_.notify_all();
-      } else if (in.has_stop()) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (in.stop().job_id() == job_id_ && in.stop().attempt() == attempt_ && !stop_requested_) {
-          stop_requested_ = true;
-          LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
-        }
-      } else if (in.has_ack()) {
-        const wire::Ack& ack = in.ack();
-        const std::string key = ack.what() == "epoch" ? EpochKey(ack.job_id(), ack.attempt(), ack.epoch())
-                                                      : ResultKey(ack.job_id(), ack.attempt());
-        std::lock_guard<std::mutex> lock(mutex_);
-        unacked_.erase(std::remove_if(unacked_.begin(), unacked_.end(),
-                                      [&](const auto& item) { return item.first == key; }),
-                       unacked_.end());
-      }
+      if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& item : outbox_) {
-        send(item.second);
-        unacked_.push_back(std::move(item));
-      }
-      outbox_.clear();
-    }
-    if (SecondsSince(link.last_beat) >= options_.heartbeat_s) {
-      link.last_beat = Clock::now();
-      wire::Envelope e;
-      wire::Heartbeat* beat = e.mutable_heartbeat();
-      beat->set_world(self_.world), beat->set_rank(self_.rank), beat->set_last_log_line(LastLogLine());
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        beat->set_job_id(job_id_), beat->set_attempt(attempt_);
-      }
-      send(Serialize(e));
-    }
+    FlushOutbox(link);
+    if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
     if (SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness) {
       LogWarn(StrFormat("the coordinator at %s is silent; reconnecting in %.1f s", options_.endpoint.c_str(),
                         link.backoff_s));
@@ -203,9 +142,77 @@ void PoolAgent::Loop() {
       while (!quitting_ && SecondsSince(wait_start) < link.backoff_s)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       link.backoff_s = std::min(kMaxBackoffS, link.backoff_s * 2);
-      connect();
+      Connect(link);
     }
   }
+}
+
+void PoolAgent::Connect(Link& link) {
+  link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
+  link.socket->set(zmq::sockopt::linger, 0);
+  link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+  link.socket->connect(options_.endpoint);
+  Register(link);
+  link.last_heard = Clock::now();
+}
+
+void PoolAgent::Register(Link& link) {
+  wire::Envelope e;
+  wire::Register* reg = e.mutable_register_();
+  wire::RankInfo* info = reg->mutable_rank();
+  info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
+  info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid);
+  std::lock_guard<std::mutex> lock(mutex_);
+  reg->set_job_id(job_id_), reg->set_attempt(attempt_);
+  link.Send(Serialize(e));
+  for (const auto& [key, bytes] : unacked_) link.Send(bytes);
+}
+
+void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
+  if (in.has_reregister()) {
+    Register(link);
+  } else if (in.has_assign()) {
+    const wire::Assign& a = in.assign();
+    Assignment next{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(),
+                    std::vector<int>(a.ranks().begin(), a.ranks().end()), a.resume()};
+    std::lock_guard<std::mutex> lock(mutex_);
+    assignments_.push_back(std::move(next));
+    assigned_.notify_all();
+  } else if (in.has_stop()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in.stop().job_id() == job_id_ && in.stop().attempt() == attempt_ && !stop_requested_) {
+      stop_requested_ = true;
+      LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
+    }
+  } else if (in.has_ack()) {
+    const wire::Ack& ack = in.ack();
+    const std::string key = ack.what() == "epoch" ? EpochKey(ack.job_id(), ack.attempt(), ack.epoch())
+                                                  : ResultKey(ack.job_id(), ack.attempt());
+    std::lock_guard<std::mutex> lock(mutex_);
+    unacked_.erase(std::remove_if(unacked_.begin(), unacked_.end(), [&](const auto& item) { return item.first == key; }),
+                   unacked_.end());
+  }
+}
+
+void PoolAgent::FlushOutbox(Link& link) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& item : outbox_) {
+    link.Send(item.second);
+    unacked_.push_back(std::move(item));
+  }
+  outbox_.clear();
+}
+
+void PoolAgent::Heartbeat(Link& link) {
+  link.last_beat = Clock::now();
+  wire::Envelope e;
+  wire::Heartbeat* beat = e.mutable_heartbeat();
+  beat->set_world(self_.world), beat->set_rank(self_.rank), beat->set_last_log_line(LastLogLine());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    beat->set_job_id(job_id_), beat->set_attempt(attempt_);
+  }
+  link.Send(Serialize(e));
 }
 
 }  // namespace trainyard

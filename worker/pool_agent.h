@@ -28,6 +28,9 @@
 #include "worker/job_hooks.h"
 
 namespace trainyard {
+namespace wire {
+class Envelope;
+}
 
 struct PoolOptions {
   std::string endpoint;
@@ -78,6 +81,13 @@ class PoolAgent : public JobHooks {
   struct Link;  // the socket and the protocol state the thread owns
 
   void Loop();
+  // (Re)connects, then registers: names the job still running and resends every
+  // unacknowledged report, in order.
+  void Connect(Link& link);
+  void Register(Link& link);
+  void Handle(Link& link, const wire::Envelope& message);
+  void FlushOutbox(Link& link);
+  void Heartbeat(Link& link);
   void Queue(std::string key, std::string bytes);
 
   PoolOptions options_;

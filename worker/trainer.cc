@@ -241,8 +241,10 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   model_->train();
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
-    if (ranks_.hooks)  // every step: ranks stop together, before the next collective
-      AgreeOnStop(ranks_, StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1)));
+    // Every step in a pool: ranks stop together, before the next collective.
+    AgreeOnStop(ranks_, [&] {
+      return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
+    });
     StepTimes times;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();

@@ -16,12 +16,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-PY="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python"
-[[ -x build/bin/worker ]] || scripts/build.sh worker
-"$PY" scripts/prepare_data.py > /dev/null
+source scripts/bench/common.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
 DATA=data/prepared/langid
 "$PY" - "$DATA/train.tsv" "$WORK/long.tsv" $((BATCH * 2 * (STEPS + 2))) <<'PY'
 import sys

@@ -14,11 +14,7 @@ while [[ $# -gt 0 ]]; do
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;; *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-PY="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python"
-[[ -x build/bin/worker ]] || scripts/build.sh worker
-"$PY" scripts/prepare_data.py > /dev/null
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+source scripts/bench/common.sh
 LANGID=$PWD/data/prepared/langid TOPICS=$PWD/data/prepared/topics
 "$PY" scripts/bench/inference_reference.py prepare --vocab "$LANGID/vocab.txt" --preset "$PRESET" --out "$WORK/model" 2>/dev/null
 cat > "$WORK/bench.yaml" <<YAML

@@ -17,11 +17,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-PY="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python"
-[[ -x build/bin/worker ]] || scripts/build.sh worker
-"$PY" scripts/prepare_data.py > /dev/null
-WORK=$(mktemp -d)
-[[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$WORK"' EXIT
+source scripts/bench/common.sh
 TOPICS=data/prepared/topics
 "$PY" - "$TOPICS/train.tsv" "$WORK/long.tsv" "$((BATCH * (STEPS + 2)))" <<'PY'
 import sys

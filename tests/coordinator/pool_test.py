@@ -20,7 +20,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
 import e2e_common  # noqa: E402
-
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from e2e_common import MPI_ENV, free_port  # noqa: E402
 
 
 def wait_for(predicate, timeout, what):
@@ -62,6 +53,10 @@ class Cluster:
         self.pool = None
         self.logs = []
 
+    def start(self, ranks):
+        self.start_coordinator()
+        self.start_pool(ranks)
+
     def start_coordinator(self):
         log = open(os.path.join(self.work, f"coordinator-{len(self.logs)}.log"), "w")
         self.logs.append(log.name)
@@ -76,7 +71,7 @@ class Cluster:
         self.pool = subprocess.Popen(
             [self.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(ranks), self.args.worker,
              "--coordinator", self.endpoint, "--heartbeat", "0.5", "--liveness", "4"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **MPI_ENV}, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV, start_new_session=True)
         wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
 
     def stop(self):
@@ -142,8 +137,7 @@ def epoch_column(path):
 
 
 def case_gang(c, work):
-    c.start_coordinator()
-    c.start_pool(4)
+    c.start(4)
     jobs = [c.submit(write_job(work, f"gang{i}", epochs=3)) for i in range(3)]
     peak = wait_for(lambda: (lambda s: s if s.count("RUNNING") == 2 else None)(
         [c.job(j)["state"] for j in jobs]), 60, "two jobs running at once")
@@ -165,7 +159,7 @@ def case_gang(c, work):
     standalone_runs = os.path.join(work, "standalone")
     r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
                         os.path.join(work, "gang0.yaml"), "--runs-dir", standalone_runs],
-                       capture_output=True, text=True, env={**os.environ, **MPI_ENV}, timeout=300)
+                       capture_output=True, text=True, env=MPI_ENV, timeout=300)
     assert r.returncode == 0, r.stderr
     with open(os.path.join(standalone_runs, "gang0", "summary.json")) as f:
         standalone = json.load(f)["final"]
@@ -177,8 +171,7 @@ def case_gang(c, work):
 
 
 def case_rank_kill(c, work):
-    c.start_coordinator()
-    c.start_pool(2)
+    c.start(2)
     job = c.submit(write_job(work, "victim", epochs=6, max_restarts=2))
     wait_for(lambda: c.epochs_done(job) >= 2, 120, "two epochs of attempt 1")
     victim = [w for w in c.workers() if w["job_id"] == job and w["rank"] == 1][0]
@@ -209,8 +202,7 @@ def queue_view(c):
 
 
 def case_coordinator_kill(c, work):
-    c.start_coordinator()
-    c.start_pool(2)
+    c.start(2)
     job = c.submit(write_job(work, "survivor", epochs=8))
     waiting = c.submit(write_job(work, "waiting", epochs=1))
     wait_for(lambda: c.epochs_done(job) >= 1, 120, "the first epoch")
@@ -234,8 +226,7 @@ def case_coordinator_kill(c, work):
 
 
 def case_cancel(c, work):
-    c.start_coordinator()
-    c.start_pool(2)
+    c.start(2)
     long_job = c.submit(write_job(work, "long", epochs=50))
     queued = c.submit(write_job(work, "next", epochs=1))
     wait_for(lambda: c.epochs_done(long_job) >= 1, 120, "the long job's first epoch")

@@ -15,6 +15,55 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A worker rank speaking the pool protocol by hand over a real socket.
+class ScriptedRank {
+ public:
+  ScriptedRank(zmq::context_t& context, const std::string& endpoint, int rank)
+      : socket_(context, zmq::socket_type::dealer), rank_(rank) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+  void Send(wire::Envelope e) {
+    e.set_version(kProtocolVersion);
+    socket_.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::none);
+  }
+  void Register() {
+    wire::Envelope e;
+    e.mutable_register_()->mutable_rank()->set_world("w");
+    e.mutable_register_()->mutable_rank()->set_rank(rank_);
+    e.mutable_register_()->mutable_rank()->set_world_size(2);
+    e.mutable_register_()->mutable_rank()->set_device("cpu");
+    Send(e);
+  }
+  void Heartbeat(int64_t job, int attempt) {
+    wire::Envelope e;
+    e.mutable_heartbeat()->set_world("w"), e.mutable_heartbeat()->set_rank(rank_);
+    e.mutable_heartbeat()->set_job_id(job), e.mutable_heartbeat()->set_attempt(attempt);
+    Send(e);
+  }
+  // The next message that is not a pulse, waiting up to `timeout_ms` while heartbeating
+  // (naming `job`) as a live rank would.
+  std::optional<wire::Envelope> Next(int timeout_ms, int64_t job = 0, int attempt = 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      Heartbeat(job, attempt);
+      zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 1, std::chrono::milliseconds(50));
+      zmq::message_t frame;
+      while (socket_.recv(frame, zmq::recv_flags::dontwait)) {
+        wire::Envelope e;
+        EXPECT_TRUE(e.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+        if (!e.has_pulse()) return e;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  zmq::socket_t socket_;
+  int rank_;
+};
+
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,6 +89,7 @@ class ServerTest : public ::testing::Test {
     thread_ = std::thread([this] { server_->Run(stop_); });
   }
   void Stop() {
+    if (!server_) return;
     stop_ = true;
     thread_.join();
     server_.reset();
@@ -77,6 +127,18 @@ class ServerTest : public ::testing::Test {
     submit.mutable_submit()->set_base_dir(dir_.string());
     auto submitted = Send(client, {submit.SerializeAsString()});
     return submitted && submitted->has_submitted() ? submitted->submitted().job_id() : 0;
+  }
+
+  // Ranks 0 and 1 of world "w" get attempt 1 of a 2-rank job, then the coordinator
+  // stops (and the ranks' sockets close). Returns the job id, or 0.
+  int64_t StartAttemptOneThenStop() {
+    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+    r0.Register(), r1.Register();
+    zmq::socket_t client = Connect();
+    const int64_t job = SubmitTwoRankJob(client);
+    auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+    Stop();
+    return a0 && a0->has_assign() && a1 && a1->has_assign() ? job : 0;
   }
 
   std::string ListRequest() {
@@ -135,55 +197,6 @@ TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
   ASSERT_TRUE(reply && reply->has_error());
   EXPECT_NE(reply->error().message().find("version 99"), std::string::npos);
 }
-
-// A worker rank speaking the pool protocol by hand over a real socket.
-class ScriptedRank {
- public:
-  ScriptedRank(zmq::context_t& context, const std::string& endpoint, int rank)
-      : socket_(context, zmq::socket_type::dealer), rank_(rank) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(endpoint);
-  }
-  void Send(wire::Envelope e) {
-    e.set_version(kProtocolVersion);
-    socket_.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::none);
-  }
-  void Register() {
-    wire::Envelope e;
-    e.mutable_register_()->mutable_rank()->set_world("w");
-    e.mutable_register_()->mutable_rank()->set_rank(rank_);
-    e.mutable_register_()->mutable_rank()->set_world_size(2);
-    e.mutable_register_()->mutable_rank()->set_device("cpu");
-    Send(e);
-  }
-  void Heartbeat(int64_t job, int attempt) {
-    wire::Envelope e;
-    e.mutable_heartbeat()->set_world("w"), e.mutable_heartbeat()->set_rank(rank_);
-    e.mutable_heartbeat()->set_job_id(job), e.mutable_heartbeat()->set_attempt(attempt);
-    Send(e);
-  }
-  // The next message that is not a pulse, waiting up to `timeout_ms` while heartbeating
-  // (naming `job`) as a live rank would.
-  std::optional<wire::Envelope> Next(int timeout_ms, int64_t job = 0, int attempt = 0) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      Heartbeat(job, attempt);
-      zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 1, std::chrono::milliseconds(50));
-      zmq::message_t frame;
-      while (socket_.recv(frame, zmq::recv_flags::dontwait)) {
-        wire::Envelope e;
-        EXPECT_TRUE(e.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
-        if (!e.has_pulse()) return e;
-      }
-    }
-    return std::nullopt;
-  }
-
- private:
-  zmq::socket_t socket_;
-  int rank_;
-};
 
 wire::Envelope StatusRequest(int64_t job) {
   wire::Envelope status;
@@ -266,16 +279,8 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
 // the job and one idle with its result still unacknowledged; the job is re-adopted and
 // succeeds as attempt 1.
 TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
-  int64_t job = 0;
-  {
-    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
-    r0.Register(), r1.Register();
-    zmq::socket_t client = Connect();
-    job = SubmitTwoRankJob(client);
-    auto a0 = r0.Next(3000), a1 = r1.Next(3000);
-    ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
-  }
-  Stop();
+  const int64_t job = StartAttemptOneThenStop();
+  ASSERT_GT(job, 0);
   Start();  // same state database, new port
   ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
   wire::Envelope running;
@@ -301,16 +306,8 @@ TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
 // Ranks that never come back after a restart: after the grace period the attempt is
 // given up and the job requeued, without using one of its restarts.
 TEST_F(ServerTest, RestartRequeuesAJobWhoseRanksNeverComeBack) {
-  int64_t job = 0;
-  {
-    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
-    r0.Register(), r1.Register();
-    zmq::socket_t client = Connect();
-    job = SubmitTwoRankJob(client);
-    auto a0 = r0.Next(3000), a1 = r1.Next(3000);
-    ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
-  }
-  Stop();
+  const int64_t job = StartAttemptOneThenStop();
+  ASSERT_GT(job, 0);
   options_.grace_s = 1;
   Start();
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));

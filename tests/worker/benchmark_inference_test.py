@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_common import LANGID, SOURCE_DIR, write
+from e2e_common import LANGID, MPI_ENV, SOURCE_DIR, write
 
 TOPICS = os.path.join(SOURCE_DIR, "data", "prepared", "topics")
 
@@ -80,10 +80,9 @@ def train_step(worker, work):
     return len(cells) == 2 and all(c["status"] == "ok" and float(c["mean_ms"]) > 0 for c in cells)
 
 
-def inference(worker, work):
-    predictions = {}
-    for sort in ("true", "false", "both"):
-        result, out = run(worker, work, f"infer_{sort}", f"""name: infer_{sort}
+def inference_job(name, sort_by_length):
+    """A tiny-model inference job over the topics dev split."""
+    return f"""name: {name}
 kind: inference
 data:
   labels: {TOPICS}/labels.txt
@@ -94,8 +93,14 @@ runtime: {{device: cpu, threads: 1}}
 inference:
   input: {TOPICS}/dev.tsv
   batch_size: 32
-  sort_by_length: {sort}
-""")
+  sort_by_length: {sort_by_length}
+"""
+
+
+def inference(worker, work):
+    predictions = {}
+    for sort in ("true", "false", "both"):
+        result, out = run(worker, work, f"infer_{sort}", inference_job(f"infer_{sort}", sort))
         if result.returncode != 0:
             print(result.stdout, result.stderr)
             return False
@@ -136,29 +141,16 @@ def validation(worker, work):
 
 def multirank(worker, work, mpirun):
     """2 ranks: sweep cells are dealt across ranks and gathered; inference shards too."""
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     sweep_job = write(os.path.join(work, "mr_sweep.yaml"), bench_job("mr_sweep", "tiny", """  batch_sizes: [1, 2, 4]
   seq_lens: [8, 16]
   iters: 3
 """))
-    infer_text = f"""name: mr_infer
-kind: inference
-data:
-  labels: {TOPICS}/labels.txt
-  max_seq_len: 128
-  tokenizer: {{vocab: {TOPICS}/vocab.txt}}
-model: {{preset: tiny}}
-runtime: {{device: cpu, threads: 1}}
-inference:
-  input: {TOPICS}/dev.tsv
-  batch_size: 32
-  sort_by_length: true
-"""
+    infer_text = inference_job("mr_infer", "true")
     infer_job = write(os.path.join(work, "mr_infer.yaml"), infer_text)
     runs2, runs1 = os.path.join(work, "runs2"), os.path.join(work, "runs1")
     for job in (sweep_job, infer_job):
         r = subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", worker, job, "--runs-dir", runs2],
-                           capture_output=True, text=True, env=env)
+                           capture_output=True, text=True, env=MPI_ENV)
         if r.returncode != 0:
             print(r.stdout, r.stderr)
             return False

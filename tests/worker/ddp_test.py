@@ -21,10 +21,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import job_yaml, subset_tsv, write
-
-MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+from e2e_common import MPI_ENV, job_yaml, subset_tsv, write
 
 
 def mpirun(args, ranks):

@@ -1,9 +1,20 @@
 """Helpers for the end-to-end worker tests: small real jobs on the prepared langid data."""
 import os
+import socket
 import subprocess
 
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
+# The environment mpirun needs here: containers run as root, and tests oversubscribe the cores.
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def subset_tsv(folder, count):
