@@ -39,6 +39,13 @@ class Unreachable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An ErrorReply, or a request that cannot be sent: code 2 is bad input.
+class Rejected : public std::runtime_error {
+ public:
+  Rejected(int code, const std::string& m) : std::runtime_error(m), code(code) {}
+  int code;
+};
+
 // One request, one reply, with Lazy Pirate retries.
 wire::Envelope Request(const Options& o, wire::Envelope request) {
   request.set_version(1);
@@ -48,7 +55,12 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::maxmsgsize, int64_t(256) << 20);
-    socket.connect(o.coordinator);
+    try {
+      socket.connect(o.coordinator);
+    } catch (const zmq::error_t& e) {
+      throw Rejected(2, "--coordinator " + o.coordinator + ": not a usable ZeroMQ endpoint (" + e.what() +
+                            "); expected e.g. tcp://127.0.0.1:5555");
+    }
     socket.send(zmq::buffer(bytes), zmq::send_flags::none);
     zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, 1, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
@@ -69,13 +81,6 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
           << o.timeout_s << " s; is it running?";
   throw Unreachable(message.str());
 }
-
-// Throws for an ErrorReply: code 2 is bad input.
-class Rejected : public std::runtime_error {
- public:
-  Rejected(int code, const std::string& m) : std::runtime_error(m), code(code) {}
-  int code;
-};
 
 wire::Envelope Expect(const wire::Envelope& reply) {
   if (reply.has_error()) throw Rejected(reply.error().code(), reply.error().message());

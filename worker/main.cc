@@ -307,6 +307,14 @@ int main(int argc, char** argv) {
                  app.help().c_str());
     return 2;
   }
+  if (!o.coordinator.empty()) {
+    try {
+      trainyard::CheckEndpoint(o.coordinator);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+  }
   trainyard::LogSetup(o.log_level);
   // Before MPI_Init and before any thread starts: fork() is only safe then.
   const int supervisor_fd = o.coordinator.empty() ? -1 : trainyard::ForkRankSupervisor(o.coordinator);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 #include <zmq.hpp>
 
 #include "trainyard.pb.h"
@@ -31,6 +32,18 @@ std::string EpochKey(int64_t job, int attempt, int64_t epoch) {
 std::string ResultKey(int64_t job, int attempt) { return "result:" + std::to_string(job) + ":" + std::to_string(attempt); }
 
 }  // namespace
+
+void CheckEndpoint(const std::string& endpoint) {
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  try {
+    socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::invalid_argument("--coordinator " + endpoint + ": not a usable ZeroMQ endpoint (" + e.what() +
+                                "); expected e.g. tcp://127.0.0.1:5555");
+  }
+}
 
 struct PoolAgent::Link {
   zmq::context_t context{1};

@@ -58,6 +58,10 @@ struct JobOutcome {
   std::string message, summary_json;
 };
 
+// Throws std::invalid_argument naming `endpoint` when ZeroMQ cannot connect to it
+// (a malformed address; an unreachable coordinator is waited for instead).
+void CheckEndpoint(const std::string& endpoint);
+
 class PoolAgent : public JobHooks {
  public:
   PoolAgent(PoolOptions options, RankIdentity self);

@@ -17,6 +17,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+if (( STEPS <= WARMUP )); then
+  echo "error: --steps $STEPS: must be above the $WARMUP warm-up steps, which are not timed" >&2; exit 2
+fi
 source scripts/bench/common.sh
 TOPICS=data/prepared/topics
 "$PY" - "$TOPICS/train.tsv" "$WORK/long.tsv" "$((BATCH * (STEPS + 2)))" <<'PY'

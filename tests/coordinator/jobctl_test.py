@@ -5,7 +5,8 @@
     error (exit 2) and no row is written;
   - kill -9 of the coordinator and a restart ~1 s later: the queue is identical;
   - cancel of a queued job;
-  - an unreachable coordinator is a clear error (exit 1) after the retries, not a hang;
+  - an unreachable coordinator is a clear error (exit 1) after the retries, not a hang,
+    and a malformed endpoint is bad input (exit 2);
   - a corrupt state database is refused (exit 2) unless --fresh."""
 import argparse
 import json
@@ -91,6 +92,10 @@ def main():
         print("unreachable:", lost.stderr.strip().splitlines()[-1], f"({time.time() - start:.1f} s)")
         checks["unreachable coordinator is a clear error"] = (lost.returncode == 1 and "did not answer" in lost.stderr
                                                              and time.time() - start < 5)
+        malformed = subprocess.run([a.jobctl, "--coordinator", "127.0.0.1:5555", "list"], capture_output=True,
+                                   text=True, timeout=30)
+        checks["a malformed endpoint is bad input"] = (malformed.returncode == 2 and
+                                                       "not a usable ZeroMQ endpoint" in malformed.stderr)
 
         corrupt = os.path.join(work, "corrupt.db")
         open(corrupt, "wb").write(b"x" * 8192)

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 
@@ -74,6 +75,10 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
             failures += not ok
             shutil.rmtree(runs, ignore_errors=True)
+    pool = subprocess.run([args.worker, "--coordinator", "127.0.0.1:5555"], capture_output=True, text=True, timeout=60)
+    ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
+    print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")
+    failures += not ok
     sys.exit(1 if failures else 0)
 
 
