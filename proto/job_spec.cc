@@ -304,13 +304,14 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     else
       r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, true);
   }
-  YAML::Node rt = r.Section(root, "runtime", {"device", "threads"});
+  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32"});
   r.ReadEnum(rt, "device", "runtime",
              std::map<std::string, DeviceChoice>{{"auto", DeviceChoice::kAuto},
                                                  {"cpu", DeviceChoice::kCpu},
                                                  {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
+  r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
   YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
   r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1);
   r.ReadEnum(rs, "device", "resources",

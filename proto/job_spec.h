@@ -74,6 +74,7 @@ struct CheckpointSpec {
 struct RuntimeSpec {
   DeviceChoice device = DeviceChoice::kAuto;
   int threads = 0;             // intra-op threads per rank; 0 = libtorch's default
+  bool tf32 = false;           // CUDA fp32 matrix products on TF32 tensor cores
 };
 
 // What a job asks of the coordinator's pool (ignored by a standalone worker).

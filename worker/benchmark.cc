@@ -17,13 +17,13 @@
 #include "worker/optimizer.h"
 
 #ifdef TRAINYARD_WITH_CUDA
-#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
+
+#include "worker/cuda_graph.h"
 #endif
 
 #ifndef TRAINYARD_GIT_COMMIT
@@ -102,10 +102,8 @@ uint64_t FileHash(const std::string& path) {
 
 }  // namespace
 
-BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks) : spec_(std::move(spec)), ranks_(ranks) {
-  if (spec_.runtime.threads > 0) torch::set_num_threads(spec_.runtime.threads);
-  torch::manual_seed(spec_.seed);
-  device_ = ChooseDevice(spec_, ranks_.local_rank);
+BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
+    : spec_(std::move(spec)), ranks_(ranks), device_(PrepareRuntime(spec_, ranks_)) {
   for (BenchMode m : spec_.benchmark.modes)
     if (m == BenchMode::kCudaGraph && !device_.is_cuda())
       throw InputError(spec_.Where("benchmark.modes") + ": cuda_graph needs a CUDA device; this job runs on " +
@@ -202,28 +200,7 @@ std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan
     return model_->forward(ids, mask);
   };
 #ifdef TRAINYARD_WITH_CUDA
-  if (plan.mode == BenchMode::kCudaGraph) {
-    // Capture once on a side stream after a warm-up, then every call replays it.
-    auto graph = std::make_shared<at::cuda::CUDAGraph>();
-    auto output = std::make_shared<torch::Tensor>();
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
-    {
-      c10::cuda::CUDAStreamGuard guard(side);
-      for (int i = 0; i < 3; ++i) eager();
-      side.synchronize();
-      const bool cache = at::autocast::is_autocast_cache_enabled();
-      at::autocast::set_autocast_cache_enabled(false);
-      graph->capture_begin();
-      *output = eager();
-      graph->capture_end();
-      at::autocast::set_autocast_cache_enabled(cache);
-    }
-    c10::cuda::device_synchronize();
-    return [graph, output] {
-      graph->replay();
-      return *output;
-    };
-  }
+  if (plan.mode == BenchMode::kCudaGraph) return CaptureCudaGraph(eager, device_);
 #endif
   return eager;
 }

@@ -16,7 +16,8 @@ class DeviceTransfer {
   explicit DeviceTransfer(torch::Device device);
   ~DeviceTransfer();
   // Returns the batch on the device; on CUDA, ordered before later work on the
-  // current stream. The host tensors are kept alive until the copy is done.
+  // current stream. The host tensors may be dropped at once: they are pinned, and the
+  // caching host allocator does not reuse their memory until the copy has run.
   Batch ToDevice(Batch host);
 
  private:

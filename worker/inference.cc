@@ -19,12 +19,8 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks) : spec_(std::move(spec)), ranks_(ranks) {
-  if (spec_.runtime.threads > 0) torch::set_num_threads(spec_.runtime.threads);
-  torch::manual_seed(spec_.seed);
-  device_ = ChooseDevice(spec_, ranks_.local_rank);
-  if (spec_.train.precision == Precision::kFp16 && !device_.is_cuda())
-    throw InputError(spec_.Where("train.precision") + ": fp16 needs a CUDA device; use bf16 (or fp32) on CPU");
+InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
+    : spec_(std::move(spec)), ranks_(ranks), device_(PrepareRuntime(spec_, ranks_)) {
   labels_ = LoadLabels(spec_);
   if (labels_.size() == 0 && !spec_.model.init.empty()) {
     try {  // the model's own id2label, when the job names no labels file
@@ -43,9 +39,7 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks) : spec_(std::m
   if (spec_.model.init.empty())
     LogWarn("inference with a freshly initialised '" + spec_.model.preset +
             "' model (no model.init): predictions are meaningless, timings are real");
-  const size_t n = input_.examples.size(), world = ranks_.world, r = ranks_.rank;
-  shard_begin_ = r * (n / world) + std::min(r, n % world);
-  shard_end_ = shard_begin_ + n / world + (r < n % world ? 1 : 0);
+  std::tie(shard_begin_, shard_end_) = RankShard(input_.examples.size(), ranks_.rank, ranks_.world);
 }
 
 std::string InferenceRunner::run_dir() const { return RunDir(spec_); }

@@ -14,6 +14,12 @@ void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& w
   if (stop) throw JobStopped("stopped on request " + where());
 }
 
+std::pair<size_t, size_t> RankShard(size_t n, int rank, int world) {
+  const size_t r = static_cast<size_t>(rank), w = static_cast<size_t>(world);
+  const size_t begin = r * (n / w) + std::min(r, n % w);
+  return {begin, begin + n / w + (r < n % w ? 1 : 0)};
+}
+
 std::string RunDir(const JobSpec& spec) {
   std::filesystem::path root = spec.log.runs_dir.empty() ? std::filesystem::path("runs")
                                                          : std::filesystem::path(spec.log.runs_dir);
@@ -29,15 +35,19 @@ PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& dev
   return options;
 }
 
-torch::Device ChooseDevice(const JobSpec& spec, int local_rank) {
+torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
+  if (spec.runtime.threads > 0) torch::set_num_threads(spec.runtime.threads);
+  torch::manual_seed(spec.seed);
+  at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);
   const bool cuda = torch::cuda::is_available();
   if (spec.runtime.device == DeviceChoice::kCuda && !cuda)
     throw InputError(spec.Where("runtime.device") + ": 'cuda' asked for, but no CUDA device is visible");
-  if (spec.runtime.device != DeviceChoice::kCpu && cuda) {
-    const int count = static_cast<int>(torch::cuda::device_count());
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
-  }
-  return torch::Device(torch::kCPU);
+  const bool use_cuda = spec.runtime.device != DeviceChoice::kCpu && cuda;
+  if (spec.kind != JobKind::kBenchmark && spec.train.precision == Precision::kFp16 && !use_cuda)
+    throw InputError(spec.Where("train.precision") + ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
+  if (!use_cuda) return torch::Device(torch::kCPU);
+  const int count = static_cast<int>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % count));
 }
 
 LabelSet LoadLabels(const JobSpec& spec) {

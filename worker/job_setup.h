@@ -28,10 +28,19 @@ struct RankContext {
   JobHooks* hooks = nullptr;
 };
 
-// Pool mode only (no-ops standalone). StopAsked is local and cheap: loops test it to
-// skip the rest of their work. AgreeOnStop is collective over the job's ranks and
-// throws JobStopped on every rank if any of them was asked to stop, so ranks never
-// part ways at a collective; `where` (for the message) is only called then.
+// Note [Stop agreement]
+// In a pool, a job is stopped (cancelled, or its pool shut down) by a StopJob message
+// that reaches each of its ranks at a different moment. A rank that simply returned
+// would leave the others waiting in their next collective until its deadline. So a
+// rank only ever acts on a stop that all ranks have agreed on at the same point of the
+// job: StopAsked() is the local, cheap request flag; AgreeOnStop() ORs it over the
+// ranks in a collective of its own and throws JobStopped on every rank alike. The
+// finetune loop avoids that extra collective per step: each rank's vote rides in the
+// first gradient bucket (see Reducer), and every rank reads the summed votes at the
+// same steps (each step on CPU, each logging interval on CUDA) and stops there.
+// Benchmark jobs agree after their cells, inference after its batches.
+// Pool mode only (no-ops standalone); `where` (for the message) is only called when
+// stopping.
 inline bool StopAsked(const RankContext& ranks) { return ranks.hooks && ranks.hooks->StopRequested(); }
 void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where);
 
@@ -42,14 +51,21 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Rank `rank`'s contiguous share [begin, end) of `n` items split as evenly as possible
+// over `world` ranks: the first n % world ranks get one more.
+std::pair<size_t, size_t> RankShard(size_t n, int rank, int world);
+
 // <log.runs_dir or ./runs>/<job name>: where rank 0 writes the job's outputs.
 std::string RunDir(const JobSpec& spec);
 
 // The input pipeline's options for this job (pinned memory on CUDA).
 PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);
 
-// CUDA when available and not refused (the node-local rank picks the GPU), else CPU.
-torch::Device ChooseDevice(const JobSpec& spec, int local_rank);
+// What every job kind does first: intra-op threads, the seed, TF32 for CUDA matrix
+// products, and the device: CUDA when available and not refused (the node-local rank
+// picks the GPU), else CPU. Throws InputError for what this machine cannot do (CUDA
+// asked for and absent; fp16 training or inference without CUDA).
+torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks);
 
 // data.labels if given, else empty (to be collected from the first dataset read).
 LabelSet LoadLabels(const JobSpec& spec);

@@ -58,6 +58,17 @@ void AdamW::RestoreState(const std::map<std::string, torch::Tensor>& tensors, in
   step_count_ = step_count;
 }
 
+void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads, norms;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad()), norms.push_back(p.grad().norm(2.0));
+  if (grads.empty()) return;
+  torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coef);
+}
+
 double LinearWarmupDecay(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps) {
   if (warmup_steps > 0 && step < warmup_steps) return peak * double(step + 1) / double(warmup_steps);
   if (total_steps <= warmup_steps) return peak;

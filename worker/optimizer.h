@@ -39,6 +39,11 @@ class AdamW {
   int64_t step_count_ = 0;
 };
 
+// Scales the gradients so that their joint L2 norm is at most `max_norm`, with the
+// arithmetic of torch.nn.utils.clip_grad_norm_ (same results, bit for bit), but without
+// reading the norm back to the host, so a GPU step does not wait for it.
+void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
+
 // lr at optimizer step `step` (0-based): linear warm-up to `peak` over `warmup_steps`,
 // then linear decay to 0 at `total_steps`.
 double LinearWarmupDecay(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps);

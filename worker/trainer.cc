@@ -10,10 +10,6 @@
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/safetensors.h"
 
-#ifdef TRAINYARD_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 namespace trainyard {
 namespace {
 
@@ -33,24 +29,31 @@ std::vector<int32_t> LengthProxies(const TextDataset& data) {
 
 }  // namespace
 
-struct Trainer::StepTimes {
-  double wait = 0, h2d = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
-  double loss = 0;
+// The parts of a step that StepTimer measures (device time on CUDA), in order; the
+// data wait before them is host time.
+enum TimedPart { kH2d, kForward, kBackward, kComm, kOptimizer, kNumTimedParts };
+static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are the data wait and the timed parts");
+
+// A step whose loss and timings may still be on the device. Read in FlushSteps.
+struct Trainer::PendingStep {
+  int64_t step = 0;  // global step, 1-based
+  int64_t examples = 0, tokens = 0;
+  double lr = 0, wait_ms = 0, loss_scale = 0;
   bool skipped = false;
+  torch::Tensor loss;  // scalar, detached
 };
 
 // Sums over the steps of the epoch in progress in this process (timings are not
 // carried across a resume; losses are, through TrainProgress).
 struct Trainer::EpochTotals {
-  StepTimes sum;
+  double wait = 0, parts[kNumTimedParts] = {};
   int64_t steps = 0, samples = 0;
   Clock::time_point start = Clock::now();
 };
 
 Trainer::Trainer(JobSpec spec, RankContext ranks)
     : spec_(std::move(spec)), ranks_(ranks), totals_(std::make_unique<EpochTotals>()) {
-  if (spec_.runtime.threads > 0) torch::set_num_threads(spec_.runtime.threads);
-  torch::manual_seed(spec_.seed);
+  device_ = PrepareRuntime(spec_, ranks_);
   LoadData();
   BuildModel();
   ResolveResume();
@@ -61,10 +64,6 @@ Trainer::~Trainer() = default;
 std::string Trainer::run_dir() const { return RunDir(spec_); }
 
 void Trainer::LoadData() {
-  device_ = ChooseDevice(spec_, ranks_.local_rank);
-  if (spec_.train.precision == Precision::kFp16 && !device_.is_cuda())
-    throw InputError(spec_.Where("train.precision") +
-                     ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
   labels_ = LoadLabels(spec_);
   train_ = LoadTexts(spec_, "data.train", spec_.data.train, &labels_);
   if (!spec_.data.dev.empty()) dev_ = LoadTexts(spec_, "data.dev", spec_.data.dev, &labels_);
@@ -129,20 +128,13 @@ void Trainer::ResolveResume() {
   }
 }
 
-void Trainer::Synchronize() const {
-#ifdef TRAINYARD_WITH_CUDA
-  if (device_.is_cuda()) c10::cuda::device_synchronize();
-#endif
-}
-
 double Trainer::LrAt(int64_t step, int64_t total_steps) const {
   const auto warmup = static_cast<int64_t>(spec_.train.warmup_ratio * double(total_steps));
   return LinearWarmupDecay(spec_.train.lr, step, warmup, total_steps);
 }
 
-void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimes* times) {
-  auto start = Clock::now();
-  if (reducer_) reducer_->PrepareForBackward();
+void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step) {
+  if (reducer_) reducer_->PrepareForBackward(StopAsked(ranks_));
   torch::Tensor loss;
   if (batch.size() > 0) {
     {
@@ -150,35 +142,36 @@ void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimes* 
       torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
       loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
     }
-    Synchronize();
-    times->forward = MsSince(start);
-    start = Clock::now();
+    timer.Mark();  // forward
     // loss_weight makes the average over ranks the mean over the global batch, also
     // when the ranks' shards differ in size.
     scaler_->Scale(loss * loss_weight).backward();
   } else {
-    loss = torch::zeros({}, torch::kFloat);
+    loss = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+    timer.Mark();
     reducer_->ContributeZeros();
   }
-  Synchronize();
-  times->backward = MsSince(start);
-  if (reducer_) times->comm = reducer_->FinishBackward();
-  start = Clock::now();
+  timer.Mark();  // backward
+  if (reducer_) reducer_->FinishBackward();
+  timer.Mark();  // exposed communication
   if (progress_.global_step + 1 == spec_.debug.plant_inf_step && ranks_.rank == spec_.debug.plant_inf_rank) {
     torch::NoGradGuard no_grad;
     params_.front().mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
     LogWarn(StrFormat("debug: planted an inf in rank %d's gradients at step %ld", ranks_.rank,
                       long(progress_.global_step + 1)));
   }
-  times->skipped = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
-  if (!times->skipped) {
-    if (spec_.train.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params_, spec_.train.max_grad_norm);
+  // Under loss scaling this reads found_inf on the host, as torch.amp.GradScaler does;
+  // without it nothing in the step waits for the device.
+  step->skipped = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
+  if (!step->skipped) {
+    if (spec_.train.max_grad_norm > 0) ClipGradNorm(params_, spec_.train.max_grad_norm);
     optimizer_->Step(lr);
   }
-  scaler_->Update(times->skipped);
+  scaler_->Update(step->skipped);
+  step->loss_scale = scaler_->scale();
   optimizer_->ZeroGrad();
-  times->loss = loss.item<double>();
-  times->optimizer = MsSince(start);
+  timer.Mark();  // optimizer
+  step->loss = loss.detach();
   if (spec_.distributed.check_consistency && ranks_.comm) CheckConsistency();
 }
 
@@ -212,77 +205,124 @@ void Trainer::SaveCheckpointNow(const std::string& reason) {
   LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
 }
 
-std::vector<BatchIndices> Trainer::RankShards(std::vector<BatchIndices> global,
-                                              std::vector<double>* weights) const {
-  // A global batch is split as evenly as possible; with fewer examples than ranks a
-  // rank gets none and contributes zero gradients. Nothing is dropped or padded.
-  std::vector<BatchIndices> local;
-  for (const BatchIndices& batch : global) {
-    const size_t n = batch.size(), world = ranks_.world, r = ranks_.rank;
-    const size_t begin = r * (n / world) + std::min(r, n % world);
-    const size_t count = n / world + (r < n % world ? 1 : 0);
-    local.emplace_back(batch.begin() + begin, batch.begin() + begin + count);
-    weights->push_back(double(count) * double(world) / double(n));
+// The progress line, steps.jsonl and the epoch sums see a step only once its loss and
+// timings have been read from the device, which happens in batches (see StepTimer).
+class Trainer::StepLog {
+ public:
+  StepLog(Trainer& trainer, int64_t epoch, RunLog* log)
+      : t_(trainer),
+        epoch_(epoch),
+        log_(log),
+        timer_(trainer.device_, kNumTimedParts),
+        line_(StrFormat("epoch %ld", long(epoch + 1)), trainer.steps_per_epoch_,
+              trainer.spec_.log.progress && trainer.is_rank0()) {}
+
+  StepTimer& timer() { return timer_; }
+  void Add(PendingStep step) { pending_.push_back(std::move(step)); }
+
+  // Reads every pending step (one wait for the device on CUDA) and, in a pool, the
+  // ranks' stop votes of the newest one. Throws JobStopped on every rank alike if any
+  // rank voted to stop.
+  void Flush() {
+    if (pending_.empty()) return;
+    std::vector<torch::Tensor> values;
+    for (const auto& p : pending_) values.push_back(p.loss.to(torch::kFloat));
+    const bool votes = t_.reducer_ && t_.ranks_.hooks;
+    if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
+    torch::Tensor host = torch::stack(values).to(torch::kCPU);
+    std::vector<std::vector<double>> times = timer_.Collect();
+    const float* read = host.data_ptr<float>();
+    for (size_t i = 0; i < pending_.size(); ++i) Account(pending_[i], read[i], times[i]);
+    line_.Update(t_.progress_.next_batch,
+                 StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
+                           t_.progress_.epoch_loss_sum / double(std::max<int64_t>(1, t_.progress_.epoch_examples)),
+                           MsSince(t_.totals_->start) / double(std::max<int64_t>(1, t_.totals_->steps)),
+                           100.0 * t_.totals_->wait / std::max(1e-9, MsSince(t_.totals_->start))));
+    const int64_t newest = pending_.back().step;
+    pending_.clear();
+    if (votes && read[values.size() - 1] > 0)
+      throw JobStopped(StrFormat("stopped on request after step %ld of epoch %ld", long(newest), long(epoch_ + 1)));
   }
-  return local;
-}
+
+  void Finish() {
+    Flush();
+    line_.Finish();
+  }
+
+ private:
+  void Account(const PendingStep& p, double loss, const std::vector<double>& ms) {
+    t_.progress_.epoch_loss_sum += loss * double(p.examples);
+    EpochTotals& totals = *t_.totals_;
+    totals.wait += p.wait_ms;
+    double step_ms = p.wait_ms;
+    for (int part = 0; part < kNumTimedParts; ++part) totals.parts[part] += ms[part], step_ms += ms[part];
+    ++totals.steps;
+    totals.samples += p.examples;
+    if (log_ && p.step % t_.spec_.log.steps_every == 0)
+      log_->AddStep({{"step", p.step}, {"epoch", epoch_ + 1}, {"loss", loss}, {"lr", p.lr}, {"ms", step_ms},
+                     {"wait_ms", p.wait_ms}, {"skipped", p.skipped}, {"loss_scale", p.loss_scale},
+                     {"tokens", p.tokens}, {"comm_ms", ms[kComm]}});
+  }
+
+  Trainer& t_;
+  int64_t epoch_;
+  RunLog* log_;
+  StepTimer timer_;
+  ProgressLine line_;
+  std::vector<PendingStep> pending_;
+};
 
 void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
   plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
+  // A global batch is split as evenly as possible; with fewer examples than ranks a
+  // rank gets none and contributes zero gradients. Nothing is dropped or padded.
   std::vector<double> loss_weights;
-  plan = RankShards(std::move(plan), &loss_weights);
-  PipelineOptions options = PipelineOptionsFor(spec_, device_);
-  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
+  for (BatchIndices& batch : plan) {
+    const size_t n = batch.size();
+    const auto [begin, end] = RankShard(n, ranks_.rank, ranks_.world);
+    loss_weights.push_back(double(end - begin) * double(ranks_.world) / double(n));
+    batch = BatchIndices(batch.begin() + begin, batch.begin() + end);
+  }
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), PipelineOptionsFor(spec_, device_));
   DeviceTransfer transfer(device_);
-  ProgressLine progress_line(StrFormat("epoch %ld", long(epoch + 1)), steps_per_epoch_,
-                             spec_.log.progress && is_rank0());
+  StepLog steps(*this, epoch, log);
+  // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
+  // done once per logging interval, and before checkpoints, which need the sums. Every
+  // rank reads at the same steps, since a read may act on the ranks' stop votes.
+  const int64_t flush_every = device_.is_cuda() ? spec_.log.steps_every : 1;
+  const int64_t checkpoint_every = spec_.checkpoint.every_steps;
   size_t step_in_call = 0;
   model_->train();
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
-    // Every step in a pool: ranks stop together, before the next collective.
-    AgreeOnStop(ranks_, [&] {
+    // Without a reducer to carry the stop votes (a single rank), look at the request here.
+    if (!reducer_) AgreeOnStop(ranks_, [&] {
       return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
     });
-    StepTimes times;
+    PendingStep step;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();
     if (!host) break;
-    times.wait = MsSince(start);
-    start = Clock::now();
+    step.wait_ms = MsSince(start);
+    steps.timer().Begin();
     Batch batch = transfer.ToDevice(std::move(*host));
-    Synchronize();
-    times.h2d = MsSince(start);
-    const double lr = LrAt(progress_.global_step, total_steps);
-    TrainStep(batch, loss_weights[step_in_call++], lr, &times);
-
-    ++progress_.global_step;
+    steps.timer().Mark();  // h2d
+    step.lr = LrAt(progress_.global_step, total_steps);
+    TrainStep(batch, loss_weights[step_in_call++], step.lr, steps.timer(), &step);
+    step.step = ++progress_.global_step;
+    step.examples = batch.size();
+    step.tokens = batch.real_tokens;
     ++progress_.next_batch;
     ++progress_.epoch_steps;
-    progress_.epoch_skipped += times.skipped;
-    progress_.epoch_loss_sum += times.loss * double(batch.size());
+    progress_.epoch_skipped += step.skipped;
     progress_.epoch_examples += batch.size();
-    EpochTotals& t = *totals_;
-    t.sum.wait += times.wait, t.sum.h2d += times.h2d, t.sum.forward += times.forward;
-    t.sum.backward += times.backward, t.sum.comm += times.comm, t.sum.optimizer += times.optimizer;
-    ++t.steps;
-    t.samples += batch.size();
-
-    const double step_ms = times.wait + times.h2d + times.forward + times.backward + times.comm + times.optimizer;
-    progress_line.Update(progress_.next_batch,
-                         StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
-                                   progress_.epoch_loss_sum / double(progress_.epoch_examples),
-                                   MsSince(t.start) / double(t.steps),
-                                   100.0 * t.sum.wait / std::max(1e-9, MsSince(t.start))));
-    if (log && progress_.global_step % spec_.log.steps_every == 0)
-      log->AddStep({{"step", progress_.global_step}, {"epoch", epoch + 1}, {"loss", times.loss},
-                   {"lr", lr}, {"ms", step_ms}, {"wait_ms", times.wait}, {"skipped", times.skipped},
-                   {"loss_scale", scaler_->scale()}, {"tokens", batch.real_tokens}, {"comm_ms", times.comm}});
-    if (is_rank0() && spec_.checkpoint.every_steps > 0 && progress_.global_step % spec_.checkpoint.every_steps == 0)
-      SaveCheckpointNow("every_steps");
+    steps.Add(std::move(step));
+    const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
+    if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
+    if (checkpoint && is_rank0()) SaveCheckpointNow("every_steps");
   }
-  progress_line.Finish();
+  steps.Finish();
 }
 
 std::pair<double, double> Trainer::Evaluate() {
@@ -303,19 +343,21 @@ std::pair<double, double> Trainer::Evaluate() {
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
   DeviceTransfer transfer(device_);
-  torch::Tensor sums = torch::zeros({2}, torch::kDouble);  // loss sum, correct
+  // Loss sum and correct count, kept on the device and read once at the end.
+  torch::Tensor sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble).device(device_));
   while (auto host = pipeline.Next()) {
     Batch batch = transfer.ToDevice(std::move(*host));
     AutocastScope autocast(device_.type(), spec_.train.precision);
     torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat);
     sums[0] += torch::nn::functional::cross_entropy(
                    logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .item<double>();
-    sums[1] += logits.argmax(1).eq(batch.labels).sum().item<int64_t>();
+                   .to(torch::kDouble);
+    sums[1] += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
   }
   if (ranks_.comm) ranks_.comm->AllReduce(sums, ReduceOp::kSum, "evaluation sums");
   model_->train();
   const double n = double(dev_.examples.size());
+  sums = sums.to(torch::kCPU);
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
 }
 
@@ -323,9 +365,10 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
   const EpochTotals& t = *totals_;
   const double elapsed_ms = MsSince(t.start);
   const double steps = std::max<int64_t>(1, t.steps);
-  const std::vector<double> mine = {t.sum.wait / steps,     t.sum.h2d / steps, t.sum.forward / steps,
-                                    t.sum.backward / steps, t.sum.comm / steps, t.sum.optimizer / steps,
-                                    double(t.samples)};
+  // In kStepParts order: the host's data wait, then the timed parts.
+  std::vector<double> mine = {t.wait / steps};
+  for (double part : t.parts) mine.push_back(part / steps);
+  mine.push_back(double(t.samples));
   std::vector<std::vector<double>> all = {mine};
   if (ranks_.comm) all = ranks_.comm->AllGather(mine, StrFormat("step breakdown of epoch %ld", long(epoch + 1)));
   EpochRow row;

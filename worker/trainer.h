@@ -26,6 +26,7 @@
 #include "worker/models/bert.h"
 #include "worker/optimizer.h"
 #include "worker/run_log.h"
+#include "worker/step_timer.h"
 
 namespace trainyard {
 
@@ -46,24 +47,23 @@ class Trainer {
   BertForSequenceClassification& model() { return model_; }
 
  private:
-  struct StepTimes;
+  struct PendingStep;
   struct EpochTotals;
+  class StepLog;
 
   void LoadData();
   void BuildModel();
   void ResolveResume();
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
-  void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimes* times);
+  void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
   bool AgreeOnFoundInf(bool local_found_inf);
   void CheckConsistency();
   void BroadcastParameters();
   void AgreeOnResumePoint();
-  std::vector<BatchIndices> RankShards(std::vector<BatchIndices> global, std::vector<double>* weights) const;
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
   std::pair<double, double> Evaluate();
   void SaveCheckpointNow(const std::string& reason);
   double LrAt(int64_t step, int64_t total_steps) const;
-  void Synchronize() const;
 
   JobSpec spec_;
   RankContext ranks_;

@@ -65,7 +65,6 @@ void CheckReducerAverages(int64_t bucket_bytes, bool overlap, bool fp16) {
   torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& item : net->named_parameters()) named.emplace_back(item.key(), item.value());
-  Reducer reducer(named, Comm(), ReducerOptions{bucket_bytes, overlap, fp16});
   auto loss_on = [&](int rank) {
     torch::manual_seed(100 + rank);
     return net->forward(torch::randn({8, 16})).pow(2).mean();
@@ -78,6 +77,7 @@ void CheckReducerAverages(int64_t bucket_bytes, bool overlap, bool fp16) {
     for (size_t i = 0; i < expected.size(); ++i) expected[i] += net->parameters()[i].grad() / Comm().size();
   }
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  Reducer reducer(named, Comm(), ReducerOptions{bucket_bytes, overlap, fp16});
   reducer.PrepareForBackward();
   loss_on(Comm().rank()).backward();
   reducer.FinishBackward();
@@ -92,6 +92,100 @@ TEST(Reducer, AveragesGradientsAcrossRanks) {
   CheckReducerAverages(256, true, false);       // one bucket per parameter, overlapped
   CheckReducerAverages(256, false, false);      // all after backward
   CheckReducerAverages(700, true, true);        // fp16 on the wire
+}
+
+struct TinyNet {
+  torch::nn::Linear first{16, 8}, second{8, 2};
+  std::vector<std::pair<std::string, torch::Tensor>> Named() {
+    return {{"first.weight", first->weight}, {"first.bias", first->bias},
+            {"second.weight", second->weight}, {"second.bias", second->bias}};
+  }
+  torch::Tensor Loss(int seed) {
+    torch::manual_seed(seed);
+    return second->forward(torch::tanh(first->forward(torch::randn({4, 16})))).pow(2).sum();
+  }
+};
+
+// Gradients are accumulated into the buckets themselves, and every step starts from zero.
+TEST(Reducer, GradientsAreViewsOfTheBucketsAcrossSteps) {
+  torch::manual_seed(5);
+  TinyNet net;
+  Reducer reducer(net.Named(), Comm(), ReducerOptions{1 << 20, true, false});
+  for (int step = 0; step < 3; ++step) {
+    // The expected average, computed locally without hooks' help: every rank's loss.
+    std::vector<torch::Tensor> expected;
+    TinyNet copy;
+    {
+      torch::NoGradGuard no_grad;
+      auto to = copy.Named(), from = net.Named();
+      for (size_t i = 0; i < to.size(); ++i) to[i].second.copy_(from[i].second);
+    }
+    for (int r = 0; r < Comm().size(); ++r) copy.Loss(1000 * step + r).backward();
+    for (auto& [name, p] : copy.Named()) expected.push_back(p.grad() / Comm().size());
+    reducer.PrepareForBackward();
+    net.Loss(1000 * step + Comm().rank()).backward();
+    reducer.FinishBackward();
+    auto named = net.Named();
+    for (size_t i = 0; i < named.size(); ++i)
+      EXPECT_TRUE(torch::allclose(named[i].second.grad(), expected[i], 1e-6, 1e-6)) << named[i].first << " step " << step;
+    // One bucket: all four .grad tensors live in the same buffer.
+    const void* storage = named[0].second.grad().storage().data();
+    for (auto& [name, p] : named) EXPECT_EQ(p.grad().storage().data(), storage) << name;
+  }
+}
+
+TEST(Reducer, StopVotesRideWithTheGradients) {
+  TinyNet net;
+  Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
+  for (int voter = -1; voter < Comm().size(); ++voter) {
+    reducer.PrepareForBackward(/*stop_vote=*/Comm().rank() == voter);
+    net.Loss(Comm().rank()).backward();
+    reducer.FinishBackward();
+    EXPECT_EQ(reducer.StopVotes().item<float>() > 0, voter >= 0) << "voter " << voter;
+  }
+}
+
+// A rank with no examples contributes zeros, and the others' gradients are still averaged
+// over the whole world.
+TEST(Reducer, ARankWithoutExamplesContributesZeros) {
+  torch::manual_seed(6);
+  TinyNet net;
+  std::vector<torch::Tensor> expected;
+  {
+    for (int r = 1; r < Comm().size(); ++r) net.Loss(r).backward();
+    for (auto& [name, p] : net.Named()) {
+      expected.push_back(p.grad() / Comm().size());
+      p.mutable_grad() = torch::Tensor();
+    }
+  }
+  Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
+  reducer.PrepareForBackward();
+  if (Comm().rank() == 0) {
+    reducer.ContributeZeros();
+  } else {
+    net.Loss(Comm().rank()).backward();
+  }
+  reducer.FinishBackward();
+  auto named = net.Named();
+  for (size_t i = 0; i < named.size(); ++i)
+    EXPECT_TRUE(torch::allclose(named[i].second.grad(), expected[i], 1e-6, 1e-6)) << named[i].first;
+}
+
+TEST(Reducer, MisuseIsCaughtAndHooksGoWithTheReducer) {
+  TinyNet net;
+  {
+    Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
+    EXPECT_THROW(net.Loss(0).backward(), std::exception);  // a gradient outside a step
+    EXPECT_THROW(reducer.FinishBackward(), std::logic_error);
+    reducer.PrepareForBackward();
+    EXPECT_THROW(reducer.PrepareForBackward(), std::logic_error);
+    net.Loss(Comm().rank()).backward();
+    reducer.FinishBackward();
+  }
+  // With the reducer gone, backward is plain autograd again.
+  for (auto& [name, p] : net.Named()) p.mutable_grad() = torch::Tensor();
+  net.Loss(0).backward();
+  for (auto& [name, p] : net.Named()) EXPECT_TRUE(p.grad().defined()) << name;
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 // Every collective is numbered (1, 2, ...) in the order a rank issues it, which is the
 // same order on every rank, and carries a short description ("grad bucket 2/5",
 // "found_inf"). Every collective has a deadline: if it does not complete within the
-// job's timeout, the rank works out which ranks never reached that collective, reports
-// it, and the whole job is aborted (see MpiCommunicator for the protocol).
+// job's timeout, the rank works out which ranks never reached that collective, logs
+// that report and aborts the whole job (see MpiCommunicator for the protocol), since
+// no rank can safely go on past a collective its peers never joined.
 #pragma once
 
 #include <torch/torch.h>
@@ -18,14 +19,16 @@ namespace trainyard {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
-// A collective that did not finish in time; what() is the hang report.
+// A communicator's set-up (not a collective: those abort the job, as above) that did
+// not finish within the job's timeout.
 class CollectiveTimeout : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// A collective in flight. Wait() returns once the result is in the tensor given to
-// the call (on its own device), or throws.
+// A collective in flight. For a CPU tensor, Wait() returns once the result is in it.
+// For a GPU tensor, Wait() returns once work queued afterwards on the caller's current
+// stream will see the result; the host need not wait for the device.
 class Work {
  public:
   virtual ~Work() = default;

@@ -2,6 +2,11 @@
 
 #include <c10/util/Half.h>
 
+#ifdef TRAINYARD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <cstring>
 #include <sstream>
 
@@ -60,8 +65,10 @@ MPI_Op MpiOp(ReduceOp op, torch::ScalarType type) {
 
 // What a rank says about itself when asked during hang attribution.
 struct MpiCommunicator::Status {
-  int64_t started = 0;
+  int64_t started = 0;         // this communicator's collectives started
+  int64_t device_started = 0;  // a layered device communicator's collectives issued
   char what[112] = {};
+  char device_what[112] = {};
 };
 
 struct MpiCommunicator::Operation : public Work {
@@ -71,7 +78,10 @@ struct MpiCommunicator::Operation : public Work {
   int64_t number = 0;
   std::string what;
   torch::Tensor user;    // the caller's tensor
-  torch::Tensor host;    // what MPI reads and writes (user itself on CPU)
+  torch::Tensor host;    // what MPI reads and writes (user itself on CPU, else pinned)
+#ifdef TRAINYARD_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAEvent> staged;  // recorded after the copy into `host`
+#endif
   std::mutex mutex;
   std::condition_variable done_cv;
   bool done = false;
@@ -81,7 +91,15 @@ struct MpiCommunicator::Operation : public Work {
     std::unique_lock<std::mutex> lock(mutex);
     done_cv.wait(lock, [&] { return done; });
     if (error) std::rethrow_exception(error);
-    if (!user.is_cpu()) user.copy_(host);
+    // Queued on the caller's stream; the caching host allocator keeps the pinned block
+    // from reuse until the copy has run.
+    if (!user.is_cpu()) user.copy_(host, /*non_blocking=*/true);
+  }
+  // On the comm thread, before MPI touches `host`.
+  void WaitUntilStaged() {
+#ifdef TRAINYARD_WITH_CUDA
+    if (staged) staged->synchronize();
+#endif
   }
   void Finish(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -131,9 +149,17 @@ std::shared_ptr<Work> MpiCommunicator::BroadcastAsync(torch::Tensor tensor, int 
 
 std::shared_ptr<Work> MpiCommunicator::Enqueue(std::shared_ptr<Operation> operation) {
   if (!operation->user.is_contiguous()) throw std::invalid_argument("collective on a non-contiguous tensor");
-  // GPU tensors are staged through (pinned) host memory; the copy is synchronous on the
-  // caller's stream, so the gradient is complete before MPI reads it.
-  operation->host = operation->user.is_cpu() ? operation->user : operation->user.to(torch::kCPU);
+  if (operation->user.is_cpu()) {
+    operation->host = operation->user;
+  } else {
+    operation->host = torch::empty(operation->user.sizes(),
+                                   operation->user.options().device(torch::kCPU).pinned_memory(true));
+    operation->host.copy_(operation->user, /*non_blocking=*/true);
+#ifdef TRAINYARD_WITH_CUDA
+    operation->staged = std::make_unique<at::cuda::CUDAEvent>();
+    operation->staged->record(c10::cuda::getCurrentCUDAStream(operation->user.device().index()));
+#endif
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     operation->number = ++issued_;
@@ -148,7 +174,7 @@ void MpiCommunicator::Loop() {
     std::shared_ptr<Operation> operation;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_ || !queue_.empty(); });
+      wake_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_ || !queue_.empty() || device_failure_; });
       if (stopping_ && queue_.empty()) return;
       if (!queue_.empty()) {
         operation = queue_.front();
@@ -156,6 +182,7 @@ void MpiCommunicator::Loop() {
       }
     }
     try {
+      HandleDeviceFailure();
       ServeStatusRequests();
       if (operation) Execute(*operation);
     } catch (...) {
@@ -167,6 +194,7 @@ void MpiCommunicator::Loop() {
 }
 
 void MpiCommunicator::Execute(Operation& operation) {
+  operation.WaitUntilStaged();
   started_ = operation.number;
   current_ = operation.what;
   torch::Tensor& t = operation.host;
@@ -187,8 +215,12 @@ void MpiCommunicator::Execute(Operation& operation) {
     // Spin briefly for latency, then poll gently so compute keeps the cores.
     if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     if ((polls & 63) == 0) {
+      HandleDeviceFailure();
       ServeStatusRequests();
-      if (Clock::now() > deadline) ReportHangAndAbort(operation);
+      if (Clock::now() > deadline)
+        ReportAndAbort(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s", rank_,
+                                 long(operation.number), operation.what.c_str(), timeout_.count()) +
+                       AttributeHang(operation.number, /*device=*/false));
     }
   }
 }
@@ -204,17 +236,27 @@ void MpiCommunicator::ServeStatusRequests() {
     Status status;
     status.started = started_;
     std::strncpy(status.what, current_.c_str(), sizeof(status.what) - 1);
+    DeviceProgress device_progress;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      device_progress = device_progress_;
+    }
+    if (device_progress) {
+      auto [issued, what] = device_progress();
+      status.device_started = issued;
+      std::strncpy(status.device_what, what.c_str(), sizeof(status.device_what) - 1);
+    }
     MPI_Send(&status, sizeof(Status), MPI_BYTE, probe.MPI_SOURCE, kStatusReplyTag, control_comm_);
   }
 }
 
-std::string MpiCommunicator::AttributeHang(const Operation& operation) {
+std::string MpiCommunicator::AttributeHang(int64_t number, bool device) {
   std::vector<Status> replies(size_);
   std::vector<MPI_Request> receives(size_, MPI_REQUEST_NULL);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request send;
-    MPI_Isend(&operation.number, 1, MPI_INT64_T, r, kStatusRequestTag, control_comm_, &send);
+    MPI_Isend(&number, 1, MPI_INT64_T, r, kStatusRequestTag, control_comm_, &send);
     MPI_Request_free(&send);
     MPI_Irecv(&replies[r], sizeof(Status), MPI_BYTE, r, kStatusReplyTag, control_comm_, &receives[r]);
   }
@@ -240,9 +282,12 @@ std::string MpiCommunicator::AttributeHang(const Operation& operation) {
     if (!answered[r]) {
       culprits << "; rank " << r << " did not reach it (no answer: stopped, hung or dead)";
       MPI_Cancel(&receives[r]);
-    } else if (replies[r].started < operation.number) {
-      culprits << "; rank " << r << " did not reach it (busy outside communication after collective #"
-               << replies[r].started << (replies[r].what[0] ? std::string(" (") + replies[r].what + ")" : "") << ")";
+    } else {
+      const int64_t reached = device ? replies[r].device_started : replies[r].started;
+      const char* what = device ? replies[r].device_what : replies[r].what;
+      if (reached < number)
+        culprits << "; rank " << r << " did not reach it (busy outside communication after collective #" << reached
+                 << (what[0] ? std::string(" (") + what + ")" : "") << ")";
     }
   }
   std::string names = culprits.str();
@@ -257,10 +302,36 @@ void MpiCommunicator::ServeFor(std::chrono::milliseconds duration) {
   }
 }
 
-void MpiCommunicator::ReportHangAndAbort(const Operation& operation) {
-  std::string culprits = AttributeHang(operation);
-  LogError(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s%s", rank_, long(operation.number),
-                     operation.what.c_str(), timeout_.count(), culprits.c_str()));
+void MpiCommunicator::SetDeviceProgress(DeviceProgress probe) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_progress_ = std::move(probe);
+}
+
+void MpiCommunicator::AbortForDeviceFailure(std::string error, int64_t hung_number) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!device_failure_) device_failure_ = DeviceFailure{std::move(error), hung_number};
+  }
+  wake_.notify_all();
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // the comm thread ends the process
+}
+
+void MpiCommunicator::HandleDeviceFailure() {
+  std::optional<DeviceFailure> failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!device_failure_) return;
+    failure = device_failure_;
+  }
+  std::string report = failure->error;
+  if (failure->hung_number > 0) report += AttributeHang(failure->hung_number, /*device=*/true);
+  ReportAndAbort(report);
+}
+
+void MpiCommunicator::ReportAndAbort(const std::string& error) {
+  LogError(error);
+  // Peers that time out next ask this rank for its status; answer them for a moment so
+  // their reports can name the right ranks too.
   ServeFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPeerReportGrace));
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();

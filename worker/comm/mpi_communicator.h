@@ -1,4 +1,6 @@
-// The MPI backend: CPU tensors directly, GPU tensors staged through host memory.
+// The MPI backend: CPU tensors directly, GPU tensors staged through pinned host memory
+// (copied asynchronously on the caller's stream; the comm thread waits for the copy's
+// event before MPI touches the buffer, and the result goes back asynchronously too).
 //
 // One comm thread owns every MPI call after construction (the design's "one loop
 // thread owns a component's state"): callers enqueue collectives, the thread starts
@@ -14,6 +16,9 @@
 //      dead or deadlocked) and those whose count is below k (busy outside
 //      communication), then keep answering peers for a moment so they can report too,
 //      and abort the job (MPI_Abort), so no rank waits forever.
+// The same attribution serves a device communicator layered on this one (NCCL): it
+// registers a probe of how many device collectives this rank has issued, which every
+// status reply carries, and its watchdog asks for a report when one of them hangs.
 // REQUIRES: MPI initialised with at least MPI_THREAD_SERIALIZED, and no other thread
 // calling MPI while a communicator exists.
 #pragma once
@@ -23,7 +28,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "worker/comm/communicator.h"
@@ -43,16 +50,33 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;
 
+  // How many collectives of a layered device communicator this rank has issued, and
+  // the newest one's description. Called on the comm thread; must be thread-safe.
+  using DeviceProgress = std::function<std::pair<int64_t, std::string>()>;
+  void SetDeviceProgress(DeviceProgress probe);
+
+  // From another thread (a device communicator's watchdog): logs `error` and, when
+  // `hung_number` > 0, which ranks never issued device collective #hung_number, then
+  // aborts the job as a timed-out MPI collective does. Never returns.
+  [[noreturn]] void AbortForDeviceFailure(std::string error, int64_t hung_number);
+
  private:
   struct Operation;
   struct Status;
+  struct DeviceFailure {
+    std::string error;
+    int64_t hung_number = 0;
+  };
 
   std::shared_ptr<Work> Enqueue(std::shared_ptr<Operation> operation);
   void Loop();
   void Execute(Operation& operation);
   void ServeStatusRequests();
-  [[noreturn]] void ReportHangAndAbort(const Operation& operation);
-  std::string AttributeHang(const Operation& operation);
+  void HandleDeviceFailure();
+  [[noreturn]] void ReportAndAbort(const std::string& error);
+  // "; rank r did not reach it (...)" for every rank that had not started collective
+  // #number of this communicator (or, with `device`, of the layered one).
+  std::string AttributeHang(int64_t number, bool device);
   void ServeFor(std::chrono::milliseconds duration);
 
   MPI_Comm data_comm_ = MPI_COMM_NULL, control_comm_ = MPI_COMM_NULL;
@@ -65,6 +89,8 @@ class MpiCommunicator : public Communicator {
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stopping_ = false;
+  DeviceProgress device_progress_;               // guarded by mutex_
+  std::optional<DeviceFailure> device_failure_;  // guarded by mutex_
   std::thread thread_;
 };
 

@@ -7,23 +7,19 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "worker/log.h"
 
-#define TY_CUDA_CHECK(call)                                                                      \
-  do {                                                                                           \
-    cudaError_t ty_cuda_error_ = (call);                                                         \
-    if (ty_cuda_error_ != cudaSuccess)                                                           \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
-                               " failed: " + cudaGetErrorString(ty_cuda_error_));                \
-  } while (0)
-
 #define TY_NCCL_CHECK(call)                                                                      \
   do {                                                                                           \
     ncclResult_t ty_nccl_result_ = (call);                                                       \
-    if (ty_nccl_result_ != ncclSuccess && ty_nccl_result_ != ncclInProgress)                     \
+    if (ty_nccl_result_ != ncclSuccess)                                                          \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
                                " failed: " + ncclGetErrorString(ty_nccl_result_));               \
   } while (0)
@@ -55,63 +51,64 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
+// Throws unless `result` is success, or in progress and then completes (a nonblocking
+// communicator's call may return before its enqueue is done) before `deadline`.
+void AwaitCall(ncclComm_t comm, ncclResult_t result, const std::string& what, Clock::time_point deadline) {
+  while (result == ncclInProgress) {
+    if (Clock::now() > deadline) throw CollectiveTimeout("NCCL: " + what + " did not complete its set-up in time");
+    std::this_thread::yield();
+    ncclCommGetAsyncError(comm, &result);
+  }
+  if (result != ncclSuccess) throw std::runtime_error("NCCL: " + what + " failed: " + ncclGetErrorString(result));
+}
+
 }  // namespace
 
 struct NcclCommunicator::State {
-  ncclComm_t comm = nullptr;
-  int device = 0;
-  std::chrono::duration<double> timeout{300.0};
-  c10::cuda::CUDAStream stream;
-  int64_t issued = 0;
+  struct InFlight {
+    std::shared_ptr<at::cuda::CUDAEvent> done;
+    int64_t number = 0;
+    std::string what;
+    Clock::time_point deadline;
+  };
 
-  // Polls NCCL's asynchronous error state until `ready()` or the deadline.
-  template <typename Ready>
-  void WaitUntil(Ready ready, int64_t number, const std::string& what) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
-    while (!ready()) {
-      ncclResult_t async_error = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async_error);
-      if (async_error != ncclSuccess && async_error != ncclInProgress)
-        throw std::runtime_error(std::string("NCCL error during ") + what + ": " + ncclGetErrorString(async_error));
-      if (Clock::now() > deadline) {
-        ncclCommAbort(comm);
-        comm = nullptr;
-        throw CollectiveTimeout(StrFormat("NCCL collective #%ld (%s) timed out after %.1f s", long(number),
-                                          what.c_str(), timeout.count()));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
+  State(int device, double timeout_s)
+      : device(device),
+        timeout(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
+        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device))) {}
+
+  ncclComm_t comm = nullptr;
+  const int device;
+  const Clock::duration timeout;
+  c10::cuda::CUDAStream stream;
+  std::mutex mutex;  // guards what follows
+  std::condition_variable wake;
+  std::deque<InFlight> in_flight;  // in issue order, so also in completion order
+  int64_t issued = 0;
+  std::string newest_what;
+  bool stopping = false;
 };
 
 namespace {
 
 class NcclWork : public Work {
  public:
-  NcclWork(NcclCommunicator::State* state, torch::Tensor tensor, int64_t number, std::string what)
-      : state_(state), tensor_(std::move(tensor)), number_(number), what_(std::move(what)) {
-    done_.record(state_->stream);
-  }
-  void Wait() override {
-    state_->WaitUntil([&] { return done_.query(); }, number_, what_);
-    // Later work on the caller's stream sees the reduced values.
-    done_.block(c10::cuda::getCurrentCUDAStream(state_->device));
-  }
+  NcclWork(std::shared_ptr<NcclCommunicator::State> state, torch::Tensor tensor,
+           std::shared_ptr<at::cuda::CUDAEvent> done)
+      : state_(std::move(state)), tensor_(std::move(tensor)), done_(std::move(done)) {}
+  // Later work on the caller's stream sees the result; the host does not wait.
+  void Wait() override { done_->block(c10::cuda::getCurrentCUDAStream(state_->device)); }
 
  private:
-  NcclCommunicator::State* state_;
-  torch::Tensor tensor_;  // kept alive until the collective is done
-  int64_t number_;
-  std::string what_;
-  at::cuda::CUDAEvent done_;
+  std::shared_ptr<NcclCommunicator::State> state_;
+  torch::Tensor tensor_;  // kept alive while the caller holds the work
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
 };
 
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, double timeout_s)
-    : bootstrap_(bootstrap),
-      state_(new State{nullptr, device, std::chrono::duration<double>(timeout_s),
-                       c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)}) {
+    : bootstrap_(bootstrap), state_(std::make_shared<State>(device, timeout_s)) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclUniqueId id;
   if (bootstrap_.rank() == 0) TY_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -121,18 +118,54 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, doubl
   std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so initialisation, too, can be abandoned at the deadline
-  TY_NCCL_CHECK(ncclCommInitRankConfig(&state_->comm, bootstrap_.size(), id, bootstrap_.rank(), &config));
-  state_->WaitUntil(
-      [&] {
-        ncclResult_t status = ncclInProgress;
-        ncclCommGetAsyncError(state_->comm, &status);
-        return status == ncclSuccess;
-      },
-      0, "NCCL communicator initialisation");
+  const ncclResult_t result = ncclCommInitRankConfig(&state_->comm, bootstrap_.size(), id, bootstrap_.rank(), &config);
+  AwaitCall(state_->comm, result, "communicator initialisation", Clock::now() + state_->timeout);
+  bootstrap_.SetDeviceProgress([state = state_] {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return std::make_pair(state->issued, state->newest_what);
+  });
+  watchdog_ = std::thread([this] { Watch(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (state_->comm) ncclCommDestroy(state_->comm);
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
+  }
+  state_->wake.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  bootstrap_.SetDeviceProgress(nullptr);
+  if (state_->comm) {
+    state_->stream.synchronize();  // nothing may be in flight when the communicator goes
+    ncclCommDestroy(state_->comm);
+  }
+}
+
+void NcclCommunicator::Watch() {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(state_->device));
+  State& s = *state_;
+  while (true) {
+    std::optional<State::InFlight> overdue;
+    {
+      std::unique_lock<std::mutex> lock(s.mutex);
+      s.wake.wait_for(lock, s.in_flight.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(1),
+                      [&] { return s.stopping; });
+      if (s.stopping) return;
+      while (!s.in_flight.empty() && s.in_flight.front().done->query()) s.in_flight.pop_front();
+      if (!s.in_flight.empty() && Clock::now() > s.in_flight.front().deadline) overdue = s.in_flight.front();
+    }
+    ncclResult_t async_error = ncclSuccess;
+    ncclCommGetAsyncError(s.comm, &async_error);
+    if (async_error != ncclSuccess && async_error != ncclInProgress)
+      bootstrap_.AbortForDeviceFailure(
+          StrFormat("rank %d: NCCL error: %s", rank(), ncclGetErrorString(async_error)), 0);
+    if (overdue) {
+      const double seconds = std::chrono::duration<double>(s.timeout).count();
+      bootstrap_.AbortForDeviceFailure(StrFormat("rank %d: NCCL collective #%ld (%s) timed out after %.1f s", rank(),
+                                                 long(overdue->number), overdue->what.c_str(), seconds),
+                                       overdue->number);
+    }
+  }
 }
 
 std::shared_ptr<Work> NcclCommunicator::AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) {
@@ -149,20 +182,29 @@ std::shared_ptr<Work> NcclCommunicator::Launch(torch::Tensor tensor, bool broadc
                                                std::string what) {
   if (!tensor.is_contiguous()) throw std::invalid_argument("collective on a non-contiguous tensor");
   c10::cuda::CUDAGuard guard(tensor.device());
+  State& s = *state_;
   // The NCCL stream waits for the producer of `tensor` on the caller's stream.
   at::cuda::CUDAEvent ready;
   ready.record(c10::cuda::getCurrentCUDAStream(tensor.device().index()));
-  ready.block(state_->stream);
+  ready.block(s.stream);
   const auto type = NcclType(tensor.scalar_type());
-  if (broadcast) {
-    TY_NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, root, state_->comm,
-                                state_->stream.stream()));
-  } else {
-    TY_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, NcclOp(op),
-                                state_->comm, state_->stream.stream()));
+  const ncclResult_t result =
+      broadcast ? ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, root, s.comm,
+                                s.stream.stream())
+                : ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, NcclOp(op), s.comm,
+                                s.stream.stream());
+  AwaitCall(s.comm, result, what, Clock::now() + s.timeout);
+  c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), s.stream);
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(s.stream);
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const int64_t number = ++s.issued;
+    s.newest_what = what;
+    s.in_flight.push_back({done, number, std::move(what), Clock::now() + s.timeout});
   }
-  c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), state_->stream);
-  return std::make_shared<NcclWork>(state_.get(), std::move(tensor), ++state_->issued, std::move(what));
+  s.wake.notify_all();
+  return std::make_shared<NcclWork>(state_, std::move(tensor), std::move(done));
 }
 
 }  // namespace trainyard

@@ -1,10 +1,20 @@
 // The NCCL backend for GPU tensors: one NCCL communicator per job, its unique id
 // broadcast over MPI, collectives on a dedicated CUDA stream ordered against the
 // caller's stream with events. CPU tensors (small control values) go through the MPI
-// communicator it was bootstrapped from. Every wait polls its event against the
-// job's deadline and aborts the NCCL communicator on timeout.
-// Compiled only when CUDA and NCCL are found (TRAINYARD_WITH_NCCL).
+// communicator it was bootstrapped from. Compiled only when CUDA and NCCL are found
+// (TRAINYARD_WITH_NCCL).
+//
+// Nothing here makes the host wait for the device: Work::Wait() only orders the
+// caller's stream after the collective. Deadlines are kept by a watchdog thread that
+// polls the in-flight collectives' events, in issue order, and NCCL's asynchronous
+// error state. When a collective misses its deadline the watchdog hands the failure to
+// the bootstrap MPI communicator, which asks every rank how many NCCL collectives it
+// has issued (each rank reports it through SetDeviceProgress), logs the ranks that
+// never issued this one, and aborts the job, as for a timed-out MPI collective.
 #pragma once
+
+#include <memory>
+#include <thread>
 
 #include "worker/comm/communicator.h"
 #include "worker/comm/mpi_communicator.h"
@@ -13,7 +23,8 @@ namespace trainyard {
 
 class NcclCommunicator : public Communicator {
  public:
-  // Collective over `bootstrap`'s ranks. `device` is this rank's GPU index.
+  // Collective over `bootstrap`'s ranks, which must outlive this object. `device` is
+  // this rank's GPU index.
   NcclCommunicator(MpiCommunicator& bootstrap, int device, double timeout_s);
   ~NcclCommunicator() override;
 
@@ -21,16 +32,20 @@ class NcclCommunicator : public Communicator {
   int size() const override { return bootstrap_.size(); }
   std::string backend() const override { return "nccl"; }
 
-  struct State;  // the NCCL communicator and its stream; shared with in-flight work
-
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;
 
+  // The NCCL communicator, its stream and the in-flight list. Shared by the watchdog,
+  // the MPI communicator's progress probe and every Work in flight.
+  struct State;
+
  private:
   std::shared_ptr<Work> Launch(torch::Tensor tensor, bool broadcast, ReduceOp op, int root, std::string what);
+  void Watch();
 
   MpiCommunicator& bootstrap_;
-  std::unique_ptr<State> state_;
+  std::shared_ptr<State> state_;
+  std::thread watchdog_;
 };
 
 }  // namespace trainyard

@@ -1,7 +1,9 @@
 #include "worker/comm/reducer.h"
 
-#include <chrono>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
 #include <sstream>
+#include <stdexcept>
 
 #include "worker/log.h"
 
@@ -20,43 +22,72 @@ Reducer::Reducer(std::vector<std::pair<std::string, torch::Tensor>> params, Comm
       bytes = 0;
     }
     Bucket& b = buckets_.back();
-    const int64_t offset = b.offsets.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel();
     slot_of_[k] = {buckets_.size() - 1, b.params.size()};
     b.params.push_back(k);
-    b.offsets.push_back(offset);
+    b.offsets.push_back(b.grad_numel);
+    b.grad_numel += p.numel();
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
-  for (auto& b : buckets_) {
-    const int64_t numel = b.offsets.back() + params_[b.params.back()].numel();
-    b.buffer = torch::zeros({numel}, params_[b.params.front()].options().requires_grad(false));
+  views_.resize(params_.size());
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    const int64_t vote_slot = i == 0 ? 1 : 0;
+    b.buffer = torch::zeros({b.grad_numel + vote_slot}, params_[b.params.front()].options().requires_grad(false));
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const torch::Tensor& p = params_[b.params[j]];
+      views_[b.params[j]] = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+    }
   }
-  for (size_t k = 0; k < params_.size(); ++k)
-    params_[k].register_hook([this, k](torch::Tensor grad) { OnGradient(k, grad); });
+  for (size_t k = 0; k < params_.size(); ++k) {
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
+    hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, k](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          OnGradientAccumulated(k);
+          return outputs;
+        })));
+  }
+}
+
+Reducer::~Reducer() {
+  // The accumulators belong to the parameters and outlive this object: a hook left on
+  // them would call into freed memory at the next backward.
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
 }
 
 std::string Reducer::Describe() const {
   std::ostringstream out;
   for (size_t i = 0; i < buckets_.size(); ++i)
     out << (i ? ", " : "") << buckets_[i].params.size() << " params/"
-        << StrFormat("%.1f", buckets_[i].buffer.numel() * buckets_[i].buffer.element_size() / 1048576.0) << " MB";
+        << StrFormat("%.1f", buckets_[i].grad_numel * buckets_[i].buffer.element_size() / 1048576.0) << " MB";
   return out.str();
 }
 
-void Reducer::PrepareForBackward() {
+void Reducer::PrepareForBackward(bool stop_vote) {
+  if (in_step_) throw std::logic_error("Reducer: PrepareForBackward() twice without FinishBackward()");
+  in_step_ = true;
   ++step_;
   next_to_launch_ = 0;
+  torch::NoGradGuard no_grad;
   for (auto& b : buckets_) {
+    b.buffer.zero_();
     b.pending = b.params.size();
-    b.launched = false;
     b.work.reset();
+  }
+  buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1).fill_(stop_vote ? 1.0 : 0.0);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    torch::Tensor& grad = params_[k].mutable_grad();
+    if (!grad.defined() || !grad.is_same(views_[k])) grad = views_[k];
   }
 }
 
-void Reducer::OnGradient(size_t param, const torch::Tensor& grad) {
+void Reducer::OnGradientAccumulated(size_t param) {
   auto [bucket_index, slot] = slot_of_[param];
   Bucket& b = buckets_[bucket_index];
-  torch::NoGradGuard no_grad;
-  b.buffer.narrow(0, b.offsets[slot], grad.numel()).copy_(grad.reshape({-1}));
+  if (!in_step_ || b.pending == 0)
+    throw std::logic_error(StrFormat("Reducer: gradient of parameter %zu arrived outside a step or twice in step %ld",
+                                     param, long(step_)));
+  if (!params_[param].grad().is_same(views_[param]))
+    throw std::logic_error(StrFormat("Reducer: parameter %zu's .grad was replaced during backward", param));
   if (--b.pending == 0 && options_.overlap) LaunchReady(false);
 }
 
@@ -64,28 +95,24 @@ void Reducer::LaunchReady(bool force) {
   while (next_to_launch_ < buckets_.size()) {
     Bucket& b = buckets_[next_to_launch_];
     if (!force && b.pending > 0) return;
-    if (b.pending > 0) {  // parameters that got no gradient this step contribute zeros
-      for (size_t i = 0; i < b.params.size(); ++i)
-        if (!params_[b.params[i]].grad().defined())
-          b.buffer.narrow(0, b.offsets[i], params_[b.params[i]].numel()).zero_();
-    }
-    std::string what = StrFormat("grad bucket %zu/%zu of step %ld", next_to_launch_ + 1, buckets_.size(), long(step_));
-    b.wire = options_.fp16_compression ? b.buffer.to(torch::kHalf) : b.buffer;
-    b.work = comm_.AllReduceAsync(b.wire, ReduceOp::kSum, std::move(what));
-    b.launched = true;
+    // Parameters that got no gradient this step contribute the zeros of their view.
+    Launch(b);
     ++next_to_launch_;
   }
 }
 
-void Reducer::ContributeZeros() {
-  for (auto& b : buckets_) {
-    b.buffer.zero_();
-    b.pending = 0;
-  }
+void Reducer::Launch(Bucket& b) {
+  std::string what = StrFormat("grad bucket %zu/%zu of step %ld", next_to_launch_ + 1, buckets_.size(), long(step_));
+  b.wire = options_.fp16_compression ? b.buffer.to(torch::kHalf) : b.buffer;
+  b.work = comm_.AllReduceAsync(b.wire, ReduceOp::kSum, std::move(what));
 }
 
-double Reducer::FinishBackward() {
-  const auto start = std::chrono::steady_clock::now();
+void Reducer::ContributeZeros() {
+  for (auto& b : buckets_) b.pending = 0;  // the buffers were zeroed by PrepareForBackward
+}
+
+void Reducer::FinishBackward() {
+  if (!in_step_) throw std::logic_error("Reducer: FinishBackward() without PrepareForBackward()");
   LaunchReady(/*force=*/true);
   torch::NoGradGuard no_grad;
   const double world = comm_.size();
@@ -93,17 +120,12 @@ double Reducer::FinishBackward() {
     b.work->Wait();
     if (options_.fp16_compression) b.buffer.copy_(b.wire);
     b.buffer.div_(world);
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      torch::Tensor& p = params_[b.params[i]];
-      torch::Tensor average = b.buffer.narrow(0, b.offsets[i], p.numel()).view_as(p);
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(average);
-      } else {
-        p.mutable_grad() = average.clone();
-      }
-    }
   }
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  in_step_ = false;
+}
+
+torch::Tensor Reducer::StopVotes() const {
+  return buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1);
 }
 
 }  // namespace trainyard

@@ -2,19 +2,26 @@
 //
 // How it works. Parameters are grouped into buckets of about `bucket_bytes`, in
 // reverse registration order, because backward produces gradients roughly from the
-// last layer to the first. Each bucket owns one flat buffer. A hook on every
-// parameter fires when autograd has that parameter's gradient for this step; the hook
-// copies the gradient into its bucket's buffer, and when the last gradient of a bucket
-// arrives the bucket is all-reduced at once, on the comm thread, while backward goes
-// on computing the earlier layers. Buckets are launched strictly in index order, so
-// every rank issues the same collectives in the same order even if gradients arrive
-// in a different order. After backward, FinishBackward() launches what is left,
-// waits (this wait is the "exposed" communication that backward did not hide),
-// divides by the number of ranks and writes the averages into each .grad.
+// last layer to the first. Each bucket owns one flat buffer, and every parameter's
+// .grad is a view into its bucket's buffer (PyTorch DDP's gradient_as_bucket_view):
+// PrepareForBackward() zeroes the buffers, so autograd accumulates each gradient
+// straight into the bucket and nothing is copied in or out. A hook that runs after
+// each parameter's gradient has been accumulated counts the bucket's pending
+// gradients down; when the last one arrives the bucket is all-reduced at once while
+// backward goes on computing the earlier layers. Buckets are launched strictly in
+// index order, so every rank issues the same collectives in the same order even if
+// gradients arrive in a different order. FinishBackward() launches what is left, waits
+// (this wait is the "exposed" communication that backward did not hide) and divides
+// each buffer by the number of ranks, in place: the views then hold the averages.
 // With overlap off, every bucket is launched after backward instead, for comparison.
 // With fp16 compression the buffers travel as fp16 and are summed in fp32 chunks.
+//
+// The first bucket carries one extra value after its gradients: each rank's stop
+// vote for this step (see Note [Stop agreement] in job_setup.h). It is summed with the
+// gradients, so reading it costs no collective of its own.
 #pragma once
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -33,16 +40,25 @@ struct ReducerOptions {
 
 class Reducer {
  public:
-  // Registers a gradient hook on each parameter. `params` and `comm` must outlive it.
+  // Registers a hook on each parameter's gradient accumulator; the destructor removes
+  // them. `comm` must outlive the Reducer; the parameters are shared, not copied.
   Reducer(std::vector<std::pair<std::string, torch::Tensor>> params, Communicator& comm,
           ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
 
-  // Call before each backward pass.
-  void PrepareForBackward();
-  // For a rank with no examples in this step: contributes zero gradients.
+  // Call before each backward pass: zeroes the buckets, points every .grad at its
+  // view and records this rank's stop vote. REQUIRES: the previous step finished.
+  void PrepareForBackward(bool stop_vote = false);
+  // For a rank with no examples in this step (no backward): contributes zeros.
   void ContributeZeros();
-  // Call after backward. Returns the milliseconds spent waiting for communication.
-  double FinishBackward();
+  // Call after backward: every .grad then holds the average over the ranks (on CUDA,
+  // for work queued after this call on the current stream).
+  void FinishBackward();
+  // After FinishBackward(): a one-element tensor on the gradients' device, > 0 when
+  // any rank voted to stop in this step.
+  torch::Tensor StopVotes() const;
 
   size_t num_buckets() const { return buckets_.size(); }
   // "bucket i: n params, m MB" lines, for the log.
@@ -52,21 +68,26 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;
+    int64_t grad_numel = 0;   // the buffer's gradient part (the first bucket has a vote after it)
     torch::Tensor buffer, wire;
     size_t pending = 0;
-    bool launched = false;
     std::shared_ptr<Work> work;
   };
 
-  void OnGradient(size_t param, const torch::Tensor& grad);
+  void OnGradientAccumulated(size_t param);
   void LaunchReady(bool force);
+  void Launch(Bucket& b);
 
   std::vector<torch::Tensor> params_;
-  std::vector<std::pair<size_t, size_t>> slot_of_;  // param -> (bucket, index in bucket)
+  std::vector<torch::Tensor> views_;                 // param -> its .grad view into a bucket
+  std::vector<std::pair<size_t, size_t>> slot_of_;   // param -> (bucket, index in bucket)
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
+  std::vector<uintptr_t> hook_keys_;
   std::vector<Bucket> buckets_;
   Communicator& comm_;
   ReducerOptions options_;
   size_t next_to_launch_ = 0;
+  bool in_step_ = false;
   int64_t step_ = 0;
 };
 
