@@ -14,7 +14,10 @@ Cases:
                     completes, and no epoch row is lost or duplicated;
   cancel            cancelling a running job frees its ranks within a few seconds, and
                     the queued job then starts and succeeds; a job running when its pool
-                    is stopped is requeued, not failed."""
+                    is stopped is requeued, not failed;
+  gpu               a 2-rank pool on one GPU (labelled gpu; exit 77 without one) runs a
+                    CUDA job end to end over the MPI backend, and its losses equal a
+                    standalone run's."""
 import argparse
 import csv
 import json
@@ -116,7 +119,7 @@ class Cluster:
                 print(f"--- {os.path.basename(name)} (last 40 lines)\n" + "".join(f.readlines()[-40:]))
 
 
-def write_job(folder, name, epochs, examples=300, max_restarts=0):
+def write_job(folder, name, epochs, examples=300, max_restarts=0, device="cpu"):
     # Written once: rewriting it would race with jobs already reading it.
     train = os.path.join(folder, f"train_{examples}.tsv")
     if not os.path.exists(train):
@@ -127,13 +130,26 @@ def write_job(folder, name, epochs, examples=300, max_restarts=0):
 resources:
   ranks: 2
   max_restarts: {max_restarts}
+  device: {"cuda" if device == "cuda" else "any"}
 """
-    return e2e_common.write(os.path.join(folder, f"{name}.yaml"), e2e_common.job_yaml(name, train, extra))
+    if device == "cuda":  # two ranks share the one GPU, which NCCL does not allow
+        extra += "distributed:\n  backend: mpi\n"
+    return e2e_common.write(os.path.join(folder, f"{name}.yaml"),
+                            e2e_common.job_yaml(name, train, extra, device=device))
 
 
 def epoch_column(path):
     with open(path, encoding="utf-8") as f:
         return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def final_losses_of_standalone_run(c, work, job_file, name):
+    runs = os.path.join(work, "standalone")
+    r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
+                        job_file, "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(runs, name, "summary.json")) as f:
+        return json.load(f)["final"]
 
 
 def case_gang(c, work):
@@ -156,13 +172,7 @@ def case_gang(c, work):
     # The third job started only once one of the first two had ended.
     assert starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts
     # The pool runs a job through the same code as standalone mode: same losses, bit for bit.
-    standalone_runs = os.path.join(work, "standalone")
-    r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
-                        os.path.join(work, "gang0.yaml"), "--runs-dir", standalone_runs],
-                       capture_output=True, text=True, env=MPI_ENV, timeout=300)
-    assert r.returncode == 0, r.stderr
-    with open(os.path.join(standalone_runs, "gang0", "summary.json")) as f:
-        standalone = json.load(f)["final"]
+    standalone = final_losses_of_standalone_run(c, work, os.path.join(work, "gang0.yaml"), "gang0")
     with open(os.path.join(c.runs, str(jobs[0]), "summary.json")) as f:
         pooled = json.load(f)["final"]
     assert pooled == standalone, (pooled, standalone)
@@ -250,11 +260,29 @@ def case_cancel(c, work):
     print(f"cancel: a pool stopped under a running job requeued it: {job['reason']}")
 
 
+def case_gpu(c, work):
+    e2e_common.require_cuda()
+    c.start(2)
+    workers = c.workers()
+    assert all(w["device"] == "cuda" for w in workers), workers
+    job_file = write_job(work, "on_gpu", epochs=2, examples=2000, device="cuda")
+    job = c.submit(job_file)
+    final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    with open(os.path.join(c.runs, str(job), "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["device"].startswith("cuda"), summary
+    standalone = final_losses_of_standalone_run(c, work, job_file, "on_gpu")
+    print(f"gpu: a 2-rank pool on {summary['device']} ran the job; final {summary['final']}; "
+          f"standalone {standalone}")
+    assert summary["final"] == standalone, (summary["final"], standalone)
+
+
 def main():
     p = argparse.ArgumentParser()
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel"])
+    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel", "gpu"])
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         c = Cluster(a, work)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loss-scaling parity: for the same planted pattern of inf gradients, our GradScaler
 produces the same sequence of scales and skipped steps as torch.amp.GradScaler, and
-AdamW leaves the same weights."""
+AdamW leaves the same weights. --device cuda runs both on the GPU (exit 77 without one)."""
 import argparse
 import json
 import subprocess
@@ -14,10 +14,10 @@ INIT_SCALE = 1024.0
 GROWTH_INTERVAL = 3
 
 
-def reference():
-    w = torch.ones(4, requires_grad=True)
+def reference(device):
+    w = torch.ones(4, device=device, requires_grad=True)
     opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+    scaler = torch.amp.GradScaler(device, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
     scales, skipped = [], []
     for planted in PATTERN:
         loss = (w * w).sum()
@@ -37,11 +37,15 @@ def reference():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--probe", required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
-    out = subprocess.run([args.probe, "scaler", PATTERN, str(INIT_SCALE), str(GROWTH_INTERVAL)],
-                         capture_output=True, text=True, check=True)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("skipped: no CUDA device is visible to torch on this machine")
+        sys.exit(77)
+    out = subprocess.run([args.probe, "scaler", PATTERN, str(INIT_SCALE), str(GROWTH_INTERVAL),
+                          "--device", args.device], capture_output=True, text=True, check=True)
     ours = json.loads(out.stdout)
-    scales, skipped, weights = reference()
+    scales, skipped, weights = reference(args.device)
     print("torch scales:", scales)
     print("our scales:  ", ours["scales"])
     print("torch skipped:", [int(s) for s in skipped])

@@ -2,6 +2,7 @@
 import os
 import socket
 import subprocess
+import sys
 
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
@@ -27,7 +28,7 @@ def subset_tsv(folder, count):
     return path
 
 
-def job_yaml(name, train, extra=""):
+def job_yaml(name, train, extra="", device="cpu"):
     return f"""name: {name}
 seed: 7
 data:
@@ -42,7 +43,7 @@ model:
   preset: tiny
   dropout: 0.1
 runtime:
-  device: cpu
+  device: {device}
   threads: 1
 log:
   progress: false
@@ -59,3 +60,16 @@ def write(path, text):
 
 def run_worker(worker, job, runs, *extra, **kwargs):
     return subprocess.run([worker, job, "--runs-dir", runs, *extra], capture_output=True, text=True, **kwargs)
+
+
+# ctest's SKIP_RETURN_CODE for the tests labelled gpu.
+SKIPPED = 77
+
+
+def require_cuda():
+    """Exits with SKIPPED, saying why, on a machine without a usable CUDA device."""
+    import torch
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device is visible to torch on this machine")
+        sys.exit(SKIPPED)
+    print(f"CUDA device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
