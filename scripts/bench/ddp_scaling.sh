@@ -59,7 +59,7 @@ runtime: {device: cpu, threads: 1}
 distributed: {overlap: $2, bucket_mb: 1}
 log: {steps_every: 1, progress: false}
 YAML
-  mpirun -n "$1" --oversubscribe --bind-to none build/bin/worker "$WORK/job.yaml" --runs-dir "$WORK/runs" \
+  mpirun -n "$1" --oversubscribe --bind-to none "$WORKER" "$WORK/job.yaml" --runs-dir "$WORK/runs" \
     --resume none > "$WORK/worker.log" 2>&1 || { cat "$WORK/worker.log"; exit 1; }
   "$PY" -c "
 import json

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch side of inference_vs_pytorch.sh. `prepare` makes the shared weights (an
 HF folder) and a traced TorchScript file; `time` measures HF BertForSequenceClassification
-eager on exactly the inputs the worker builds (the same token stream, cut the same way)."""
+eager on exactly the inputs the worker builds (the same token stream, cut the same way),
+on CPU (wall clock) or CUDA (CUDA events per call, read at the end of each cell), in
+fp32 or under bf16/fp16 autocast; prints mean ms per batch by "BxS" cell."""
 import argparse
 import csv
 import json
@@ -48,24 +50,42 @@ def inputs(stream, cls, sep, batch, seq):
     return ids
 
 
+def time_calls(call, iters, cuda):
+    if not cuda:
+        ms = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            call()
+            ms.append((time.perf_counter() - start) * 1000)
+        return ms
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
 def time_cells(a):
     torch.set_num_threads(a.threads)
     tok = BertTokenizer(a.vocab, do_lower_case=True)
-    model = BertForSequenceClassification.from_pretrained(a.model).eval()
+    model = BertForSequenceClassification.from_pretrained(a.model).eval().to(a.device)
     stream = token_stream(a, tok)
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
     results = {}
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(a.device, dtype=dtype or torch.float32, enabled=dtype is not None):
         for batch in a.batches:
             for seq in a.seqs:
-                ids = inputs(stream, tok.cls_token_id, tok.sep_token_id, batch, seq)
+                if seq > model.config.max_position_embeddings:
+                    continue
+                ids = inputs(stream, tok.cls_token_id, tok.sep_token_id, batch, seq).to(a.device)
                 mask = torch.ones_like(ids)
+                call = lambda: model(input_ids=ids, attention_mask=mask)  # noqa: E731
                 for _ in range(a.warmup):
-                    model(input_ids=ids, attention_mask=mask)
-                ms = []
-                for _ in range(a.iters):
-                    start = time.perf_counter()
-                    model(input_ids=ids, attention_mask=mask)
-                    ms.append((time.perf_counter() - start) * 1000)
+                    call()
+                ms = time_calls(call, a.iters, a.device == "cuda")
                 results[f"{batch}x{seq}"] = sum(ms) / len(ms)
     print(json.dumps(results))
 
@@ -83,6 +103,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     a = p.parse_args()
     prepare(a) if a.command == "prepare" else time_cells(a)
 

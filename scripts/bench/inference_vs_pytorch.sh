@@ -33,7 +33,7 @@ benchmark:
   iters: 10
 runtime: {device: cpu, threads: $THREADS}
 YAML
-build/bin/worker "$WORK/bench.yaml" --runs-dir "$WORK/runs" > "$WORK/bench.log" 2>&1 || { cat "$WORK/bench.log"; exit 1; }
+"$WORKER" "$WORK/bench.yaml" --runs-dir "$WORK/runs" > "$WORK/bench.log" 2>&1 || { cat "$WORK/bench.log"; exit 1; }
 "$PY" scripts/bench/inference_reference.py time --vocab "$LANGID/vocab.txt" --data "$LANGID/train.tsv" \
   --model "$WORK/model" --threads "$THREADS" --batches $BATCHES --seqs $SEQS > "$WORK/ref.json" 2>/dev/null
 "$PY" - "$WORK/runs/bench_infer/benchmark.csv" "$WORK/ref.json" <<PY
@@ -62,7 +62,7 @@ model: {preset: tiny}
 runtime: {device: cpu, threads: $THREADS}
 inference: {input: $TOPICS/dev.tsv, batch_size: $B, sort_by_length: both}
 YAML
-  build/bin/worker "$WORK/infer.yaml" --runs-dir "$WORK/runs" > "$WORK/infer.log" 2>&1 || { cat "$WORK/infer.log"; exit 1; }
+  "$WORKER" "$WORK/infer.yaml" --runs-dir "$WORK/runs" > "$WORK/infer.log" 2>&1 || { cat "$WORK/infer.log"; exit 1; }
   "$PY" -c "
 import json
 s = json.load(open('$WORK/runs/bench_sorted_$B/summary.json'))

@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
 # Training-step benchmark: the C++ worker vs a plain PyTorch loop over Hugging Face
 # BertForSequenceClassification, same preset, batch, sequence length, data, optimizer
-# (AdamW + clipping) and thread count, in one run. Every batch is exactly
+# (AdamW + clipping), precision and thread count, in one run. Every batch is exactly
 # batch x seq tokens (texts are joined fortunes long enough to be cut at seq), so both
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
-#                                           [--steps 40] [--threads 2] [--precision fp32]
+#     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
+#     [--tf32] [--compile] [--json FILE]
+# --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
+# run under torch.compile. On CUDA both sides time each step with CUDA events and the
+# worker reads them once per 10 steps (its logging interval), so the figures are
+# medians over the logged steps; on CPU they are means over every step after warm-up.
+# --json writes the figures (and the model's non-embedding parameter count) to FILE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 WARMUP=5
+PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON=""
+WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --preset) PRESET=$2; shift 2 ;; --batch) BATCH=$2; shift 2 ;; --seq) SEQ=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;; --precision) PRECISION=$2; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --device) DEVICE=$2; shift 2 ;; --tf32) TF32=true; shift ;; --compile) COMPILE=true; shift ;;
+    --json) JSON=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$DEVICE" in cpu|cuda) ;; *) echo "error: --device $DEVICE: expected cpu or cuda" >&2; exit 2 ;; esac
+case "$PRECISION" in fp32|bf16|fp16) ;; *) echo "error: --precision $PRECISION: expected fp32, bf16 or fp16" >&2; exit 2 ;; esac
+if [[ $DEVICE == cuda ]]; then WARMUP=10 STEPS_EVERY=10; else STEPS_EVERY=1; fi
 if (( STEPS <= WARMUP )); then
   echo "error: --steps $STEPS: must be above the $WARMUP warm-up steps, which are not timed" >&2; exit 2
 fi
@@ -47,24 +59,36 @@ data:
   tokenizer: {vocab: $PWD/$TOPICS/vocab.txt}
 model: {preset: $PRESET}
 train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION}
-runtime: {device: cpu, threads: $THREADS}
-log: {steps_every: 1, progress: false}
+runtime: {device: $DEVICE, threads: $THREADS, tf32: $TF32}
+log: {steps_every: $STEPS_EVERY, progress: false}
 YAML
-build/bin/worker "$WORK/job.yaml" --runs-dir "$WORK/runs" --resume none > "$WORK/worker.log" 2>&1 ||
+"$WORKER" "$WORK/job.yaml" --runs-dir "$WORK/runs" --resume none > "$WORK/worker.log" 2>&1 ||
   { cat "$WORK/worker.log"; exit 1; }
-OURS=$("$PY" -c "
-import json, sys
-ms = [json.loads(l)['ms'] for l in open('$WORK/runs/bench_train_step/steps.jsonl')][$WARMUP:]
-print(sum(ms) / len(ms))")
-REF=$("$PY" scripts/bench/train_step_reference.py --data "$WORK/long.tsv" --vocab "$TOPICS/vocab.txt" \
-  --preset "$PRESET" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
-  --threads "$THREADS" --labels "$LABELS" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['ms_per_step'])")
-"$PY" - "$OURS" "$REF" <<PY
-import sys
-ours, ref = map(float, sys.argv[1:])
-print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION, $THREADS threads, "
-      f"steps $((WARMUP + 1))..$STEPS")
-print(f"  trainyard worker (C++)     {ours:8.1f} ms/step")
-print(f"  PyTorch + HF (Python)      {ref:8.1f} ms/step")
-print(f"  ratio ours / pytorch       {ours / ref:8.3f}")
+reference() {
+  "$PY" scripts/bench/train_step_reference.py --data "$WORK/long.tsv" --vocab "$TOPICS/vocab.txt" \
+    --preset "$PRESET" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
+    --threads "$THREADS" --labels "$LABELS" --device "$DEVICE" --precision "$PRECISION" \
+    $([[ $TF32 == true ]] && echo --tf32) "$@"
+}
+reference > "$WORK/ref.json"
+if [[ $COMPILE == true ]]; then reference --compile > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
+"$PY" - "$WORK/runs/bench_train_step/steps.jsonl" "$WORK/ref.json" "$WORK/ref_compiled.json" "$WARMUP" "$JSON" <<PY
+import json, statistics, sys
+steps_file, ref_file, compiled_file, warmup, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+ms = [json.loads(l)["ms"] for l in open(steps_file) if json.loads(l)["step"] > warmup]
+cuda = "$DEVICE" == "cuda"
+ours = statistics.median(ms) if cuda else sum(ms) / len(ms)
+ref, compiled = json.load(open(ref_file)), json.load(open(compiled_file))
+key = "median_ms" if cuda else "ms_per_step"
+print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, "
+      f"$THREADS threads, steps {warmup + 1}..$STEPS ({'median' if cuda else 'mean'})")
+print(f"  trainyard worker (C++)     {ours:8.2f} ms/step")
+print(f"  PyTorch + HF (Python)      {ref[key]:8.2f} ms/step   ratio ours / pytorch {ours / ref[key]:6.3f}")
+if compiled:
+    print(f"  PyTorch + torch.compile    {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
+if out:
+    json.dump({"preset": "$PRESET", "batch": $BATCH, "seq": $SEQ, "precision": "$PRECISION", "tf32": "$TF32" == "true",
+               "device": "$DEVICE", "ours_ms": ours, "pytorch_ms": ref[key],
+               "compiled_ms": compiled.get(key), "non_embedding_params": ref["non_embedding_params"]},
+              open(out, "w"))
 PY
