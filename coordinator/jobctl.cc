@@ -18,9 +18,10 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "proto/job_spec.h"
+#include "common/spec/job_spec.h"
+#include "proto/wire_version.h"
 #include "trainyard.pb.h"
-#include "worker/run_log.h"
+#include "common/csv.h"
 
 namespace {
 
@@ -48,7 +49,7 @@ class Rejected : public std::runtime_error {
 
 // One request, one reply, with Lazy Pirate retries.
 wire::Envelope Request(const Options& o, wire::Envelope request) {
-  request.set_version(1);
+  request.set_version(trainyard::kProtocolVersion);
   const std::string bytes = request.SerializeAsString();
   zmq::context_t context(1);
   for (int attempt = 1; attempt <= o.retries; ++attempt) {

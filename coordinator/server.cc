@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "proto/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace trainyard {
 namespace {

@@ -35,11 +35,11 @@
 
 #include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
+#include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
 namespace trainyard {
 
-constexpr uint32_t kProtocolVersion = 1;
 
 struct ServerOptions {
   std::string listen = "tcp://127.0.0.1:5555";

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "coordinator/server.h"
-#include "worker/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace trainyard {
 namespace {

@@ -64,11 +64,11 @@ TEST_F(StateStoreTest, EpochRowsAreNeverDuplicated) {
   StateStore store(path_, false);
   bool created = false;
   store.Submit(Job("k"), 1.0, &created);
-  EXPECT_TRUE(store.AddEpochRow(1, {1, 2, "2,2.0"}));
-  EXPECT_TRUE(store.AddEpochRow(1, {1, 1, "1,2.0"}));
-  EXPECT_FALSE(store.AddEpochRow(1, {1, 1, "1,2.0"}));  // a resent report
-  EXPECT_FALSE(store.AddEpochRow(1, {2, 2, "2,9.9"}));  // a later attempt replaying a done epoch
-  EXPECT_TRUE(store.AddEpochRow(1, {2, 3, "3,2.1"}));
+  EXPECT_TRUE(store.AddEpochRow(1, {1, 2, "2,2.0", "", ""}));
+  EXPECT_TRUE(store.AddEpochRow(1, {1, 1, "1,2.0", "", ""}));
+  EXPECT_FALSE(store.AddEpochRow(1, {1, 1, "1,2.0", "", ""}));  // a resent report
+  EXPECT_FALSE(store.AddEpochRow(1, {2, 2, "2,9.9", "", ""}));  // a later attempt replaying a done epoch
+  EXPECT_TRUE(store.AddEpochRow(1, {2, 3, "3,2.1", "", ""}));
   auto rows = store.EpochRows(1);
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].epoch, 1);  // epoch order, whatever the arrival order

@@ -10,19 +10,14 @@
 #include <fstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "data/wordpiece_tokenizer.h"
-#include "worker/batch_pipeline.h"
-#include "worker/device_transfer.h"
-#include "worker/step_timer.h"
+#include "worker/train/batch_pipeline.h"
+#include "worker/train/device_transfer.h"
+#include "worker/train/step_timer.h"
 
 namespace trainyard {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 class DevicePipelineTest : public ::testing::Test {
  protected:

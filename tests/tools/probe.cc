@@ -20,12 +20,12 @@
 
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
-#include "worker/amp.h"
+#include "worker/train/amp.h"
 #ifdef TRAINYARD_WITH_CUDA
-#include "worker/cuda_graph.h"
+#include "worker/jobs/cuda_graph.h"
 #endif
 #include "worker/models/hf_checkpoint.h"
-#include "worker/optimizer.h"
+#include "worker/train/optimizer.h"
 
 namespace trainyard {
 namespace {

@@ -11,12 +11,12 @@
 #include <sstream>
 
 #include "worker/comm/mpi_check.h"
-#include "worker/log.h"
+#include "common/clock.h"
+#include "common/log.h"
 
 namespace trainyard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kStatusRequestTag = 101, kStatusReplyTag = 102;
 constexpr auto kAttributionWindow = std::chrono::milliseconds(1500);
 constexpr auto kPeerReportGrace = std::chrono::milliseconds(1000);

@@ -14,7 +14,8 @@
 #include <optional>
 #include <thread>
 
-#include "worker/log.h"
+#include "common/clock.h"
+#include "common/log.h"
 
 #define TY_NCCL_CHECK(call)                                                                      \
   do {                                                                                           \
@@ -27,7 +28,6 @@
 namespace trainyard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 ncclDataType_t NcclType(torch::ScalarType type) {
   switch (type) {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "worker/log.h"
+#include "common/log.h"
 
 namespace trainyard {
 

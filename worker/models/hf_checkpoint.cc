@@ -4,8 +4,8 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "worker/atomic_file.h"
-#include "worker/models/safetensors.h"
+#include "common/atomic_file.h"
+#include "common/safetensors.h"
 
 namespace trainyard {
 namespace {

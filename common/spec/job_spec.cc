@@ -1,0 +1,456 @@
+#include "common/spec/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+namespace trainyard {
+namespace {
+
+// The YAML spelling of each enum value: what parsing accepts and ToString prints.
+const std::map<std::string, Precision> kPrecisionNames = {
+    {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+const std::map<std::string, JobKind> kJobKindNames = {
+    {"finetune", JobKind::kFinetune}, {"benchmark", JobKind::kBenchmark}, {"inference", JobKind::kInference}};
+const std::map<std::string, BenchMode> kBenchModeNames = {
+    {"eager", BenchMode::kEager}, {"torchscript", BenchMode::kTorchScript}, {"cuda_graph", BenchMode::kCudaGraph}};
+
+template <typename E>
+const char* NameOf(const std::map<std::string, E>& names, E value) {
+  for (const auto& [name, v] : names)
+    if (v == value) return name.c_str();
+  return "?";
+}
+
+namespace fs = std::filesystem;
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// Walks one parsed YAML document, turning every problem into a SpecError that
+// points at the offending node.
+class SpecReader {
+ public:
+  SpecReader(std::string source, fs::path base_dir, std::map<std::string, std::string>* locations)
+      : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations) {}
+
+  [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path,
+                         const std::string& message) const {
+    std::ostringstream out;
+    out << source_ << ":" << at.Mark().line + 1 << ":" << at.Mark().column + 1 << ": "
+        << key_path << ": " << message;
+    throw SpecError(out.str());
+  }
+
+  static std::string Child(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+  // Rejects keys outside `allowed`, suggesting the nearest valid one.
+  void CheckKeys(const YAML::Node& map, const std::string& path,
+                 const std::vector<std::string>& allowed) const {
+    if (!map.IsMap()) Fail(map, path.empty() ? "<document>" : path, "expected a mapping of keys");
+    std::vector<std::string> seen;
+    for (const auto& entry : map) {
+      const std::string key = entry.first.as<std::string>();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        Fail(entry.first, Child(path, key), "duplicate key; each key may appear once");
+      seen.push_back(key);
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string nearest = allowed.front();
+      for (const auto& candidate : allowed)
+        if (EditDistance(key, candidate) < EditDistance(key, nearest)) nearest = candidate;
+      std::string hint = EditDistance(key, nearest) <= std::max<size_t>(2, key.size() / 3)
+                             ? "did you mean '" + nearest + "'?"
+                             : "valid keys: " + Join(allowed);
+      Fail(entry.first, Child(path, key), "unknown key; " + hint);
+    }
+  }
+
+  template <typename T>
+  bool Read(const YAML::Node& map, const std::string& key, const std::string& path, T* out,
+            const char* expected) const {
+    const YAML::Node node = map[key];
+    if (!node.IsDefined() || node.IsNull()) return false;
+    if (!node.IsScalar()) Fail(node, Child(path, key), std::string("expected ") + expected);
+    (*locations_)[Child(path, key)] = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
+                                      std::to_string(node.Mark().column + 1);
+    try {
+      *out = node.as<T>();
+    } catch (const YAML::BadConversion&) {
+      Fail(node, Child(path, key),
+           std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
+    }
+    return true;
+  }
+
+  bool ReadString(const YAML::Node& m, const std::string& k, const std::string& p,
+                  std::string* out) const {
+    return Read(m, k, p, out, "a string");
+  }
+  template <typename Int>
+  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out,
+               int64_t min_value) const {
+    int64_t value = *out;
+    if (!Read(m, k, p, &value, "an integer")) return;
+    if (value < min_value)
+      Fail(m[k], Child(p, k), "expected an integer >= " + std::to_string(min_value) +
+                                  ", got " + std::to_string(value));
+    *out = static_cast<Int>(value);
+  }
+  void ReadDouble(const YAML::Node& m, const std::string& k, const std::string& p, double* out,
+                  double lo, double hi) const {
+    if (!Read(m, k, p, out, "a number")) return;
+    if (*out < lo || *out > hi) {
+      std::ostringstream msg;
+      msg << "expected a number in [" << lo << ", " << hi << "], got " << *out;
+      Fail(m[k], Child(p, k), msg.str());
+    }
+  }
+  void ReadBool(const YAML::Node& m, const std::string& k, const std::string& p, bool* out) const {
+    Read(m, k, p, out, "true or false");
+  }
+
+  template <typename E>
+  void ReadEnum(const YAML::Node& m, const std::string& k, const std::string& p,
+                const std::map<std::string, E>& choices, E* out) const {
+    std::string text;
+    if (!ReadString(m, k, p, &text)) return;
+    auto it = choices.find(text);
+    if (it == choices.end()) {
+      std::vector<std::string> names;
+      for (const auto& c : choices) names.push_back(c.first);
+      Fail(m[k], Child(p, k), "expected one of " + Join(names) + ", got '" + text + "'");
+    }
+    *out = it->second;
+  }
+
+  // Reads a path, resolves it against the job file's folder, and (if must_exist)
+  // checks that the file is there.
+  bool ReadPath(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out,
+                bool must_exist) const {
+    std::string raw;
+    if (!ReadString(m, k, p, &raw)) return false;
+    fs::path resolved = fs::path(raw).is_absolute() ? fs::path(raw) : base_dir_ / raw;
+    *out = resolved.lexically_normal().string();
+    if (must_exist && !fs::exists(*out)) Fail(m[k], Child(p, k), "file not found: " + *out);
+    return true;
+  }
+
+  // A non-empty YAML sequence of scalars, each converted by `convert` (which calls Fail
+  // through `fail_item` for a bad element).
+  template <typename T, typename Convert>
+  bool ReadList(const YAML::Node& m, const std::string& k, const std::string& p, std::vector<T>* out,
+                Convert convert) const {
+    const YAML::Node node = m[k];
+    if (!node.IsDefined() || node.IsNull()) return false;
+    (*locations_)[Child(p, k)] = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
+                                 std::to_string(node.Mark().column + 1);
+    if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
+    if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
+    out->clear();
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string item_path = Child(p, k) + "[" + std::to_string(i) + "]";
+      if (!node[i].IsScalar()) Fail(node[i], item_path, "expected a scalar");
+      out->push_back(convert(node[i], item_path));
+    }
+    return true;
+  }
+
+  int PositiveInt(const YAML::Node& n, const std::string& path) const {
+    int value = 0;
+    try {
+      value = n.as<int>();
+    } catch (const YAML::BadConversion&) {
+      Fail(n, path, "expected an integer, got '" + n.Scalar() + "'");
+    }
+    if (value < 1) Fail(n, path, "expected an integer >= 1, got " + std::to_string(value));
+    return value;
+  }
+
+  template <typename E>
+  E Choice(const YAML::Node& n, const std::string& path, const std::map<std::string, E>& choices) const {
+    auto it = choices.find(n.Scalar());
+    if (it != choices.end()) return it->second;
+    std::vector<std::string> names;
+    for (const auto& c : choices) names.push_back(c.first);
+    Fail(n, path, "expected one of " + Join(names) + ", got '" + n.Scalar() + "'");
+  }
+
+  YAML::Node Section(const YAML::Node& root, const std::string& key,
+                     const std::vector<std::string>& allowed) const {
+    YAML::Node node = root[key];
+    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+    CheckKeys(node, key, allowed);
+    return node;
+  }
+
+ private:
+  std::string source_;
+  fs::path base_dir_;
+  std::map<std::string, std::string>* locations_;
+};
+
+void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) {
+  const std::string path = "data.tokenizer";
+  YAML::Node node = data["tokenizer"];
+  if (!node.IsDefined() || node.IsNull()) r.Fail(data, path, "required: a tokenizer mapping");
+  r.CheckKeys(node, path, {"kind", "vocab", "lowercase", "model", "vocab_size"});
+  TokenizerSpec& t = out->tokenizer;
+  r.ReadEnum(node, "kind", path,
+             std::map<std::string, TokenizerKind>{{"wordpiece", TokenizerKind::kWordPiece},
+                                                  {"sentencepiece", TokenizerKind::kSentencePiece}},
+             &t.kind);
+  r.ReadBool(node, "lowercase", path, &t.lowercase);
+  r.ReadInt(node, "vocab_size", path, &t.vocab_size, 16);
+  if (t.kind == TokenizerKind::kWordPiece) {
+    if (!r.ReadPath(node, "vocab", path, &t.vocab, true))
+      r.Fail(node, path + ".vocab", "required for a wordpiece tokenizer: path to vocab.txt");
+  } else {
+    // A missing SentencePiece model is trained from the train split on first use.
+    if (!r.ReadPath(node, "model", path, &t.model, false))
+      r.Fail(node, path + ".model", "required for a sentencepiece tokenizer: path to a .model");
+  }
+}
+
+void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node d = root["data"];
+  if (!d.IsDefined() || d.IsNull()) r.Fail(root, "data", "required: a data mapping");
+  r.CheckKeys(d, "data",
+              {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer",
+               "max_seq_len", "bucket_batches", "prefetch_batches", "loader_threads"});
+  DataSpec& out = spec->data;
+  if (!r.ReadPath(d, "train", "data", &out.train, true) && spec->kind != JobKind::kInference)
+    r.Fail(d, "data.train", spec->kind == JobKind::kFinetune
+                                ? "required: path to the training file (.tsv or .jsonl)"
+                                : "required: the text file benchmark inputs are tokenized from");
+  r.ReadPath(d, "dev", "data", &out.dev, true);
+  r.ReadPath(d, "labels", "data", &out.labels, true);
+  out.format = fs::path(out.train.empty() ? spec->inference.input : out.train).extension() == ".jsonl"
+                   ? DataFormat::kJsonl
+                   : DataFormat::kTsv;
+  r.ReadEnum(d, "format", "data",
+             std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv},
+                                               {"jsonl", DataFormat::kJsonl}},
+             &out.format);
+  r.ReadString(d, "text_field", "data", &out.text_field);
+  r.ReadString(d, "label_field", "data", &out.label_field);
+  r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8);
+  r.ReadInt(d, "bucket_batches", "data", &out.bucket_batches, 1);
+  r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0);
+  r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1);
+  ParseTokenizer(r, d, &out);
+}
+
+void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node m = r.Section(root, "model", {"preset", "init", "dropout"});
+  r.ReadEnum(m, "preset", "model",
+             std::map<std::string, std::string>{{"tiny", "tiny"}, {"mini", "mini"}, {"base", "base"}},
+             &spec->model.preset);
+  if (r.ReadPath(m, "init", "model", &spec->model.init, true) &&
+      !fs::exists(fs::path(spec->model.init) / "model.safetensors"))
+    r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json");
+  r.ReadDouble(m, "dropout", "model", &spec->model.dropout, 0.0, 0.9);
+}
+
+void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node t = r.Section(root, "train",
+                           {"epochs", "batch_size", "max_steps", "lr", "weight_decay",
+                            "warmup_ratio", "max_grad_norm", "adam_beta1", "adam_beta2",
+                            "adam_eps", "precision", "loss_scale"});
+  TrainSpec& out = spec->train;
+  r.ReadInt(t, "epochs", "train", &out.epochs, 1);
+  r.ReadInt(t, "batch_size", "train", &out.batch_size, 1);
+  r.ReadInt(t, "max_steps", "train", &out.max_steps, 0);
+  r.ReadDouble(t, "lr", "train", &out.lr, 0.0, 10.0);
+  r.ReadDouble(t, "weight_decay", "train", &out.weight_decay, 0.0, 1.0);
+  r.ReadDouble(t, "warmup_ratio", "train", &out.warmup_ratio, 0.0, 1.0);
+  r.ReadDouble(t, "max_grad_norm", "train", &out.max_grad_norm, 0.0, 1e6);
+  r.ReadDouble(t, "adam_beta1", "train", &out.adam_beta1, 0.0, 0.999999);
+  r.ReadDouble(t, "adam_beta2", "train", &out.adam_beta2, 0.0, 0.999999);
+  r.ReadDouble(t, "adam_eps", "train", &out.adam_eps, 1e-12, 1.0);
+  r.ReadEnum(t, "precision", "train", kPrecisionNames, &out.precision);
+  YAML::Node ls = t["loss_scale"];
+  if (ls.IsDefined() && !ls.IsNull()) {
+    const std::string p = "train.loss_scale";
+    r.CheckKeys(ls, p, {"init_scale", "growth_factor", "backoff_factor", "growth_interval"});
+    r.ReadDouble(ls, "init_scale", p, &out.loss_scale.init_scale, 1.0, 1e38);
+    r.ReadDouble(ls, "growth_factor", p, &out.loss_scale.growth_factor, 1.0, 1e6);
+    r.ReadDouble(ls, "backoff_factor", p, &out.loss_scale.backoff_factor, 1e-6, 1.0);
+    r.ReadInt(ls, "growth_interval", p, &out.loss_scale.growth_interval, 1);
+  }
+}
+
+void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node c = r.Section(root, "checkpoint", {"every_steps", "keep", "resume"});
+  r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0);
+  r.ReadInt(c, "keep", "checkpoint", &spec->checkpoint.keep, 1);
+  std::string resume;
+  if (r.ReadString(c, "resume", "checkpoint", &resume)) {
+    if (resume == "none" || resume == "auto")
+      spec->checkpoint.resume = resume;
+    else
+      r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, true);
+  }
+  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32"});
+  r.ReadEnum(rt, "device", "runtime",
+             std::map<std::string, DeviceChoice>{{"auto", DeviceChoice::kAuto},
+                                                 {"cpu", DeviceChoice::kCpu},
+                                                 {"cuda", DeviceChoice::kCuda}},
+             &spec->runtime.device);
+  r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
+  r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
+  YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
+  r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1);
+  r.ReadEnum(rs, "device", "resources",
+             std::map<std::string, std::string>{{"cpu", "cpu"}, {"cuda", "cuda"}, {"any", "any"}},
+             &spec->resources.device);
+  r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1000000);
+  r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0);
+  r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
+  YAML::Node ds = r.Section(root, "distributed", {"backend", "bucket_mb", "overlap", "compression",
+                                                   "timeout_s", "check_consistency"});
+  DistributedSpec& dist = spec->distributed;
+  r.ReadEnum(ds, "backend", "distributed",
+             std::map<std::string, CommBackend>{{"auto", CommBackend::kAuto},
+                                                {"mpi", CommBackend::kMpi},
+                                                {"nccl", CommBackend::kNccl}},
+             &dist.backend);
+  r.ReadDouble(ds, "bucket_mb", "distributed", &dist.bucket_mb, 0.001, 4096.0);
+  r.ReadBool(ds, "overlap", "distributed", &dist.overlap);
+  r.ReadEnum(ds, "compression", "distributed",
+             std::map<std::string, bool>{{"none", false}, {"fp16", true}}, &dist.fp16_compression);
+  r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
+  r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
+  YAML::Node dbg = r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank"});
+  r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
+  r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1);
+  r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0);
+  YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress"});
+  r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, false);
+  r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1);
+  r.ReadBool(lg, "progress", "log", &spec->log.progress);
+}
+
+void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node b = r.Section(root, "benchmark", {"mode", "batch_sizes", "seq_lens", "precisions", "modes",
+                                               "torchscript", "warmup", "iters", "max_cv", "max_remeasure",
+                                               "memory_cap_mb", "train_steps"});
+  BenchmarkSpec& out = spec->benchmark;
+  r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
+             &out.train_step);
+  auto positive = [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path); };
+  r.ReadList(b, "batch_sizes", "benchmark", &out.batch_sizes, positive);
+  r.ReadList(b, "seq_lens", "benchmark", &out.seq_lens, positive);
+  r.ReadList(b, "precisions", "benchmark", &out.precisions,
+             [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kPrecisionNames); });
+  r.ReadList(b, "modes", "benchmark", &out.modes,
+             [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kBenchModeNames); });
+  bool wants_script = false;
+  for (BenchMode m : out.modes) wants_script = wants_script || m == BenchMode::kTorchScript;
+  if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, true) && wants_script)
+    r.Fail(b["modes"], "benchmark.torchscript", "required by the torchscript mode: a .pt file");
+  r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0);
+  r.ReadInt(b, "iters", "benchmark", &out.iters, 2);
+  r.ReadDouble(b, "max_cv", "benchmark", &out.max_cv, 0.0, 10.0);
+  r.ReadInt(b, "max_remeasure", "benchmark", &out.max_remeasure, 0);
+  r.ReadDouble(b, "memory_cap_mb", "benchmark", &out.memory_cap_mb, 0.0, 1e9);
+  r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2);
+}
+
+void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node n = r.Section(root, "inference", {"input", "output", "batch_size", "sort_by_length"});
+  InferenceSpec& out = spec->inference;
+  if (!r.ReadPath(n, "input", "inference", &out.input, true))
+    r.Fail(n.IsDefined() ? n : root, "inference.input", "required: the dataset file to predict over");
+  r.ReadPath(n, "output", "inference", &out.output, false);
+  r.ReadInt(n, "batch_size", "inference", &out.batch_size, 1);
+  r.ReadEnum(n, "sort_by_length", "inference",
+             std::map<std::string, std::string>{{"true", "true"}, {"false", "false"}, {"both", "both"}},
+             &out.sort_by_length);
+}
+
+JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
+  r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime",
+                         "resources", "distributed", "debug", "benchmark", "inference", "log"});
+  JobSpec spec;
+  spec.source_file = source;
+  if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
+  if (spec.name.empty() || spec.name.find_first_of("/\\ \t") != std::string::npos)
+    r.Fail(root["name"], "name", "expected a non-empty name without slashes or spaces");
+  r.ReadEnum(root, "kind", "", kJobKindNames, &spec.kind);
+  r.ReadInt(root, "seed", "", &spec.seed, 0);
+  ParseData(r, root, &spec);
+  ParseModel(r, root, &spec);
+  ParseTrain(r, root, &spec);
+  ParseRest(r, root, &spec);
+  if (spec.kind == JobKind::kBenchmark) ParseBenchmark(r, root, &spec);
+  if (spec.kind == JobKind::kInference) ParseInference(r, root, &spec);
+  for (const char* other : {"benchmark", "inference"})
+    if (root[other].IsDefined() && std::string(other) != ToString(spec.kind))
+      r.Fail(root[other], other, std::string("only used by kind: ") + other);
+  return spec;
+}
+
+}  // namespace
+
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
+                     const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw SpecError(source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                    std::to_string(e.mark.column + 1) + ": <document>: malformed YAML: " + e.msg);
+  }
+  if (!root.IsMap())
+    throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
+  std::map<std::string, std::string> locations;
+  SpecReader reader(source_name, fs::path(base_dir), &locations);
+  JobSpec spec = ParseDocument(reader, root, source_name);
+  spec.locations = std::move(locations);
+  return spec;
+}
+
+JobSpec LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError(path + ":0:0: <file>: cannot open the job file");
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::path base = fs::absolute(fs::path(path)).parent_path();
+  return ParseJobSpec(text.str(), path, base.string());
+}
+
+std::string JobSpec::Where(const std::string& key_path) const {
+  auto it = locations.find(key_path);
+  return (it == locations.end() ? source_file : it->second) + ": " + key_path;
+}
+
+const char* ToString(Precision p) { return NameOf(kPrecisionNames, p); }
+const char* ToString(BenchMode m) { return NameOf(kBenchModeNames, m); }
+const char* ToString(JobKind k) { return NameOf(kJobKindNames, k); }
+
+}  // namespace trainyard

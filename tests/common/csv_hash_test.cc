@@ -1,0 +1,28 @@
+// The CSV row splitter and the FNV-1a fingerprint.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/csv.h"
+#include "common/hash.h"
+
+namespace trainyard {
+namespace {
+
+TEST(SplitCsv, KeepsEmptyCells) {
+  EXPECT_EQ(SplitCsv("a,,b,"), (std::vector<std::string>{"a", "", "b", ""}));
+  EXPECT_EQ(SplitCsv("1.5"), (std::vector<std::string>{"1.5"}));
+  EXPECT_TRUE(SplitCsv("").empty());
+}
+
+TEST(Fnv1a, MatchesTheReferenceVectorsAndChains) {
+  // Published FNV-1a 64-bit test vectors.
+  EXPECT_EQ(Fnv1a("", 0), 0xcbf29ce484222325ULL);
+  EXPECT_EQ(Fnv1a("a", 1), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(Fnv1a("foobar", 6), 0x85944171f73967e8ULL);
+  // Hashing in pieces equals hashing at once.
+  EXPECT_EQ(Fnv1a("bar", 3, Fnv1a("foo", 3)), Fnv1a("foobar", 6));
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,405 @@
+#include "worker/jobs/benchmark.h"
+
+#include <sys/resource.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "worker/train/amp.h"
+#include "common/atomic_file.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "worker/train/optimizer.h"
+
+#ifdef TRAINYARD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime.h>
+
+#include "worker/jobs/cuda_graph.h"
+#endif
+
+#ifndef TRAINYARD_GIT_COMMIT
+#define TRAINYARD_GIT_COMMIT "unknown"
+#endif
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kMaxPositions = 512;  // BERT's, for presets in benchmark jobs
+
+enum NoteCode { kNoNote = 0, kSeqTooLong = 1, kFp16NeedsCuda = 2, kOutOfMemory = 3 };
+
+// Reads a "Vm..." line of /proc/self/status, in MB.
+double ProcStatusMb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::strlen(key) + 1)) / 1024.0;
+  return 0.0;
+}
+
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// Caps the process's address space `headroom_mb` above what it uses now, for the
+// lifetime of the object, so that a cell needing more fails to allocate (CPU OOM).
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(double headroom_mb) {
+    if (headroom_mb <= 0) return;
+    getrlimit(RLIMIT_AS, &previous_);
+    rlimit cap = previous_;
+    cap.rlim_cur = static_cast<rlim_t>((ProcStatusMb("VmSize:") + headroom_mb) * 1048576.0);
+    active_ = setrlimit(RLIMIT_AS, &cap) == 0;
+  }
+  ~AddressSpaceCap() {
+    if (active_) setrlimit(RLIMIT_AS, &previous_);
+  }
+
+ private:
+  rlimit previous_{};
+  bool active_ = false;
+};
+
+bool IsOutOfMemory(const std::exception& e) {
+  const std::string what = e.what();
+  return what.find("out of memory") != std::string::npos || what.find("can't allocate memory") != std::string::npos ||
+         what.find("std::bad_alloc") != std::string::npos;
+}
+
+double Percentile(std::vector<double> sorted, double q) {
+  const size_t rank = static_cast<size_t>(std::ceil(q * sorted.size()));
+  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+void FillStats(std::vector<double> ms, BenchCell* cell) {
+  std::sort(ms.begin(), ms.end());
+  const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
+  double var = 0;
+  for (double v : ms) var += (v - mean) * (v - mean);
+  cell->mean_ms = mean;
+  cell->p50_ms = Percentile(ms, 0.5), cell->p90_ms = Percentile(ms, 0.9), cell->p99_ms = Percentile(ms, 0.99);
+  cell->cv = ms.size() > 1 ? std::sqrt(var / (ms.size() - 1)) / mean : 0.0;
+  cell->seqs_per_s = cell->batch * 1000.0 / mean;
+  cell->tokens_per_s = double(cell->batch) * cell->seq * 1000.0 / mean;
+}
+
+uint64_t FileHash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return Fnv1a(bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
+    : spec_(std::move(spec)), ranks_(ranks), device_(PrepareRuntime(spec_, ranks_)) {
+  for (BenchMode m : spec_.benchmark.modes)
+    if (m == BenchMode::kCudaGraph && !device_.is_cuda())
+      throw InputError(spec_.Where("benchmark.modes") + ": cuda_graph needs a CUDA device; this job runs on " +
+                       device_.str());
+  LabelSet labels = LoadLabels(spec_);
+  TextDataset texts = LoadTexts(spec_, "data.train", spec_.data.train, &labels);
+  tokenizer_ = LoadTokenizer(spec_, texts);
+  model_ = BuildModel(spec_, *tokenizer_, labels.names(), kMaxPositions);
+  model_->to(device_);
+  model_name_ = spec_.model.init.empty() ? spec_.model.preset : fs::path(spec_.model.init).filename().string();
+  if (!spec_.benchmark.torchscript.empty()) {
+    try {
+      script_ = torch::jit::load(spec_.benchmark.torchscript, device_);
+      script_->eval();
+    } catch (const std::exception& e) {
+      throw InputError(spec_.Where("benchmark.torchscript") + ": cannot load the TorchScript file: " +
+                       std::string(e.what()).substr(0, 300));
+    }
+  }
+  auto probe = tokenizer_->Encode("", 8);
+  cls_id_ = probe.front(), sep_id_ = probe.back();
+  for (size_t i = 0; i < texts.examples.size() && token_stream_.size() < 200000; ++i) {
+    auto ids = tokenizer_->Encode(texts.examples[i].text, 1 << 16);
+    token_stream_.insert(token_stream_.end(), ids.begin() + 1, ids.end() - 1);
+  }
+  if (token_stream_.size() < 1024)
+    throw InputError(spec_.Where("data.train") + ": too little text to build benchmark inputs");
+}
+
+std::string BenchmarkRunner::run_dir() const { return RunDir(spec_); }
+
+torch::Tensor BenchmarkRunner::Inputs(int batch, int seq) const {
+  torch::Tensor ids = torch::empty({batch, seq}, torch::kLong);
+  auto rows = ids.accessor<int64_t, 2>();
+  const int64_t body = std::max(0, seq - 2), span = static_cast<int64_t>(token_stream_.size()) - body;
+  for (int r = 0; r < batch; ++r) {
+    const int64_t offset = (int64_t(r) * 7919 * std::max<int64_t>(body, 1)) % std::max<int64_t>(span, 1);
+    rows[r][0] = cls_id_;
+    for (int64_t c = 0; c < body; ++c) rows[r][c + 1] = token_stream_[offset + c];
+    if (seq > 1) rows[r][seq - 1] = sep_id_;
+  }
+  return ids.to(device_);
+}
+
+std::vector<BenchmarkRunner::CellPlan> BenchmarkRunner::PlanCells() const {
+  std::vector<CellPlan> cells;
+  for (Precision p : spec_.benchmark.precisions)
+    for (BenchMode m : spec_.benchmark.modes)
+      for (int b : spec_.benchmark.batch_sizes)
+        for (int s : spec_.benchmark.seq_lens) cells.push_back({b, s, p, m});
+  return cells;
+}
+
+std::vector<double> BenchmarkRunner::TimeIterations(const std::function<void()>& step, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> ms;
+#ifdef TRAINYARD_WITH_CUDA
+  if (device_.is_cuda()) {
+    std::vector<at::cuda::CUDAEvent> starts, ends;
+    for (int i = 0; i < iters; ++i) starts.emplace_back(cudaEventDefault), ends.emplace_back(cudaEventDefault);
+    c10::cuda::device_synchronize();
+    for (int i = 0; i < iters; ++i) {
+      starts[i].record();
+      step();
+      ends[i].record();
+    }
+    c10::cuda::device_synchronize();
+    for (int i = 0; i < iters; ++i) ms.push_back(starts[i].elapsed_time(ends[i]));
+    return ms;
+  }
+#endif
+  for (int i = 0; i < iters; ++i) {
+    auto start = Clock::now();
+    step();
+    ms.push_back(MsSince(start));
+  }
+  return ms;
+}
+
+std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan, const torch::Tensor& ids,
+                                                            const torch::Tensor& mask) {
+  const Precision precision = plan.precision;
+  if (plan.mode == BenchMode::kTorchScript) {
+    return [this, ids, mask, precision] {
+      AutocastScope autocast(device_.type(), precision);
+      torch::IValue out = script_->forward({ids, mask});
+      if (out.isTuple()) return out.toTupleRef().elements()[0].toTensor();
+      if (out.isGenericDict()) return out.toGenericDict().at("logits").toTensor();
+      return out.toTensor();
+    };
+  }
+  auto eager = [this, ids, mask, precision] {
+    AutocastScope autocast(device_.type(), precision);
+    return model_->forward(ids, mask);
+  };
+#ifdef TRAINYARD_WITH_CUDA
+  if (plan.mode == BenchMode::kCudaGraph) return CaptureCudaGraph(eager, device_);
+#endif
+  return eager;
+}
+
+BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
+  BenchCell cell;
+  cell.model = model_name_, cell.batch = plan.batch, cell.seq = plan.seq;
+  cell.precision = ToString(plan.precision), cell.mode = ToString(plan.mode), cell.rank = ranks_.rank;
+  const int64_t max_positions = model_->config().max_position_embeddings;
+  if (plan.seq > max_positions) {
+    cell.status = "N/A", cell.note = "seq_len exceeds max_position_embeddings " + std::to_string(max_positions);
+    return cell;
+  }
+  if (plan.precision == Precision::kFp16 && !device_.is_cuda()) {
+    cell.status = "N/A", cell.note = "fp16 needs CUDA";
+    return cell;
+  }
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  try {
+    AddressSpaceCap cap(device_.is_cuda() ? 0.0 : spec_.benchmark.memory_cap_mb);
+#ifdef TRAINYARD_WITH_CUDA
+    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+#endif
+    ResetPeakRss();
+    const double rss_before = ProcStatusMb("VmRSS:");
+    torch::Tensor ids = Inputs(plan.batch, plan.seq);
+    torch::Tensor mask = torch::ones_like(ids);
+    auto forward = MakeForward(plan, ids, mask);
+    BenchCell best;
+    for (int pass = 0; pass <= spec_.benchmark.max_remeasure; ++pass) {
+      BenchCell attempt = cell;
+      FillStats(TimeIterations([&] { forward(); }, spec_.benchmark.warmup, spec_.benchmark.iters), &attempt);
+      if (pass == 0 || attempt.cv < best.cv) best = attempt;
+      best.measurements = pass + 1;
+      if (best.cv <= spec_.benchmark.max_cv) break;
+    }
+    best.unstable = best.cv > spec_.benchmark.max_cv;
+    best.peak_mb = ProcStatusMb("VmHWM:") - rss_before;
+#ifdef TRAINYARD_WITH_CUDA
+    if (device_.is_cuda())
+      best.peak_mb = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].peak / 1048576.0;
+#endif
+    return best;
+  } catch (const std::exception& e) {
+    if (!IsOutOfMemory(e)) throw;
+#ifdef TRAINYARD_WITH_CUDA
+    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    cell.status = "OOM";
+    cell.note = spec_.benchmark.memory_cap_mb > 0 && !device_.is_cuda()
+                    ? StrFormat("needs more than memory_cap_mb %.0f", spec_.benchmark.memory_cap_mb)
+                    : "out of memory";
+    return cell;
+  }
+}
+
+BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
+  BenchCell cell;
+  cell.model = model_name_, cell.batch = spec_.train.batch_size, cell.seq = spec_.data.max_seq_len;
+  cell.precision = ToString(precision), cell.mode = "train_step", cell.rank = ranks_.rank;
+  if (precision == Precision::kFp16 && !device_.is_cuda()) {
+    cell.status = "N/A", cell.note = "fp16 needs CUDA";
+    return cell;
+  }
+  model_->train();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value()), params.push_back(item.value());
+  AdamW optimizer(named, AdamWOptions{});
+  GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16);
+  torch::Tensor ids = Inputs(cell.batch, cell.seq), mask = torch::ones_like(ids);
+  torch::Tensor labels = torch::arange(cell.batch, torch::kLong).remainder(model_->config().num_labels()).to(device_);
+  auto step = [&] {
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(device_.type(), precision);
+      loss = torch::nn::functional::cross_entropy(model_->forward(ids, mask).to(torch::kFloat), labels);
+    }
+    scaler.Scale(loss).backward();
+    const bool skip = scaler.UnscaleAndCheck(params);
+    if (!skip) optimizer.Step(1e-5);
+    scaler.Update(skip);
+    optimizer.ZeroGrad();
+  };
+  std::vector<double> ms = TimeIterations(step, 0, spec_.benchmark.train_steps);
+  ms.erase(ms.begin());  // the first step pays for allocation and warm-up
+  FillStats(ms, &cell);
+  cell.measurements = 1;
+  return cell;
+}
+
+std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size_t total) const {
+  if (!ranks_.comm) return mine;
+  // Numbers travel in one table (a row per cell); text is rebuilt from codes.
+  constexpr int kFields = 13;
+  torch::Tensor table = torch::zeros({int64_t(total), kFields}, torch::kDouble);
+  for (size_t i = 0; i < total; ++i) {
+    if (static_cast<int>(i % ranks_.world) != ranks_.rank) continue;
+    const BenchCell& c = mine[i / ranks_.world];
+    const double status = c.status == "ok" ? 0 : c.status == "OOM" ? 1 : 2;
+    const double note = c.status == "OOM" ? kOutOfMemory : c.note == "fp16 needs CUDA" ? kFp16NeedsCuda
+                        : c.status == "N/A" ? kSeqTooLong : kNoNote;
+    std::vector<double> row = {status, note, c.mean_ms, c.p50_ms, c.p90_ms, c.p99_ms, c.cv, c.seqs_per_s,
+                               c.tokens_per_s, c.peak_mb, double(c.measurements), double(c.unstable), double(c.rank)};
+    table[int64_t(i)].copy_(torch::tensor(row, torch::kDouble));
+  }
+  ranks_.comm->AllReduce(table, ReduceOp::kSum, "benchmark results");
+  std::vector<BenchCell> all;
+  std::vector<CellPlan> plans = PlanCells();
+  for (size_t i = 0; i < total; ++i) {
+    auto t = table[int64_t(i)];
+    auto v = [&](int k) { return t[k].item<double>(); };
+    BenchCell c;
+    c.model = model_name_;
+    if (spec_.benchmark.train_step) {
+      c.batch = spec_.train.batch_size, c.seq = spec_.data.max_seq_len;
+      c.precision = ToString(spec_.benchmark.precisions[i]), c.mode = "train_step";
+    } else {
+      c.batch = plans[i].batch, c.seq = plans[i].seq;
+      c.precision = ToString(plans[i].precision), c.mode = ToString(plans[i].mode);
+    }
+    c.status = v(0) == 0 ? "ok" : v(0) == 1 ? "OOM" : "N/A";
+    const int note = static_cast<int>(v(1));
+    c.note = note == kOutOfMemory ? "out of memory" : note == kFp16NeedsCuda ? "fp16 needs CUDA"
+             : note == kSeqTooLong ? "seq_len exceeds max_position_embeddings" : "";
+    c.mean_ms = v(2), c.p50_ms = v(3), c.p90_ms = v(4), c.p99_ms = v(5), c.cv = v(6), c.seqs_per_s = v(7);
+    c.tokens_per_s = v(8), c.peak_mb = v(9), c.measurements = int(v(10)), c.unstable = v(11) != 0, c.rank = int(v(12));
+    all.push_back(c);
+  }
+  return all;
+}
+
+nlohmann::json BenchmarkRunner::Environment() const {
+  nlohmann::json env = {{"torch_version", TORCH_VERSION},
+                        {"device", device_.str()},
+                        {"threads_per_rank", torch::get_num_threads()},
+                        {"ranks", ranks_.world},
+                        {"git_commit", TRAINYARD_GIT_COMMIT},
+                        {"job_file", spec_.source_file},
+                        {"job_hash", StrFormat("%016llx", (unsigned long long)FileHash(spec_.source_file))}};
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0) {
+      env["cpu"] = line.substr(line.find(':') + 2);
+      break;
+    }
+  env["cpu_cores"] = sysconf(_SC_NPROCESSORS_ONLN);
+#ifdef TRAINYARD_WITH_CUDA
+  if (device_.is_cuda()) {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, device_.index());
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    env["gpu"] = prop.name;
+    env["cuda_driver"] = driver;
+    env["cuda_runtime"] = runtime;
+  }
+#endif
+  return env;
+}
+
+nlohmann::json BenchmarkRunner::Run() {
+  const auto start = Clock::now();
+  std::vector<BenchCell> mine;
+  size_t total = 0;
+  if (spec_.benchmark.train_step) {
+    total = spec_.benchmark.precisions.size();
+    for (size_t i = ranks_.rank; i < total && !StopAsked(ranks_); i += ranks_.world)
+      mine.push_back(MeasureTrainStep(spec_.benchmark.precisions[i]));
+  } else {
+    std::vector<CellPlan> plans = PlanCells();
+    total = plans.size();
+    for (size_t i = ranks_.rank; i < total && !StopAsked(ranks_); i += ranks_.world) {
+      mine.push_back(Measure(plans[i]));
+      if (ranks_.world == 1 || spec_.log.progress)
+        LogInfo(StrFormat("[%zu/%zu] ", i + 1, total) + DescribeCell(mine.back()));
+    }
+  }
+  AgreeOnStop(ranks_, [&] { return StrFormat("after %zu of this rank's benchmark cells", mine.size()); });
+  std::vector<BenchCell> cells = Gather(std::move(mine), total);
+  nlohmann::json summary = {{"job", spec_.name}, {"kind", "benchmark"}, {"cells", cells.size()},
+                            {"wall_time_s", SecondsSince(start)}};
+  if (ranks_.rank != 0) return summary;
+  if (spec_.benchmark.train_step)
+    for (const auto& c : cells) LogInfo(DescribeCell(c));
+  fs::create_directories(run_dir());
+  WriteBenchmarkReport(run_dir(), cells);
+  nlohmann::json env = Environment();
+  WriteFileAtomically(run_dir() + "/env.json", env.dump(2) + "\n");
+  int ok = 0, oom = 0, na = 0, noisy = 0;
+  for (const auto& c : cells) ok += c.status == "ok", oom += c.status == "OOM", na += c.status == "N/A", noisy += c.unstable;
+  summary["ok"] = ok, summary["oom"] = oom, summary["not_applicable"] = na, summary["noisy"] = noisy;
+  summary["status"] = "succeeded";
+  WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
+  LogInfo(StrFormat("%zu cells: %d measured (%d noisy), %d OOM, %d N/A -> %s/benchmark.{csv,md}", cells.size(), ok,
+                    noisy, oom, na, run_dir().c_str()));
+  return summary;
+}
+
+}  // namespace trainyard

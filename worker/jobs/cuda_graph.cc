@@ -1,0 +1,36 @@
+#include "worker/jobs/cuda_graph.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <memory>
+
+namespace trainyard {
+
+std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tensor()>& forward,
+                                                const torch::Device& device) {
+  auto graph = std::make_shared<at::cuda::CUDAGraph>();
+  auto output = std::make_shared<torch::Tensor>();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    for (int i = 0; i < 3; ++i) forward();
+    side.synchronize();
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    graph->capture_begin();
+    *output = forward();
+    graph->capture_end();
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+  c10::cuda::device_synchronize();
+  return [graph, output] {
+    graph->replay();
+    return *output;
+  };
+}
+
+}  // namespace trainyard

@@ -1,0 +1,86 @@
+// The start of every job kind: choose the device, read labels and texts, build the
+// tokenizer and the model. Problems with the user's inputs become InputError (exit
+// code 2) naming the job file, line and key.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
+#include "common/spec/job_spec.h"
+#include "worker/train/batch_pipeline.h"
+#include "worker/comm/communicator.h"
+#include "worker/report/job_hooks.h"
+#include "worker/models/bert.h"
+
+namespace trainyard {
+
+// Where this process sits in the job. `comm` is null for a single rank; `hooks` is
+// null outside a worker pool.
+struct RankContext {
+  int rank = 0, world = 1, local_rank = 0;
+  Communicator* comm = nullptr;
+  JobHooks* hooks = nullptr;
+};
+
+// Note [Stop agreement]
+// In a pool, a job is stopped (cancelled, or its pool shut down) by a StopJob message
+// that reaches each of its ranks at a different moment. A rank that simply returned
+// would leave the others waiting in their next collective until its deadline. So a
+// rank only ever acts on a stop that all ranks have agreed on at the same point of the
+// job: StopAsked() is the local, cheap request flag; AgreeOnStop() ORs it over the
+// ranks in a collective of its own and throws JobStopped on every rank alike. The
+// finetune loop avoids that extra collective per step: each rank's vote rides in the
+// first gradient bucket (see Reducer), and every rank reads the summed votes at the
+// same steps (each step on CPU, each logging interval on CUDA) and stops there.
+// Benchmark jobs agree after their cells, inference after its batches.
+// Pool mode only (no-ops standalone); `where` (for the message) is only called when
+// stopping.
+inline bool StopAsked(const RankContext& ranks) { return ranks.hooks && ranks.hooks->StopRequested(); }
+void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where);
+
+// A problem with what the user gave us (exit code 2). what() is one line naming the
+// job file, line and key, and the file at fault.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Rank `rank`'s contiguous share [begin, end) of `n` items split as evenly as possible
+// over `world` ranks: the first n % world ranks get one more.
+std::pair<size_t, size_t> RankShard(size_t n, int rank, int world);
+
+// <log.runs_dir or ./runs>/<job name>: where rank 0 writes the job's outputs.
+std::string RunDir(const JobSpec& spec);
+
+// The input pipeline's options for this job (pinned memory on CUDA).
+PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);
+
+// What every job kind does first: intra-op threads, the seed, TF32 for CUDA matrix
+// products, and the device: CUDA when available and not refused (the node-local rank
+// picks the GPU), else CPU. Throws InputError for what this machine cannot do (CUDA
+// asked for and absent; fp16 training or inference without CUDA).
+torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks);
+
+// data.labels if given, else empty (to be collected from the first dataset read).
+LabelSet LoadLabels(const JobSpec& spec);
+
+// Reads `path` (named by `key` in the job file). Unknown labels are an error unless
+// `any_label` is set, in which case they get id -1.
+TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::string& path, LabelSet* labels,
+                      bool any_label = false);
+
+std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train);
+
+// model.init (a Hugging Face folder) or a fresh model.preset; the classifier gets
+// `labels` unless `keep_init_labels` and the checkpoint names its own.
+BertForSequenceClassification BuildModel(const JobSpec& spec, const Tokenizer& tokenizer,
+                                         const std::vector<std::string>& labels, int64_t max_positions,
+                                         bool keep_init_labels = false);
+
+}  // namespace trainyard

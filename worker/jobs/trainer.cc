@@ -1,0 +1,472 @@
+#include "worker/jobs/trainer.h"
+
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include "worker/train/batch_pipeline.h"
+#include "worker/train/device_transfer.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "worker/models/hf_checkpoint.h"
+#include "common/safetensors.h"
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+std::vector<int32_t> LengthProxies(const TextDataset& data) {
+  std::vector<int32_t> lengths;
+  lengths.reserve(data.examples.size());
+  for (const auto& e : data.examples) lengths.push_back(static_cast<int32_t>(e.text.size()));
+  return lengths;
+}
+
+}  // namespace
+
+// The parts of a step that StepTimer measures (device time on CUDA), in order; the
+// data wait before them is host time.
+enum TimedPart { kH2d, kForward, kBackward, kComm, kOptimizer, kNumTimedParts };
+static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are the data wait and the timed parts");
+
+// A step whose loss and timings may still be on the device. Read in FlushSteps.
+struct Trainer::PendingStep {
+  int64_t step = 0;  // global step, 1-based
+  int64_t examples = 0, tokens = 0;
+  double lr = 0, wait_ms = 0, loss_scale = 0;
+  bool skipped = false;
+  torch::Tensor loss;  // scalar, detached
+};
+
+// Sums over the steps of the epoch in progress in this process (timings are not
+// carried across a resume; losses are, through TrainProgress).
+struct Trainer::EpochTotals {
+  double wait = 0, parts[kNumTimedParts] = {};
+  int64_t steps = 0, samples = 0;
+  Clock::time_point start = Clock::now();
+};
+
+Trainer::Trainer(JobSpec spec, RankContext ranks)
+    : spec_(std::move(spec)), ranks_(ranks), totals_(std::make_unique<EpochTotals>()) {
+  device_ = PrepareRuntime(spec_, ranks_);
+  LoadData();
+  BuildModel();
+  ResolveResume();
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::run_dir() const { return RunDir(spec_); }
+
+void Trainer::LoadData() {
+  labels_ = LoadLabels(spec_);
+  train_ = LoadTexts(spec_, "data.train", spec_.data.train, &labels_);
+  if (!spec_.data.dev.empty()) dev_ = LoadTexts(spec_, "data.dev", spec_.data.dev, &labels_);
+  tokenizer_ = LoadTokenizer(spec_, train_);
+  // The plan is made of global batches (batch_size per rank x ranks), so any number of
+  // ranks sees the same global order of samples; each rank takes its shard of each.
+  sampler_ = std::make_unique<LengthBucketSampler>(
+      LengthProxies(train_), spec_.train.batch_size * ranks_.world, spec_.data.bucket_batches, spec_.seed);
+  steps_per_epoch_ = static_cast<int64_t>(sampler_->EpochPlan(0).size());
+}
+
+void Trainer::BuildModel() {
+  model_ = trainyard::BuildModel(spec_, *tokenizer_, labels_.names(), spec_.data.max_seq_len);
+  model_->to(device_);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model_->named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+    params_.push_back(item.value());
+  }
+  const TrainSpec& t = spec_.train;
+  optimizer_ = std::make_unique<AdamW>(named, AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  scaler_ = std::make_unique<GradScaler>(t.loss_scale,
+                                         t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling);
+  if (ranks_.comm) {
+    ReducerOptions options;
+    options.bucket_bytes = static_cast<int64_t>(spec_.distributed.bucket_mb * 1048576.0);
+    options.overlap = spec_.distributed.overlap;
+    options.fp16_compression = spec_.distributed.fp16_compression;
+    reducer_ = std::make_unique<Reducer>(named, *ranks_.comm, options);
+  }
+}
+
+void Trainer::BroadcastParameters() {
+  torch::NoGradGuard no_grad;
+  for (auto& item : model_->named_parameters()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
+  for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
+}
+
+void Trainer::AgreeOnResumePoint() {
+  auto steps = ranks_.comm->AllGather({double(progress_.global_step)}, "resume point");
+  for (int r = 0; r < ranks_.world; ++r)
+    if (steps[r][0] != steps[0][0])
+      throw std::runtime_error(StrFormat("ranks disagree on the resume point: rank 0 at step %.0f, rank %d at %.0f",
+                                         steps[0][0], r, steps[r][0]));
+}
+
+void Trainer::ResolveResume() {
+  const std::string& resume = spec_.checkpoint.resume;
+  if (resume == "none") return;
+  if (resume == "auto") {
+    std::vector<std::string> rejected;
+    resume_from_ = LatestValidCheckpoint(run_dir() + "/checkpoints", &rejected);
+    for (const auto& why : rejected) LogWarn("resume: skipping invalid checkpoint " + why);
+  } else {
+    resume_from_ = resume;
+  }
+  if (!resume_from_) return;
+  try {
+    progress_ = LoadCheckpoint(*resume_from_, model_, *optimizer_, *scaler_);
+  } catch (const CheckpointError& e) {
+    throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
+  }
+}
+
+double Trainer::LrAt(int64_t step, int64_t total_steps) const {
+  const auto warmup = static_cast<int64_t>(spec_.train.warmup_ratio * double(total_steps));
+  return LinearWarmupDecay(spec_.train.lr, step, warmup, total_steps);
+}
+
+void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step) {
+  if (reducer_) reducer_->PrepareForBackward(StopAsked(ranks_));
+  torch::Tensor loss;
+  if (batch.size() > 0) {
+    {
+      AutocastScope autocast(device_.type(), spec_.train.precision);
+      torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
+      loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
+    }
+    timer.Mark();  // forward
+    // loss_weight makes the average over ranks the mean over the global batch, also
+    // when the ranks' shards differ in size.
+    scaler_->Scale(loss * loss_weight).backward();
+  } else {
+    loss = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+    timer.Mark();
+    reducer_->ContributeZeros();
+  }
+  timer.Mark();  // backward
+  if (reducer_) reducer_->FinishBackward();
+  timer.Mark();  // exposed communication
+  if (progress_.global_step + 1 == spec_.debug.plant_inf_step && ranks_.rank == spec_.debug.plant_inf_rank) {
+    torch::NoGradGuard no_grad;
+    params_.front().mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+    LogWarn(StrFormat("debug: planted an inf in rank %d's gradients at step %ld", ranks_.rank,
+                      long(progress_.global_step + 1)));
+  }
+  // Under loss scaling this reads found_inf on the host, as torch.amp.GradScaler does;
+  // without it nothing in the step waits for the device.
+  step->skipped = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
+  if (!step->skipped) {
+    if (spec_.train.max_grad_norm > 0) ClipGradNorm(params_, spec_.train.max_grad_norm);
+    optimizer_->Step(lr);
+  }
+  scaler_->Update(step->skipped);
+  step->loss_scale = scaler_->scale();
+  optimizer_->ZeroGrad();
+  timer.Mark();  // optimizer
+  step->loss = loss.detach();
+  if (spec_.distributed.check_consistency && ranks_.comm) CheckConsistency();
+}
+
+bool Trainer::AgreeOnFoundInf(bool local_found_inf) {
+  if (!scaler_->enabled() || !ranks_.comm) return local_found_inf;
+  // Every rank must step or skip together, or their weights and scales drift apart.
+  return ranks_.comm->AnyTrue(local_found_inf, StrFormat("found_inf of step %ld", long(progress_.global_step + 1)));
+}
+
+void Trainer::CheckConsistency() {
+  uint64_t hash = kFnv1aOffset;
+  for (const auto& p : params_) {
+    torch::Tensor cpu = p.detach().to(torch::kCPU).contiguous();
+    hash = Fnv1a(cpu.data_ptr(), cpu.numel() * cpu.element_size(), hash);
+  }
+  auto all = ranks_.comm->AllGather({double(hash >> 32), double(hash & 0xFFFFFFFFULL)},
+                                    StrFormat("consistency check of step %ld", long(progress_.global_step + 1)));
+  for (int r = 1; r < ranks_.world; ++r)
+    if (all[r] != all[0])
+      throw std::runtime_error(StrFormat("parameters diverged after step %ld: rank %d differs from rank 0",
+                                         long(progress_.global_step + 1), r));
+  ++consistency_checks_;
+}
+
+
+void Trainer::SaveCheckpointNow(const std::string& reason) {
+  const std::string dir = run_dir() + "/checkpoints";
+  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_);
+  PruneCheckpoints(dir, spec_.checkpoint.keep);
+  LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
+}
+
+// The progress line, steps.jsonl and the epoch sums see a step only once its loss and
+// timings have been read from the device, which happens in batches (see StepTimer).
+class Trainer::StepLog {
+ public:
+  StepLog(Trainer& trainer, int64_t epoch, RunLog* log)
+      : t_(trainer),
+        epoch_(epoch),
+        log_(log),
+        timer_(trainer.device_, kNumTimedParts),
+        line_(StrFormat("epoch %ld", long(epoch + 1)), trainer.steps_per_epoch_,
+              trainer.spec_.log.progress && trainer.is_rank0()) {}
+
+  StepTimer& timer() { return timer_; }
+  void Add(PendingStep step) { pending_.push_back(std::move(step)); }
+
+  // Reads every pending step (one wait for the device on CUDA) and, in a pool, the
+  // ranks' stop votes of the newest one. Throws JobStopped on every rank alike if any
+  // rank voted to stop.
+  void Flush() {
+    if (pending_.empty()) return;
+    std::vector<torch::Tensor> values;
+    for (const auto& p : pending_) values.push_back(p.loss.to(torch::kFloat));
+    const bool votes = t_.reducer_ && t_.ranks_.hooks;
+    if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
+    torch::Tensor host = torch::stack(values).to(torch::kCPU);
+    std::vector<std::vector<double>> times = timer_.Collect();
+    const float* read = host.data_ptr<float>();
+    for (size_t i = 0; i < pending_.size(); ++i) Account(pending_[i], read[i], times[i]);
+    line_.Update(t_.progress_.next_batch,
+                 StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
+                           t_.progress_.epoch_loss_sum / double(std::max<int64_t>(1, t_.progress_.epoch_examples)),
+                           MsSince(t_.totals_->start) / double(std::max<int64_t>(1, t_.totals_->steps)),
+                           100.0 * t_.totals_->wait / std::max(1e-9, MsSince(t_.totals_->start))));
+    const int64_t newest = pending_.back().step;
+    pending_.clear();
+    if (votes && read[values.size() - 1] > 0)
+      throw JobStopped(StrFormat("stopped on request after step %ld of epoch %ld", long(newest), long(epoch_ + 1)));
+  }
+
+  void Finish() {
+    Flush();
+    line_.Finish();
+  }
+
+ private:
+  void Account(const PendingStep& p, double loss, const std::vector<double>& ms) {
+    t_.progress_.epoch_loss_sum += loss * double(p.examples);
+    EpochTotals& totals = *t_.totals_;
+    totals.wait += p.wait_ms;
+    double step_ms = p.wait_ms;
+    for (int part = 0; part < kNumTimedParts; ++part) totals.parts[part] += ms[part], step_ms += ms[part];
+    ++totals.steps;
+    totals.samples += p.examples;
+    if (log_ && p.step % t_.spec_.log.steps_every == 0)
+      log_->AddStep({{"step", p.step}, {"epoch", epoch_ + 1}, {"loss", loss}, {"lr", p.lr}, {"ms", step_ms},
+                     {"wait_ms", p.wait_ms}, {"skipped", p.skipped}, {"loss_scale", p.loss_scale},
+                     {"tokens", p.tokens}, {"comm_ms", ms[kComm]}});
+  }
+
+  Trainer& t_;
+  int64_t epoch_;
+  RunLog* log_;
+  StepTimer timer_;
+  ProgressLine line_;
+  std::vector<PendingStep> pending_;
+};
+
+void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
+  std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
+  plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
+  // A global batch is split as evenly as possible; with fewer examples than ranks a
+  // rank gets none and contributes zero gradients. Nothing is dropped or padded.
+  std::vector<double> loss_weights;
+  for (BatchIndices& batch : plan) {
+    const size_t n = batch.size();
+    const auto [begin, end] = RankShard(n, ranks_.rank, ranks_.world);
+    loss_weights.push_back(double(end - begin) * double(ranks_.world) / double(n));
+    batch = BatchIndices(batch.begin() + begin, batch.begin() + end);
+  }
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), PipelineOptionsFor(spec_, device_));
+  DeviceTransfer transfer(device_);
+  StepLog steps(*this, epoch, log);
+  // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
+  // done once per logging interval, and before checkpoints, which need the sums. Every
+  // rank reads at the same steps, since a read may act on the ranks' stop votes.
+  const int64_t flush_every = device_.is_cuda() ? spec_.log.steps_every : 1;
+  const int64_t checkpoint_every = spec_.checkpoint.every_steps;
+  size_t step_in_call = 0;
+  model_->train();
+  *totals_ = EpochTotals{};
+  while (progress_.global_step < total_steps) {
+    // Without a reducer to carry the stop votes (a single rank), look at the request here.
+    if (!reducer_) AgreeOnStop(ranks_, [&] {
+      return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
+    });
+    PendingStep step;
+    auto start = Clock::now();
+    std::optional<Batch> host = pipeline.Next();
+    if (!host) break;
+    step.wait_ms = MsSince(start);
+    steps.timer().Begin();
+    Batch batch = transfer.ToDevice(std::move(*host));
+    steps.timer().Mark();  // h2d
+    step.lr = LrAt(progress_.global_step, total_steps);
+    TrainStep(batch, loss_weights[step_in_call++], step.lr, steps.timer(), &step);
+    step.step = ++progress_.global_step;
+    step.examples = batch.size();
+    step.tokens = batch.real_tokens;
+    ++progress_.next_batch;
+    ++progress_.epoch_steps;
+    progress_.epoch_skipped += step.skipped;
+    progress_.epoch_examples += batch.size();
+    steps.Add(std::move(step));
+    const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
+    if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
+    if (checkpoint && is_rank0()) SaveCheckpointNow("every_steps");
+  }
+  steps.Finish();
+}
+
+std::pair<double, double> Trainer::Evaluate() {
+  if (dev_.examples.empty()) return {0.0, 0.0};
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  std::vector<int32_t> order(dev_.examples.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return dev_.examples[a].text.size() < dev_.examples[b].text.size();
+  });
+  // Each rank evaluates every world-th batch; the sums are added up across ranks.
+  std::vector<BatchIndices> batches;
+  const size_t batch_size = static_cast<size_t>(spec_.train.batch_size) * 2;
+  for (size_t i = 0, b = 0; i < order.size(); i += batch_size, ++b)
+    if (static_cast<int>(b % ranks_.world) == ranks_.rank)
+      batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
+  BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
+  DeviceTransfer transfer(device_);
+  // Loss sum and correct count, kept on the device and read once at the end.
+  torch::Tensor sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble).device(device_));
+  while (auto host = pipeline.Next()) {
+    Batch batch = transfer.ToDevice(std::move(*host));
+    AutocastScope autocast(device_.type(), spec_.train.precision);
+    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat);
+    sums[0] += torch::nn::functional::cross_entropy(
+                   logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .to(torch::kDouble);
+    sums[1] += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
+  }
+  if (ranks_.comm) ranks_.comm->AllReduce(sums, ReduceOp::kSum, "evaluation sums");
+  model_->train();
+  const double n = double(dev_.examples.size());
+  sums = sums.to(torch::kCPU);
+  return {sums[0].item<double>() / n, sums[1].item<double>() / n};
+}
+
+EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps) {
+  const EpochTotals& t = *totals_;
+  const double elapsed_ms = MsSince(t.start);
+  const double steps = std::max<int64_t>(1, t.steps);
+  // In kStepParts order: the host's data wait, then the timed parts.
+  std::vector<double> mine = {t.wait / steps};
+  for (double part : t.parts) mine.push_back(part / steps);
+  mine.push_back(double(t.samples));
+  std::vector<std::vector<double>> all = {mine};
+  if (ranks_.comm) all = ranks_.comm->AllGather(mine, StrFormat("step breakdown of epoch %ld", long(epoch + 1)));
+  EpochRow row;
+  row.epoch = epoch + 1;
+  row.ranks = ranks_.world;
+  row.global_batch = int64_t(spec_.train.batch_size) * ranks_.world;
+  row.time_s = elapsed_ms / 1000.0;
+  row.steps = progress_.epoch_steps;
+  row.skipped_steps = progress_.epoch_skipped;
+  row.wait_ms = mine[0], row.h2d_ms = mine[1], row.forward_ms = mine[2], row.backward_ms = mine[3];
+  row.comm_ms = mine[4], row.optimizer_ms = mine[5];
+  row.ms_per_step = mine[0] + mine[1] + mine[2] + mine[3] + mine[4] + mine[5];
+  double samples = 0;
+  for (int part = 0; part < kNumStepParts; ++part) {
+    std::vector<double> values;
+    for (const auto& r : all) values.push_back(r[part]);
+    std::sort(values.begin(), values.end());
+    row.parts[part] = {values.front(), values[values.size() / 2], values.back()};
+  }
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    const double total = std::accumulate(all[r].begin(), all[r].begin() + kNumStepParts, 0.0);
+    samples += all[r][kNumStepParts];
+    if (total > row.slowest_ms_per_step) row.slowest_ms_per_step = total, row.slowest_rank = r;
+  }
+  row.samples_per_s = samples / std::max(1e-9, elapsed_ms / 1000.0);
+  row.data_wait_pct = 100.0 * mine[0] / std::max(1e-9, row.ms_per_step);
+  row.train_loss = progress_.epoch_loss_sum / double(std::max<int64_t>(1, progress_.epoch_examples));
+  row.eval_loss = eval_loss;
+  row.eval_acc = eval_acc;
+  row.lr = LrAt(std::max<int64_t>(0, progress_.global_step - 1), total_steps);
+  if (scaler_->enabled()) row.loss_scale = scaler_->scale();
+  return row;
+}
+
+nlohmann::json Trainer::Run() {
+  const auto run_start = Clock::now();
+  if (ranks_.comm) {
+    BroadcastParameters();
+    AgreeOnResumePoint();
+  }
+  int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
+  if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
+  const bool resumed = resume_from_.has_value();
+  std::optional<RunLog> log;
+  if (is_rank0()) {
+    // A fresh run must not leave an older run's checkpoints next to its own: they would
+    // outrank the new ones in pruning and in `resume: auto`.
+    if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
+    log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
+    LogInfo(StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
+                      "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
+                      spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(),
+                      tokenizer_->vocab_size(), long(steps_per_epoch_), spec_.train.batch_size, ranks_.world,
+                      spec_.train.batch_size * ranks_.world, ToString(spec_.train.precision),
+                      device_.str().c_str(), torch::get_num_threads()));
+    if (reducer_)
+      LogInfo(StrFormat("gradient all-reduce over %s: %zu buckets (%s), overlap %s, compression %s",
+                        ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),
+                        spec_.distributed.overlap ? "on" : "off",
+                        spec_.distributed.fp16_compression ? "fp16" : "none"));
+    if (resumed)
+      LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(),
+                        long(progress_.epoch + 1), long(progress_.global_step)));
+    log->PrintHeader();
+    for (const auto& row : log->rows()) log->PrintRow(row);  // epochs done before the resume
+    if (ranks_.hooks)  // a later attempt: the pool keeps only the epochs it has not seen
+      for (size_t i = 0; i < log->rows().size(); ++i)
+        ranks_.hooks->EpochDone(log->rows()[i], EpochCsvHeader(), log->csv_lines()[i]);
+    if (progress_.epoch >= spec_.train.epochs || progress_.global_step >= total_steps)
+      LogInfo("the job had already finished; use --resume none to train it again");
+  }
+  while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps) {
+    const int64_t epoch = progress_.epoch;
+    TrainEpoch(epoch, total_steps, log ? &*log : nullptr);
+    auto [eval_loss, eval_acc] = Evaluate();
+    EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
+    if (log) log->AddEpoch(row);
+    progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
+    if (is_rank0()) SaveCheckpointNow("end of epoch");
+    if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
+  }
+  nlohmann::json summary = {{"job", spec_.name},
+                            {"job_file", spec_.source_file},
+                            {"status", "succeeded"},
+                            {"global_step", progress_.global_step},
+                            {"ranks", ranks_.world},
+                            {"global_batch", spec_.train.batch_size * ranks_.world},
+                            {"precision", ToString(spec_.train.precision)},
+                            {"device", device_.str()},
+                            {"threads", torch::get_num_threads()},
+                            {"consistency_checks", consistency_checks_},
+                            {"wall_time_s", MsSince(run_start) / 1000.0}};
+  if (!log) return summary;
+  const std::string model_dir = run_dir() + "/model";
+  SaveHfModel(model_dir, model_);
+  summary["model_dir"] = model_dir;
+  summary["epochs"] = log->rows().size();
+  if (!log->rows().empty()) {
+    const EpochRow& last = log->rows().back();
+    summary["final"] = {{"train_loss", last.train_loss}, {"eval_loss", last.eval_loss}, {"eval_acc", last.eval_acc}};
+  }
+  log->WriteSummary(summary);
+  return summary;
+}
+
+}  // namespace trainyard

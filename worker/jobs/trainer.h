@@ -1,0 +1,87 @@
+// Runs a `finetune` job: data, model, optimizer, the training loop with per-step
+// timing, evaluation each epoch, checkpoints and resume, logs.
+//
+// Construction loads and checks every input the job names (datasets, tokenizer,
+// initial weights, the checkpoint to resume from) before anything is written, so a bad
+// input fails with InputError and leaves no runs/ output behind.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "data/length_bucket_sampler.h"
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
+#include "common/spec/job_spec.h"
+#include "worker/train/amp.h"
+#include "worker/train/checkpoint.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/reducer.h"
+#include "worker/jobs/job_setup.h"
+#include "worker/models/bert.h"
+#include "worker/train/optimizer.h"
+#include "worker/report/run_log.h"
+#include "worker/train/step_timer.h"
+
+namespace trainyard {
+
+class Trainer {
+ public:
+  // Throws InputError for bad inputs. Makes no collective call, so ranks can agree on
+  // whether all of them got this far before Run().
+  Trainer(JobSpec spec, RankContext ranks);
+  ~Trainer();
+
+  // Trains to the end (or to train.max_steps) and returns summary.json's content.
+  // Collective over the ranks: parameters are first broadcast from rank 0. Only rank 0
+  // writes runs/<job>/. Throws std::runtime_error for a failure mid-run.
+  nlohmann::json Run();
+
+  std::string run_dir() const;
+  bool is_rank0() const { return ranks_.rank == 0; }
+  BertForSequenceClassification& model() { return model_; }
+
+ private:
+  struct PendingStep;
+  struct EpochTotals;
+  class StepLog;
+
+  void LoadData();
+  void BuildModel();
+  void ResolveResume();
+  void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
+  void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
+  bool AgreeOnFoundInf(bool local_found_inf);
+  void CheckConsistency();
+  void BroadcastParameters();
+  void AgreeOnResumePoint();
+  EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
+  std::pair<double, double> Evaluate();
+  void SaveCheckpointNow(const std::string& reason);
+  double LrAt(int64_t step, int64_t total_steps) const;
+
+  JobSpec spec_;
+  RankContext ranks_;
+  torch::Device device_{torch::kCPU};
+  LabelSet labels_;
+  TextDataset train_, dev_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<LengthBucketSampler> sampler_;
+  BertForSequenceClassification model_{nullptr};
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<Reducer> reducer_;
+  std::optional<std::string> resume_from_;
+  TrainProgress progress_;
+  std::unique_ptr<EpochTotals> totals_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t consistency_checks_ = 0;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,230 @@
+#include "worker/pool/pool_agent.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <zmq.hpp>
+
+#include "proto/wire_version.h"
+#include "trainyard.pb.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace trainyard {
+namespace {
+
+constexpr double kMaxBackoffS = 16;
+constexpr int64_t kMaxMessageBytes = 64 << 20;  // an Assign carries a job file
+
+
+std::string Serialize(wire::Envelope envelope) {
+  envelope.set_version(kProtocolVersion);
+  return envelope.SerializeAsString();
+}
+
+std::string EpochKey(int64_t job, int attempt, int64_t epoch) {
+  return "epoch:" + std::to_string(job) + ":" + std::to_string(attempt) + ":" + std::to_string(epoch);
+}
+
+std::string ResultKey(int64_t job, int attempt) { return "result:" + std::to_string(job) + ":" + std::to_string(attempt); }
+
+}  // namespace
+
+void CheckEndpoint(const std::string& endpoint) {
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  try {
+    socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::invalid_argument("--coordinator " + endpoint + ": not a usable ZeroMQ endpoint (" + e.what() +
+                                "); expected e.g. tcp://127.0.0.1:5555");
+  }
+}
+
+struct PoolAgent::Link {
+  zmq::context_t context{1};
+  std::unique_ptr<zmq::socket_t> socket;
+  Clock::time_point last_heard = Clock::now(), last_beat{};
+  double backoff_s = 0.5;
+
+  void Send(const std::string& bytes) { (void)socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
+};
+
+PoolAgent::PoolAgent(PoolOptions options, RankIdentity self) : options_(std::move(options)), self_(std::move(self)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+PoolAgent::~PoolAgent() {
+  quitting_ = true;
+  thread_.join();
+}
+
+std::optional<Assignment> PoolAgent::WaitForAssignment(const std::atomic<bool>& stop) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (assignments_.empty()) {
+    if (stop) return std::nullopt;
+    assigned_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+  Assignment next = std::move(assignments_.front());
+  assignments_.pop_front();
+  return next;
+}
+
+void PoolAgent::Begin(const Assignment& assignment) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  job_id_ = assignment.job_id, attempt_ = assignment.attempt;
+  stop_requested_ = false;
+}
+
+void PoolAgent::Finish(const JobOutcome& outcome) {
+  wire::Envelope e;
+  wire::JobResult* result = e.mutable_result();
+  int64_t job = 0;
+  int attempt = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job = job_id_, attempt = attempt_;
+    job_id_ = 0, attempt_ = 0;
+  }
+  result->set_job_id(job), result->set_attempt(attempt);
+  result->set_world_rank(self_.rank), result->set_world(self_.world);
+  result->set_outcome(outcome.outcome), result->set_message(outcome.message);
+  result->set_summary_json(outcome.summary_json);
+  Queue(ResultKey(job, attempt), Serialize(e));
+}
+
+void PoolAgent::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
+  wire::Envelope e;
+  wire::EpochReport* report = e.mutable_epoch();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    report->set_job_id(job_id_), report->set_attempt(attempt_);
+  }
+  report->set_epoch(static_cast<int32_t>(row.epoch));
+  report->set_csv_header(csv_header), report->set_csv_line(csv_line);
+  wire::StepBreakdown* breakdown = report->mutable_breakdown();
+  for (int i = 0; i < kNumStepParts; ++i) {
+    wire::StepPart* part = breakdown->add_parts();
+    part->set_name(kStepParts[i]);
+    part->set_min_ms(row.parts[i].min), part->set_median_ms(row.parts[i].median), part->set_max_ms(row.parts[i].max);
+  }
+  breakdown->set_slowest_rank(row.slowest_rank);
+  breakdown->set_slowest_ms_per_step(row.slowest_ms_per_step);
+  Queue(EpochKey(report->job_id(), report->attempt(), row.epoch), Serialize(e));
+}
+
+void PoolAgent::Queue(std::string key, std::string bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  outbox_.emplace_back(std::move(key), std::move(bytes));
+}
+
+bool PoolAgent::Drain(double timeout_s) {
+  const auto start = Clock::now();
+  while (SecondsSince(start) < timeout_s) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (unacked_.empty() && outbox_.empty()) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+void PoolAgent::Loop() {
+  Link link;
+  Connect(link);
+  while (!quitting_) {
+    zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(20));
+    for (zmq::message_t frame; link.socket->recv(frame, zmq::recv_flags::dontwait);) {
+      link.last_heard = Clock::now();
+      link.backoff_s = 0.5;
+      wire::Envelope in;
+      if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
+    }
+    FlushOutbox(link);
+    if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
+    if (SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness) {
+      LogWarn(StrFormat("the coordinator at %s is silent; reconnecting in %.1f s", options_.endpoint.c_str(),
+                        link.backoff_s));
+      const auto wait_start = Clock::now();
+      while (!quitting_ && SecondsSince(wait_start) < link.backoff_s)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      link.backoff_s = std::min(kMaxBackoffS, link.backoff_s * 2);
+      Connect(link);
+    }
+  }
+}
+
+void PoolAgent::Connect(Link& link) {
+  link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
+  link.socket->set(zmq::sockopt::linger, 0);
+  link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+  link.socket->connect(options_.endpoint);
+  Register(link);
+  link.last_heard = Clock::now();
+}
+
+void PoolAgent::Register(Link& link) {
+  wire::Envelope e;
+  wire::Register* reg = e.mutable_register_();
+  wire::RankInfo* info = reg->mutable_rank();
+  info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
+  info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid);
+  std::lock_guard<std::mutex> lock(mutex_);
+  reg->set_job_id(job_id_), reg->set_attempt(attempt_);
+  link.Send(Serialize(e));
+  for (const auto& [key, bytes] : unacked_) link.Send(bytes);
+}
+
+void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
+  if (in.has_reregister()) {
+    Register(link);
+  } else if (in.has_assign()) {
+    const wire::Assign& a = in.assign();
+    Assignment next{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(),
+                    std::vector<int>(a.ranks().begin(), a.ranks().end()), a.resume()};
+    std::lock_guard<std::mutex> lock(mutex_);
+    assignments_.push_back(std::move(next));
+    assigned_.notify_all();
+  } else if (in.has_stop()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in.stop().job_id() == job_id_ && in.stop().attempt() == attempt_ && !stop_requested_) {
+      stop_requested_ = true;
+      LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
+    }
+  } else if (in.has_ack()) {
+    const wire::Ack& ack = in.ack();
+    const std::string key = ack.what() == "epoch" ? EpochKey(ack.job_id(), ack.attempt(), ack.epoch())
+                                                  : ResultKey(ack.job_id(), ack.attempt());
+    std::lock_guard<std::mutex> lock(mutex_);
+    unacked_.erase(std::remove_if(unacked_.begin(), unacked_.end(), [&](const auto& item) { return item.first == key; }),
+                   unacked_.end());
+  }
+}
+
+void PoolAgent::FlushOutbox(Link& link) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& item : outbox_) {
+    link.Send(item.second);
+    unacked_.push_back(std::move(item));
+  }
+  outbox_.clear();
+}
+
+void PoolAgent::Heartbeat(Link& link) {
+  link.last_beat = Clock::now();
+  wire::Envelope e;
+  wire::Heartbeat* beat = e.mutable_heartbeat();
+  beat->set_world(self_.world), beat->set_rank(self_.rank), beat->set_last_log_line(LastLogLine());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    beat->set_job_id(job_id_), beat->set_attempt(attempt_);
+  }
+  link.Send(Serialize(e));
+}
+
+}  // namespace trainyard

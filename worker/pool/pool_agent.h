@@ -1,0 +1,112 @@
+// A worker rank's link to the coordinator in pool mode (the ZeroMQ Guide's Paranoid
+// Pirate worker). Torch-free.
+//
+// One background thread owns the DEALER socket. It registers the rank, heartbeats
+// (naming the job it runs and its last log line), watches the coordinator's pulses,
+// and when they stop for `liveness` periods reconnects with exponential backoff and
+// registers again, naming the job it still runs, so a restarted coordinator re-adopts
+// it. Epoch reports and job results are kept until the coordinator acknowledges them
+// and resent after every reconnect: none is lost while the coordinator is away, and
+// the coordinator drops the duplicates.
+//
+// The rank's main thread waits for an assignment, runs it (this object is the job's
+// JobHooks) and reports the outcome; it never touches the socket.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "worker/report/job_hooks.h"
+
+namespace trainyard {
+namespace wire {
+class Envelope;
+}
+
+struct PoolOptions {
+  std::string endpoint;
+  double heartbeat_s = 1.0;
+  int liveness = 3;
+};
+
+// Who this rank is; the world id is shared by every rank of one mpirun.
+struct RankIdentity {
+  std::string world, host, device;
+  int rank = 0, world_size = 1;
+  int64_t pid = 0;
+};
+
+struct Assignment {
+  int64_t job_id = 0;
+  int attempt = 0;
+  std::string yaml, source, base_dir, runs_dir;
+  std::vector<int> ranks;  // world ranks, in job rank order
+  bool resume = false;
+};
+
+struct JobOutcome {
+  std::string outcome = "succeeded";  // succeeded | failed | bad_input | cancelled
+  std::string message, summary_json;
+};
+
+// Throws std::invalid_argument naming `endpoint` when ZeroMQ cannot connect to it
+// (a malformed address; an unreachable coordinator is waited for instead).
+void CheckEndpoint(const std::string& endpoint);
+
+class PoolAgent : public JobHooks {
+ public:
+  PoolAgent(PoolOptions options, RankIdentity self);
+  ~PoolAgent() override;
+  PoolAgent(const PoolAgent&) = delete;
+  PoolAgent& operator=(const PoolAgent&) = delete;
+
+  // Blocks until the coordinator assigns a job, or `stop` becomes true (nullopt).
+  std::optional<Assignment> WaitForAssignment(const std::atomic<bool>& stop);
+  // Heartbeats name `assignment` from now on.
+  void Begin(const Assignment& assignment);
+  // Queues this rank's result (kept until acknowledged); heartbeats say idle again.
+  void Finish(const JobOutcome& outcome);
+  // Waits up to `timeout_s` for every queued report to be acknowledged.
+  bool Drain(double timeout_s);
+
+  void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
+  bool StopRequested() const override { return stop_requested_; }
+
+ private:
+  struct Link;  // the socket and the protocol state the thread owns
+
+  void Loop();
+  // (Re)connects, then registers: names the job still running and resends every
+  // unacknowledged report, in order.
+  void Connect(Link& link);
+  void Register(Link& link);
+  void Handle(Link& link, const wire::Envelope& message);
+  void FlushOutbox(Link& link);
+  void Heartbeat(Link& link);
+  void Queue(std::string key, std::string bytes);
+
+  PoolOptions options_;
+  RankIdentity self_;
+  mutable std::mutex mutex_;
+  std::condition_variable assigned_;
+  std::deque<Assignment> assignments_;
+  int64_t job_id_ = 0;
+  int attempt_ = 0;
+  // Reliable messages by key, in send order; removed when acknowledged.
+  std::vector<std::pair<std::string, std::string>> unacked_;
+  std::vector<std::pair<std::string, std::string>> outbox_;  // not yet sent once
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> quitting_{false};
+  std::thread thread_;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,31 @@
+// How a job running in a worker pool talks to the pool, without knowing about it:
+// epoch rows go out as they are final, and a stop request (cancel) comes in. Torch-free.
+// Standalone runs have no hooks.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "worker/report/run_log.h"
+
+namespace trainyard {
+
+class JobHooks {
+ public:
+  virtual ~JobHooks() = default;
+  // On the job's rank 0, once the epoch's checkpoint is on disk (so a later attempt
+  // resumes after it and never reports it twice). Also called, at the start of a
+  // resumed attempt, for the epochs done before it.
+  virtual void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) = 0;
+  // True once this rank was told to stop the job. Runners agree on it across ranks
+  // before acting, so every rank stops at the same step.
+  virtual bool StopRequested() const = 0;
+};
+
+// Thrown by a runner that stopped because its ranks agreed on a stop request.
+class JobStopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace trainyard

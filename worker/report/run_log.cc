@@ -1,0 +1,159 @@
+#include "worker/report/run_log.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/csv.h"
+
+namespace trainyard {
+
+std::string EpochCsvHeader() {
+  std::string header =
+      "epoch,time_s,steps,ms_per_step,samples_per_s,data_wait_pct,train_loss,eval_loss,eval_acc,lr,"
+      "loss_scale,skipped_steps,wait_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms,ranks,global_batch,"
+      "comm_ms";
+  for (const char* part : kStepParts)
+    header += std::string(",") + part + "_ms_min," + part + "_ms_med," + part + "_ms_max";
+  return header + ",slowest_rank,slowest_ms_per_step";
+}
+
+std::string EpochCsvLine(const EpochRow& r) {
+  std::string line = fmt::format(
+      "{},{:.3f},{},{:.3f},{:.2f},{:.2f},{:.6f},{:.6f},{:.6f},{:.6e},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:.3f}",
+      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss,
+      r.eval_loss, r.eval_acc, r.lr, r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "",
+      r.skipped_steps, r.wait_ms, r.h2d_ms, r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks,
+      r.global_batch, r.comm_ms);
+  for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
+  return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
+}
+
+namespace {
+
+// The fields the console table shows, read by column name so older files still load.
+EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string& line) {
+  std::vector<std::string> cells = SplitCsv(line);
+  cells.resize(header.size());
+  auto get = [&](const char* name) {
+    for (size_t i = 0; i < header.size(); ++i)
+      if (header[i] == name && !cells[i].empty()) return std::stod(cells[i]);
+    return 0.0;
+  };
+  EpochRow r;
+  r.epoch = static_cast<int64_t>(get("epoch"));
+  r.time_s = get("time_s"), r.steps = static_cast<int64_t>(get("steps")), r.ms_per_step = get("ms_per_step");
+  r.samples_per_s = get("samples_per_s"), r.data_wait_pct = get("data_wait_pct");
+  r.train_loss = get("train_loss"), r.eval_loss = get("eval_loss"), r.eval_acc = get("eval_acc"), r.lr = get("lr");
+  if (get("loss_scale") > 0) r.loss_scale = get("loss_scale");
+  r.comm_ms = get("comm_ms"), r.slowest_rank = static_cast<int>(get("slowest_rank"));
+  r.slowest_ms_per_step = get("slowest_ms_per_step"), r.ranks = std::max(1, static_cast<int>(get("ranks")));
+  return r;
+}
+
+}  // namespace
+
+RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) : dir_(std::move(run_dir)) {
+  std::filesystem::create_directories(dir_);
+  if (resume_epoch > 0) {
+    LoadRows(resume_epoch);
+    TrimSteps(resume_step);
+  } else {
+    std::filesystem::remove(dir_ + "/steps.jsonl");
+  }
+  WriteCsv();
+  steps_.open(dir_ + "/steps.jsonl", std::ios::app);
+}
+
+void RunLog::LoadRows(int64_t before_epoch) {
+  std::ifstream in(dir_ + "/epochs.csv");
+  std::string line;
+  if (!std::getline(in, line)) return;
+  const std::vector<std::string> header = SplitCsv(line);
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    EpochRow row = ParseCsvLine(header, line);
+    if (row.epoch >= before_epoch) continue;
+    rows_.push_back(row);
+    csv_lines_.push_back(line);
+  }
+}
+
+void RunLog::TrimSteps(int64_t up_to_step) {
+  std::ifstream in(dir_ + "/steps.jsonl");
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object() && parsed.value("step", int64_t(0)) <= up_to_step) kept += line + "\n";
+  }
+  WriteFileAtomically(dir_ + "/steps.jsonl", kept);
+}
+
+void RunLog::WriteCsv() const {
+  std::string text = EpochCsvHeader() + "\n";
+  for (const auto& line : csv_lines_) text += line + "\n";
+  WriteFileAtomically(dir_ + "/epochs.csv", text);
+}
+
+void RunLog::PrintHeader() const {
+  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10} {:>6} {:>12}",
+               "epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss",
+               "eval_loss", "eval_acc", "lr", "loss_scale", "comm%", "slowest");
+}
+
+void RunLog::AddEpoch(const EpochRow& r) {
+  rows_.push_back(r);
+  csv_lines_.push_back(EpochCsvLine(r));
+  WriteCsv();
+  PrintRow(r);
+}
+
+void RunLog::PrintRow(const EpochRow& r) const {
+  std::string scale = r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "-";
+  std::string slowest = r.ranks > 1 ? fmt::format("r{} {:.1f}ms", r.slowest_rank, r.slowest_ms_per_step) : "-";
+  double comm_pct = r.ms_per_step > 0 ? 100.0 * r.comm_ms / r.ms_per_step : 0.0;
+  spdlog::info("{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10} {:>6.1f} {:>12}",
+               r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct,
+               r.train_loss, r.eval_loss, r.eval_acc, r.lr, scale, comm_pct, slowest);
+}
+
+void RunLog::AddStep(const nlohmann::json& line) {
+  steps_ << line.dump() << "\n";
+  steps_.flush();
+}
+
+void RunLog::WriteSummary(const nlohmann::json& summary) const {
+  WriteFileAtomically(dir_ + "/summary.json", summary.dump(2) + "\n");
+}
+
+ProgressLine::ProgressLine(std::string label, int64_t total, bool enabled)
+    : label_(std::move(label)), total_(total), enabled_(enabled && total > 0), tty_(::isatty(2)) {}
+
+void ProgressLine::Update(int64_t done, const std::string& detail) {
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  int decile = static_cast<int>(10 * done / total_);
+  if (tty_) {
+    if (now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
+    std::fprintf(stderr, "\r\033[K%s %ld/%ld (%3.0f%%) %s", label_.c_str(), long(done), long(total_),
+                 100.0 * done / total_, detail.c_str());
+  } else {
+    if (decile == last_decile_ || decile == 0) return;
+    std::fprintf(stderr, "%s %ld/%ld (%d%%) %s\n", label_.c_str(), long(done), long(total_),
+                 decile * 10, detail.c_str());
+  }
+  std::fflush(stderr);
+  last_draw_ = now;
+  last_decile_ = decile;
+}
+
+void ProgressLine::Finish() {
+  if (enabled_ && tty_) std::fprintf(stderr, "\r\033[K");
+}
+
+}  // namespace trainyard

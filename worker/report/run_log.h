@@ -1,0 +1,92 @@
+// What a training run tells its user: the console epoch table, a progress line while
+// an epoch runs, and runs/<job>/{epochs.csv, steps.jsonl, summary.json}.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trainyard {
+
+// One part of a step across ranks: each rank's mean ms per step, reduced.
+struct PartStats {
+  double min = 0, median = 0, max = 0;
+};
+
+// The parts a step is split into, in table order.
+inline constexpr const char* kStepParts[] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
+inline constexpr int kNumStepParts = 6;
+
+struct EpochRow {
+  int64_t epoch = 0;            // 1-based
+  double time_s = 0;
+  int64_t steps = 0, skipped_steps = 0;
+  double ms_per_step = 0, samples_per_s = 0, data_wait_pct = 0;
+  double train_loss = 0, eval_loss = 0, eval_acc = 0, lr = 0;
+  std::optional<double> loss_scale;  // fp16 only
+  // Mean ms per step of each part of a step, on rank 0.
+  double wait_ms = 0, h2d_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // Across ranks (a single rank gives min = median = max).
+  int ranks = 1;
+  int64_t global_batch = 0;
+  double comm_ms = 0;                 // exposed communication on rank 0
+  PartStats parts[kNumStepParts];     // indexed like kStepParts
+  int slowest_rank = 0;
+  double slowest_ms_per_step = 0;
+};
+
+// epochs.csv's header, and one row of it.
+std::string EpochCsvHeader();
+std::string EpochCsvLine(const EpochRow& row);
+
+class RunLog {
+ public:
+  // Opens runs/<job>/. With `resume_epoch` > 0 (the 1-based epoch being resumed), the
+  // rows of that epoch and later, and the step lines after `resume_step`, are dropped
+  // from the existing files, so every epoch and step appears exactly once.
+  RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step);
+
+  void PrintHeader() const;
+  void PrintRow(const EpochRow& row) const;
+  // Console row plus an atomic rewrite of epochs.csv.
+  void AddEpoch(const EpochRow& row);
+  void AddStep(const nlohmann::json& line);
+  void WriteSummary(const nlohmann::json& summary) const;
+  const std::vector<EpochRow>& rows() const { return rows_; }
+  // rows() as written in epochs.csv (kept verbatim across resumes).
+  const std::vector<std::string>& csv_lines() const { return csv_lines_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void LoadRows(int64_t before_epoch);
+  void TrimSteps(int64_t up_to_step);
+  void WriteCsv() const;
+
+  std::string dir_;
+  std::vector<EpochRow> rows_;
+  std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
+  std::ofstream steps_;
+};
+
+// A one-line progress indicator on stderr: redrawn in place on a terminal, printed
+// every 10% otherwise.
+class ProgressLine {
+ public:
+  ProgressLine(std::string label, int64_t total, bool enabled);
+  void Update(int64_t done, const std::string& detail);
+  void Finish();
+
+ private:
+  std::string label_;
+  int64_t total_;
+  bool enabled_, tty_;
+  int last_decile_ = -1;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+}  // namespace trainyard

@@ -1,0 +1,127 @@
+#include "worker/runtime/job_runner.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "common/log.h"
+#include "worker/comm/mpi_communicator.h"
+#ifdef TRAINYARD_WITH_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
+#include "worker/jobs/benchmark.h"
+#include "worker/jobs/inference.h"
+#include "worker/jobs/trainer.h"
+
+namespace trainyard {
+namespace {
+
+// NCCL for CUDA jobs when it was built in (or asked for), MPI otherwise. Throws
+// InputError when the job asks for NCCL where it cannot run.
+bool ChooseNccl(const JobSpec& spec) {
+  const bool cuda_job = spec.runtime.device != DeviceChoice::kCpu && torch::cuda::is_available();
+#ifdef TRAINYARD_WITH_NCCL
+  const bool built = true;
+#else
+  const bool built = false;
+#endif
+  if (spec.distributed.backend == CommBackend::kNccl) {
+    if (!cuda_job) throw InputError(spec.Where("distributed.backend") + ": nccl needs a CUDA job and a visible GPU");
+    if (!built) throw InputError(spec.Where("distributed.backend") + ": this build has no NCCL");
+    return true;
+  }
+  return spec.distributed.backend == CommBackend::kAuto && cuda_job && built;
+}
+
+// Builds the job's runner on every rank; if any rank rejects its input, all throw
+// InputError (the rank at fault with its message).
+template <typename Runner>
+std::unique_ptr<Runner> MakeRunner(JobSpec spec, const RankContext& ranks) {
+  std::unique_ptr<Runner> runner;
+  std::string error;
+  try {
+    runner = std::make_unique<Runner>(std::move(spec), ranks);
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  const bool failed = ranks.comm ? ranks.comm->AnyTrue(!error.empty(), "input check") : !error.empty();
+  if (failed) throw InputError(error.empty() ? "" : error);  // empty: another rank is at fault
+  return runner;
+}
+
+template <typename Runner>
+nlohmann::json RunKind(JobSpec spec, const RankContext& ranks) {
+  auto runner = MakeRunner<Runner>(std::move(spec), ranks);
+  nlohmann::json summary = runner->Run();
+  if (ranks.rank == 0 && summary.contains("model_dir"))
+    LogInfo("done: " + runner->run_dir() + " (model in " + summary["model_dir"].get<std::string>() + ")");
+  return summary;
+}
+
+nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
+  switch (spec.kind) {
+    case JobKind::kFinetune: return RunKind<Trainer>(std::move(spec), ranks);
+    case JobKind::kBenchmark: return RunKind<BenchmarkRunner>(std::move(spec), ranks);
+    case JobKind::kInference: return RunKind<InferenceRunner>(std::move(spec), ranks);
+  }
+  throw std::logic_error("unknown job kind");
+}
+
+RankResult Failed(int code, const std::string& outcome, const std::string& message) {
+  RankResult r;
+  r.exit_code = code, r.outcome.outcome = outcome, r.outcome.message = message;
+  return r;
+}
+
+}  // namespace
+
+int LocalRank() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return local;
+}
+
+RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  std::unique_ptr<MpiCommunicator> mpi;
+  std::unique_ptr<Communicator> nccl;
+  try {
+    const bool use_nccl = ChooseNccl(spec);
+    if (world > 1) mpi = std::make_unique<MpiCommunicator>(comm, spec.distributed.timeout_s);
+#ifdef TRAINYARD_WITH_NCCL
+    if (world > 1 && use_nccl)
+      nccl = std::make_unique<NcclCommunicator>(*mpi, local_rank % static_cast<int>(torch::cuda::device_count()),
+                                                spec.distributed.timeout_s);
+#else
+    (void)use_nccl;
+#endif
+  } catch (const InputError& e) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return Failed(2, "bad_input", e.what());
+  }
+  Communicator* communicator = nccl ? nccl.get() : static_cast<Communicator*>(mpi.get());
+  RankContext ranks{rank, world, local_rank, communicator, hooks};
+  try {
+    nlohmann::json summary = RunKindOf(std::move(spec), ranks);
+    RankResult result;
+    if (rank == 0) result.outcome.summary_json = summary.dump();
+    return result;
+  } catch (const InputError& e) {
+    if (*e.what()) std::fprintf(stderr, "error: %s\n", e.what());
+    return Failed(2, "bad_input", *e.what() ? e.what() : "another rank of the job rejected its input");
+  } catch (const JobStopped& e) {
+    LogInfo(e.what());
+    return Failed(1, "cancelled", e.what());
+  } catch (const std::exception& e) {
+    LogError("rank " + std::to_string(rank) + ": job failed: " + e.what());
+    RankResult result = Failed(1, "failed", e.what());
+    result.abort_world = world > 1;
+    return result;
+  }
+}
+
+}  // namespace trainyard

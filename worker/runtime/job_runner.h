@@ -1,0 +1,30 @@
+// Runs one job over the ranks of an MPI communicator, the same way standalone and in a
+// pool: picks the communicator backend, builds the job kind's runner on every rank,
+// runs it, and turns what happened into a RankResult.
+#pragma once
+
+#include <mpi.h>
+
+#include "common/spec/job_spec.h"
+#include "worker/pool/pool_agent.h"
+#include "worker/report/job_hooks.h"
+
+namespace trainyard {
+
+// How a job ended on this rank.
+struct RankResult {
+  int exit_code = 0;  // 0 ok, 1 failure, 2 bad input
+  JobOutcome outcome;
+  // A failure mid-run, after which the job's other ranks may wait inside a collective
+  // forever: see Note [World abort] in pool_runtime.cc.
+  bool abort_world = false;
+};
+
+// Runs `spec` over the ranks of `comm` (collective over it). Reports bad input on
+// rank 0's stderr and failures in the log; never throws. `hooks` is null standalone.
+RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks);
+
+// This process's rank among the ranks of MPI_COMM_WORLD on its node (picks its GPU).
+int LocalRank();
+
+}  // namespace trainyard

@@ -1,0 +1,97 @@
+// The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
+// per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
+// `mpirun -n 4 worker --coordinator ENDPOINT` makes the ranks a worker pool instead.
+// Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
+// checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
+// when stopped (SIGTERM, SIGINT) while idle; the outcome of each job goes to the
+// coordinator instead.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "common/log.h"
+#include "worker/pool/pool_agent.h"
+#include "worker/pool/rank_supervisor.h"
+#include "worker/runtime/pool_runtime.h"
+#include "worker/runtime/standalone_runtime.h"
+
+namespace {
+
+struct Options {
+  trainyard::StandaloneOptions standalone;
+  trainyard::PoolOptions pool;
+  std::string log_level = "info";
+};
+
+void AddOptions(CLI::App& app, Options& o) {
+  auto* job = app.add_option("job", o.standalone.job_file, "job YAML file (see configs/jobs/langid_tiny.yaml)");
+  auto* pool = app.add_option("--coordinator", o.pool.endpoint,
+                              "join the worker pool of the coordinator at this endpoint instead of running a job file");
+  job->excludes(pool);
+  app.add_option("--heartbeat", o.pool.heartbeat_s, "pool: seconds between heartbeats (default 1)")
+      ->check(CLI::Range(0.05, 60.0));
+  app.add_option("--liveness", o.pool.liveness,
+                 "pool: missed coordinator heartbeats before reconnecting, with backoff (default 3)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--runs-dir", o.standalone.runs_dir,
+                 "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
+  app.add_option("--resume", o.standalone.resume, "standalone: none, auto (latest valid checkpoint) or a checkpoint file");
+  app.add_option("--threads", o.standalone.threads, "standalone: intra-op threads per rank (0: libtorch default)");
+  app.add_option("--max-steps", o.standalone.max_steps, "standalone: stop after this many steps (0: no limit)");
+  app.add_flag("--no-progress", o.standalone.no_progress,
+               "standalone: no progress line while an epoch runs (pools never draw one)");
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
+               "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
+               "(data-parallel over N ranks; train.batch_size is per rank).\n"
+               "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
+               "and runs the jobs it assigns, each on its own sub-communicator; outputs go to the\n"
+               "coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
+               "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
+               "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
+  Options o;
+  AddOptions(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  const bool pool = !o.pool.endpoint.empty();
+  if (o.standalone.job_file.empty() && !pool) {
+    std::fprintf(stderr, "error: give a job file, or --coordinator ENDPOINT to join a worker pool\n%s",
+                 app.help().c_str());
+    return 2;
+  }
+  if (pool) {
+    try {
+      trainyard::CheckEndpoint(o.pool.endpoint);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+  }
+  trainyard::LogSetup(o.log_level);
+  // Before MPI_Init and before any thread starts: fork() is only safe then.
+  const int supervisor_fd = pool ? trainyard::ForkRankSupervisor(o.pool.endpoint) : -1;
+
+  // The comm thread makes every MPI call after start-up, never two threads at once.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (rank == 0) std::fprintf(stderr, "error: this MPI library lacks MPI_THREAD_SERIALIZED support\n");
+    MPI_Finalize();
+    return 1;
+  }
+  const int code = pool ? trainyard::RunPool(o.pool, supervisor_fd) : trainyard::RunStandalone(o.standalone);
+  MPI_Finalize();
+  return code;
+}

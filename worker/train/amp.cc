@@ -1,0 +1,64 @@
+#include "worker/train/amp.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace trainyard {
+
+AutocastScope::AutocastScope(torch::DeviceType device, Precision precision) : device_(device) {
+  if (precision == Precision::kFp32) return;
+  active_ = true;
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, true);
+  at::autocast::set_autocast_dtype(device,
+                                   precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
+}
+
+GradScaler::GradScaler(const LossScaleSpec& spec, bool enabled)
+    : spec_(spec), enabled_(enabled), scale_(static_cast<float>(spec.init_scale)) {}
+
+torch::Tensor GradScaler::Scale(const torch::Tensor& loss) const {
+  return enabled_ ? loss * scale_ : loss;
+}
+
+bool GradScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
+  if (!enabled_) return false;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return false;
+  auto options = torch::TensorOptions().dtype(torch::kFloat).device(grads.front().device());
+  torch::Tensor found_inf = torch::zeros({1}, options);
+  // Like torch: the reciprocal is taken in double, then rounded to float.
+  torch::Tensor inv_scale = torch::full({1}, static_cast<float>(1.0 / double(scale_)), options);
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  return found_inf.item<float>() != 0.0f;
+}
+
+void GradScaler::Update(bool found_inf) {
+  if (!enabled_) return;
+  if (found_inf) {
+    scale_ = scale_ * static_cast<float>(spec_.backoff_factor);
+    growth_tracker_ = 0;
+    return;
+  }
+  if (++growth_tracker_ == spec_.growth_interval) {
+    scale_ = scale_ * static_cast<float>(spec_.growth_factor);
+    growth_tracker_ = 0;
+  }
+}
+
+void GradScaler::Restore(float scale, int64_t growth_tracker) {
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+}
+
+}  // namespace trainyard

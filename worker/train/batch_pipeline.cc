@@ -1,0 +1,49 @@
+#include "worker/train/batch_pipeline.h"
+
+#include <algorithm>
+
+namespace trainyard {
+
+Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices,
+                   int max_len, bool pin_memory) {
+  std::vector<std::vector<int32_t>> encoded;
+  encoded.reserve(indices.size());
+  size_t longest = 1;
+  for (int32_t i : indices) {
+    encoded.push_back(tokenizer.Encode(data.examples.at(i).text, max_len));
+    longest = std::max(longest, encoded.back().size());
+  }
+  const auto batch = static_cast<int64_t>(indices.size());
+  const auto length = static_cast<int64_t>(longest);
+  auto options = torch::TensorOptions().dtype(torch::kLong).pinned_memory(pin_memory);
+  Batch out;
+  out.input_ids = torch::full({batch, length}, int64_t(tokenizer.pad_id()), options);
+  out.attention_mask = torch::zeros({batch, length}, options);
+  out.labels = torch::empty({batch}, options);
+  auto ids = out.input_ids.accessor<int64_t, 2>();
+  auto mask = out.attention_mask.accessor<int64_t, 2>();
+  auto labels = out.labels.accessor<int64_t, 1>();
+  for (int64_t row = 0; row < batch; ++row) {
+    const auto& tokens = encoded[row];
+    for (size_t col = 0; col < tokens.size(); ++col) {
+      ids[row][col] = tokens[col];
+      mask[row][col] = 1;
+    }
+    labels[row] = data.examples[indices[row]].label;
+    out.real_tokens += static_cast<int64_t>(tokens.size());
+  }
+  return out;
+}
+
+BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer,
+                             std::vector<BatchIndices> batches, PipelineOptions options)
+    : batches_(std::move(batches)) {
+  auto produce = [this, &data, &tokenizer, options](size_t i) {
+    if (options.before_collate) options.before_collate(i);
+    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory);
+  };
+  queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads,
+                                                  options.prefetch_batches);
+}
+
+}  // namespace trainyard
