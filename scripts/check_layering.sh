@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Checks that every C++ file includes only what its folder's layer may use, so the
+# layering of the tree (README, "Architecture") cannot erode:
+#   - project includes ("folder/file.h") follow the allow-list below: a folder uses
+#     itself and the layers beneath it (coordinator/, common/ and data/ never include
+#     worker/; worker/models/ never includes worker/jobs/; ...);
+#   - libtorch (<torch/...>, <ATen/...>, <c10/...>) only in the torch folders of worker/;
+#   - protobuf and ZeroMQ only in proto/, coordinator/ and worker/pool/ (libtorch and
+#     Debian's libsentencepiece carry protobuf runtimes of their own);
+#   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt}).
+# Tests may use any layer; torch-free test folders follow the torch rule too.
+#   scripts/check_layering.sh [--root DIR]     exit 0 clean, 1 with one line per violation
+#   scripts/check_layering.sh --self-test      plants bad includes in a copy; expects each caught
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+usage() { sed -n '2,13p' "$0"; }
+
+# folder (longest prefix wins) -> the project folders its files may include
+declare -A MAY_USE=(
+  [common/]="common/"
+  [common/spec/]="common/"
+  [proto/]="proto/"
+  [data/]="data/ common/"
+  [coordinator/]="coordinator/ proto/ common/"
+  [worker/report/]="worker/report/ common/"
+  [worker/pool/]="worker/pool/ worker/report/ proto/ common/"
+  [worker/models/]="worker/models/ common/"
+  [worker/comm/]="worker/comm/ common/"
+  [worker/train/]="worker/train/ worker/models/ data/ common/"
+  [worker/jobs/]="worker/jobs/ worker/train/ worker/comm/ worker/models/ worker/report/ data/ common/"
+  [worker/runtime/]="worker/runtime/ worker/jobs/ worker/pool/ worker/train/ worker/comm/ worker/models/ worker/report/ data/ common/"
+  [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
+)
+TORCH_FOLDERS="worker/models/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ tests/coordinator/"
+
+folder_of() {  # the MAY_USE key that is the longest prefix of $1
+  local file=$1 best="" key
+  for key in "${!MAY_USE[@]}"; do
+    [[ $file == "$key"* && ${#key} -gt ${#best} ]] && best=$key
+  done
+  echo "$best"
+}
+
+in_any() {  # in_any FILE "prefix prefix..."
+  local prefix
+  for prefix in $2; do [[ $1 == "$prefix"* ]] && return 0; done
+  return 1
+}
+
+check_file() {  # prints one line per violation in $1 (relative to the root)
+  local file=$1 folder line target n=0
+  folder=$(folder_of "$file")
+  [[ -n $folder ]] || return 0
+  while IFS= read -r line; do
+    n=$((n + 1))
+    [[ $line =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*([\"\<])([^\"\>]+) ]] || continue
+    target=${BASH_REMATCH[2]}
+    if [[ ${BASH_REMATCH[1]} == '"' && $target == */* ]] && ! in_any "$target" "${MAY_USE[$folder]}"; then
+      echo "$file:$n: includes $target, but $folder may only use: ${MAY_USE[$folder]}"
+    fi
+    if [[ $target =~ ^(torch|ATen|c10|caffe2)/ ]] && ! in_any "$file" "$TORCH_FOLDERS"; then
+      echo "$file:$n: includes libtorch ($target) outside the torch folders: $TORCH_FOLDERS"
+    fi
+    if [[ $target =~ ^(google/protobuf/|zmq|trainyard\.pb\.h) ]] && ! in_any "$file" "$WIRE_FOLDERS"; then
+      echo "$file:$n: includes the wire ($target) outside $WIRE_FOLDERS"
+    fi
+    if [[ $target =~ ^(spdlog|fmt)/ ]] && in_any "$file" "$TORCH_FOLDERS"; then
+      echo "$file:$n: includes $target in a torch folder (libtorch bundles its own {fmt}); use common/log.h"
+    fi
+  done < "$ROOT/$file"
+}
+
+check_tree() {
+  local file
+  while IFS= read -r file; do
+    check_file "$file"
+  done < <(cd "$ROOT" && find common proto data coordinator worker tests -type f \( -name '*.h' -o -name '*.cc' \) | sort)
+}
+
+self_test() {
+  local copy failures=0 plant
+  copy=$(mktemp -d)
+  trap 'rm -rf "$copy"' RETURN
+  for plant in 'coordinator/server.cc|#include "worker/jobs/trainer.h"' \
+               'data/text_dataset.cc|#include <torch/torch.h>' \
+               'common/csv.cc|#include "trainyard.pb.h"' \
+               'worker/models/bert.cc|#include "worker/jobs/trainer.h"' \
+               'worker/train/optimizer.cc|#include <spdlog/spdlog.h>'; do
+    rm -rf "$copy"/*
+    (cd "$ROOT" && tar cf - common proto data coordinator worker tests) | (cd "$copy" && tar xf -)
+    echo "${plant#*|}" >> "$copy/${plant%%|*}"
+    if "$0" --root "$copy" > /dev/null 2>&1; then
+      echo "self-test: a planted '${plant#*|}' in ${plant%%|*} was NOT caught"
+      failures=$((failures + 1))
+    else
+      echo "self-test: caught '${plant#*|}' planted in ${plant%%|*}"
+    fi
+  done
+  return $failures
+}
+
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  --self-test) self_test; exit $? ;;
+  --root) ROOT=$(cd "$2" && pwd) ;;
+  "") ;;
+  *) echo "error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+esac
+report=$(check_tree)
+if [[ -n $report ]]; then
+  echo "$report"
+  echo "layering: $(echo "$report" | wc -l) violation(s)" >&2
+  exit 1
+fi
+echo "layering: clean ($(cd "$ROOT" && find common proto data coordinator worker tests -type f \( -name '*.h' -o -name '*.cc' \) | wc -l) files)"
