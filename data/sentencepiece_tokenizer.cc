@@ -3,6 +3,8 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +12,7 @@
 
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
-#include "proto/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace trainyard {
 
@@ -34,7 +36,11 @@ void SentencePieceTokenizer::Train(const std::vector<std::string>& texts,
   namespace fs = std::filesystem;
   fs::path model(model_path);
   if (model.has_parent_path()) fs::create_directories(model.parent_path());
-  const std::string corpus = model_path + ".corpus.txt";
+  // Every rank of a job may train at once: each trains under a name of its own and
+  // renames the result into place, so no rank ever loads a half-written model; a fixed
+  // seed and one training thread give every rank the same pieces and scores.
+  const std::string own = model_path + ".tmp-" + std::to_string(::getpid());
+  const std::string corpus = own + ".corpus.txt";
   {
     std::ofstream out(corpus);
     for (std::string text : texts) {
@@ -42,16 +48,17 @@ void SentencePieceTokenizer::Train(const std::vector<std::string>& texts,
       out << text << '\n';
     }
   }
-  std::string prefix = model_path.substr(0, model_path.size() - model.extension().string().size());
+  sentencepiece::SetRandomGeneratorSeed(1);
   auto status = sentencepiece::SentencePieceTrainer::Train(
-      "--input=" + corpus + " --model_prefix=" + prefix + " --vocab_size=" +
-      std::to_string(vocab_size) +
+      "--input=" + corpus + " --model_prefix=" + own + " --vocab_size=" + std::to_string(vocab_size) +
       " --model_type=unigram --character_coverage=0.9995 --pad_id=0 --unk_id=1 --bos_id=2"
       " --eos_id=3 --input_sentence_size=200000 --shuffle_input_sentence=true"
-      " --minloglevel=2 --num_threads=2");
+      " --minloglevel=2 --num_threads=1");
   fs::remove(corpus);
   if (!status.ok()) throw std::runtime_error("SentencePiece training failed: " + status.ToString());
-  if (prefix + ".model" != model_path) fs::rename(prefix + ".model", model_path);
+  const std::string stem = model_path.substr(0, model_path.size() - model.extension().string().size());
+  fs::rename(own + ".vocab", stem + ".vocab");
+  fs::rename(own + ".model", model_path);
 }
 
 std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int max_len) const {
