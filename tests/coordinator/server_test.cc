@@ -114,6 +114,23 @@ class ServerTest : public ::testing::Test {
     return e;
   }
 
+  // Asks for the job's status until it is `state` or `timeout_ms` have passed; returns
+  // the last reply.
+  std::optional<wire::Envelope> WaitForState(zmq::socket_t& client, int64_t job, const std::string& state,
+                                             int timeout_ms) {
+    wire::Envelope status;
+    status.set_version(kProtocolVersion);
+    status.mutable_status()->set_job_id(job);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      auto reply = Send(client, {status.SerializeAsString()});
+      if (!reply || (reply->has_job() && reply->job().state() == state) ||
+          std::chrono::steady_clock::now() > deadline)
+        return reply;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
+    }
+  }
+
   // A valid 2-rank job (its files in dir_); returns its id, or 0.
   int64_t SubmitTwoRankJob(zmq::socket_t& client) {
     std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
@@ -226,9 +243,8 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   EXPECT_EQ(a0->assign().attempt(), 1);
   EXPECT_FALSE(a0->assign().resume());
   EXPECT_EQ(std::vector<int>(a0->assign().ranks().begin(), a0->assign().ranks().end()), (std::vector<int>{0, 1}));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // > heartbeat x liveness
-  wire::Envelope status = StatusRequest(job);
-  auto requeued = Send(client, {status.SerializeAsString()});
+  // Silent for longer than heartbeat x liveness (1 s): the coordinator gives them up.
+  auto requeued = WaitForState(client, job, "QUEUED", 10000);
   ASSERT_TRUE(requeued && requeued->has_job());
   EXPECT_EQ(requeued->job().state(), "QUEUED");
   EXPECT_NE(requeued->job().reason().find("stopped heartbeating"), std::string::npos) << requeued->job().reason();
@@ -264,7 +280,7 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
     auto ack = r->Next(2000);
     ASSERT_TRUE(ack && ack->has_ack());
   }
-  auto done = Send(client, {status.SerializeAsString()});
+  auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
   EXPECT_EQ(done->job().state(), "SUCCEEDED");
   EXPECT_EQ(done->job().attempts(), 2);
@@ -310,9 +326,8 @@ TEST_F(ServerTest, RestartRequeuesAJobWhoseRanksNeverComeBack) {
   ASSERT_GT(job, 0);
   options_.grace_s = 1;
   Start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   zmq::socket_t client = Connect();
-  auto status = Send(client, {StatusRequest(job).SerializeAsString()});
+  auto status = WaitForState(client, job, "QUEUED", 10000);
   ASSERT_TRUE(status && status->has_job());
   EXPECT_EQ(status->job().state(), "QUEUED");
   EXPECT_NE(status->job().reason().find("interrupted"), std::string::npos) << status->job().reason();

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 namespace trainyard {
@@ -20,14 +21,36 @@ TEST(PrefetchQueue, DeliversInIndexOrderFromManyThreads) {
   EXPECT_FALSE(queue.Next().has_value());
 }
 
+// Polls `done` until it holds or 10 s have passed.
+bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 TEST(PrefetchQueue, NeverRunsMoreThanCapacityAhead) {
-  std::atomic<size_t> produced{0};
-  PrefetchQueue<int> queue(100, [&](size_t) { return int(produced++); }, 3, 5);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(produced.load(), 5u);
+  constexpr size_t kCapacity = 5;
+  std::atomic<size_t> produced{0}, consumed{0}, violations{0};
+  PrefetchQueue<int> queue(
+      100,
+      [&](size_t index) {
+        if (index >= consumed.load() + kCapacity) ++violations;  // outside the window
+        return int(produced++);
+      },
+      3, kCapacity);
+  EXPECT_TRUE(Eventually([&] { return produced.load() == kCapacity; }));
+  ++consumed;
   queue.Next();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(produced.load(), 6u);
+  EXPECT_TRUE(Eventually([&] { return produced.load() == kCapacity + 1; }));
+  while (consumed.load() < 100) {
+    ++consumed;  // counted before the call: the window may move as soon as Next() takes an item
+    ASSERT_TRUE(queue.Next().has_value());
+  }
+  EXPECT_EQ(violations.load(), 0u);
+  EXPECT_EQ(produced.load(), 100u);
 }
 
 TEST(PrefetchQueue, ProducerExceptionSurfacesAtItsIndex) {
