@@ -75,18 +75,24 @@ JobState JobStateFromString(const std::string& text) {
 }
 
 StateStore::StateStore(const std::string& path, bool start_fresh) {
-  Open(path);
   try {
-    CheckIntegrity(path);
-  } catch (const StoreError&) {
-    if (!start_fresh) throw;
-    sqlite3_close(db_);
-    db_ = nullptr;
-    std::filesystem::rename(path, path + ".corrupt");
-    for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
     Open(path);
+    try {
+      CheckIntegrity(path);
+    } catch (const StoreError&) {
+      if (!start_fresh) throw;
+      sqlite3_close(db_);
+      db_ = nullptr;
+      std::filesystem::rename(path, path + ".corrupt");
+      for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
+      Open(path);
+    }
+    CreateSchema();
+  } catch (...) {
+    sqlite3_close(db_);  // no destructor runs for a constructor that throws
+    db_ = nullptr;
+    throw;
   }
-  CreateSchema();
 }
 
 StateStore::~StateStore() { sqlite3_close(db_); }
