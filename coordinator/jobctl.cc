@@ -111,7 +111,7 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
                 j.priority(), j.ranks(), j.device().c_str(), j.attempts(), j.reason().c_str());
 }
 
-int Submit(const Options& o, const std::string& path, std::string key) {
+int Submit(const Options& o, const std::string& path, const std::string& key) {
   trainyard::LoadJobSpec(path);  // the same checks, and errors, as the coordinator and worker
   std::ifstream in(path);
   std::stringstream text;
@@ -266,9 +266,7 @@ int Workers(const Options& o) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
   Options o;
   app.add_option("--coordinator", o.coordinator, "coordinator endpoint (default tcp://127.0.0.1:5555)");
@@ -314,6 +312,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return e.code == 2 ? 2 : 1;
   } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {  // from setting up the command line
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

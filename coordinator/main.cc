@@ -9,11 +9,11 @@
 #include "coordinator/server.h"
 
 namespace {
+
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
-}  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
                "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT\n"
                "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
@@ -58,5 +58,16 @@ int main(int argc, char** argv) {
   } catch (const zmq::error_t& e) {
     std::fprintf(stderr, "error: cannot listen on %s: %s\n", o.listen.c_str(), e.what());
     return 2;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   }
 }

@@ -142,6 +142,7 @@ class SpecReader {
     auto it = choices.find(text);
     if (it == choices.end()) {
       std::vector<std::string> names;
+      names.reserve(choices.size());
       for (const auto& c : choices) names.push_back(c.first);
       Fail(m[k], Child(p, k), "expected one of " + Join(names) + ", got '" + text + "'");
     }
@@ -196,6 +197,7 @@ class SpecReader {
     auto it = choices.find(n.Scalar());
     if (it != choices.end()) return it->second;
     std::vector<std::string> names;
+    names.reserve(choices.size());
     for (const auto& c : choices) names.push_back(c.first);
     Fail(n, path, "expected one of " + Join(names) + ", got '" + n.Scalar() + "'");
   }
