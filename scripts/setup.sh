@@ -2,7 +2,8 @@
 # Installs everything Trainyard needs on a Debian 12 machine. Idempotent: a second
 # run only checks and returns in seconds.
 #   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
-#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11 and the fortunes data.
+#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, clang-format and
+#     clang-tidy, and the fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links) and Hugging Face transformers (the independent reference in tests).
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
@@ -25,6 +26,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   libcli11-dev libicu-dev
+  clang-format clang-tidy
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )
 
