@@ -33,7 +33,8 @@
 # memory or TCP.
 #
 # A warm machine keeps build-gpu/ between calls: --skip-build runs the tests on the
-# existing build, --only gpu runs just the gpu-labelled tests.
+# existing build, --only gpu runs just the gpu-labelled tests. `source build-gpu/env.sh`
+# sets the same run-time environment in a shell, to run build-gpu/bin/* by hand.
 # shellcheck disable=SC2317  # the steps are called through run_step
 set -euo pipefail
 
@@ -126,6 +127,7 @@ facts() {
   # shellcheck disable=SC1091
   echo "os:        $( (. /etc/os-release && echo "$PRETTY_NAME") 2> /dev/null || echo unknown)"
   echo "glibc:     $(getconf GNU_LIBC_VERSION 2> /dev/null || echo unknown)"
+  echo "/dev/shm:  $(df -h --output=size,avail /dev/shm 2> /dev/null | tail -n 1 | awk '{ print $1 " size, " $2 " free" }') (MPI shared memory, NCCL)"
   echo "c++:       $(command -v c++ || echo none): $(first_line c++ --version)"
   echo "g++:       $(command -v g++ || echo none): $(first_line g++ --version)"
   echo "libstdc++: $(ldconfig -p 2> /dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ { print $NF; exit }' | xargs -r readlink -f)"
@@ -237,20 +239,33 @@ make_private_libdir() {
   echo "system copies used instead of the bundle's (${#skipped[@]}): ${skipped[*]:-none}"
 }
 
+# Writes build-gpu/env.sh, the run-time environment of the bundle's libraries and
+# Open MPI, and sources it. `source build-gpu/env.sh` gives a shell the same, to run
+# build-gpu/bin/* (or scripts/gpu/measure.sh with TRAINYARD_BIN=build-gpu/bin) by hand.
 mpi_environment() {
-  export LD_LIBRARY_PATH="$PRIVATE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PATH="$PATH:$DEPS/usr/bin"  # after the system's tools
-  export OPAL_PREFIX="$DEPS/usr" OPAL_SYSCONFDIR="$DEPS/etc/openmpi"
-  # PMIx relocates its prefix but not these two (Debian sets them as absolute paths).
-  export PMIX_PREFIX="$ARCH_LIB/pmix2" PMIX_PKGLIBDIR="$ARCH_LIB/pmix2/lib/pmix"
-  export PMIX_PKGDATADIR="$ARCH_LIB/pmix2/share/pmix"
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  export OMPI_MCA_rmaps_base_oversubscribe=1
-  export OMPI_MCA_plm=isolated              # every rank is local: no ssh/rsh needed
-  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers often forbid CMA
-  export OMPI_MCA_btl_base_warn_component_unused=0
-  export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_mca_base_component_show_load_errors=0
+  mkdir -p "$BUILD"
+  {
+    echo "# Made by scripts/gpu/build_and_test.sh: the environment its builds and tests run in."
+    # shellcheck disable=SC2016  # expanded when env.sh is sourced
+    printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$PRIVATE_LIB"
+    # shellcheck disable=SC2016
+    printf 'export PATH="$PATH":%q  # after the system'"'"'s tools\n' "$DEPS/usr/bin"
+    printf 'export OPAL_PREFIX=%q OPAL_SYSCONFDIR=%q\n' "$DEPS/usr" "$DEPS/etc/openmpi"
+    echo "# PMIx relocates its prefix but not these two (Debian sets them as absolute paths)."
+    printf 'export PMIX_PREFIX=%q PMIX_PKGLIBDIR=%q PMIX_PKGDATADIR=%q\n' \
+      "$ARCH_LIB/pmix2" "$ARCH_LIB/pmix2/lib/pmix" "$ARCH_LIB/pmix2/share/pmix"
+    cat <<'ENV'
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_plm=isolated  # every rank is local: no ssh/rsh needed
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
+export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers often forbid CMA
+export OMPI_MCA_btl_base_warn_component_unused=0
+export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_mca_base_component_show_load_errors=0
+ENV
+  } > "$BUILD/env.sh"
+  # shellcheck disable=SC1091
+  source "$BUILD/env.sh"
 }
 
 configure() {
@@ -302,6 +317,9 @@ run_ctest() {  # NAME LOG CTEST-ARGS...
   ctest "${args[@]}" > "$log" 2>&1 || rc=$?
   result=$(grep -E 'tests passed|No tests were found' "$log" | tail -n 1 || true)
   [[ -n "$result" || $rc -ne 0 ]] || result="no tests matched"
+  local skipped
+  skipped=$(grep -c '^[[:space:]]*[0-9]* - .*(Skipped)$' "$log" || true)
+  [[ $skipped -eq 0 ]] || result+=" ($skipped skipped)"
   if [[ $rc -eq 0 ]]; then
     record "$name" ok $((SECONDS - t0)) "$result"
   else
