@@ -102,9 +102,13 @@ def train_vocab(train_rows, out_dir, vocab_size):
     tokenizer.save_model(out_dir)
 
 
+def is_prepared(out_dir):
+    return all(os.path.exists(os.path.join(out_dir, f)) for f in ("train.tsv", "dev.tsv", "test.tsv", "vocab.txt"))
+
+
 def build_task(name, examples, out_root, vocab_size, seed):
     out_dir = os.path.join(out_root, name)
-    if all(os.path.exists(os.path.join(out_dir, f)) for f in ("train.tsv", "dev.tsv", "test.tsv", "vocab.txt")):
+    if is_prepared(out_dir):
         print(f"[prepare] {name}: already prepared in {out_dir}")
         return
     os.makedirs(out_dir, exist_ok=True)
@@ -134,9 +138,13 @@ def main():
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=20261121)
     args = parser.parse_args()
+    out = os.path.abspath(args.out)
+    # Prepared data copied from elsewhere (a GPU machine has no fortunes packages) is enough.
+    if all(is_prepared(os.path.join(out, name)) for name in ("langid", "topics")):
+        print(f"[prepare] langid, topics: already prepared in {out}")
+        return
     if not os.path.isdir(FORTUNE_DIR):
         sys.exit(f"prepare_data: {FORTUNE_DIR} is missing; run scripts/setup.sh first")
-    out = os.path.abspath(args.out)
     build_task("langid", langid_examples(args.per_language), out, args.vocab_size, args.seed)
     build_task("topics", topics_examples(args.min_per_topic), out, args.vocab_size, args.seed)
 
