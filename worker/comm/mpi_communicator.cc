@@ -104,7 +104,7 @@ struct MpiCommunicator::Operation : public Work {
   void Finish(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mutex);
     done = true;
-    error = e;
+    error = std::move(e);
     done_cv.notify_all();
   }
 };

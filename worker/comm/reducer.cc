@@ -9,10 +9,10 @@
 
 namespace trainyard {
 
-Reducer::Reducer(std::vector<std::pair<std::string, torch::Tensor>> params, Communicator& comm,
+Reducer::Reducer(const std::vector<std::pair<std::string, torch::Tensor>>& params, Communicator& comm,
                  ReducerOptions options)
     : comm_(comm), options_(options) {
-  for (auto& item : params) params_.push_back(item.second);
+  for (const auto& item : params) params_.push_back(item.second);
   slot_of_.resize(params_.size());
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {

@@ -42,7 +42,7 @@ class Reducer {
  public:
   // Registers a hook on each parameter's gradient accumulator; the destructor removes
   // them. `comm` must outlive the Reducer; the parameters are shared, not copied.
-  Reducer(std::vector<std::pair<std::string, torch::Tensor>> params, Communicator& comm,
+  Reducer(const std::vector<std::pair<std::string, torch::Tensor>>& params, Communicator& comm,
           ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;

@@ -14,6 +14,11 @@ void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& w
   if (stop) throw JobStopped("stopped on request " + where());
 }
 
+int VisibleGpus() {
+  // A count, never negative; c10 returns it as a (signed) device index type.
+  return static_cast<int>(static_cast<uint8_t>(torch::cuda::device_count()));
+}
+
 std::pair<size_t, size_t> RankShard(size_t n, int rank, int world) {
   const size_t r = static_cast<size_t>(rank), w = static_cast<size_t>(world);
   const size_t begin = r * (n / w) + std::min(r, n % w);
@@ -46,8 +51,7 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   if (spec.kind != JobKind::kBenchmark && spec.train.precision == Precision::kFp16 && !use_cuda)
     throw InputError(spec.Where("train.precision") + ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
   if (!use_cuda) return torch::Device(torch::kCPU);
-  const int count = static_cast<int>(torch::cuda::device_count());
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % count));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % VisibleGpus()));
 }
 
 LabelSet LoadLabels(const JobSpec& spec) {

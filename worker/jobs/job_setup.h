@@ -51,6 +51,9 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// CUDA devices this process can use (0 without CUDA).
+int VisibleGpus();
+
 // Rank `rank`'s contiguous share [begin, end) of `n` items split as evenly as possible
 // over `world` ranks: the first n % world ranks get one more.
 std::pair<size_t, size_t> RankShard(size_t n, int rank, int world);

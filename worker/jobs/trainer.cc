@@ -379,6 +379,7 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
   double samples = 0;
   for (int part = 0; part < kNumStepParts; ++part) {
     std::vector<double> values;
+    values.reserve(all.size());
     for (const auto& r : all) values.push_back(r[part]);
     std::sort(values.begin(), values.end());
     row.parts[part] = {values.front(), values[values.size() / 2], values.back()};

@@ -94,8 +94,7 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
     if (world > 1) mpi = std::make_unique<MpiCommunicator>(comm, spec.distributed.timeout_s);
 #ifdef TRAINYARD_WITH_NCCL
     if (world > 1 && use_nccl)
-      nccl = std::make_unique<NcclCommunicator>(*mpi, local_rank % static_cast<int>(torch::cuda::device_count()),
-                                                spec.distributed.timeout_s);
+      nccl = std::make_unique<NcclCommunicator>(*mpi, local_rank % VisibleGpus(), spec.distributed.timeout_s);
 #else
     (void)use_nccl;
 #endif

@@ -45,9 +45,7 @@ void AddOptions(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
                "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
                "(data-parallel over N ranks; train.batch_size is per rank).\n"
@@ -94,4 +92,15 @@ int main(int argc, char** argv) {
   const int code = pool ? trainyard::RunPool(o.pool, supervisor_fd) : trainyard::RunStandalone(o.standalone);
   MPI_Finalize();
   return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {  // the job runners catch their own; this is start-up and shut-down
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }

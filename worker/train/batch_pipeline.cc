@@ -36,7 +36,7 @@ Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const Ba
 }
 
 BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer,
-                             std::vector<BatchIndices> batches, PipelineOptions options)
+                             std::vector<BatchIndices> batches, const PipelineOptions& options)
     : batches_(std::move(batches)) {
   auto produce = [this, &data, &tokenizer, options](size_t i) {
     if (options.before_collate) options.before_collate(i);

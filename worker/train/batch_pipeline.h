@@ -43,7 +43,7 @@ class BatchPipeline {
  public:
   // `data` and `tokenizer` must outlive the pipeline. Threads start at once.
   BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer, std::vector<BatchIndices> batches,
-                PipelineOptions options);
+                const PipelineOptions& options);
   // Blocks until the next batch in plan order is ready; nullopt at the end.
   std::optional<Batch> Next() { return queue_->Next(); }
   size_t size() const { return batches_.size(); }

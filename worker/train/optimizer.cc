@@ -5,9 +5,9 @@
 
 namespace trainyard {
 
-AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions options)
+AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, AdamWOptions options)
     : options_(options) {
-  for (auto& [name, p] : params)
+  for (const auto& [name, p] : params)
     slots_.push_back({name, p, torch::zeros_like(p, torch::MemoryFormat::Preserve),
                       torch::zeros_like(p, torch::MemoryFormat::Preserve), p.dim() >= 2});
 }

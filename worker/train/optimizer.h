@@ -17,7 +17,7 @@ class AdamW {
  public:
   // Decay applies to matrices and embeddings only (dim >= 2), not to biases or
   // LayerNorm weights, as in Hugging Face's Trainer. `params` must outlive this.
-  AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions options);
+  AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, AdamWOptions options);
 
   void Step(double lr);
   void ZeroGrad();

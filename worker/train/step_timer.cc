@@ -82,8 +82,8 @@ std::vector<std::vector<double>> StepTimer::Collect() {
     if (whole == 0) return out;
     pending[whole - 1].back()->synchronize();
     for (size_t s = 0; s < whole; ++s) {
-      std::vector<double> ms;
-      for (int p = 0; p < parts_; ++p) ms.push_back(pending.front()[p]->elapsed_time(*pending.front()[p + 1]));
+      std::vector<double> ms(parts_);
+      for (int p = 0; p < parts_; ++p) ms[p] = pending.front()[p]->elapsed_time(*pending.front()[p + 1]);
       out.push_back(std::move(ms));
       device_marks_->spare.push_back(std::move(pending.front()));
       pending.pop_front();
@@ -94,8 +94,8 @@ std::vector<std::vector<double>> StepTimer::Collect() {
   const size_t whole = host_steps_.size() - (StepIsOpen() ? 1 : 0);
   for (size_t s = 0; s < whole; ++s) {
     const std::vector<double>& t = host_steps_.front();
-    std::vector<double> ms;
-    for (int p = 0; p < parts_; ++p) ms.push_back(t[p + 1] - t[p]);
+    std::vector<double> ms(parts_);
+    for (int p = 0; p < parts_; ++p) ms[p] = t[p + 1] - t[p];
     out.push_back(std::move(ms));
     host_steps_.pop_front();
   }
