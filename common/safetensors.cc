@@ -1,10 +1,9 @@
 #include "common/safetensors.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 
@@ -23,10 +22,9 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-TensorRecord ParseRecord(const std::string& path, const std::string& name,
-                         const nlohmann::json& entry, size_t data_size) {
-  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-      !entry.contains("data_offsets"))
+TensorRecord ParseRecord(const std::string& path, const std::string& name, const nlohmann::json& entry,
+                         size_t data_size) {
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
     Fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
   TensorRecord r;
   try {
@@ -51,18 +49,16 @@ TensorRecord ParseRecord(const std::string& path, const std::string& name,
                    std::to_string(expected) + " bytes but data_offsets span " +
                    std::to_string(r.end >= r.begin ? r.end - r.begin : 0));
   if (r.end > data_size)
-    Fail(path, "tensor '" + name + "' ends at byte " + std::to_string(r.end) +
-                   " but the data section has only " + std::to_string(data_size) +
-                   " bytes (truncated file?)");
+    Fail(path, "tensor '" + name + "' ends at byte " + std::to_string(r.end) + " but the data section has only " +
+                   std::to_string(data_size) + " bytes (truncated file?)");
   return r;
 }
 
 }  // namespace
 
 size_t DtypeSize(const std::string& dtype) {
-  static const std::map<std::string, size_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
+  static const std::map<std::string, size_t> sizes = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+                                                      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
   auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -98,8 +94,8 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
     data_end = std::max(data_end, file.tensors_[name].end);
   }
   if (data_end != data_size)
-    Fail(path, "data section holds " + std::to_string(data_size) + " bytes but the tensors span " +
-                   std::to_string(data_end));
+    Fail(path,
+         "data section holds " + std::to_string(data_size) + " bytes but the tensors span " + std::to_string(data_end));
   return file;
 }
 

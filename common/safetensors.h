@@ -19,9 +19,9 @@ class SafetensorsError : public std::runtime_error {
 };
 
 struct TensorRecord {
-  std::string dtype;            // "F32", "F16", "BF16", "I64", "I32", "U8", ...
+  std::string dtype;  // "F32", "F16", "BF16", "I64", "I32", "U8", ...
   std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;    // byte range inside the data section
+  size_t begin = 0, end = 0;  // byte range inside the data section
 };
 
 // Bytes per element of a safetensors dtype; 0 if unknown.
@@ -50,7 +50,7 @@ class SafetensorsFile {
 struct TensorToWrite {
   std::string name, dtype;
   std::vector<int64_t> shape;
-  const void* data = nullptr;   // contiguous little-endian bytes, DtypeSize(dtype) * numel
+  const void* data = nullptr;  // contiguous little-endian bytes, DtypeSize(dtype) * numel
 };
 
 // Writes a safetensors file atomically (temporary file, fsync, rename).

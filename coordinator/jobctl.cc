@@ -18,10 +18,10 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/csv.h"
 #include "common/spec/job_spec.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
-#include "common/csv.h"
 
 namespace {
 
@@ -74,8 +74,8 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
       return envelope;
     }
     if (attempt < o.retries)
-      std::cerr << "jobctl: no reply from " << o.coordinator << " in " << o.timeout_s << " s, retrying ("
-                << attempt << "/" << o.retries << ")\n";
+      std::cerr << "jobctl: no reply from " << o.coordinator << " in " << o.timeout_s << " s, retrying (" << attempt
+                << "/" << o.retries << ")\n";
   }
   std::ostringstream message;
   message << "the coordinator at " << o.coordinator << " did not answer after " << o.retries << " tries of "
@@ -96,9 +96,15 @@ std::string NewKey() {
 }
 
 nlohmann::json ToJson(const wire::JobInfo& j) {
-  nlohmann::json out = {{"id", j.id()}, {"name", j.name()}, {"state", j.state()}, {"priority", j.priority()},
-                        {"ranks", j.ranks()}, {"device", j.device()}, {"attempts", j.attempts()},
-                        {"reason", j.reason()}, {"submitted_at", j.submitted_at()}};
+  nlohmann::json out = {{"id", j.id()},
+                        {"name", j.name()},
+                        {"state", j.state()},
+                        {"priority", j.priority()},
+                        {"ranks", j.ranks()},
+                        {"device", j.device()},
+                        {"attempts", j.attempts()},
+                        {"reason", j.reason()},
+                        {"submitted_at", j.submitted_at()}};
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
   return out;
 }
@@ -124,7 +130,8 @@ int Submit(const Options& o, const std::string& path, const std::string& key) {
   submit->set_idempotency_key(key.empty() ? NewKey() : key);
   const auto reply = Expect(Request(o, request));
   if (o.json)
-    std::cout << nlohmann::json{{"job_id", reply.submitted().job_id()}, {"created", reply.submitted().created()}} << "\n";
+    std::cout << nlohmann::json{{"job_id", reply.submitted().job_id()}, {"created", reply.submitted().created()}}
+              << "\n";
   else
     std::cout << reply.submitted().job_id() << "\n";
   return 0;
@@ -181,10 +188,9 @@ std::string FormatTime(double seconds_since_epoch) {
 void PrintEpochTable(const wire::ReportReply& r) {
   const std::vector<std::string> header = SplitCsv(r.csv_header());
   const std::vector<std::pair<const char*, const char*>> columns = {
-      {"epoch", "epoch"},          {"time_s", "time s"},          {"ms_per_step", "ms/step"},
-      {"samples_per_s", "samp/s"}, {"data_wait_pct", "wait%"},    {"train_loss", "loss"},
-      {"eval_acc", "acc"},         {"forward_ms_med", "fwd"},     {"backward_ms_med", "bwd"},
-      {"comm_ms_med", "comm"},     {"optimizer_ms_med", "opt"},   {"slowest_rank", "slowest"}};
+      {"epoch", "epoch"},         {"time_s", "time s"},    {"ms_per_step", "ms/step"},  {"samples_per_s", "samp/s"},
+      {"data_wait_pct", "wait%"}, {"train_loss", "loss"},  {"eval_acc", "acc"},         {"forward_ms_med", "fwd"},
+      {"backward_ms_med", "bwd"}, {"comm_ms_med", "comm"}, {"optimizer_ms_med", "opt"}, {"slowest_rank", "slowest"}};
   std::printf("%-8s", "attempt");
   for (const auto& [key, title] : columns) std::printf(" %9s", title);
   std::printf("\n");
@@ -210,8 +216,10 @@ int Report(const Options& o, int64_t id) {
     nlohmann::json out = ToJson(r.job());
     out["attempts"] = nlohmann::json::array();
     for (const auto& a : r.attempts())
-      out["attempts"].push_back({{"attempt", a.attempt()}, {"placement", a.placement()},
-                                 {"started_at", a.started_at()}, {"ended_at", a.ended_at()},
+      out["attempts"].push_back({{"attempt", a.attempt()},
+                                 {"placement", a.placement()},
+                                 {"started_at", a.started_at()},
+                                 {"ended_at", a.ended_at()},
                                  {"outcome", a.outcome()}});
     out["epochs"] = nlohmann::json::array();
     const std::vector<std::string> header = SplitCsv(r.csv_header());
@@ -251,9 +259,15 @@ int Workers(const Options& o) {
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& w : reply.worker_list().workers())
-      out.push_back({{"world", w.rank().world()}, {"rank", w.rank().rank()}, {"world_size", w.rank().world_size()},
-                     {"host", w.rank().host()}, {"device", w.rank().device()}, {"pid", w.rank().pid()},
-                     {"job_id", w.job_id()}, {"attempt", w.attempt()}, {"seen_ago_s", w.seen_ago_s()},
+      out.push_back({{"world", w.rank().world()},
+                     {"rank", w.rank().rank()},
+                     {"world_size", w.rank().world_size()},
+                     {"host", w.rank().host()},
+                     {"device", w.rank().device()},
+                     {"pid", w.rank().pid()},
+                     {"job_id", w.job_id()},
+                     {"attempt", w.attempt()},
+                     {"seen_ago_s", w.seen_ago_s()},
                      {"last_log_line", w.last_log_line()}});
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -283,10 +297,12 @@ int Main(int argc, char** argv) {
   app.add_subcommand("list", "all jobs");
   for (const char* name : {"status", "cancel"})
     app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
-                                                            : "cancel a job; a running one stops on all its ranks")
-        ->add_option("id", id, "job id")->required();
-  app.add_subcommand("report", "one job: attempts and their outcomes, epoch timings with the step breakdown, "
-                               "summary and events")
+                                                           : "cancel a job; a running one stops on all its ranks")
+        ->add_option("id", id, "job id")
+        ->required();
+  app.add_subcommand("report",
+                     "one job: attempts and their outcomes, epoch timings with the step breakdown, "
+                     "summary and events")
       ->add_option("id", id, "job id")
       ->required();
   app.add_subcommand("workers", "the registered worker ranks and what each runs");

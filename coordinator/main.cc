@@ -14,10 +14,11 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
-               "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT\n"
-               "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
-               "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/."};
+  CLI::App app{
+      "Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
+      "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT\n"
+      "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
+      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/."};
   trainyard::ServerOptions o;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
@@ -27,8 +28,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
-  app.add_option("--heartbeat", o.heartbeat_s, "seconds between heartbeats (default 1)")
-      ->check(CLI::Range(0.05, 60.0));
+  app.add_option("--heartbeat", o.heartbeat_s, "seconds between heartbeats (default 1)")->check(CLI::Range(0.05, 60.0));
   app.add_option("--liveness", o.liveness, "heartbeats a rank may miss before it counts as lost (default 3)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--grace", o.grace_s,

@@ -11,7 +11,7 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 
 struct World {
   std::string device;
-  std::vector<int> free;                   // sorted
+  std::vector<int> free;                     // sorted
   std::vector<std::pair<double, int>> ends;  // (estimated end, ranks freed) of running jobs
   int total = 0;
 };
@@ -94,13 +94,13 @@ ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vect
     }
     // Backfill behind the head's reservation.
     const Reservation& head = *result.reservation;
-    const int head_ranks = std::find_if(queue.begin(), queue.end(), [&](const QueuedJob& q) { return q.id == head.job; })->ranks;
+    const int head_ranks =
+        std::find_if(queue.begin(), queue.end(), [&](const QueuedJob& q) { return q.id == head.job; })->ranks;
     for (auto& [name, w] : worlds) {
       if (!Matches(job, w) || static_cast<int>(w.free.size()) < job.ranks) continue;
       const bool ends_in_time = job.estimate > 0 && now + job.estimate <= head.start;
       // Ranks the head will have at its start if this job is still running then.
-      const bool leaves_room = name != head.world ||
-                               ShadowTime(w, head_ranks + job.ranks, now) <= head.start;
+      const bool leaves_room = name != head.world || ShadowTime(w, head_ranks + job.ranks, now) <= head.start;
       if (name != head.world || ends_in_time || leaves_room) {
         result.start.push_back(Take(job, name, w, true));
         break;

@@ -23,17 +23,17 @@
 namespace trainyard {
 
 struct WorkerRank {
-  std::string world;           // MPI world id (one mpirun)
+  std::string world;  // MPI world id (one mpirun)
   int rank = 0;
-  std::string device;          // "cpu" | "cuda"
-  std::string job;             // running job id; empty when free
-  double estimated_end = 0;    // of the running job, in the caller's time unit; 0 = unknown
+  std::string device;        // "cpu" | "cuda"
+  std::string job;           // running job id; empty when free
+  double estimated_end = 0;  // of the running job, in the caller's time unit; 0 = unknown
 };
 
 struct QueuedJob {
   std::string id;
   int priority = 0;
-  int64_t order = 0;           // submission sequence number
+  int64_t order = 0;  // submission sequence number
   int ranks = 1;
   std::string device = "any";  // "cpu" | "cuda" | "any"
   double estimate = 0;         // expected run time; 0 = unknown
@@ -47,7 +47,7 @@ struct Placement {
 
 struct Reservation {
   std::string job, world;
-  double start = 0;            // estimated; infinity when a running job has no estimate
+  double start = 0;  // estimated; infinity when a running job has no estimate
 };
 
 struct ScheduleResult {

@@ -26,9 +26,7 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
 
 }  // namespace
 
-double WallNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double WallNow() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 wire::Envelope ErrorEnvelope(int code, const std::string& message) {
   wire::Envelope e;
@@ -99,9 +97,9 @@ void Server::ReceiveOne() {
     return;
   }
   if (request.version() != kProtocolVersion) {
-    Reply(frames[0], ErrorEnvelope(2, "protocol version " + std::to_string(request.version()) +
-                                          " is not supported (this coordinator speaks " +
-                                          std::to_string(kProtocolVersion) + ")"));
+    Reply(frames[0],
+          ErrorEnvelope(2, "protocol version " + std::to_string(request.version()) +
+                               " is not supported (this coordinator speaks " + std::to_string(kProtocolVersion) + ")"));
     return;
   }
   try {
@@ -127,25 +125,44 @@ void Server::Send(const std::string& identity, const wire::Envelope& message) {
 std::optional<wire::Envelope> Server::Dispatch(const zmq::message_t& identity_frame, const wire::Envelope& request) {
   const std::string identity(static_cast<const char*>(identity_frame.data()), identity_frame.size());
   switch (request.body_case()) {
-    case wire::Envelope::kRegister: OnRegister(identity, request.register_()); return std::nullopt;
-    case wire::Envelope::kHeartbeat: OnHeartbeat(identity, request.heartbeat()); return std::nullopt;
-    case wire::Envelope::kEpoch: OnEpoch(identity, request.epoch()); return std::nullopt;
-    case wire::Envelope::kResult: OnResult(identity, request.result()); return std::nullopt;
-    case wire::Envelope::kRankExit: OnRankExit(identity, request.rank_exit()); return std::nullopt;
-    default: return Handle(request);
+    case wire::Envelope::kRegister:
+      OnRegister(identity, request.register_());
+      return std::nullopt;
+    case wire::Envelope::kHeartbeat:
+      OnHeartbeat(identity, request.heartbeat());
+      return std::nullopt;
+    case wire::Envelope::kEpoch:
+      OnEpoch(identity, request.epoch());
+      return std::nullopt;
+    case wire::Envelope::kResult:
+      OnResult(identity, request.result());
+      return std::nullopt;
+    case wire::Envelope::kRankExit:
+      OnRankExit(identity, request.rank_exit());
+      return std::nullopt;
+    default:
+      return Handle(request);
   }
 }
 
 wire::Envelope Server::Handle(const wire::Envelope& request) {
   switch (request.body_case()) {
-    case wire::Envelope::kSubmit: return Submit(request.submit());
-    case wire::Envelope::kList: return List();
-    case wire::Envelope::kStatus: return Status(request.status().job_id());
-    case wire::Envelope::kCancel: return Cancel(request.cancel().job_id());
-    case wire::Envelope::kLogs: return Logs(request.logs());
-    case wire::Envelope::kReport: return Report(request.report().job_id());
-    case wire::Envelope::kWorkers: return Workers();
-    default: return ErrorEnvelope(2, "this coordinator does not accept that message");
+    case wire::Envelope::kSubmit:
+      return Submit(request.submit());
+    case wire::Envelope::kList:
+      return List();
+    case wire::Envelope::kStatus:
+      return Status(request.status().job_id());
+    case wire::Envelope::kCancel:
+      return Cancel(request.cancel().job_id());
+    case wire::Envelope::kLogs:
+      return Logs(request.logs());
+    case wire::Envelope::kReport:
+      return Report(request.report().job_id());
+    case wire::Envelope::kWorkers:
+      return Workers();
+    default:
+      return ErrorEnvelope(2, "this coordinator does not accept that message");
   }
 }
 
@@ -164,8 +181,8 @@ wire::Envelope Server::Submit(const wire::SubmitRequest& request) {
   bool created = false;
   JobRecord record = store_->Submit(job, WallNow(), &created);  // committed before the reply
   schedule_due_ = schedule_due_ || created;
-  if (created) spdlog::info("job {} '{}' queued ({} ranks, priority {})", record.id, record.name, record.ranks,
-                            record.priority);
+  if (created)
+    spdlog::info("job {} '{}' queued ({} ranks, priority {})", record.id, record.name, record.ranks, record.priority);
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   reply.mutable_submitted()->set_job_id(record.id);

@@ -30,7 +30,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "coordinator/scheduler.h"
@@ -39,7 +38,6 @@
 #include "trainyard.pb.h"
 
 namespace trainyard {
-
 
 struct ServerOptions {
   std::string listen = "tcp://127.0.0.1:5555";
@@ -56,9 +54,9 @@ struct ServerOptions {
 // A registered worker rank, as its own messages describe it.
 struct RankEntry {
   wire::RankInfo info;
-  std::string identity;          // ZeroMQ routing id of its latest message
+  std::string identity;  // ZeroMQ routing id of its latest message
   double last_seen = 0;
-  int64_t job = 0;               // what its latest heartbeat says it runs; 0: idle
+  int64_t job = 0;  // what its latest heartbeat says it runs; 0: idle
   int attempt = 0;
   std::string last_log_line;
 };
@@ -68,11 +66,11 @@ struct RunningAttempt {
   int64_t job = 0;
   int attempt = 0;
   std::string world;
-  std::vector<int> ranks;        // world ranks, job rank order
+  std::vector<int> ranks;  // world ranks, job rank order
   double started_at = 0, estimated_end = 0;
-  std::set<int> finished;        // ranks whose JobResult arrived
-  std::set<int> present;         // ranks seen running it (re-adoption)
-  bool adopted = true;           // false after a restart until every rank is back
+  std::set<int> finished;  // ranks whose JobResult arrived
+  std::set<int> present;   // ranks seen running it (re-adoption)
+  bool adopted = true;     // false after a restart until every rank is back
   std::string summary_json;
 };
 

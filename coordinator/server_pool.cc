@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "coordinator/server.h"
 #include "common/atomic_file.h"
+#include "coordinator/server.h"
 
 namespace trainyard {
 namespace {
@@ -116,7 +116,8 @@ void Server::NoteAdoption(RunningAttempt* attempt, int world_rank) {
     if (!attempt->present.count(r)) return;
   attempt->adopted = true;
   store_->AddEvent(attempt->job,
-                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart", WallNow());
+                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart",
+                   WallNow());
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
 }
 
@@ -139,7 +140,11 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   auto running = running_.find(entry.job);
   if (running != running_.end() && running->second.attempt == entry.attempt) NoteAdoption(&running->second, key.second);
   SendStopIfStale(entry);
-  Send(identity, [] { wire::Envelope e; e.mutable_pulse(); return e; }());
+  Send(identity, [] {
+    wire::Envelope e;
+    e.mutable_pulse();
+    return e;
+  }());
   schedule_due_ = true;
 }
 
@@ -276,9 +281,9 @@ void Server::ExpireSilentRanks(double now) {
       continue;
     }
     const std::string who = DescribeRank(it->first);
-    const std::string reason = WithLastLine(
-        who + " stopped heartbeating (silent for " + Seconds(now - it->second.last_seen) + ")",
-        it->second.last_log_line);
+    const std::string reason =
+        WithLastLine(who + " stopped heartbeating (silent for " + Seconds(now - it->second.last_seen) + ")",
+                     it->second.last_log_line);
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
     it = ranks_.erase(it);
@@ -342,8 +347,9 @@ void Server::ScheduleQueued(double now) {
   for (const std::string& id : result.unplaceable) {
     const int64_t job = std::stoll(id);
     if (!reported_unplaceable_.insert(job).second) continue;
-    store_->AddEvent(job, "waiting: no registered world has " + std::to_string(records.at(id).ranks) + " " +
-                              (records.at(id).device == "any" ? "" : records.at(id).device + " ") + "ranks",
+    store_->AddEvent(job,
+                     "waiting: no registered world has " + std::to_string(records.at(id).ranks) + " " +
+                         (records.at(id).device == "any" ? "" : records.at(id).device + " ") + "ranks",
                      now);
   }
 }
@@ -420,15 +426,14 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
     store_->AddEvent(id,
                      what + "; requeued to resume from its last checkpoint" +
                          (free ? " (not counted as a restart)"
-                               : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) +
-                                     " of " + std::to_string(job.max_restarts) + ")"),
+                               : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
+                                     std::to_string(job.max_restarts) + ")"),
                      now);
     spdlog::warn("job {}: {}; requeued", id, what);
   } else {
-    const std::string final_reason =
-        what + (retry == Retry::kNever ? " (not retried: the input is at fault)"
-                                       : " (no restarts left: resources.max_restarts is " +
-                                             std::to_string(job.max_restarts) + ")");
+    const std::string final_reason = what + (retry == Retry::kNever ? " (not retried: the input is at fault)"
+                                                                    : " (no restarts left: resources.max_restarts is " +
+                                                                          std::to_string(job.max_restarts) + ")");
     store_->SetState(id, JobState::kFailed, final_reason);
     store_->AddEvent(id, final_reason, now);
     spdlog::warn("job {} failed: {}", id, final_reason);

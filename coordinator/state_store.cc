@@ -59,17 +59,23 @@ JobRecord ReadJob(const Statement& s) {
 
 const char* ToString(JobState state) {
   switch (state) {
-    case JobState::kQueued: return "QUEUED";
-    case JobState::kRunning: return "RUNNING";
-    case JobState::kSucceeded: return "SUCCEEDED";
-    case JobState::kFailed: return "FAILED";
-    case JobState::kCancelled: return "CANCELLED";
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
   }
   return "?";
 }
 
 JobState JobStateFromString(const std::string& text) {
-  for (JobState s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled})
+  for (JobState s :
+       {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled})
     if (text == ToString(s)) return s;
   throw StoreError("unknown job state '" + text + "' in the database");
 }
@@ -155,9 +161,10 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
     *created = false;
     return ReadJob(existing);
   }
-  Statement insert(db_, "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                        "max_restarts, device, submitted_at, base_dir, estimate_s) "
-                        "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?)");
+  Statement insert(db_,
+                   "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
+                   "max_restarts, device, submitted_at, base_dir, estimate_s) "
+                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s);
@@ -225,8 +232,9 @@ void StateStore::Requeue(int64_t id, const std::string& reason, double not_befor
 }
 
 std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
-  Statement s(db_, "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0) "
-                   "FROM attempts WHERE job = ? ORDER BY attempt");
+  Statement s(db_,
+              "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0) "
+              "FROM attempts WHERE job = ? ORDER BY attempt");
   s.Bind(1, id);
   std::vector<AttemptRecord> out;
   while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
@@ -234,16 +242,18 @@ std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
 }
 
 std::vector<AttemptRecord> StateStore::OpenAttempts() const {
-  Statement s(db_, "SELECT job, attempt, placement, '', started_at, 0 FROM attempts WHERE ended_at IS NULL "
-                   "ORDER BY job, attempt");
+  Statement s(db_,
+              "SELECT job, attempt, placement, '', started_at, 0 FROM attempts WHERE ended_at IS NULL "
+              "ORDER BY job, attempt");
   std::vector<AttemptRecord> out;
   while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
   return out;
 }
 
 bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
-  Statement s(db_, "INSERT OR IGNORE INTO epochs(job, epoch, attempt, csv_line, csv_header, breakdown_json) "
-                   "VALUES(?, ?, ?, ?, ?, ?)");
+  Statement s(db_,
+              "INSERT OR IGNORE INTO epochs(job, epoch, attempt, csv_line, csv_header, breakdown_json) "
+              "VALUES(?, ?, ?, ?, ?, ?)");
   s.Bind(1, id).Bind(2, int64_t(row.epoch)).Bind(3, int64_t(row.attempt)).Bind(4, row.csv_line);
   s.Bind(5, row.csv_header).Bind(6, row.breakdown_json);
   s.Step();
@@ -251,8 +261,9 @@ bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
 }
 
 std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
-  Statement s(db_, "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
-                   "ORDER BY epoch");
+  Statement s(db_,
+              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
+              "ORDER BY epoch");
   s.Bind(1, id);
   std::vector<EpochRecord> out;
   while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)});

@@ -23,14 +23,14 @@ const char* ToString(JobState state);
 JobState JobStateFromString(const std::string& text);
 
 struct JobRecord {
-  int64_t id = 0;                // also the submission order
+  int64_t id = 0;  // also the submission order
   std::string name, idempotency_key, spec_yaml, source, base_dir;
   JobState state = JobState::kQueued;
   int priority = 0, ranks = 1, max_restarts = 0, attempts = 0;
   std::string device = "any";
-  std::string reason;            // why it failed or was cancelled
+  std::string reason;                       // why it failed or was cancelled
   double submitted_at = 0, not_before = 0;  // not_before: requeue backoff
-  double estimate_s = 0;         // resources.estimate_minutes; 0 = unknown
+  double estimate_s = 0;                    // resources.estimate_minutes; 0 = unknown
 };
 
 struct NewJob {

@@ -33,12 +33,9 @@ void DeterministicShuffleOf(std::vector<T>* items, uint64_t seed) {
 }
 template void DeterministicShuffleOf(std::vector<BatchIndices>* items, uint64_t seed);
 
-LengthBucketSampler::LengthBucketSampler(std::vector<int32_t> lengths, int batch_size,
-                                         int bucket_batches, uint64_t seed)
-    : lengths_(std::move(lengths)),
-      batch_size_(batch_size),
-      bucket_batches_(bucket_batches),
-      seed_(seed) {
+LengthBucketSampler::LengthBucketSampler(std::vector<int32_t> lengths, int batch_size, int bucket_batches,
+                                         uint64_t seed)
+    : lengths_(std::move(lengths)), batch_size_(batch_size), bucket_batches_(bucket_batches), seed_(seed) {
   if (batch_size_ < 1 || bucket_batches_ < 1)
     throw std::invalid_argument("LengthBucketSampler: batch_size and bucket_batches must be >= 1");
 }
@@ -65,8 +62,7 @@ std::vector<BatchIndices> SequentialBatches(size_t count, int batch_size) {
   std::vector<BatchIndices> batches;
   for (size_t begin = 0; begin < count; begin += batch_size) {
     BatchIndices batch;
-    for (size_t i = begin; i < std::min(count, begin + batch_size); ++i)
-      batch.push_back(static_cast<int32_t>(i));
+    for (size_t i = begin; i < std::min(count, begin + batch_size); ++i) batch.push_back(static_cast<int32_t>(i));
     batches.push_back(std::move(batch));
   }
   return batches;

@@ -19,8 +19,7 @@ using BatchIndices = std::vector<int32_t>;
 class LengthBucketSampler {
  public:
   // `lengths[i]` is any monotone proxy of example i's token count.
-  LengthBucketSampler(std::vector<int32_t> lengths, int batch_size, int bucket_batches,
-                      uint64_t seed);
+  LengthBucketSampler(std::vector<int32_t> lengths, int batch_size, int bucket_batches, uint64_t seed);
 
   // All batches of `epoch`, in the order they are trained. The last batch of a
   // window may be smaller than batch_size; no example is dropped.

@@ -30,8 +30,7 @@ class PrefetchQueue {
   PrefetchQueue(size_t num_items, Producer produce, size_t threads, size_t capacity)
       : num_items_(num_items), produce_(std::move(produce)), capacity_(capacity) {
     if (capacity_ == 0) return;
-    for (size_t i = 0; i < std::max<size_t>(1, threads); ++i)
-      workers_.emplace_back([this] { WorkerLoop(); });
+    for (size_t i = 0; i < std::max<size_t>(1, threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
   }
 
   ~PrefetchQueue() {
@@ -71,8 +70,7 @@ class PrefetchQueue {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       changed_.wait(lock, [&] {
-        return stopping_ || next_to_claim_ >= num_items_ ||
-               next_to_claim_ < next_to_consume_ + capacity_;
+        return stopping_ || next_to_claim_ >= num_items_ || next_to_claim_ < next_to_consume_ + capacity_;
       });
       if (stopping_ || next_to_claim_ >= num_items_) return;
       const size_t index = next_to_claim_++;

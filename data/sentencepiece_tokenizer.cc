@@ -2,7 +2,6 @@
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,9 +9,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/spec/job_spec.h"
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
-#include "common/spec/job_spec.h"
 
 namespace trainyard {
 
@@ -20,8 +19,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
     : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   auto status = processor_->Load(model_path);
   if (!status.ok())
-    throw std::runtime_error(model_path + ": cannot load the SentencePiece model: " +
-                             status.ToString());
+    throw std::runtime_error(model_path + ": cannot load the SentencePiece model: " + status.ToString());
   pad_id_ = std::max(0, processor_->pad_id());
   cls_id_ = processor_->bos_id() >= 0 ? processor_->bos_id() : processor_->unk_id();
   sep_id_ = processor_->eos_id() >= 0 ? processor_->eos_id() : processor_->unk_id();
@@ -31,8 +29,8 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 int SentencePieceTokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 
-void SentencePieceTokenizer::Train(const std::vector<std::string>& texts,
-                                   const std::string& model_path, int vocab_size) {
+void SentencePieceTokenizer::Train(const std::vector<std::string>& texts, const std::string& model_path,
+                                   int vocab_size) {
   namespace fs = std::filesystem;
   fs::path model(model_path);
   if (model.has_parent_path()) fs::create_directories(model.parent_path());
@@ -69,8 +67,7 @@ std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int m
 
 std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train) {
   const TokenizerSpec& t = spec.tokenizer;
-  if (t.kind == TokenizerKind::kWordPiece)
-    return std::make_unique<WordPieceTokenizer>(t.vocab, t.lowercase);
+  if (t.kind == TokenizerKind::kWordPiece) return std::make_unique<WordPieceTokenizer>(t.vocab, t.lowercase);
   if (!std::filesystem::exists(t.model)) {
     std::vector<std::string> texts;
     texts.reserve(train.examples.size());

@@ -21,8 +21,7 @@ class SentencePieceTokenizer : public Tokenizer {
   ~SentencePieceTokenizer() override;
 
   // Trains a unigram model on `texts` and writes it to `model_path` (+ ".vocab").
-  static void Train(const std::vector<std::string>& texts, const std::string& model_path,
-                    int vocab_size);
+  static void Train(const std::vector<std::string>& texts, const std::string& model_path, int vocab_size);
 
   std::vector<int32_t> Encode(std::string_view text, int max_len) const override;
   int32_t pad_id() const override { return pad_id_; }

@@ -1,9 +1,8 @@
 #include "data/text_dataset.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 namespace trainyard {
@@ -28,15 +27,13 @@ std::vector<RawRow> ReadTsvRows(const std::string& path, std::ifstream& in) {
     if (number == 1 && line.rfind("label\t", 0) == 0) continue;  // header
     if (line.empty()) continue;
     size_t tab = line.find('\t');
-    if (tab == std::string::npos)
-      Fail(path, number, "expected 'label<TAB>text', found no tab");
+    if (tab == std::string::npos) Fail(path, number, "expected 'label<TAB>text', found no tab");
     rows.push_back({line.substr(0, tab), UnescapeTsvField(line.substr(tab + 1)), number});
   }
   return rows;
 }
 
-std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in,
-                                  const TextFormat& format) {
+std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in, const TextFormat& format) {
   std::vector<RawRow> rows;
   std::string line;
   int number = 0;
@@ -52,8 +49,8 @@ std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in,
     for (const auto* field : {&format.text_field, &format.label_field})
       if (!object.is_object() || !object.contains(*field) || !object[*field].is_string())
         Fail(path, number, "expected a string field '" + *field + "'");
-    rows.push_back({object[format.label_field].get<std::string>(),
-                    object[format.text_field].get<std::string>(), number});
+    rows.push_back(
+        {object[format.label_field].get<std::string>(), object[format.text_field].get<std::string>(), number});
   }
   return rows;
 }

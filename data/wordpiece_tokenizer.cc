@@ -1,9 +1,9 @@
 #include "data/wordpiece_tokenizer.h"
 
+#include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
-#include <unicode/locid.h>
 
 #include <fstream>
 #include <stdexcept>
@@ -21,8 +21,7 @@ bool IsWhitespace(UChar32 c) {
 bool IsPythonSpace(UChar32 c) {
   if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85) return true;
   int8_t type = u_charType(c);
-  if (type == U_SPACE_SEPARATOR || type == U_LINE_SEPARATOR || type == U_PARAGRAPH_SEPARATOR)
-    return true;
+  if (type == U_SPACE_SEPARATOR || type == U_LINE_SEPARATOR || type == U_PARAGRAPH_SEPARATOR) return true;
   int bidi = u_charDirection(c);
   return bidi == U_WHITE_SPACE_NEUTRAL || bidi == U_BLOCK_SEPARATOR || bidi == U_SEGMENT_SEPARATOR;
 }
@@ -30,28 +29,25 @@ bool IsPythonSpace(UChar32 c) {
 bool IsControl(UChar32 c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
   int8_t type = u_charType(c);
-  return type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_UNASSIGNED ||
-         type == U_PRIVATE_USE_CHAR || type == U_SURROGATE;
+  return type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_UNASSIGNED || type == U_PRIVATE_USE_CHAR ||
+         type == U_SURROGATE;
 }
 
 bool IsPunctuation(UChar32 c) {
-  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
-      (c >= 123 && c <= 126))
-    return true;
+  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)) return true;
   return (U_GET_GC_MASK(c) & U_GC_P_MASK) != 0;
 }
 
 bool IsCjk(UChar32 c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
-         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
-         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
 // _clean_text and _tokenize_chinese_chars of the basic tokenizer.
 icu::UnicodeString CleanAndSpaceCjk(std::string_view text) {
-  icu::UnicodeString in = icu::UnicodeString::fromUTF8(
-      icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+  icu::UnicodeString in =
+      icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
   icu::UnicodeString out;
   for (int32_t i = 0; i < in.length(); i = in.moveIndex32(i, 1)) {
     UChar32 c = in.char32At(i);
@@ -138,8 +134,7 @@ WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_path, bool lower
     : vocab_(ReadVocab(vocab_path)), lowercase_(lowercase) {
   auto require = [&](const char* token) {
     auto it = vocab_.find(token);
-    if (it == vocab_.end())
-      throw std::runtime_error(vocab_path + ": the vocabulary has no " + token + " token");
+    if (it == vocab_.end()) throw std::runtime_error(vocab_path + ": the vocabulary has no " + token + " token");
     return it->second;
   };
   pad_id_ = require("[PAD]");
@@ -166,8 +161,7 @@ std::vector<std::string> WordPieceTokenizer::BasicTokenize(std::string_view text
   return words;
 }
 
-void WordPieceTokenizer::AppendWordPieces(const std::string& word,
-                                          std::vector<int32_t>* ids) const {
+void WordPieceTokenizer::AppendWordPieces(const std::string& word, std::vector<int32_t>* ids) const {
   icu::UnicodeString chars = icu::UnicodeString::fromUTF8(word);
   const int32_t length = chars.countChar32();
   if (length > kMaxCharsPerWord) {

@@ -57,11 +57,9 @@ class SpecReader {
   SpecReader(std::string source, fs::path base_dir, std::map<std::string, std::string>* locations)
       : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations) {}
 
-  [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path,
-                         const std::string& message) const {
+  [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path, const std::string& message) const {
     std::ostringstream out;
-    out << source_ << ":" << at.Mark().line + 1 << ":" << at.Mark().column + 1 << ": "
-        << key_path << ": " << message;
+    out << source_ << ":" << at.Mark().line + 1 << ":" << at.Mark().column + 1 << ": " << key_path << ": " << message;
     throw SpecError(out.str());
   }
 
@@ -70,8 +68,7 @@ class SpecReader {
   }
 
   // Rejects keys outside `allowed`, suggesting the nearest valid one.
-  void CheckKeys(const YAML::Node& map, const std::string& path,
-                 const std::vector<std::string>& allowed) const {
+  void CheckKeys(const YAML::Node& map, const std::string& path, const std::vector<std::string>& allowed) const {
     if (!map.IsMap()) Fail(map, path.empty() ? "<document>" : path, "expected a mapping of keys");
     std::vector<std::string> seen;
     for (const auto& entry : map) {
@@ -96,33 +93,29 @@ class SpecReader {
     const YAML::Node node = map[key];
     if (!node.IsDefined() || node.IsNull()) return false;
     if (!node.IsScalar()) Fail(node, Child(path, key), std::string("expected ") + expected);
-    (*locations_)[Child(path, key)] = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
-                                      std::to_string(node.Mark().column + 1);
+    (*locations_)[Child(path, key)] =
+        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
     try {
       *out = node.as<T>();
     } catch (const YAML::BadConversion&) {
-      Fail(node, Child(path, key),
-           std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
+      Fail(node, Child(path, key), std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
     }
     return true;
   }
 
-  bool ReadString(const YAML::Node& m, const std::string& k, const std::string& p,
-                  std::string* out) const {
+  bool ReadString(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out) const {
     return Read(m, k, p, out, "a string");
   }
   template <typename Int>
-  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out,
-               int64_t min_value) const {
+  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out, int64_t min_value) const {
     int64_t value = *out;
     if (!Read(m, k, p, &value, "an integer")) return;
     if (value < min_value)
-      Fail(m[k], Child(p, k), "expected an integer >= " + std::to_string(min_value) +
-                                  ", got " + std::to_string(value));
+      Fail(m[k], Child(p, k), "expected an integer >= " + std::to_string(min_value) + ", got " + std::to_string(value));
     *out = static_cast<Int>(value);
   }
-  void ReadDouble(const YAML::Node& m, const std::string& k, const std::string& p, double* out,
-                  double lo, double hi) const {
+  void ReadDouble(const YAML::Node& m, const std::string& k, const std::string& p, double* out, double lo,
+                  double hi) const {
     if (!Read(m, k, p, out, "a number")) return;
     if (*out < lo || *out > hi) {
       std::ostringstream msg;
@@ -168,8 +161,8 @@ class SpecReader {
                 Convert convert) const {
     const YAML::Node node = m[k];
     if (!node.IsDefined() || node.IsNull()) return false;
-    (*locations_)[Child(p, k)] = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
-                                 std::to_string(node.Mark().column + 1);
+    (*locations_)[Child(p, k)] =
+        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
     if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
     if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
     out->clear();
@@ -202,8 +195,7 @@ class SpecReader {
     Fail(n, path, "expected one of " + Join(names) + ", got '" + n.Scalar() + "'");
   }
 
-  YAML::Node Section(const YAML::Node& root, const std::string& key,
-                     const std::vector<std::string>& allowed) const {
+  YAML::Node Section(const YAML::Node& root, const std::string& key, const std::vector<std::string>& allowed) const {
     YAML::Node node = root[key];
     if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
     CheckKeys(node, key, allowed);
@@ -242,22 +234,20 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node d = root["data"];
   if (!d.IsDefined() || d.IsNull()) r.Fail(root, "data", "required: a data mapping");
   r.CheckKeys(d, "data",
-              {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer",
-               "max_seq_len", "bucket_batches", "prefetch_batches", "loader_threads"});
+              {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer", "max_seq_len",
+               "bucket_batches", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
   if (!r.ReadPath(d, "train", "data", &out.train, true) && spec->kind != JobKind::kInference)
-    r.Fail(d, "data.train", spec->kind == JobKind::kFinetune
-                                ? "required: path to the training file (.tsv or .jsonl)"
-                                : "required: the text file benchmark inputs are tokenized from");
+    r.Fail(d, "data.train",
+           spec->kind == JobKind::kFinetune ? "required: path to the training file (.tsv or .jsonl)"
+                                            : "required: the text file benchmark inputs are tokenized from");
   r.ReadPath(d, "dev", "data", &out.dev, true);
   r.ReadPath(d, "labels", "data", &out.labels, true);
   out.format = fs::path(out.train.empty() ? spec->inference.input : out.train).extension() == ".jsonl"
                    ? DataFormat::kJsonl
                    : DataFormat::kTsv;
   r.ReadEnum(d, "format", "data",
-             std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv},
-                                               {"jsonl", DataFormat::kJsonl}},
-             &out.format);
+             std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv}, {"jsonl", DataFormat::kJsonl}}, &out.format);
   r.ReadString(d, "text_field", "data", &out.text_field);
   r.ReadString(d, "label_field", "data", &out.label_field);
   r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8);
@@ -280,9 +270,8 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 
 void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node t = r.Section(root, "train",
-                           {"epochs", "batch_size", "max_steps", "lr", "weight_decay",
-                            "warmup_ratio", "max_grad_norm", "adam_beta1", "adam_beta2",
-                            "adam_eps", "precision", "loss_scale"});
+                           {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
+                            "adam_beta1", "adam_beta2", "adam_eps", "precision", "loss_scale"});
   TrainSpec& out = spec->train;
   r.ReadInt(t, "epochs", "train", &out.epochs, 1);
   r.ReadInt(t, "batch_size", "train", &out.batch_size, 1);
@@ -319,9 +308,8 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   }
   YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32"});
   r.ReadEnum(rt, "device", "runtime",
-             std::map<std::string, DeviceChoice>{{"auto", DeviceChoice::kAuto},
-                                                 {"cpu", DeviceChoice::kCpu},
-                                                 {"cuda", DeviceChoice::kCuda}},
+             std::map<std::string, DeviceChoice>{
+                 {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
   r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
@@ -333,18 +321,17 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1000000);
   r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0);
   r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
-  YAML::Node ds = r.Section(root, "distributed", {"backend", "bucket_mb", "overlap", "compression",
-                                                   "timeout_s", "check_consistency"});
+  YAML::Node ds = r.Section(root, "distributed",
+                            {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency"});
   DistributedSpec& dist = spec->distributed;
   r.ReadEnum(ds, "backend", "distributed",
-             std::map<std::string, CommBackend>{{"auto", CommBackend::kAuto},
-                                                {"mpi", CommBackend::kMpi},
-                                                {"nccl", CommBackend::kNccl}},
+             std::map<std::string, CommBackend>{
+                 {"auto", CommBackend::kAuto}, {"mpi", CommBackend::kMpi}, {"nccl", CommBackend::kNccl}},
              &dist.backend);
   r.ReadDouble(ds, "bucket_mb", "distributed", &dist.bucket_mb, 0.001, 4096.0);
   r.ReadBool(ds, "overlap", "distributed", &dist.overlap);
-  r.ReadEnum(ds, "compression", "distributed",
-             std::map<std::string, bool>{{"none", false}, {"fp16", true}}, &dist.fp16_compression);
+  r.ReadEnum(ds, "compression", "distributed", std::map<std::string, bool>{{"none", false}, {"fp16", true}},
+             &dist.fp16_compression);
   r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
   r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
   YAML::Node dbg = r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank"});
@@ -358,9 +345,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 }
 
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node b = r.Section(root, "benchmark", {"mode", "batch_sizes", "seq_lens", "precisions", "modes",
-                                               "torchscript", "warmup", "iters", "max_cv", "max_remeasure",
-                                               "memory_cap_mb", "train_steps"});
+  YAML::Node b = r.Section(root, "benchmark",
+                           {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "warmup", "iters",
+                            "max_cv", "max_remeasure", "memory_cap_mb", "train_steps"});
   BenchmarkSpec& out = spec->benchmark;
   r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
              &out.train_step);
@@ -396,8 +383,9 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
 }
 
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
-  r.CheckKeys(root, "", {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime",
-                         "resources", "distributed", "debug", "benchmark", "inference", "log"});
+  r.CheckKeys(root, "",
+              {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime", "resources", "distributed",
+               "debug", "benchmark", "inference", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
@@ -419,17 +407,15 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
 
 }  // namespace
 
-JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
-                     const std::string& base_dir) {
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::ParserException& e) {
-    throw SpecError(source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                    std::to_string(e.mark.column + 1) + ": <document>: malformed YAML: " + e.msg);
+    throw SpecError(source_name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                    ": <document>: malformed YAML: " + e.msg);
   }
-  if (!root.IsMap())
-    throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
+  if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
   std::map<std::string, std::string> locations;
   SpecReader reader(source_name, fs::path(base_dir), &locations);
   JobSpec spec = ParseDocument(reader, root, source_name);

@@ -26,27 +26,27 @@ enum class DataFormat { kTsv, kJsonl };
 
 struct TokenizerSpec {
   TokenizerKind kind = TokenizerKind::kWordPiece;
-  std::string vocab;           // WordPiece vocab.txt (absolute path)
-  bool lowercase = true;       // WordPiece: BERT uncased rules (also strips accents)
-  std::string model;           // SentencePiece .model; trained from data.train if absent
-  int vocab_size = 8000;       // SentencePiece training only
+  std::string vocab;      // WordPiece vocab.txt (absolute path)
+  bool lowercase = true;  // WordPiece: BERT uncased rules (also strips accents)
+  std::string model;      // SentencePiece .model; trained from data.train if absent
+  int vocab_size = 8000;  // SentencePiece training only
 };
 
 struct DataSpec {
-  std::string train, dev;      // absolute paths; dev may be empty
-  std::string labels;          // optional labels.txt (one label a line); else labels seen in train
+  std::string train, dev;  // absolute paths; dev may be empty
+  std::string labels;      // optional labels.txt (one label a line); else labels seen in train
   DataFormat format = DataFormat::kTsv;
   std::string text_field = "text", label_field = "label";  // JSONL keys
   TokenizerSpec tokenizer;
   int max_seq_len = 128;
-  int bucket_batches = 50;     // batches per length-sorted window of the sampler
-  int prefetch_batches = 8;    // 0 turns the background pipeline off
+  int bucket_batches = 50;   // batches per length-sorted window of the sampler
+  int prefetch_batches = 8;  // 0 turns the background pipeline off
   int loader_threads = 2;
 };
 
 struct ModelSpec {
-  std::string preset = "tiny"; // tiny | mini | base
-  std::string init;            // HF checkpoint dir (model.safetensors + config.json); empty = random init
+  std::string preset = "tiny";  // tiny | mini | base
+  std::string init;             // HF checkpoint dir (model.safetensors + config.json); empty = random init
   double dropout = 0.1;
 };
 
@@ -57,8 +57,8 @@ struct LossScaleSpec {
 
 struct TrainSpec {
   int epochs = 3;
-  int batch_size = 32;         // per rank
-  int64_t max_steps = 0;       // 0 = no limit
+  int batch_size = 32;    // per rank
+  int64_t max_steps = 0;  // 0 = no limit
   double lr = 5e-4, weight_decay = 0.01, warmup_ratio = 0.1, max_grad_norm = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   Precision precision = Precision::kFp32;
@@ -66,58 +66,58 @@ struct TrainSpec {
 };
 
 struct CheckpointSpec {
-  int64_t every_steps = 0;     // 0 = at the end of each epoch only
+  int64_t every_steps = 0;  // 0 = at the end of each epoch only
   int keep = 2;
-  std::string resume = "none"; // none | auto | <checkpoint file>
+  std::string resume = "none";  // none | auto | <checkpoint file>
 };
 
 struct RuntimeSpec {
   DeviceChoice device = DeviceChoice::kAuto;
-  int threads = 0;             // intra-op threads per rank; 0 = libtorch's default
-  bool tf32 = false;           // CUDA fp32 matrix products on TF32 tensor cores
+  int threads = 0;    // intra-op threads per rank; 0 = libtorch's default
+  bool tf32 = false;  // CUDA fp32 matrix products on TF32 tensor cores
 };
 
 // What a job asks of the coordinator's pool (ignored by a standalone worker).
 struct ResourcesSpec {
-  int ranks = 1;                 // all from one MPI world
-  std::string device = "any";    // cpu | cuda | any
-  int priority = 0;              // higher runs first
-  int max_restarts = 2;          // requeues after a failed attempt, resuming from checkpoints
-  double estimate_minutes = 0;   // expected run time; lets the job backfill (0 = unknown)
+  int ranks = 1;                // all from one MPI world
+  std::string device = "any";   // cpu | cuda | any
+  int priority = 0;             // higher runs first
+  int max_restarts = 2;         // requeues after a failed attempt, resuming from checkpoints
+  double estimate_minutes = 0;  // expected run time; lets the job backfill (0 = unknown)
 };
 
 enum class CommBackend { kAuto, kMpi, kNccl };
 
 struct DistributedSpec {
   CommBackend backend = CommBackend::kAuto;  // auto: NCCL for CUDA jobs when built, else MPI
-  double bucket_mb = 25.0;     // gradient bucket size
-  bool overlap = true;         // all-reduce buckets during backward (false: after it)
+  double bucket_mb = 25.0;                   // gradient bucket size
+  bool overlap = true;                       // all-reduce buckets during backward (false: after it)
   bool fp16_compression = false;
-  double timeout_s = 300.0;    // deadline of every collective
+  double timeout_s = 300.0;        // deadline of every collective
   bool check_consistency = false;  // compare a parameter hash across ranks every step
 };
 
 enum class BenchMode { kEager, kTorchScript, kCudaGraph };
 
 struct BenchmarkSpec {
-  bool train_step = false;                       // mode: sweep (false) | train_step
+  bool train_step = false;  // mode: sweep (false) | train_step
   std::vector<int> batch_sizes = {1, 2, 4, 8};
   std::vector<int> seq_lens = {8, 64, 128};
   std::vector<Precision> precisions = {Precision::kFp32};
   std::vector<BenchMode> modes = {BenchMode::kEager};
-  std::string torchscript;                       // .pt file for the torchscript mode
+  std::string torchscript;  // .pt file for the torchscript mode
   int warmup = 3, iters = 10;
-  double max_cv = 0.10;                          // a cell noisier than this is measured again
-  int max_remeasure = 2;                         // ... at most this often, then flagged
-  double memory_cap_mb = 0;                      // 0 = none; a cell needing more is "OOM"
-  int train_steps = 20;                          // train_step: steps timed (first excluded)
+  double max_cv = 0.10;      // a cell noisier than this is measured again
+  int max_remeasure = 2;     // ... at most this often, then flagged
+  double memory_cap_mb = 0;  // 0 = none; a cell needing more is "OOM"
+  int train_steps = 20;      // train_step: steps timed (first excluded)
 };
 
 struct InferenceSpec {
-  std::string input;                             // dataset file to predict over
-  std::string output;                            // predictions TSV; default runs/<name>/predictions.tsv
+  std::string input;   // dataset file to predict over
+  std::string output;  // predictions TSV; default runs/<name>/predictions.tsv
   int batch_size = 64;
-  std::string sort_by_length = "true";           // true | false | both (both: runs each, compares)
+  std::string sort_by_length = "true";  // true | false | both (both: runs each, compares)
 };
 
 // Fault injection for tests of the failure paths; off unless set.
@@ -128,13 +128,13 @@ struct DebugSpec {
 };
 
 struct LogSpec {
-  std::string runs_dir;        // absolute; empty = "runs" under the working directory
-  int steps_every = 20;        // steps.jsonl cadence
+  std::string runs_dir;  // absolute; empty = "runs" under the working directory
+  int steps_every = 20;  // steps.jsonl cadence
   bool progress = true;
 };
 
 struct JobSpec {
-  std::string source_file;     // the YAML the spec came from
+  std::string source_file;  // the YAML the spec came from
   std::string name;
   JobKind kind = JobKind::kFinetune;
   uint64_t seed = 1234;
@@ -162,8 +162,7 @@ struct JobSpec {
 JobSpec LoadJobSpec(const std::string& path);
 
 // Same, from YAML text; `source_name` is used in messages and `base_dir` for paths.
-JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
-                     const std::string& base_dir);
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir);
 
 const char* ToString(Precision p);
 const char* ToString(JobKind k);

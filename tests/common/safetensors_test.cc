@@ -56,8 +56,7 @@ TEST_F(SafetensorsTest, HeaderThatLiesAboutSizesIsRejected) {
     SafetensorsFile::Read(path);
     FAIL();
   } catch (const SafetensorsError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs 64 bytes but data_offsets span 16"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs 64 bytes but data_offsets span 16"), std::string::npos) << e.what();
   }
 }
 

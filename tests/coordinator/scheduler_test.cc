@@ -26,7 +26,8 @@ TEST(Scheduler, PriorityFirstThenSubmissionOrder) {
   Scheduler s;
   auto ranks = World("w", 1);
   EXPECT_EQ(Started(s.Schedule({Job("low", 1, 1), Job("high", 1, 2, 5)}, ranks, 0)), std::vector<std::string>{"high"});
-  EXPECT_EQ(Started(s.Schedule({Job("second", 1, 2), Job("first", 1, 1)}, ranks, 0)), std::vector<std::string>{"first"});
+  EXPECT_EQ(Started(s.Schedule({Job("second", 1, 2), Job("first", 1, 1)}, ranks, 0)),
+            std::vector<std::string>{"first"});
 }
 
 TEST(Scheduler, GangPlacementTwoOfThreeTwoRankJobsOnFourRanks) {

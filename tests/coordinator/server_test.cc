@@ -124,8 +124,7 @@ class ServerTest : public ::testing::Test {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
       auto reply = Send(client, {status.SerializeAsString()});
-      if (!reply || (reply->has_job() && reply->job().state() == state) ||
-          std::chrono::steady_clock::now() > deadline)
+      if (!reply || (reply->has_job() && reply->job().state() == state) || std::chrono::steady_clock::now() > deadline)
         return reply;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
     }

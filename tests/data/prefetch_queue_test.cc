@@ -12,7 +12,8 @@ namespace {
 
 TEST(PrefetchQueue, DeliversInIndexOrderFromManyThreads) {
   PrefetchQueue<size_t> queue(
-      200, [](size_t i) {
+      200,
+      [](size_t i) {
         std::this_thread::sleep_for(std::chrono::microseconds((i * 37) % 500));
         return i;
       },
@@ -54,10 +55,13 @@ TEST(PrefetchQueue, NeverRunsMoreThanCapacityAhead) {
 }
 
 TEST(PrefetchQueue, ProducerExceptionSurfacesAtItsIndex) {
-  PrefetchQueue<int> queue(5, [](size_t i) -> int {
+  PrefetchQueue<int> queue(
+      5,
+      [](size_t i) -> int {
         if (i == 2) throw std::runtime_error("bad line");
         return int(i);
-      }, 2, 4);
+      },
+      2, 4);
   EXPECT_EQ(*queue.Next(), 0);
   EXPECT_EQ(*queue.Next(), 1);
   EXPECT_THROW(queue.Next(), std::runtime_error);
@@ -65,7 +69,8 @@ TEST(PrefetchQueue, ProducerExceptionSurfacesAtItsIndex) {
 
 TEST(PrefetchQueue, CapacityZeroProducesOnTheCallersThread) {
   const auto caller = std::this_thread::get_id();
-  PrefetchQueue<bool> queue(3, [&](size_t) { return std::this_thread::get_id() == caller; }, 2, 0);
+  PrefetchQueue<bool> queue(
+      3, [&](size_t) { return std::this_thread::get_id() == caller; }, 2, 0);
   EXPECT_TRUE(*queue.Next());
 }
 

@@ -13,8 +13,8 @@ class WordPieceTest : public ::testing::Test {
   void SetUp() override {
     path_ = std::filesystem::temp_directory_path() / ("ty_vocab_" + std::to_string(::getpid()) + ".txt");
     std::ofstream out(path_);
-    for (const char* t : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "hello", "world",
-                          "!", ",", "cafe", "ni", "hao", "你", "好", "привет"})
+    for (const char* t : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "hello", "world", "!", ",",
+                          "cafe", "ni", "hao", "你", "好", "привет"})
       out << t << "\n";
   }
   void TearDown() override { std::filesystem::remove(path_); }

@@ -98,8 +98,7 @@ TEST(NcclCommunicator, WaitDoesNotBlockTheHost) {
   at::cuda::sleep(2'000'000'000);  // ~1 s of device work queued ahead of the collective
   const auto start = std::chrono::steady_clock::now();
   nccl.AllReduceAsync(t, ReduceOp::kSum, "behind a long kernel")->Wait();
-  const double host_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf("launch + Wait() behind ~1 s of device work took %.2f ms on the host\n", host_ms);
   EXPECT_LT(host_ms, 100.0);
   EXPECT_FLOAT_EQ(t[7].item<float>(), float(Mpi().size()));  // .item() waits; the value is reduced

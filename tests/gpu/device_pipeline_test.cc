@@ -77,8 +77,8 @@ TEST_F(DevicePipelineTest, PinnedSideStreamCopiesKeepTheDataWaitUnderTwoPercent)
   }
   const double total_ms = MsSince(steady_start);
   const double wait_pct = 100.0 * wait_ms / total_ms;
-  std::printf("reader %d ms/batch, device compute %d ms/step: %.1f ms/step, data wait %.2f%%\n", kReadMs,
-              kComputeMs, total_ms / (kBatches - kWarmup), wait_pct);
+  std::printf("reader %d ms/batch, device compute %d ms/step: %.1f ms/step, data wait %.2f%%\n", kReadMs, kComputeMs,
+              total_ms / (kBatches - kWarmup), wait_pct);
   EXPECT_LT(wait_pct, 2.0);
 }
 

@@ -2,8 +2,7 @@
 
 namespace trainyard {
 
-std::vector<std::vector<double>> Communicator::AllGather(const std::vector<double>& values,
-                                                         std::string what) {
+std::vector<std::vector<double>> Communicator::AllGather(const std::vector<double>& values, std::string what) {
   // A sum over zero-padded rows gathers without a dedicated collective.
   const int64_t n = static_cast<int64_t>(values.size());
   torch::Tensor table = torch::zeros({size(), n}, torch::kDouble);

@@ -44,8 +44,7 @@ class Communicator {
 
   // Starts an in-place all-reduce of a contiguous tensor. `tensor` must stay alive and
   // untouched until Wait() returns. Collectives start in call order.
-  virtual std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op,
-                                               std::string what) = 0;
+  virtual std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) = 0;
   virtual std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) = 0;
 
   void AllReduce(torch::Tensor tensor, ReduceOp op, std::string what) {

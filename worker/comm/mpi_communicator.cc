@@ -10,9 +10,9 @@
 #include <cstring>
 #include <sstream>
 
-#include "worker/comm/mpi_check.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/comm/mpi_check.h"
 
 namespace trainyard {
 namespace {
@@ -38,13 +38,20 @@ MPI_Op HalfSumOp() {
 
 MPI_Datatype MpiType(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return MPI_FLOAT;
-    case torch::kDouble: return MPI_DOUBLE;
-    case torch::kInt: return MPI_INT;
-    case torch::kLong: return MPI_INT64_T;
-    case torch::kHalf: return MPI_UINT16_T;
-    case torch::kByte: return MPI_UINT8_T;
-    default: throw std::runtime_error(std::string("MPI backend: unsupported dtype ") + c10::toString(type));
+    case torch::kFloat:
+      return MPI_FLOAT;
+    case torch::kDouble:
+      return MPI_DOUBLE;
+    case torch::kInt:
+      return MPI_INT;
+    case torch::kLong:
+      return MPI_INT64_T;
+    case torch::kHalf:
+      return MPI_UINT16_T;
+    case torch::kByte:
+      return MPI_UINT8_T;
+    default:
+      throw std::runtime_error(std::string("MPI backend: unsupported dtype ") + c10::toString(type));
   }
 }
 
@@ -54,9 +61,12 @@ MPI_Op MpiOp(ReduceOp op, torch::ScalarType type) {
     return HalfSumOp();
   }
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -77,8 +87,8 @@ struct MpiCommunicator::Operation : public Work {
   int root = 0;
   int64_t number = 0;
   std::string what;
-  torch::Tensor user;    // the caller's tensor
-  torch::Tensor host;    // what MPI reads and writes (user itself on CPU, else pinned)
+  torch::Tensor user;  // the caller's tensor
+  torch::Tensor host;  // what MPI reads and writes (user itself on CPU, else pinned)
 #ifdef TRAINYARD_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> staged;  // recorded after the copy into `host`
 #endif
@@ -109,8 +119,7 @@ struct MpiCommunicator::Operation : public Work {
   }
 };
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s)
-    : timeout_(timeout_s) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_(timeout_s) {
   TY_MPI_CHECK(MPI_Comm_dup(comm, &data_comm_));
   TY_MPI_CHECK(MPI_Comm_dup(comm, &control_comm_));
   TY_MPI_CHECK(MPI_Comm_rank(data_comm_, &rank_));
@@ -129,8 +138,7 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Comm_free(&control_comm_);
 }
 
-std::shared_ptr<Work> MpiCommunicator::AllReduceAsync(torch::Tensor tensor, ReduceOp op,
-                                                      std::string what) {
+std::shared_ptr<Work> MpiCommunicator::AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) {
   auto operation = std::make_shared<Operation>();
   operation->op = op;
   operation->what = std::move(what);
@@ -152,8 +160,8 @@ std::shared_ptr<Work> MpiCommunicator::Enqueue(std::shared_ptr<Operation> operat
   if (operation->user.is_cpu()) {
     operation->host = operation->user;
   } else {
-    operation->host = torch::empty(operation->user.sizes(),
-                                   operation->user.options().device(torch::kCPU).pinned_memory(true));
+    operation->host =
+        torch::empty(operation->user.sizes(), operation->user.options().device(torch::kCPU).pinned_memory(true));
     operation->host.copy_(operation->user, /*non_blocking=*/true);
 #ifdef TRAINYARD_WITH_CUDA
     operation->staged = std::make_unique<at::cuda::CUDAEvent>();
@@ -174,7 +182,8 @@ void MpiCommunicator::Loop() {
     std::shared_ptr<Operation> operation;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_ || !queue_.empty() || device_failure_; });
+      wake_.wait_for(lock, std::chrono::milliseconds(2),
+                     [&] { return stopping_ || !queue_.empty() || device_failure_; });
       if (stopping_ && queue_.empty()) return;
       if (!queue_.empty()) {
         operation = queue_.front();
@@ -218,8 +227,8 @@ void MpiCommunicator::Execute(Operation& operation) {
       HandleDeviceFailure();
       ServeStatusRequests();
       if (Clock::now() > deadline)
-        ReportAndAbort(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s", rank_,
-                                 long(operation.number), operation.what.c_str(), timeout_.count()) +
+        ReportAndAbort(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s", rank_, long(operation.number),
+                                 operation.what.c_str(), timeout_.count()) +
                        AttributeHang(operation.number, /*device=*/false));
     }
   }

@@ -82,9 +82,9 @@ class MpiCommunicator : public Communicator {
   MPI_Comm data_comm_ = MPI_COMM_NULL, control_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::chrono::duration<double> timeout_;
-  int64_t issued_ = 0;     // collectives enqueued (caller side)
-  int64_t started_ = 0;    // collectives started (comm thread)
-  std::string current_;    // description of the collective in progress
+  int64_t issued_ = 0;   // collectives enqueued (caller side)
+  int64_t started_ = 0;  // collectives started (comm thread)
+  std::string current_;  // description of the collective in progress
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Operation>> queue_;

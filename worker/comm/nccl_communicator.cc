@@ -17,36 +17,46 @@
 #include "common/clock.h"
 #include "common/log.h"
 
-#define TY_NCCL_CHECK(call)                                                                      \
-  do {                                                                                           \
-    ncclResult_t ty_nccl_result_ = (call);                                                       \
-    if (ty_nccl_result_ != ncclSuccess)                                                          \
+#define TY_NCCL_CHECK(call)                                                                            \
+  do {                                                                                                 \
+    ncclResult_t ty_nccl_result_ = (call);                                                             \
+    if (ty_nccl_result_ != ncclSuccess)                                                                \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
-                               " failed: " + ncclGetErrorString(ty_nccl_result_));               \
+                               " failed: " + ncclGetErrorString(ty_nccl_result_));                     \
   } while (0)
 
 namespace trainyard {
 namespace {
 
-
 ncclDataType_t NcclType(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return ncclFloat32;
-    case torch::kHalf: return ncclFloat16;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kDouble: return ncclFloat64;
-    case torch::kInt: return ncclInt32;
-    case torch::kLong: return ncclInt64;
-    case torch::kByte: return ncclUint8;
-    default: throw std::runtime_error(std::string("NCCL backend: unsupported dtype ") + c10::toString(type));
+    case torch::kFloat:
+      return ncclFloat32;
+    case torch::kHalf:
+      return ncclFloat16;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kDouble:
+      return ncclFloat64;
+    case torch::kInt:
+      return ncclInt32;
+    case torch::kLong:
+      return ncclInt64;
+    case torch::kByte:
+      return ncclUint8;
+    default:
+      throw std::runtime_error(std::string("NCCL backend: unsupported dtype ") + c10::toString(type));
   }
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -157,8 +167,8 @@ void NcclCommunicator::Watch() {
     ncclResult_t async_error = ncclSuccess;
     ncclCommGetAsyncError(s.comm, &async_error);
     if (async_error != ncclSuccess && async_error != ncclInProgress)
-      bootstrap_.AbortForDeviceFailure(
-          StrFormat("rank %d: NCCL error: %s", rank(), ncclGetErrorString(async_error)), 0);
+      bootstrap_.AbortForDeviceFailure(StrFormat("rank %d: NCCL error: %s", rank(), ncclGetErrorString(async_error)),
+                                       0);
     if (overdue) {
       const double seconds = std::chrono::duration<double>(s.timeout).count();
       bootstrap_.AbortForDeviceFailure(StrFormat("rank %d: NCCL collective #%ld (%s) timed out after %.1f s", rank(),
@@ -188,11 +198,10 @@ std::shared_ptr<Work> NcclCommunicator::Launch(torch::Tensor tensor, bool broadc
   ready.record(c10::cuda::getCurrentCUDAStream(tensor.device().index()));
   ready.block(s.stream);
   const auto type = NcclType(tensor.scalar_type());
-  const ncclResult_t result =
-      broadcast ? ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, root, s.comm,
-                                s.stream.stream())
-                : ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, NcclOp(op), s.comm,
-                                s.stream.stream());
+  const ncclResult_t result = broadcast ? ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type,
+                                                        root, s.comm, s.stream.stream())
+                                        : ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type,
+                                                        NcclOp(op), s.comm, s.stream.stream());
   AwaitCall(s.comm, result, what, Clock::now() + s.timeout);
   c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), s.stream);
   auto done = std::make_shared<at::cuda::CUDAEvent>();

@@ -124,8 +124,6 @@ void Reducer::FinishBackward() {
   in_step_ = false;
 }
 
-torch::Tensor Reducer::StopVotes() const {
-  return buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1);
-}
+torch::Tensor Reducer::StopVotes() const { return buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1); }
 
 }  // namespace trainyard

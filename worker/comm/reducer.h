@@ -42,8 +42,7 @@ class Reducer {
  public:
   // Registers a hook on each parameter's gradient accumulator; the destructor removes
   // them. `comm` must outlive the Reducer; the parameters are shared, not copied.
-  Reducer(const std::vector<std::pair<std::string, torch::Tensor>>& params, Communicator& comm,
-          ReducerOptions options);
+  Reducer(const std::vector<std::pair<std::string, torch::Tensor>>& params, Communicator& comm, ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -68,7 +67,7 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;
-    int64_t grad_numel = 0;   // the buffer's gradient part (the first bucket has a vote after it)
+    int64_t grad_numel = 0;  // the buffer's gradient part (the first bucket has a vote after it)
     torch::Tensor buffer, wire;
     size_t pending = 0;
     std::shared_ptr<Work> work;
@@ -79,8 +78,8 @@ class Reducer {
   void Launch(Bucket& b);
 
   std::vector<torch::Tensor> params_;
-  std::vector<torch::Tensor> views_;                 // param -> its .grad view into a bucket
-  std::vector<std::pair<size_t, size_t>> slot_of_;   // param -> (bucket, index in bucket)
+  std::vector<torch::Tensor> views_;                                  // param -> its .grad view into a bucket
+  std::vector<std::pair<size_t, size_t>> slot_of_;                    // param -> (bucket, index in bucket)
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
   std::vector<uintptr_t> hook_keys_;
   std::vector<Bucket> buckets_;

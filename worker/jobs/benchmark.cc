@@ -5,17 +5,17 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
-#include "worker/train/amp.h"
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
 #ifdef TRAINYARD_WITH_CUDA
@@ -119,8 +119,8 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
       script_ = torch::jit::load(spec_.benchmark.torchscript, device_);
       script_->eval();
     } catch (const std::exception& e) {
-      throw InputError(spec_.Where("benchmark.torchscript") + ": cannot load the TorchScript file: " +
-                       std::string(e.what()).substr(0, 300));
+      throw InputError(spec_.Where("benchmark.torchscript") +
+                       ": cannot load the TorchScript file: " + std::string(e.what()).substr(0, 300));
     }
   }
   auto probe = tokenizer_->Encode("", 8);
@@ -242,7 +242,8 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
     best.peak_mb = ProcStatusMb("VmHWM:") - rss_before;
 #ifdef TRAINYARD_WITH_CUDA
     if (device_.is_cuda())
-      best.peak_mb = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].peak / 1048576.0;
+      best.peak_mb =
+          c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].peak / 1048576.0;
 #endif
     return best;
   } catch (const std::exception& e) {
@@ -269,7 +270,8 @@ BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;
   std::vector<torch::Tensor> params;
-  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value()), params.push_back(item.value());
+  for (const auto& item : model_->named_parameters())
+    named.emplace_back(item.key(), item.value()), params.push_back(item.value());
   AdamW optimizer(named, AdamWOptions{});
   GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16);
   torch::Tensor ids = Inputs(cell.batch, cell.seq), mask = torch::ones_like(ids);
@@ -302,10 +304,23 @@ std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size
     if (static_cast<int>(i % ranks_.world) != ranks_.rank) continue;
     const BenchCell& c = mine[i / ranks_.world];
     const double status = c.status == "ok" ? 0 : c.status == "OOM" ? 1 : 2;
-    const double note = c.status == "OOM" ? kOutOfMemory : c.note == "fp16 needs CUDA" ? kFp16NeedsCuda
-                        : c.status == "N/A" ? kSeqTooLong : kNoNote;
-    std::vector<double> row = {status, note, c.mean_ms, c.p50_ms, c.p90_ms, c.p99_ms, c.cv, c.seqs_per_s,
-                               c.tokens_per_s, c.peak_mb, double(c.measurements), double(c.unstable), double(c.rank)};
+    const double note = c.status == "OOM"             ? kOutOfMemory
+                        : c.note == "fp16 needs CUDA" ? kFp16NeedsCuda
+                        : c.status == "N/A"           ? kSeqTooLong
+                                                      : kNoNote;
+    std::vector<double> row = {status,
+                               note,
+                               c.mean_ms,
+                               c.p50_ms,
+                               c.p90_ms,
+                               c.p99_ms,
+                               c.cv,
+                               c.seqs_per_s,
+                               c.tokens_per_s,
+                               c.peak_mb,
+                               double(c.measurements),
+                               double(c.unstable),
+                               double(c.rank)};
     table[int64_t(i)].copy_(torch::tensor(row, torch::kDouble));
   }
   ranks_.comm->AllReduce(table, ReduceOp::kSum, "benchmark results");
@@ -325,8 +340,10 @@ std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size
     }
     c.status = v(0) == 0 ? "ok" : v(0) == 1 ? "OOM" : "N/A";
     const int note = static_cast<int>(v(1));
-    c.note = note == kOutOfMemory ? "out of memory" : note == kFp16NeedsCuda ? "fp16 needs CUDA"
-             : note == kSeqTooLong ? "seq_len exceeds max_position_embeddings" : "";
+    c.note = note == kOutOfMemory     ? "out of memory"
+             : note == kFp16NeedsCuda ? "fp16 needs CUDA"
+             : note == kSeqTooLong    ? "seq_len exceeds max_position_embeddings"
+                                      : "";
     c.mean_ms = v(2), c.p50_ms = v(3), c.p90_ms = v(4), c.p99_ms = v(5), c.cv = v(6), c.seqs_per_s = v(7);
     c.tokens_per_s = v(8), c.peak_mb = v(9), c.measurements = int(v(10)), c.unstable = v(11) != 0, c.rank = int(v(12));
     all.push_back(c);
@@ -383,8 +400,8 @@ nlohmann::json BenchmarkRunner::Run() {
   }
   AgreeOnStop(ranks_, [&] { return StrFormat("after %zu of this rank's benchmark cells", mine.size()); });
   std::vector<BenchCell> cells = Gather(std::move(mine), total);
-  nlohmann::json summary = {{"job", spec_.name}, {"kind", "benchmark"}, {"cells", cells.size()},
-                            {"wall_time_s", SecondsSince(start)}};
+  nlohmann::json summary = {
+      {"job", spec_.name}, {"kind", "benchmark"}, {"cells", cells.size()}, {"wall_time_s", SecondsSince(start)}};
   if (ranks_.rank != 0) return summary;
   if (spec_.benchmark.train_step)
     for (const auto& c : cells) LogInfo(DescribeCell(c));
@@ -393,7 +410,8 @@ nlohmann::json BenchmarkRunner::Run() {
   nlohmann::json env = Environment();
   WriteFileAtomically(run_dir() + "/env.json", env.dump(2) + "\n");
   int ok = 0, oom = 0, na = 0, noisy = 0;
-  for (const auto& c : cells) ok += c.status == "ok", oom += c.status == "OOM", na += c.status == "N/A", noisy += c.unstable;
+  for (const auto& c : cells)
+    ok += c.status == "ok", oom += c.status == "OOM", na += c.status == "N/A", noisy += c.unstable;
   summary["ok"] = ok, summary["oom"] = oom, summary["not_applicable"] = na, summary["noisy"] = noisy;
   summary["status"] = "succeeded";
   WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");

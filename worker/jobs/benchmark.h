@@ -19,8 +19,8 @@
 #include <optional>
 
 #include "data/tokenizer.h"
-#include "worker/report/bench_report.h"
 #include "worker/jobs/job_setup.h"
+#include "worker/report/bench_report.h"
 
 namespace trainyard {
 

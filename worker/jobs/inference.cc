@@ -4,13 +4,13 @@
 #include <filesystem>
 #include <numeric>
 
-#include "worker/train/amp.h"
 #include "common/atomic_file.h"
-#include "worker/train/batch_pipeline.h"
-#include "worker/train/device_transfer.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/train/amp.h"
+#include "worker/train/batch_pipeline.h"
+#include "worker/train/device_transfer.h"
 
 namespace trainyard {
 namespace {
@@ -74,8 +74,8 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
       AutocastScope autocast(device_.type(), spec_.train.precision);
       logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat).cpu();
     }
-    torch::Tensor rows = torch::tensor(std::vector<int64_t>(batches[b].begin(), batches[b].end())) -
-                         int64_t(shard_begin_);
+    torch::Tensor rows =
+        torch::tensor(std::vector<int64_t>(batches[b].begin(), batches[b].end())) - int64_t(shard_begin_);
     pass.logits.index_copy_(0, rows, logits);
   }
   pass.seconds = SecondsSince(start);
@@ -114,16 +114,21 @@ nlohmann::json InferenceRunner::Run() {
   if (mode == "false" || mode == "both") passes.emplace_back("file order", Predict(false));
   if (mode == "true" || mode == "both") passes.emplace_back("sorted by length", Predict(true));
   AgreeOnStop(ranks_, [] { return std::string("during batch prediction"); });
-  nlohmann::json summary = {{"job", spec_.name}, {"kind", "inference"}, {"texts", input_.examples.size()},
-                            {"batch_size", spec_.inference.batch_size}, {"ranks", ranks_.world}};
+  nlohmann::json summary = {{"job", spec_.name},
+                            {"kind", "inference"},
+                            {"texts", input_.examples.size()},
+                            {"batch_size", spec_.inference.batch_size},
+                            {"ranks", ranks_.world}};
   std::vector<torch::Tensor> gathered;
   for (auto& [name, pass] : passes) {
     double seconds = pass.seconds;
     if (ranks_.comm) seconds = ranks_.comm->AllGather({seconds}, "inference time")[0][0];
     gathered.push_back(GatherLogits(pass.logits));
     const double texts_per_s = double(input_.examples.size()) / std::max(1e-9, seconds);
-    summary["passes"][name] = {{"seconds", seconds}, {"texts_per_s", texts_per_s},
-                               {"padding_pct", 100.0 * (1.0 - double(pass.tokens) / std::max<int64_t>(1, pass.padded_tokens))}};
+    summary["passes"][name] = {
+        {"seconds", seconds},
+        {"texts_per_s", texts_per_s},
+        {"padding_pct", 100.0 * (1.0 - double(pass.tokens) / std::max<int64_t>(1, pass.padded_tokens))}};
     if (ranks_.rank == 0)
       LogInfo(StrFormat("%-16s %8.2f s  %9.1f texts/s  %5.1f%% of tokens are padding (rank 0 shard)", name.c_str(),
                         seconds, texts_per_s, summary["passes"][name]["padding_pct"].get<double>()));
@@ -153,9 +158,11 @@ nlohmann::json InferenceRunner::Run() {
   if (known > 0) summary["accuracy"] = double(correct) / double(known);
   summary["status"] = "succeeded";
   WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
-  LogInfo(StrFormat("%zu predictions -> %s%s", input_.examples.size(),
-                    (spec_.inference.output.empty() ? run_dir() + "/predictions.tsv" : spec_.inference.output).c_str(),
-                    known > 0 ? StrFormat(" (accuracy %.4f on %ld labelled texts)", double(correct) / known, long(known)).c_str() : ""));
+  LogInfo(StrFormat(
+      "%zu predictions -> %s%s", input_.examples.size(),
+      (spec_.inference.output.empty() ? run_dir() + "/predictions.tsv" : spec_.inference.output).c_str(),
+      known > 0 ? StrFormat(" (accuracy %.4f on %ld labelled texts)", double(correct) / known, long(known)).c_str()
+                : ""));
   return summary;
 }
 

@@ -24,7 +24,7 @@ class InferenceRunner {
 
  private:
   struct Pass {
-    torch::Tensor logits;   // [texts, labels], float, input order (this rank's shard)
+    torch::Tensor logits;  // [texts, labels], float, input order (this rank's shard)
     double seconds = 0;
     int64_t tokens = 0, padded_tokens = 0;
   };

@@ -26,8 +26,8 @@ std::pair<size_t, size_t> RankShard(size_t n, int rank, int world) {
 }
 
 std::string RunDir(const JobSpec& spec) {
-  std::filesystem::path root = spec.log.runs_dir.empty() ? std::filesystem::path("runs")
-                                                         : std::filesystem::path(spec.log.runs_dir);
+  std::filesystem::path root =
+      spec.log.runs_dir.empty() ? std::filesystem::path("runs") : std::filesystem::path(spec.log.runs_dir);
   return (root / spec.name).string();
 }
 

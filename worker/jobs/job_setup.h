@@ -10,13 +10,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/spec/job_spec.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
-#include "common/spec/job_spec.h"
-#include "worker/train/batch_pipeline.h"
 #include "worker/comm/communicator.h"
-#include "worker/report/job_hooks.h"
 #include "worker/models/bert.h"
+#include "worker/report/job_hooks.h"
+#include "worker/train/batch_pipeline.h"
 
 namespace trainyard {
 

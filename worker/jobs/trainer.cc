@@ -4,13 +4,13 @@
 #include <limits>
 #include <numeric>
 
-#include "worker/train/batch_pipeline.h"
-#include "worker/train/device_transfer.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
-#include "worker/models/hf_checkpoint.h"
 #include "common/safetensors.h"
+#include "worker/models/hf_checkpoint.h"
+#include "worker/train/batch_pipeline.h"
+#include "worker/train/device_transfer.h"
 
 namespace trainyard {
 namespace {
@@ -66,8 +66,8 @@ void Trainer::LoadData() {
   tokenizer_ = LoadTokenizer(spec_, train_);
   // The plan is made of global batches (batch_size per rank x ranks), so any number of
   // ranks sees the same global order of samples; each rank takes its shard of each.
-  sampler_ = std::make_unique<LengthBucketSampler>(
-      LengthProxies(train_), spec_.train.batch_size * ranks_.world, spec_.data.bucket_batches, spec_.seed);
+  sampler_ = std::make_unique<LengthBucketSampler>(LengthProxies(train_), spec_.train.batch_size * ranks_.world,
+                                                   spec_.data.bucket_batches, spec_.seed);
   steps_per_epoch_ = static_cast<int64_t>(sampler_->EpochPlan(0).size());
 }
 
@@ -81,8 +81,8 @@ void Trainer::BuildModel() {
   }
   const TrainSpec& t = spec_.train;
   optimizer_ = std::make_unique<AdamW>(named, AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
-  scaler_ = std::make_unique<GradScaler>(t.loss_scale,
-                                         t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling);
+  scaler_ =
+      std::make_unique<GradScaler>(t.loss_scale, t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling);
   if (ranks_.comm) {
     ReducerOptions options;
     options.bucket_bytes = static_cast<int64_t>(spec_.distributed.bucket_mb * 1048576.0);
@@ -192,7 +192,6 @@ void Trainer::CheckConsistency() {
   ++consistency_checks_;
 }
 
-
 void Trainer::SaveCheckpointNow(const std::string& reason) {
   const std::string dir = run_dir() + "/checkpoints";
   SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_);
@@ -254,9 +253,16 @@ class Trainer::StepLog {
     ++totals.steps;
     totals.samples += p.examples;
     if (log_ && p.step % t_.spec_.log.steps_every == 0)
-      log_->AddStep({{"step", p.step}, {"epoch", epoch_ + 1}, {"loss", loss}, {"lr", p.lr}, {"ms", step_ms},
-                     {"wait_ms", p.wait_ms}, {"skipped", p.skipped}, {"loss_scale", p.loss_scale},
-                     {"tokens", p.tokens}, {"comm_ms", ms[kComm]}});
+      log_->AddStep({{"step", p.step},
+                     {"epoch", epoch_ + 1},
+                     {"loss", loss},
+                     {"lr", p.lr},
+                     {"ms", step_ms},
+                     {"wait_ms", p.wait_ms},
+                     {"skipped", p.skipped},
+                     {"loss_scale", p.loss_scale},
+                     {"tokens", p.tokens},
+                     {"comm_ms", ms[kComm]}});
   }
 
   Trainer& t_;
@@ -292,9 +298,10 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
     // Without a reducer to carry the stop votes (a single rank), look at the request here.
-    if (!reducer_) AgreeOnStop(ranks_, [&] {
-      return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
-    });
+    if (!reducer_)
+      AgreeOnStop(ranks_, [&] {
+        return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
+      });
     PendingStep step;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();
@@ -326,9 +333,8 @@ std::pair<double, double> Trainer::Evaluate() {
   model_->eval();
   std::vector<int32_t> order(dev_.examples.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return dev_.examples[a].text.size() < dev_.examples[b].text.size();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return dev_.examples[a].text.size() < dev_.examples[b].text.size(); });
   // Each rank evaluates every world-th batch; the sums are added up across ranks.
   std::vector<BatchIndices> batches;
   const size_t batch_size = static_cast<size_t>(spec_.train.batch_size) * 2;
@@ -414,20 +420,20 @@ nlohmann::json Trainer::Run() {
     // outrank the new ones in pruning and in `resume: auto`.
     if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
     log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
-    LogInfo(StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
-                      "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
-                      spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(),
-                      tokenizer_->vocab_size(), long(steps_per_epoch_), spec_.train.batch_size, ranks_.world,
-                      spec_.train.batch_size * ranks_.world, ToString(spec_.train.precision),
-                      device_.str().c_str(), torch::get_num_threads()));
+    LogInfo(StrFormat(
+        "job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
+        "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
+        spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(), tokenizer_->vocab_size(),
+        long(steps_per_epoch_), spec_.train.batch_size, ranks_.world, spec_.train.batch_size * ranks_.world,
+        ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
     if (reducer_)
       LogInfo(StrFormat("gradient all-reduce over %s: %zu buckets (%s), overlap %s, compression %s",
                         ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),
                         spec_.distributed.overlap ? "on" : "off",
                         spec_.distributed.fp16_compression ? "fp16" : "none"));
     if (resumed)
-      LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(),
-                        long(progress_.epoch + 1), long(progress_.global_step)));
+      LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(), long(progress_.epoch + 1),
+                        long(progress_.global_step)));
     log->PrintHeader();
     for (const auto& row : log->rows()) log->PrintRow(row);  // epochs done before the resume
     if (ranks_.hooks)  // a later attempt: the pool keeps only the epochs it has not seen

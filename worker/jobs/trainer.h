@@ -14,18 +14,18 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/spec/job_spec.h"
 #include "data/length_bucket_sampler.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
-#include "common/spec/job_spec.h"
-#include "worker/train/amp.h"
-#include "worker/train/checkpoint.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/reducer.h"
 #include "worker/jobs/job_setup.h"
 #include "worker/models/bert.h"
-#include "worker/train/optimizer.h"
 #include "worker/report/run_log.h"
+#include "worker/train/amp.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/optimizer.h"
 #include "worker/train/step_timer.h"
 
 namespace trainyard {

@@ -16,8 +16,8 @@ torch::nn::LayerNorm MakeNorm(const BertConfig& c) {
 
 }  // namespace
 
-BertConfig BertConfig::Preset(const std::string& name, int64_t vocab_size,
-                              std::vector<std::string> labels, int64_t max_positions) {
+BertConfig BertConfig::Preset(const std::string& name, int64_t vocab_size, std::vector<std::string> labels,
+                              int64_t max_positions) {
   BertConfig c;
   if (name == "tiny") {
     c.hidden_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 2, c.intermediate_size = 512;
@@ -43,8 +43,7 @@ BertConfig BertConfig::FromJson(const nlohmann::json& j) {
     }
   };
   for (const char* required : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
-    if (!j.contains(required))
-      throw std::runtime_error(std::string("config.json: missing field '") + required + "'");
+    if (!j.contains(required)) throw std::runtime_error(std::string("config.json: missing field '") + required + "'");
   field("vocab_size", &c.vocab_size);
   field("hidden_size", &c.hidden_size);
   field("num_hidden_layers", &c.num_hidden_layers);
@@ -122,36 +121,32 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c)
 
 torch::Tensor BertLayerImpl::SelfAttention(const torch::Tensor& x, const torch::Tensor& keep_mask) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  auto split_heads = [&](const torch::Tensor& t) {
-    return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2);
-  };
+  auto split_heads = [&](const torch::Tensor& t) { return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2); };
   std::optional<torch::Tensor> mask;
   if (keep_mask.defined()) mask = keep_mask;
-  torch::Tensor context = at::scaled_dot_product_attention(
-      split_heads(query_(x)), split_heads(key_(x)), split_heads(value_(x)), mask,
-      is_training() ? attention_dropout_ : 0.0);
+  torch::Tensor context =
+      at::scaled_dot_product_attention(split_heads(query_(x)), split_heads(key_(x)), split_heads(value_(x)), mask,
+                                       is_training() ? attention_dropout_ : 0.0);
   return context.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
 }
 
 torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask) {
-  torch::Tensor attended =
-      attention_norm_(dropout_(attention_out_(SelfAttention(hidden, keep_mask))) + hidden);
+  torch::Tensor attended = attention_norm_(dropout_(attention_out_(SelfAttention(hidden, keep_mask))) + hidden);
   torch::Tensor expanded = torch::gelu(intermediate_(attended));
   return output_norm_(dropout_(output_(expanded)) + attended);
 }
 
-BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig config)
-    : config_(std::move(config)) {
+BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig config) : config_(std::move(config)) {
   const BertConfig& c = config_;
   auto bert = Node(*this, "bert");
   auto embeddings = Node(*bert, "embeddings");
   word_embeddings_ = embeddings->register_module(
       "word_embeddings",
       torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size).padding_idx(c.pad_token_id)));
-  position_embeddings_ = embeddings->register_module(
-      "position_embeddings", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
-  token_type_embeddings_ = embeddings->register_module(
-      "token_type_embeddings", torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
+  position_embeddings_ = embeddings->register_module("position_embeddings",
+                                                     torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+  token_type_embeddings_ =
+      embeddings->register_module("token_type_embeddings", torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
   embedding_norm_ = embeddings->register_module("LayerNorm", MakeNorm(c));
   auto layer_list = Node(*Node(*bert, "encoder"), "layer");
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
@@ -181,14 +176,13 @@ void BertForSequenceClassificationImpl::InitWeights() {
 torch::Tensor BertForSequenceClassificationImpl::Embed(const torch::Tensor& input_ids) {
   const int64_t seq = input_ids.size(1);
   if (seq > config_.max_position_embeddings)
-    throw std::invalid_argument("sequence length " + std::to_string(seq) +
-                                " exceeds max_position_embeddings " +
+    throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds max_position_embeddings " +
                                 std::to_string(config_.max_position_embeddings));
   auto options = torch::TensorOptions().dtype(torch::kLong).device(input_ids.device());
   torch::Tensor positions = torch::arange(seq, options).unsqueeze(0);
   torch::Tensor token_types = torch::zeros_like(input_ids);
-  torch::Tensor sum = word_embeddings_(input_ids) + token_type_embeddings_(token_types) +
-                      position_embeddings_(positions);
+  torch::Tensor sum =
+      word_embeddings_(input_ids) + token_type_embeddings_(token_types) + position_embeddings_(positions);
   return dropout_(embedding_norm_(sum));
 }
 

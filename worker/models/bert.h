@@ -6,7 +6,6 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -24,12 +23,12 @@ struct BertConfig {
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
   double layer_norm_eps = 1e-12;
-  std::vector<std::string> labels;   // id2label; its size is num_labels
+  std::vector<std::string> labels;  // id2label; its size is num_labels
 
   // tiny: 2 layers x 128, mini: 4 x 256, base: bert-base (12 x 768).
   // Throws std::invalid_argument for an unknown preset.
-  static BertConfig Preset(const std::string& name, int64_t vocab_size,
-                           std::vector<std::string> labels, int64_t max_positions);
+  static BertConfig Preset(const std::string& name, int64_t vocab_size, std::vector<std::string> labels,
+                           int64_t max_positions);
   // HF config.json. Throws std::runtime_error naming the missing or bad field.
   static BertConfig FromJson(const nlohmann::json& json);
   nlohmann::json ToJson() const;
@@ -68,8 +67,7 @@ class BertForSequenceClassificationImpl : public torch::nn::Module {
   torch::Tensor Embed(const torch::Tensor& input_ids);
 
   BertConfig config_;
-  torch::nn::Embedding word_embeddings_{nullptr}, position_embeddings_{nullptr},
-      token_type_embeddings_{nullptr};
+  torch::nn::Embedding word_embeddings_{nullptr}, position_embeddings_{nullptr}, token_type_embeddings_{nullptr};
   torch::nn::LayerNorm embedding_norm_{nullptr};
   std::vector<BertLayer> layers_;
   torch::nn::Linear pooler_{nullptr}, classifier_{nullptr};

@@ -12,9 +12,9 @@ namespace {
 
 const std::map<std::string, torch::ScalarType>& DtypeTable() {
   static const std::map<std::string, torch::ScalarType> table = {
-      {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-      {"I16", torch::kShort}, {"I8", torch::kChar}, {"U8", torch::kByte}, {"BOOL", torch::kBool}};
+      {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},  {"BF16", torch::kBFloat16},
+      {"I64", torch::kLong},   {"I32", torch::kInt},   {"I16", torch::kShort}, {"I8", torch::kChar},
+      {"U8", torch::kByte},    {"BOOL", torch::kBool}};
   return table;
 }
 
@@ -45,8 +45,8 @@ void SaveSafetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& [name, tensor] : tensors) {
     keep_alive.push_back(tensor.detach().to(torch::kCPU).contiguous());
     const torch::Tensor& t = keep_alive.back();
-    records.push_back({name, DtypeName(t.scalar_type()),
-                       std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr()});
+    records.push_back(
+        {name, DtypeName(t.scalar_type()), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr()});
   }
   WriteSafetensors(path, records, metadata);
 }
@@ -78,9 +78,8 @@ std::vector<std::string> LoadHfWeights(const std::string& folder, BertForSequenc
     }
     if (it == tensors.end()) throw std::runtime_error(path + ": missing tensor '" + name + "'");
     if (it->second.sizes() != item.value().sizes())
-      throw std::runtime_error(path + ": tensor '" + name + "' has shape " +
-                               c10::str(it->second.sizes()) + ", the model expects " +
-                               c10::str(item.value().sizes()));
+      throw std::runtime_error(path + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                               ", the model expects " + c10::str(item.value().sizes()));
     item.value().copy_(it->second);
   }
   return kept_fresh;
@@ -90,8 +89,7 @@ void SaveHfModel(const std::string& folder, BertForSequenceClassification& model
   std::filesystem::create_directories(folder);
   NamedTensors tensors;
   for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
-  SaveSafetensors((std::filesystem::path(folder) / "model.safetensors").string(), tensors,
-                  {{"format", "pt"}});
+  SaveSafetensors((std::filesystem::path(folder) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   WriteFileAtomically((std::filesystem::path(folder) / "config.json").string(),
                       model->config().ToJson().dump(2) + "\n");
 }

@@ -7,17 +7,16 @@
 #include <stdexcept>
 #include <zmq.hpp>
 
-#include "proto/wire_version.h"
-#include "trainyard.pb.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "proto/wire_version.h"
+#include "trainyard.pb.h"
 
 namespace trainyard {
 namespace {
 
 constexpr double kMaxBackoffS = 16;
 constexpr int64_t kMaxMessageBytes = 64 << 20;  // an Assign carries a job file
-
 
 std::string Serialize(wire::Envelope envelope) {
   envelope.set_version(kProtocolVersion);
@@ -28,7 +27,9 @@ std::string EpochKey(int64_t job, int attempt, int64_t epoch) {
   return "epoch:" + std::to_string(job) + ":" + std::to_string(attempt) + ":" + std::to_string(epoch);
 }
 
-std::string ResultKey(int64_t job, int attempt) { return "result:" + std::to_string(job) + ":" + std::to_string(attempt); }
+std::string ResultKey(int64_t job, int attempt) {
+  return "result:" + std::to_string(job) + ":" + std::to_string(attempt);
+}
 
 }  // namespace
 
@@ -185,8 +186,14 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
     Register(link);
   } else if (in.has_assign()) {
     const wire::Assign& a = in.assign();
-    Assignment next{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(),
-                    std::vector<int>(a.ranks().begin(), a.ranks().end()), a.resume()};
+    Assignment next{a.job_id(),
+                    a.attempt(),
+                    a.yaml(),
+                    a.source(),
+                    a.base_dir(),
+                    a.runs_dir(),
+                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
+                    a.resume()};
     std::lock_guard<std::mutex> lock(mutex_);
     assignments_.push_back(std::move(next));
     assigned_.notify_all();
@@ -201,8 +208,9 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
     const std::string key = ack.what() == "epoch" ? EpochKey(ack.job_id(), ack.attempt(), ack.epoch())
                                                   : ResultKey(ack.job_id(), ack.attempt());
     std::lock_guard<std::mutex> lock(mutex_);
-    unacked_.erase(std::remove_if(unacked_.begin(), unacked_.end(), [&](const auto& item) { return item.first == key; }),
-                   unacked_.end());
+    unacked_.erase(
+        std::remove_if(unacked_.begin(), unacked_.end(), [&](const auto& item) { return item.first == key; }),
+        unacked_.end());
   }
 }
 

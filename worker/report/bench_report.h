@@ -6,23 +6,22 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
 namespace trainyard {
 
 struct BenchCell {
-  std::string model;                   // preset name or model folder
+  std::string model;  // preset name or model folder
   int batch = 0, seq = 0;
-  std::string precision, mode;         // fp32|bf16|fp16; eager|torchscript|cuda_graph|train_step
-  std::string status = "ok";           // ok | OOM | N/A
-  std::string note;                    // why a cell is N/A or OOM
+  std::string precision, mode;  // fp32|bf16|fp16; eager|torchscript|cuda_graph|train_step
+  std::string status = "ok";    // ok | OOM | N/A
+  std::string note;             // why a cell is N/A or OOM
   double mean_ms = 0, p50_ms = 0, p90_ms = 0, p99_ms = 0, cv = 0;
   double seqs_per_s = 0, tokens_per_s = 0, peak_mb = 0;
-  int measurements = 0;                // timed passes (re-measured when noisy)
-  bool unstable = false;               // still noisier than max_cv after the last pass
-  int rank = 0;                        // the rank that measured it
+  int measurements = 0;   // timed passes (re-measured when noisy)
+  bool unstable = false;  // still noisier than max_cv after the last pass
+  int rank = 0;           // the rank that measured it
 };
 
 // Writes the four report files; throws std::runtime_error if a file cannot be written.

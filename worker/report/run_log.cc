@@ -25,11 +25,11 @@ std::string EpochCsvHeader() {
 
 std::string EpochCsvLine(const EpochRow& r) {
   std::string line = fmt::format(
-      "{},{:.3f},{},{:.3f},{:.2f},{:.2f},{:.6f},{:.6f},{:.6f},{:.6e},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:.3f}",
-      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss,
-      r.eval_loss, r.eval_acc, r.lr, r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "",
-      r.skipped_steps, r.wait_ms, r.h2d_ms, r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks,
-      r.global_batch, r.comm_ms);
+      "{},{:.3f},{},{:.3f},{:.2f},{:.2f},{:.6f},{:.6f},{:.6f},{:.6e},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:."
+      "3f}",
+      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss, r.eval_loss,
+      r.eval_acc, r.lr, r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "", r.skipped_steps, r.wait_ms, r.h2d_ms,
+      r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks, r.global_batch, r.comm_ms);
   for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
   return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
 }
@@ -101,9 +101,9 @@ void RunLog::WriteCsv() const {
 }
 
 void RunLog::PrintHeader() const {
-  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10} {:>6} {:>12}",
-               "epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss",
-               "eval_loss", "eval_acc", "lr", "loss_scale", "comm%", "slowest");
+  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10} {:>6} {:>12}", "epoch", "time_s",
+               "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss", "eval_acc", "lr", "loss_scale",
+               "comm%", "slowest");
 }
 
 void RunLog::AddEpoch(const EpochRow& r) {
@@ -117,9 +117,10 @@ void RunLog::PrintRow(const EpochRow& r) const {
   std::string scale = r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "-";
   std::string slowest = r.ranks > 1 ? fmt::format("r{} {:.1f}ms", r.slowest_rank, r.slowest_ms_per_step) : "-";
   double comm_pct = r.ms_per_step > 0 ? 100.0 * r.comm_ms / r.ms_per_step : 0.0;
-  spdlog::info("{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10} {:>6.1f} {:>12}",
-               r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct,
-               r.train_loss, r.eval_loss, r.eval_acc, r.lr, scale, comm_pct, slowest);
+  spdlog::info(
+      "{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10} {:>6.1f} {:>12}",
+      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss, r.eval_loss,
+      r.eval_acc, r.lr, scale, comm_pct, slowest);
 }
 
 void RunLog::AddStep(const nlohmann::json& line) {
@@ -144,8 +145,8 @@ void ProgressLine::Update(int64_t done, const std::string& detail) {
                  100.0 * done / total_, detail.c_str());
   } else {
     if (decile == last_decile_ || decile == 0) return;
-    std::fprintf(stderr, "%s %ld/%ld (%d%%) %s\n", label_.c_str(), long(done), long(total_),
-                 decile * 10, detail.c_str());
+    std::fprintf(stderr, "%s %ld/%ld (%d%%) %s\n", label_.c_str(), long(done), long(total_), decile * 10,
+                 detail.c_str());
   }
   std::fflush(stderr);
   last_draw_ = now;

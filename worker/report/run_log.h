@@ -5,11 +5,10 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace trainyard {
 
@@ -23,7 +22,7 @@ inline constexpr const char* kStepParts[] = {"wait", "h2d", "forward", "backward
 inline constexpr int kNumStepParts = 6;
 
 struct EpochRow {
-  int64_t epoch = 0;            // 1-based
+  int64_t epoch = 0;  // 1-based
   double time_s = 0;
   int64_t steps = 0, skipped_steps = 0;
   double ms_per_step = 0, samples_per_s = 0, data_wait_pct = 0;
@@ -34,8 +33,8 @@ struct EpochRow {
   // Across ranks (a single rank gives min = median = max).
   int ranks = 1;
   int64_t global_batch = 0;
-  double comm_ms = 0;                 // exposed communication on rank 0
-  PartStats parts[kNumStepParts];     // indexed like kStepParts
+  double comm_ms = 0;              // exposed communication on rank 0
+  PartStats parts[kNumStepParts];  // indexed like kStepParts
   int slowest_rank = 0;
   double slowest_ms_per_step = 0;
 };

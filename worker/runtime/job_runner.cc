@@ -59,9 +59,12 @@ nlohmann::json RunKind(JobSpec spec, const RankContext& ranks) {
 
 nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
   switch (spec.kind) {
-    case JobKind::kFinetune: return RunKind<Trainer>(std::move(spec), ranks);
-    case JobKind::kBenchmark: return RunKind<BenchmarkRunner>(std::move(spec), ranks);
-    case JobKind::kInference: return RunKind<InferenceRunner>(std::move(spec), ranks);
+    case JobKind::kFinetune:
+      return RunKind<Trainer>(std::move(spec), ranks);
+    case JobKind::kBenchmark:
+      return RunKind<BenchmarkRunner>(std::move(spec), ranks);
+    case JobKind::kInference:
+      return RunKind<InferenceRunner>(std::move(spec), ranks);
   }
   throw std::logic_error("unknown job kind");
 }

@@ -36,7 +36,8 @@ void AddOptions(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--runs-dir", o.standalone.runs_dir,
                  "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
-  app.add_option("--resume", o.standalone.resume, "standalone: none, auto (latest valid checkpoint) or a checkpoint file");
+  app.add_option("--resume", o.standalone.resume,
+                 "standalone: none, auto (latest valid checkpoint) or a checkpoint file");
   app.add_option("--threads", o.standalone.threads, "standalone: intra-op threads per rank (0: libtorch default)");
   app.add_option("--max-steps", o.standalone.max_steps, "standalone: stop after this many steps (0: no limit)");
   app.add_flag("--no-progress", o.standalone.no_progress,
@@ -46,14 +47,15 @@ void AddOptions(CLI::App& app, Options& o) {
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
-               "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
-               "(data-parallel over N ranks; train.batch_size is per rank).\n"
-               "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
-               "and runs the jobs it assigns, each on its own sub-communicator; outputs go to the\n"
-               "coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
-               "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
-               "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
+  CLI::App app{
+      "Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
+      "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
+      "(data-parallel over N ranks; train.batch_size is per rank).\n"
+      "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
+      "and runs the jobs it assigns, each on its own sub-communicator; outputs go to the\n"
+      "coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
+      "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
+      "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
   Options o;
   AddOptions(app, o);
   try {

@@ -1,14 +1,13 @@
 #include "worker/runtime/pool_runtime.h"
 
 #include <mpi.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <random>
-
-#include <torch/cuda.h>
 
 #include "common/log.h"
 #include "worker/pool/rank_supervisor.h"
@@ -111,8 +110,8 @@ int RunPool(const PoolOptions& options, int supervisor_fd) {
   std::signal(SIGINT, OnPoolSignal);
   PoolAgent agent(options, self);
   if (rank == 0)
-    LogInfo(StrFormat("world %s: %d rank(s) joined the pool at %s", self.world.c_str(), world,
-                      options.endpoint.c_str()));
+    LogInfo(
+        StrFormat("world %s: %d rank(s) joined the pool at %s", self.world.c_str(), world, options.endpoint.c_str()));
   while (auto assignment = agent.WaitForAssignment(g_pool_stop)) {
     g_pool_busy = true;
     agent.Begin(*assignment);

@@ -10,8 +10,7 @@ AutocastScope::AutocastScope(torch::DeviceType device, Precision precision) : de
   previous_enabled_ = at::autocast::is_autocast_enabled(device);
   previous_dtype_ = at::autocast::get_autocast_dtype(device);
   at::autocast::set_autocast_enabled(device, true);
-  at::autocast::set_autocast_dtype(device,
-                                   precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_dtype(device, precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
   at::autocast::increment_nesting();
 }
 
@@ -25,9 +24,7 @@ AutocastScope::~AutocastScope() {
 GradScaler::GradScaler(const LossScaleSpec& spec, bool enabled)
     : spec_(spec), enabled_(enabled), scale_(static_cast<float>(spec.init_scale)) {}
 
-torch::Tensor GradScaler::Scale(const torch::Tensor& loss) const {
-  return enabled_ ? loss * scale_ : loss;
-}
+torch::Tensor GradScaler::Scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
 
 bool GradScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
   if (!enabled_) return false;

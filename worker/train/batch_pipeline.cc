@@ -4,8 +4,8 @@
 
 namespace trainyard {
 
-Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices,
-                   int max_len, bool pin_memory) {
+Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices, int max_len,
+                   bool pin_memory) {
   std::vector<std::vector<int32_t>> encoded;
   encoded.reserve(indices.size());
   size_t longest = 1;
@@ -35,15 +35,14 @@ Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const Ba
   return out;
 }
 
-BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer,
-                             std::vector<BatchIndices> batches, const PipelineOptions& options)
+BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer, std::vector<BatchIndices> batches,
+                             const PipelineOptions& options)
     : batches_(std::move(batches)) {
   auto produce = [this, &data, &tokenizer, options](size_t i) {
     if (options.before_collate) options.before_collate(i);
     return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory);
   };
-  queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads,
-                                                  options.prefetch_batches);
+  queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads, options.prefetch_batches);
 }
 
 }  // namespace trainyard

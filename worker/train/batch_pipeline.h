@@ -27,13 +27,13 @@ struct Batch {
 };
 
 // Tokenizes and pads the examples of one batch. Thread-safe.
-Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices,
-                   int max_len, bool pin_memory);
+Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices, int max_len,
+                   bool pin_memory);
 
 struct PipelineOptions {
-  size_t prefetch_batches = 8;   // 0: collate on the trainer's thread when asked
+  size_t prefetch_batches = 8;  // 0: collate on the trainer's thread when asked
   size_t threads = 2;
-  bool pin_memory = false;       // page-locked host tensors for async H2D copies
+  bool pin_memory = false;  // page-locked host tensors for async H2D copies
   int max_len = 128;
   // Called on the loader thread before batch `i` is collated. Lets tests slow the reader.
   std::function<void(size_t)> before_collate;

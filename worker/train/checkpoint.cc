@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "common/log.h"
-#include "worker/models/hf_checkpoint.h"
 #include "common/safetensors.h"
+#include "worker/models/hf_checkpoint.h"
 
 namespace trainyard {
 namespace {
@@ -56,8 +56,7 @@ std::map<std::string, std::string> ProgressMetadata(const TrainProgress& p, cons
           {"scale_growth_tracker", std::to_string(s.growth_tracker())}};
 }
 
-const std::string& Field(const std::map<std::string, std::string>& m, const std::string& key,
-                         const std::string& path) {
+const std::string& Field(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
   auto it = m.find(key);
   if (it == m.end()) throw CheckpointError(path + ": not a Trainyard checkpoint (no '" + key + "' metadata)");
   return it->second;
@@ -69,8 +68,8 @@ std::string CheckpointPath(const std::string& dir, int64_t global_step) {
   return StrFormat("%s/step-%09ld.safetensors", dir.c_str(), long(global_step));
 }
 
-void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model,
-                    const AdamW& optimizer, const GradScaler& scaler, const TrainProgress& progress) {
+void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model, const AdamW& optimizer,
+                    const GradScaler& scaler, const TrainProgress& progress) {
   fs::create_directories(fs::path(path).parent_path());
   NamedTensors tensors;
   for (const auto& item : model->named_parameters()) tensors.emplace_back("model." + item.key(), item.value());
@@ -83,8 +82,8 @@ void SaveCheckpoint(const std::string& path, BertForSequenceClassification& mode
   SaveSafetensors(path, tensors, ProgressMetadata(progress, scaler, optimizer));
 }
 
-TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassification& model,
-                             AdamW& optimizer, GradScaler& scaler) {
+TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
+                             GradScaler& scaler) {
   std::map<std::string, std::string> meta;
   std::map<std::string, torch::Tensor> tensors;
   try {
@@ -107,8 +106,7 @@ TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassificat
     for (auto& [name, t] : tensors)
       if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;
     optimizer.RestoreState(optim, std::stoll(Field(meta, "optimizer_steps", path)));
-    scaler.Restore(std::stof(Field(meta, "loss_scale", path)),
-                   std::stoll(Field(meta, "scale_growth_tracker", path)));
+    scaler.Restore(std::stof(Field(meta, "loss_scale", path)), std::stoll(Field(meta, "scale_growth_tracker", path)));
     if (tensors.count("rng.cpu")) SetCpuRngState(tensors.at("rng.cpu"));
     if (at::Generator gen = ModelCudaGenerator(model); gen.defined() && tensors.count("rng.cuda")) {
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -135,15 +133,13 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   if (!fs::is_directory(dir)) return out;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".safetensors")
-      out.push_back(entry.path().string());
+    if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".safetensors") out.push_back(entry.path().string());
   }
   std::sort(out.rbegin(), out.rend());
   return out;
 }
 
-std::optional<std::string> LatestValidCheckpoint(const std::string& dir,
-                                                 std::vector<std::string>* rejected) {
+std::optional<std::string> LatestValidCheckpoint(const std::string& dir, std::vector<std::string>* rejected) {
   for (const auto& path : ListCheckpoints(dir)) {
     try {
       SafetensorsFile file = SafetensorsFile::Read(path);

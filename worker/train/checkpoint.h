@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/train/amp.h"
 #include "worker/models/bert.h"
+#include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
 namespace trainyard {
@@ -50,19 +50,18 @@ struct TrainProgress {
 
 std::string CheckpointPath(const std::string& dir, int64_t global_step);
 
-void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model,
-                    const AdamW& optimizer, const GradScaler& scaler, const TrainProgress& progress);
+void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model, const AdamW& optimizer,
+                    const GradScaler& scaler, const TrainProgress& progress);
 
 // Restores everything SaveCheckpoint saved. Throws CheckpointError naming the file and
 // the problem (truncated, wrong model shape, missing state).
-TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassification& model,
-                             AdamW& optimizer, GradScaler& scaler);
+TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
+                             GradScaler& scaler);
 
 // Checkpoints in `dir`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);
 // The newest checkpoint that passes validation; invalid ones are reported in *rejected.
-std::optional<std::string> LatestValidCheckpoint(const std::string& dir,
-                                                 std::vector<std::string>* rejected);
+std::optional<std::string> LatestValidCheckpoint(const std::string& dir, std::vector<std::string>* rejected);
 // Deletes all but the newest `keep` checkpoints.
 void PruneCheckpoints(const std::string& dir, int keep);
 

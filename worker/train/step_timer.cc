@@ -1,9 +1,9 @@
 #include "worker/train/step_timer.h"
 
-#include "common/clock.h"
-
 #include <chrono>
 #include <stdexcept>
+
+#include "common/clock.h"
 
 #ifdef TRAINYARD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -47,8 +47,7 @@ StepTimer::StepTimer(torch::Device device, int parts) : device_(device), parts_(
 StepTimer::~StepTimer() = default;
 
 void StepTimer::Begin() {
-  if (StepIsOpen())
-    throw std::logic_error("StepTimer: a step was opened before the previous one got all its marks");
+  if (StepIsOpen()) throw std::logic_error("StepTimer: a step was opened before the previous one got all its marks");
   marks_in_step_ = 0;
 #ifdef TRAINYARD_WITH_CUDA
   if (device_marks_) {

@@ -88,17 +88,19 @@ void CheckReducerAverages(int64_t bucket_bytes, bool overlap, bool fp16) {
 }
 
 TEST(Reducer, AveragesGradientsAcrossRanks) {
-  CheckReducerAverages(1 << 20, true, false);   // one bucket
-  CheckReducerAverages(256, true, false);       // one bucket per parameter, overlapped
-  CheckReducerAverages(256, false, false);      // all after backward
-  CheckReducerAverages(700, true, true);        // fp16 on the wire
+  CheckReducerAverages(1 << 20, true, false);  // one bucket
+  CheckReducerAverages(256, true, false);      // one bucket per parameter, overlapped
+  CheckReducerAverages(256, false, false);     // all after backward
+  CheckReducerAverages(700, true, true);       // fp16 on the wire
 }
 
 struct TinyNet {
   torch::nn::Linear first{16, 8}, second{8, 2};
   std::vector<std::pair<std::string, torch::Tensor>> Named() {
-    return {{"first.weight", first->weight}, {"first.bias", first->bias},
-            {"second.weight", second->weight}, {"second.bias", second->bias}};
+    return {{"first.weight", first->weight},
+            {"first.bias", first->bias},
+            {"second.weight", second->weight},
+            {"second.bias", second->bias}};
   }
   torch::Tensor Loss(int seed) {
     torch::manual_seed(seed);
@@ -127,7 +129,8 @@ TEST(Reducer, GradientsAreViewsOfTheBucketsAcrossSteps) {
     reducer.FinishBackward();
     auto named = net.Named();
     for (size_t i = 0; i < named.size(); ++i)
-      EXPECT_TRUE(torch::allclose(named[i].second.grad(), expected[i], 1e-6, 1e-6)) << named[i].first << " step " << step;
+      EXPECT_TRUE(torch::allclose(named[i].second.grad(), expected[i], 1e-6, 1e-6))
+          << named[i].first << " step " << step;
     // One bucket: all four .grad tensors live in the same buffer.
     const void* storage = named[0].second.grad().storage().data();
     for (auto& [name, p] : named) EXPECT_EQ(p.grad().storage().data(), storage) << name;

@@ -68,8 +68,8 @@ TEST_F(BatchPipelineTest, CollatePadsToTheLongestAndMasks) {
 
 TEST_F(BatchPipelineTest, PrefetchHidesTheReaderBehindCompute) {
   Timing with = RunEpoch(4);
-  std::printf("prefetch on:  %.1f ms/step, data wait %.1f%% (compute %d ms, read %d ms)\n",
-              with.steady_step_ms, with.wait_pct, kComputeMs, kReadMs);
+  std::printf("prefetch on:  %.1f ms/step, data wait %.1f%% (compute %d ms, read %d ms)\n", with.steady_step_ms,
+              with.wait_pct, kComputeMs, kReadMs);
   EXPECT_LT(with.steady_step_ms, kComputeMs * 1.15);
   EXPECT_LT(with.wait_pct, 5.0);
 }
