@@ -3,11 +3,14 @@
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
-// Exit codes: 0 ok, 2 bad input (the job file, an unknown job), 1 failure.
+// Exit codes: 0 ok, 2 bad input (the job file, an unknown job, bad options, a message
+// too large for the coordinator), 1 failure (and `logs -f` of a job that failed or was
+// cancelled).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 
 #include "common/csv.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/yaml_budget.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -47,6 +51,34 @@ class Rejected : public std::runtime_error {
   int code;
 };
 
+// Watches a socket for the peer dropping its connection, which is how ZeroMQ answers a
+// message over ZMQ_MAXMSGSIZE: the coordinator closes the session without a reply.
+class DisconnectWatch {
+ public:
+  DisconnectWatch(zmq::context_t& context, zmq::socket_t& socket, int serial)
+      : events_(context, zmq::socket_type::pair) {
+    const std::string endpoint = "inproc://jobctl-monitor-" + std::to_string(serial);
+    if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) throw zmq::error_t();
+    events_.set(zmq::sockopt::linger, 0);
+    events_.connect(endpoint);
+  }
+  bool Disconnected() {
+    zmq::message_t event;
+    bool seen = false;
+    while (events_.recv(event, zmq::recv_flags::dontwait)) {
+      if (event.size() >= 2 && (static_cast<const uint8_t*>(event.data())[0] |
+                                static_cast<const uint8_t*>(event.data())[1] << 8) == ZMQ_EVENT_DISCONNECTED)
+        seen = true;
+      zmq::message_t address;  // each event is two frames: the event, then the endpoint
+      (void)events_.recv(address, zmq::recv_flags::dontwait);
+    }
+    return seen;
+  }
+
+ private:
+  zmq::socket_t events_;
+};
+
 // One request, one reply, with Lazy Pirate retries.
 wire::Envelope Request(const Options& o, wire::Envelope request) {
   request.set_version(trainyard::kProtocolVersion);
@@ -56,6 +88,7 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::maxmsgsize, int64_t(256) << 20);
+    DisconnectWatch watch(context, socket, attempt);
     try {
       socket.connect(o.coordinator);
     } catch (const zmq::error_t& e) {
@@ -73,6 +106,10 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
         throw std::runtime_error("the coordinator's reply does not parse");
       return envelope;
     }
+    if (watch.Disconnected())  // a connection that was made and then dropped: not a missing daemon
+      throw Rejected(2, "message too large: the coordinator closed the connection after a request of " +
+                            std::to_string(bytes.size()) +
+                            " bytes (a coordinator accepts at most its --max-message-bytes, 16 MiB by default)");
     if (attempt < o.retries)
       std::cerr << "jobctl: no reply from " << o.coordinator << " in " << o.timeout_s << " s, retrying (" << attempt
                 << "/" << o.retries << ")\n";
@@ -118,10 +155,13 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
 }
 
 int Submit(const Options& o, const std::string& path, const std::string& key) {
-  trainyard::LoadJobSpec(path);  // the same checks, and errors, as the coordinator and worker
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
+  // The same checks, and errors, as the coordinator and worker; the budget first, so a
+  // huge file is refused before yaml-cpp spends memory on it.
+  trainyard::CheckYamlBudget(text.str(), path, trainyard::YamlBudget{});
+  trainyard::LoadJobSpec(path);
   wire::Envelope request;
   auto* submit = request.mutable_submit();
   submit->set_yaml(text.str());
@@ -158,6 +198,14 @@ int Show(const Options& o, const std::string& what, int64_t id) {
   return 0;
 }
 
+// How `logs -f` ends: the job's final state on stderr (stdout holds the CSV), and an
+// exit status a script can test.
+int FinalState(int64_t id, const std::string& state, const std::string& reason) {
+  std::cout.flush();
+  std::fprintf(stderr, "job %ld %s%s%s\n", long(id), state.c_str(), reason.empty() ? "" : ": ", reason.c_str());
+  return state == "SUCCEEDED" ? 0 : 1;
+}
+
 int Logs(const Options& o, int64_t id, bool follow) {
   int seen = 0;
   while (true) {
@@ -169,7 +217,8 @@ int Logs(const Options& o, int64_t id, bool follow) {
     for (const auto& line : reply.log_rows().csv_lines()) std::cout << line << "\n";
     seen += reply.log_rows().csv_lines_size();
     const std::string state = reply.log_rows().state();
-    if (!follow || (state != "QUEUED" && state != "RUNNING")) return 0;
+    if (!follow) return 0;
+    if (state != "QUEUED" && state != "RUNNING") return FinalState(id, state, reply.log_rows().reason());
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
@@ -280,12 +329,32 @@ int Workers(const Options& o) {
   return 0;
 }
 
+// CLI11's Range lets NaN through (every comparison with it is false).
+CLI::Validator FiniteRange(double low, double high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        double value = 0;
+        try {
+          size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return "'" + text + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (!std::isfinite(value) || value < low || value > high)
+          return "'" + text + "' is not in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+        return "";
+      },
+      "FLOAT in [" + std::to_string(low) + " - " + std::to_string(high) + "]");
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
   Options o;
   app.add_option("--coordinator", o.coordinator, "coordinator endpoint (default tcp://127.0.0.1:5555)");
-  app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply (default 2.5)");
-  app.add_option("--retries", o.retries, "tries before giving up (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply, 0.01 to 3600 (default 2.5)")
+      ->check(FiniteRange(0.01, 3600.0));
+  app.add_option("--retries", o.retries, "tries before giving up, 1 to 100 (default 3)")->check(CLI::Range(1, 100));
   app.add_flag("--json", o.json, "machine-readable output");
   app.require_subcommand(1);
   std::string job_file, key;
@@ -299,16 +368,20 @@ int Main(int argc, char** argv) {
     app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
                                                            : "cancel a job; a running one stops on all its ranks")
         ->add_option("id", id, "job id")
-        ->required();
+        ->required()
+        ->check(CLI::PositiveNumber);
   app.add_subcommand("report",
                      "one job: attempts and their outcomes, epoch timings with the step breakdown, "
                      "summary and events")
       ->add_option("id", id, "job id")
-      ->required();
+      ->required()
+      ->check(CLI::PositiveNumber);
   app.add_subcommand("workers", "the registered worker ranks and what each runs");
   auto* logs = app.add_subcommand("logs", "the job's epoch rows (CSV)");
-  logs->add_option("id", id, "job id")->required();
-  logs->add_flag("-f,--follow", follow, "keep printing rows until the job ends");
+  logs->add_option("id", id, "job id")->required()->check(CLI::PositiveNumber);
+  logs->add_flag("-f,--follow", follow,
+                 "keep printing rows until the job ends, then print its final state to stderr and exit 0 if it\n"
+                 "succeeded, 1 if it failed or was cancelled");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 // coordinator: the Trainyard daemon. Queues jobs durably in SQLite, answers jobctl, and
 // gang-schedules them onto registered worker ranks.
-// Exit codes: 0 after SIGINT/SIGTERM, 2 for bad options or a corrupt state database.
+// Exit codes: 0 after SIGINT/SIGTERM, 2 for bad options, a corrupt or read-only state
+// database, or a runs folder that cannot be written.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +29,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--max-submit-bytes", o.submit_budget.max_bytes,
+                 "largest job file accepted by a submission (default 1 MiB); files are also capped at\n"
+                 "10000 YAML nodes and 32 levels of nesting, checked before they are parsed")
+      ->check(CLI::Range(size_t(1024), size_t(64) << 20));
   app.add_option("--heartbeat", o.heartbeat_s, "seconds between heartbeats (default 1)")->check(CLI::Range(0.05, 60.0));
   app.add_option("--liveness", o.liveness, "heartbeats a rank may miss before it counts as lost (default 3)")
       ->check(CLI::Range(1, 1000));
@@ -53,6 +58,9 @@ int Main(int argc, char** argv) {
     spdlog::info("coordinator stopping; {} bad frames dropped", server.bad_frames());
     return 0;
   } catch (const trainyard::StoreError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const trainyard::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const zmq::error_t& e) {

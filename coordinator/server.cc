@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -41,33 +42,71 @@ Server::Server(ServerOptions options)
       store_(std::make_unique<StateStore>(options_.state_path, options_.fresh)),
       context_(1),
       socket_(context_, zmq::socket_type::router) {
+  options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
+  CheckRunsDir();
   socket_.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::router_mandatory, 0);
   socket_.bind(options_.listen);
-  options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
+  parser_ = std::make_unique<SubmitParser>(context_, options_.submit_budget, options_.max_pending_submits);
   started_at_ = WallNow();
+  last_wake_ = started_at_;
+  RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
+}
+
+Server::~Server() = default;
+
+// A runs folder the coordinator cannot write would fail every attempt at its start;
+// better to refuse to start at all.
+void Server::CheckRunsDir() const {
+  namespace fs = std::filesystem;
+  const std::string probe = options_.runs_dir + "/.trainyard-write-check";
+  try {
+    fs::create_directories(options_.runs_dir);
+    std::ofstream out(probe);
+    out << "ok\n";
+    out.close();
+    if (!out) throw std::runtime_error("cannot write " + probe);
+    fs::remove(probe);
+  } catch (const std::exception& e) {
+    throw ConfigError("--runs " + options_.runs_dir + " cannot be used: " + e.what());
+  }
 }
 
 std::string Server::endpoint() const { return socket_.get(zmq::sockopt::last_endpoint); }
 
 void Server::Run(const std::atomic<bool>& stop) {
-  zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
+  zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0},
+                             {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0}};
   while (!stop) {
     try {
-      zmq::poll(items, 1, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;  // a signal; `stop` says whether to go on
       throw;
     }
+    AdvanceListeningClock(WallNow());
     // Drain what arrived (bounded, so timers still run under a flood), then the timers.
     for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
       ReceiveOne();
       items[0].revents = socket_.get(zmq::sockopt::events) & ZMQ_POLLIN;
     }
-    Tick();
+    if (items[1].revents & ZMQ_POLLIN) FinishSubmissions();
+    try {
+      Tick();
+    } catch (const std::exception& e) {  // timers never end the daemon; the next tick retries
+      spdlog::error("timer work failed: {}", e.what());
+    }
   }
+}
+
+void Server::AdvanceListeningClock(double now) {
+  const double cap = std::max(options_.heartbeat_s, 0.5);
+  const double step = now - last_wake_;
+  if (step > cap) spdlog::warn("the coordinator did not run for {:.1f} s; that time is not held against workers", step);
+  listened_ += std::clamp(step, 0.0, cap);
+  last_wake_ = now;
 }
 
 void Server::ReceiveOne() {
@@ -140,6 +179,8 @@ std::optional<wire::Envelope> Server::Dispatch(const zmq::message_t& identity_fr
     case wire::Envelope::kRankExit:
       OnRankExit(identity, request.rank_exit());
       return std::nullopt;
+    case wire::Envelope::kSubmit:
+      return Submit(identity, request.submit());
     default:
       return Handle(request);
   }
@@ -147,8 +188,6 @@ std::optional<wire::Envelope> Server::Dispatch(const zmq::message_t& identity_fr
 
 wire::Envelope Server::Handle(const wire::Envelope& request) {
   switch (request.body_case()) {
-    case wire::Envelope::kSubmit:
-      return Submit(request.submit());
     case wire::Envelope::kList:
       return List();
     case wire::Envelope::kStatus:
@@ -166,13 +205,31 @@ wire::Envelope Server::Handle(const wire::Envelope& request) {
   }
 }
 
-wire::Envelope Server::Submit(const wire::SubmitRequest& request) {
-  JobSpec spec;
-  try {
-    spec = ParseJobSpec(request.yaml(), request.source(), request.base_dir());
-  } catch (const SpecError& e) {
-    return ErrorEnvelope(2, e.what());  // rejected before anything is written
+// Parsed on the SubmitParser's thread; answered by FinishSubmission.
+std::optional<wire::Envelope> Server::Submit(const std::string& identity, const wire::SubmitRequest& request) {
+  if (parser_->Post(identity, request)) return std::nullopt;
+  return ErrorEnvelope(1, "the coordinator is busy: " + std::to_string(options_.max_pending_submits) +
+                              " submissions are being checked; retry shortly");
+}
+
+void Server::FinishSubmissions() {
+  for (const ParsedSubmission& parsed : parser_->TakeDone()) {
+    try {
+      FinishSubmission(parsed);
+    } catch (const std::exception& e) {
+      spdlog::error("submission failed: {}", e.what());
+      Send(parsed.identity, ErrorEnvelope(1, e.what()));
+    }
   }
+}
+
+void Server::FinishSubmission(const ParsedSubmission& parsed) {
+  if (!parsed.spec) {
+    Send(parsed.identity, ErrorEnvelope(2, parsed.error));  // rejected before anything is written
+    return;
+  }
+  const JobSpec& spec = *parsed.spec;
+  const wire::SubmitRequest& request = parsed.request;
   NewJob job;
   job.name = spec.name, job.idempotency_key = request.idempotency_key(), job.spec_yaml = request.yaml();
   job.source = request.source(), job.device = spec.resources.device, job.priority = spec.resources.priority;
@@ -187,7 +244,7 @@ wire::Envelope Server::Submit(const wire::SubmitRequest& request) {
   reply.set_version(kProtocolVersion);
   reply.mutable_submitted()->set_job_id(record.id);
   reply.mutable_submitted()->set_created(created);
-  return reply;
+  Send(parsed.identity, reply);
 }
 
 wire::Envelope Server::List() {
@@ -211,19 +268,24 @@ wire::Envelope Server::Status(int64_t id) {
 wire::Envelope Server::Cancel(int64_t id) {
   auto job = store_->Find(id);
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
+  const double now = WallNow();
   if (job->state == JobState::kQueued) {
+    StateStore::Transaction transaction(*store_);
     store_->SetState(id, JobState::kCancelled, "cancelled while queued");
-    store_->AddEvent(id, "cancelled while queued", WallNow());
+    store_->AddEvent(id, "cancelled while queued", now);
+    transaction.Commit();
     spdlog::info("job {} cancelled", id);
   } else if (job->state == JobState::kRunning) {
     auto running = running_.find(id);
+    StateStore::Transaction transaction(*store_);
+    if (running != running_.end()) store_->EndAttempt(id, running->second.attempt, "cancelled", now);
+    store_->SetState(id, JobState::kCancelled, "cancelled while running");
+    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", now);
+    transaction.Commit();
     if (running != running_.end()) {
       StopRanks(running->second, "cancelled by the user");
-      store_->EndAttempt(id, running->second.attempt, "cancelled", WallNow());
       running_.erase(running);
     }
-    store_->SetState(id, JobState::kCancelled, "cancelled while running");
-    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", WallNow());
     spdlog::info("job {} cancelled while running", id);
   }
   return Status(id);
@@ -259,12 +321,11 @@ wire::Envelope Server::Workers() {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   wire::WorkersReply* list = reply.mutable_worker_list();
-  const double now = WallNow();
   for (const auto& [key, entry] : ranks_) {
     wire::WorkerInfo* info = list->add_workers();
     *info->mutable_rank() = entry.info;
     info->set_job_id(entry.job), info->set_attempt(entry.attempt);
-    info->set_seen_ago_s(now - entry.last_seen), info->set_last_log_line(entry.last_log_line);
+    info->set_seen_ago_s(listened_ - entry.last_seen), info->set_last_log_line(entry.last_log_line);
   }
   return reply;
 }
@@ -280,6 +341,7 @@ wire::Envelope Server::Logs(const wire::LogsRequest& request) {
     reply.mutable_log_rows()->add_csv_lines(rows[i].csv_line);
   if (!rows.empty()) reply.mutable_log_rows()->set_csv_header(rows.front().csv_header);
   reply.mutable_log_rows()->set_state(ToString(job->state));
+  reply.mutable_log_rows()->set_reason(job->reason);
   return reply;
 }
 

@@ -18,7 +18,19 @@
 //
 // After a restart the running attempts are reloaded from the store and wait up to
 // `grace_s` for their ranks to re-register naming them; reports resent by the workers
-// are deduplicated by (job, epoch).
+// are deduplicated by (job, epoch). A job found RUNNING with no open attempt (a state
+// written by an older version) is requeued at start.
+//
+// Every state change of an attempt (start, success, failure, cancel) is one SQLite
+// transaction, committed before any message about it is sent.
+//
+// Note [Listening time]
+// Silence is measured in time the coordinator was able to listen, not in wall time. A
+// coordinator that was stopped (SIGSTOP, a swapped-out host, a long stall) has not
+// heard the heartbeats sent meanwhile; blaming the workers for that would fail healthy
+// jobs the moment it resumes. So each wake of the loop advances the listening clock by
+// the time since the last wake, capped at one poll period (max(heartbeat, 0.5 s)), and
+// rank liveness and the start/re-adoption grace are read on that clock.
 #pragma once
 
 #include <atomic>
@@ -34,6 +46,7 @@
 
 #include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
+#include "coordinator/submit_parser.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -49,14 +62,22 @@ struct ServerOptions {
   int liveness = 3;              // heartbeats a rank may miss before it is gone
   double grace_s = 30;           // for ranks to start an assignment, or to come back after a restart
   double restart_backoff_s = 2;  // before retry k: backoff * 2^(k-1), at most 60 s
+  YamlBudget submit_budget;      // size, node and depth caps of a submitted job file
+  size_t max_pending_submits = 64;
+};
+
+// Options that cannot work (a runs folder that cannot be written): found at start.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // A registered worker rank, as its own messages describe it.
 struct RankEntry {
   wire::RankInfo info;
   std::string identity;  // ZeroMQ routing id of its latest message
-  double last_seen = 0;
-  int64_t job = 0;  // what its latest heartbeat says it runs; 0: idle
+  double last_seen = 0;  // on the listening clock (Note [Listening time])
+  int64_t job = 0;       // what its latest heartbeat says it runs; 0: idle
   int attempt = 0;
   std::string last_log_line;
 };
@@ -66,18 +87,21 @@ struct RunningAttempt {
   int64_t job = 0;
   int attempt = 0;
   std::string world;
-  std::vector<int> ranks;  // world ranks, job rank order
-  double started_at = 0, estimated_end = 0;
-  std::set<int> finished;  // ranks whose JobResult arrived
-  std::set<int> present;   // ranks seen running it (re-adoption)
-  bool adopted = true;     // false after a restart until every rank is back
+  std::vector<int> ranks;                    // world ranks, job rank order
+  double started_at = 0, estimated_end = 0;  // wall clock
+  double started_listening = 0;              // on the listening clock
+  std::set<int> finished;                    // ranks whose JobResult arrived
+  std::set<int> present;                     // ranks seen running it (re-adoption)
+  bool adopted = true;                       // false after a restart until every rank is back
   std::string summary_json;
 };
 
 class Server {
  public:
-  // Opens the store (StoreError if it is corrupt and not `fresh`) and binds.
+  // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
+  // checks that the runs folder can be written (ConfigError) and binds.
   explicit Server(ServerOptions options);
+  ~Server();
   // Serves until `stop` becomes true (checked every 100 ms).
   void Run(const std::atomic<bool>& stop);
   int64_t bad_frames() const { return bad_frames_; }
@@ -87,10 +111,15 @@ class Server {
   using RankKey = std::pair<std::string, int>;  // (world, rank)
 
   void ReceiveOne();
+  void AdvanceListeningClock(double now);
+  void CheckRunsDir() const;
+  void FinishSubmissions();
+  void FinishSubmission(const ParsedSubmission& parsed);
+  void RequeueRunningWithoutAttempt();
   // nullopt: the message needs no reply (worker traffic answers itself).
   std::optional<wire::Envelope> Dispatch(const zmq::message_t& identity, const wire::Envelope& request);
   wire::Envelope Handle(const wire::Envelope& request);
-  wire::Envelope Submit(const wire::SubmitRequest& request);
+  std::optional<wire::Envelope> Submit(const std::string& identity, const wire::SubmitRequest& request);
   wire::Envelope List();
   wire::Envelope Status(int64_t id);
   wire::Envelope Cancel(int64_t id);
@@ -109,8 +138,8 @@ class Server {
   void OnRankExit(const std::string& identity, const wire::RankExit& message);
   void Tick();
   void PulseRanks(double now);
-  void ExpireSilentRanks(double now);
-  void CheckAttemptsStarted(double now);
+  void ExpireSilentRanks();
+  void CheckAttemptsStarted();
   void ScheduleQueued(double now);
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, int world_rank);
@@ -137,7 +166,9 @@ class Server {
   std::unique_ptr<StateStore> store_;
   zmq::context_t context_;
   zmq::socket_t socket_;
+  std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   int64_t bad_frames_ = 0;
+  double listened_ = 0, last_wake_ = 0;  // Note [Listening time]
   std::map<RankKey, RankEntry> ranks_;
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;

@@ -97,15 +97,34 @@ void Server::ReloadRunningAttempts() {
     auto job = store_->Find(open.job);
     RunningAttempt attempt;
     if (!job || job->state != JobState::kRunning || !ParsePlacement(open.placement, &attempt.world, &attempt.ranks)) {
+      StateStore::Transaction transaction(*store_);
       store_->EndAttempt(open.job, open.attempt, "abandoned: not running after a coordinator restart", started_at_);
+      transaction.Commit();
       continue;
     }
     attempt.job = open.job, attempt.attempt = open.attempt, attempt.started_at = open.started_at;
+    attempt.started_listening = listened_;
     attempt.adopted = false;
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     running_[open.job] = attempt;
     spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
                  open.placement, options_.grace_s);
+  }
+}
+
+// Jobs RUNNING without an open attempt cannot be re-adopted and would stay RUNNING for
+// ever; they are requeued, without using a restart.
+void Server::RequeueRunningWithoutAttempt() {
+  std::set<int64_t> open;
+  for (const AttemptRecord& a : store_->OpenAttempts()) open.insert(a.job);
+  for (const JobRecord& job : store_->JobsIn(JobState::kRunning)) {
+    if (open.count(job.id)) continue;
+    const std::string what = "found RUNNING without an open attempt at coordinator start; requeued";
+    StateStore::Transaction transaction(*store_);
+    store_->Requeue(job.id, what, started_at_);
+    store_->AddEvent(job.id, what + " (not counted as a restart)", started_at_);
+    transaction.Commit();
+    spdlog::warn("job {}: {}", job.id, what);
   }
 }
 
@@ -131,7 +150,7 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   const RankKey key{message.rank().world(), message.rank().rank()};
   const bool known = ranks_.count(key) > 0;
   RankEntry& entry = ranks_[key];
-  entry.info = message.rank(), entry.identity = identity, entry.last_seen = WallNow();
+  entry.info = message.rank(), entry.identity = identity, entry.last_seen = listened_;
   entry.job = message.job_id(), entry.attempt = message.attempt();
   if (!known)
     spdlog::info("worker rank {} of world {} registered ({} on {}, pid {}{})", key.second, key.first,
@@ -158,7 +177,7 @@ void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& mes
   }
   RankEntry& entry = it->second;
   const bool freed = entry.job != 0 && message.job_id() == 0;
-  entry.identity = identity, entry.last_seen = WallNow();
+  entry.identity = identity, entry.last_seen = listened_;
   entry.job = message.job_id(), entry.attempt = message.attempt();
   if (!message.last_log_line().empty()) entry.last_log_line = message.last_log_line();
   SendStopIfStale(entry);
@@ -260,8 +279,8 @@ void Server::Tick() {
   const double now = WallNow();
   if (now - last_pulse_ >= options_.heartbeat_s) {
     PulseRanks(now);
-    ExpireSilentRanks(now);
-    CheckAttemptsStarted(now);
+    ExpireSilentRanks();
+    CheckAttemptsStarted();
   }
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }
@@ -273,16 +292,16 @@ void Server::PulseRanks(double now) {
   for (const auto& [key, entry] : ranks_) Send(entry.identity, pulse);
 }
 
-void Server::ExpireSilentRanks(double now) {
+void Server::ExpireSilentRanks() {
   const double limit = options_.heartbeat_s * options_.liveness;
   for (auto it = ranks_.begin(); it != ranks_.end();) {
-    if (now - it->second.last_seen <= limit) {
+    if (listened_ - it->second.last_seen <= limit) {
       ++it;
       continue;
     }
     const std::string who = DescribeRank(it->first);
     const std::string reason =
-        WithLastLine(who + " stopped heartbeating (silent for " + Seconds(now - it->second.last_seen) + ")",
+        WithLastLine(who + " stopped heartbeating (silent for " + Seconds(listened_ - it->second.last_seen) + ")",
                      it->second.last_log_line);
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
@@ -295,11 +314,10 @@ void Server::ExpireSilentRanks(double now) {
 
 // Attempts whose ranks never started them (the Assign was lost), or, after a restart,
 // never came back naming them, are given up after the grace period.
-void Server::CheckAttemptsStarted(double now) {
+void Server::CheckAttemptsStarted() {
   std::vector<std::pair<int64_t, std::string>> failed, abandoned;
   for (auto& [id, attempt] : running_) {
-    const double since = attempt.adopted ? attempt.started_at : started_at_;
-    if (now - since < options_.grace_s) continue;
+    if (listened_ - attempt.started_listening < options_.grace_s) continue;
     if (!attempt.adopted) {
       abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
                                      " s of a coordinator restart");
@@ -355,17 +373,30 @@ void Server::ScheduleQueued(double now) {
 }
 
 void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
+  const std::string where = PlacementText(placement.world, placement.ranks);
+  const int next = job.attempts + 1;
+  try {
+    fs::create_directories(JobRunsDir(job.id) + "/attempt-" + std::to_string(next));
+  } catch (const std::exception& e) {  // the job cannot run here; the daemon goes on
+    const std::string reason = "the coordinator cannot create its runs folder: " + std::string(e.what());
+    StateStore::Transaction transaction(*store_);
+    store_->SetState(job.id, JobState::kFailed, reason);
+    store_->AddEvent(job.id, reason, now);
+    transaction.Commit();
+    spdlog::error("job {} failed: {}", job.id, reason);
+    return;
+  }
   RunningAttempt attempt;
   attempt.job = job.id, attempt.world = placement.world, attempt.ranks = placement.ranks;
-  attempt.started_at = now;
+  attempt.started_at = now, attempt.started_listening = listened_;
   if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
-  const std::string where = PlacementText(placement.world, placement.ranks);
+  StateStore::Transaction transaction(*store_);
   attempt.attempt = store_->StartAttempt(job.id, where, now);
   store_->AddEvent(job.id,
                    "attempt " + std::to_string(attempt.attempt) + " started on " + where +
                        (placement.backfilled ? " (backfilled)" : ""),
                    now);
-  fs::create_directories(JobRunsDir(job.id) + "/attempt-" + std::to_string(attempt.attempt));
+  transaction.Commit();
   running_[job.id] = attempt;
   reported_unplaceable_.erase(job.id);
   for (int r : placement.ranks) SendAssign(job, attempt, r);
@@ -385,10 +416,12 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, int
 
 void Server::SucceedAttempt(RunningAttempt attempt) {
   const double now = WallNow();
-  running_.erase(attempt.job);
+  StateStore::Transaction transaction(*store_);
   store_->EndAttempt(attempt.job, attempt.attempt, "succeeded", now);
   store_->SetState(attempt.job, JobState::kSucceeded, "");
   store_->AddEvent(attempt.job, "attempt " + std::to_string(attempt.attempt) + " succeeded", now);
+  transaction.Commit();
+  running_.erase(attempt.job);
   WriteEpochFiles(attempt.job);  // again: a crash may have come between a row's commit and its file
   const std::string dir = JobRunsDir(attempt.job) + "/attempt-" + std::to_string(attempt.attempt);
   try {
@@ -408,36 +441,36 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   auto it = running_.find(id);
   if (it == running_.end()) return;
   const RunningAttempt attempt = it->second;
-  running_.erase(it);
   const double now = WallNow();
-  StopRanks(attempt, "attempt ended: " + reason);
   const bool free = retry == Retry::kFree;
   const std::string what =
       "attempt " + std::to_string(attempt.attempt) + (free ? " interrupted: " : " failed: ") + reason;
+  StateStore::Transaction transaction(*store_);
   store_->EndAttempt(id, attempt.attempt, (free ? "interrupted: " : "failed: ") + reason, now);
   const JobRecord job = *store_->Find(id);
   int restarts_used = 0;  // failed attempts after the first; interrupted ones are free
   for (const AttemptRecord& a : store_->Attempts(id)) restarts_used += a.outcome.rfind("failed", 0) == 0;
   restarts_used = std::max(0, restarts_used - 1);
   const bool counted_retry_left = retry == Retry::kCounted && restarts_used < job.max_restarts;
+  std::string event;
   if (free || counted_retry_left) {
     const double backoff = free ? 0 : std::min(60.0, options_.restart_backoff_s * std::pow(2.0, restarts_used));
     store_->Requeue(id, what, now + backoff);
-    store_->AddEvent(id,
-                     what + "; requeued to resume from its last checkpoint" +
-                         (free ? " (not counted as a restart)"
-                               : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
-                                     std::to_string(job.max_restarts) + ")"),
-                     now);
-    spdlog::warn("job {}: {}; requeued", id, what);
+    event = what + "; requeued to resume from its last checkpoint" +
+            (free ? " (not counted as a restart)"
+                  : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
+                        std::to_string(job.max_restarts) + ")");
   } else {
-    const std::string final_reason = what + (retry == Retry::kNever ? " (not retried: the input is at fault)"
-                                                                    : " (no restarts left: resources.max_restarts is " +
-                                                                          std::to_string(job.max_restarts) + ")");
-    store_->SetState(id, JobState::kFailed, final_reason);
-    store_->AddEvent(id, final_reason, now);
-    spdlog::warn("job {} failed: {}", id, final_reason);
+    event = what + (retry == Retry::kNever
+                        ? " (not retried: the input is at fault)"
+                        : " (no restarts left: resources.max_restarts is " + std::to_string(job.max_restarts) + ")");
+    store_->SetState(id, JobState::kFailed, event);
   }
+  store_->AddEvent(id, event, now);
+  transaction.Commit();  // the outcome is durable before anyone is told
+  running_.erase(id);
+  StopRanks(attempt, "attempt ended: " + reason);
+  spdlog::warn("job {}: {}", id, event);
   schedule_due_ = true;
 }
 

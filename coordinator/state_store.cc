@@ -93,6 +93,7 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
       for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
       Open(path);
     }
+    CheckWritable(path);
     CreateSchema();
   } catch (...) {
     sqlite3_close(db_);  // no destructor runs for a constructor that throws
@@ -117,6 +118,36 @@ void StateStore::CheckIntegrity(const std::string& path) const {
   } catch (const StoreError& e) {
     throw StoreError(path + ": the state database is corrupt (" + e.what() +
                      "); restore it, or start with --fresh to set it aside and begin empty");
+  }
+}
+
+StateStore::Transaction::Transaction(StateStore& store) : store_(store) {
+  if (store_.transaction_depth_ == 0) store_.Exec("BEGIN IMMEDIATE");
+  ++store_.transaction_depth_;
+}
+
+StateStore::Transaction::~Transaction() {
+  if (done_) return;
+  if (--store_.transaction_depth_ > 0) return;
+  char* error = nullptr;  // no throwing from a destructor: a failed rollback leaves SQLite's own
+  sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, &error);
+  sqlite3_free(error);
+}
+
+void StateStore::Transaction::Commit() {
+  if (done_) return;
+  if (store_.transaction_depth_ == 1) store_.Exec("COMMIT");  // throws: the destructor rolls back
+  done_ = true;
+  --store_.transaction_depth_;
+}
+
+void StateStore::CheckWritable(const std::string& path) const {
+  try {
+    Exec("BEGIN IMMEDIATE; PRAGMA user_version = 1; COMMIT;");
+  } catch (const StoreError& e) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw StoreError(path + ": the state database cannot be written (" + e.what() +
+                     "); check the file's and its folder's permissions");
   }
 }
 
@@ -202,21 +233,16 @@ void StateStore::SetState(int64_t id, JobState state, const std::string& reason)
 }
 
 int StateStore::StartAttempt(int64_t id, const std::string& placement, double now) {
-  Exec("BEGIN IMMEDIATE");
-  try {
-    Statement bump(db_, "UPDATE jobs SET attempts = attempts + 1, state = 'RUNNING' WHERE id = ?");
-    bump.Bind(1, id);
-    bump.Step();
-    const int attempt = Find(id)->attempts;
-    Statement insert(db_, "INSERT INTO attempts(job, attempt, placement, started_at) VALUES(?, ?, ?, ?)");
-    insert.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, placement).Bind(4, now);
-    insert.Step();
-    Exec("COMMIT");
-    return attempt;
-  } catch (...) {
-    Exec("ROLLBACK");
-    throw;
-  }
+  Transaction transaction(*this);
+  Statement bump(db_, "UPDATE jobs SET attempts = attempts + 1, state = 'RUNNING' WHERE id = ?");
+  bump.Bind(1, id);
+  bump.Step();
+  const int attempt = Find(id)->attempts;
+  Statement insert(db_, "INSERT INTO attempts(job, attempt, placement, started_at) VALUES(?, ?, ?, ?)");
+  insert.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, placement).Bind(4, now);
+  insert.Step();
+  transaction.Commit();
+  return attempt;
 }
 
 void StateStore::EndAttempt(int64_t id, int attempt, const std::string& outcome, double now) {

@@ -1,6 +1,8 @@
 // The coordinator's durable state in SQLite (WAL mode): jobs, attempts, events and
 // epoch rows. Every mutating call commits before it returns, so what the coordinator
-// acknowledges survives a crash. Not thread-safe: the coordinator's loop thread owns it.
+// acknowledges survives a crash, unless a Transaction is open: then the calls made
+// under it commit together, once, or not at all. Not thread-safe: the coordinator's
+// loop thread owns it.
 #pragma once
 
 #include <sqlite3.h>
@@ -55,11 +57,27 @@ class StateStore {
  public:
   // Opens or creates the database. A database failing `PRAGMA integrity_check` is
   // refused with a StoreError, unless `start_fresh`, which moves it aside to
-  // "<path>.corrupt" and starts empty.
+  // "<path>.corrupt" and starts empty. So is one that cannot be written.
   StateStore(const std::string& path, bool start_fresh);
   ~StateStore();
   StateStore(const StateStore&) = delete;
   StateStore& operator=(const StateStore&) = delete;
+
+  // One state change as one commit: BEGIN IMMEDIATE when made, COMMIT at Commit(), and
+  // ROLLBACK when destroyed without it (an exception on the way). Transactions nest:
+  // only the outermost one begins and commits. REQUIRES: the store outlives it.
+  class Transaction {
+   public:
+    explicit Transaction(StateStore& store);
+    ~Transaction();
+    Transaction(const Transaction&) = delete;
+    Transaction& operator=(const Transaction&) = delete;
+    void Commit();
+
+   private:
+    StateStore& store_;
+    bool done_ = false;
+  };
 
   // Inserts a queued job, or returns the existing one with the same idempotency key.
   // `*created` tells which.
@@ -89,9 +107,13 @@ class StateStore {
   void Exec(const std::string& sql) const;
   void Open(const std::string& path);
   void CheckIntegrity(const std::string& path) const;
+  // Throws StoreError unless the database can be written (a read-only file, or a
+  // folder the journal cannot be created in): found at start, not at the first change.
+  void CheckWritable(const std::string& path) const;
   void CreateSchema();
 
   sqlite3* db_ = nullptr;
+  int transaction_depth_ = 0;
 };
 
 }  // namespace trainyard

@@ -7,11 +7,20 @@
   - cancel of a queued job;
   - an unreachable coordinator is a clear error (exit 1) after the retries, not a hang,
     and a malformed endpoint is bad input (exit 2);
-  - a corrupt state database is refused (exit 2) unless --fresh."""
+  - a corrupt state database is refused (exit 2) unless --fresh; so are a read-only
+    state database and a --runs folder that cannot be created;
+  - a job left RUNNING without an open attempt (a kill between two writes of an older
+    version) is requeued at start;
+  - an oversized job file, and one with too many YAML nodes, are refused at once with
+    the reason, and the daemon answers other requests meanwhile;
+  - jobctl refuses bad options (a NaN or negative --timeout, job id 0) with exit 2,
+    says "message too large" when the coordinator drops an oversized request, and
+    `logs -f` of a failed job ends with its state and reason, exit 1."""
 import argparse
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,6 +41,111 @@ class Daemon:
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=10)
+
+
+def make_read_only(path):
+    """chmod is not enough for root, who ignores it: use the immutable attribute then."""
+    os.chmod(path, 0o444)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", path], check=True)
+
+
+def undo_read_only(path):
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", path], check=True)
+    os.chmod(path, 0o644)
+
+
+def startup_checks(a, work, checks):
+    def start(*extra):
+        return subprocess.run([a.coordinator, "--listen", f"tcp://127.0.0.1:{free_port()}", *extra],
+                              capture_output=True, text=True, timeout=10)
+
+    blocker = os.path.join(work, "a-file")
+    open(blocker, "w").write("not a folder\n")
+    bad_runs = start("--state", os.path.join(work, "ok.db"), "--runs", os.path.join(blocker, "runs"))
+    print("unusable --runs:", bad_runs.stderr.strip())
+    checks["a --runs folder that cannot be made is exit 2 at start"] = (
+        bad_runs.returncode == 2 and "--runs" in bad_runs.stderr and "cannot be used" in bad_runs.stderr)
+    read_only = os.path.join(work, "read-only.db")
+    sqlite3.connect(read_only).execute("PRAGMA user_version = 7").connection.commit()
+    make_read_only(read_only)
+    try:
+        refused = start("--state", read_only, "--runs", os.path.join(work, "runs"))
+    finally:
+        undo_read_only(read_only)
+    print("read-only state:", refused.stderr.strip())
+    checks["a read-only state database is exit 2 at start"] = (
+        refused.returncode == 2 and "cannot be written" in refused.stderr and read_only in refused.stderr)
+
+
+def sweep_check(a, work, endpoint, port, jobctl, checks):
+    state = os.path.join(work, "sweep.db")
+    daemon = Daemon(a.coordinator, state, port)
+    job_id = json.loads(jobctl("--json", "submit", os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")).stdout)[
+        "job_id"]
+    daemon.kill(signal.SIGTERM)
+    with sqlite3.connect(state) as db:  # what a kill between two writes of an attempt used to leave
+        db.execute("UPDATE jobs SET state = 'RUNNING', attempts = 1 WHERE id = ?", (job_id,))
+    daemon = Daemon(a.coordinator, state, port)
+    status = json.loads(jobctl("--json", "status", str(job_id)).stdout)
+    daemon.kill(signal.SIGTERM)
+    print("swept:", status["state"], status["events"][-1])
+    checks["RUNNING without an open attempt is requeued at start"] = (
+        status["state"] == "QUEUED" and "without an open attempt" in status["events"][-1])
+
+
+def submission_caps(a, work, endpoint, port, jobctl, listing, checks):
+    daemon = Daemon(a.coordinator, os.path.join(work, "caps.db"), port)
+    huge = os.path.join(work, "huge.yaml")
+    with open(huge, "w") as f:
+        f.write("name: huge\ndata:\n  train:\n")
+        f.write("    - x\n" * (4 << 20 >> 3))  # 4 MiB: under the message cap, over the submission cap
+    many = os.path.join(work, "many.yaml")
+    with open(many, "w") as f:
+        f.write("name: many\nmodel:\n  preset: [" + ",".join(["1"] * 50000) + "]\n")  # 100 kB, 50,000 nodes
+    start = time.time()
+    too_big, too_many = jobctl("submit", huge), jobctl("submit", many)
+    elapsed = time.time() - start
+    print("huge:", too_big.stderr.strip()[:160])
+    print("many nodes:", too_many.stderr.strip()[:160], f"({elapsed:.2f} s for both)")
+    checks["an oversized job file is refused with its size"] = (
+        too_big.returncode == 2 and "bytes; at most 1048576 are accepted" in too_big.stderr)
+    checks["a job file with too many YAML nodes is refused before parsing"] = (
+        too_many.returncode == 2 and "more than 10000 YAML nodes" in too_many.stderr and elapsed < 10)
+    checks["refused submissions write no row"] = listing() == []
+    daemon.kill(signal.SIGTERM)
+
+
+def jobctl_checks(a, work, endpoint, port, jobctl, checks):
+    bad = {"nan timeout": ["--timeout", "nan", "list"], "negative timeout": ["--timeout", "-1", "list"],
+           "job id 0": ["status", "0"], "zero retries": ["--retries", "0", "list"]}
+    codes = {name: subprocess.run([a.jobctl, "--coordinator", endpoint, *args], capture_output=True, text=True,
+                                  timeout=10).returncode for name, args in bad.items()}
+    print("bad jobctl options:", codes)
+    checks["jobctl refuses bad options with exit 2"] = set(codes.values()) == {2}
+
+    state = os.path.join(work, "small.db")
+    daemon = Daemon(a.coordinator, state, port, "--max-message-bytes", "8192")
+    job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
+    padded = os.path.join(work, "padded.yaml")
+    open(padded, "w").write(open(job).read().replace("../../data", os.path.join(SOURCE, "data")) +
+                            "# padding\n" * 600)
+    too_large = jobctl("submit", padded)
+    print("oversized request:", too_large.stderr.strip().splitlines()[-1])
+    checks["an oversized request says 'message too large'"] = (
+        too_large.returncode == 2 and "message too large" in too_large.stderr)
+    job_id = json.loads(jobctl("--json", "submit", job).stdout)["job_id"]
+    daemon.kill(signal.SIGTERM)
+    with sqlite3.connect(state) as db:
+        db.execute("UPDATE jobs SET state = 'FAILED', reason = 'rank 1 of world w failed: boom' WHERE id = ?",
+                   (job_id,))
+    daemon = Daemon(a.coordinator, state, port)
+    follow = jobctl("logs", "-f", str(job_id))
+    print("logs -f of a failed job:", follow.returncode, follow.stderr.strip())
+    checks["logs -f of a failed job ends with its state, exit 1"] = (
+        follow.returncode == 1 and f"job {job_id} FAILED: rank 1 of world w failed: boom" in follow.stderr)
+    daemon.kill(signal.SIGTERM)
 
 
 def main():
@@ -106,6 +220,11 @@ def main():
         checks["corrupt database refused unless --fresh"] = (
             refused.returncode == 2 and "corrupt" in refused.stderr and listing() == [])
         fresh.kill(signal.SIGTERM)
+
+        startup_checks(a, work, checks)
+        sweep_check(a, work, endpoint, port, jobctl, checks)
+        submission_caps(a, work, endpoint, port, jobctl, listing, checks)
+        jobctl_checks(a, work, endpoint, port, jobctl, checks)
 
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")

@@ -15,6 +15,10 @@ Cases:
   cancel            cancelling a running job frees its ranks within a few seconds, and
                     the queued job then starts and succeeds; a job running when its pool
                     is stopped is requeued, not failed;
+  pause             the coordinator is stopped (SIGSTOP) for 12 s, over twice the time
+                    after which a silent rank counts as lost, while a job runs; after
+                    SIGCONT the job goes on and succeeds as attempt 1: the coordinator
+                    does not blame workers for its own deafness;
   gpu               a 2-rank pool on one GPU (labelled gpu; exit 77 without one) runs a
                     CUDA job end to end over the MPI backend, and its losses equal a
                     standalone run's."""
@@ -260,6 +264,19 @@ def case_cancel(c, work):
     print(f"cancel: a pool stopped under a running job requeued it: {job['reason']}")
 
 
+def case_pause(c, work):
+    c.start(2)
+    job = c.submit(write_job(work, "paused", epochs=6))
+    wait_for(lambda: c.epochs_done(job) >= 1, 120, "the first epoch")
+    c.coordinator.send_signal(signal.SIGSTOP)
+    time.sleep(12)  # --heartbeat 0.5 x --liveness 10 = 5 s of silence makes a rank lost
+    c.coordinator.send_signal(signal.SIGCONT)
+    final = c.wait_state(job, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
+    assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
+    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 7))
+    print("pause: a coordinator stopped for 12 s (liveness window 5 s) resumed, and the job succeeded as attempt 1")
+
+
 def case_gpu(c, work):
     e2e_common.require_cuda()
     c.start(2)
@@ -282,7 +299,7 @@ def main():
     p = argparse.ArgumentParser()
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel", "gpu"])
+    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel", "pause", "gpu"])
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         c = Cluster(a, work)

@@ -204,6 +204,38 @@ TEST_F(ServerTest, OversizedMessageIsRefusedAndOthersAreStillServed) {
   EXPECT_TRUE(ok->has_jobs());
 }
 
+// Submissions are checked on another thread against the size, node and depth caps, so
+// the loop answers others meanwhile, and a refused one writes nothing.
+TEST_F(ServerTest, OversizedAndNodeHeavySubmissionsAreRefusedWithoutStallingTheLoop) {
+  Stop();
+  options_.max_message_bytes = 4 << 20;
+  options_.submit_budget.max_bytes = 256 << 10;
+  Start();
+  zmq::socket_t s = Connect();
+  auto submit = [&](const std::string& yaml) {
+    wire::Envelope e;
+    e.set_version(kProtocolVersion);
+    e.mutable_submit()->set_yaml(yaml), e.mutable_submit()->set_source("job.yaml");
+    return Send(s, {e.SerializeAsString()});
+  };
+  std::string flat_list = "name: x\ndata: [";
+  for (int i = 0; i < 60000; ++i) flat_list += "1,";
+  flat_list += "1]\n";
+  std::string deep = "name: x\ndata: " + std::string(100, '[') + std::string(100, ']') + "\n";
+  const auto started = std::chrono::steady_clock::now();
+  auto big = submit("name: x\n#" + std::string(512 << 10, 'x') + "\n");
+  auto many = submit(flat_list);
+  auto nested = submit(deep);
+  ASSERT_TRUE(big && big->has_error() && many && many->has_error() && nested && nested->has_error());
+  EXPECT_NE(big->error().message().find("at most 262144 are accepted"), std::string::npos) << big->error().message();
+  EXPECT_NE(many->error().message().find("more than 10000 YAML nodes"), std::string::npos) << many->error().message();
+  EXPECT_NE(nested->error().message().find("nested deeper than 32"), std::string::npos) << nested->error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  auto list = Send(s, {ListRequest()});
+  ASSERT_TRUE(list && list->has_jobs());
+  EXPECT_EQ(list->jobs().jobs_size(), 0);
+}
+
 TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
   zmq::socket_t s = Connect();
   wire::Envelope e;

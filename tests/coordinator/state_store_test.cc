@@ -31,6 +31,34 @@ class StateStoreTest : public ::testing::Test {
   std::string path_;
 };
 
+TEST_F(StateStoreTest, TransactionCommitsTogetherOrRollsBackOnAnException) {
+  StateStore store(path_, false);
+  bool created = false;
+  const int64_t id = store.Submit(Job("a"), 1.0, &created).id;
+  try {
+    StateStore::Transaction transaction(store);
+    const int attempt = store.StartAttempt(id, "w:0,1", 2.0);  // nested: commits with the outer one
+    store.EndAttempt(id, attempt, "failed: boom", 3.0);
+    store.AddEvent(id, "attempt 1 failed", 3.0);
+    throw std::runtime_error("killed between the writes");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(store.Find(id)->state, JobState::kQueued);
+  EXPECT_EQ(store.Find(id)->attempts, 0);
+  EXPECT_TRUE(store.Attempts(id).empty());
+  EXPECT_TRUE(store.Events(id).empty());
+  {
+    StateStore::Transaction transaction(store);
+    store.EndAttempt(id, store.StartAttempt(id, "w:0,1", 2.0), "succeeded", 4.0);
+    store.SetState(id, JobState::kSucceeded, "");
+    transaction.Commit();
+  }
+  StateStore reopened(path_, false);
+  EXPECT_EQ(reopened.Find(id)->state, JobState::kSucceeded);
+  ASSERT_EQ(reopened.Attempts(id).size(), 1u);
+  EXPECT_EQ(reopened.Attempts(id)[0].outcome, "succeeded");
+}
+
 TEST_F(StateStoreTest, UsesWalAndKeepsJobsAcrossReopen) {
   {
     StateStore store(path_, false);
