@@ -24,6 +24,7 @@
 #include "common/csv.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/yaml_budget.h"
+#include "proto/curve_keys.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -37,6 +38,9 @@ struct Options {
   double timeout_s = 2.5;
   int retries = 3;
   bool json = false;
+  std::string keys_dir = trainyard::DefaultKeyDir();
+  bool insecure = false;
+  trainyard::PeerKeys keys;  // loaded from keys_dir unless insecure
 };
 
 class Unreachable : public std::runtime_error {
@@ -51,32 +55,36 @@ class Rejected : public std::runtime_error {
   int code;
 };
 
-// Watches a socket for the peer dropping its connection, which is how ZeroMQ answers a
-// message over ZMQ_MAXMSGSIZE: the coordinator closes the session without a reply.
-class DisconnectWatch {
+// Watches a socket for what ZeroMQ does not report through the socket itself: the
+// peer dropping the connection (its answer to a message over ZMQ_MAXMSGSIZE) and a
+// CURVE handshake the coordinator refused (a key not on its allowlist).
+class ConnectionWatch {
  public:
-  DisconnectWatch(zmq::context_t& context, zmq::socket_t& socket, int serial)
+  ConnectionWatch(zmq::context_t& context, zmq::socket_t& socket, int serial)
       : events_(context, zmq::socket_type::pair) {
     const std::string endpoint = "inproc://jobctl-monitor-" + std::to_string(serial);
-    if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) throw zmq::error_t();
+    if (zmq_socket_monitor(socket.handle(), endpoint.c_str(),
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+      throw zmq::error_t();
     events_.set(zmq::sockopt::linger, 0);
     events_.connect(endpoint);
   }
-  bool Disconnected() {
+  // The events seen so far, OR-ed.
+  int Seen() {
     zmq::message_t event;
-    bool seen = false;
     while (events_.recv(event, zmq::recv_flags::dontwait)) {
-      if (event.size() >= 2 && (static_cast<const uint8_t*>(event.data())[0] |
-                                static_cast<const uint8_t*>(event.data())[1] << 8) == ZMQ_EVENT_DISCONNECTED)
-        seen = true;
+      if (event.size() >= 2)
+        seen_ |= static_cast<const uint8_t*>(event.data())[0] | static_cast<const uint8_t*>(event.data())[1] << 8;
       zmq::message_t address;  // each event is two frames: the event, then the endpoint
       (void)events_.recv(address, zmq::recv_flags::dontwait);
     }
-    return seen;
+    return seen_;
   }
 
  private:
   zmq::socket_t events_;
+  int seen_ = 0;
 };
 
 // One request, one reply, with Lazy Pirate retries.
@@ -88,7 +96,8 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::maxmsgsize, int64_t(256) << 20);
-    DisconnectWatch watch(context, socket, attempt);
+    ConnectionWatch watch(context, socket, attempt);
+    if (!o.insecure) trainyard::MakeCurveClient(socket, o.keys);
     try {
       socket.connect(o.coordinator);
     } catch (const zmq::error_t& e) {
@@ -106,7 +115,14 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
         throw std::runtime_error("the coordinator's reply does not parse");
       return envelope;
     }
-    if (watch.Disconnected())  // a connection that was made and then dropped: not a missing daemon
+    const int seen = watch.Seen();
+    if (seen & ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      throw Rejected(2, "the coordinator refused this client key (" + o.keys_dir +
+                            "/client.key): its public key is not on the coordinator's clients.allow");
+    if (seen & (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+      throw Rejected(2, "the secure handshake with " + o.coordinator +
+                            " failed: is it the coordinator of these keys, and do both sides agree on --insecure?");
+    if (seen & ZMQ_EVENT_DISCONNECTED)  // a connection that was made and then dropped: not a missing daemon
       throw Rejected(2, "message too large: the coordinator closed the connection after a request of " +
                             std::to_string(bytes.size()) +
                             " bytes (a coordinator accepts at most its --max-message-bytes, 16 MiB by default)");
@@ -356,6 +372,10 @@ int Main(int argc, char** argv) {
       ->check(FiniteRange(0.01, 3600.0));
   app.add_option("--retries", o.retries, "tries before giving up, 1 to 100 (default 3)")->check(CLI::Range(1, 100));
   app.add_flag("--json", o.json, "machine-readable output");
+  app.add_option("--keys", o.keys_dir,
+                 "key folder made by `coordinator --init` (client.key, coordinator.pub); default $TRAINYARD_KEYS,\n"
+                 "else ./keys");
+  app.add_flag("--insecure", o.insecure, "development only: talk to a coordinator started with --insecure");
   app.require_subcommand(1);
   std::string job_file, key;
   int64_t id = 0;
@@ -389,6 +409,7 @@ int Main(int argc, char** argv) {
   }
   const std::string command = app.get_subcommands().front()->get_name();
   try {
+    if (!o.insecure) o.keys = trainyard::LoadPeerKeys(o.keys_dir, trainyard::WireRole::kClient);
     if (command == "submit") return Submit(o, job_file, key);
     if (command == "logs") return Logs(o, id, follow);
     if (command == "report") return Report(o, id);
@@ -396,6 +417,9 @@ int Main(int argc, char** argv) {
     return Show(o, command, id);
   } catch (const trainyard::SpecError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const trainyard::KeyError& e) {
+    std::fprintf(stderr, "error: %s (or --insecure, if the coordinator runs with it)\n", e.what());
     return 2;
   } catch (const Rejected& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

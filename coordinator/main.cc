@@ -1,11 +1,14 @@
 // coordinator: the Trainyard daemon. Queues jobs durably in SQLite, answers jobctl, and
 // gang-schedules them onto registered worker ranks.
-// Exit codes: 0 after SIGINT/SIGTERM, 2 for bad options, a corrupt or read-only state
-// database, or a runs folder that cannot be written.
+// Exit codes: 0 after SIGINT/SIGTERM (and after --init), 2 for bad options, missing or
+// unusable keys, a corrupt or read-only state database, or a runs folder that cannot be
+// written.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
 
 #include "coordinator/server.h"
 
@@ -14,10 +17,28 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
+int InitKeys(const std::string& dir) {
+  try {
+    trainyard::InitKeyDir(dir);
+  } catch (const trainyard::KeyError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  std::printf(
+      "keys made in %s\n"
+      "  workers:  mpirun -n N worker --coordinator ENDPOINT --keys %s\n"
+      "  jobctl:   jobctl --keys %s ...   (or export TRAINYARD_KEYS=%s)\n"
+      "Copy the folder only to hosts and users you trust: worker.key lets a process act as a worker rank,\n"
+      "client.key lets it submit and cancel jobs.\n",
+      dir.c_str(), dir.c_str(), dir.c_str(), dir.c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
-      "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT\n"
+      "Once: coordinator --init (makes the CURVE keys in keys/ beside the state file).\n"
+      "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT --keys KEYS\n"
       "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
       "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/."};
   trainyard::ServerOptions o;
@@ -27,6 +48,16 @@ int Main(int argc, char** argv) {
                  "folder for <job id>/ (default runs); workers write checkpoints there too, so it must be\n"
                  "reachable at the same path from every worker host");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
+  bool init = false, keys_given = false;
+  app.add_flag("--init", init,
+               "make the CURVE keys in the --keys folder (0700, secrets 0600) and exit; workers and jobctl\n"
+               "use the same folder (their --keys, or $TRAINYARD_KEYS)");
+  auto* keys = app.add_option("--keys", o.keys_dir,
+                              "key folder: coordinator.key, workers.allow, clients.allow (default: $TRAINYARD_KEYS,\n"
+                              "else keys/ beside the --state file)");
+  app.add_flag("--insecure", o.insecure,
+               "development only: no encryption and no authentication; anyone who can reach --listen can\n"
+               "submit jobs and forge worker messages");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
   app.add_option("--max-submit-bytes", o.submit_budget.max_bytes,
@@ -47,6 +78,12 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  keys_given = keys->count() > 0;
+  const char* env_keys = std::getenv("TRAINYARD_KEYS");
+  if (!keys_given && env_keys && *env_keys) o.keys_dir = env_keys;
+  if (!keys_given && !(env_keys && *env_keys))
+    o.keys_dir = (std::filesystem::path(o.state_path).parent_path() / "keys").string();
+  if (init) return InitKeys(o.keys_dir);
   spdlog::set_pattern("[%H:%M:%S] %v");
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -59,6 +96,9 @@ int Main(int argc, char** argv) {
     return 0;
   } catch (const trainyard::StoreError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const trainyard::KeyError& e) {
+    std::fprintf(stderr, "error: %s (or run with --insecure, for development only)\n", e.what());
     return 2;
   } catch (const trainyard::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

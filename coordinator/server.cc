@@ -44,6 +44,16 @@ Server::Server(ServerOptions options)
       socket_(context_, zmq::socket_type::router) {
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
   CheckRunsDir();
+  if (options_.insecure) {
+    spdlog::warn(
+        "INSECURE MODE (--insecure): no encryption and no authentication; anyone who can reach {} can submit "
+        "jobs and forge worker messages. For development only.",
+        options_.listen);
+  } else {
+    ServerKeys keys = LoadServerKeys(options_.keys_dir);
+    MakeCurveServer(socket_, keys);
+    zap_ = std::make_unique<ZapHandler>(context_, std::move(keys));
+  }
   socket_.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::router_mandatory, 0);
@@ -141,12 +151,34 @@ void Server::ReceiveOne() {
                                " is not supported (this coordinator speaks " + std::to_string(kProtocolVersion) + ")"));
     return;
   }
+  const char* role = zmq_msg_gets(frames[1].handle(), "User-Id");  // set by the ZAP handler
+  const std::string refusal = RoleRefusal(role ? role : "", request);
+  if (!refusal.empty()) {
+    Refuse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()), refusal);
+    return;
+  }
   try {
     if (auto reply = Dispatch(frames[0], request)) Reply(frames[0], *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
     spdlog::error("request failed: {}", e.what());
     Reply(frames[0], ErrorEnvelope(1, e.what()));
   }
+}
+
+std::string Server::RoleRefusal(const std::string& role, const wire::Envelope& request) const {
+  if (options_.insecure) return "";
+  const bool worker_message = request.has_register_() || request.has_heartbeat() || request.has_epoch() ||
+                              request.has_result() || request.has_rank_exit();
+  const char* needed = ToString(worker_message ? WireRole::kWorker : WireRole::kClient);
+  if (role == needed) return "";
+  return "a " + (role.empty() ? std::string("key without a role") : role + " key") + " cannot send " +
+         (worker_message ? "worker messages" : "client requests");
+}
+
+void Server::Refuse(const std::string& identity, const std::string& why) {
+  ++refused_messages_;
+  spdlog::warn("refused a message: {}; {} refused so far", why, refused_messages_);
+  Send(identity, ErrorEnvelope(2, "refused: " + why));
 }
 
 void Server::Reply(const zmq::message_t& identity, const wire::Envelope& reply) {

@@ -1,6 +1,13 @@
 // The coordinator daemon: one ZeroMQ ROUTER socket serving jobctl and worker ranks
 // with protobuf Envelopes, over the SQLite state store.
 //
+// Who may say what (proto/curve_keys.h): the socket is a CURVE server, and the ZAP
+// handler admits only allowed keys, tagged worker or client. Client requests need the
+// client role and worker messages the worker role; a worker message also needs the
+// rank token its (world, rank) registered with, and results, epoch reports and exits
+// count only from a rank of that attempt. Everything else is refused with an error
+// reply and changes nothing. `insecure` turns all of this off, loudly.
+//
 // One thread owns the socket, the store, the worker registry and every running
 // attempt. A frame that does not parse is counted and dropped, with an ErrorReply
 // where the sender is known; no input can end the loop. Messages over
@@ -47,6 +54,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
 #include "coordinator/submit_parser.h"
+#include "coordinator/zap_handler.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -58,11 +66,13 @@ struct ServerOptions {
   std::string runs_dir = "runs";
   bool fresh = false;
   int64_t max_message_bytes = 16 << 20;
-  double heartbeat_s = 1.0;      // pulse period, and the period workers are expected to keep
-  int liveness = 3;              // heartbeats a rank may miss before it is gone
-  double grace_s = 30;           // for ranks to start an assignment, or to come back after a restart
-  double restart_backoff_s = 2;  // before retry k: backoff * 2^(k-1), at most 60 s
-  YamlBudget submit_budget;      // size, node and depth caps of a submitted job file
+  double heartbeat_s = 1.0;       // pulse period, and the period workers are expected to keep
+  int liveness = 3;               // heartbeats a rank may miss before it is gone
+  double grace_s = 30;            // for ranks to start an assignment, or to come back after a restart
+  double restart_backoff_s = 2;   // before retry k: backoff * 2^(k-1), at most 60 s
+  std::string keys_dir = "keys";  // coordinator.key, workers.allow, clients.allow
+  bool insecure = false;          // no CURVE, no roles: development only
+  YamlBudget submit_budget;       // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
 };
 
@@ -75,7 +85,8 @@ class ConfigError : public std::runtime_error {
 // A registered worker rank, as its own messages describe it.
 struct RankEntry {
   wire::RankInfo info;
-  std::string identity;  // ZeroMQ routing id of its latest message
+  std::string token;     // the rank token it registered with
+  std::string identity;  // ZeroMQ routing id of its latest authenticated message
   double last_seen = 0;  // on the listening clock (Note [Listening time])
   int64_t job = 0;       // what its latest heartbeat says it runs; 0: idle
   int attempt = 0;
@@ -105,6 +116,8 @@ class Server {
   // Serves until `stop` becomes true (checked every 100 ms).
   void Run(const std::atomic<bool>& stop);
   int64_t bad_frames() const { return bad_frames_; }
+  // Messages refused for their sender: a wrong role, token or attempt.
+  int64_t refused_messages() const { return refused_messages_; }
   std::string endpoint() const;
 
  private:
@@ -118,6 +131,14 @@ class Server {
   void RequeueRunningWithoutAttempt();
   // nullopt: the message needs no reply (worker traffic answers itself).
   std::optional<wire::Envelope> Dispatch(const zmq::message_t& identity, const wire::Envelope& request);
+  // Why `role` (the ZAP user id; empty without CURVE) may not send `request`, or "".
+  std::string RoleRefusal(const std::string& role, const wire::Envelope& request) const;
+  // The registered rank (world, rank) if `token` is its token; otherwise null, with the
+  // refusal counted and answered.
+  RankEntry* Authenticated(const std::string& identity, const std::string& world, int rank, const std::string& token,
+                           const char* what);
+  void Refuse(const std::string& identity, const std::string& why);
+  void ForgetWorldIfEmpty(const std::string& world);
   wire::Envelope Handle(const wire::Envelope& request);
   std::optional<wire::Envelope> Submit(const std::string& identity, const wire::SubmitRequest& request);
   wire::Envelope List();
@@ -167,8 +188,10 @@ class Server {
   zmq::context_t context_;
   zmq::socket_t socket_;
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
-  int64_t bad_frames_ = 0;
-  double listened_ = 0, last_wake_ = 0;  // Note [Listening time]
+  std::unique_ptr<ZapHandler> zap_;       // null when insecure
+  int64_t bad_frames_ = 0, refused_messages_ = 0;
+  std::map<std::string, std::string> world_tokens_;  // world id -> its token, while it has ranks
+  double listened_ = 0, last_wake_ = 0;              // Note [Listening time]
   std::map<RankKey, RankEntry> ranks_;
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;

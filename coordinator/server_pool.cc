@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -40,6 +41,10 @@ bool ParsePlacement(const std::string& text, std::string* world, std::vector<int
   }
   return !ranks->empty();
 }
+
+// Tokens are 32 hex digits (128 bits); anything shorter is refused, so an empty or
+// guessable token can never bind a slot.
+bool PlausibleToken(const std::string& token) { return token.size() >= 32 && token.size() <= 128; }
 
 std::string SignalName(int signal) {
   const char* abbrev = sigabbrev_np(signal);
@@ -140,24 +145,50 @@ void Server::NoteAdoption(RunningAttempt* attempt, int world_rank) {
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
 }
 
+RankEntry* Server::Authenticated(const std::string& identity, const std::string& world, int rank,
+                                 const std::string& token, const char* what) {
+  auto it = ranks_.find({world, rank});
+  if (it != ranks_.end() && !token.empty() && it->second.token == token) return &it->second;
+  Refuse(identity, std::string(what) + " for rank " + std::to_string(rank) + " of world " + world + " " +
+                       (it == ranks_.end() ? "which is not registered" : "with a token that is not its own"));
+  return nullptr;
+}
+
+void Server::ForgetWorldIfEmpty(const std::string& world) {
+  auto next = ranks_.lower_bound({world, std::numeric_limits<int>::min()});
+  if (next == ranks_.end() || next->first.first != world) world_tokens_.erase(world);
+}
+
 void Server::OnRegister(const std::string& identity, const wire::Register& message) {
-  if (message.rank().world().empty() || message.rank().rank() < 0 ||
-      message.rank().rank() >= std::max(1, message.rank().world_size())) {
+  const wire::RankInfo& rank = message.rank();
+  if (rank.world().empty() || rank.world().size() > 256 || rank.rank() < 0 ||
+      rank.rank() >= std::max(1, rank.world_size())) {
     ++bad_frames_;
     Send(identity, ErrorEnvelope(2, "a registration needs a world id and a rank below the world size"));
     return;
   }
-  const RankKey key{message.rank().world(), message.rank().rank()};
-  const bool known = ranks_.count(key) > 0;
+  if (!PlausibleToken(message.world_token()) || !PlausibleToken(message.rank_token()))
+    return Refuse(identity, "a registration needs a world token and a rank token of 32 or more characters");
+  const RankKey key{rank.world(), rank.rank()};
+  auto world = world_tokens_.find(key.first);
+  if (world != world_tokens_.end() && world->second != message.world_token())
+    return Refuse(identity, "world " + key.first + " is registered with another world token");
+  auto held = ranks_.find(key);
+  const double limit = options_.heartbeat_s * options_.liveness;
+  if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)
+    return Refuse(identity, DescribeRank(key) + " is held by a live process; a registration cannot take its slot");
+  world_tokens_[key.first] = message.world_token();
+  const bool known = held != ranks_.end() && held->second.token == message.rank_token();
   RankEntry& entry = ranks_[key];
-  entry.info = message.rank(), entry.identity = identity, entry.last_seen = listened_;
+  entry.info = rank, entry.token = message.rank_token(), entry.identity = identity, entry.last_seen = listened_;
   entry.job = message.job_id(), entry.attempt = message.attempt();
   if (!known)
     spdlog::info("worker rank {} of world {} registered ({} on {}, pid {}{})", key.second, key.first,
                  entry.info.device(), entry.info.host(), entry.info.pid(),
                  entry.job ? ", running job " + std::to_string(entry.job) : "");
   auto running = running_.find(entry.job);
-  if (running != running_.end() && running->second.attempt == entry.attempt) NoteAdoption(&running->second, key.second);
+  if (running != running_.end() && running->second.attempt == entry.attempt && running->second.world == key.first)
+    NoteAdoption(&running->second, key.second);
   SendStopIfStale(entry);
   Send(identity, [] {
     wire::Envelope e;
@@ -175,12 +206,13 @@ void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& mes
     Send(identity, e);
     return;
   }
-  RankEntry& entry = it->second;
-  const bool freed = entry.job != 0 && message.job_id() == 0;
-  entry.identity = identity, entry.last_seen = listened_;
-  entry.job = message.job_id(), entry.attempt = message.attempt();
-  if (!message.last_log_line().empty()) entry.last_log_line = message.last_log_line();
-  SendStopIfStale(entry);
+  RankEntry* entry = Authenticated(identity, message.world(), message.rank(), message.rank_token(), "a heartbeat");
+  if (!entry) return;
+  const bool freed = entry->job != 0 && message.job_id() == 0;
+  entry->identity = identity, entry->last_seen = listened_;
+  entry->job = message.job_id(), entry->attempt = message.attempt();
+  if (!message.last_log_line().empty()) entry->last_log_line = message.last_log_line();
+  SendStopIfStale(*entry);
   if (freed) schedule_due_ = true;
 }
 
@@ -197,12 +229,23 @@ void Server::SendStopIfStale(const RankEntry& rank) {
   Send(rank.identity, e);
 }
 
+// Epoch reports come from the attempt's job rank 0 only, authenticated; the attempt
+// may have ended since (a report resent after a reconnect), so the store decides.
 void Server::OnEpoch(const std::string& identity, const wire::EpochReport& message) {
-  if (store_->Find(message.job_id())) {
-    EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),
-                    BreakdownJson(message.breakdown()).dump()};
-    if (store_->AddEpochRow(message.job_id(), row)) WriteEpochFiles(message.job_id());  // committed first
+  if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an epoch report")) return;
+  bool from_rank_zero = false;
+  for (const AttemptRecord& a : store_->Attempts(message.job_id())) {
+    std::string world;
+    std::vector<int> ranks;
+    if (a.attempt == message.attempt() && ParsePlacement(a.placement, &world, &ranks))
+      from_rank_zero = world == message.world() && ranks.front() == message.world_rank();
   }
+  if (!from_rank_zero)
+    return Refuse(identity, "an epoch report for job " + std::to_string(message.job_id()) + " attempt " +
+                                std::to_string(message.attempt()) + " from a rank that is not its job rank 0");
+  EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),
+                  BreakdownJson(message.breakdown()).dump()};
+  if (store_->AddEpochRow(message.job_id(), row)) WriteEpochFiles(message.job_id());  // committed first
   Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
 }
 
@@ -230,14 +273,19 @@ void Server::WriteEpochFiles(int64_t job) {
 }
 
 void Server::OnResult(const std::string& identity, const wire::JobResult& message) {
+  RankEntry* rank =
+      Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "a job result");
+  if (!rank) return;
   Send(identity, AckFor(message.job_id(), message.attempt(), "result", 0, message.world_rank()));
   // A rank sends its result after it has gone idle: free it now, not at its next heartbeat.
-  auto rank = ranks_.find({message.world(), message.world_rank()});
-  if (rank != ranks_.end() && rank->second.job == message.job_id() && rank->second.attempt == message.attempt())
-    rank->second.job = 0, rank->second.attempt = 0;
+  if (rank->job == message.job_id() && rank->attempt == message.attempt()) rank->job = 0, rank->attempt = 0;
   auto it = running_.find(message.job_id());
   if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
   RunningAttempt& attempt = it->second;
+  if (attempt.world != message.world() || !std::count(attempt.ranks.begin(), attempt.ranks.end(), message.world_rank()))
+    return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " +
+                                DescribeRank({message.world(), message.world_rank()}) +
+                                ", which is not one of its ranks");
   NoteAdoption(&attempt, message.world_rank());
   if (message.outcome() != "succeeded") {
     const std::string reason = "rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
@@ -253,8 +301,9 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
 }
 
 void Server::OnRankExit(const std::string& identity, const wire::RankExit& message) {
-  Send(identity, AckFor(0, 0, "rank_exit", 0, message.rank().rank()));
   const RankKey key{message.rank().world(), message.rank().rank()};
+  if (!Authenticated(identity, key.first, key.second, message.rank_token(), "a rank exit")) return;
+  Send(identity, AckFor(0, 0, "rank_exit", 0, message.rank().rank()));
   std::string how = "exited with code " + std::to_string(message.exit_code());
   if (message.signal() != 0) {
     how = "was killed by signal " + std::to_string(message.signal()) + " (" + SignalName(message.signal()) + ")";
@@ -267,6 +316,7 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
                           std::to_string(message.rank().pid()) + " on " + message.rank().host() + ")";
   spdlog::warn("{} {}", who, how);
   if (entry != ranks_.end()) ranks_.erase(entry);
+  ForgetWorldIfEmpty(key.first);
   // A signal forwarded by the supervisor came from outside the job: its pool is being
   // stopped (a rank that failed on its own is reported, and ends the attempt, first).
   if (const RunningAttempt* attempt = AttemptAwaiting(key))
@@ -306,6 +356,7 @@ void Server::ExpireSilentRanks() {
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
     it = ranks_.erase(it);
+    ForgetWorldIfEmpty(key.first);
     const RunningAttempt* attempt = AttemptAwaiting(key);
     if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;

@@ -6,6 +6,7 @@
 
 namespace trainyard {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: rank and world tokens (Register), required on every worker message.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 }  // namespace trainyard

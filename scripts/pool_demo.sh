@@ -15,17 +15,18 @@ scripts/build.sh worker coordinator jobctl
 WORK=$(mktemp -d)
 PORT=$((20000 + RANDOM % 20000))
 ENDPOINT=tcp://127.0.0.1:$PORT
-JOBCTL=(build/bin/jobctl --coordinator "$ENDPOINT")
+JOBCTL=(build/bin/jobctl --coordinator "$ENDPOINT" --keys "$WORK/keys")
 cleanup() {
   [[ -n "${POOL:-}" ]] && kill -TERM "$POOL" 2> /dev/null && wait "$POOL" 2> /dev/null
   [[ -n "${COORDINATOR:-}" ]] && kill -TERM "$COORDINATOR" 2> /dev/null && wait "$COORDINATOR" 2> /dev/null
   if [[ -n "${KEEP_WORK:-}" ]]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
+build/bin/coordinator --init --state "$WORK/trainyard.db" > /dev/null  # CURVE keys in $WORK/keys
 build/bin/coordinator --listen "$ENDPOINT" --state "$WORK/trainyard.db" --runs "$WORK/runs" > "$WORK/coordinator.log" 2>&1 &
 COORDINATOR=$!
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # containers run as root
-mpirun -n "$RANKS" --oversubscribe --bind-to none build/bin/worker --coordinator "$ENDPOINT" > "$WORK/pool.log" 2>&1 &
+mpirun -n "$RANKS" --oversubscribe --bind-to none build/bin/worker --coordinator "$ENDPOINT" --keys "$WORK/keys" > "$WORK/pool.log" 2>&1 &
 POOL=$!
 for _ in $(seq 60); do
   [[ $("${JOBCTL[@]}" --json workers 2> /dev/null | grep -c '"rank"') -ge "$RANKS" ]] && break

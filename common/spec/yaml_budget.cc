@@ -40,8 +40,7 @@ class BudgetCounter : public YAML::EventHandler {
   }
   void Open(const YAML::Mark& mark) {
     Count(mark);
-    if (++depth_ > budget_.max_depth)
-      Fail(mark, "nested deeper than " + std::to_string(budget_.max_depth) + " levels");
+    if (++depth_ > budget_.max_depth) Fail(mark, "nested deeper than " + std::to_string(budget_.max_depth) + " levels");
   }
   [[noreturn]] void Fail(const YAML::Mark& mark, const std::string& what) const {
     throw SpecError(source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1) + ": " +

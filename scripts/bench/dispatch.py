@@ -93,15 +93,17 @@ def run_trainyard(args, work):
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     state = os.path.join(work, "state.db")
+    keys = os.path.join(work, "keys")
+    subprocess.run([os.path.join(BIN, "coordinator"), "--init", "--keys", keys], check=True, capture_output=True)
     log = open(os.path.join(work, "coordinator.log"), "w")
     coordinator = subprocess.Popen([os.path.join(BIN, "coordinator"), "--listen", endpoint, "--state", state,
-                                    "--runs", os.path.join(work, "runs")], stdout=log, stderr=subprocess.STDOUT)
+                                    "--runs", os.path.join(work, "runs"), "--keys", keys], stdout=log, stderr=subprocess.STDOUT)
     pool_log = open(os.path.join(work, "pool.log"), "w")
     pool = subprocess.Popen(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(args.ranks),
-                             os.path.join(BIN, "worker"), "--coordinator", endpoint],
+                             os.path.join(BIN, "worker"), "--coordinator", endpoint, "--keys", keys],
                             stdout=pool_log, stderr=subprocess.STDOUT, env={**os.environ, **MPI_ENV},
                             start_new_session=True)
-    jobctl = [os.path.join(BIN, "jobctl"), "--coordinator", endpoint, "--timeout", "10"]
+    jobctl = [os.path.join(BIN, "jobctl"), "--coordinator", endpoint, "--keys", keys, "--timeout", "10"]
     try:
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -7,6 +7,9 @@
   - cancel of a queued job;
   - an unreachable coordinator is a clear error (exit 1) after the retries, not a hang,
     and a malformed endpoint is bad input (exit 2);
+  - CURVE: jobctl without keys, with a client key the coordinator does not allow, or in
+    --insecure mode, is refused (exit 2 with the reason, or no answer) and writes no
+    row; keys are made by `coordinator --init` with 0600 secrets and never overwritten;
   - a corrupt state database is refused (exit 2) unless --fresh; so are a read-only
     state database and a --runs folder that cannot be created;
   - a job left RUNNING without an open attempt (a kill between two writes of an older
@@ -19,6 +22,7 @@
 import argparse
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -41,6 +45,33 @@ class Daemon:
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=10)
+
+
+def auth_checks(a, work, jobctl, listing, checks):
+    """Run with a coordinator up (its queue already holds jobs): none of these may add one."""
+    before = len(listing())
+    job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
+    empty = os.path.join(work, "no-keys")
+    os.makedirs(empty)
+    no_keys = jobctl("--keys", empty, "submit", job)
+    stranger = os.path.join(work, "stranger")
+    subprocess.run([a.coordinator, "--init", "--keys", os.path.join(work, "other")], check=True, capture_output=True)
+    os.makedirs(stranger)
+    for name in ("coordinator.pub", "worker.key"):
+        shutil.copy(os.path.join(work, "keys", name), stranger)
+    shutil.copy(os.path.join(work, "other", "client.key"), stranger)  # a key pair not on clients.allow
+    os.chmod(os.path.join(stranger, "client.key"), 0o600)
+    foreign = jobctl("--keys", stranger, "--retries", "1", "submit", job)
+    insecure = jobctl("--insecure", "--retries", "1", "--timeout", "1", "submit", job)
+    print("no keys:", no_keys.stderr.strip())
+    print("foreign key:", foreign.stderr.strip())
+    print("insecure client:", insecure.returncode, insecure.stderr.strip().splitlines()[-1])
+    checks["jobctl without keys is exit 2, naming the file"] = (
+        no_keys.returncode == 2 and "client.key" in no_keys.stderr and "coordinator --init" in no_keys.stderr)
+    checks["a client key not on the allowlist is refused"] = (
+        foreign.returncode == 2 and "refused this client key" in foreign.stderr)
+    checks["an unauthenticated client is not answered"] = insecure.returncode != 0
+    checks["refused clients write no row"] = len(listing()) == before
 
 
 def make_read_only(path):
@@ -167,12 +198,23 @@ def main():
         return json.loads(r.stdout)
 
     with tempfile.TemporaryDirectory() as work:
+        os.environ["TRAINYARD_KEYS"] = os.path.join(work, "keys")  # for every coordinator and jobctl below
+        init = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
+        again = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
+        modes = {name: oct(os.stat(os.path.join(work, "keys", name)).st_mode & 0o777)
+                 for name in ("coordinator.key", "worker.key", "client.key", "coordinator.pub")}
+        print("keys:", modes, "| again:", again.stderr.strip())
+        checks["coordinator --init makes 0600 secrets and never overwrites them"] = (
+            init.returncode == 0 and again.returncode == 2 and "never overwritten" in again.stderr and
+            modes == {"coordinator.key": "0o600", "worker.key": "0o600", "client.key": "0o600",
+                      "coordinator.pub": "0o644"})
         state = os.path.join(work, "state.db")
         daemon = Daemon(a.coordinator, state, port)
         job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
         first = jobctl("submit", job, "--key", "same-key")
         again = jobctl("submit", job, "--key", "same-key")
         checks["duplicate key makes one job"] = (first.stdout == again.stdout and len(listing()) == 1)
+        auth_checks(a, work, jobctl, listing, checks)
 
         bad = os.path.join(work, "bad.yaml")
         text = open(job).read().replace("../../data", os.path.join(SOURCE, "data"))

@@ -56,6 +56,8 @@ class Cluster:
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.state = os.path.join(work, "state.db")
         self.runs = os.path.join(work, "runs")
+        self.keys = os.path.join(work, "keys")
+        subprocess.run([args.coordinator, "--init", "--keys", self.keys], check=True, capture_output=True)
         self.coordinator = None
         self.pool = None
         self.logs = []
@@ -69,6 +71,7 @@ class Cluster:
         self.logs.append(log.name)
         self.coordinator = subprocess.Popen(
             [self.args.coordinator, "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
+             "--keys", self.keys,
              "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1"],
             stdout=log, stderr=subprocess.STDOUT)
 
@@ -77,7 +80,7 @@ class Cluster:
         self.logs.append(log.name)
         self.pool = subprocess.Popen(
             [self.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(ranks), self.args.worker,
-             "--coordinator", self.endpoint, "--heartbeat", "0.5", "--liveness", "4"],
+             "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat", "0.5", "--liveness", "4"],
             stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV, start_new_session=True)
         wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
 
@@ -93,7 +96,8 @@ class Cluster:
             self.coordinator.wait(timeout=10)
 
     def jobctl(self, *args):
-        r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--timeout", "3", "--json", *args],
+        r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.keys, "--timeout", "3",
+                            "--json", *args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"jobctl {' '.join(args)}: {r.stderr}"
         return json.loads(r.stdout)
@@ -231,7 +235,8 @@ def case_coordinator_kill(c, work):
     assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
     assert any("re-adopted" in e for e in final["events"]), final["events"]
     assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 9))
-    logs = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "logs", str(job)], capture_output=True,
+    logs = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "logs", str(job)],
+                          capture_output=True,
                           text=True, timeout=30).stdout.splitlines()
     assert [int(line.split(",")[0]) for line in logs[1:]] == list(range(1, 9)), logs
     assert c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"

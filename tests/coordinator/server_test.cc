@@ -5,48 +5,83 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+
+#include "proto/curve_keys.h"
 
 namespace trainyard {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A worker rank speaking the pool protocol by hand over a real socket.
+constexpr const char* kWorldToken = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+// A worker rank speaking the pool protocol by hand over a real CURVE socket, with its
+// own rank token (or a forger's, given explicitly).
 class ScriptedRank {
  public:
-  ScriptedRank(zmq::context_t& context, const std::string& endpoint, int rank)
-      : socket_(context, zmq::socket_type::dealer), rank_(rank) {
+  ScriptedRank(zmq::context_t& context, const std::string& endpoint, int rank, const PeerKeys& keys,
+               std::string rank_token = NewSecretToken(), std::string world_token = kWorldToken)
+      : socket_(context, zmq::socket_type::dealer),
+        rank_(rank),
+        rank_token_(std::move(rank_token)),
+        world_token_(std::move(world_token)) {
     socket_.set(zmq::sockopt::linger, 0);
+    MakeCurveClient(socket_, keys);
     socket_.connect(endpoint);
   }
   void Send(wire::Envelope e) {
     e.set_version(kProtocolVersion);
     socket_.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::none);
   }
-  void Register() {
+  void Register(int64_t job = 0, int attempt = 0) {
     wire::Envelope e;
     e.mutable_register_()->mutable_rank()->set_world("w");
     e.mutable_register_()->mutable_rank()->set_rank(rank_);
     e.mutable_register_()->mutable_rank()->set_world_size(2);
     e.mutable_register_()->mutable_rank()->set_device("cpu");
+    e.mutable_register_()->set_job_id(job), e.mutable_register_()->set_attempt(attempt);
+    e.mutable_register_()->set_world_token(world_token_), e.mutable_register_()->set_rank_token(rank_token_);
     Send(e);
   }
-  void Heartbeat(int64_t job, int attempt) {
+  wire::Envelope HeartbeatMessage(int64_t job, int attempt) const {
     wire::Envelope e;
     e.mutable_heartbeat()->set_world("w"), e.mutable_heartbeat()->set_rank(rank_);
     e.mutable_heartbeat()->set_job_id(job), e.mutable_heartbeat()->set_attempt(attempt);
-    Send(e);
+    e.mutable_heartbeat()->set_rank_token(rank_token_);
+    return e;
+  }
+  wire::Envelope Result(int64_t job, int attempt, const std::string& outcome = "succeeded") const {
+    wire::Envelope result;
+    result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(attempt);
+    result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome(outcome);
+    result.mutable_result()->set_world_rank(rank_), result.mutable_result()->set_rank_token(rank_token_);
+    return result;
+  }
+  wire::Envelope Epoch(int64_t job, int attempt, int epoch, const std::string& line) const {
+    wire::Envelope e;
+    e.mutable_epoch()->set_job_id(job), e.mutable_epoch()->set_attempt(attempt), e.mutable_epoch()->set_epoch(epoch);
+    e.mutable_epoch()->set_csv_header("epoch,loss"), e.mutable_epoch()->set_csv_line(line);
+    e.mutable_epoch()->set_world("w"), e.mutable_epoch()->set_world_rank(rank_);
+    e.mutable_epoch()->set_rank_token(rank_token_);
+    return e;
+  }
+  wire::Envelope Exit(int signal) const {
+    wire::Envelope e;
+    e.mutable_rank_exit()->mutable_rank()->set_world("w"), e.mutable_rank_exit()->mutable_rank()->set_rank(rank_);
+    e.mutable_rank_exit()->set_signal(signal), e.mutable_rank_exit()->set_rank_token(rank_token_);
+    return e;
   }
   // The next message that is not a pulse, waiting up to `timeout_ms` while heartbeating
   // (naming `job`) as a live rank would.
   std::optional<wire::Envelope> Next(int timeout_ms, int64_t job = 0, int attempt = 0) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
-      Heartbeat(job, attempt);
+      Send(HeartbeatMessage(job, attempt));
       zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
       zmq::poll(items, 1, std::chrono::milliseconds(50));
       zmq::message_t frame;
@@ -62,6 +97,7 @@ class ScriptedRank {
  private:
   zmq::socket_t socket_;
   int rank_;
+  std::string rank_token_, world_token_;
 };
 
 class ServerTest : public ::testing::Test {
@@ -76,6 +112,10 @@ class ServerTest : public ::testing::Test {
     options_.heartbeat_s = 0.1;
     options_.liveness = 10;
     options_.restart_backoff_s = 0;
+    options_.keys_dir = (dir_ / "keys").string();
+    InitKeyDir(options_.keys_dir);
+    worker_keys_ = LoadPeerKeys(options_.keys_dir, WireRole::kWorker);
+    client_keys_ = LoadPeerKeys(options_.keys_dir, WireRole::kClient);
     Start();
   }
   void TearDown() override {
@@ -99,6 +139,7 @@ class ServerTest : public ::testing::Test {
     zmq::socket_t s(context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::rcvtimeo, 3000);
+    MakeCurveClient(s, client_keys_);
     s.connect(endpoint_);
     return s;
   }
@@ -148,7 +189,7 @@ class ServerTest : public ::testing::Test {
   // Ranks 0 and 1 of world "w" get attempt 1 of a 2-rank job, then the coordinator
   // stops (and the ranks' sockets close). Returns the job id, or 0.
   int64_t StartAttemptOneThenStop() {
-    ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+    ScriptedRank r0 = Rank(0), r1 = Rank(1);
     r0.Register(), r1.Register();
     zmq::socket_t client = Connect();
     const int64_t job = SubmitTwoRankJob(client);
@@ -164,8 +205,13 @@ class ServerTest : public ::testing::Test {
     return e.SerializeAsString();
   }
 
+  ScriptedRank Rank(int rank, std::string token = NewSecretToken(), std::string world_token = kWorldToken) {
+    return ScriptedRank(context_, endpoint_, rank, worker_keys_, std::move(token), std::move(world_token));
+  }
+
   fs::path dir_;
   ServerOptions options_;
+  PeerKeys worker_keys_, client_keys_;
   std::unique_ptr<Server> server_;
   std::string endpoint_;
   std::atomic<bool> stop_{false};
@@ -253,16 +299,8 @@ wire::Envelope StatusRequest(int64_t job) {
   return status;
 }
 
-wire::Envelope Result(int64_t job, int attempt, int rank) {
-  wire::Envelope result;
-  result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(attempt);
-  result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome("succeeded");
-  result.mutable_result()->set_world_rank(rank);
-  return result;
-}
-
 TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
-  ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
   r0.Register(), r1.Register();
   zmq::socket_t client = Connect();
   const int64_t job = SubmitTwoRankJob(client);
@@ -292,9 +330,7 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
       << (b0 ? b0->DebugString() : "none") << (b1 ? b1->DebugString() : "none");
   EXPECT_EQ(b0->assign().attempt(), 2);
   EXPECT_TRUE(b0->assign().resume());
-  wire::Envelope epoch;
-  epoch.mutable_epoch()->set_job_id(job), epoch.mutable_epoch()->set_attempt(2), epoch.mutable_epoch()->set_epoch(1);
-  epoch.mutable_epoch()->set_csv_header("epoch,loss"), epoch.mutable_epoch()->set_csv_line("1,0.5");
+  const wire::Envelope epoch = r0.Epoch(job, 2, 1, "1,0.5");
   for (int copy = 0; copy < 2; ++copy) {
     r0.Send(epoch);
     auto ack = r0.Next(2000, job, 2);
@@ -302,10 +338,7 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
     EXPECT_EQ(ack->ack().epoch(), 1);
   }
   for (ScriptedRank* r : {&r0, &r1}) {
-    wire::Envelope result;
-    result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(2);
-    result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome("succeeded");
-    result.mutable_result()->set_world_rank(r == &r0 ? 0 : 1);
+    wire::Envelope result = r->Result(job, 2);
     if (r == &r0) result.mutable_result()->set_summary_json("{\"status\":\"succeeded\"}");
     r->Send(result);
     auto ack = r->Next(2000);
@@ -322,6 +355,101 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   EXPECT_TRUE(fs::exists(dir_ / "runs" / std::to_string(job) / "summary.json"));
 }
 
+// Each forgery a tester made with hand-written frames, now made by an insider holding
+// the worker key but not the ranks' tokens, and by a client key: every one is refused
+// with an error, and the real ranks finish the job as attempt 1 with their own rows.
+TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(), r1.Register();
+  zmq::socket_t client = Connect();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  auto refused = [](std::optional<wire::Envelope> reply, const std::string& what) {
+    ASSERT_TRUE(reply && reply->has_error()) << what << ": " << (reply ? reply->DebugString() : "no reply");
+    EXPECT_NE(reply->error().message().find("refused"), std::string::npos) << what << ": " << reply->error().message();
+  };
+  ScriptedRank forger0 = Rank(0, NewSecretToken()), forger1 = Rank(1, NewSecretToken());
+  ScriptedRank ghost = Rank(0, NewSecretToken(), "ffffffffffffffffffffffffffffffff");
+  for (const char* outcome : {"succeeded", "bad_input"}) {
+    forger0.Send(forger0.Result(job, 1, outcome));
+    refused(forger0.Next(2000), std::string("a forged ") + outcome + " result");
+  }
+  wire::Envelope ghost_result = ghost.Result(job, 1);
+  ghost_result.mutable_result()->set_world("no-such-world");
+  ghost.Send(ghost_result);
+  refused(ghost.Next(2000), "a result from a world that does not exist");
+  for (int i = 0; i < 3; ++i) {
+    forger1.Send(forger1.Exit(SIGKILL));
+    refused(forger1.Next(2000), "a forged RankExit");
+  }
+  forger0.Send(forger0.Epoch(job, 1, 1, "1,9.99"));
+  refused(forger0.Next(2000), "a forged epoch report");
+  r1.Send(r1.Epoch(job, 1, 1, "1,8.88"));  // a real rank, but not the job's rank 0
+  refused(r1.Next(2000, job, 1), "an epoch report from job rank 1");
+  forger1.Register();
+  refused(forger1.Next(2000), "a registration over a live rank's slot");
+  ghost.Register();
+  refused(ghost.Next(2000), "a registration with another world token");
+  forger1.Send(forger1.HeartbeatMessage(0, 0));  // would steal rank 1's identity and free it
+  refused(forger1.Next(2000), "a spoofed heartbeat");
+  wire::Envelope from_client = r0.Result(job, 1);
+  from_client.set_version(kProtocolVersion);
+  auto client_says = Send(client, {from_client.SerializeAsString()});
+  refused(client_says, "a worker message from a client key");
+  ASSERT_NE(client_says->error().message().find("client key cannot send worker messages"), std::string::npos);
+  wire::Envelope submit;
+  submit.mutable_submit()->set_yaml("name: x\n");
+  r0.Send(submit);
+  refused(r0.Next(2000, job, 1), "a client request from a worker key");
+
+  auto still = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(still && still->has_job());
+  EXPECT_EQ(still->job().state(), "RUNNING");
+  EXPECT_EQ(still->job().attempts(), 1);
+  // The real ranks finish: their row, their results, attempt 1.
+  r0.Send(r0.Epoch(job, 1, 1, "1,0.5"));
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
+  for (ScriptedRank* r : {&r0, &r1}) {
+    r->Send(r->Result(job, 1));
+    ASSERT_TRUE(r->Next(2000).value_or(wire::Envelope()).has_ack());
+  }
+  auto done = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(done && done->has_job());
+  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().attempts(), 1);
+  std::ifstream csv(dir_ / "runs" / std::to_string(job) / "epochs.csv");
+  std::stringstream text;
+  text << csv.rdbuf();
+  EXPECT_EQ(text.str(), "epoch,loss\n1,0.5\n");
+  EXPECT_GE(server_->refused_messages(), 13);  // and the forgers' own heartbeats
+}
+
+// Without CURVE, or with a key that is not on an allowlist, a peer never gets a frame
+// through: no reply, and nothing is stored.
+TEST_F(ServerTest, UnauthenticatedPeersAreRefusedDuringTheHandshake) {
+  zmq::socket_t plain(context_, zmq::socket_type::dealer);
+  plain.set(zmq::sockopt::linger, 0);
+  plain.set(zmq::sockopt::rcvtimeo, 1000);
+  plain.connect(endpoint_);
+  zmq::socket_t stranger(context_, zmq::socket_type::dealer);
+  stranger.set(zmq::sockopt::linger, 0);
+  stranger.set(zmq::sockopt::rcvtimeo, 1000);
+  PeerKeys unknown = client_keys_;
+  unknown.own = NewCurveKeyPair();
+  MakeCurveClient(stranger, unknown);
+  stranger.connect(endpoint_);
+  wire::Envelope submit;
+  submit.set_version(kProtocolVersion);
+  submit.mutable_submit()->set_yaml("name: x\n");
+  for (zmq::socket_t* s : {&plain, &stranger}) EXPECT_FALSE(Send(*s, {submit.SerializeAsString()}).has_value());
+  zmq::socket_t client = Connect();
+  auto list = Send(client, {ListRequest()});
+  ASSERT_TRUE(list && list->has_jobs());
+  EXPECT_EQ(list->jobs().jobs_size(), 0);
+}
+
 // A job that finished while the coordinator was down: its ranks come back, one naming
 // the job and one idle with its result still unacknowledged; the job is re-adopted and
 // succeeds as attempt 1.
@@ -329,16 +457,12 @@ TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
   const int64_t job = StartAttemptOneThenStop();
   ASSERT_GT(job, 0);
   Start();  // same state database, new port
-  ScriptedRank r0(context_, endpoint_, 0), r1(context_, endpoint_, 1);
-  wire::Envelope running;
-  running.mutable_register_()->mutable_rank()->set_world("w");
-  running.mutable_register_()->mutable_rank()->set_world_size(2);
-  running.mutable_register_()->set_job_id(job), running.mutable_register_()->set_attempt(1);
-  r0.Send(running);
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(job, 1);
   r1.Register();
-  r1.Send(Result(job, 1, 1));
+  r1.Send(r1.Result(job, 1));
   ASSERT_TRUE(r1.Next(2000).value_or(wire::Envelope()).has_ack());
-  r0.Send(Result(job, 1, 0));
+  r0.Send(r0.Result(job, 1));
   ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
   zmq::socket_t client = Connect();
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});

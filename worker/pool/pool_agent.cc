@@ -94,6 +94,7 @@ void PoolAgent::Finish(const JobOutcome& outcome) {
   result->set_world_rank(self_.rank), result->set_world(self_.world);
   result->set_outcome(outcome.outcome), result->set_message(outcome.message);
   result->set_summary_json(outcome.summary_json);
+  result->set_rank_token(self_.rank_token);
   Queue(ResultKey(job, attempt), Serialize(e));
 }
 
@@ -105,6 +106,7 @@ void PoolAgent::EpochDone(const EpochRow& row, const std::string& csv_header, co
     report->set_job_id(job_id_), report->set_attempt(attempt_);
   }
   report->set_epoch(static_cast<int32_t>(row.epoch));
+  report->set_world(self_.world), report->set_world_rank(self_.rank), report->set_rank_token(self_.rank_token);
   report->set_csv_header(csv_header), report->set_csv_line(csv_line);
   wire::StepBreakdown* breakdown = report->mutable_breakdown();
   for (int i = 0; i < kNumStepParts; ++i) {
@@ -164,6 +166,7 @@ void PoolAgent::Connect(Link& link) {
   link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
   link.socket->set(zmq::sockopt::linger, 0);
   link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+  if (!options_.insecure) MakeCurveClient(*link.socket, options_.keys);
   link.socket->connect(options_.endpoint);
   Register(link);
   link.last_heard = Clock::now();
@@ -175,6 +178,7 @@ void PoolAgent::Register(Link& link) {
   wire::RankInfo* info = reg->mutable_rank();
   info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
   info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid);
+  reg->set_world_token(self_.world_token), reg->set_rank_token(self_.rank_token);
   std::lock_guard<std::mutex> lock(mutex_);
   reg->set_job_id(job_id_), reg->set_attempt(attempt_);
   link.Send(Serialize(e));
@@ -182,7 +186,9 @@ void PoolAgent::Register(Link& link) {
 }
 
 void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
-  if (in.has_reregister()) {
+  if (in.has_error()) {  // a refusal: this rank's messages are not being counted
+    LogWarn(StrFormat("the coordinator refused a message: %s", in.error().message().c_str()));
+  } else if (in.has_reregister()) {
     Register(link);
   } else if (in.has_assign()) {
     const wire::Assign& a = in.assign();
@@ -228,6 +234,7 @@ void PoolAgent::Heartbeat(Link& link) {
   wire::Envelope e;
   wire::Heartbeat* beat = e.mutable_heartbeat();
   beat->set_world(self_.world), beat->set_rank(self_.rank), beat->set_last_log_line(LastLogLine());
+  beat->set_rank_token(self_.rank_token);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     beat->set_job_id(job_id_), beat->set_attempt(attempt_);

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/curve_keys.h"
 #include "worker/report/job_hooks.h"
 
 namespace trainyard {
@@ -36,6 +37,9 @@ struct PoolOptions {
   std::string endpoint;
   double heartbeat_s = 1.0;
   int liveness = 3;
+  std::string keys_dir;   // worker.key and coordinator.pub (proto/curve_keys.h)
+  bool insecure = false;  // no CURVE: for a coordinator started with --insecure
+  PeerKeys keys;          // loaded from keys_dir unless insecure
 };
 
 // Who this rank is; the world id is shared by every rank of one mpirun.
@@ -43,6 +47,8 @@ struct RankIdentity {
   std::string world, host, device;
   int rank = 0, world_size = 1;
   int64_t pid = 0;
+  // The registration's secrets (Register in trainyard.proto): never logged or shown.
+  std::string world_token, rank_token;
 };
 
 struct Assignment {

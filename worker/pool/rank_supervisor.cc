@@ -25,8 +25,8 @@ void Forward(int signal) {
   if (g_child > 0) ::kill(g_child, signal);
 }
 
-// The rank's "world\trank\tsize\thost\tdevice\tpid" line, or an empty identity if the
-// rank died before writing it.
+// The rank's "world\trank\tsize\thost\tdevice\tpid\ttoken" line, or an empty identity if
+// the rank died before writing it.
 RankIdentity ReadIdentity(int fd) {
   std::string text;
   char buffer[512];
@@ -41,20 +41,22 @@ RankIdentity ReadIdentity(int fd) {
   std::stringstream in(text.substr(0, text.find('\n')));
   std::string rank, size, pid;
   if (std::getline(in, id.world, '\t') && std::getline(in, rank, '\t') && std::getline(in, size, '\t') &&
-      std::getline(in, id.host, '\t') && std::getline(in, id.device, '\t') && std::getline(in, pid)) {
+      std::getline(in, id.host, '\t') && std::getline(in, id.device, '\t') && std::getline(in, pid, '\t') &&
+      std::getline(in, id.rank_token)) {
     id.rank = std::atoi(rank.c_str()), id.world_size = std::atoi(size.c_str()), id.pid = std::atoll(pid.c_str());
   }
   return id;
 }
 
 // Best effort: the coordinator may be down; the rank's heartbeats stopping tells it too.
-void ReportExit(const std::string& endpoint, const RankIdentity& id, int status) {
+void ReportExit(const PoolOptions& options, const RankIdentity& id, int status) {
   wire::Envelope e;
   e.set_version(kProtocolVersion);
   wire::RankExit* exit = e.mutable_rank_exit();
   wire::RankInfo* info = exit->mutable_rank();
   info->set_world(id.world), info->set_rank(id.rank), info->set_world_size(id.world_size);
   info->set_host(id.host), info->set_device(id.device), info->set_pid(id.pid);
+  exit->set_rank_token(id.rank_token);
   if (WIFSIGNALED(status)) {
     exit->set_signal(WTERMSIG(status));
     exit->set_forwarded(WTERMSIG(status) == g_forwarded);
@@ -64,7 +66,8 @@ void ReportExit(const std::string& endpoint, const RankIdentity& id, int status)
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);
-  socket.connect(endpoint);
+  if (!options.insecure) MakeCurveClient(socket, options.keys);
+  socket.connect(options.endpoint);
   socket.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::dontwait);
   zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
   for (int i = 0; i < 20 && !(items[0].revents & ZMQ_POLLIN); ++i) {
@@ -75,7 +78,7 @@ void ReportExit(const std::string& endpoint, const RankIdentity& id, int status)
   }
 }
 
-[[noreturn]] void Supervise(pid_t child, int read_fd, const std::string& endpoint) {
+[[noreturn]] void Supervise(pid_t child, int read_fd, const PoolOptions& options) {
   g_child = child;
   struct sigaction action {};
   action.sa_handler = Forward;
@@ -87,13 +90,13 @@ void ReportExit(const std::string& endpoint, const RankIdentity& id, int status)
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!clean && !id.world.empty()) ReportExit(endpoint, id, status);
+  if (!clean && !id.world.empty()) ReportExit(options, id, status);
   std::_Exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
 }
 
 }  // namespace
 
-int ForkRankSupervisor(const std::string& coordinator_endpoint) {
+int ForkRankSupervisor(const PoolOptions& options) {
   int fds[2];
   if (::pipe(fds) != 0) {
     std::perror("worker: pipe");
@@ -107,7 +110,7 @@ int ForkRankSupervisor(const std::string& coordinator_endpoint) {
   }
   if (child > 0) {
     ::close(fds[1]);
-    Supervise(child, fds[0], coordinator_endpoint);
+    Supervise(child, fds[0], options);
   }
   ::close(fds[0]);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -118,7 +121,8 @@ int ForkRankSupervisor(const std::string& coordinator_endpoint) {
 void TellSupervisor(int fd, const RankIdentity& self) {
   if (fd < 0) return;
   const std::string line = self.world + "\t" + std::to_string(self.rank) + "\t" + std::to_string(self.world_size) +
-                           "\t" + self.host + "\t" + self.device + "\t" + std::to_string(self.pid) + "\n";
+                           "\t" + self.host + "\t" + self.device + "\t" + std::to_string(self.pid) + "\t" +
+                           self.rank_token + "\n";
   ssize_t unused = ::write(fd, line.data(), line.size());
   (void)unused;
   ::close(fd);

@@ -5,7 +5,7 @@
 //
 // mpirun starts the supervisor; signals it receives are forwarded to the rank, and
 // the rank is killed if the supervisor dies. The rank tells the supervisor who it is
-// (world id and rank) through a pipe once MPI is up.
+// (world id, rank and rank token) through a pipe once MPI is up.
 #pragma once
 
 #include <string>
@@ -18,7 +18,8 @@ namespace trainyard {
 // the parent supervises the child, then exits with the child's status
 // (128 + signal when a signal ended it): it never returns.
 // REQUIRES: called before MPI_Init and before any thread is started.
-int ForkRankSupervisor(const std::string& coordinator_endpoint);
+// The supervisor reports to `options.endpoint`, with its keys.
+int ForkRankSupervisor(const PoolOptions& options);
 
 // Called by the rank once it knows its identity; closes `fd`.
 void TellSupervisor(int fd, const RankIdentity& self);

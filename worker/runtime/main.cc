@@ -1,6 +1,7 @@
 // The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
 // per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
-// `mpirun -n 4 worker --coordinator ENDPOINT` makes the ranks a worker pool instead.
+// `mpirun -n 4 worker --coordinator ENDPOINT --keys KEYS` makes the ranks a worker pool
+// instead.
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
 // checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
 // when stopped (SIGTERM, SIGINT) while idle; the outcome of each job goes to the
@@ -34,6 +35,10 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--liveness", o.pool.liveness,
                  "pool: missed coordinator heartbeats before reconnecting, with backoff (default 3)")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--keys", o.pool.keys_dir,
+                 "pool: key folder made by `coordinator --init` (worker.key, coordinator.pub); default\n"
+                 "$TRAINYARD_KEYS, else ./keys");
+  app.add_flag("--insecure", o.pool.insecure, "pool: development only, for a coordinator started with --insecure");
   app.add_option("--runs-dir", o.standalone.runs_dir,
                  "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
   app.add_option("--resume", o.standalone.resume,
@@ -72,14 +77,19 @@ int Main(int argc, char** argv) {
   if (pool) {
     try {
       trainyard::CheckEndpoint(o.pool.endpoint);
+      if (o.pool.keys_dir.empty()) o.pool.keys_dir = trainyard::DefaultKeyDir();
+      if (!o.pool.insecure) o.pool.keys = trainyard::LoadPeerKeys(o.pool.keys_dir, trainyard::WireRole::kWorker);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    } catch (const trainyard::KeyError& e) {
+      std::fprintf(stderr, "error: %s (or --insecure, if the coordinator runs with it)\n", e.what());
       return 2;
     }
   }
   trainyard::LogSetup(o.log_level);
   // Before MPI_Init and before any thread starts: fork() is only safe then.
-  const int supervisor_fd = pool ? trainyard::ForkRankSupervisor(o.pool.endpoint) : -1;
+  const int supervisor_fd = pool ? trainyard::ForkRankSupervisor(o.pool) : -1;
 
   // The comm thread makes every MPI call after start-up, never two threads at once.
   int provided = 0;

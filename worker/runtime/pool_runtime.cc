@@ -50,15 +50,17 @@ std::string Hostname() {
   return name;
 }
 
-// One id for the whole mpirun, chosen by world rank 0.
-std::string WorldId(int rank) {
-  char id[64] = {};
+// One id and one world token for the whole mpirun, chosen by world rank 0.
+void ChooseWorld(int rank, RankIdentity* self) {
+  char id[64] = {}, token[64] = {};
   if (rank == 0) {
     std::random_device random;
     std::snprintf(id, sizeof id, "%s-%d-%04x", Hostname().c_str(), int(::getpid()), random() & 0xffff);
+    std::snprintf(token, sizeof token, "%s", NewSecretToken().c_str());
   }
   MPI_Bcast(id, sizeof id, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return id;
+  MPI_Bcast(token, sizeof token, MPI_CHAR, 0, MPI_COMM_WORLD);
+  self->world = id, self->world_token = token;
 }
 
 // The job's ranks only: MPI_Comm_create_group is collective over the group, so the
@@ -101,7 +103,8 @@ int RunPool(const PoolOptions& options, int supervisor_fd) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   RankIdentity self;
-  self.world = WorldId(rank);
+  ChooseWorld(rank, &self);
+  self.rank_token = NewSecretToken();
   self.rank = rank, self.world_size = world, self.host = Hostname(), self.pid = ::getpid();
   self.device = torch::cuda::is_available() ? "cuda" : "cpu";
   const int local_rank = LocalRank();

@@ -1,0 +1,69 @@
+#include "coordinator/zap_handler.h"
+
+#include <spdlog/spdlog.h>
+#include <zmq.h>
+
+#include <vector>
+
+namespace trainyard {
+
+ZapHandler::ZapHandler(zmq::context_t& context, ServerKeys keys)
+    : keys_(std::move(keys)), socket_(context, zmq::socket_type::rep) {
+  socket_.set(zmq::sockopt::linger, 0);
+  socket_.bind("inproc://zeromq.zap.01");
+  thread_ = std::thread([this] { Serve(); });
+}
+
+ZapHandler::~ZapHandler() {
+  stop_ = true;
+  thread_.join();
+}
+
+void ZapHandler::Serve() {
+  zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0}};
+  while (!stop_) {
+    try {
+      zmq::poll(items, 1, std::chrono::milliseconds(100));
+      if (items[0].revents & ZMQ_POLLIN) Answer(socket_);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) spdlog::error("ZAP handler: {}", e.what());
+    }
+  }
+}
+
+// Request: version, request id, domain, address, routing id, mechanism, credentials...
+// Reply: version, request id, status code, status text, user id, metadata.
+void ZapHandler::Answer(zmq::socket_t& socket) {
+  std::vector<zmq::message_t> frames;
+  do {
+    frames.emplace_back();
+    if (!socket.recv(frames.back(), zmq::recv_flags::none)) return;
+  } while (frames.back().more());
+  std::string status = "400", text = "no key", user;
+  std::string address, mechanism;
+  if (frames.size() >= 6) {
+    address = frames[3].to_string(), mechanism = frames[5].to_string();
+  }
+  if (frames.size() >= 7 && mechanism == "CURVE" && frames[6].size() == 32) {
+    char z85[41] = {};
+    zmq_z85_encode(z85, static_cast<const uint8_t*>(frames[6].data()), 32);
+    if (keys_.workers.count(z85)) {
+      status = "200", text = "OK", user = ToString(WireRole::kWorker);
+    } else if (keys_.clients.count(z85)) {
+      status = "200", text = "OK", user = ToString(WireRole::kClient);
+    } else {
+      text = "key not allowed";
+    }
+  }
+  if (status != "200") {
+    ++refused_;
+    spdlog::warn("refused a {} connection from {}: {}", mechanism.empty() ? "malformed" : mechanism,
+                 address.empty() ? "?" : address, text);
+  }
+  const std::string request_id = frames.size() > 1 ? frames[1].to_string() : "";
+  const std::vector<std::string> reply = {"1.0", request_id, status, text, user, ""};
+  for (size_t i = 0; i < reply.size(); ++i)
+    socket.send(zmq::buffer(reply[i]), i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+}
+
+}  // namespace trainyard

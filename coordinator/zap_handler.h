@@ -1,0 +1,44 @@
+// The coordinator's ZeroMQ Authentication Protocol handler (ZMTP RFC 27/ZAP).
+//
+// libzmq asks it, over inproc://zeromq.zap.01 in the coordinator's context, whether a
+// peer that completed the CURVE handshake may connect. It admits a peer whose public
+// key is on the worker or the client allowlist and names the role as the ZAP "user
+// id", which libzmq then attaches to every message from that peer (the "User-Id"
+// property the coordinator reads). Any other key is refused during the handshake, so
+// its frames never reach the coordinator's loop and nothing it sends is stored.
+// One thread of its own; the allowlists are fixed at start.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <zmq.hpp>
+
+#include "proto/curve_keys.h"
+
+namespace trainyard {
+
+class ZapHandler {
+ public:
+  // Binds the ZAP endpoint and starts answering. REQUIRES: `context` outlives this
+  // object, and no other ZAP handler exists in it.
+  ZapHandler(zmq::context_t& context, ServerKeys keys);
+  ~ZapHandler();
+  ZapHandler(const ZapHandler&) = delete;
+  ZapHandler& operator=(const ZapHandler&) = delete;
+
+  int64_t refused() const { return refused_; }
+
+ private:
+  void Serve();
+  void Answer(zmq::socket_t& socket);
+
+  ServerKeys keys_;
+  zmq::socket_t socket_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace trainyard
