@@ -80,6 +80,10 @@ class Server {
   explicit Server(ServerOptions options);
   // Serves until `stop` becomes true (checked every 100 ms).
   void Run(const std::atomic<bool>& stop);
+  // Handles one message as if `data` had arrived from the peer `identity` (its ZeroMQ
+  // routing id): parse, check the version, dispatch, reply. Never throws for any
+  // bytes; this is the loop's entry point and the wire fuzzer's (tests/fuzz/fuzz_wire).
+  void HandleFrame(const std::string& identity, const void* data, size_t size);
   int64_t bad_frames() const { return bad_frames_; }
   std::string endpoint() const;
 
@@ -88,7 +92,7 @@ class Server {
 
   void ReceiveOne();
   // nullopt: the message needs no reply (worker traffic answers itself).
-  std::optional<wire::Envelope> Dispatch(const zmq::message_t& identity, const wire::Envelope& request);
+  std::optional<wire::Envelope> Dispatch(const std::string& identity, const wire::Envelope& request);
   wire::Envelope Handle(const wire::Envelope& request);
   wire::Envelope Submit(const wire::SubmitRequest& request);
   wire::Envelope List();
