@@ -418,7 +418,14 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
   if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
   std::map<std::string, std::string> locations;
   SpecReader reader(source_name, fs::path(base_dir), &locations);
-  JobSpec spec = ParseDocument(reader, root, source_name);
+  JobSpec spec;
+  try {
+    spec = ParseDocument(reader, root, source_name);
+  } catch (const YAML::Exception& e) {  // a node shape the reader's checks did not foresee
+    const YAML::Mark at = e.mark.is_null() ? YAML::Mark() : e.mark;
+    throw SpecError(source_name + ":" + std::to_string(at.line + 1) + ":" + std::to_string(at.column + 1) +
+                    ": <document>: unusable YAML: " + e.msg);
+  }
   spec.locations = std::move(locations);
   return spec;
 }
