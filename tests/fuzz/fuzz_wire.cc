@@ -1,0 +1,81 @@
+// libFuzzer target: bytes -> the coordinator's message handling. Each input is a
+// script of frames (wire_script.h) played through Server::HandleFrame against a fresh
+// coordinator whose store holds one running two-rank job. The invariant: whatever
+// arrives, HandleFrame returns (no exception, signal or sanitizer report) and the
+// coordinator can still answer a List afterwards.
+//
+// The timers (Server::Tick) are private and not driven here: assignment and liveness
+// expiry are outside this target.
+#include <spdlog/spdlog.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "coordinator/server.h"
+#include "coordinator/state_store.h"
+#include "tests/fuzz/fuzz_folder.h"
+#include "tests/fuzz/wire_script.h"
+
+namespace trainyard::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string StatePath() { return ScratchFolder() + "/state.db"; }
+
+// A fresh store with job kJob RUNNING as attempt kAttempt on ranks 0,1 of kWorld.
+void SeedStore() {
+  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(StatePath() + suffix);
+  StateStore store(StatePath(), /*start_fresh=*/true);
+  NewJob job;
+  job.name = "seeded", job.idempotency_key = "seeded", job.spec_yaml = "name: seeded\n";
+  job.source = "seeded.yaml", job.base_dir = ScratchFolder(), job.ranks = 2, job.max_restarts = 1;
+  bool created = false;
+  const JobRecord record = store.Submit(job, WallNow(), &created);
+  if (record.id != kJob) std::abort();
+  store.SetState(kJob, JobState::kRunning, "");
+  if (store.StartAttempt(kJob, std::string(kWorld) + ":0,1", WallNow()) != kAttempt) std::abort();
+}
+
+// The seeds' submissions say base_dir "." for the scratch folder, whose path changes
+// from run to run (the process must keep its working directory: libFuzzer writes the
+// corpus and artifacts relative to it). Other payloads pass through byte for byte.
+std::string RootSubmission(const std::string& payload) {
+  wire::Envelope e;
+  if (!e.ParseFromString(payload) || !e.has_submit() || e.submit().base_dir() != ".") return payload;
+  e.mutable_submit()->set_base_dir(ScratchFolder());
+  return e.SerializeAsString();
+}
+
+}  // namespace
+}  // namespace trainyard::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  spdlog::set_level(spdlog::level::off);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace trainyard;
+  fuzz::SeedStore();
+  ServerOptions options;
+  options.listen = "inproc://fuzz_wire";
+  options.state_path = fuzz::StatePath();
+  options.runs_dir = fuzz::ScratchFolder() + "/runs";
+  Server server(options);
+  for (const fuzz::Frame& frame : fuzz::DecodeScript(data, size)) {
+    const std::string payload = fuzz::RootSubmission(frame.payload);
+    server.HandleFrame(fuzz::kPeers[frame.peer], payload.data(), payload.size());
+  }
+  wire::Envelope list;
+  list.set_version(kProtocolVersion);
+  list.mutable_list();
+  const std::string bytes = list.SerializeAsString();
+  const int64_t bad_before = server.bad_frames();
+  server.HandleFrame("client", bytes.data(), bytes.size());
+  if (server.bad_frames() != bad_before) std::abort();  // a valid List must still be served
+  return 0;
+}
