@@ -6,6 +6,7 @@
 //
 // The timers (Server::Tick) are private and not driven here: assignment and liveness
 // expiry are outside this target.
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
 #include <cstddef>
@@ -26,18 +27,29 @@ namespace fs = std::filesystem;
 
 std::string StatePath() { return ScratchFolder() + "/state.db"; }
 
-// A fresh store with job kJob RUNNING as attempt kAttempt on ranks 0,1 of kWorld.
-void SeedStore() {
-  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(StatePath() + suffix);
-  StateStore store(StatePath(), /*start_fresh=*/true);
-  NewJob job;
-  job.name = "seeded", job.idempotency_key = "seeded", job.spec_yaml = "name: seeded\n";
-  job.source = "seeded.yaml", job.base_dir = ScratchFolder(), job.ranks = 2, job.max_restarts = 1;
-  bool created = false;
-  const JobRecord record = store.Submit(job, WallNow(), &created);
-  if (record.id != kJob) std::abort();
-  store.SetState(kJob, JobState::kRunning, "");
-  if (store.StartAttempt(kJob, std::string(kWorld) + ":0,1", WallNow()) != kAttempt) std::abort();
+// A store with job kJob RUNNING as attempt kAttempt on ranks 0,1 of kWorld, made once
+// (closing it folds the write-ahead log into this one file).
+const std::string& SeededStore() {
+  static const std::string* const path = [] {
+    auto* template_path = new std::string(ScratchFolder() + "/seeded.db");
+    StateStore store(*template_path, /*start_fresh=*/true);
+    NewJob job;
+    job.name = "seeded", job.idempotency_key = "seeded", job.spec_yaml = "name: seeded\n";
+    job.source = "seeded.yaml", job.base_dir = ScratchFolder(), job.ranks = 2, job.max_restarts = 1;
+    bool created = false;
+    if (store.Submit(job, WallNow(), &created).id != kJob) std::abort();
+    store.SetState(kJob, JobState::kRunning, "");
+    if (store.StartAttempt(kJob, std::string(kWorld) + ":0,1", WallNow()) != kAttempt) std::abort();
+    return template_path;
+  }();
+  return *path;
+}
+
+// Each input starts from a copy of the seeded store: a fresh state, no history.
+void ResetStore() {
+  const std::string& seeded = SeededStore();
+  for (const char* suffix : {"-wal", "-shm"}) fs::remove(StatePath() + suffix);
+  fs::copy_file(seeded, StatePath(), fs::copy_options::overwrite_existing);
 }
 
 // The seeds' submissions say base_dir "." for the scratch folder, whose path changes
@@ -55,12 +67,13 @@ std::string RootSubmission(const std::string& payload) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
+  google::protobuf::SetLogHandler(nullptr);  // silences a warning per frame with invalid UTF-8
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainyard;
-  fuzz::SeedStore();
+  fuzz::ResetStore();
   ServerOptions options;
   options.listen = "inproc://fuzz_wire";
   options.state_path = fuzz::StatePath();
