@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "coordinator/server.h"
@@ -45,11 +47,18 @@ const std::string& SeededStore() {
   return *path;
 }
 
-// Each input starts from a copy of the seeded store: a fresh state, no history.
+// Each input starts from a copy of the seeded store: a fresh state, no history. Written
+// from memory with plain writes: fs::copy_file's sendfile fails with EINTR when
+// libFuzzer's -timeout alarm (a handler without SA_RESTART) lands during it.
 void ResetStore() {
-  const std::string& seeded = SeededStore();
+  static const std::string* const seeded = [] {
+    std::ifstream in(SeededStore(), std::ios::binary);
+    return new std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
   for (const char* suffix : {"-wal", "-shm"}) fs::remove(StatePath() + suffix);
-  fs::copy_file(seeded, StatePath(), fs::copy_options::overwrite_existing);
+  std::ofstream out(StatePath(), std::ios::binary | std::ios::trunc);
+  out.write(seeded->data(), static_cast<std::streamsize>(seeded->size()));
+  if (!out.flush()) std::abort();
 }
 
 // The seeds' submissions say base_dir "." for the scratch folder, whose path changes

@@ -18,7 +18,7 @@ namespace {
 
 using Fill = std::function<void(wire::Envelope*)>;
 
-fuzz::Frame FrameOf(int peer, const Fill& fill) {
+Frame FrameOf(int peer, const Fill& fill) {
   wire::Envelope e;
   e.set_version(kProtocolVersion);
   fill(&e);
