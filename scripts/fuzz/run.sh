@@ -8,15 +8,16 @@
 #     --jobs J      targets fuzzed at once (default 2)
 #     target        fuzz_job_spec, fuzz_safetensors, fuzz_wire, ... (default: all)
 # Prints, per target, the executions, exec/s, coverage and the verdict; exits 1 if any
-# target failed. TRAINYARD_WERROR=1 builds with -Werror (CI). Reproducers land in build-fuzz/findings/<target>/ (replay one with
+# target failed. Reproducers land in build-fuzz/findings/<target>/ (replay one with
 # build-fuzz/bin/<target> <file>); the growing corpus in build-fuzz/corpus/<target>/.
+# TRAINYARD_WERROR=1 builds with -Werror (CI).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build-fuzz
 SECONDS_PER_TARGET=600
 JOBS=2
 TARGETS=()
-usage() { sed -n '2,12p' "$0"; }
+usage() { sed -n '2,13p' "$0"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) SECONDS_PER_TARGET=$2; shift 2 ;;
