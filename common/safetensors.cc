@@ -22,28 +22,48 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
+// The shape's dimensions, each a non-negative JSON integer (a float or a huge value
+// would not convert safely).
+std::vector<int64_t> ParseShape(const std::string& path, const std::string& name, const nlohmann::json& shape) {
+  if (!shape.is_array()) Fail(path, "tensor '" + name + "': shape must be an array of integers");
+  std::vector<int64_t> dims;
+  for (const nlohmann::json& d : shape) {
+    if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t(INT64_MAX)))
+      Fail(path,
+           "tensor '" + name + "': shape must hold integers; dimension " + std::to_string(dims.size()) + " is not one");
+    dims.push_back(d.get<int64_t>());
+    if (dims.back() < 0) Fail(path, "tensor '" + name + "': negative dimension in shape " + ShapeText(dims));
+  }
+  return dims;
+}
+
+// Bytes a tensor of `shape` and `dtype` takes; a SafetensorsError if that overflows 64 bits.
+uint64_t ByteSize(const std::string& path, const std::string& name, const std::vector<int64_t>& shape,
+                  const std::string& dtype) {
+  uint64_t bytes = DtypeSize(dtype);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
+      Fail(path, "tensor '" + name + "': shape " + ShapeText(shape) + " is too large");
+  return bytes;
+}
+
 TensorRecord ParseRecord(const std::string& path, const std::string& name, const nlohmann::json& entry,
                          size_t data_size) {
   if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
     Fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
   TensorRecord r;
-  try {
-    r.dtype = entry["dtype"].get<std::string>();
-    r.shape = entry["shape"].get<std::vector<int64_t>>();
-    auto offsets = entry["data_offsets"].get<std::vector<uint64_t>>();
-    if (offsets.size() != 2) Fail(path, "tensor '" + name + "': data_offsets must have 2 entries");
-    r.begin = offsets[0];
-    r.end = offsets[1];
-  } catch (const nlohmann::json::exception& e) {
-    Fail(path, "tensor '" + name + "': " + e.what());
-  }
+  const nlohmann::json& dtype = entry.at("dtype");
+  const nlohmann::json& offsets = entry.at("data_offsets");
+  if (!dtype.is_string()) Fail(path, "tensor '" + name + "': dtype must be a string");
+  r.dtype = dtype.get<std::string>();
   if (DtypeSize(r.dtype) == 0) Fail(path, "tensor '" + name + "': unknown dtype " + r.dtype);
-  uint64_t numel = 1;
-  for (int64_t d : r.shape) {
-    if (d < 0) Fail(path, "tensor '" + name + "': negative dimension in shape " + ShapeText(r.shape));
-    numel *= static_cast<uint64_t>(d);
-  }
-  const uint64_t expected = numel * DtypeSize(r.dtype);
+  r.shape = ParseShape(path, name, entry.at("shape"));
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned())
+    Fail(path, "tensor '" + name + "': data_offsets must be 2 non-negative integers");
+  r.begin = offsets[0].get<uint64_t>();
+  r.end = offsets[1].get<uint64_t>();
+  const uint64_t expected = ByteSize(path, name, r.shape, r.dtype);
   if (r.begin > r.end || r.end - r.begin != expected)
     Fail(path, "tensor '" + name + "': shape " + ShapeText(r.shape) + " " + r.dtype + " needs " +
                    std::to_string(expected) + " bytes but data_offsets span " +
@@ -52,6 +72,36 @@ TensorRecord ParseRecord(const std::string& path, const std::string& name, const
     Fail(path, "tensor '" + name + "' ends at byte " + std::to_string(r.end) + " but the data section has only " +
                    std::to_string(data_size) + " bytes (truncated file?)");
   return r;
+}
+
+std::map<std::string, std::string> ParseMetadata(const std::string& path, const nlohmann::json& entry) {
+  if (!entry.is_object()) Fail(path, "__metadata__ must be an object of strings");
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, value] : entry.items()) {
+    if (!value.is_string()) Fail(path, "__metadata__ value of '" + key + "' is not a string");
+    metadata[key] = value.get<std::string>();
+  }
+  return metadata;
+}
+
+// As Hugging Face's reader requires: in offset order, each tensor starts where the one
+// before ends, from byte 0 to the end of the data section, so no byte is shared or
+// left out.
+void CheckTiling(const std::string& path, const std::map<std::string, TensorRecord>& tensors, size_t data_size) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  ranges.reserve(tensors.size());
+  for (const auto& [name, r] : tensors) ranges.emplace_back(r.begin, r.end);
+  std::sort(ranges.begin(), ranges.end());
+  size_t end = 0;
+  for (const auto& [begin, stop] : ranges) {
+    if (begin != end)
+      Fail(path, "tensor data " + std::string(begin < end ? "overlaps" : "leaves a gap") + " at byte " +
+                     std::to_string(std::min(begin, end)));
+    end = stop;
+  }
+  if (end != data_size)
+    Fail(path,
+         "data section holds " + std::to_string(data_size) + " bytes but the tensors span " + std::to_string(end));
 }
 
 }  // namespace
@@ -66,36 +116,34 @@ size_t DtypeSize(const std::string& dtype) {
 SafetensorsFile SafetensorsFile::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SafetensorsError(path + ": cannot open");
+  return Parse(std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path);
+}
+
+SafetensorsFile SafetensorsFile::Parse(std::vector<uint8_t> bytes, const std::string& name) {
   SafetensorsFile file;
-  file.path_ = path;
-  file.data_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (file.data_.size() < 8) Fail(path, "shorter than the 8-byte header size");
+  file.path_ = name;
+  file.data_ = std::move(bytes);
+  if (file.data_.size() < 8) Fail(name, "shorter than the 8-byte header size");
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | file.data_[i];
   if (header_size > kMaxHeaderBytes || 8 + header_size > file.data_.size())
-    Fail(path, "header size " + std::to_string(header_size) + " exceeds the file");
+    Fail(name, "header size " + std::to_string(header_size) + " exceeds the file");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(file.data_.begin() + 8, file.data_.begin() + 8 + header_size);
-  } catch (const nlohmann::json::parse_error& e) {
-    Fail(path, std::string("header is not JSON: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
+    Fail(name, std::string("header is not JSON: ") + e.what());
   }
-  if (!header.is_object()) Fail(path, "header is not a JSON object");
+  if (!header.is_object()) Fail(name, "header is not a JSON object");
   file.data_offset_ = 8 + header_size;
   const size_t data_size = file.data_.size() - file.data_offset_;
-  size_t data_end = 0;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      for (const auto& [k, v] : entry.items())
-        if (v.is_string()) file.metadata_[k] = v.get<std::string>();
-      continue;
-    }
-    file.tensors_[name] = ParseRecord(path, name, entry, data_size);
-    data_end = std::max(data_end, file.tensors_[name].end);
+  for (const auto& [key, entry] : header.items()) {
+    if (key == "__metadata__")
+      file.metadata_ = ParseMetadata(name, entry);
+    else
+      file.tensors_[key] = ParseRecord(name, key, entry, data_size);
   }
-  if (data_end != data_size)
-    Fail(path,
-         "data section holds " + std::to_string(data_size) + " bytes but the tensors span " + std::to_string(data_end));
+  CheckTiling(name, file.tensors_, data_size);
   return file;
 }
 

@@ -30,9 +30,13 @@ size_t DtypeSize(const std::string& dtype);
 class SafetensorsFile {
  public:
   // Reads and validates the whole file: the header must parse, every dtype be known,
-  // every byte range match its shape and lie inside the file, and the data section
-  // end exactly where the last tensor does (which catches truncation).
+  // every byte range match its shape, the ranges tile the data section from byte 0
+  // without gaps or overlaps, and the data section end exactly where the last tensor
+  // does (which catches truncation).
   static SafetensorsFile Read(const std::string& path);
+  // The same checks on bytes already in memory; `name` stands for the file in messages.
+  // Any input ends in a SafetensorsFile or a SafetensorsError (tests/fuzz/fuzz_safetensors).
+  static SafetensorsFile Parse(std::vector<uint8_t> bytes, const std::string& name);
 
   const std::map<std::string, TensorRecord>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

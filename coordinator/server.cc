@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -136,32 +137,36 @@ void Server::ReceiveOne() {
     if (!frames.empty()) Reply(frames[0], ErrorEnvelope(2, "expected one protobuf Envelope frame"));
     return;
   }
+  const char* role = zmq_msg_gets(frames[1].handle(), "User-Id");  // set by the ZAP handler
+  HandleFrame(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()), role ? role : "",
+              frames[1].data(), frames[1].size());
+}
+
+void Server::HandleFrame(const std::string& identity, const std::string& role, const void* data, size_t size) {
   wire::Envelope request;
-  if (!request.ParseFromArray(frames[1].data(), static_cast<int>(frames[1].size())) ||
+  if (size > static_cast<size_t>(INT_MAX) || !request.ParseFromArray(data, static_cast<int>(size)) ||
       request.body_case() == wire::Envelope::BODY_NOT_SET) {
     ++bad_frames_;
-    spdlog::warn("dropped a frame that is not a trainyard Envelope ({} bytes); {} bad so far", frames[1].size(),
-                 bad_frames_);
-    Reply(frames[0], ErrorEnvelope(2, "the message is not a valid trainyard Envelope"));
+    spdlog::warn("dropped a frame that is not a trainyard Envelope ({} bytes); {} bad so far", size, bad_frames_);
+    Send(identity, ErrorEnvelope(2, "the message is not a valid trainyard Envelope"));
     return;
   }
   if (request.version() != kProtocolVersion) {
-    Reply(frames[0],
-          ErrorEnvelope(2, "protocol version " + std::to_string(request.version()) +
-                               " is not supported (this coordinator speaks " + std::to_string(kProtocolVersion) + ")"));
+    Send(identity,
+         ErrorEnvelope(2, "protocol version " + std::to_string(request.version()) +
+                              " is not supported (this coordinator speaks " + std::to_string(kProtocolVersion) + ")"));
     return;
   }
-  const char* role = zmq_msg_gets(frames[1].handle(), "User-Id");  // set by the ZAP handler
-  const std::string refusal = RoleRefusal(role ? role : "", request);
+  const std::string refusal = RoleRefusal(role, request);
   if (!refusal.empty()) {
-    Refuse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()), refusal);
+    Refuse(identity, refusal);
     return;
   }
   try {
-    if (auto reply = Dispatch(frames[0], request)) Reply(frames[0], *reply);
+    if (auto reply = Dispatch(identity, request)) Send(identity, *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
     spdlog::error("request failed: {}", e.what());
-    Reply(frames[0], ErrorEnvelope(1, e.what()));
+    Send(identity, ErrorEnvelope(1, e.what()));
   }
 }
 
@@ -193,8 +198,7 @@ void Server::Send(const std::string& identity, const wire::Envelope& message) {
   socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
 }
 
-std::optional<wire::Envelope> Server::Dispatch(const zmq::message_t& identity_frame, const wire::Envelope& request) {
-  const std::string identity(static_cast<const char*>(identity_frame.data()), identity_frame.size());
+std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kRegister:
       OnRegister(identity, request.register_());

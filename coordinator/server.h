@@ -115,6 +115,11 @@ class Server {
   ~Server();
   // Serves until `stop` becomes true (checked every 100 ms).
   void Run(const std::atomic<bool>& stop);
+  // Handles one message as if `data` had arrived from the peer `identity` (its ZeroMQ
+  // routing id) whose ZAP role is `role` ("worker", "client", or "" without CURVE):
+  // parse, check the version and the role, dispatch, reply. Never throws for any bytes;
+  // this is the loop's entry point and the wire fuzzer's (tests/fuzz/fuzz_wire).
+  void HandleFrame(const std::string& identity, const std::string& role, const void* data, size_t size);
   int64_t bad_frames() const { return bad_frames_; }
   // Messages refused for their sender: a wrong role, token or attempt.
   int64_t refused_messages() const { return refused_messages_; }
@@ -130,7 +135,7 @@ class Server {
   void FinishSubmission(const ParsedSubmission& parsed);
   void RequeueRunningWithoutAttempt();
   // nullopt: the message needs no reply (worker traffic answers itself).
-  std::optional<wire::Envelope> Dispatch(const zmq::message_t& identity, const wire::Envelope& request);
+  std::optional<wire::Envelope> Dispatch(const std::string& identity, const wire::Envelope& request);
   // Why `role` (the ZAP user id; empty without CURVE) may not send `request`, or "".
   std::string RoleRefusal(const std::string& role, const wire::Envelope& request) const;
   // The registered rank (world, rank) if `token` is its token; otherwise null, with the

@@ -5,9 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace trainyard {

@@ -5,7 +5,7 @@
 #     itself and the layers beneath it (coordinator/, common/ and data/ never include
 #     worker/; worker/models/ never includes worker/jobs/; ...);
 #   - libtorch (<torch/...>, <ATen/...>, <c10/...>) only in the torch folders of worker/;
-#   - protobuf and ZeroMQ only in proto/, coordinator/ and worker/pool/ (libtorch and
+#   - protobuf and ZeroMQ only in proto/, coordinator/, worker/pool/ and their tests (libtorch and
 #     Debian's libsentencepiece carry protobuf runtimes of their own);
 #   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt}).
 # Tests may use any layer; torch-free test folders follow the torch rule too.
@@ -32,7 +32,7 @@ declare -A MAY_USE=(
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
 TORCH_FOLDERS="worker/models/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
-WIRE_FOLDERS="proto/ coordinator/ worker/pool/ tests/coordinator/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ tests/coordinator/ tests/fuzz/"
 
 folder_of() {  # the MAY_USE key that is the longest prefix of $1
   local file=$1 best="" key

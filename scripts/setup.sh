@@ -3,7 +3,8 @@
 # run only checks and returns in seconds.
 #   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
 #     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, clang-format and
-#     clang-tidy, and the fortunes data.
+#     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), and the
+#     fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links) and Hugging Face transformers (the independent reference in tests).
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
@@ -27,6 +28,7 @@ APT_PACKAGES=(
   libsentencepiece-dev sentencepiece
   libcli11-dev libicu-dev
   clang-format clang-tidy
+  clang libclang-rt-dev
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )
 

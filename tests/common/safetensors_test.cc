@@ -60,5 +60,65 @@ TEST_F(SafetensorsTest, HeaderThatLiesAboutSizesIsRejected) {
   }
 }
 
+// A safetensors image: the 8-byte little-endian size, `header`, then `data_bytes` zeros.
+std::vector<uint8_t> Image(const std::string& header, size_t data_bytes) {
+  std::vector<uint8_t> bytes(8);
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>((uint64_t(header.size()) >> (8 * i)) & 0xFF);
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  bytes.resize(bytes.size() + data_bytes, 0);
+  return bytes;
+}
+
+// The SafetensorsError message for parsing `bytes`, or "" if they parsed.
+std::string ParseError(const std::string& header, size_t data_bytes) {
+  try {
+    SafetensorsFile::Parse(Image(header, data_bytes), "t.safetensors");
+  } catch (const SafetensorsError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SafetensorsParseTest, ValidImageParsesFromMemory) {
+  EXPECT_EQ(ParseError(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"__metadata__":{"k":"v"}})", 4), "");
+}
+
+TEST(SafetensorsParseTest, HeaderWithANumberBeyondDoubleIsRejected) {
+  // nlohmann::json throws out_of_range, not parse_error, for it (found by fuzz_safetensors).
+  const std::string error = ParseError(R"({"a":{"dtype":"U8","shape":[1e999],"data_offsets":[0,1]}})", 1);
+  EXPECT_NE(error.find("header is not JSON"), std::string::npos) << error;
+}
+
+TEST(SafetensorsParseTest, ShapeWhoseByteCountOverflowsIsRejected) {
+  // 2^62 x 4 elements x 4 bytes wraps to 0 in 64 bits: it must not pass as an empty tensor.
+  const std::string error =
+      ParseError(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0);
+  EXPECT_NE(error.find("is too large"), std::string::npos) << error;
+}
+
+TEST(SafetensorsParseTest, NonIntegerShapesAndOffsetsAreRejected) {
+  for (const char* header : {R"({"a":{"dtype":"U8","shape":[1e300],"data_offsets":[0,1]}})",
+                             R"({"a":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}})",
+                             R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[-1,0]}})",
+                             R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0.0,1]}})",
+                             R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,1]}})"}) {
+    EXPECT_NE(ParseError(header, 1), "") << header;
+  }
+}
+
+TEST(SafetensorsParseTest, OverlappingOrGappedTensorsAreRejected) {
+  const std::string overlap = ParseError(
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+      3);
+  EXPECT_NE(overlap.find("overlaps at byte 1"), std::string::npos) << overlap;
+  const std::string gap = ParseError(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", 3);
+  EXPECT_NE(gap.find("leaves a gap at byte 0"), std::string::npos) << gap;
+}
+
+TEST(SafetensorsParseTest, MetadataMustMapStringsToStrings) {
+  EXPECT_NE(ParseError(R"({"__metadata__":[1,2]})", 0).find("__metadata__ must be an object"), std::string::npos);
+  EXPECT_NE(ParseError(R"({"__metadata__":{"k":1}})", 0).find("'k' is not a string"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -1,0 +1,135 @@
+// Writes fuzz_wire's seed corpus: frame scripts (wire_script.h) holding valid Envelopes
+// of every message type, alone and in the life of the seeded job (register, heartbeat,
+// epoch report, results; a rank exit; a cancel).
+//   fuzz_wire_seeds <folder>      (checked in as tests/fuzz/corpus/fuzz_wire/)
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "proto/wire_version.h"
+#include "tests/fuzz/wire_script.h"
+#include "trainyard.pb.h"
+
+namespace trainyard::fuzz {
+namespace {
+
+using Fill = std::function<void(wire::Envelope*)>;
+
+Frame FrameOf(int peer, const Fill& fill) {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  fill(&e);
+  return {peer, e.SerializeAsString()};
+}
+
+void FillRank(wire::RankInfo* r, int rank) {
+  r->set_world(kWorld), r->set_rank(rank), r->set_world_size(2), r->set_host("localhost"), r->set_device("cpu");
+  r->set_pid(1000 + rank);
+}
+
+Frame Register(int rank) {
+  return FrameOf(rank, [rank](wire::Envelope* e) {
+    FillRank(e->mutable_register_()->mutable_rank(), rank);
+    e->mutable_register_()->set_job_id(kJob), e->mutable_register_()->set_attempt(kAttempt);
+    e->mutable_register_()->set_world_token(kWorldToken), e->mutable_register_()->set_rank_token(kRankTokens[rank]);
+  });
+}
+
+Frame Heartbeat(int rank) {
+  return FrameOf(rank, [rank](wire::Envelope* e) {
+    wire::Heartbeat* h = e->mutable_heartbeat();
+    h->set_world(kWorld), h->set_rank(rank), h->set_job_id(kJob), h->set_attempt(kAttempt);
+    h->set_last_log_line("epoch 1 step 10"), h->set_rank_token(kRankTokens[rank]);
+  });
+}
+
+Frame Epoch(int epoch) {
+  return FrameOf(0, [epoch](wire::Envelope* e) {
+    wire::EpochReport* r = e->mutable_epoch();
+    r->set_job_id(kJob), r->set_attempt(kAttempt), r->set_epoch(epoch);
+    r->set_csv_header("epoch,loss,accuracy"), r->set_csv_line(std::to_string(epoch) + ",0.5,0.9");
+    r->set_world(kWorld), r->set_world_rank(0), r->set_rank_token(kRankTokens[0]);
+    wire::StepPart* part = r->mutable_breakdown()->add_parts();
+    part->set_name("forward"), part->set_min_ms(1), part->set_median_ms(2), part->set_max_ms(3);
+    r->mutable_breakdown()->set_slowest_rank(1), r->mutable_breakdown()->set_slowest_ms_per_step(9);
+  });
+}
+
+Frame Result(int rank, const std::string& outcome) {
+  return FrameOf(rank, [rank, outcome](wire::Envelope* e) {
+    wire::JobResult* r = e->mutable_result();
+    r->set_job_id(kJob), r->set_attempt(kAttempt), r->set_world_rank(rank), r->set_world(kWorld);
+    r->set_rank_token(kRankTokens[rank]);
+    r->set_outcome(outcome), r->set_message("done");
+    if (rank == 0) r->set_summary_json(R"({"accuracy": 0.9})");
+  });
+}
+
+Frame RankExit(int rank, int signal) {
+  return FrameOf(rank, [rank, signal](wire::Envelope* e) {
+    FillRank(e->mutable_rank_exit()->mutable_rank(), rank);
+    e->mutable_rank_exit()->set_exit_code(signal ? 0 : 1), e->mutable_rank_exit()->set_signal(signal);
+    e->mutable_rank_exit()->set_last_log_line("oops"), e->mutable_rank_exit()->set_rank_token(kRankTokens[rank]);
+  });
+}
+
+Frame Client(const Fill& fill) { return FrameOf(2, fill); }
+
+Frame Submit() {
+  return Client([](wire::Envelope* e) {
+    wire::SubmitRequest* s = e->mutable_submit();
+    s->set_yaml(
+        "name: fuzzjob\ndata:\n  train: data/train.tsv\n  tokenizer:\n    vocab: data/vocab.txt\n"
+        "resources:\n  ranks: 2\n  priority: 3\n");
+    s->set_source("fuzzjob.yaml"), s->set_base_dir("."), s->set_idempotency_key("key-1");
+  });
+}
+
+std::vector<std::pair<std::string, std::vector<Frame>>> Seeds() {
+  const auto id = [](auto* request) { request->set_job_id(kJob); };
+  std::vector<std::pair<std::string, std::vector<Frame>>> seeds = {
+      {"submit", {Submit(), Submit()}},
+      {"list", {Client([](wire::Envelope* e) { e->mutable_list(); })}},
+      {"status", {Client([&](wire::Envelope* e) { id(e->mutable_status()); })}},
+      {"cancel", {Client([&](wire::Envelope* e) { id(e->mutable_cancel()); })}},
+      {"logs", {Client([&](wire::Envelope* e) { id(e->mutable_logs()); })}},
+      {"report", {Client([&](wire::Envelope* e) { id(e->mutable_report()); })}},
+      {"workers", {Register(0), Client([](wire::Envelope* e) { e->mutable_workers(); })}},
+      {"register", {Register(0)}},
+      {"heartbeat", {Heartbeat(1)}},
+      {"epoch", {Epoch(1)}},
+      {"result", {Result(1, "failed")}},
+      {"rank_exit", {RankExit(0, 9)}},
+      {"from_coordinator",
+       {FrameOf(3, [](wire::Envelope* e) { e->mutable_pulse(); }),
+        FrameOf(3, [](wire::Envelope* e) { e->mutable_assign()->set_job_id(kJob); }),
+        FrameOf(3, [](wire::Envelope* e) { e->mutable_stop()->set_job_id(kJob); }),
+        FrameOf(3, [](wire::Envelope* e) { e->mutable_ack()->set_job_id(kJob); })}},
+      {"life_succeeded",
+       {Register(0), Register(1), Heartbeat(0), Heartbeat(1), Epoch(1), Epoch(1), Epoch(2), Result(0, "succeeded"),
+        Result(1, "succeeded"), Client([&](wire::Envelope* e) { id(e->mutable_report()); })}},
+      {"life_rank_exit", {Register(0), Register(1), Epoch(1), RankExit(1, 11), Result(0, "cancelled")}},
+      {"life_bad_input", {Register(0), Register(1), Result(1, "bad_input"), Heartbeat(0)}},
+      {"life_cancel",
+       {Register(0), Register(1), Client([&](wire::Envelope* e) { id(e->mutable_cancel()); }), Result(0, "cancelled"),
+        Result(1, "cancelled"), Client([&](wire::Envelope* e) { id(e->mutable_logs()); })}},
+  };
+  return seeds;
+}
+
+}  // namespace
+}  // namespace trainyard::fuzz
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <folder>\n", argv[0]);
+    return 2;
+  }
+  std::filesystem::create_directories(argv[1]);
+  for (const auto& [name, frames] : trainyard::fuzz::Seeds())
+    std::ofstream(std::filesystem::path(argv[1]) / name, std::ios::binary) << trainyard::fuzz::EncodeScript(frames);
+  return 0;
+}
