@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/hash.h"
 
 namespace trainyard {
 namespace {
@@ -104,6 +105,22 @@ void CheckTiling(const std::string& path, const std::map<std::string, TensorReco
          "data section holds " + std::to_string(data_size) + " bytes but the tensors span " + std::to_string(end));
 }
 
+std::string HexOf(uint32_t value) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(8, '0');
+  for (int i = 7; i >= 0; --i, value >>= 4) out[static_cast<size_t>(i)] = kDigits[value & 0xF];
+  return out;
+}
+
+void VerifyChecksum(const std::string& path, const std::string& stored, const uint8_t* data, size_t size) {
+  if (stored.size() != 8 || stored.find_first_not_of("0123456789abcdef") != std::string::npos)
+    Fail(path, std::string(kDataChecksumKey) + " '" + stored.substr(0, 40) + "' is not 8 lowercase hex digits");
+  const std::string computed = HexOf(Crc32c(data, size));
+  if (computed != stored)
+    Fail(path, "the tensor data do not match their checksum (" + std::string(kDataChecksumKey) + " " + stored +
+                   ", computed " + computed + "): the file is corrupt");
+}
+
 }  // namespace
 
 size_t DtypeSize(const std::string& dtype) {
@@ -144,20 +161,26 @@ SafetensorsFile SafetensorsFile::Parse(std::vector<uint8_t> bytes, const std::st
       file.tensors_[key] = ParseRecord(name, key, entry, data_size);
   }
   CheckTiling(name, file.tensors_, data_size);
+  if (auto it = file.metadata_.find(kDataChecksumKey); it != file.metadata_.end())
+    VerifyChecksum(name, it->second, file.data_.data() + file.data_offset_, data_size);
   return file;
 }
 
 void WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
+  uint32_t crc = 0;
   for (const auto& t : tensors) {
     size_t bytes = DtypeSize(t.dtype);
     for (int64_t d : t.shape) bytes *= static_cast<size_t>(d);
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    crc = Crc32c(t.data, bytes, crc);
   }
+  std::map<std::string, std::string> all_metadata = metadata;
+  all_metadata[kDataChecksumKey] = HexOf(crc);
+  header["__metadata__"] = all_metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   uint8_t size_bytes[8];

@@ -2,6 +2,11 @@
 // JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}}, then
 // the raw little-endian tensor bytes. This module is libtorch-free; see
 // hf_checkpoint.h for the conversion to and from torch tensors.
+//
+// Files written here carry a CRC32C of their whole data section as the metadata value
+// kDataChecksumKey (8 lowercase hex digits); a file that has the key is verified on
+// read. Other writers' files (Hugging Face downloads) have no key and are read as they
+// are. Other tools ignore metadata they do not know, so the files stay plain safetensors.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +29,8 @@ struct TensorRecord {
   size_t begin = 0, end = 0;  // byte range inside the data section
 };
 
+inline constexpr char kDataChecksumKey[] = "data_crc32c";
+
 // Bytes per element of a safetensors dtype; 0 if unknown.
 size_t DtypeSize(const std::string& dtype);
 
@@ -31,8 +38,9 @@ class SafetensorsFile {
  public:
   // Reads and validates the whole file: the header must parse, every dtype be known,
   // every byte range match its shape, the ranges tile the data section from byte 0
-  // without gaps or overlaps, and the data section end exactly where the last tensor
-  // does (which catches truncation).
+  // without gaps or overlaps, the data section end exactly where the last tensor does
+  // (which catches truncation), and the data match its kDataChecksumKey when the file
+  // has one (which catches flipped bits).
   static SafetensorsFile Read(const std::string& path);
   // The same checks on bytes already in memory; `name` stands for the file in messages.
   // Any input ends in a SafetensorsFile or a SafetensorsError (tests/fuzz/fuzz_safetensors).
@@ -42,6 +50,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const uint8_t* Data(const TensorRecord& record) const { return data_.data() + data_offset_ + record.begin; }
   const std::string& path() const { return path_; }
+  // Whether the data section was verified against a stored checksum.
+  bool checksummed() const { return metadata_.count(kDataChecksumKey) != 0; }
 
  private:
   std::string path_;
@@ -57,7 +67,8 @@ struct TensorToWrite {
   const void* data = nullptr;  // contiguous little-endian bytes, DtypeSize(dtype) * numel
 };
 
-// Writes a safetensors file atomically (temporary file, fsync, rename).
+// Writes a safetensors file atomically (temporary file, fsync, rename), with the data
+// section's checksum added to `metadata` as kDataChecksumKey.
 void WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                       const std::map<std::string, std::string>& metadata);
 

@@ -1,10 +1,13 @@
 #include "common/spec/job_spec.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -29,12 +32,47 @@ const char* NameOf(const std::map<std::string, E>& names, E value) {
 
 namespace fs = std::filesystem;
 
-// Whether `path` names something. A path that cannot even be checked (a component
-// longer than the file system allows, a parent without permission) counts as missing:
-// the throwing fs::exists would end the process (found by fuzz_job_spec).
-bool Exists(const fs::path& path) {
+// Upper bounds of the integer fields (README, "Job files"): far above any real job,
+// low enough that products such as batch_size x ranks or steps as doubles stay exact.
+constexpr int64_t kMaxSteps = 1'000'000'000'000;  // steps, step counts and cadences
+constexpr int64_t kMaxEpochs = 100'000;
+constexpr int64_t kMaxBatch = 65'536;   // examples per rank in one batch
+constexpr int64_t kMaxSeqLen = 32'768;  // tokens
+constexpr int64_t kMaxRanks = 65'536;
+constexpr int64_t kMaxThreads = 4'096;
+constexpr int64_t kMaxCount = 1'000'000;  // iterations, windows, vocabulary sizes
+constexpr size_t kMaxNameLength = 100;
+constexpr uintmax_t kMaxJobFileBytes = 16u << 20;
+
+// What a path read from the job file must be at load time. The checks follow symlinks.
+enum class PathKind {
+  kAny,            // nothing checked (written later, e.g. log.runs_dir)
+  kFile,           // an existing regular file: not a folder, FIFO, socket or device
+  kFileIfPresent,  // a regular file if it exists (created otherwise)
+  kFolder,         // an existing folder
+};
+
+// "" when `path` is acceptable as `kind`, else what is wrong with it. Never throws.
+std::string PathProblem(const fs::path& path, PathKind kind) {
   std::error_code error;
-  return fs::exists(path, error);
+  const fs::file_status status = fs::status(path, error);
+  const bool exists = !error && fs::exists(status);
+  if (kind == PathKind::kAny || (kind == PathKind::kFileIfPresent && !exists)) return "";
+  if (!exists) return (kind == PathKind::kFolder ? "folder not found: " : "file not found: ") + path.string();
+  if (kind == PathKind::kFolder) return fs::is_directory(status) ? "" : "not a folder: " + path.string();
+  if (fs::is_regular_file(status)) return "";
+  return std::string(fs::is_directory(status) ? "a folder" : "a special file (FIFO, device or socket)") +
+         ", not a regular file: " + path.string();
+}
+
+// A job name becomes a folder under runs/: one path component of [A-Za-z0-9._-],
+// neither "." nor "..", so it can never reach outside runs/ or span lines in logs.
+bool IsSafeName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength || name == "." || name == "..") return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
 }
 
 size_t EditDistance(const std::string& a, const std::string& b) {
@@ -80,7 +118,9 @@ class SpecReader {
     if (!map.IsMap()) Fail(map, path.empty() ? "<document>" : path, "expected a mapping of keys");
     std::vector<std::string> seen;
     for (const auto& entry : map) {
-      const std::string key = entry.first.as<std::string>();
+      // A complex key (`? [a, b]`) or a null one would make as<std::string>() throw.
+      if (!entry.first.IsScalar()) Fail(entry.first, path.empty() ? "<document>" : path, "expected a plain key");
+      const std::string key = entry.first.Scalar();
       if (std::find(seen.begin(), seen.end(), key) != seen.end())
         Fail(entry.first, Child(path, key), "duplicate key; each key may appear once");
       seen.push_back(key);
@@ -114,17 +154,32 @@ class SpecReader {
   bool ReadString(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out) const {
     return Read(m, k, p, out, "a string");
   }
+  // Reads an integer in [min_value, max_value]; the bounds must fit `Int`, so the value
+  // is narrowed only after it was checked against the field's real range.
   template <typename Int>
-  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out, int64_t min_value) const {
-    int64_t value = *out;
+  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out, int64_t min_value,
+               int64_t max_value) const {
+    if (!FitsIn<Int>(min_value) || !FitsIn<Int>(max_value) || min_value > max_value)
+      throw std::logic_error("ReadInt: bad bounds for " + Child(p, k));
+    int64_t value = 0;
     if (!Read(m, k, p, &value, "an integer")) return;
-    if (value < min_value)
-      Fail(m[k], Child(p, k), "expected an integer >= " + std::to_string(min_value) + ", got " + std::to_string(value));
+    if (value < min_value || value > max_value)
+      Fail(m[k], Child(p, k),
+           "expected an integer in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "], got " +
+               std::to_string(value));
     *out = static_cast<Int>(value);
   }
+  template <typename Int>
+  static bool FitsIn(int64_t v) {
+    if (v < 0) return std::numeric_limits<Int>::is_signed && v >= static_cast<int64_t>(std::numeric_limits<Int>::min());
+    return static_cast<uint64_t>(v) <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
+  }
+  // Reads a finite number in [lo, hi]: NaN compares false with every bound, so it is
+  // refused by name, as are the infinities.
   void ReadDouble(const YAML::Node& m, const std::string& k, const std::string& p, double* out, double lo,
                   double hi) const {
     if (!Read(m, k, p, out, "a number")) return;
+    if (!std::isfinite(*out)) Fail(m[k], Child(p, k), "expected a finite number, got '" + m[k].Scalar() + "'");
     if (*out < lo || *out > hi) {
       std::ostringstream msg;
       msg << "expected a number in [" << lo << ", " << hi << "], got " << *out;
@@ -150,15 +205,15 @@ class SpecReader {
     *out = it->second;
   }
 
-  // Reads a path, resolves it against the job file's folder, and (if must_exist)
-  // checks that the file is there.
+  // Reads a path, resolves it against the job file's folder, and checks it is `kind`.
   bool ReadPath(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out,
-                bool must_exist) const {
+                PathKind kind) const {
     std::string raw;
     if (!ReadString(m, k, p, &raw)) return false;
+    if (raw.empty() || raw.find('\0') != std::string::npos) Fail(m[k], Child(p, k), "expected a path");
     fs::path resolved = fs::path(raw).is_absolute() ? fs::path(raw) : base_dir_ / raw;
     *out = resolved.lexically_normal().string();
-    if (must_exist && !Exists(*out)) Fail(m[k], Child(p, k), "file not found: " + *out);
+    if (std::string problem = PathProblem(*out, kind); !problem.empty()) Fail(m[k], Child(p, k), problem);
     return true;
   }
 
@@ -182,15 +237,16 @@ class SpecReader {
     return true;
   }
 
-  int PositiveInt(const YAML::Node& n, const std::string& path) const {
-    int value = 0;
+  int PositiveInt(const YAML::Node& n, const std::string& path, int max_value) const {
+    int64_t value = 0;
     try {
-      value = n.as<int>();
+      value = n.as<int64_t>();
     } catch (const YAML::BadConversion&) {
       Fail(n, path, "expected an integer, got '" + n.Scalar() + "'");
     }
-    if (value < 1) Fail(n, path, "expected an integer >= 1, got " + std::to_string(value));
-    return value;
+    if (value < 1 || value > max_value)
+      Fail(n, path, "expected an integer in [1, " + std::to_string(max_value) + "], got " + std::to_string(value));
+    return static_cast<int>(value);
   }
 
   template <typename E>
@@ -227,13 +283,13 @@ void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) 
                                                   {"sentencepiece", TokenizerKind::kSentencePiece}},
              &t.kind);
   r.ReadBool(node, "lowercase", path, &t.lowercase);
-  r.ReadInt(node, "vocab_size", path, &t.vocab_size, 16);
+  r.ReadInt(node, "vocab_size", path, &t.vocab_size, 16, kMaxCount);
   if (t.kind == TokenizerKind::kWordPiece) {
-    if (!r.ReadPath(node, "vocab", path, &t.vocab, true))
+    if (!r.ReadPath(node, "vocab", path, &t.vocab, PathKind::kFile))
       r.Fail(node, path + ".vocab", "required for a wordpiece tokenizer: path to vocab.txt");
   } else {
     // A missing SentencePiece model is trained from the train split on first use.
-    if (!r.ReadPath(node, "model", path, &t.model, false))
+    if (!r.ReadPath(node, "model", path, &t.model, PathKind::kFileIfPresent))
       r.Fail(node, path + ".model", "required for a sentencepiece tokenizer: path to a .model");
   }
 }
@@ -245,12 +301,12 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
               {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer", "max_seq_len",
                "bucket_batches", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
-  if (!r.ReadPath(d, "train", "data", &out.train, true) && spec->kind != JobKind::kInference)
+  if (!r.ReadPath(d, "train", "data", &out.train, PathKind::kFile) && spec->kind != JobKind::kInference)
     r.Fail(d, "data.train",
            spec->kind == JobKind::kFinetune ? "required: path to the training file (.tsv or .jsonl)"
                                             : "required: the text file benchmark inputs are tokenized from");
-  r.ReadPath(d, "dev", "data", &out.dev, true);
-  r.ReadPath(d, "labels", "data", &out.labels, true);
+  r.ReadPath(d, "dev", "data", &out.dev, PathKind::kFile);
+  r.ReadPath(d, "labels", "data", &out.labels, PathKind::kFile);
   out.format = fs::path(out.train.empty() ? spec->inference.input : out.train).extension() == ".jsonl"
                    ? DataFormat::kJsonl
                    : DataFormat::kTsv;
@@ -258,10 +314,10 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv}, {"jsonl", DataFormat::kJsonl}}, &out.format);
   r.ReadString(d, "text_field", "data", &out.text_field);
   r.ReadString(d, "label_field", "data", &out.label_field);
-  r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8);
-  r.ReadInt(d, "bucket_batches", "data", &out.bucket_batches, 1);
-  r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0);
-  r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1);
+  r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8, kMaxSeqLen);
+  r.ReadInt(d, "bucket_batches", "data", &out.bucket_batches, 1, kMaxCount);
+  r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0, 1024);
+  r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1, 256);
   ParseTokenizer(r, d, &out);
 }
 
@@ -270,9 +326,10 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(m, "preset", "model",
              std::map<std::string, std::string>{{"tiny", "tiny"}, {"mini", "mini"}, {"base", "base"}},
              &spec->model.preset);
-  if (r.ReadPath(m, "init", "model", &spec->model.init, true) &&
-      !Exists(fs::path(spec->model.init) / "model.safetensors"))
-    r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json");
+  if (r.ReadPath(m, "init", "model", &spec->model.init, PathKind::kFolder))
+    for (const char* file : {"model.safetensors", "config.json"})
+      if (std::string problem = PathProblem(fs::path(spec->model.init) / file, PathKind::kFile); !problem.empty())
+        r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json: " + problem);
   r.ReadDouble(m, "dropout", "model", &spec->model.dropout, 0.0, 0.9);
 }
 
@@ -281,9 +338,9 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
                            {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
                             "adam_beta1", "adam_beta2", "adam_eps", "precision", "loss_scale"});
   TrainSpec& out = spec->train;
-  r.ReadInt(t, "epochs", "train", &out.epochs, 1);
-  r.ReadInt(t, "batch_size", "train", &out.batch_size, 1);
-  r.ReadInt(t, "max_steps", "train", &out.max_steps, 0);
+  r.ReadInt(t, "epochs", "train", &out.epochs, 1, kMaxEpochs);
+  r.ReadInt(t, "batch_size", "train", &out.batch_size, 1, kMaxBatch);
+  r.ReadInt(t, "max_steps", "train", &out.max_steps, 0, kMaxSteps);
   r.ReadDouble(t, "lr", "train", &out.lr, 0.0, 10.0);
   r.ReadDouble(t, "weight_decay", "train", &out.weight_decay, 0.0, 1.0);
   r.ReadDouble(t, "warmup_ratio", "train", &out.warmup_ratio, 0.0, 1.0);
@@ -299,35 +356,35 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     r.ReadDouble(ls, "init_scale", p, &out.loss_scale.init_scale, 1.0, 1e38);
     r.ReadDouble(ls, "growth_factor", p, &out.loss_scale.growth_factor, 1.0, 1e6);
     r.ReadDouble(ls, "backoff_factor", p, &out.loss_scale.backoff_factor, 1e-6, 1.0);
-    r.ReadInt(ls, "growth_interval", p, &out.loss_scale.growth_interval, 1);
+    r.ReadInt(ls, "growth_interval", p, &out.loss_scale.growth_interval, 1, 1'000'000'000);
   }
 }
 
 void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node c = r.Section(root, "checkpoint", {"every_steps", "keep", "resume"});
-  r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0);
-  r.ReadInt(c, "keep", "checkpoint", &spec->checkpoint.keep, 1);
+  r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0, kMaxSteps);
+  r.ReadInt(c, "keep", "checkpoint", &spec->checkpoint.keep, 1, 10'000);
   std::string resume;
   if (r.ReadString(c, "resume", "checkpoint", &resume)) {
     if (resume == "none" || resume == "auto")
       spec->checkpoint.resume = resume;
     else
-      r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, true);
+      r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
   }
   YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32"});
   r.ReadEnum(rt, "device", "runtime",
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
-  r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0);
+  r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0, kMaxThreads);
   r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
   YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
-  r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1);
+  r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1, kMaxRanks);
   r.ReadEnum(rs, "device", "resources",
              std::map<std::string, std::string>{{"cpu", "cpu"}, {"cuda", "cuda"}, {"any", "any"}},
              &spec->resources.device);
-  r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1000000);
-  r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0);
+  r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1'000'000, 1'000'000);
+  r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0, 1'000);
   r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
   YAML::Node ds = r.Section(root, "distributed",
                             {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency"});
@@ -344,11 +401,11 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
   YAML::Node dbg = r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank"});
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
-  r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1);
-  r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0);
+  r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1, kMaxSteps);
+  r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0, kMaxRanks - 1);
   YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress"});
-  r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, false);
-  r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1);
+  r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, PathKind::kAny);
+  r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1, 1'000'000'000);
   r.ReadBool(lg, "progress", "log", &spec->log.progress);
 }
 
@@ -359,32 +416,33 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   BenchmarkSpec& out = spec->benchmark;
   r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
              &out.train_step);
-  auto positive = [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path); };
-  r.ReadList(b, "batch_sizes", "benchmark", &out.batch_sizes, positive);
-  r.ReadList(b, "seq_lens", "benchmark", &out.seq_lens, positive);
+  r.ReadList(b, "batch_sizes", "benchmark", &out.batch_sizes,
+             [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path, kMaxBatch); });
+  r.ReadList(b, "seq_lens", "benchmark", &out.seq_lens,
+             [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path, kMaxSeqLen); });
   r.ReadList(b, "precisions", "benchmark", &out.precisions,
              [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kPrecisionNames); });
   r.ReadList(b, "modes", "benchmark", &out.modes,
              [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kBenchModeNames); });
   bool wants_script = false;
   for (BenchMode m : out.modes) wants_script = wants_script || m == BenchMode::kTorchScript;
-  if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, true) && wants_script)
+  if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, PathKind::kFile) && wants_script)
     r.Fail(b["modes"], "benchmark.torchscript", "required by the torchscript mode: a .pt file");
-  r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0);
-  r.ReadInt(b, "iters", "benchmark", &out.iters, 2);
+  r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0, kMaxCount);
+  r.ReadInt(b, "iters", "benchmark", &out.iters, 2, kMaxCount);
   r.ReadDouble(b, "max_cv", "benchmark", &out.max_cv, 0.0, 10.0);
-  r.ReadInt(b, "max_remeasure", "benchmark", &out.max_remeasure, 0);
+  r.ReadInt(b, "max_remeasure", "benchmark", &out.max_remeasure, 0, 100);
   r.ReadDouble(b, "memory_cap_mb", "benchmark", &out.memory_cap_mb, 0.0, 1e9);
-  r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2);
+  r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2, kMaxCount);
 }
 
 void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node n = r.Section(root, "inference", {"input", "output", "batch_size", "sort_by_length"});
   InferenceSpec& out = spec->inference;
-  if (!r.ReadPath(n, "input", "inference", &out.input, true))
+  if (!r.ReadPath(n, "input", "inference", &out.input, PathKind::kFile))
     r.Fail(n.IsDefined() ? n : root, "inference.input", "required: the dataset file to predict over");
-  r.ReadPath(n, "output", "inference", &out.output, false);
-  r.ReadInt(n, "batch_size", "inference", &out.batch_size, 1);
+  r.ReadPath(n, "output", "inference", &out.output, PathKind::kFileIfPresent);
+  r.ReadInt(n, "batch_size", "inference", &out.batch_size, 1, kMaxBatch);
   r.ReadEnum(n, "sort_by_length", "inference",
              std::map<std::string, std::string>{{"true", "true"}, {"false", "false"}, {"both", "both"}},
              &out.sort_by_length);
@@ -397,10 +455,12 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
-  if (spec.name.empty() || spec.name.find_first_of("/\\ \t") != std::string::npos)
-    r.Fail(root["name"], "name", "expected a non-empty name without slashes or spaces");
+  if (!IsSafeName(spec.name))
+    r.Fail(root["name"], "name",
+           "expected one path component of letters, digits, '.', '_' or '-' (at most " +
+               std::to_string(kMaxNameLength) + " characters, not '.' or '..')");
   r.ReadEnum(root, "kind", "", kJobKindNames, &spec.kind);
-  r.ReadInt(root, "seed", "", &spec.seed, 0);
+  r.ReadInt(root, "seed", "", &spec.seed, 0, std::numeric_limits<int64_t>::max());
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
   ParseTrain(r, root, &spec);
@@ -413,32 +473,46 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   return spec;
 }
 
+// "file:line:column: " of a yaml-cpp mark; a null mark (-1) reads as the document start.
+std::string Located(const std::string& source, const YAML::Mark& mark) {
+  return source + ":" + std::to_string(std::max(mark.line, 0) + 1) + ":" +
+         std::to_string(std::max(mark.column, 0) + 1) + ": ";
+}
+
 }  // namespace
 
+// Every exception of yaml-cpp (parser, depth guard, conversions, subscripts of the wrong
+// node kind) becomes a located SpecError here, whichever check it escaped: the reader
+// turns the ones it expects into better messages first.
 JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir) {
-  YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    throw SpecError(source_name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                    ": <document>: malformed YAML: " + e.msg);
+    YAML::Node root;
+    try {
+      root = YAML::Load(yaml_text);
+    } catch (const YAML::DeepRecursion& e) {
+      throw SpecError(Located(source_name, e.mark) + "<document>: malformed YAML: nested deeper than " +
+                      std::to_string(e.depth()) + " levels");
+    } catch (const YAML::ParserException& e) {
+      throw SpecError(Located(source_name, e.mark) + "<document>: malformed YAML: " + e.msg);
+    }
+    if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
+    std::map<std::string, std::string> locations;
+    SpecReader reader(source_name, fs::path(base_dir), &locations);
+    JobSpec spec = ParseDocument(reader, root, source_name);
+    spec.locations = std::move(locations);
+    return spec;
+  } catch (const YAML::Exception& e) {
+    throw SpecError(Located(source_name, e.mark) + "<document>: unusable YAML: " + e.msg);
   }
-  if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
-  std::map<std::string, std::string> locations;
-  SpecReader reader(source_name, fs::path(base_dir), &locations);
-  JobSpec spec;
-  try {
-    spec = ParseDocument(reader, root, source_name);
-  } catch (const YAML::Exception& e) {  // a node shape the reader's checks did not foresee
-    const YAML::Mark at = e.mark.is_null() ? YAML::Mark() : e.mark;
-    throw SpecError(source_name + ":" + std::to_string(at.line + 1) + ":" + std::to_string(at.column + 1) +
-                    ": <document>: unusable YAML: " + e.msg);
-  }
-  spec.locations = std::move(locations);
-  return spec;
 }
 
 JobSpec LoadJobSpec(const std::string& path) {
+  // A FIFO or a device as the job file would block or never end.
+  if (std::string problem = PathProblem(path, PathKind::kFile); !problem.empty())
+    throw SpecError(path + ":0:0: <file>: " + problem);
+  std::error_code error;
+  if (fs::file_size(path, error) > kMaxJobFileBytes)
+    throw SpecError(path + ":0:0: <file>: larger than " + std::to_string(kMaxJobFileBytes >> 20) + " MiB");
   std::ifstream in(path);
   if (!in) throw SpecError(path + ":0:0: <file>: cannot open the job file");
   std::stringstream text;

@@ -1,4 +1,4 @@
-// The CSV row splitter and the FNV-1a fingerprint.
+// The CSV row splitter and the FNV-1a and CRC32C checksums.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,6 +22,16 @@ TEST(Fnv1a, MatchesTheReferenceVectorsAndChains) {
   EXPECT_EQ(Fnv1a("foobar", 6), 0x85944171f73967e8ULL);
   // Hashing in pieces equals hashing at once.
   EXPECT_EQ(Fnv1a("bar", 3, Fnv1a("foo", 3)), Fnv1a("foobar", 6));
+}
+
+TEST(Crc32c, MatchesTheReferenceVectorsAndChains) {
+  // RFC 3720 (iSCSI), appendix B.4, and the common "123456789" check value.
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  const std::string zeros(32, '\0'), ones(32, '\xff');
+  EXPECT_EQ(Crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(ones.data(), 32), 0x62A8AB43u);
+  const std::string text = "a longer text that spans several eight-byte blocks";
+  EXPECT_EQ(Crc32c(text.data() + 13, text.size() - 13, Crc32c(text.data(), 13)), Crc32c(text.data(), text.size()));
 }
 
 }  // namespace

@@ -120,5 +120,72 @@ TEST(SafetensorsParseTest, MetadataMustMapStringsToStrings) {
   EXPECT_NE(ParseError(R"({"__metadata__":{"k":1}})", 0).find("'k' is not a string"), std::string::npos);
 }
 
+TEST_F(SafetensorsTest, FlippedBitsInTheDataFailTheChecksum) {
+  std::vector<float> a(1000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i) * 0.5f;
+  const std::string path = Path("crc.safetensors").string();
+  WriteSafetensors(path, {{"a", "F32", {1000}, a.data()}}, {{"k", "v"}});
+  SafetensorsFile clean = SafetensorsFile::Read(path);
+  EXPECT_TRUE(clean.checksummed());
+  EXPECT_EQ(clean.metadata().at(kDataChecksumKey).size(), 8u);
+  // One bit near the end of the data, then 2,000 bits spread over it, as the tester did.
+  for (int flips : {1, 2000}) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(fs::file_size(path));
+    for (int i = 0; i < flips; ++i) {
+      const std::streamoff at = size - 1 - (static_cast<std::streamoff>(i) * 1993) % 4000;
+      f.seekg(at);
+      char byte = 0;
+      f.get(byte);
+      f.seekp(at);
+      f.put(static_cast<char>(byte ^ (1 << (i % 8))));
+    }
+    f.close();
+    try {
+      SafetensorsFile::Read(path);
+      ADD_FAILURE() << flips << " flipped bits went unnoticed";
+    } catch (const SafetensorsError& e) {
+      EXPECT_NE(std::string(e.what()).find("do not match their checksum"), std::string::npos) << e.what();
+    }
+    WriteSafetensors(path, {{"a", "F32", {1000}, a.data()}}, {{"k", "v"}});
+  }
+}
+
+TEST_F(SafetensorsTest, FileWithoutChecksumReadsAndMalformedChecksumIsRejected) {
+  auto write_raw = [&](const std::string& header, const std::string& name) {
+    const std::string path = Path(name).string();
+    std::ofstream out(path, std::ios::binary);
+    uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(4, '\0');
+    return path;
+  };
+  const std::string plain = write_raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "plain.safetensors");
+  EXPECT_FALSE(SafetensorsFile::Read(plain).checksummed());
+  const std::string bad =
+      write_raw(R"({"__metadata__":{"data_crc32c":"xyz"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                "bad.safetensors");
+  try {
+    SafetensorsFile::Read(bad);
+    ADD_FAILURE();
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not 8 lowercase hex digits"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SafetensorsTest, ShapeWhoseByteCountWrapsIsRejected) {
+  // 2^32 x 2^32 F32 "needs" 2^66 bytes, which wrapped to 0 and matched an empty span.
+  std::vector<uint8_t> bytes(8, 0);
+  const std::string header = R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  bytes[0] = static_cast<uint8_t>(header.size());
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  try {
+    SafetensorsFile::Parse(bytes, "wrap.safetensors");
+    ADD_FAILURE();
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("is too large"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace trainyard

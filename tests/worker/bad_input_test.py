@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Bad input: exit code 2, one clear line naming the file, line and key, and no runs/
-output, for malformed YAML, an unknown key, a wrong type, negative epochs, a missing
-dataset file, a truncated checkpoint and a safetensors file whose header lies."""
+"""Bad input: exit code 2, one clear line naming the file, line and key, no runs/ output
+and nothing else written beside it, for malformed and unusual YAML, unknown keys, wrong
+types, integers out of their field's range, NaN, unsafe job names, datasets that are
+not regular files (FIFO, /dev/zero, a folder), config.json sizes that are zero,
+negative, huge or inconsistent, and checkpoints or safetensors files that are truncated,
+bit-flipped, carry bad metadata or lie in their header. Each case ends within a
+timeout (a FIFO used to block every rank)."""
 import argparse
 import glob
 import json
@@ -13,7 +17,19 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_common import job_yaml, run_worker, subset_tsv, write
+from e2e_common import LANGID as LANGID_DIR, flip_bits, job_yaml, run_worker, set_metadata, subset_tsv, write
+
+
+HF_CONFIG = {"vocab_size": 8000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 512, "max_position_embeddings": 64, "hidden_act": "gelu"}
+
+
+def hf_folder(folder, **config_changes):
+    """An HF folder whose config.json has `config_changes`; its weights are never reached."""
+    os.makedirs(folder, exist_ok=True)
+    write(os.path.join(folder, "config.json"), json.dumps(dict(HF_CONFIG, **config_changes)))
+    write(os.path.join(folder, "model.safetensors"), "unused")
+    return folder
 
 
 def lying_hf_folder(folder):
@@ -36,18 +52,79 @@ def truncated_checkpoint(worker, work, train):
     broken = os.path.join(work, "broken.safetensors")
     shutil.copy(path, broken)
     os.truncate(broken, os.path.getsize(broken) // 2)
-    return broken
+    flipped = os.path.join(work, "flipped.safetensors")
+    shutil.copy(path, flipped)
+    flip_bits(flipped, 2000)
+    bad_meta = os.path.join(work, "bad_meta.safetensors")
+    shutil.copy(path, bad_meta)
+    set_metadata(bad_meta, global_step="3abc")
+    return broken, flipped, bad_meta
 
 
-def cases(work, train, broken_checkpoint):
+def config_cases(work, good):
+    """config.json sizes that gave SIGFPE (zero heads), torch stack traces or a 0-layer model."""
+    bad = {
+        "zero heads": ({"num_attention_heads": 0}, r"num_attention_heads': expected an integer in \[1, 16384\], got 0"),
+        "-1 layers": ({"num_hidden_layers": -1}, r"num_hidden_layers': expected an integer in \[1, 256\], got -1"),
+        "negative hidden": ({"hidden_size": -128}, r"hidden_size': expected an integer in \[1, 16384\], got -128"),
+        "huge vocab": ({"vocab_size": 2 ** 62}, r"vocab_size': expected an integer in \[1, 1000000\]"),
+        "heads not dividing hidden": ({"num_attention_heads": 3}, r"num_attention_heads': 3 does not divide hidden_size 128"),
+        "fractional size": ({"intermediate_size": 512.5}, r"intermediate_size': expected an integer, got 512.5"),
+        "dropout 1.5": ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob': expected a number in \[0\.0+, 1\.0+\), got 1\.5"),
+        "too many parameters": ({"hidden_size": 16384, "num_attention_heads": 16, "num_hidden_layers": 256,
+                                 "intermediate_size": 65536}, r"hidden_size': the sizes make .* million parameters"),
+        "bad id2label": ({"id2label": {"0": "a", "5": "b"}}, r"id2label': ids must be 0\.\.1, each once; got '5'"),
+    }
+    out = {}
+    for i, (name, (changes, expected)) in enumerate(bad.items()):
+        folder = hf_folder(os.path.join(work, f"config_{i}"), **changes)
+        out[f"config.json {name}"] = (good.replace("  preset: tiny", f"  init: {folder}"),
+                                      r"model\.init: .*config\.json: (field '|)" + expected)
+    return out
+
+
+def special_file_cases(work, train, good):
+    fifo = os.path.join(work, "fifo.tsv")
+    os.mkfifo(fifo)
+    special = "a special file \\(FIFO, device or socket\\), not a regular file"
+    return {
+        "FIFO dataset": (good.replace(train, fifo), r"data\.train: " + special),
+        "/dev/zero dataset": (good.replace(train, "/dev/zero"), r"data\.train: " + special),
+        "folder as dev set": (good.replace(os.path.join(LANGID_DIR, "dev.tsv"), work),
+                              r"data\.dev: a folder, not a regular file"),
+    }
+
+
+def cases(work, train, checkpoints):
+    broken_checkpoint, flipped, bad_meta = checkpoints
     good = job_yaml("bad", train)
     lying = os.path.join(work, "lying_model")
     lying_hf_folder(lying)
     return {
+        **config_cases(work, good),
+        **special_file_cases(work, train, good),
+        "huge epochs": (good + "train:\n  epochs: 4294967297\n",
+                        r"train\.epochs: expected an integer in \[1, 100000\], got 4294967297"),
+        "huge batch_size": (good + "train:\n  batch_size: 4294967297\n",
+                            r"train\.batch_size: expected an integer in \[1, 65536\], got 4294967297"),
+        "huge checkpoint.keep": (good + "checkpoint:\n  keep: 4294967296\n",
+                                 r"checkpoint\.keep: expected an integer in \[1, 10000\], got 4294967296"),
+        "NaN lr": (good + "train:\n  lr: .nan\n", r"train\.lr: expected a finite number, got '\.nan'"),
+        "name ..": (good.replace("name: bad", "name: .."), r"name: expected one path component"),
+        "name with a newline": (good.replace("name: bad", 'name: "bad\\nname"'), r"name: expected one path component"),
+        "complex key": ("? [a, b]\n: 1\n" + good, r"<document>: expected a plain key"),
+        "alias of its own map as an integer": (good.replace("data:\n", "data: &d\n").replace("  max_seq_len: 64",
+                                                                                             "  max_seq_len: *d"),
+                                               r"data\.max_seq_len: expected an integer"),
+        "bit-flipped checkpoint": (good + f"checkpoint:\n  resume: {flipped}\n",
+                                   r"checkpoint\.resume: .*flipped\.safetensors: .*do not match their checksum"),
+        "checkpoint with bad metadata": (good + f"checkpoint:\n  resume: {bad_meta}\n",
+                                         r"checkpoint\.resume: .*bad_meta\.safetensors: checkpoint metadata "
+                                         r"'global_step': expected an integer, got '3abc'"),
         "malformed YAML": (good.replace("model:\n", "model: [\n"), r"malformed YAML"),
         "unknown key": (good.replace("  preset: tiny", "  presett: tiny"), r"model\.presett: unknown key; did you mean 'preset'"),
         "wrong type": (good + "train:\n  batch_size: many\n", r"train\.batch_size: expected an integer, got 'many'"),
-        "negative epochs": (good + "train:\n  epochs: -2\n", r"train\.epochs: expected an integer >= 1, got -2"),
+        "negative epochs": (good + "train:\n  epochs: -2\n", r"train\.epochs: expected an integer in \[1, 100000\], got -2"),
         "missing dataset": (good.replace(train, os.path.join(work, "nope.tsv")), r"data\.train: file not found"),
         "truncated checkpoint": (good + f"checkpoint:\n  resume: {broken_checkpoint}\n",
                                  r"checkpoint\.resume: .*broken\.safetensors: invalid safetensors: .*truncated"),
@@ -63,18 +140,25 @@ def main():
     failures = 0
     with tempfile.TemporaryDirectory() as work:
         train = subset_tsv(work, 200)
-        broken = truncated_checkpoint(args.worker, work, train)
-        for name, (yaml_text, expected) in cases(work, train, broken).items():
-            job = write(os.path.join(work, "case", "job.yaml"), yaml_text)
-            runs = os.path.join(work, "case_runs")
-            result = run_worker(args.worker, job, runs)
+        checkpoints = truncated_checkpoint(args.worker, work, train)
+        for name, (yaml_text, expected) in cases(work, train, checkpoints).items():
+            job = write(os.path.join(work, "case", "runs_parent", "job.yaml"), yaml_text)
+            runs = os.path.join(work, "case", "runs_parent", "runs")
+            beside = sorted(os.listdir(os.path.dirname(runs)))
+            try:
+                result = run_worker(args.worker, job, runs, timeout=120)
+            except subprocess.TimeoutExpired:
+                print(f"FAIL {name}: still running after 120 s")
+                failures += 1
+                continue
             lines = [l for l in result.stderr.splitlines() if l.strip()]
             located = bool(lines) and re.match(r"error: .*job\.yaml:\d+:\d+: ", lines[0])
+            # `name: ..` wrote into the parent of runs/: nothing may appear beside it either.
             ok = (result.returncode == 2 and len(lines) == 1 and located and re.search(expected, lines[0])
-                  and not os.path.exists(runs))
+                  and not os.path.exists(runs) and sorted(os.listdir(os.path.dirname(runs))) == beside)
             print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
             failures += not ok
-            shutil.rmtree(runs, ignore_errors=True)
+            shutil.rmtree(os.path.join(work, "case"), ignore_errors=True)
     pool = subprocess.run([args.worker, "--coordinator", "127.0.0.1:5555"], capture_output=True, text=True, timeout=60)
     ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")

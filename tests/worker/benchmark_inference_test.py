@@ -125,7 +125,7 @@ def validation(worker, work):
     cases = {
         "cuda_graph on CPU": ("  modes: [eager, cuda_graph]\n", r"benchmark\.modes: cuda_graph needs a CUDA device"),
         "empty list": ("  batch_sizes: []\n", r"benchmark\.batch_sizes: expected a non-empty list"),
-        "batch 0": ("  batch_sizes: [1, 0]\n", r"benchmark\.batch_sizes\[1\]: expected an integer >= 1, got 0"),
+        "batch 0": ("  batch_sizes: [1, 0]\n", r"benchmark\.batch_sizes\[1\]: expected an integer in \[1, 65536\], got 0"),
         "unknown mode": ("  modes: [eager, onnx]\n", r"benchmark\.modes\[1\]: expected one of cuda_graph, eager, torchscript, got 'onnx'"),
     }
     ok = True

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import MPI_ENV, job_yaml, subset_tsv, write
+from e2e_common import MPI_ENV, job_yaml, rank_pids, subset_tsv, write
 
 
 def mpirun(args, ranks):
@@ -126,24 +126,6 @@ def overlap(args, work):
         print(f"overlap {flag:5}: exposed communication median {exposed[flag]:.2f} ms/step "
               f"(epoch mean {float(row['comm_ms']):.2f}), backward {float(row['backward_ms_med']):.2f} ms/step")
     return exposed["true"] < exposed["false"]
-
-
-def rank_pids(mpirun_pid, count, deadline):
-    """The worker processes of an mpirun, by MPI rank (from their environment)."""
-    while time.time() < deadline:
-        found = {}
-        out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
-        for pid in out:
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
-            except (OSError, KeyError, ValueError):
-                pass
-        if len(found) == count:
-            return found
-        time.sleep(0.1)
-    sys.exit("could not find the worker ranks")
 
 
 def fault(args, work, sig):

@@ -1,8 +1,11 @@
 """Helpers for the end-to-end worker tests: small real jobs on the prepared langid data."""
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import time
 
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
@@ -60,6 +63,60 @@ def write(path, text):
 
 def run_worker(worker, job, runs, *extra, **kwargs):
     return subprocess.run([worker, job, "--runs-dir", runs, *extra], capture_output=True, text=True, **kwargs)
+
+
+def rank_pids(mpirun_pid, count, deadline):
+    """The worker processes of an mpirun, by MPI rank (from their environment)."""
+    while time.time() < deadline:
+        found = {}
+        out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
+        for pid in out:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+            except (OSError, KeyError, ValueError):
+                pass
+        if len(found) == count:
+            return found
+        time.sleep(0.1)
+    sys.exit("could not find the worker ranks")
+
+
+def read_safetensors_header(path):
+    """(header dict, data bytes) of a safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (size,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + size]), blob[8 + size:]
+
+
+def write_safetensors_header(path, header, data):
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def flip_bits(path, count=2000):
+    """Flips `count` bits spread over a safetensors file's tensor data, header untouched."""
+    header, data = read_safetensors_header(path)
+    data = bytearray(data)
+    for i in range(count):
+        at = (i * 7919 + 13) % len(data)
+        data[at] ^= 1 << (i % 8)
+    write_safetensors_header(path, header, bytes(data))
+
+
+def set_metadata(path, **changes):
+    """Rewrites a safetensors file's metadata (a value None removes the key); the data stay."""
+    header, data = read_safetensors_header(path)
+    for key, value in changes.items():
+        if value is None:
+            header["__metadata__"].pop(key, None)
+        else:
+            header["__metadata__"][key] = value
+    write_safetensors_header(path, header, data)
 
 
 # ctest's SKIP_RETURN_CODE for the tests labelled gpu.

@@ -1,18 +1,34 @@
 #!/usr/bin/env python3
-"""Exact resume: a run killed with SIGKILL after its first checkpoint and resumed with
-`resume: auto` ends with weights bitwise equal to an uninterrupted run (CPU, fp32,
-fixed seed, dropout on), and epochs.csv holds each epoch exactly once."""
+"""Exact resume (CPU, fp32, fixed seed, dropout on), and what happens to bad checkpoints.
+
+  single      a run killed with SIGKILL after its first checkpoint and resumed with
+              `resume: auto` ends with weights bitwise equal to an uninterrupted run,
+              and epochs.csv holds each epoch exactly once
+  two_ranks   the same with 2 ranks (mpirun -n 2): weights, every step's loss and the
+              epoch rows bitwise equal (each rank's RNG state is in the checkpoint)
+  fallback    a finished run whose newest checkpoint is corrupt (2,000 flipped bits in
+              its tensor data; a negative global_step; a next_batch beyond the epoch;
+              a missing rng_ranks) resumes from the previous checkpoint with a warning
+              naming the file and the reason, sets the bad file aside as .rejected and
+              ends bitwise equal to the uninterrupted run
+  none_valid  when every checkpoint is corrupt, `resume: auto` exits 2 and deletes and
+              writes nothing
+"""
 import argparse
 import csv
 import glob
+import hashlib
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from e2e_common import job_yaml, run_worker, subset_tsv, write
+from e2e_common import MPI_ENV, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, write
 
 EXTRA = """train:
   epochs: 3
@@ -30,44 +46,167 @@ def read(path):
         return f.read()
 
 
-def killed_then_resumed(worker, job, runs):
-    proc = subprocess.Popen([worker, job, "--runs-dir", runs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    pattern = os.path.join(runs, "resume_job", "checkpoints", "step-*.safetensors")
-    deadline = time.time() + 120
+def command(args, ranks, job, runs):
+    prefix = [args.mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] if ranks > 1 else []
+    return prefix + [args.worker, job, "--runs-dir", runs]
+
+
+def run(args, ranks, job, runs):
+    return subprocess.run(command(args, ranks, job, runs), capture_output=True, text=True, env=MPI_ENV, timeout=600)
+
+
+def killed_then_resumed(args, ranks, job, runs, name):
+    proc = subprocess.Popen(command(args, ranks, job, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=MPI_ENV)
+    pids = rank_pids(proc.pid, ranks, time.time() + 60) if ranks > 1 else {0: proc.pid}
+    pattern = os.path.join(runs, name, "checkpoints", "step-*.safetensors")
+    deadline = time.time() + 300
     while not glob.glob(pattern):
         if proc.poll() is not None or time.time() > deadline:
             sys.exit(f"worker ended before its first checkpoint:\n{proc.stdout.read().decode()}")
         time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
     proc.wait()
     killed_at = sorted(glob.glob(pattern))
-    if os.path.exists(os.path.join(runs, "resume_job", "summary.json")):
+    if os.path.exists(os.path.join(runs, name, "summary.json")):
         sys.exit("the run finished before the kill; the test proved nothing")
-    print(f"killed after checkpoint(s) {[os.path.basename(p) for p in killed_at]}")
-    resumed = run_worker(worker, job, runs)
+    print(f"killed {ranks} rank(s) after checkpoint(s) {[os.path.basename(p) for p in killed_at]}")
+    resumed = run(args, ranks, job, runs)
     print(resumed.stdout[-1500:], resumed.stderr[-1500:])
     if resumed.returncode != 0 or "resuming from" not in resumed.stdout + resumed.stderr:
         sys.exit(f"resume failed (exit {resumed.returncode})")
 
 
+def outcome(run_dir):
+    """What must be bitwise equal between two runs: weights, epoch losses, step losses."""
+    weights = read(os.path.join(run_dir, "model", "model.safetensors"))
+    with open(os.path.join(run_dir, "epochs.csv")) as f:
+        rows = [(r["epoch"], r["steps"], r["train_loss"], r["eval_loss"], r["eval_acc"]) for r in csv.DictReader(f)]
+    with open(os.path.join(run_dir, "steps.jsonl")) as f:
+        steps = [(s["step"], s["loss"]) for s in map(json.loads, f)]
+    return weights, rows, steps
+
+
+def compare(straight_dir, other_dir, epochs):
+    a, b = outcome(straight_dir), outcome(other_dir)
+    same = [a[i] == b[i] for i in range(3)]
+    print(f"weights bitwise equal: {same[0]}; epoch rows equal: {same[1]} ({[r[0] for r in b[1]]}); "
+          f"step losses equal: {same[2]} ({len(b[2])} steps)")
+    return all(same) and [int(r[0]) for r in b[1]] == list(range(1, epochs + 1)) and len(b[2]) == len(a[2])
+
+
+def exact_resume(args, work, ranks):
+    name = f"resume_{ranks}"
+    train = subset_tsv(work, 1200)
+    job = write(os.path.join(work, "job.yaml"), job_yaml(name, train, EXTRA))
+    straight = run(args, ranks, job, os.path.join(work, "straight"))
+    if straight.returncode != 0:
+        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    killed_then_resumed(args, ranks, job, os.path.join(work, "killed"), name)
+    return compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 3)
+
+
+FALLBACK_EXTRA = """train:
+  epochs: 2
+  batch_size: 16
+  lr: 1.0e-3
+checkpoint:
+  every_steps: 20
+  keep: 3
+  resume: auto
+"""
+
+
+def finished_run(args, work):
+    """A finished 1-rank run of 2 x 50 steps, checkpointed at steps 20, 40, 50, 60, 80 and 100; the
+    newest 3 (60, 80, 100) are kept."""
+    train = subset_tsv(work, 800)
+    job = write(os.path.join(work, "job.yaml"), job_yaml("fb", train, FALLBACK_EXTRA))
+    straight = run(args, 1, job, os.path.join(work, "straight"))
+    if straight.returncode != 0:
+        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    kept = sorted(os.path.basename(p) for p in glob.glob(os.path.join(work, "straight", "fb", "checkpoints", "*")))
+    print(f"uninterrupted run kept {kept}")
+    return job, os.path.join(work, "straight", "fb")
+
+
+CORRUPTIONS = {
+    "2,000 flipped bits": (lambda p: flip_bits(p, 2000), "do not match their checksum"),
+    "negative global_step": (lambda p: set_metadata(p, global_step="-5"),
+                             "checkpoint metadata 'global_step': expected an integer in \\[0, "),
+    "next_batch beyond the epoch": (lambda p: set_metadata(p, next_batch="90", epoch_steps="90"),
+                                    "checkpoint metadata 'next_batch': 90 lies beyond this job's 50 batches"),
+    "missing rng_ranks": (lambda p: set_metadata(p, rng_ranks=None), "checkpoint metadata 'rng_ranks': missing"),
+}
+
+
+def fallback(args, work):
+    job, straight = finished_run(args, work)
+    ok = True
+    for what, (corrupt, reason) in CORRUPTIONS.items():
+        runs = os.path.join(work, "case")
+        shutil.rmtree(runs, ignore_errors=True)
+        shutil.copytree(straight, os.path.join(runs, "fb"))
+        shutil.rmtree(os.path.join(runs, "fb", "model"))
+        newest = sorted(glob.glob(os.path.join(runs, "fb", "checkpoints", "step-*.safetensors")))[-1]
+        corrupt(newest)
+        resumed = run(args, 1, job, runs)
+        out = resumed.stdout + resumed.stderr
+        warned = re.search(r"resume: rejected " + re.escape(newest) + r": .*" + reason, out)
+        previous = re.search(r"resuming from .*step-000000080\.safetensors", out)
+        aside = os.path.exists(newest + ".rejected")
+        same = resumed.returncode == 0 and compare(straight, os.path.join(runs, "fb"), 2)
+        print(f"{'ok  ' if warned and previous and aside and same else 'FAIL'} {what}: exit {resumed.returncode}, "
+              f"warned {bool(warned)}, resumed from the previous checkpoint {bool(previous)}, "
+              f"set aside {aside}, equal to the uninterrupted run {same}")
+        if not (warned and previous and aside and same):
+            print(out[-3000:])
+            ok = False
+    return ok
+
+
+def tree_digest(folder):
+    digest = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            digest.update(path.encode() + read(path))
+    return digest.hexdigest()
+
+
+def none_valid(args, work):
+    job, straight = finished_run(args, work)
+    runs = os.path.join(work, "case")
+    shutil.copytree(straight, os.path.join(runs, "fb"))
+    checkpoints = sorted(glob.glob(os.path.join(runs, "fb", "checkpoints", "step-*.safetensors")))
+    for path in checkpoints:
+        flip_bits(path, 1)
+    before = tree_digest(runs)
+    result = run(args, 1, job, runs)
+    last = [l for l in result.stderr.splitlines() if l.strip()][-1:] or [""]
+    said = f"none of the {len(checkpoints)} checkpoints" in last[0] and last[0].startswith("error: ")
+    untouched = tree_digest(runs) == before
+    print(f"all {len(checkpoints)} checkpoints corrupt: exit {result.returncode}; {last[0]}")
+    print(f"runs folder untouched: {untouched}")
+    return result.returncode == 2 and said and untouched
+
+
+CASES = {"single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
+         "fallback": fallback, "none_valid": none_valid}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        train = subset_tsv(work, 1200)
-        job = write(os.path.join(work, "job.yaml"), job_yaml("resume_job", train, EXTRA))
-        straight = run_worker(args.worker, job, os.path.join(work, "straight"))
-        if straight.returncode != 0:
-            sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
-        killed_then_resumed(args.worker, job, os.path.join(work, "killed"))
-        a = read(os.path.join(work, "straight", "resume_job", "model", "model.safetensors"))
-        b = read(os.path.join(work, "killed", "resume_job", "model", "model.safetensors"))
-        with open(os.path.join(work, "killed", "resume_job", "epochs.csv")) as f:
-            epochs = [int(row["epoch"]) for row in csv.DictReader(f)]
-        print(f"weights bitwise equal: {a == b}; epochs.csv epochs: {epochs}")
-        if a != b or epochs != [1, 2, 3]:
-            sys.exit(1)
+        ok = CASES[args.case](args, work)
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

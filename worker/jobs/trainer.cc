@@ -1,5 +1,6 @@
 #include "worker/jobs/trainer.h"
 
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <numeric>
@@ -106,22 +107,77 @@ void Trainer::AgreeOnResumePoint() {
                                          steps[0][0], r, steps[r][0]));
 }
 
+// Note [Resume] 2: the newest checkpoint that loads, or exit 2 when there are some and
+// none does (an explicit file must load). LoadCheckpoint changes nothing when it throws.
 void Trainer::ResolveResume() {
   const std::string& resume = spec_.checkpoint.resume;
   if (resume == "none") return;
-  if (resume == "auto") {
-    std::vector<std::string> rejected;
-    resume_from_ = LatestValidCheckpoint(run_dir() + "/checkpoints", &rejected);
-    for (const auto& why : rejected) LogWarn("resume: skipping invalid checkpoint " + why);
-  } else {
-    resume_from_ = resume;
+  const bool automatic = resume == "auto";
+  const std::string dir = run_dir() + "/checkpoints";
+  const std::vector<std::string> candidates = automatic ? ListCheckpoints(dir) : std::vector<std::string>{resume};
+  for (const auto& path : candidates) {
+    try {
+      const LoadedCheckpoint loaded =
+          LoadCheckpoint(path, model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
+      progress_ = loaded.progress;
+      resume_from_ = path;
+      if (loaded.rng_ranks != ranks_.world && is_rank0())
+        LogWarn(
+            StrFormat("resume: %s holds the RNG states of %ld ranks, this job has %d: ranks without one start "
+                      "from rank 0's, and the run will not be bitwise the one an uninterrupted run makes",
+                      path.c_str(), long(loaded.rng_ranks), ranks_.world));
+      return;
+    } catch (const CheckpointError& e) {
+      if (!automatic) throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
+      if (is_rank0()) LogWarn(std::string("resume: rejected ") + e.what());
+      rejected_.push_back(path);
+    }
   }
-  if (!resume_from_) return;
-  try {
-    progress_ = LoadCheckpoint(*resume_from_, model_, *optimizer_, *scaler_);
-  } catch (const CheckpointError& e) {
-    throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
+  if (!rejected_.empty())
+    throw InputError(spec_.Where("checkpoint.resume") + ": none of the " + std::to_string(rejected_.size()) +
+                     " checkpoints in " + dir +
+                     " is valid (see the warnings above); starting over would delete them, so the job stops. "
+                     "Move them away or set checkpoint.resume: none to train from the start");
+}
+
+void Trainer::SetAsideRejected() {
+  for (const auto& path : rejected_) {
+    std::error_code error;
+    const std::string aside = path + ".rejected";
+    std::filesystem::rename(path, aside, error);
+    if (error)
+      LogWarn("resume: could not rename rejected " + path + ": " + error.message());
+    else
+      LogWarn("resume: kept the rejected checkpoint as " + aside);
   }
+}
+
+// Every rank's RngState, on every rank (Note [Resume] 1). The states travel as 32-bit
+// words in doubles, exact, through the one all-gather both backends have.
+std::vector<RngState> Trainer::GatherRngStates() {
+  RngState mine = CaptureRngState(model_);
+  if (!ranks_.comm) return {mine};
+  const int64_t cpu_bytes = mine.cpu.numel(), cuda_bytes = mine.cuda.defined() ? mine.cuda.numel() : 0;
+  std::vector<uint8_t> bytes(static_cast<size_t>(cpu_bytes + cuda_bytes + 3) / 4 * 4, 0);
+  std::memcpy(bytes.data(), mine.cpu.data_ptr(), static_cast<size_t>(cpu_bytes));
+  if (cuda_bytes) std::memcpy(bytes.data() + cpu_bytes, mine.cuda.data_ptr(), static_cast<size_t>(cuda_bytes));
+  std::vector<double> words(bytes.size() / 4);
+  for (size_t i = 0; i < words.size(); ++i) {
+    uint32_t word = 0;
+    std::memcpy(&word, bytes.data() + 4 * i, 4);
+    words[i] = word;
+  }
+  const auto all = ranks_.comm->AllGather(words, StrFormat("RNG states at step %ld", long(progress_.global_step)));
+  std::vector<RngState> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (size_t i = 0; i < words.size(); ++i) {
+      const auto word = static_cast<uint32_t>(all[r][i]);
+      std::memcpy(bytes.data() + 4 * i, &word, 4);
+    }
+    out[r].cpu = torch::from_blob(bytes.data(), {cpu_bytes}, torch::kByte).clone();
+    if (cuda_bytes) out[r].cuda = torch::from_blob(bytes.data() + cpu_bytes, {cuda_bytes}, torch::kByte).clone();
+  }
+  return out;
 }
 
 double Trainer::LrAt(int64_t step, int64_t total_steps) const {
@@ -193,8 +249,10 @@ void Trainer::CheckConsistency() {
 }
 
 void Trainer::SaveCheckpointNow(const std::string& reason) {
+  const std::vector<RngState> rng = GatherRngStates();
+  if (!is_rank0()) return;
   const std::string dir = run_dir() + "/checkpoints";
-  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_);
+  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_, rng);
   PruneCheckpoints(dir, spec_.checkpoint.keep);
   LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
 }
@@ -322,7 +380,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     steps.Add(std::move(step));
     const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
     if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
-    if (checkpoint && is_rank0()) SaveCheckpointNow("every_steps");
+    if (checkpoint) SaveCheckpointNow("every_steps");  // collective
   }
   steps.Finish();
 }
@@ -416,6 +474,7 @@ nlohmann::json Trainer::Run() {
   const bool resumed = resume_from_.has_value();
   std::optional<RunLog> log;
   if (is_rank0()) {
+    SetAsideRejected();
     // A fresh run must not leave an older run's checkpoints next to its own: they would
     // outrank the new ones in pruning and in `resume: auto`.
     if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
@@ -449,7 +508,7 @@ nlohmann::json Trainer::Run() {
     EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
     if (log) log->AddEpoch(row);
     progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
-    if (is_rank0()) SaveCheckpointNow("end of epoch");
+    SaveCheckpointNow("end of epoch");  // collective
     if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
   }
   nlohmann::json summary = {{"job", spec_.name},

@@ -62,7 +62,12 @@ class Trainer {
   void AgreeOnResumePoint();
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
   std::pair<double, double> Evaluate();
+  // Collective: every rank calls it at the same step; rank 0 writes the file.
   void SaveCheckpointNow(const std::string& reason);
+  std::vector<RngState> GatherRngStates();
+  // Rank 0, once the ranks agreed on the resume point: renames the checkpoints
+  // ResolveResume rejected to <file>.rejected.
+  void SetAsideRejected();
   double LrAt(int64_t step, int64_t total_steps) const;
 
   JobSpec spec_;
@@ -78,6 +83,7 @@ class Trainer {
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<Reducer> reducer_;
   std::optional<std::string> resume_from_;
+  std::vector<std::string> rejected_;  // newer checkpoints than resume_from_ that failed to load
   TrainProgress progress_;
   std::unique_ptr<EpochTotals> totals_;
   int64_t steps_per_epoch_ = 0;

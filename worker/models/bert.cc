@@ -1,5 +1,8 @@
 #include "worker/models/bert.h"
 
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 namespace trainyard {
@@ -32,44 +35,107 @@ BertConfig BertConfig::Preset(const std::string& name, int64_t vocab_size, std::
   return c;
 }
 
-BertConfig BertConfig::FromJson(const nlohmann::json& j) {
-  BertConfig c;
-  auto field = [&](const char* key, auto* out) {
-    if (!j.contains(key)) return;
-    try {
-      j.at(key).get_to(*out);
-    } catch (const nlohmann::json::exception&) {
-      throw std::runtime_error(std::string("config.json: field '") + key + "' has the wrong type");
+namespace {
+
+// Bounds of config.json's sizes: every released BERT fits with room to spare, and a
+// model within them cannot overflow an int64 shape or take the machine's memory.
+constexpr int64_t kMaxVocab = 1'000'000, kMaxHidden = 16'384, kMaxLayers = 256, kMaxIntermediate = 65'536;
+constexpr int64_t kMaxPositions = 65'536, kMaxTypeVocab = 1'024, kMaxLabels = 100'000;
+constexpr double kMaxParameters = 1e10;
+
+[[noreturn]] void ConfigFail(const std::string& key, const std::string& problem) {
+  throw std::runtime_error("field '" + key + "': " + problem);
+}
+
+// An integer field (JSON integer, not 2.5 nor "2") in [lo, hi]; absent keeps *out.
+void IntField(const nlohmann::json& j, const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+  if (!j.contains(key)) return;
+  const nlohmann::json& v = j.at(key);
+  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX);
+  if (!v.is_number_integer() || too_big) ConfigFail(key, "expected an integer, got " + v.dump().substr(0, 40));
+  const auto value = v.get<int64_t>();
+  if (value < lo || value > hi)
+    ConfigFail(key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                        std::to_string(value));
+  *out = value;
+}
+
+// A finite number in [lo, hi) (or [lo, hi] with `closed`); absent keeps *out.
+void NumberField(const nlohmann::json& j, const std::string& key, double lo, double hi, bool closed, double* out) {
+  if (!j.contains(key)) return;
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number() || !std::isfinite(v.get<double>()))
+    ConfigFail(key, "expected a finite number, got " + v.dump().substr(0, 40));
+  const double value = v.get<double>();
+  if (value < lo || value > hi || (!closed && value == hi))
+    ConfigFail(key, "expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + (closed ? "]" : ")") +
+                        ", got " + v.dump());
+  *out = value;
+}
+
+// id2label: keys "0".."n-1", each once, values strings.
+std::vector<std::string> Labels(const nlohmann::json& j) {
+  if (j.contains("id2label") && j["id2label"].is_object() && !j["id2label"].empty()) {
+    const nlohmann::json& map = j["id2label"];
+    if (map.size() > size_t(kMaxLabels)) ConfigFail("id2label", "more than " + std::to_string(kMaxLabels) + " labels");
+    std::vector<std::string> labels(map.size());
+    std::vector<bool> seen(map.size(), false);
+    for (const auto& [id, name] : map.items()) {
+      size_t index = 0;
+      auto [end, error] = std::from_chars(id.data(), id.data() + id.size(), index);
+      if (id.empty() || error != std::errc() || end != id.data() + id.size() || index >= labels.size() || seen[index])
+        ConfigFail("id2label", "ids must be 0.." + std::to_string(labels.size() - 1) + ", each once; got '" +
+                                   id.substr(0, 40) + "'");
+      if (!name.is_string()) ConfigFail("id2label", "label " + id + " is not a string");
+      labels[index] = name.get<std::string>();
+      seen[index] = true;
     }
-  };
-  for (const char* required : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
-    if (!j.contains(required)) throw std::runtime_error(std::string("config.json: missing field '") + required + "'");
-  field("vocab_size", &c.vocab_size);
-  field("hidden_size", &c.hidden_size);
-  field("num_hidden_layers", &c.num_hidden_layers);
-  field("num_attention_heads", &c.num_attention_heads);
-  field("intermediate_size", &c.intermediate_size);
-  field("max_position_embeddings", &c.max_position_embeddings);
-  field("type_vocab_size", &c.type_vocab_size);
-  field("pad_token_id", &c.pad_token_id);
-  field("hidden_dropout_prob", &c.hidden_dropout_prob);
-  field("attention_probs_dropout_prob", &c.attention_probs_dropout_prob);
-  field("layer_norm_eps", &c.layer_norm_eps);
-  if (j.contains("hidden_act") && j["hidden_act"] != "gelu")
-    throw std::runtime_error("config.json: hidden_act must be 'gelu'");
-  if (j.contains("id2label") && j["id2label"].is_object()) {
-    c.labels.resize(j["id2label"].size());
-    for (const auto& [id, name] : j["id2label"].items()) {
-      size_t index = std::stoul(id);
-      if (index >= c.labels.size()) throw std::runtime_error("config.json: id2label ids are not 0..n-1");
-      c.labels[index] = name.get<std::string>();
-    }
-  } else {
-    int64_t n = j.value("num_labels", 2);
-    for (int64_t i = 0; i < n; ++i) c.labels.push_back("LABEL_" + std::to_string(i));
+    return labels;
   }
+  int64_t n = 2;
+  IntField(j, "num_labels", 1, kMaxLabels, &n);
+  std::vector<std::string> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back("LABEL_" + std::to_string(i));
+  return labels;
+}
+
+void CheckConsistent(const BertConfig& c) {
   if (c.hidden_size % c.num_attention_heads != 0)
-    throw std::runtime_error("config.json: hidden_size is not a multiple of num_attention_heads");
+    ConfigFail("num_attention_heads",
+               std::to_string(c.num_attention_heads) + " does not divide hidden_size " + std::to_string(c.hidden_size));
+  if (c.pad_token_id >= c.vocab_size)
+    ConfigFail("pad_token_id",
+               std::to_string(c.pad_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
+  const double h = double(c.hidden_size);
+  const double parameters = h * double(c.vocab_size + c.max_position_embeddings + c.type_vocab_size) +
+                            double(c.num_hidden_layers) * (4 * h * h + 2 * h * double(c.intermediate_size));
+  if (parameters > kMaxParameters)
+    ConfigFail("hidden_size", "the sizes make " + std::to_string(int64_t(parameters / 1e6)) +
+                                  " million parameters, more than the cap of " +
+                                  std::to_string(int64_t(kMaxParameters / 1e6)) + " million");
+}
+
+}  // namespace
+
+BertConfig BertConfig::FromJson(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::runtime_error("expected a JSON object");
+  for (const char* required : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
+    if (!j.contains(required)) ConfigFail(required, "missing");
+  BertConfig c;
+  IntField(j, "vocab_size", 1, kMaxVocab, &c.vocab_size);
+  IntField(j, "hidden_size", 1, kMaxHidden, &c.hidden_size);
+  IntField(j, "num_hidden_layers", 1, kMaxLayers, &c.num_hidden_layers);
+  IntField(j, "num_attention_heads", 1, kMaxHidden, &c.num_attention_heads);
+  IntField(j, "intermediate_size", 1, kMaxIntermediate, &c.intermediate_size);
+  IntField(j, "max_position_embeddings", 1, kMaxPositions, &c.max_position_embeddings);
+  IntField(j, "type_vocab_size", 1, kMaxTypeVocab, &c.type_vocab_size);
+  IntField(j, "pad_token_id", 0, kMaxVocab, &c.pad_token_id);
+  NumberField(j, "hidden_dropout_prob", 0.0, 1.0, false, &c.hidden_dropout_prob);
+  NumberField(j, "attention_probs_dropout_prob", 0.0, 1.0, false, &c.attention_probs_dropout_prob);
+  NumberField(j, "layer_norm_eps", 1e-30, 1.0, true, &c.layer_norm_eps);
+  if (j.contains("hidden_act") && j["hidden_act"] != "gelu") ConfigFail("hidden_act", "must be 'gelu'");
+  c.labels = Labels(j);
+  CheckConsistent(c);
   return c;
 }
 

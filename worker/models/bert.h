@@ -29,7 +29,10 @@ struct BertConfig {
   // Throws std::invalid_argument for an unknown preset.
   static BertConfig Preset(const std::string& name, int64_t vocab_size, std::vector<std::string> labels,
                            int64_t max_positions);
-  // HF config.json. Throws std::runtime_error naming the missing or bad field.
+  // HF config.json. Every size must be a JSON integer in its range (README), hidden_size
+  // divisible by num_attention_heads and pad_token_id below vocab_size, so no model
+  // built from it divides by zero or allocates absurdly. Throws std::runtime_error
+  // "field '<key>': <problem>".
   static BertConfig FromJson(const nlohmann::json& json);
   nlohmann::json ToJson() const;
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }

@@ -47,7 +47,8 @@ void GradScaler::Update(bool found_inf) {
     growth_tracker_ = 0;
     return;
   }
-  if (++growth_tracker_ == spec_.growth_interval) {
+  // >=, not ==: a checkpoint of a job with a longer growth_interval may resume here.
+  if (++growth_tracker_ >= spec_.growth_interval) {
     scale_ = scale_ * static_cast<float>(spec_.growth_factor);
     growth_tracker_ = 0;
   }

@@ -16,9 +16,7 @@ namespace trainyard {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kFormat = "trainyard-checkpoint-1";
-
-std::string Exact(double value) { return StrFormat("%.17g", value); }
+using TensorMap = std::map<std::string, torch::Tensor>;
 
 torch::Tensor CpuRngState() {
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -37,100 +35,129 @@ at::Generator ModelCudaGenerator(BertForSequenceClassification& model) {
 #ifdef TRAINYARD_WITH_CUDA
   const torch::Device device = model->parameters().front().device();
   if (device.is_cuda()) return at::cuda::detail::getDefaultCUDAGenerator(device.index());
+#else
+  (void)model;
 #endif
   return at::Generator();
 }
 
-std::map<std::string, std::string> ProgressMetadata(const TrainProgress& p, const GradScaler& s,
-                                                    const AdamW& optimizer) {
-  return {{"format", kFormat},
-          {"epoch", std::to_string(p.epoch)},
-          {"next_batch", std::to_string(p.next_batch)},
-          {"global_step", std::to_string(p.global_step)},
-          {"epoch_loss_sum", Exact(p.epoch_loss_sum)},
-          {"epoch_examples", std::to_string(p.epoch_examples)},
-          {"epoch_steps", std::to_string(p.epoch_steps)},
-          {"epoch_skipped", std::to_string(p.epoch_skipped)},
-          {"optimizer_steps", std::to_string(optimizer.step_count())},
-          {"loss_scale", Exact(s.scale())},
-          {"scale_growth_tracker", std::to_string(s.growth_tracker())}};
+std::string Describe(const torch::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes());
 }
 
-const std::string& Field(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
-  auto it = m.find(key);
-  if (it == m.end()) throw CheckpointError(path + ": not a Trainyard checkpoint (no '" + key + "' metadata)");
+// `tensors[name]`, which must have `like`'s dtype and shape.
+const torch::Tensor& Expect(const TensorMap& tensors, const std::string& name, const torch::Tensor& like,
+                            const std::string& path) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) throw CheckpointError(path + ": tensor '" + name + "' is missing");
+  if (it->second.scalar_type() != like.scalar_type() || it->second.sizes() != like.sizes())
+    throw CheckpointError(path + ": tensor '" + name + "' is " + Describe(it->second) + ", this job's is " +
+                          Describe(like) + " (a checkpoint of another model?)");
   return it->second;
 }
 
+// Throws CheckpointError unless every tensor LoadCheckpoint will restore is in the file
+// with the dtype and shape it replaces.
+void CheckTensors(const TensorMap& tensors, const CheckpointMeta& meta, BertForSequenceClassification& model,
+                  const AdamW& optimizer, const std::string& path) {
+  for (const auto& item : model->named_parameters()) Expect(tensors, "model." + item.key(), item.value(), path);
+  for (const auto& [name, t] : optimizer.StateTensors()) Expect(tensors, "optim." + name, t, path);
+  const torch::Tensor cpu_now = CpuRngState();
+  for (int64_t r = 0; r < meta.rng_ranks; ++r) Expect(tensors, "rng.cpu." + std::to_string(r), cpu_now, path);
+  if (at::Generator gen = ModelCudaGenerator(model); gen.defined() && meta.cuda_rng) {
+    torch::Tensor cuda_now;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      cuda_now = gen.get_state();
+    }
+    for (int64_t r = 0; r < meta.rng_ranks; ++r) Expect(tensors, "rng.cuda." + std::to_string(r), cuda_now, path);
+  }
+}
+
+// Rank `rank`'s states, or rank 0's where the file has fewer ranks (Note [Resume] 3).
+void RestoreRng(const TensorMap& tensors, const CheckpointMeta& meta, BertForSequenceClassification& model, int rank,
+                const std::string& path) {
+  const std::string source = std::to_string(rank < meta.rng_ranks ? rank : 0);
+  const torch::Tensor before = CpuRngState();
+  try {
+    SetCpuRngState(tensors.at("rng.cpu." + source));
+    if (at::Generator gen = ModelCudaGenerator(model); gen.defined() && meta.cuda_rng) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(tensors.at("rng.cuda." + source));
+    }
+  } catch (const std::exception& e) {
+    SetCpuRngState(before);
+    throw CheckpointError(path + ": RNG state of rank " + source + " refused: " + e.what());
+  }
+}
+
 }  // namespace
+
+RngState CaptureRngState(BertForSequenceClassification& model) {
+  RngState state;
+  state.cpu = CpuRngState();
+  if (at::Generator gen = ModelCudaGenerator(model); gen.defined()) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.cuda = gen.get_state();
+  }
+  return state;
+}
 
 std::string CheckpointPath(const std::string& dir, int64_t global_step) {
   return StrFormat("%s/step-%09ld.safetensors", dir.c_str(), long(global_step));
 }
 
 void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model, const AdamW& optimizer,
-                    const GradScaler& scaler, const TrainProgress& progress) {
+                    const GradScaler& scaler, const TrainProgress& progress, const std::vector<RngState>& rng_by_rank) {
   fs::create_directories(fs::path(path).parent_path());
   NamedTensors tensors;
   for (const auto& item : model->named_parameters()) tensors.emplace_back("model." + item.key(), item.value());
   for (const auto& [name, t] : optimizer.StateTensors()) tensors.emplace_back("optim." + name, t);
-  tensors.emplace_back("rng.cpu", CpuRngState());
-  if (at::Generator gen = ModelCudaGenerator(model); gen.defined()) {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    tensors.emplace_back("rng.cuda", gen.get_state());
+  const bool cuda = !rng_by_rank.empty() && rng_by_rank.front().cuda.defined();
+  for (size_t r = 0; r < rng_by_rank.size(); ++r) {
+    tensors.emplace_back("rng.cpu." + std::to_string(r), rng_by_rank[r].cpu);
+    if (cuda) tensors.emplace_back("rng.cuda." + std::to_string(r), rng_by_rank[r].cuda);
   }
-  SaveSafetensors(path, tensors, ProgressMetadata(progress, scaler, optimizer));
+  CheckpointMeta meta;
+  meta.progress = progress;
+  meta.optimizer_steps = optimizer.step_count();
+  meta.loss_scale = scaler.scale();
+  meta.scale_growth_tracker = scaler.growth_tracker();
+  meta.rng_ranks = static_cast<int64_t>(rng_by_rank.size());
+  meta.cuda_rng = cuda;
+  SaveSafetensors(path, tensors, CheckpointMetaStrings(meta));
 }
 
-TrainProgress LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
-                             GradScaler& scaler) {
-  std::map<std::string, std::string> meta;
-  std::map<std::string, torch::Tensor> tensors;
+LoadedCheckpoint LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
+                                GradScaler& scaler, int rank, int64_t steps_per_epoch) {
+  std::map<std::string, std::string> strings;
+  TensorMap tensors;
   try {
-    tensors = LoadSafetensors(path, &meta);
+    tensors = LoadSafetensors(path, &strings);
   } catch (const SafetensorsError& e) {
     throw CheckpointError(e.what());
   }
-  if (Field(meta, "format", path) != kFormat)
-    throw CheckpointError(path + ": unknown checkpoint format '" + meta["format"] + "'");
-  try {
-    torch::NoGradGuard no_grad;
-    std::map<std::string, torch::Tensor> optim;
-    for (auto& item : model->named_parameters()) {
-      auto it = tensors.find("model." + item.key());
-      if (it == tensors.end() || it->second.sizes() != item.value().sizes())
-        throw CheckpointError(path + ": model tensor '" + item.key() +
-                              "' is missing or has another shape than this job's model");
-      item.value().copy_(it->second);
-    }
-    for (auto& [name, t] : tensors)
-      if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;
-    optimizer.RestoreState(optim, std::stoll(Field(meta, "optimizer_steps", path)));
-    scaler.Restore(std::stof(Field(meta, "loss_scale", path)), std::stoll(Field(meta, "scale_growth_tracker", path)));
-    if (tensors.count("rng.cpu")) SetCpuRngState(tensors.at("rng.cpu"));
-    if (at::Generator gen = ModelCudaGenerator(model); gen.defined() && tensors.count("rng.cuda")) {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(tensors.at("rng.cuda"));
-    }
-    TrainProgress p;
-    p.epoch = std::stoll(Field(meta, "epoch", path));
-    p.next_batch = std::stoll(Field(meta, "next_batch", path));
-    p.global_step = std::stoll(Field(meta, "global_step", path));
-    p.epoch_loss_sum = std::stod(Field(meta, "epoch_loss_sum", path));
-    p.epoch_examples = std::stoll(Field(meta, "epoch_examples", path));
-    p.epoch_steps = std::stoll(Field(meta, "epoch_steps", path));
-    p.epoch_skipped = std::stoll(Field(meta, "epoch_skipped", path));
-    return p;
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(path + ": " + e.what());
-  }
+  const CheckpointMeta meta = ParseCheckpointMeta(strings, path);
+  if (meta.progress.next_batch > steps_per_epoch)
+    throw CheckpointError(path + ": checkpoint metadata 'next_batch': " + std::to_string(meta.progress.next_batch) +
+                          " lies beyond this job's " + std::to_string(steps_per_epoch) +
+                          " batches per epoch (another dataset or batch size?)");
+  CheckTensors(tensors, meta, model, optimizer, path);
+  RestoreRng(tensors, meta, model, rank, path);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) item.value().copy_(tensors.at("model." + item.key()));
+  TensorMap optim;
+  for (auto& [name, t] : tensors)
+    if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;
+  optimizer.RestoreState(optim, meta.optimizer_steps);
+  scaler.Restore(static_cast<float>(meta.loss_scale), meta.scale_growth_tracker);
+  return {meta.progress, meta.rng_ranks};
 }
 
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
   std::vector<std::string> out;
-  if (!fs::is_directory(dir)) return out;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return out;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".safetensors") out.push_back(entry.path().string());
@@ -139,22 +166,9 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
-std::optional<std::string> LatestValidCheckpoint(const std::string& dir, std::vector<std::string>* rejected) {
-  for (const auto& path : ListCheckpoints(dir)) {
-    try {
-      SafetensorsFile file = SafetensorsFile::Read(path);
-      if (file.metadata().count("format") && file.metadata().at("format") == kFormat) return path;
-      rejected->push_back(path + ": not a Trainyard checkpoint");
-    } catch (const SafetensorsError& e) {
-      rejected->push_back(e.what());
-    }
-  }
-  return std::nullopt;
-}
-
 void PruneCheckpoints(const std::string& dir, int keep) {
   auto all = ListCheckpoints(dir);
-  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove(all[i]);
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i]);
 }
 
 }  // namespace trainyard

@@ -1,9 +1,14 @@
 #include "common/spec/job_spec.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace trainyard {
 namespace {
@@ -76,7 +81,133 @@ TEST_F(JobSpecTest, WrongTypeSaysWhatWasExpected) {
 TEST_F(JobSpecTest, NegativeEpochsAreOutOfRange) {
   std::string yaml = Valid();
   yaml.replace(yaml.find("epochs: 2"), 9, "epochs: -1");
-  EXPECT_EQ(ErrorOf(yaml), "job.yaml:7:11: train.epochs: expected an integer >= 1, got -1");
+  EXPECT_EQ(ErrorOf(yaml), "job.yaml:7:11: train.epochs: expected an integer in [1, 100000], got -1");
+}
+
+// Before: range-checked as int64 and then cut to int, so 2^32 + 1 epochs became 1 and
+// 2^32 checkpoints to keep became 0 (every checkpoint deleted).
+TEST_F(JobSpecTest, IntegersAreCheckedAgainstTheFieldsRealRange) {
+  EXPECT_EQ(ErrorOf(Valid("  batch_size: 4294967297\n")),
+            "job.yaml:8:15: train.batch_size: expected an integer in [1, 65536], got 4294967297");
+  std::string yaml = Valid();
+  yaml.replace(yaml.find("epochs: 2"), 9, "epochs: 4294967297");
+  EXPECT_EQ(ErrorOf(yaml), "job.yaml:7:11: train.epochs: expected an integer in [1, 100000], got 4294967297");
+  EXPECT_EQ(ErrorOf(Valid() + "checkpoint:\n  keep: 4294967296\n"),
+            "job.yaml:9:9: checkpoint.keep: expected an integer in [1, 10000], got 4294967296");
+  EXPECT_EQ(ErrorOf(Valid() + "resources:\n  priority: 2147483648\n"),
+            "job.yaml:9:13: resources.priority: expected an integer in [-1000000, 1000000], got 2147483648");
+  EXPECT_EQ(ErrorOf(Valid("  max_steps: 99999999999999999999\n")),
+            "job.yaml:8:14: train.max_steps: expected an integer, got '99999999999999999999'");
+  EXPECT_EQ(Parse(Valid("  batch_size: 65536\n")).train.batch_size, 65536);
+}
+
+TEST_F(JobSpecTest, BenchmarkListItemsAreBounded) {
+  std::string error = ErrorOf("kind: benchmark\n" + Valid() + "benchmark:\n  batch_sizes: [1, 4294967297]\n");
+  EXPECT_NE(error.find("benchmark.batch_sizes[1]: expected an integer in [1, 65536], got 4294967297"),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(JobSpecTest, FloatsMustBeFinite) {
+  EXPECT_EQ(ErrorOf(Valid("  lr: .nan\n")), "job.yaml:8:7: train.lr: expected a finite number, got '.nan'");
+  EXPECT_EQ(ErrorOf(Valid("  max_grad_norm: .inf\n")),
+            "job.yaml:8:18: train.max_grad_norm: expected a finite number, got '.inf'");
+  EXPECT_EQ(ErrorOf(Valid() + "model:\n  dropout: .NaN\n"),
+            "job.yaml:9:12: model.dropout: expected a finite number, got '.NaN'");
+}
+
+TEST_F(JobSpecTest, NameIsOneSafePathComponent) {
+  const std::string expected =
+      "name: expected one path component of letters, digits, '.', '_' or '-' (at most 100 characters, not '.' or "
+      "'..')";
+  for (const std::string& bad :
+       std::vector<std::string>{"..", ".", "a/b", "\"a\\nb\"", "\"a b\"", "\"\"", "'..'", std::string(101, 'x')}) {
+    std::string yaml = Valid();
+    yaml.replace(0, 7, "name: " + bad);
+    EXPECT_EQ(ErrorOf(yaml), "job.yaml:1:7: " + expected) << bad;
+  }
+  std::string yaml = Valid();
+  yaml.replace(0, 7, "name: Lang-id_2.tiny");
+  EXPECT_EQ(Parse(yaml).name, "Lang-id_2.tiny");
+}
+
+// Inputs that made yaml-cpp throw past every handler (as<std::string> of a complex
+// key) or that look odd but must be handled: each is a located SpecError.
+TEST_F(JobSpecTest, UnusualYamlIsALocatedSpecError) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"complex key", "? [a, b]\n: 1\n" + Valid()},
+      {"null key", "?\n: 1\n" + Valid()},
+      {"complex key in a section", Valid("  ? {a: 1}\n  : 2\n")},
+      {"alias of a map as a scalar", "name: &n {a: 1}\n" + Valid().substr(8) + "  batch_size: *n\n"},
+      {"undefined alias", Valid("  batch_size: *nowhere\n")},
+      {"binary as an integer", Valid("  batch_size: !!binary AAAA\n")},
+      {"tagged map as a section", Valid() + "model: !!map {preset: [tiny]}\n"},
+      {"merge key", Valid("  <<: {lr: 1}\n")},
+      {"deep flow nesting", "name: t\nx: " + std::string(5000, '[') + std::string(5000, ']') + "\n"},
+      {"deep map nesting", "name: t\nx: " + std::string(3000, '{') + "\n"},
+      {"tab indentation", "name: t\ndata:\n\ttrain: x\n"},
+      {"sequence as a key list", Valid() + "train: [1, 2]\n"},
+  };
+  for (const auto& [what, yaml] : cases) {
+    std::string error;
+    try {
+      Parse(yaml);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const SpecError& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": escaped as " << typeid(e).name() << ": " << e.what();
+    }
+    EXPECT_TRUE(error.rfind("job.yaml:", 0) == 0 && std::isdigit(static_cast<unsigned char>(error[9])))
+        << what << ": " << error;
+  }
+}
+
+TEST_F(JobSpecTest, DeepNestingSaysSo) {
+  std::string error = ErrorOf("name: t\nx: " + std::string(5000, '[') + std::string(5000, ']') + "\n");
+  EXPECT_NE(error.find("malformed YAML: nested deeper than"), std::string::npos) << error;
+}
+
+// A FIFO as a dataset made every rank block in open(); a folder or a device is no
+// better. Paths the job reads must be regular files (symlinks to one are fine).
+TEST_F(JobSpecTest, DataPathsMustBeRegularFiles) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  fs::create_symlink(dir_ / "data/train.tsv", dir_ / "link.tsv");
+  auto with_train = [&](const std::string& path) {
+    std::string yaml = Valid();
+    yaml.replace(yaml.find("data/train.tsv"), 14, path);
+    return yaml;
+  };
+  EXPECT_EQ(ErrorOf(with_train("fifo")),
+            "job.yaml:3:10: data.train: a special file (FIFO, device or socket), not a "
+            "regular file: " +
+                (dir_ / "fifo").string());
+  EXPECT_EQ(ErrorOf(with_train("/dev/zero")),
+            "job.yaml:3:10: data.train: a special file (FIFO, device or socket), not a regular file: /dev/zero");
+  EXPECT_EQ(ErrorOf(with_train("data")),
+            "job.yaml:3:10: data.train: a folder, not a regular file: " + (dir_ / "data").string());
+  EXPECT_EQ(Parse(with_train("link.tsv")).data.train, (dir_ / "link.tsv").string());
+  std::string error = ErrorOf(Valid() + "checkpoint:\n  resume: /dev/null\n");
+  EXPECT_NE(error.find("checkpoint.resume: a special file"), std::string::npos) << error;
+  error = ErrorOf(Valid() + "model:\n  init: data/train.tsv\n");
+  EXPECT_NE(error.find("model.init: not a folder"), std::string::npos) << error;
+  fs::create_directories(dir_ / "hf/config.json");
+  std::ofstream(dir_ / "hf/model.safetensors") << "x";
+  error = ErrorOf(Valid() + "model:\n  init: hf\n");
+  EXPECT_NE(error.find("model.init: expected a folder holding model.safetensors and config.json: a folder, not a "
+                       "regular file"),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(JobSpecTest, JobFileMustBeARegularFile) {
+  ASSERT_EQ(::mkfifo((dir_ / "job.fifo").c_str(), 0600), 0);
+  try {
+    LoadJobSpec((dir_ / "job.fifo").string());
+    ADD_FAILURE() << "a FIFO was read as a job file";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("<file>: a special file"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(JobSpecTest, MissingDatasetFileNamesTheKey) {
