@@ -48,7 +48,7 @@ int Main(int argc, char** argv) {
                  "folder for <job id>/ (default runs); workers write checkpoints there too, so it must be\n"
                  "reachable at the same path from every worker host");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
-  bool init = false, keys_given = false;
+  bool init = false;
   app.add_flag("--init", init,
                "make the CURVE keys in the --keys folder (0700, secrets 0600) and exit; workers and jobctl\n"
                "use the same folder (their --keys, or $TRAINYARD_KEYS)");
@@ -78,11 +78,11 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  keys_given = keys->count() > 0;
-  const char* env_keys = std::getenv("TRAINYARD_KEYS");
-  if (!keys_given && env_keys && *env_keys) o.keys_dir = env_keys;
-  if (!keys_given && !(env_keys && *env_keys))
-    o.keys_dir = (std::filesystem::path(o.state_path).parent_path() / "keys").string();
+  if (keys->count() == 0) {  // $TRAINYARD_KEYS, else keys/ beside the state file
+    const char* env_keys = std::getenv("TRAINYARD_KEYS");
+    o.keys_dir = env_keys && *env_keys ? std::string(env_keys)
+                                       : (std::filesystem::path(o.state_path).parent_path() / "keys").string();
+  }
   if (init) return InitKeys(o.keys_dir);
   spdlog::set_pattern("[%H:%M:%S] %v");
   std::signal(SIGINT, OnSignal);
