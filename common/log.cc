@@ -24,6 +24,8 @@ std::string LastLogLine() {
   return last_line;
 }
 
+void RememberLogLine(const std::string& line) { Remember(line); }
+
 void LogSetup(const std::string& level) {
   spdlog::set_level(spdlog::level::from_str(level));
   spdlog::set_pattern("[%H:%M:%S] %v");

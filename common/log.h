@@ -16,6 +16,9 @@ void LogError(const std::string& message);
 // The latest message logged at info level or above (what a pool rank's heartbeat
 // carries, so a failure report can quote it).
 std::string LastLogLine();
+// Makes `line` the LastLogLine without logging it (a pool agent passes on the output
+// of the job it launched).
+void RememberLogLine(const std::string& line);
 
 std::string StrFormat(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

@@ -17,8 +17,11 @@
 // Worker pools (server_pool.cc), per the ZeroMQ Guide's Paranoid Pirate: each rank
 // registers and heartbeats; the coordinator pulses every registered rank. A rank
 // silent for `liveness` heartbeats is gone, and so is any attempt it was part of.
-// Life of an attempt: Assign to every rank of the placement -> epoch reports from the
-// job's rank 0 -> a JobResult from every rank. It fails on the first failing result,
+// Life of an attempt: Assign to every rank of the placement -> the agent of its first
+// rank (the lead) runs the job as its own mpirun, while the others hold their slots
+// (Note [Job isolation] in worker/pool/job_process.h) -> epoch reports and then one
+// JobResult from the lead, which decide the attempt -> StopJob to the other ranks,
+// which answer with a "released" result and are free again. It fails on a failing result,
 // a RankExit from a rank's supervisor (naming the exit code or signal), a lost rank,
 // or ranks that never start it; a failed job is requeued (resuming from its last
 // checkpoint) after a backoff, until resources.max_restarts is spent.

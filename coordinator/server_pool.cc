@@ -287,17 +287,19 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
                                 DescribeRank({message.world(), message.world_rank()}) +
                                 ", which is not one of its ranks");
   NoteAdoption(&attempt, message.world_rank());
+  // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
+  // it; another rank's result only says that its slot is free again.
+  if (message.world_rank() != attempt.ranks.front()) return;
   if (message.outcome() != "succeeded") {
-    const std::string reason = "rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
-                               (message.outcome() == "bad_input" ? "rejected the job's input: " : "failed: ") +
-                               message.message();
+    const std::string reason =
+        "the job run by rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
+        (message.outcome() == "bad_input" ? "rejected its input: " : "failed: ") + message.message();
     FailAttempt(message.job_id(), reason, message.outcome() == "bad_input" ? Retry::kNever : Retry::kCounted);
     return;
   }
   attempt.finished.insert(message.world_rank());
   if (!message.summary_json().empty()) attempt.summary_json = message.summary_json();
-  schedule_due_ = true;
-  if (attempt.finished.size() == attempt.ranks.size()) SucceedAttempt(attempt);
+  SucceedAttempt(attempt);
 }
 
 void Server::OnRankExit(const std::string& identity, const wire::RankExit& message) {
@@ -473,6 +475,7 @@ void Server::SucceedAttempt(RunningAttempt attempt) {
   store_->AddEvent(attempt.job, "attempt " + std::to_string(attempt.attempt) + " succeeded", now);
   transaction.Commit();
   running_.erase(attempt.job);
+  StopRanks(attempt, "the attempt succeeded: this slot is free");  // the gang's other ranks hold their slots until told
   WriteEpochFiles(attempt.job);  // again: a crash may have come between a row's commit and its file
   const std::string dir = JobRunsDir(attempt.job) + "/attempt-" + std::to_string(attempt.attempt);
   try {

@@ -7,6 +7,7 @@
 namespace trainyard {
 
 // 2: rank and world tokens (Register), required on every worker message.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: a job runs as its own mpirun; its lead agent's result speaks for the gang.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 }  // namespace trainyard

@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """Chaos soak: a coordinator and two worker pools on 127.0.0.1 run a stream of small real
-jobs while this script kill -9s ranks and the coordinator, SIGSTOPs both, and cancels
-jobs, for a bounded time. Then it stops the chaos, lets every job finish, and checks:
+jobs while this script kill -9s job processes, pool agents and the coordinator, SIGSTOPs
+them, and cancels jobs, for a bounded time. Then it stops the chaos, lets every job
+finish, and checks:
 
   1. every acknowledged submission is exactly one job (idempotency keys: a submission
      retried across a coordinator kill never makes two), and it ended in a terminal state;
   2. nothing is stuck: no job QUEUED or RUNNING, no attempt left open;
   3. a job ended exactly once: at most one attempt succeeded, and only its last; a
      SUCCEEDED job's epochs.csv holds epochs 1..n once each, equal to the store's rows;
-  4. no job outside a victim's own job FAILED: a job is a victim when one of its ranks
-     was killed or stopped past the liveness window, or when it ran on a pool whose world
-     a kill tore down (Note [World abort] in worker/runtime/pool_runtime.cc: one rank's
-     death ends its whole mpirun, and those jobs are requeued as interrupted);
+  4. no job outside a victim's own job FAILED. A job is a victim when one of its own
+     processes (of the mpirun its lead agent started: Note [Job isolation] in
+     worker/pool/job_process.h) was killed or stopped, or when one of its agents was
+     stopped past the liveness window, or when it ran on a pool whose world an agent's
+     kill tore down (the agents share one mpirun, and its jobs are requeued as
+     interrupted). A job process's death must fail nothing but its own job;
   5. the coordinator's memory stays bounded (resident set sampled every few seconds).
 
-Pools whose mpirun ended (a killed rank ends its world) are started again by this
+Pools whose mpirun ended (a killed agent ends its world) are started again by this
 script, as an operator or a service manager would. Exit 0 when every invariant holds.
 Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]"""
 import argparse
@@ -65,8 +68,9 @@ class Soak:
         self.pools = {}  # pool index -> Popen
         self.acknowledged = {}  # idempotency key -> job id
         self.victims = set()  # jobs a chaos action hit directly
-        self.counts = {k: 0 for k in ("submitted", "rank_kills", "rank_stops", "coordinator_kills",
-                                      "coordinator_stops", "cancels", "pool_restarts")}
+        self.counts = {k: 0 for k in ("submitted", "job_process_kills", "job_process_stops", "agent_kills",
+                                      "agent_stops", "coordinator_kills", "coordinator_stops", "cancels",
+                                      "pool_restarts")}
         self.memory = []
         self.next_job = 0
         e2e_common.subset_tsv(work, 160)
@@ -137,32 +141,72 @@ resources:
     def pool_jobs(self, workers, world):
         return {w["job_id"] for w in workers if w["world"] == world and w["job_id"]}
 
-    def kill_rank(self):
+    def job_processes(self):
+        """{pid: job id} of every running job process (`worker --pool-job ... --job-id N`)."""
+        worker = os.fsencode(os.path.join(BIN, "worker"))
+        found = {}
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                if entry.isdigit() and worker in argv and b"--pool-job" in argv:
+                    found[int(entry)] = int(argv[argv.index(b"--job-id") + 1])
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def kill_job_process(self):
+        processes = self.job_processes()
+        if not processes:
+            return
+        pid = self.rng.choice(sorted(processes))
+        self.victims.add(processes[pid])  # its own job only: the pool goes on
+        try:
+            os.kill(pid, signal.SIGKILL)
+            self.counts["job_process_kills"] += 1
+        except ProcessLookupError:
+            pass
+
+    def stop_job_process(self):
+        processes = self.job_processes()
+        if not processes:
+            return
+        pid = self.rng.choice(sorted(processes))
+        self.victims.add(processes[pid])  # may stall its job's collectives past their timeout
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(self.rng.uniform(0.5, 5.0))
+            os.kill(pid, signal.SIGCONT)
+            self.counts["job_process_stops"] += 1
+        except ProcessLookupError:
+            pass
+
+    def kill_agent(self):
         workers = [w for w in self.workers() if w["job_id"]]
         if not workers:
             return
         victim = self.rng.choice(workers)
-        # The kill ends its job, and mpirun then tears the rest of its world down.
+        # Its pool's mpirun then tears the rest of its world down, with every job it led.
         self.victims |= self.pool_jobs(self.workers(), victim["world"]) | {victim["job_id"]}
         try:
             os.kill(victim["pid"], signal.SIGKILL)
-            self.counts["rank_kills"] += 1
+            self.counts["agent_kills"] += 1
         except ProcessLookupError:
             pass
 
-    def stop_rank(self):
+    def stop_agent(self):
         workers = [w for w in self.workers() if w["job_id"]]
         if not workers:
             return
         victim = self.rng.choice(workers)
         pause = self.rng.uniform(0.5, 5.0)
-        if pause > 1.5:  # may pass the liveness window (3 s) or stall its job's collectives
-            self.victims |= self.pool_jobs(self.workers(), victim["world"]) | {victim["job_id"]}
+        if pause > 1.5:  # may pass the liveness window (3 s): its job is then lost
+            self.victims.add(victim["job_id"])
         try:
             os.kill(victim["pid"], signal.SIGSTOP)
             time.sleep(pause)
             os.kill(victim["pid"], signal.SIGCONT)
-            self.counts["rank_stops"] += 1
+            self.counts["agent_stops"] += 1
         except ProcessLookupError:
             pass
 
@@ -185,8 +229,9 @@ resources:
             self.counts["cancels"] += 1
 
     def act(self):
-        action = self.rng.choices([self.kill_rank, self.stop_rank, self.kill_coordinator, self.stop_coordinator,
-                                   self.cancel_one], weights=[3, 2, 2, 2, 2])[0]
+        action = self.rng.choices([self.kill_job_process, self.stop_job_process, self.kill_agent, self.stop_agent,
+                                   self.kill_coordinator, self.stop_coordinator, self.cancel_one],
+                                  weights=[3, 2, 1, 1, 2, 2, 2])[0]
         action()
         return action.__name__
 

@@ -6,9 +6,14 @@ Cases:
   gang              three 2-rank jobs on a 4-rank pool: two run at once, the third
                     follows, all succeed with their epoch logs under runs/, and the
                     losses equal those of a standalone run of the same job file;
-  rank_kill         kill -9 of a job's rank 1: the attempt fails naming the rank and
-                    SIGKILL; after the pool is restarted the job resumes from its
-                    checkpoint as attempt 2, and every epoch is logged exactly once;
+  rank_kill         kill -9 of a job's rank 1 (a process of the job's own mpirun): the
+                    attempt fails naming the job rank, its pid and SIGKILL; the pool
+                    lives on, unrestarted, and the job resumes on it from its checkpoint
+                    as attempt 2, every epoch logged exactly once;
+  isolation         on a 4-rank pool, a 2-rank job that fails mid-run (its rank 0
+                    cannot write a checkpoint and aborts its MPI world) ends alone: a
+                    concurrent job on the other two ranks runs to SUCCEEDED as attempt
+                    1, and the pool, still the same processes, then runs a new job;
   coordinator_kill  kill -9 of the coordinator mid-job, restarted ~5 s later: the queue
                     is identical, the running job is re-adopted (no second attempt) and
                     completes, and no epoch row is lost or duplicated;
@@ -188,18 +193,41 @@ def case_gang(c, work):
           f"the pool's losses equal a standalone run's exactly ({pooled})")
 
 
+def job_processes(worker):
+    """{job rank: pid} of every running job process (a lead agent's mpirun of `worker --pool-job`)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if os.fsencode(worker) not in argv or b"--pool-job" not in argv:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+        except (OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+def agents(c):
+    return sorted((w["rank"], w["pid"]) for w in c.workers())
+
+
 def case_rank_kill(c, work):
     c.start(2)
+    before = agents(c)
     job = c.submit(write_job(work, "victim", epochs=6, max_restarts=2))
     wait_for(lambda: c.epochs_done(job) >= 2, 120, "two epochs of attempt 1")
-    victim = [w for w in c.workers() if w["job_id"] == job and w["rank"] == 1][0]
-    os.kill(victim["pid"], signal.SIGKILL)
-    requeued = wait_for(lambda: (lambda j: j if j["attempts"] == 1 and j["state"] != "RUNNING" else None)(
+    victim = job_processes(c.args.worker)[1]
+    os.kill(victim, signal.SIGKILL)
+    ended = wait_for(lambda: (lambda j: j if j["attempts"] >= 2 or j["state"] != "RUNNING" else None)(
         c.job(job)), 30, "attempt 1 to end")
-    reason = requeued["reason"]
-    assert "rank 1" in reason and "SIGKILL" in reason and str(victim["pid"]) in reason, reason
-    c.pool.wait(timeout=60)  # mpirun tears the rest of the world down
-    c.start_pool(2)
+    report = c.jobctl("report", str(job))
+    reason = report["attempts"][0]["outcome"]
+    assert "job rank 1" in reason and "SIGKILL" in reason and str(victim) in reason, (reason, ended)
     final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
     assert final["state"] == "SUCCEEDED", final
     report = c.jobctl("report", str(job))
@@ -211,8 +239,36 @@ def case_rank_kill(c, work):
     assert first and second and max(first) < min(second) and sorted(first + second) == [1, 2, 3, 4, 5, 6], \
         (first, second)
     assert any("resum" in e for e in report["events"]), report["events"]
-    print(f"rank_kill: attempt 1 failed with '{reason}'; attempt 2 resumed at epoch {min(second)}; "
-          f"epochs {first} + {second}, each once")
+    assert c.pool.poll() is None and agents(c) == before, (before, agents(c))
+    print(f"rank_kill: attempt 1 failed with '{reason}'; attempt 2 resumed at epoch {min(second)} on the same, "
+          f"unrestarted pool; epochs {first} + {second}, each once")
+
+
+def case_isolation(c, work):
+    c.start(4)
+    before = agents(c)
+    doomed = c.submit(write_job(work, "doomed", epochs=8))
+    bystander = c.submit(write_job(work, "bystander", epochs=5))
+    wait_for(lambda: c.epochs_done(doomed) >= 1 and c.job(bystander)["state"] == "RUNNING", 120,
+             "both jobs running, the first past epoch 1")
+    # The doomed job's next checkpoint cannot be written: its rank 0 throws while rank 1
+    # waits in a collective, so the job must abort its MPI world.
+    checkpoints = os.path.join(c.runs, str(doomed), "doomed", "checkpoints")
+    subprocess.run(["rm", "-rf", checkpoints], check=True)
+    with open(checkpoints, "w") as f:
+        f.write("not a folder\n")
+    failed = c.wait_state(doomed, {"FAILED", "SUCCEEDED"}, 120)
+    assert failed["state"] == "FAILED" and "checkpoints" in failed["reason"], failed
+    assert c.job(bystander)["state"] == "RUNNING", c.job(bystander)
+    done = c.wait_state(bystander, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
+    assert done["state"] == "SUCCEEDED" and done["attempts"] == 1, done
+    assert epoch_column(os.path.join(c.runs, str(bystander), "epochs.csv")) == [1, 2, 3, 4, 5]
+    assert c.pool.poll() is None and agents(c) == before, (before, agents(c))
+    after = c.submit(write_job(work, "after", epochs=1))
+    assert c.wait_state(after, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
+    assert agents(c) == before, (before, agents(c))
+    print(f"isolation: the failing job ended alone ({failed['reason'][:160]}); the concurrent job succeeded as "
+          "attempt 1, and the same pool processes then ran a new job")
 
 
 def queue_view(c):
@@ -304,7 +360,7 @@ def main():
     p = argparse.ArgumentParser()
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "coordinator_kill", "cancel", "pause", "gpu"])
+    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause", "gpu"])
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         c = Cluster(a, work)

@@ -337,13 +337,19 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
     ASSERT_TRUE(ack && ack->has_ack());
     EXPECT_EQ(ack->ack().epoch(), 1);
   }
-  for (ScriptedRank* r : {&r0, &r1}) {
-    wire::Envelope result = r->Result(job, 2);
-    if (r == &r0) result.mutable_result()->set_summary_json("{\"status\":\"succeeded\"}");
-    r->Send(result);
-    auto ack = r->Next(2000);
-    ASSERT_TRUE(ack && ack->has_ack());
-  }
+  // The lead (the job's rank 0) ran the attempt and its result decides it; the other
+  // rank held its slot and is released by a StopJob, which it answers.
+  wire::Envelope result = r0.Result(job, 2);
+  result.mutable_result()->set_summary_json("{\"status\":\"succeeded\"}");
+  r0.Send(result);
+  ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
+  auto release = r1.Next(2000, job, 2);
+  ASSERT_TRUE(release && release->has_stop()) << (release ? release->DebugString() : "none");
+  EXPECT_EQ(release->stop().attempt(), 2);
+  r1.Send(r1.Result(job, 2, "released"));
+  auto released = r1.Next(2000);
+  while (released && released->has_stop()) released = r1.Next(2000);  // repeated while it named the job
+  ASSERT_TRUE(released && released->has_ack());
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
   EXPECT_EQ(done->job().state(), "SUCCEEDED");
@@ -408,13 +414,17 @@ TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
   ASSERT_TRUE(still && still->has_job());
   EXPECT_EQ(still->job().state(), "RUNNING");
   EXPECT_EQ(still->job().attempts(), 1);
-  // The real ranks finish: their row, their results, attempt 1.
+  // A real rank that is not the job's lead cannot end the attempt either.
+  r1.Send(r1.Result(job, 1));
+  ASSERT_TRUE(r1.Next(2000).value_or(wire::Envelope()).has_ack());
+  auto member_said = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(member_said && member_said->has_job());
+  EXPECT_EQ(member_said->job().state(), "RUNNING");
+  // The lead finishes: its row, its result, attempt 1.
   r0.Send(r0.Epoch(job, 1, 1, "1,0.5"));
   ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
-  for (ScriptedRank* r : {&r0, &r1}) {
-    r->Send(r->Result(job, 1));
-    ASSERT_TRUE(r->Next(2000).value_or(wire::Envelope()).has_ack());
-  }
+  r0.Send(r0.Result(job, 1));
+  ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
   EXPECT_EQ(done->job().state(), "SUCCEEDED");

@@ -98,25 +98,16 @@ void PoolAgent::Finish(const JobOutcome& outcome) {
   Queue(ResultKey(job, attempt), Serialize(e));
 }
 
-void PoolAgent::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
+void PoolAgent::ReportEpoch(const wire::EpochReport& report) {
   wire::Envelope e;
-  wire::EpochReport* report = e.mutable_epoch();
+  wire::EpochReport* out = e.mutable_epoch();
+  *out = report;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    report->set_job_id(job_id_), report->set_attempt(attempt_);
+    out->set_job_id(job_id_), out->set_attempt(attempt_);
   }
-  report->set_epoch(static_cast<int32_t>(row.epoch));
-  report->set_world(self_.world), report->set_world_rank(self_.rank), report->set_rank_token(self_.rank_token);
-  report->set_csv_header(csv_header), report->set_csv_line(csv_line);
-  wire::StepBreakdown* breakdown = report->mutable_breakdown();
-  for (int i = 0; i < kNumStepParts; ++i) {
-    wire::StepPart* part = breakdown->add_parts();
-    part->set_name(kStepParts[i]);
-    part->set_min_ms(row.parts[i].min), part->set_median_ms(row.parts[i].median), part->set_max_ms(row.parts[i].max);
-  }
-  breakdown->set_slowest_rank(row.slowest_rank);
-  breakdown->set_slowest_ms_per_step(row.slowest_ms_per_step);
-  Queue(EpochKey(report->job_id(), report->attempt(), row.epoch), Serialize(e));
+  out->set_world(self_.world), out->set_world_rank(self_.rank), out->set_rank_token(self_.rank_token);
+  Queue(EpochKey(out->job_id(), out->attempt(), out->epoch()), Serialize(e));
 }
 
 void PoolAgent::Queue(std::string key, std::string bytes) {

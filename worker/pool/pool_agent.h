@@ -9,8 +9,9 @@
 // and resent after every reconnect: none is lost while the coordinator is away, and
 // the coordinator drops the duplicates.
 //
-// The rank's main thread waits for an assignment, runs it (this object is the job's
-// JobHooks) and reports the outcome; it never touches the socket.
+// The rank's main thread waits for an assignment, leads it or holds its slot for it
+// (Note [Job isolation] in job_process.h) and reports the outcome; it never touches
+// the socket.
 #pragma once
 
 #include <atomic>
@@ -26,12 +27,12 @@
 #include <vector>
 
 #include "proto/curve_keys.h"
-#include "worker/report/job_hooks.h"
 
 namespace trainyard {
 namespace wire {
 class Envelope;
-}
+class EpochReport;
+}  // namespace wire
 
 struct PoolOptions {
   std::string endpoint;
@@ -60,7 +61,7 @@ struct Assignment {
 };
 
 struct JobOutcome {
-  std::string outcome = "succeeded";  // succeeded | failed | bad_input | cancelled
+  std::string outcome = "succeeded";  // succeeded | failed | bad_input | cancelled | released
   std::string message, summary_json;
 };
 
@@ -68,10 +69,10 @@ struct JobOutcome {
 // (a malformed address; an unreachable coordinator is waited for instead).
 void CheckEndpoint(const std::string& endpoint);
 
-class PoolAgent : public JobHooks {
+class PoolAgent {
  public:
   PoolAgent(PoolOptions options, RankIdentity self);
-  ~PoolAgent() override;
+  ~PoolAgent();
   PoolAgent(const PoolAgent&) = delete;
   PoolAgent& operator=(const PoolAgent&) = delete;
 
@@ -84,8 +85,11 @@ class PoolAgent : public JobHooks {
   // Waits up to `timeout_s` for every queued report to be acknowledged.
   bool Drain(double timeout_s);
 
-  void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
-  bool StopRequested() const override { return stop_requested_; }
+  // Sends the running job's epoch row on (kept until acknowledged), as this rank's.
+  void ReportEpoch(const wire::EpochReport& report);
+  // True once the coordinator asked to stop the running attempt (or released its slot).
+  bool StopRequested() const { return stop_requested_; }
+  const RankIdentity& self() const { return self_; }
 
  private:
   struct Link;  // the socket and the protocol state the thread owns

@@ -16,7 +16,8 @@ struct RankResult {
   int exit_code = 0;  // 0 ok, 1 failure, 2 bad input
   JobOutcome outcome;
   // A failure mid-run, after which the job's other ranks may wait inside a collective
-  // forever: see Note [World abort] in pool_runtime.cc.
+  // forever: the caller aborts the job's MPI world, which is the job's own (Note [Job
+  // isolation] in worker/pool/job_process.h).
   bool abort_world = false;
 };
 

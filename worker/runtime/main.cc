@@ -1,15 +1,20 @@
 // The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
 // per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
 // `mpirun -n 4 worker --coordinator ENDPOINT --keys KEYS` makes the ranks a worker pool
-// instead.
+// instead; each job then runs as its own mpirun of this binary with --pool-job (Note
+// [Job isolation] in worker/pool/job_process.h).
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
 // checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
 // when stopped (SIGTERM, SIGINT) while idle; the outcome of each job goes to the
 // coordinator instead.
 #include <mpi.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 
 #include "common/log.h"
 #include "worker/pool/pool_agent.h"
@@ -22,6 +27,10 @@ namespace {
 struct Options {
   trainyard::StandaloneOptions standalone;
   trainyard::PoolOptions pool;
+  trainyard::JobLaunchOptions launch;
+  std::string pool_job;  // job mode: the lead agent's relay endpoint
+  std::vector<int> job_slots;
+  int64_t job_id = 0;
   std::string log_level = "info";
 };
 
@@ -39,6 +48,13 @@ void AddOptions(CLI::App& app, Options& o) {
                  "pool: key folder made by `coordinator --init` (worker.key, coordinator.pub); default\n"
                  "$TRAINYARD_KEYS, else ./keys");
   app.add_flag("--insecure", o.pool.insecure, "pool: development only, for a coordinator started with --insecure");
+  app.add_option("--mpirun", o.launch.mpirun,
+                 "pool: the mpirun that starts each job as its own MPI world (default: mpirun on PATH)");
+  // Job mode, for the pool's own use: a lead agent starts each job with these.
+  auto* pool_job = app.add_option("--pool-job", o.pool_job)->group("");
+  app.add_option("--job-slots", o.job_slots)->group("")->delimiter(',')->needs(pool_job);
+  app.add_option("--job-id", o.job_id)->group("")->needs(pool_job);  // for `ps` only
+  pool_job->excludes(job)->excludes(pool);
   app.add_option("--runs-dir", o.standalone.runs_dir,
                  "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
   app.add_option("--resume", o.standalone.resume,
@@ -69,7 +85,8 @@ int Main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   const bool pool = !o.pool.endpoint.empty();
-  if (o.standalone.job_file.empty() && !pool) {
+  const bool job_mode = !o.pool_job.empty();
+  if (o.standalone.job_file.empty() && !pool && !job_mode) {
     std::fprintf(stderr, "error: give a job file, or --coordinator ENDPOINT to join a worker pool\n%s",
                  app.help().c_str());
     return 2;
@@ -88,6 +105,10 @@ int Main(int argc, char** argv) {
     }
   }
   trainyard::LogSetup(o.log_level);
+  if (pool) o.launch.worker = std::filesystem::read_symlink("/proc/self/exe").string();
+  o.launch.job_args = {"--log-level", o.log_level};
+  // A job's process dies with the mpirun that started it (Note [Job isolation]).
+  if (job_mode) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // Before MPI_Init and before any thread starts: fork() is only safe then.
   const int supervisor_fd = pool ? trainyard::ForkRankSupervisor(o.pool) : -1;
 
@@ -101,7 +122,9 @@ int Main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  const int code = pool ? trainyard::RunPool(o.pool, supervisor_fd) : trainyard::RunStandalone(o.standalone);
+  const int code = pool       ? trainyard::RunPool(o.pool, o.launch, supervisor_fd)
+                   : job_mode ? trainyard::RunPoolJob(o.pool_job, o.job_slots)
+                              : trainyard::RunStandalone(o.standalone);
   MPI_Finalize();
   return code;
 }

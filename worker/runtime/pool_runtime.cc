@@ -7,35 +7,26 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <random>
 
 #include "common/log.h"
+#include "worker/pool/job_relay.h"
 #include "worker/pool/rank_supervisor.h"
 #include "worker/runtime/job_runner.h"
-
-// Note [World abort]
-// Every rank of a pool belongs to one MPI_COMM_WORLD, made by one mpirun, and each
-// job runs on a communicator of its own ranks (CreateJobComm). When a job fails in
-// the middle of a run on one rank, its other ranks may already wait inside a
-// collective that can never complete, and MPI (without the ULFM extension) can
-// neither cancel that collective nor revoke the communicator. So the failing rank
-// first reports its result (PoolAgent::Finish, then Drain for up to 5 s, so the
-// coordinator learns the real reason) and then calls MPI_Abort on the world. That
-// ends every rank of the pool, including ranks running other jobs: each rank's
-// supervisor reports how its rank ended (RankExit), the coordinator requeues the jobs
-// that were interrupted, and the pool has to be started again. A job that fails
-// before any collective (bad input: every rank agrees on it in RunJobOn) or is
-// stopped on request (Note [Stop agreement] in job_setup.h) ends on all its ranks at
-// the same point, and the pool goes on.
 
 namespace trainyard {
 namespace {
 
+constexpr int kHostChars = 256;
+constexpr double kAssignmentWaitS = 60;
+
 std::atomic<bool> g_pool_stop{false};
 std::atomic<bool> g_pool_busy{false};
 
-// Idle ranks leave the pool cleanly; a rank running a job dies of the signal, as it
-// would without the handler (mpirun's way to tear a world down).
+// Idle agents leave the pool cleanly; an agent with a job dies of the signal, as it
+// would without the handler (mpirun's way to tear a world down), and its job's mpirun
+// with it (PR_SET_PDEATHSIG).
 void OnPoolSignal(int signal) {
   if (g_pool_busy) {
     std::signal(signal, SIG_DFL);
@@ -45,7 +36,7 @@ void OnPoolSignal(int signal) {
 }
 
 std::string Hostname() {
-  char name[256] = {};
+  char name[kHostChars] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
 }
@@ -63,51 +54,71 @@ void ChooseWorld(int rank, RankIdentity* self) {
   self->world = id, self->world_token = token;
 }
 
-// The job's ranks only: MPI_Comm_create_group is collective over the group, so the
-// rest of the world (running other jobs, or idle) is not involved.
-MPI_Comm CreateJobComm(const std::vector<int>& world_ranks, int64_t job_id) {
-  MPI_Group world_group, group;
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(), &group);
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm_create_group(MPI_COMM_WORLD, group, static_cast<int>(job_id % 30000), &comm);
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
-  return comm;
+// Every rank's host and its index there, on every rank: a job's lead places its mpirun by them.
+PoolLayout GatherLayout(int world) {
+  char host[kHostChars] = {};
+  std::snprintf(host, sizeof host, "%s", Hostname().c_str());
+  std::vector<char> hosts(static_cast<size_t>(world) * kHostChars);
+  MPI_Allgather(host, kHostChars, MPI_CHAR, hosts.data(), kHostChars, MPI_CHAR, MPI_COMM_WORLD);
+  int slot = LocalRank();
+  PoolLayout layout;
+  layout.slots.resize(static_cast<size_t>(world));
+  MPI_Allgather(&slot, 1, MPI_INT, layout.slots.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r < world; ++r) layout.hosts.emplace_back(&hosts[static_cast<size_t>(r) * kHostChars]);
+  return layout;
 }
 
-RankResult RunAssignment(const Assignment& a, int local_rank, PoolAgent* agent) {
-  LogInfo(StrFormat("job %ld attempt %d: starting on %zu rank(s)%s", long(a.job_id), a.attempt, a.ranks.size(),
-                    a.resume ? ", resuming from its latest checkpoint" : ""));
-  MPI_Comm comm = CreateJobComm(a.ranks, a.job_id);
+// Job rank 0 learns every job rank's pid and host, for the agent's failure reports.
+std::vector<JobRankProcess> GatherProcesses(int rank, int world) {
+  char host[kHostChars] = {};
+  std::snprintf(host, sizeof host, "%s", Hostname().c_str());
+  int64_t pid = ::getpid();
+  std::vector<char> hosts(static_cast<size_t>(world) * kHostChars);
+  std::vector<int64_t> pids(static_cast<size_t>(world));
+  MPI_Gather(host, kHostChars, MPI_CHAR, hosts.data(), kHostChars, MPI_CHAR, 0, MPI_COMM_WORLD);
+  MPI_Gather(&pid, 1, MPI_INT64_T, pids.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  std::vector<JobRankProcess> processes;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r)
+      processes.push_back({pids[static_cast<size_t>(r)], &hosts[static_cast<size_t>(r) * kHostChars]});
+  return processes;
+}
+
+// Rank 0's bytes on every rank (empty when rank 0 has none).
+std::string Broadcast(std::string bytes, int rank) {
+  int64_t size = rank == 0 ? static_cast<int64_t>(bytes.size()) : 0;
+  MPI_Bcast(&size, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  bytes.resize(static_cast<size_t>(size));
+  if (size > 0) MPI_Bcast(bytes.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return bytes;
+}
+
+RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
   RankResult result;
   try {
     JobSpec spec = ParseJobSpec(a.yaml, a.source, a.base_dir);
     spec.log.runs_dir = a.runs_dir;
     spec.log.progress = false;
     if (a.resume) spec.checkpoint.resume = "auto";
-    result = RunJobOn(std::move(spec), comm, local_rank, agent);
+    result = RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks);
   } catch (const SpecError& e) {  // the coordinator checked it; its files may have changed since
     result.exit_code = 2, result.outcome.outcome = "bad_input", result.outcome.message = e.what();
   }
-  if (!result.abort_world) MPI_Comm_free(&comm);
-  LogInfo(StrFormat("job %ld attempt %d: %s%s%s", long(a.job_id), a.attempt, result.outcome.outcome.c_str(),
-                    result.outcome.message.empty() ? "" : ": ", result.outcome.message.c_str()));
   return result;
 }
 
 }  // namespace
 
-int RunPool(const PoolOptions& options, int supervisor_fd) {
+int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_fd) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   RankIdentity self;
   ChooseWorld(rank, &self);
+  PoolLayout layout = GatherLayout(world);
   self.rank_token = NewSecretToken();
   self.rank = rank, self.world_size = world, self.host = Hostname(), self.pid = ::getpid();
   self.device = torch::cuda::is_available() ? "cuda" : "cpu";
-  const int local_rank = LocalRank();
   TellSupervisor(supervisor_fd, self);
   std::signal(SIGTERM, OnPoolSignal);
   std::signal(SIGINT, OnPoolSignal);
@@ -115,19 +126,37 @@ int RunPool(const PoolOptions& options, int supervisor_fd) {
   if (rank == 0)
     LogInfo(
         StrFormat("world %s: %d rank(s) joined the pool at %s", self.world.c_str(), world, options.endpoint.c_str()));
-  while (auto assignment = agent.WaitForAssignment(g_pool_stop)) {
-    g_pool_busy = true;
-    agent.Begin(*assignment);
-    RankResult result = RunAssignment(*assignment, local_rank, &agent);
-    agent.Finish(result.outcome);
-    g_pool_busy = false;
-    if (result.abort_world) {  // Note [World abort]: report first
-      agent.Drain(5);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-  }
+  PoolRank(agent, std::move(layout), std::move(launch)).Serve(g_pool_stop, g_pool_busy);
   agent.Drain(5);
   return 0;
+}
+
+int RunPoolJob(const std::string& relay, const std::vector<int>& slots) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::vector<JobRankProcess> processes = GatherProcesses(rank, world);
+  std::unique_ptr<RelayClient> client;
+  std::string bytes;
+  if (rank == 0) {
+    try {
+      client = std::make_unique<RelayClient>(relay);
+      bytes = client->Start(processes, kAssignmentWaitS);
+    } catch (const std::exception& e) {
+      LogError(std::string("cannot reach the pool agent that launched this job: ") + e.what());
+      bytes.clear();
+    }
+  }
+  bytes = Broadcast(std::move(bytes), rank);
+  if (bytes.empty()) return 1;
+  const Assignment a = ParseAssignment(bytes);
+  const int local_rank = static_cast<size_t>(rank) < slots.size() ? slots[static_cast<size_t>(rank)] : LocalRank();
+  SilentHooks silent;
+  RankResult result = RunAssignment(a, local_rank, rank == 0 ? static_cast<JobHooks*>(client.get()) : &silent);
+  if (rank == 0 && !client->SendResult(result.outcome, 5))
+    LogWarn("the pool agent did not confirm this job's result; it will judge by the exit code");
+  if (result.abort_world && world > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the others may be inside a collective
+  return result.exit_code;
 }
 
 }  // namespace trainyard

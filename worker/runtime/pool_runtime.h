@@ -1,15 +1,26 @@
-// Pool mode: `mpirun -n N worker --coordinator ENDPOINT` makes every rank a member of
-// the coordinator's worker pool; each rank waits for assignments and runs each job on
-// a communicator of that job's ranks only.
+// Pool mode: `mpirun -n N worker --coordinator ENDPOINT` makes every rank an agent of
+// the coordinator's worker pool; the agent of each job's rank 0 runs the job as its
+// own mpirun of this binary in job mode (`--pool-job`), so that a failing job ends
+// alone (Note [Job isolation] in worker/pool/job_process.h).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "worker/pool/pool_agent.h"
+#include "worker/pool/pool_rank.h"
 
 namespace trainyard {
 
 // Runs until SIGTERM/SIGINT while idle (returns 0). `supervisor_fd` is the pipe to
 // this rank's supervisor (see rank_supervisor.h). Collective over MPI_COMM_WORLD at
-// start (the world id); afterwards only over each job's ranks.
-int RunPool(const PoolOptions& options, int supervisor_fd);
+// start (the world id and where each rank runs); no MPI afterwards.
+int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_fd);
+
+// Job mode: one attempt over MPI_COMM_WORLD (the job's own mpirun). Rank 0 fetches the
+// assignment from the agent at `relay` (worker/pool/job_relay.h); job rank r uses the
+// GPU of pool slot `slots[r]`. Returns the exit code; a failure mid-run aborts this
+// world only.
+int RunPoolJob(const std::string& relay, const std::vector<int>& slots);
 
 }  // namespace trainyard

@@ -1,0 +1,208 @@
+#include "worker/pool/job_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <regex>
+#include <stdexcept>
+
+#include "common/log.h"
+
+extern char** environ;
+
+namespace trainyard {
+namespace {
+
+constexpr size_t kTailLines = 40;
+
+bool StartsWith(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
+// What mpirun sets for the processes it starts: the job's mpirun must not see it.
+bool SetByMpirun(const std::string& name) {
+  if (StartsWith(name, "PMIX_")) return true;
+  if (!StartsWith(name, "OMPI_")) return false;
+  if (StartsWith(name, "OMPI_ALLOW_RUN_AS_ROOT")) return false;  // the user's consent, kept
+  if (!StartsWith(name, "OMPI_MCA_")) return true;               // OMPI_COMM_WORLD_RANK, ...
+  for (const char* launch : {"OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+                             "OMPI_MCA_shmem_RUNTIME_QUERY_hint", "OMPI_MCA_mpi_oversubscribe"})
+    if (StartsWith(name, launch)) return true;
+  return false;  // the user's own MCA settings
+}
+
+std::string JoinInts(const std::vector<int>& values) {
+  std::string text;
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? "," : "") + std::to_string(values[i]);
+  return text;
+}
+
+}  // namespace
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::vector<std::string> MpirunCommand(const JobLaunch& launch) {
+  if (launch.hosts.empty() || launch.hosts.size() != launch.slots.size())
+    throw std::invalid_argument("a job launch needs one host and one slot per rank");
+  // Group the ranks by host, in order of first appearance: mpirun fills each host's
+  // slots in turn, so this is where each job rank will run.
+  std::vector<std::string> order;
+  for (const std::string& host : launch.hosts)
+    if (std::find(order.begin(), order.end(), host) == order.end()) order.push_back(host);
+  std::string host_list;
+  std::vector<int> slots;
+  for (const std::string& host : order) {
+    int count = 0;
+    for (size_t i = 0; i < launch.hosts.size(); ++i)
+      if (launch.hosts[i] == host) ++count, slots.push_back(launch.slots[i]);
+    host_list += (host_list.empty() ? "" : ",") + host + ":" + std::to_string(count);
+  }
+  std::vector<std::string> argv{launch.mpirun,
+                                "--oversubscribe",
+                                "--bind-to",
+                                "none",
+                                "--host",
+                                host_list,
+                                "-n",
+                                std::to_string(launch.hosts.size()),
+                                launch.worker,
+                                "--pool-job",
+                                launch.relay,
+                                "--job-slots",
+                                JoinInts(slots),
+                                "--job-id",
+                                std::to_string(launch.job_id)};
+  argv.insert(argv.end(), launch.extra_args.begin(), launch.extra_args.end());
+  return argv;
+}
+
+std::vector<std::string> ScrubbedEnvironment(const std::vector<std::string>& environment) {
+  std::vector<std::string> kept;
+  for (const std::string& entry : environment)
+    if (!SetByMpirun(entry.substr(0, entry.find('=')))) kept.push_back(entry);
+  return kept;
+}
+
+RankEnd ParseMpirunReport(const std::vector<std::string>& lines) {
+  static const std::regex signaled(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
+  static const std::regex process(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
+  static const std::regex exit_code(R"(Exit code:\s+(\d+))");
+  RankEnd end;
+  std::smatch m;
+  for (const std::string& line : lines) {
+    if (std::regex_search(line, m, signaled)) {
+      end.rank = std::stoi(m[1]), end.node = m[2], end.signal = std::stoi(m[3]);
+      return end;
+    }
+    if (std::regex_search(line, m, process)) end.rank = std::stoi(m[1]);
+    if (end.rank >= 0 && std::regex_search(line, m, exit_code)) end.exit_code = std::stoi(m[1]);
+  }
+  return end;
+}
+
+JobProcess::JobProcess(const JobLaunch& launch) {
+  const std::vector<std::string> argv_text = MpirunCommand(launch);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
+  env_text = ScrubbedEnvironment(env_text);
+  std::vector<char*> argv, envp;
+  for (const auto& a : argv_text) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
+  argv.push_back(nullptr), envp.push_back(nullptr);
+
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    ::close(fds[0]), ::close(fds[1]);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid_ == 0) {  // only async-signal-safe calls from here to exec
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the agent, which decides
+    ::dup2(fds[1], 1), ::dup2(fds[1], 2);
+    ::close_range(3, ~0U, 0);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const char message[] = "error: cannot run mpirun for the job\n";
+    ssize_t unused = ::write(2, message, sizeof message - 1);
+    (void)unused;
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  const int read_fd = fds[0];
+  reader_ = std::thread([this, read_fd] { ReadOutput(read_fd); });
+}
+
+JobProcess::~JobProcess() {
+  if (!Exited()) {
+    Kill();
+    while (!Exited()) ::usleep(10000);
+  }
+  if (reader_.joinable()) reader_.join();
+}
+
+void JobProcess::ReadOutput(int fd) {
+  std::string pending;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    ssize_t unused = ::write(2, buffer, static_cast<size_t>(n));  // the job's log, as it comes
+    (void)unused;
+    pending.append(buffer, static_cast<size_t>(n));
+    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
+      std::string line = pending.substr(0, std::min<size_t>(end, 400));
+      if (line.find_first_not_of(" -") == std::string::npos) continue;  // mpirun's rules
+      RememberLogLine(line);
+      std::lock_guard<std::mutex> lock(mutex_);
+      tail_.push_back(std::move(line));
+      if (tail_.size() > kTailLines) tail_.pop_front();
+    }
+  }
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(mutex_);
+  output_done_ = true;
+}
+
+bool JobProcess::Exited() {
+  if (!exited_) {
+    const pid_t done = ::waitpid(pid_, &status_, WNOHANG);
+    if (done == pid_) exited_ = true;
+  }
+  if (!exited_) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return output_done_;
+}
+
+void JobProcess::Terminate() {
+  if (!exited_) ::kill(pid_, SIGTERM);
+}
+
+void JobProcess::Kill() {
+  if (!exited_) ::kill(pid_, SIGKILL);
+}
+
+bool JobProcess::Succeeded() const { return exited_ && WIFEXITED(status_) && WEXITSTATUS(status_) == 0; }
+
+std::string JobProcess::ExitText() const {
+  if (WIFSIGNALED(status_))
+    return "was killed by signal " + std::to_string(WTERMSIG(status_)) + " (" + SignalName(WTERMSIG(status_)) + ")";
+  return "exited with code " + std::to_string(WEXITSTATUS(status_));
+}
+
+std::vector<std::string> JobProcess::OutputTail() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {tail_.begin(), tail_.end()};
+}
+
+}  // namespace trainyard

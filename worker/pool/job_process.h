@@ -1,0 +1,101 @@
+// One job attempt as its own MPI world: the `mpirun` a pool agent starts for the job's
+// ranks, and what the agent learns from it. Torch-free, and free of the wire.
+//
+// Note [Job isolation]
+// A pool's ranks are long-lived agents (`mpirun -n N worker --coordinator ...`). They
+// never run a job inside their own MPI world: MPI without the ULFM extension cannot
+// revoke a communicator, so a job that failed mid-collective could only be ended by
+// aborting the whole world, every other job on the pool with it. Instead the agent
+// of a job's rank 0 (its lead) starts the attempt as a separate `mpirun` of the same
+// worker binary, one process per job rank, placed on the hosts of the ranks the
+// coordinator gave the job. The other agents of the gang hold their slots (and
+// heartbeat the job) until the coordinator releases them. Whatever happens to the job
+// (an exception, MPI_Abort, a signal, an MPI error) ends that mpirun only: the lead
+// reports how it ended and takes new work; the pool and its other jobs go on.
+//
+// The job's processes talk to their lead only through a private local socket (see
+// job_relay.h), and die with it: mpirun is killed if its agent dies (PR_SET_PDEATHSIG),
+// and each job process if its mpirun dies. The agent's own Open MPI and PMIx
+// environment is scrubbed first, or the inner mpirun would take itself for a process
+// of the pool's world; the user's OMPI_MCA_* settings and the run-as-root consent are
+// kept.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace trainyard {
+
+// Where and how to start one attempt.
+struct JobLaunch {
+  std::string mpirun = "mpirun";
+  std::string worker;                   // the worker binary (the agent's own)
+  std::vector<std::string> hosts;       // per job rank, in job rank order
+  std::vector<int> slots;               // per job rank: its pool rank's index on its host (picks a GPU)
+  std::string relay;                    // the lead's relay endpoint (job_relay.h)
+  int64_t job_id = 0;                   // shown on the command line, for `ps`
+  std::vector<std::string> extra_args;  // passed on to the job's workers (e.g. --log-level)
+};
+
+// The mpirun command line for `launch`. Ranks are placed by slot in job rank order,
+// so each host must appear in one run: job rank 0 runs on the first host.
+std::vector<std::string> MpirunCommand(const JobLaunch& launch);
+
+// `environment` ("NAME=value" entries) without what an enclosing mpirun set for its
+// own processes (Note [Job isolation]).
+std::vector<std::string> ScrubbedEnvironment(const std::vector<std::string>& environment);
+
+// How one job rank ended, parsed from mpirun's own report; rank < 0 when it said
+// nothing we know.
+struct RankEnd {
+  int rank = -1, signal = 0, exit_code = 0;
+  std::string node;
+};
+RankEnd ParseMpirunReport(const std::vector<std::string>& lines);
+
+class JobProcess {
+ public:
+  // Starts mpirun; its output (the job's log) is echoed to this process's stderr, and
+  // its latest line becomes LastLogLine(). Throws std::runtime_error if it cannot start.
+  // REQUIRES: the calling thread outlives the job (PR_SET_PDEATHSIG follows it).
+  explicit JobProcess(const JobLaunch& launch);
+  // Kills a job still running, and waits for it.
+  ~JobProcess();
+  JobProcess(const JobProcess&) = delete;
+  JobProcess& operator=(const JobProcess&) = delete;
+
+  // True once mpirun has exited (its output read to the end).
+  bool Exited();
+  // Asks mpirun to end the job (SIGTERM: it stops its processes and exits).
+  void Terminate();
+  void Kill();
+  pid_t pid() const { return pid_; }
+  // REQUIRES: Exited().
+  bool Succeeded() const;
+  // One line on how mpirun ended, e.g. "exited with code 1" or "was killed by signal 9 (SIGKILL)".
+  std::string ExitText() const;
+  // The most telling lines of its output, oldest first.
+  std::vector<std::string> OutputTail() const;
+
+ private:
+  void ReadOutput(int fd);
+
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool exited_ = false;
+  std::thread reader_;
+  mutable std::mutex mutex_;
+  std::deque<std::string> tail_;
+  bool output_done_ = false;
+};
+
+// "SIGKILL" for 9; "signal N" when unknown.
+std::string SignalName(int signal);
+
+}  // namespace trainyard

@@ -1,0 +1,203 @@
+#include "worker/pool/job_relay.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "proto/wire_version.h"
+#include "trainyard.pb.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int64_t kMaxRelayBytes = 64 << 20;  // an Assign carries a job file
+
+std::string Serialize(wire::Envelope envelope) {
+  envelope.set_version(kProtocolVersion);
+  return envelope.SerializeAsString();
+}
+
+std::string TempRoot() {
+  std::error_code error;
+  const std::filesystem::path root = std::filesystem::temp_directory_path(error);
+  return error ? "/tmp" : root.string();
+}
+
+// A signal (EINTR) ends the wait early; the callers loop.
+void WaitForInput(zmq::socket_t& socket, int timeout_ms) {
+  zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
+  try {
+    zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+  }
+}
+
+}  // namespace
+
+struct JobRelay::Socket {
+  zmq::context_t context{1};
+  zmq::socket_t socket{context, zmq::socket_type::pair};
+};
+
+struct RelayClient::Socket {
+  zmq::context_t context{1};
+  zmq::socket_t socket{context, zmq::socket_type::pair};
+};
+
+JobRelay::JobRelay() : socket_(std::make_unique<Socket>()) {
+  std::string folder = TempRoot() + "/trainyard-job-XXXXXX";
+  if (!::mkdtemp(folder.data()))  // made 0700
+    throw std::runtime_error("cannot make a folder for the job's relay under " + TempRoot() + ": " +
+                             std::strerror(errno));
+  folder_ = folder;
+  endpoint_ = "ipc://" + folder_ + "/relay";
+  socket_->socket.set(zmq::sockopt::linger, 0);
+  socket_->socket.set(zmq::sockopt::maxmsgsize, kMaxRelayBytes);
+  try {
+    socket_->socket.bind(endpoint_);
+  } catch (const zmq::error_t& e) {
+    std::filesystem::remove_all(folder_);
+    throw std::runtime_error("cannot bind the job's relay at " + endpoint_ + ": " + e.what());
+  }
+}
+
+JobRelay::~JobRelay() {
+  socket_.reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(folder_, ignored);
+}
+
+void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& agent) {
+  WaitForInput(socket_->socket, timeout_ms);
+  for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
+    wire::Envelope in;
+    if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
+    if (in.has_started()) {
+      processes_.clear();
+      for (const wire::RankInfo& rank : in.started().ranks()) processes_.push_back({rank.pid(), rank.host()});
+      wire::Envelope out;
+      wire::Assign* a = out.mutable_assign();
+      a->set_job_id(assignment.job_id), a->set_attempt(assignment.attempt);
+      a->set_yaml(assignment.yaml), a->set_source(assignment.source), a->set_base_dir(assignment.base_dir);
+      a->set_runs_dir(assignment.runs_dir), a->set_resume(assignment.resume);
+      for (int r : assignment.ranks) a->add_ranks(r);
+      socket_->socket.send(zmq::buffer(Serialize(out)), zmq::send_flags::dontwait);
+    } else if (in.has_epoch()) {
+      agent.ReportEpoch(in.epoch());
+    } else if (in.has_result()) {
+      result_ = JobOutcome{in.result().outcome(), in.result().message(), in.result().summary_json()};
+      wire::Envelope ack;
+      ack.mutable_ack()->set_what("result");
+      socket_->socket.send(zmq::buffer(Serialize(ack)), zmq::send_flags::dontwait);
+    }
+  }
+}
+
+void JobRelay::Stop(const std::string& reason, const Assignment& assignment) {
+  if (stop_sent_) return;
+  stop_sent_ = true;
+  wire::Envelope e;
+  e.mutable_stop()->set_job_id(assignment.job_id);
+  e.mutable_stop()->set_attempt(assignment.attempt);
+  e.mutable_stop()->set_reason(reason);
+  socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait);
+}
+
+RelayClient::RelayClient(const std::string& endpoint) : socket_(std::make_unique<Socket>()) {
+  socket_->socket.set(zmq::sockopt::linger, 1000);
+  socket_->socket.set(zmq::sockopt::maxmsgsize, kMaxRelayBytes);
+  socket_->socket.connect(endpoint);
+}
+
+RelayClient::~RelayClient() = default;
+
+void RelayClient::ReadLocked(int timeout_ms) const { WaitForInput(socket_->socket, timeout_ms); }
+
+std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, double timeout_s) {
+  wire::Envelope hello;
+  for (size_t i = 0; i < processes.size(); ++i) {
+    wire::RankInfo* rank = hello.mutable_started()->add_ranks();
+    rank->set_rank(static_cast<int>(i)), rank->set_pid(processes[i].pid), rank->set_host(processes[i].host);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  socket_->socket.send(zmq::buffer(Serialize(hello)), zmq::send_flags::none);
+  const auto start = Clock::now();
+  while (SecondsSince(start) < timeout_s) {
+    ReadLocked(100);
+    for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
+      wire::Envelope in;
+      if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
+      if (in.has_assign()) return in.assign().SerializeAsString();
+      if (in.has_stop()) stop_requested_ = true;
+    }
+  }
+  throw std::runtime_error("the pool agent that launched this job sent no assignment within " +
+                           std::to_string(int(timeout_s)) + " s");
+}
+
+void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
+  wire::Envelope e;
+  wire::EpochReport* report = e.mutable_epoch();
+  report->set_epoch(static_cast<int32_t>(row.epoch));
+  report->set_csv_header(csv_header), report->set_csv_line(csv_line);
+  wire::StepBreakdown* breakdown = report->mutable_breakdown();
+  for (int i = 0; i < kNumStepParts; ++i) {
+    wire::StepPart* part = breakdown->add_parts();
+    part->set_name(kStepParts[i]);
+    part->set_min_ms(row.parts[i].min), part->set_median_ms(row.parts[i].median), part->set_max_ms(row.parts[i].max);
+  }
+  breakdown->set_slowest_rank(row.slowest_rank);
+  breakdown->set_slowest_ms_per_step(row.slowest_ms_per_step);
+  std::lock_guard<std::mutex> lock(mutex_);
+  socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
+}
+
+bool RelayClient::StopRequested() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_requested_) return true;
+  for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
+    wire::Envelope in;
+    if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size())) && in.has_stop()) stop_requested_ = true;
+  }
+  return stop_requested_;
+}
+
+bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
+  wire::Envelope e;
+  wire::JobResult* result = e.mutable_result();
+  result->set_outcome(outcome.outcome), result->set_message(outcome.message);
+  result->set_summary_json(outcome.summary_json);
+  std::lock_guard<std::mutex> lock(mutex_);
+  socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
+  const auto start = Clock::now();
+  while (SecondsSince(start) < timeout_s) {
+    ReadLocked(50);
+    for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
+      wire::Envelope in;
+      if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size())) && in.has_ack()) return true;
+    }
+  }
+  return false;
+}
+
+Assignment ParseAssignment(const std::string& bytes) {
+  wire::Assign a;
+  if (bytes.empty() || !a.ParseFromString(bytes)) throw std::invalid_argument("not an assignment");
+  return Assignment{a.job_id(),
+                    a.attempt(),
+                    a.yaml(),
+                    a.source(),
+                    a.base_dir(),
+                    a.runs_dir(),
+                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
+                    a.resume()};
+}
+
+}  // namespace trainyard

@@ -1,0 +1,103 @@
+// The private line between a pool agent that leads a job (Note [Job isolation] in
+// job_process.h) and the job's rank 0. Torch-free; the wire stays inside the .cc.
+//
+// The agent binds a ZeroMQ PAIR socket at ipc://<a fresh 0700 folder>/relay, so only
+// processes of the same user can reach it, and passes its address on the job's
+// command line. The exchange, in wire::Envelope messages:
+//   job rank 0 -> agent   JobStarted (every job rank's pid and host), once MPI is up
+//   agent -> job          the Assign (job file, attempt, runs folder, resume)
+//   job -> agent          an EpochReport per finished epoch (the agent adds who it is
+//                         and sends it on to the coordinator, reliably)
+//   agent -> job          StopJob, when the coordinator asks (cancel, a stale attempt)
+//   job -> agent          the JobResult of rank 0, answered with an Ack
+// The job's other ranks get the assignment from rank 0 (MPI_Bcast) and never touch
+// the socket. Whatever the job does not say (it crashed, or was killed), the agent
+// learns from its mpirun (job_process.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/pool/pool_agent.h"
+#include "worker/report/job_hooks.h"
+
+namespace trainyard {
+
+// One process of a running job, as its rank 0 tells the agent.
+struct JobRankProcess {
+  int64_t pid = 0;
+  std::string host;
+};
+
+// The agent's end. Not thread-safe: the agent's main loop owns it.
+class JobRelay {
+ public:
+  // Throws std::runtime_error when the folder or the socket cannot be made.
+  JobRelay();
+  ~JobRelay();  // closes the socket and removes the folder
+  JobRelay(const JobRelay&) = delete;
+  JobRelay& operator=(const JobRelay&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  // Handles what the job sent (waiting up to `timeout_ms` for it): answers JobStarted
+  // with `assignment`, hands epoch reports to `agent`, keeps the result.
+  void Pump(int timeout_ms, const Assignment& assignment, PoolAgent& agent);
+  // Relays a stop request to the job (once).
+  void Stop(const std::string& reason, const Assignment& assignment);
+
+  const std::vector<JobRankProcess>& processes() const { return processes_; }
+  const std::optional<JobOutcome>& result() const { return result_; }
+
+ private:
+  struct Socket;
+  std::string folder_, endpoint_;
+  std::unique_ptr<Socket> socket_;
+  std::vector<JobRankProcess> processes_;
+  std::optional<JobOutcome> result_;
+  bool stop_sent_ = false;
+};
+
+// The job's end, on its rank 0: the job's JobHooks. Thread-safe.
+class RelayClient : public JobHooks {
+ public:
+  // Connects to the agent at `endpoint`.
+  explicit RelayClient(const std::string& endpoint);
+  ~RelayClient() override;
+  RelayClient(const RelayClient&) = delete;
+  RelayClient& operator=(const RelayClient&) = delete;
+
+  // Tells the agent which processes run the job and returns the assignment as bytes
+  // (for the other ranks; see ParseAssignment). Throws std::runtime_error when none
+  // comes within `timeout_s`.
+  std::string Start(const std::vector<JobRankProcess>& processes, double timeout_s);
+  void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
+  bool StopRequested() const override;
+  // Sends rank 0's outcome and waits up to `timeout_s` for the agent to have it.
+  bool SendResult(const JobOutcome& outcome, double timeout_s);
+
+ private:
+  struct Socket;
+  std::unique_ptr<Socket> socket_;
+  mutable std::mutex mutex_;
+  mutable bool stop_requested_ = false;
+  // Reads what the agent sent; REQUIRES: mutex_ held.
+  void ReadLocked(int timeout_ms) const;
+};
+
+// The bytes RelayClient::Start returns, back into an Assignment. Throws
+// std::invalid_argument when they are not one.
+Assignment ParseAssignment(const std::string& bytes);
+
+// Hooks for the job's other ranks: no reports, no stop requests of their own (rank 0's
+// vote carries the agent's; Note [Stop agreement] in job_setup.h).
+class SilentHooks : public JobHooks {
+ public:
+  void EpochDone(const EpochRow&, const std::string&, const std::string&) override {}
+  bool StopRequested() const override { return false; }
+};
+
+}  // namespace trainyard

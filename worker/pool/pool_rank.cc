@@ -1,0 +1,123 @@
+#include "worker/pool/pool_rank.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "worker/pool/job_process.h"
+#include "worker/pool/job_relay.h"
+
+namespace trainyard {
+namespace {
+
+JobOutcome Outcome(const std::string& outcome, const std::string& message) {
+  JobOutcome o;
+  o.outcome = outcome, o.message = message;
+  return o;
+}
+
+// The latest line in which the job says why it failed, without the log's time stamp.
+std::string FailureLine(const std::vector<std::string>& tail) {
+  for (auto line = tail.rbegin(); line != tail.rend(); ++line) {
+    const size_t at = line->find("error: ");
+    if (at != std::string::npos) return line->substr(at + 7);
+  }
+  return "";
+}
+
+std::string DescribeJobRank(int rank, const JobRelay& relay, const std::string& node) {
+  std::string text = "job rank " + std::to_string(rank);
+  if (rank >= 0 && static_cast<size_t>(rank) < relay.processes().size()) {
+    const JobRankProcess& p = relay.processes()[static_cast<size_t>(rank)];
+    text += " (pid " + std::to_string(p.pid) + " on " + p.host + ")";
+  } else if (!node.empty()) {
+    text += " (on " + node + ")";
+  }
+  return text;
+}
+
+// How an attempt ended, from what its rank 0 said and what its mpirun did.
+JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked) {
+  const std::optional<JobOutcome>& said = relay.result();
+  if (said && (job.Succeeded() || said->outcome != "succeeded")) return *said;
+  if (stop_asked) return Outcome("cancelled", "stopped on request; its mpirun " + job.ExitText());
+  const std::vector<std::string> tail = job.OutputTail();
+  const RankEnd end = ParseMpirunReport(tail);
+  std::string what;
+  if (end.rank >= 0 && end.signal != 0)
+    what = DescribeJobRank(end.rank, relay, end.node) + " was killed by signal " + std::to_string(end.signal) + " (" +
+           SignalName(end.signal) + ")";
+  else if (end.rank >= 0)
+    what = DescribeJobRank(end.rank, relay, end.node) + " exited with code " + std::to_string(end.exit_code);
+  else
+    what = "its mpirun " + job.ExitText();
+  const std::string why = FailureLine(tail);
+  return Outcome("failed", why.empty() ? what : what + ": " + why);
+}
+
+}  // namespace
+
+PoolRank::PoolRank(PoolAgent& agent, PoolLayout layout, JobLaunchOptions options)
+    : agent_(agent), layout_(std::move(layout)), options_(std::move(options)) {}
+
+void PoolRank::Serve(const std::atomic<bool>& stop, std::atomic<bool>& busy) {
+  while (auto assignment = agent_.WaitForAssignment(stop)) {
+    busy = true;
+    agent_.Begin(*assignment);
+    const bool lead = !assignment->ranks.empty() && assignment->ranks.front() == agent_.self().rank;
+    JobOutcome outcome = lead ? Lead(*assignment) : HoldSlot(*assignment);
+    agent_.Finish(outcome);
+    busy = false;
+  }
+}
+
+JobOutcome PoolRank::Lead(const Assignment& a) {
+  LogInfo(StrFormat("job %ld attempt %d: starting on %zu rank(s) as its own mpirun%s", long(a.job_id), a.attempt,
+                    a.ranks.size(), a.resume ? ", resuming from its latest checkpoint" : ""));
+  JobOutcome outcome;
+  try {
+    JobRelay relay;
+    JobLaunch launch{options_.mpirun, options_.worker, {}, {}, relay.endpoint(), a.job_id, options_.job_args};
+    for (int r : a.ranks) {
+      if (r < 0 || static_cast<size_t>(r) >= layout_.hosts.size())
+        throw std::runtime_error("rank " + std::to_string(r) + " is not in this pool");
+      launch.hosts.push_back(layout_.hosts[static_cast<size_t>(r)]);
+      launch.slots.push_back(layout_.slots[static_cast<size_t>(r)]);
+    }
+    JobProcess job(launch);
+    bool stop_asked = false, terminated = false;
+    Clock::time_point asked_at;
+    while (!job.Exited()) {
+      relay.Pump(50, a, agent_);
+      if (agent_.StopRequested() && !stop_asked) {
+        stop_asked = true, asked_at = Clock::now();
+        relay.Stop("the coordinator asked", a);
+      }
+      if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s) {
+        LogWarn(StrFormat("job %ld: no stop after %.0f s; ending its mpirun", long(a.job_id), options_.stop_grace_s));
+        job.Terminate(), terminated = true;
+      }
+      if (terminated && SecondsSince(asked_at) > options_.stop_grace_s + 10) job.Kill();
+    }
+    relay.Pump(0, a, agent_);  // what it said last
+    outcome = EndOf(job, relay, stop_asked);
+  } catch (const std::exception& e) {
+    outcome = Outcome("failed", std::string("the pool agent could not run the job: ") + e.what());
+  }
+  LogInfo(StrFormat("job %ld attempt %d: %s%s%s", long(a.job_id), a.attempt, outcome.outcome.c_str(),
+                    outcome.message.empty() ? "" : ": ", outcome.message.c_str()));
+  return outcome;
+}
+
+JobOutcome PoolRank::HoldSlot(const Assignment& a) {
+  LogDebug(StrFormat("job %ld attempt %d: holding this rank's slot for rank %d's mpirun", long(a.job_id), a.attempt,
+                     a.ranks.front()));
+  while (!agent_.StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return Outcome("released", "");
+}
+
+}  // namespace trainyard
