@@ -163,6 +163,11 @@ def main():
     ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")
     failures += not ok
+    pool = subprocess.run([args.worker, "--coordinator", "tcp://127.0.0.1:5555", "--insecure", "--mpirun",
+                           os.path.join(work, "no-such-mpirun")], capture_output=True, text=True, timeout=60)
+    ok = pool.returncode == 2 and "--mpirun" in pool.stderr and "no such executable" in pool.stderr
+    print(f"{'ok  ' if ok else 'FAIL'} missing --mpirun: exit {pool.returncode}: {pool.stderr.strip()}")
+    failures += not ok
     sys.exit(1 if failures else 0)
 
 

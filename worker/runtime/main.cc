@@ -14,7 +14,9 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 
 #include "common/log.h"
 #include "worker/pool/pool_agent.h"
@@ -67,6 +69,24 @@ void AddOptions(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 }
 
+// `name` as a path to run (a bare name is looked up on PATH, as execvp would). Throws
+// std::invalid_argument naming `option` when there is none: a pool must not accept jobs
+// it cannot start.
+std::string FindExecutable(const std::string& name, const char* option) {
+  std::vector<std::string> candidates;
+  if (name.find('/') != std::string::npos) {
+    candidates.push_back(name);
+  } else if (const char* path = std::getenv("PATH")) {
+    std::stringstream folders(path);
+    for (std::string folder; std::getline(folders, folder, ':');)
+      candidates.push_back((folder.empty() ? "." : folder) + "/" + name);
+  }
+  for (const std::string& candidate : candidates)
+    if (std::filesystem::is_regular_file(candidate) && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+  throw std::invalid_argument(std::string(option) + " " + name +
+                              ": no such executable (each job of the pool runs as its own mpirun)");
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
@@ -96,6 +116,7 @@ int Main(int argc, char** argv) {
       trainyard::CheckEndpoint(o.pool.endpoint);
       if (o.pool.keys_dir.empty()) o.pool.keys_dir = trainyard::DefaultKeyDir();
       if (!o.pool.insecure) o.pool.keys = trainyard::LoadPeerKeys(o.pool.keys_dir, trainyard::WireRole::kWorker);
+      o.launch.mpirun = FindExecutable(o.launch.mpirun, "--mpirun");
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
       return 2;
