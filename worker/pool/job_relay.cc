@@ -102,12 +102,12 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
 
 void JobRelay::Stop(const std::string& reason, const Assignment& assignment) {
   if (stop_sent_) return;
-  stop_sent_ = true;
   wire::Envelope e;
   e.mutable_stop()->set_job_id(assignment.job_id);
   e.mutable_stop()->set_attempt(assignment.attempt);
   e.mutable_stop()->set_reason(reason);
-  socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait);
+  // Fails (EAGAIN) until the job's rank 0 has connected; the caller asks again.
+  stop_sent_ = socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait).has_value();
 }
 
 RelayClient::RelayClient(const std::string& endpoint) : socket_(std::make_unique<Socket>()) {

@@ -46,7 +46,8 @@ class JobRelay {
   // Handles what the job sent (waiting up to `timeout_ms` for it): answers JobStarted
   // with `assignment`, hands epoch reports to `agent`, keeps the result.
   void Pump(int timeout_ms, const Assignment& assignment, PoolAgent& agent);
-  // Relays a stop request to the job (once).
+  // Relays a stop request to the job, once it is connected; call again until it is
+  // (later calls after the first delivery do nothing).
   void Stop(const std::string& reason, const Assignment& assignment);
 
   const std::vector<JobRankProcess>& processes() const { return processes_; }

@@ -93,10 +93,8 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
     Clock::time_point asked_at;
     while (!job.Exited()) {
       relay.Pump(50, a, agent_);
-      if (agent_.StopRequested() && !stop_asked) {
-        stop_asked = true, asked_at = Clock::now();
-        relay.Stop("the coordinator asked", a);
-      }
+      if (agent_.StopRequested() && !stop_asked) stop_asked = true, asked_at = Clock::now();
+      if (stop_asked) relay.Stop("the coordinator asked", a);
       if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s) {
         LogWarn(StrFormat("job %ld: no stop after %.0f s; ending its mpirun", long(a.job_id), options_.stop_grace_s));
         job.Terminate(), terminated = true;
