@@ -118,7 +118,19 @@ RelayClient::RelayClient(const std::string& endpoint) : socket_(std::make_unique
 
 RelayClient::~RelayClient() = default;
 
-void RelayClient::ReadLocked(int timeout_ms) const { WaitForInput(socket_->socket, timeout_ms); }
+std::optional<wire::Envelope> RelayClient::AwaitLocked(double timeout_s, bool (*wanted)(const wire::Envelope&)) const {
+  const auto start = Clock::now();
+  for (;;) {
+    for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
+      wire::Envelope in;
+      if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
+      if (in.has_stop()) stop_requested_ = true;
+      if (wanted && wanted(in)) return in;
+    }
+    if (SecondsSince(start) >= timeout_s) return std::nullopt;
+    WaitForInput(socket_->socket, 50);
+  }
+}
 
 std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, double timeout_s) {
   wire::Envelope hello;
@@ -128,16 +140,8 @@ std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, dou
   }
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(hello)), zmq::send_flags::none);
-  const auto start = Clock::now();
-  while (SecondsSince(start) < timeout_s) {
-    ReadLocked(100);
-    for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
-      wire::Envelope in;
-      if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
-      if (in.has_assign()) return in.assign().SerializeAsString();
-      if (in.has_stop()) stop_requested_ = true;
-    }
-  }
+  const auto reply = AwaitLocked(timeout_s, [](const wire::Envelope& e) { return e.has_assign(); });
+  if (reply) return reply->assign().SerializeAsString();
   throw std::runtime_error("the pool agent that launched this job sent no assignment within " +
                            std::to_string(int(timeout_s)) + " s");
 }
@@ -161,11 +165,7 @@ void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, 
 
 bool RelayClient::StopRequested() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_requested_) return true;
-  for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
-    wire::Envelope in;
-    if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size())) && in.has_stop()) stop_requested_ = true;
-  }
+  if (!stop_requested_) AwaitLocked(0, nullptr);
   return stop_requested_;
 }
 
@@ -176,28 +176,13 @@ bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
   result->set_summary_json(outcome.summary_json);
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
-  const auto start = Clock::now();
-  while (SecondsSince(start) < timeout_s) {
-    ReadLocked(50);
-    for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
-      wire::Envelope in;
-      if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size())) && in.has_ack()) return true;
-    }
-  }
-  return false;
+  return AwaitLocked(timeout_s, [](const wire::Envelope& in) { return in.has_ack(); }).has_value();
 }
 
 Assignment ParseAssignment(const std::string& bytes) {
   wire::Assign a;
   if (bytes.empty() || !a.ParseFromString(bytes)) throw std::invalid_argument("not an assignment");
-  return Assignment{a.job_id(),
-                    a.attempt(),
-                    a.yaml(),
-                    a.source(),
-                    a.base_dir(),
-                    a.runs_dir(),
-                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
-                    a.resume()};
+  return AssignmentFrom(a);
 }
 
 }  // namespace trainyard

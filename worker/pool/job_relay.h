@@ -85,8 +85,10 @@ class RelayClient : public JobHooks {
   std::unique_ptr<Socket> socket_;
   mutable std::mutex mutex_;
   mutable bool stop_requested_ = false;
-  // Reads what the agent sent; REQUIRES: mutex_ held.
-  void ReadLocked(int timeout_ms) const;
+  // Reads what the agent sent, noting stop requests, until a message `wanted` accepts
+  // (returned) or `timeout_s` has passed (nullopt; 0: what has arrived, no waiting).
+  // REQUIRES: mutex_ held.
+  std::optional<wire::Envelope> AwaitLocked(double timeout_s, bool (*wanted)(const wire::Envelope&)) const;
 };
 
 // The bytes RelayClient::Start returns, back into an Assignment. Throws

@@ -33,6 +33,17 @@ std::string ResultKey(int64_t job, int attempt) {
 
 }  // namespace
 
+Assignment AssignmentFrom(const wire::Assign& a) {
+  return Assignment{a.job_id(),
+                    a.attempt(),
+                    a.yaml(),
+                    a.source(),
+                    a.base_dir(),
+                    a.runs_dir(),
+                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
+                    a.resume()};
+}
+
 void CheckEndpoint(const std::string& endpoint) {
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::dealer);
@@ -182,15 +193,7 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
   } else if (in.has_reregister()) {
     Register(link);
   } else if (in.has_assign()) {
-    const wire::Assign& a = in.assign();
-    Assignment next{a.job_id(),
-                    a.attempt(),
-                    a.yaml(),
-                    a.source(),
-                    a.base_dir(),
-                    a.runs_dir(),
-                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
-                    a.resume()};
+    Assignment next = AssignmentFrom(in.assign());
     std::lock_guard<std::mutex> lock(mutex_);
     assignments_.push_back(std::move(next));
     assigned_.notify_all();

@@ -30,6 +30,7 @@
 
 namespace trainyard {
 namespace wire {
+class Assign;
 class Envelope;
 class EpochReport;
 }  // namespace wire
@@ -64,6 +65,9 @@ struct JobOutcome {
   std::string outcome = "succeeded";  // succeeded | failed | bad_input | cancelled | released
   std::string message, summary_json;
 };
+
+// The wire's Assign (from the coordinator, or relayed to a job) as an Assignment.
+Assignment AssignmentFrom(const wire::Assign& assign);
 
 // Throws std::invalid_argument naming `endpoint` when ZeroMQ cannot connect to it
 // (a malformed address; an unreachable coordinator is waited for instead).

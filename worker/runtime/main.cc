@@ -93,8 +93,8 @@ int Main(int argc, char** argv) {
       "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
       "(data-parallel over N ranks; train.batch_size is per rank).\n"
       "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
-      "and runs the jobs it assigns, each on its own sub-communicator; outputs go to the\n"
-      "coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
+      "and runs the jobs it assigns, each as its own mpirun (--mpirun), so a failing job ends alone;\n"
+      "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
       "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
       "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
   Options o;
