@@ -193,8 +193,21 @@ def case_gang(c, work):
           f"the pool's losses equal a standalone run's exactly ({pooled})")
 
 
-def job_processes(worker):
-    """{job rank: pid} of every running job process (a lead agent's mpirun of `worker --pool-job`)."""
+def descends_from(pid, root):
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def job_processes(worker, pool_pid):
+    """{job rank: pid} of the running job processes (a lead agent's mpirun of `worker --pool-job`)
+    under this cluster's pool only: other tests' pools may run at the same time."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -206,7 +219,8 @@ def job_processes(worker):
                 continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+            if descends_from(int(entry), pool_pid):
+                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
         except (OSError, KeyError, ValueError):
             continue
     return found
@@ -221,7 +235,7 @@ def case_rank_kill(c, work):
     before = agents(c)
     job = c.submit(write_job(work, "victim", epochs=6, max_restarts=2))
     wait_for(lambda: c.epochs_done(job) >= 2, 120, "two epochs of attempt 1")
-    victim = job_processes(c.args.worker)[1]
+    victim = job_processes(c.args.worker, c.pool.pid)[1]
     os.kill(victim, signal.SIGKILL)
     ended = wait_for(lambda: (lambda j: j if j["attempts"] >= 2 or j["state"] != "RUNNING" else None)(
         c.job(job)), 30, "attempt 1 to end")
