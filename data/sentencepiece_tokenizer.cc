@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/spec/job_spec.h"
+#include "data/byte_level_bpe_tokenizer.h"
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
 
@@ -68,6 +69,14 @@ std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int m
 std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train) {
   const TokenizerSpec& t = spec.tokenizer;
   if (t.kind == TokenizerKind::kWordPiece) return std::make_unique<WordPieceTokenizer>(t.vocab, t.lowercase);
+  if (t.kind == TokenizerKind::kByteLevelBpe) {
+    ByteLevelBpeTokenizer::Options options;
+    options.add_prefix_space = t.add_prefix_space;
+    options.sequence_template = t.bpe_template == BpeTemplate::kRoberta ? ByteLevelBpeTokenizer::Template::kRoberta
+                                : t.bpe_template == BpeTemplate::kGpt2  ? ByteLevelBpeTokenizer::Template::kGpt2
+                                                                        : ByteLevelBpeTokenizer::Template::kAuto;
+    return std::make_unique<ByteLevelBpeTokenizer>(t.vocab, t.merges, options);
+  }
   if (!std::filesystem::exists(t.model)) {
     std::vector<std::string> texts;
     texts.reserve(train.examples.size());

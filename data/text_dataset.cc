@@ -55,6 +55,17 @@ std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in, co
   return rows;
 }
 
+std::vector<RawRow> ReadPlainTextRows(std::ifstream& in) {
+  std::vector<RawRow> rows;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    rows.push_back({"", UnescapeTsvField(line), number});
+  }
+  return rows;
+}
+
 }  // namespace
 
 std::string UnescapeTsvField(const std::string& field) {
@@ -90,8 +101,15 @@ int LabelSet::IdOf(const std::string& name) const {
 TextDataset ReadTextDataset(const std::string& path, const TextFormat& format, LabelSet* labels) {
   std::ifstream in(path);
   if (!in) throw DatasetError(path + ":0: cannot open the dataset file");
-  std::vector<RawRow> rows = format.jsonl ? ReadJsonlRows(path, in, format) : ReadTsvRows(path, in);
+  std::vector<RawRow> rows = format.plain_text ? ReadPlainTextRows(in)
+                             : format.jsonl    ? ReadJsonlRows(path, in, format)
+                                               : ReadTsvRows(path, in);
   if (rows.empty()) throw DatasetError(path + ":1: the dataset holds no example");
+  if (format.plain_text) {
+    TextDataset dataset{path, {}};
+    for (auto& row : rows) dataset.examples.push_back({std::move(row.text), -1});
+    return dataset;
+  }
   if (labels->size() == 0) {
     std::set<std::string> seen;
     for (const auto& row : rows) seen.insert(row.label);

@@ -40,10 +40,13 @@ struct TextDataset {
 struct TextFormat {
   bool jsonl = false;
   std::string text_field = "text", label_field = "label";  // JSONL only
+  bool plain_text = false;                                 // one text a line, no labels (a language model's corpus)
 };
 
 // Reads every example. TSV: a header line "label<TAB>text", then one example a line,
 // the text with \t \n \\ escapes. JSONL: one object a line with the two fields.
+// Plain text: one text a line with the TSV's escapes, blank lines skipped, every label
+// -1 (`labels` is left alone).
 // With an empty `labels`, labels are collected from the file (sorted) into *labels;
 // otherwise a label outside *labels is an error. Throws DatasetError.
 TextDataset ReadTextDataset(const std::string& path, const TextFormat& format, LabelSet* labels);

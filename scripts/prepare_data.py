@@ -7,13 +7,23 @@
 Each task gets train/dev/test TSV files (header `label<TAB>text`; the text has
 backslash escapes for tab, newline and backslash), a labels.txt and a WordPiece
 vocab.txt trained on the train split. The split is a fixed-seed shuffle, so the
-same packages always give the same files. Skips the work when the outputs exist.
+same packages always give the same files.
+
+Made from those files (so also where prepared data was copied in without fortunes):
+  langid/bpe/  byte-level BPE vocab.json + merges.txt trained on langid's train split,
+               specials <s> <pad> </s> <unk> <mask> <|endoftext|> (ids 0..5, as roberta-base)
+  lm/          train.txt and dev.txt: the English topics fortunes, one a line, with the
+               TSV escapes; lm/bpe/ a byte-level BPE trained on lm/train.txt with
+               <|endoftext|> (id 0) as its only special token, for GPT-2-style jobs
+Skips the work when the outputs exist, and makes only the missing ones.
 """
 import argparse
 import os
 import random
+import re
 import subprocess
 import sys
+import tempfile
 
 FORTUNE_DIR = "/usr/share/games/fortunes"
 LANGUAGE_DIRS = {"de": "de", "it": "it", "es": "es", "pl": "pl", "ru": "ru", "cs": "cs", "eo": "eo"}
@@ -102,6 +112,65 @@ def train_vocab(train_rows, out_dir, vocab_size):
     tokenizer.save_model(out_dir)
 
 
+def unescape(field):
+    """The inverse of escape(), as the worker reads the text column (UnescapeTsvField)."""
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), field)
+
+
+def escaped_texts(tsv_path):
+    """The escaped text column of a prepared TSV file."""
+    with open(tsv_path, encoding="utf-8") as f:
+        next(f)
+        return [line.rstrip("\n").split("\t", 1)[1] for line in f]
+
+
+def write_lines(path, lines):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)
+
+
+def train_byte_level_bpe(texts, out_dir, vocab_size, special_tokens):
+    """vocab.json and merges.txt in out_dir; merges.txt, checked for, is moved in last."""
+    from tokenizers import ByteLevelBPETokenizer
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=special_tokens,
+                                  show_progress=False)
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tokenizer.save_model(tmp)
+        for name in ("vocab.json", "merges.txt"):
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+
+
+def has_bpe(out_dir):
+    return all(os.path.exists(os.path.join(out_dir, f)) for f in ("vocab.json", "merges.txt"))
+
+
+def build_derived(out_root, vocab_size):
+    """The byte-level BPE vocabularies and the LM corpus, from the prepared TSV files."""
+    langid_bpe = os.path.join(out_root, "langid", "bpe")
+    if not has_bpe(langid_bpe):
+        texts = [unescape(t) for t in escaped_texts(os.path.join(out_root, "langid", "train.tsv"))]
+        train_byte_level_bpe(texts, langid_bpe, vocab_size, ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<|endoftext|>"])
+        print(f"[prepare] langid: byte-level BPE -> {langid_bpe}")
+    lm = os.path.join(out_root, "lm")
+    os.makedirs(lm, exist_ok=True)
+    for split in ("train", "dev"):
+        path = os.path.join(lm, f"{split}.txt")
+        if not os.path.exists(path):
+            lines = escaped_texts(os.path.join(out_root, "topics", f"{split}.tsv"))
+            write_lines(path, lines)
+            print(f"[prepare] lm: {split}.txt, {len(lines)} fortunes")
+    lm_bpe = os.path.join(lm, "bpe")
+    if not has_bpe(lm_bpe):
+        with open(os.path.join(lm, "train.txt"), encoding="utf-8") as f:
+            texts = [unescape(line.rstrip("\n")) for line in f]
+        train_byte_level_bpe(texts, lm_bpe, vocab_size, ["<|endoftext|>"])
+        print(f"[prepare] lm: byte-level BPE -> {lm_bpe}")
+
+
 def is_prepared(out_dir):
     return all(os.path.exists(os.path.join(out_dir, f)) for f in ("train.tsv", "dev.tsv", "test.tsv", "vocab.txt"))
 
@@ -142,11 +211,12 @@ def main():
     # Prepared data copied from elsewhere (a GPU machine has no fortunes packages) is enough.
     if all(is_prepared(os.path.join(out, name)) for name in ("langid", "topics")):
         print(f"[prepare] langid, topics: already prepared in {out}")
-        return
-    if not os.path.isdir(FORTUNE_DIR):
-        sys.exit(f"prepare_data: {FORTUNE_DIR} is missing; run scripts/setup.sh first")
-    build_task("langid", langid_examples(args.per_language), out, args.vocab_size, args.seed)
-    build_task("topics", topics_examples(args.min_per_topic), out, args.vocab_size, args.seed)
+    else:
+        if not os.path.isdir(FORTUNE_DIR):
+            sys.exit(f"prepare_data: {FORTUNE_DIR} is missing; run scripts/setup.sh first")
+        build_task("langid", langid_examples(args.per_language), out, args.vocab_size, args.seed)
+        build_task("topics", topics_examples(args.min_per_topic), out, args.vocab_size, args.seed)
+    build_derived(out, args.vocab_size)
 
 
 if __name__ == "__main__":

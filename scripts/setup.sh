@@ -6,13 +6,14 @@
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), and the
 #     fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
-#     build links) and Hugging Face transformers (the independent reference in tests).
+#     build links), Hugging Face transformers and peft (the independent references in tests).
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
 # so fresh clones reuse the several-GB torch install.
 set -euo pipefail
 
 TORCH_VERSION="${TRAINYARD_TORCH_VERSION:-2.11.0}"
 TRANSFORMERS_VERSION="4.57.6"
+PEFT_VERSION="0.21.2"  # the LoRA reference in tests; pulls in accelerate
 VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
 
 APT_PACKAGES=(
@@ -65,10 +66,11 @@ install_apt_packages() {
 
 venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
-  "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" <<'PY' 2>/dev/null
+  "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
-want_torch, want_tf = sys.argv[1], sys.argv[2]
+want_torch, want_tf, want_peft = sys.argv[1], sys.argv[2], sys.argv[3]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
+ok = ok and md.version("peft") == want_peft
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
 PY
@@ -84,7 +86,7 @@ install_python_env() {
   [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" \
-    numpy safetensors
+    "peft==$PEFT_VERSION" numpy safetensors
 }
 
 install_apt_packages

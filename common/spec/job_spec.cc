@@ -18,8 +18,12 @@ namespace {
 // The YAML spelling of each enum value: what parsing accepts and ToString prints.
 const std::map<std::string, Precision> kPrecisionNames = {
     {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
-const std::map<std::string, JobKind> kJobKindNames = {
-    {"finetune", JobKind::kFinetune}, {"benchmark", JobKind::kBenchmark}, {"inference", JobKind::kInference}};
+const std::map<std::string, JobKind> kJobKindNames = {{"finetune", JobKind::kFinetune},
+                                                      {"benchmark", JobKind::kBenchmark},
+                                                      {"inference", JobKind::kInference},
+                                                      {"generate", JobKind::kGenerate}};
+const std::map<std::string, TaskKind> kTaskNames = {{"classification", TaskKind::kClassification},
+                                                    {"causal_lm", TaskKind::kCausalLm}};
 const std::map<std::string, BenchMode> kBenchModeNames = {
     {"eager", BenchMode::kEager}, {"torchscript", BenchMode::kTorchScript}, {"cuda_graph", BenchMode::kCudaGraph}};
 
@@ -276,17 +280,29 @@ void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) 
   const std::string path = "data.tokenizer";
   YAML::Node node = data["tokenizer"];
   if (!node.IsDefined() || node.IsNull()) r.Fail(data, path, "required: a tokenizer mapping");
-  r.CheckKeys(node, path, {"kind", "vocab", "lowercase", "model", "vocab_size"});
+  r.CheckKeys(node, path,
+              {"kind", "vocab", "lowercase", "model", "vocab_size", "merges", "add_prefix_space", "template"});
   TokenizerSpec& t = out->tokenizer;
   r.ReadEnum(node, "kind", path,
              std::map<std::string, TokenizerKind>{{"wordpiece", TokenizerKind::kWordPiece},
-                                                  {"sentencepiece", TokenizerKind::kSentencePiece}},
+                                                  {"sentencepiece", TokenizerKind::kSentencePiece},
+                                                  {"bpe", TokenizerKind::kByteLevelBpe}},
              &t.kind);
   r.ReadBool(node, "lowercase", path, &t.lowercase);
   r.ReadInt(node, "vocab_size", path, &t.vocab_size, 16, kMaxCount);
+  r.ReadBool(node, "add_prefix_space", path, &t.add_prefix_space);
+  r.ReadEnum(node, "template", path,
+             std::map<std::string, BpeTemplate>{
+                 {"auto", BpeTemplate::kAuto}, {"roberta", BpeTemplate::kRoberta}, {"gpt2", BpeTemplate::kGpt2}},
+             &t.bpe_template);
   if (t.kind == TokenizerKind::kWordPiece) {
     if (!r.ReadPath(node, "vocab", path, &t.vocab, PathKind::kFile))
       r.Fail(node, path + ".vocab", "required for a wordpiece tokenizer: path to vocab.txt");
+  } else if (t.kind == TokenizerKind::kByteLevelBpe) {
+    if (!r.ReadPath(node, "vocab", path, &t.vocab, PathKind::kFile))
+      r.Fail(node, path + ".vocab", "required for a bpe tokenizer: path to vocab.json");
+    if (!r.ReadPath(node, "merges", path, &t.merges, PathKind::kFile))
+      r.Fail(node, path + ".merges", "required for a bpe tokenizer: path to merges.txt");
   } else {
     // A missing SentencePiece model is trained from the train split on first use.
     if (!r.ReadPath(node, "model", path, &t.model, PathKind::kFileIfPresent))
@@ -301,17 +317,25 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
               {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer", "max_seq_len",
                "bucket_batches", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
-  if (!r.ReadPath(d, "train", "data", &out.train, PathKind::kFile) && spec->kind != JobKind::kInference)
+  const bool needs_train = spec->kind != JobKind::kInference && spec->kind != JobKind::kGenerate;
+  if (!r.ReadPath(d, "train", "data", &out.train, PathKind::kFile) && needs_train)
     r.Fail(d, "data.train",
            spec->kind == JobKind::kFinetune ? "required: path to the training file (.tsv or .jsonl)"
                                             : "required: the text file benchmark inputs are tokenized from");
   r.ReadPath(d, "dev", "data", &out.dev, PathKind::kFile);
   r.ReadPath(d, "labels", "data", &out.labels, PathKind::kFile);
-  out.format = fs::path(out.train.empty() ? spec->inference.input : out.train).extension() == ".jsonl"
-                   ? DataFormat::kJsonl
-                   : DataFormat::kTsv;
+  const fs::path extension = fs::path(out.train.empty() ? spec->inference.input : out.train).extension();
+  out.format = extension == ".jsonl" ? DataFormat::kJsonl : extension == ".txt" ? DataFormat::kText : DataFormat::kTsv;
   r.ReadEnum(d, "format", "data",
-             std::map<std::string, DataFormat>{{"tsv", DataFormat::kTsv}, {"jsonl", DataFormat::kJsonl}}, &out.format);
+             std::map<std::string, DataFormat>{
+                 {"tsv", DataFormat::kTsv}, {"jsonl", DataFormat::kJsonl}, {"text", DataFormat::kText}},
+             &out.format);
+  // A causal LM reads plain text, a classifier labelled examples.
+  const bool causal = spec->task == TaskKind::kCausalLm;
+  if (spec->kind == JobKind::kFinetune && causal != (out.format == DataFormat::kText))
+    r.Fail(d["format"].IsDefined() ? d["format"] : d["train"], "data.format",
+           causal ? "task: causal_lm trains on plain text (format: text, one text a line)"
+                  : "format: text has no labels; use tsv or jsonl, or task: causal_lm");
   r.ReadString(d, "text_field", "data", &out.text_field);
   r.ReadString(d, "label_field", "data", &out.label_field);
   r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8, kMaxSeqLen);
@@ -321,8 +345,35 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   ParseTokenizer(r, d, &out);
 }
 
+void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
+  YAML::Node l = model["lora"];
+  if (!l.IsDefined()) return;
+  LoraSpec& out = spec->model.lora;
+  out.enabled = true;  // `lora:` alone means PEFT's defaults
+  if (l.IsNull()) return;
+  r.CheckKeys(l, "model.lora",
+              {"r", "alpha", "dropout", "target_modules", "modules_to_save", "use_rslora", "merge", "adapter"});
+  r.ReadInt(l, "r", "model.lora", &out.r, 1, 65536);
+  r.ReadDouble(l, "alpha", "model.lora", &out.alpha, 1e-6, 1e6);
+  r.ReadDouble(l, "dropout", "model.lora", &out.dropout, 0.0, 0.9);
+  auto name = [&](const YAML::Node& item, const std::string&) { return item.Scalar(); };
+  r.ReadList(l, "target_modules", "model.lora", &out.target_modules, name);
+  r.ReadList(l, "modules_to_save", "model.lora", &out.modules_to_save, name);
+  r.ReadBool(l, "use_rslora", "model.lora", &out.use_rslora);
+  r.ReadBool(l, "merge", "model.lora", &out.merge);
+  if (r.ReadPath(l, "adapter", "model.lora", &out.adapter, PathKind::kFolder))
+    for (const char* file : {"adapter_model.safetensors", "adapter_config.json"})
+      if (std::string problem = PathProblem(fs::path(out.adapter) / file, PathKind::kFile); !problem.empty())
+        r.Fail(l["adapter"], "model.lora.adapter",
+               "expected a folder holding adapter_model.safetensors and adapter_config.json: " + problem);
+}
+
 void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node m = r.Section(root, "model", {"preset", "init", "dropout"});
+  YAML::Node m = r.Section(root, "model", {"family", "preset", "init", "dropout", "lora"});
+  r.ReadEnum(m, "family", "model",
+             std::map<std::string, std::string>{
+                 {"bert", "bert"}, {"roberta", "roberta"}, {"distilbert", "distilbert"}, {"gpt2", "gpt2"}},
+             &spec->model.family);
   r.ReadEnum(m, "preset", "model",
              std::map<std::string, std::string>{{"tiny", "tiny"}, {"mini", "mini"}, {"base", "base"}},
              &spec->model.preset);
@@ -331,6 +382,7 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
       if (std::string problem = PathProblem(fs::path(spec->model.init) / file, PathKind::kFile); !problem.empty())
         r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json: " + problem);
   r.ReadDouble(m, "dropout", "model", &spec->model.dropout, 0.0, 0.9);
+  ParseLora(r, m, spec);
 }
 
 void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
@@ -448,10 +500,29 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
              &out.sort_by_length);
 }
 
+void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node n = r.Section(root, "generate",
+                           {"prompts", "output", "batch_size", "max_new_tokens", "strategy", "temperature", "top_k",
+                            "top_p", "stop", "ignore_stop"});
+  GenerateSpec& out = spec->generate;
+  if (!r.ReadPath(n, "prompts", "generate", &out.prompts, PathKind::kFile))
+    r.Fail(n.IsDefined() ? n : root, "generate.prompts", "required: a text file, one prompt a line");
+  r.ReadPath(n, "output", "generate", &out.output, PathKind::kFileIfPresent);
+  r.ReadInt(n, "batch_size", "generate", &out.batch_size, 1, kMaxBatch);
+  r.ReadInt(n, "max_new_tokens", "generate", &out.max_new_tokens, 1, kMaxSeqLen);
+  r.ReadEnum(n, "strategy", "generate", std::map<std::string, bool>{{"greedy", false}, {"sample", true}}, &out.sample);
+  r.ReadDouble(n, "temperature", "generate", &out.temperature, 1e-3, 100.0);
+  r.ReadInt(n, "top_k", "generate", &out.top_k, 0, 1000000);
+  r.ReadDouble(n, "top_p", "generate", &out.top_p, 1e-9, 1.0);
+  r.ReadList(n, "stop", "generate", &out.stop,
+             [&](const YAML::Node& item, const std::string&) { return item.Scalar(); });
+  r.ReadBool(n, "ignore_stop", "generate", &out.ignore_stop);
+}
+
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
   r.CheckKeys(root, "",
-              {"name", "kind", "seed", "data", "model", "train", "checkpoint", "runtime", "resources", "distributed",
-               "debug", "benchmark", "inference", "log"});
+              {"name", "kind", "task", "seed", "data", "model", "train", "checkpoint", "runtime", "resources",
+               "distributed", "debug", "benchmark", "inference", "generate", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
@@ -460,6 +531,10 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
            "expected one path component of letters, digits, '.', '_' or '-' (at most " +
                std::to_string(kMaxNameLength) + " characters, not '.' or '..')");
   r.ReadEnum(root, "kind", "", kJobKindNames, &spec.kind);
+  if (spec.kind == JobKind::kGenerate) spec.task = TaskKind::kCausalLm;
+  r.ReadEnum(root, "task", "", kTaskNames, &spec.task);
+  if (spec.kind == JobKind::kGenerate && spec.task != TaskKind::kCausalLm)
+    r.Fail(root["task"], "task", "kind: generate needs task: causal_lm");
   r.ReadInt(root, "seed", "", &spec.seed, 0, std::numeric_limits<int64_t>::max());
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
@@ -467,7 +542,8 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   ParseRest(r, root, &spec);
   if (spec.kind == JobKind::kBenchmark) ParseBenchmark(r, root, &spec);
   if (spec.kind == JobKind::kInference) ParseInference(r, root, &spec);
-  for (const char* other : {"benchmark", "inference"})
+  if (spec.kind == JobKind::kGenerate) ParseGenerate(r, root, &spec);
+  for (const char* other : {"benchmark", "inference", "generate"})
     if (root[other].IsDefined() && std::string(other) != ToString(spec.kind))
       r.Fail(root[other], other, std::string("only used by kind: ") + other);
   return spec;

@@ -18,18 +18,28 @@ class SpecError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class JobKind { kFinetune, kBenchmark, kInference };
+enum class JobKind { kFinetune, kBenchmark, kInference, kGenerate };
+// What a finetune job trains: a sequence classifier (labels) or a causal LM (next token).
+enum class TaskKind { kClassification, kCausalLm };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DeviceChoice { kAuto, kCpu, kCuda };
-enum class TokenizerKind { kWordPiece, kSentencePiece };
-enum class DataFormat { kTsv, kJsonl };
+enum class TokenizerKind { kWordPiece, kSentencePiece, kByteLevelBpe };
+// Byte-level BPE's single-sentence template: kRoberta "<s> text </s>", kGpt2 the text's
+// pieces alone; kAuto picks kRoberta when vocab.json has <s> and </s>.
+enum class BpeTemplate { kAuto, kRoberta, kGpt2 };
+enum class DataFormat { kTsv, kJsonl, kText };
 
 struct TokenizerSpec {
   TokenizerKind kind = TokenizerKind::kWordPiece;
-  std::string vocab;      // WordPiece vocab.txt (absolute path)
+  std::string vocab;      // WordPiece vocab.txt or byte-level BPE vocab.json (absolute path)
   bool lowercase = true;  // WordPiece: BERT uncased rules (also strips accents)
   std::string model;      // SentencePiece .model; trained from data.train if absent
   int vocab_size = 8000;  // SentencePiece training only
+  // Byte-level BPE: merges.txt (absolute path); a space before text that does not start
+  // with one (HF's add_prefix_space); the template (YAML key `template`).
+  std::string merges;
+  bool add_prefix_space = false;
+  BpeTemplate bpe_template = BpeTemplate::kAuto;
 };
 
 struct DataSpec {
@@ -44,10 +54,26 @@ struct DataSpec {
   int loader_threads = 2;
 };
 
+// model.lora: fine-tune low-rank adapters instead of every weight (PEFT's LoRA).
+struct LoraSpec {
+  bool enabled = false;  // the section is present
+  int r = 8;
+  double alpha = 8.0, dropout = 0.0;
+  std::vector<std::string> target_modules;   // empty: the family's PEFT default
+  std::vector<std::string> modules_to_save;  // trained in full, besides a classifier's head
+  bool use_rslora = false;                   // scaling alpha / sqrt(r) instead of alpha / r
+  bool merge = false;                        // also write runs/<name>/model/ with the adapters merged in
+  std::string adapter;  // a PEFT adapter folder to start from (its config decides r, alpha, targets)
+};
+
 struct ModelSpec {
+  // bert | roberta | distilbert | gpt2: the family of a preset. With `init`, the
+  // folder's config.json decides, and a family given here must agree with it.
+  std::string family;
   std::string preset = "tiny";  // tiny | mini | base
   std::string init;             // HF checkpoint dir (model.safetensors + config.json); empty = random init
   double dropout = 0.1;
+  LoraSpec lora;
 };
 
 struct LossScaleSpec {
@@ -120,6 +146,19 @@ struct InferenceSpec {
   std::string sort_by_length = "true";  // true | false | both (both: runs each, compares)
 };
 
+// kind: generate. Prompts are a text file, one prompt a line (\t \n \\ escapes).
+struct GenerateSpec {
+  std::string prompts;  // absolute path
+  std::string output;   // JSONL, a line per prompt; default runs/<name>/generations.jsonl
+  int batch_size = 8;   // prompts per batch, left-padded to the longest
+  int max_new_tokens = 32;
+  bool sample = false;  // strategy: greedy (false) | sample
+  double temperature = 1.0, top_p = 1.0;
+  int top_k = 0;
+  std::vector<std::string> stop;  // stop tokens as written in the vocabulary; default: the model's eos
+  bool ignore_stop = false;       // benchmarks: every row generates max_new_tokens
+};
+
 // Fault injection for tests of the failure paths; off unless set.
 struct DebugSpec {
   bool force_loss_scaling = false;  // run the fp16 loss-scaler path without fp16 autocast
@@ -137,6 +176,7 @@ struct JobSpec {
   std::string source_file;  // the YAML the spec came from
   std::string name;
   JobKind kind = JobKind::kFinetune;
+  TaskKind task = TaskKind::kClassification;  // kind: generate implies causal_lm
   uint64_t seed = 1234;
   DataSpec data;
   ModelSpec model;
@@ -148,6 +188,7 @@ struct JobSpec {
   DebugSpec debug;
   BenchmarkSpec benchmark;
   InferenceSpec inference;
+  GenerateSpec generate;
   LogSpec log;
   // "file:line:column" of every key read from the file, by key path ("train.epochs").
   std::map<std::string, std::string> locations;

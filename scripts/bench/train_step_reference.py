@@ -7,7 +7,10 @@ the steps after warm-up, and the model's non-embedding parameter count (for MFU)
 On CUDA each step is timed with CUDA events recorded around it, read once at the end,
 as the worker times its steps; --precision bf16/fp16 runs under autocast (fp16 with
 torch.amp.GradScaler), --tf32 allows TF32 matrix products, --compile wraps the model
-in torch.compile (compilation happens in the warm-up steps, which are not timed)."""
+in torch.compile (compilation happens in the warm-up steps, which are not timed).
+--init loads the model from an HF folder instead of a fresh preset, and --lora-r R wraps
+it in PEFT's LoRA (r = alpha = R on query and value, the classifier trained in full, as
+the worker's model.lora does), so only the adapters are optimised and clipped."""
 import argparse
 import csv
 import json
@@ -48,6 +51,8 @@ def main():
     p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--init", default="")
+    p.add_argument("--lora-r", type=int, default=0)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
@@ -61,10 +66,16 @@ def main():
     tok = BertTokenizer(a.vocab, do_lower_case=True)
     enc = tok(texts, truncation=True, max_length=a.seq, padding="max_length", return_tensors="pt")
     ids, mask = enc["input_ids"].to(a.device), enc["attention_mask"].to(a.device)
-    model = build(a, tok.vocab_size)
+    model = (BertForSequenceClassification.from_pretrained(a.init).to(a.device).train() if a.init
+             else build(a, tok.vocab_size))
+    if a.lora_r:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=a.lora_r, lora_alpha=a.lora_r,
+                                                 target_modules=["query", "value"])).train()
     forward = torch.compile(model) if a.compile else model
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=5e-4)
     dtype = DTYPES[a.precision]
@@ -84,7 +95,7 @@ def main():
                           labels=labels[lo:lo + a.batch])
         scaler.scale(out.loss).backward()
         scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)

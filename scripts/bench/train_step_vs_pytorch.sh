@@ -34,20 +34,7 @@ if (( STEPS <= WARMUP )); then
 fi
 source scripts/bench/common.sh
 TOPICS=data/prepared/topics
-"$PY" - "$TOPICS/train.tsv" "$WORK/long.tsv" "$((BATCH * (STEPS + 2)))" <<'PY'
-import sys
-src, dst, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rows = [l.rstrip("\n").split("\t", 1) for l in open(src, encoding="utf-8").readlines()[1:]]
-out, i = [], 0
-while len(out) < count:
-    label, text = rows[i % len(rows)]
-    while len(text) < 2000:            # long enough to fill any seq <= 512 tokens
-        i += 1
-        text += " " + rows[i % len(rows)][1]
-    out.append(f"{label}\t{text}\n")
-    i += 1
-open(dst, "w", encoding="utf-8").write("label\ttext\n" + "".join(out))
-PY
+make_long_tsv "$TOPICS/train.tsv" "$WORK/long.tsv" "$((BATCH * (STEPS + 2)))"
 LABELS=$(cut -f1 "$WORK/long.tsv" | tail -n +2 | sort -u | wc -l)
 cat > "$WORK/job.yaml" <<YAML
 name: bench_train_step

@@ -46,5 +46,18 @@ TEST(TextDataset, ErrorsNameFileAndLine) {
   EXPECT_THROW(ReadTextDataset(Write("e.jsonl", "{\"text\": 1}\n"), jsonl, &labels), DatasetError);
 }
 
+TEST(TextDataset, PlainTextIsOneUnlabelledTextALine) {
+  LabelSet labels;
+  TextFormat text;
+  text.plain_text = true;
+  TextDataset data = ReadTextDataset(Write("f.txt", "first\\nline\n\n  \nsecond\tx\r\n"), text, &labels);
+  ASSERT_EQ(data.examples.size(), 2u);
+  EXPECT_EQ(data.examples[0].text, "first\nline");
+  EXPECT_EQ(data.examples[1].text, "second\tx");
+  EXPECT_EQ(data.examples[0].label, -1);
+  EXPECT_EQ(labels.size(), 0u);
+  EXPECT_THROW(ReadTextDataset(Write("g.txt", "\n \n"), text, &labels), DatasetError);
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -24,7 +24,9 @@
 #ifdef TRAINYARD_WITH_CUDA
 #include "worker/jobs/cuda_graph.h"
 #endif
+#include "worker/models/generation.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/models/lora.h"
 #include "worker/train/optimizer.h"
 
 namespace trainyard {
@@ -74,12 +76,24 @@ nlohmann::json Rows(const torch::Tensor& logits) {
   return rows;
 }
 
-// {"logits": [[...], ...]} on stdout, a row per input.
-void PrintLogits(const torch::Tensor& logits) { std::cout << nlohmann::json{{"logits", Rows(logits)}}.dump() << "\n"; }
+// A float CPU tensor of any rank as nested JSON lists.
+nlohmann::json Nested(const torch::Tensor& t) {
+  if (t.dim() <= 2) return Rows(t.dim() == 1 ? t.unsqueeze(0) : t);
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t i = 0; i < t.size(0); ++i) out.push_back(Nested(t[i]));
+  return out;
+}
 
-BertForSequenceClassification LoadModel(const std::string& dir, const torch::Device& device) {
-  BertForSequenceClassification model(ReadHfConfig(dir));
-  LoadHfWeights(dir, model);
+// {"logits": [[...], ...]} on stdout, a row per input ([B, S, V] nested for a causal LM).
+void PrintLogits(const torch::Tensor& logits) {
+  std::cout << nlohmann::json{{"logits", Nested(logits)}}.dump() << "\n";
+}
+
+// The model a HF folder holds, of the task its config.json's architectures name.
+Model LoadModel(const std::string& dir, const torch::Device& device) {
+  const nlohmann::json config = ReadHfConfig(dir);
+  Model model = CreateModel(config, TaskOf(config));
+  LoadHfWeights(dir, *model);
   model->to(device);
   model->eval();
   return model;
@@ -94,7 +108,13 @@ int Logits(int argc, char** argv) {
   if (argc < 4) return 2;
   const torch::Device device(Option(argc, argv, 4, "--device", "cpu"));
   const Precision precision = PrecisionNamed(Option(argc, argv, 4, "--precision", "fp32"));
-  BertForSequenceClassification model = LoadModel(argv[2], device);
+  Model model = LoadModel(argv[2], device);
+  if (const std::string adapter = Option(argc, argv, 4, "--adapter", ""); !adapter.empty()) {
+    ApplyLora(*model, ReadAdapterConfig(adapter));
+    LoadAdapter(adapter, *model);
+    model->to(device);
+    model->eval();
+  }
   nlohmann::json inputs = ReadInputs(argv[3]);
   torch::NoGradGuard no_grad;
   AutocastScope autocast(device.type(), precision);
@@ -108,7 +128,7 @@ int Graph(int argc, char** argv) {
   if (argc < 4) return 2;
 #ifdef TRAINYARD_WITH_CUDA
   const torch::Device device(torch::kCUDA, 0);
-  BertForSequenceClassification model = LoadModel(argv[2], device);
+  Model model = LoadModel(argv[2], device);
   nlohmann::json inputs = ReadInputs(argv[3]);
   torch::NoGradGuard no_grad;
   const torch::Tensor ids = ToTensor(inputs["input_ids"]).to(device);
@@ -171,10 +191,94 @@ int TorchScript(int argc, char** argv) {
   return 0;
 }
 
+// Generates from prompts given as ids: {"prompts": [[ids]], "max_new_tokens", "pad_id",
+// "stop_ids", "use_cache", "sample", "temperature", "top_k", "top_p", "seed"}; prints
+// {"tokens": [[ids]]}.
+int GenerateTokens(int argc, char** argv) {
+  if (argc < 4) return 2;
+  Model model = LoadModel(argv[2], torch::kCPU);
+  auto* lm = dynamic_cast<CausalLmImpl*>(model.get());
+  if (!lm) throw std::runtime_error(std::string(argv[2]) + " is not a causal LM");
+  const nlohmann::json in = ReadInputs(argv[3]);
+  GenerationOptions options;
+  options.max_new_tokens = in.value("max_new_tokens", int64_t(32));
+  options.pad_id = in.value("pad_id", int64_t(0));
+  options.stop_ids = in.value("stop_ids", std::vector<int64_t>{});
+  options.use_cache = in.value("use_cache", true);
+  options.sample = in.value("sample", false);
+  options.temperature = in.value("temperature", 1.0);
+  options.top_k = in.value("top_k", int64_t(0));
+  options.top_p = in.value("top_p", 1.0);
+  options.seed = in.value("seed", uint64_t(0));
+  GenerationResult result = Generate(*lm, in.at("prompts").get<std::vector<std::vector<int64_t>>>(), options);
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < result.tokens.size(0); ++i) {
+    torch::Tensor row = result.tokens[i].contiguous();
+    rows.push_back(std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()));
+  }
+  std::cout << nlohmann::json{{"tokens", rows}}.dump() << "\n";
+  return 0;
+}
+
+// The model of MODEL with the adapter of ADAPTER attached and loaded.
+Model AdaptedModel(const std::string& model_dir, const std::string& adapter, LoraSummary* summary) {
+  Model model = LoadModel(model_dir, torch::kCPU);
+  *summary = ApplyLora(*model, ReadAdapterConfig(adapter));
+  LoadAdapter(adapter, *model);
+  return model;
+}
+
+// lora-steps MODEL ADAPTER STEPS.json OUT: AdamW steps on the adapter over the given
+// batches ({"lr", "weight_decay", "batches": [{"input_ids", "attention_mask", "labels"}]};
+// a causal LM predicts its next tokens), then the adapter saved to OUT; prints
+// {"trainable": count}.
+int LoraSteps(int argc, char** argv) {
+  if (argc < 6) return 2;
+  LoraSummary summary;
+  Model model = AdaptedModel(argv[2], argv[3], &summary);
+  model->train();
+  const nlohmann::json in = ReadInputs(argv[4]);
+  std::vector<std::pair<std::string, torch::Tensor>> trained;
+  for (const auto& item : model->named_parameters())
+    if (item.value().requires_grad()) trained.emplace_back(item.key(), item.value());
+  AdamWOptions options;
+  options.weight_decay = in.value("weight_decay", 0.0);
+  AdamW optimizer(trained, options);
+  namespace F = torch::nn::functional;
+  for (const auto& batch : in.at("batches")) {
+    torch::Tensor ids = ToTensor(batch["input_ids"]), mask = ToTensor(batch["attention_mask"]);
+    torch::Tensor logits = model->forward(ids, mask), loss;
+    if (model->info().task == ModelTask::kCausalLm) {
+      torch::Tensor targets =
+          ids.narrow(1, 1, ids.size(1) - 1).masked_fill(mask.narrow(1, 1, ids.size(1) - 1).eq(0), -100);
+      torch::Tensor predictions = logits.narrow(1, 0, ids.size(1) - 1);
+      loss = F::cross_entropy(predictions.reshape({-1, predictions.size(2)}), targets.reshape({-1}),
+                              F::CrossEntropyFuncOptions().ignore_index(-100));
+    } else {
+      loss = F::cross_entropy(logits, torch::tensor(batch["labels"].get<std::vector<int64_t>>(), torch::kLong));
+    }
+    loss.backward();
+    optimizer.Step(in.at("lr").get<double>());
+    optimizer.ZeroGrad();
+  }
+  SaveAdapter(argv[5], *model, summary.options, argv[2]);
+  std::cout << nlohmann::json{{"trainable", summary.trainable}, {"adapted", summary.adapted}}.dump() << "\n";
+  return 0;
+}
+
+// merge MODEL ADAPTER OUT: the adapter merged into a plain HF folder.
+int Merge(int argc, char** argv) {
+  if (argc < 5) return 2;
+  LoraSummary summary;
+  Model model = AdaptedModel(argv[2], argv[3], &summary);
+  SaveMergedModel(argv[4], *model);
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
-  BertForSequenceClassification model = LoadModel(argv[2], torch::kCPU);
-  SaveHfModel(argv[3], model);
+  Model model = LoadModel(argv[2], torch::kCPU);
+  SaveHfModel(argv[3], *model);
   return 0;
 }
 
@@ -189,11 +293,14 @@ int main(int argc, char** argv) {
     if (command == "scaler") return trainyard::Scaler(argc, argv);
     if (command == "graph") return trainyard::Graph(argc, argv);
     if (command == "resave") return trainyard::Resave(argc, argv);
+    if (command == "generate") return trainyard::GenerateTokens(argc, argv);
+    if (command == "lora-steps") return trainyard::LoraSteps(argc, argv);
+    if (command == "merge") return trainyard::Merge(argc, argv);
     if (command == "torchscript") return trainyard::TorchScript(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|torchscript ...\n";
+  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript ...\n";
   return 2;
 }

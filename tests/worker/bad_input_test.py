@@ -126,6 +126,10 @@ def cases(work, train, checkpoints):
         "wrong type": (good + "train:\n  batch_size: many\n", r"train\.batch_size: expected an integer, got 'many'"),
         "negative epochs": (good + "train:\n  epochs: -2\n", r"train\.epochs: expected an integer in \[1, 100000\], got -2"),
         "missing dataset": (good.replace(train, os.path.join(work, "nope.tsv")), r"data\.train: file not found"),
+        "merges.txt missing": (good.replace(f"    vocab: {os.path.join(LANGID_DIR, 'vocab.txt')}\n",
+                                            f"    kind: bpe\n    vocab: {os.path.join(LANGID_DIR, 'bpe', 'vocab.json')}\n"
+                                            f"    merges: {os.path.join(work, 'bpe', 'merges.txt')}\n"),
+                               r"data\.tokenizer\.merges: file not found: .*/bpe/merges\.txt"),
         "truncated checkpoint": (good + f"checkpoint:\n  resume: {broken_checkpoint}\n",
                                  r"checkpoint\.resume: .*broken\.safetensors: invalid safetensors: .*truncated"),
         "lying safetensors": (good.replace("  preset: tiny", f"  init: {lying}"),

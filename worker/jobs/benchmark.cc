@@ -123,11 +123,13 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
                        ": cannot load the TorchScript file: " + std::string(e.what()).substr(0, 300));
     }
   }
-  auto probe = tokenizer_->Encode("", 8);
-  cls_id_ = probe.front(), sep_id_ = probe.back();
+  // Inputs are framed as the family frames a text; a vocabulary without such tokens
+  // gets its pad id there (the cost of a cell does not depend on which ids it holds).
+  cls_id_ = tokenizer_->bos_id() >= 0 ? tokenizer_->bos_id() : tokenizer_->pad_id();
+  sep_id_ = tokenizer_->eos_id() >= 0 ? tokenizer_->eos_id() : tokenizer_->pad_id();
   for (size_t i = 0; i < texts.examples.size() && token_stream_.size() < 200000; ++i) {
-    auto ids = tokenizer_->Encode(texts.examples[i].text, 1 << 16);
-    token_stream_.insert(token_stream_.end(), ids.begin() + 1, ids.end() - 1);
+    auto ids = tokenizer_->Pieces(texts.examples[i].text);
+    token_stream_.insert(token_stream_.end(), ids.begin(), ids.end());
   }
   if (token_stream_.size() < 1024)
     throw InputError(spec_.Where("data.train") + ": too little text to build benchmark inputs");
@@ -209,7 +211,7 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
   BenchCell cell;
   cell.model = model_name_, cell.batch = plan.batch, cell.seq = plan.seq;
   cell.precision = ToString(plan.precision), cell.mode = ToString(plan.mode), cell.rank = ranks_.rank;
-  const int64_t max_positions = model_->config().max_position_embeddings;
+  const int64_t max_positions = model_->info().max_sequence;
   if (plan.seq > max_positions) {
     cell.status = "N/A", cell.note = "seq_len exceeds max_position_embeddings " + std::to_string(max_positions);
     return cell;
@@ -271,11 +273,13 @@ BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   std::vector<torch::Tensor> params;
   for (const auto& item : model_->named_parameters())
-    named.emplace_back(item.key(), item.value()), params.push_back(item.value());
+    if (item.value().requires_grad())  // all of them, or LoRA's adapters and saved modules
+      named.emplace_back(item.key(), item.value()), params.push_back(item.value());
   AdamW optimizer(named, AdamWOptions{});
   GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16);
   torch::Tensor ids = Inputs(cell.batch, cell.seq), mask = torch::ones_like(ids);
-  torch::Tensor labels = torch::arange(cell.batch, torch::kLong).remainder(model_->config().num_labels()).to(device_);
+  torch::Tensor labels =
+      torch::arange(cell.batch, torch::kLong).remainder(int64_t(model_->info().labels.size())).to(device_);
   auto step = [&] {
     torch::Tensor loss;
     {

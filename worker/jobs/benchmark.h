@@ -51,7 +51,7 @@ class BenchmarkRunner {
   RankContext ranks_;
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Tokenizer> tokenizer_;
-  BertForSequenceClassification model_{nullptr};
+  Model model_;
   std::optional<torch::jit::Module> script_;
   std::vector<int64_t> token_stream_;
   int64_t cls_id_ = 0, sep_id_ = 0;

@@ -7,6 +7,7 @@
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/models/config_fields.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/train/amp.h"
 #include "worker/train/batch_pipeline.h"
@@ -24,7 +25,7 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
   labels_ = LoadLabels(spec_);
   if (labels_.size() == 0 && !spec_.model.init.empty()) {
     try {  // the model's own id2label, when the job names no labels file
-      labels_ = LabelSet(ReadHfConfig(spec_.model.init).labels);
+      labels_ = LabelSet(LabelsField(ReadHfConfig(spec_.model.init)));
     } catch (const std::exception& e) {
       throw InputError(spec_.Where("model.init") + ": " + e.what());
     }
@@ -33,7 +34,7 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
   input_ = LoadTexts(spec_, "inference.input", spec_.inference.input, &labels_, /*any_label=*/labels_.size() > 0);
   tokenizer_ = LoadTokenizer(spec_, input_);
   model_ = BuildModel(spec_, *tokenizer_, labels_.names(), 512, /*keep_init_labels=*/true);
-  labels_ = LabelSet(model_->config().labels);
+  labels_ = LabelSet(model_->info().labels);
   model_->to(device_);
   model_->eval();
   if (spec_.model.init.empty())

@@ -40,7 +40,7 @@ class InferenceRunner {
   TextDataset input_;
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
-  BertForSequenceClassification model_{nullptr};
+  Model model_;
 };
 
 }  // namespace trainyard

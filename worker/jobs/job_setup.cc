@@ -65,7 +65,8 @@ LabelSet LoadLabels(const JobSpec& spec) {
 
 TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::string& path, LabelSet* labels,
                       bool any_label) {
-  TextFormat format{spec.data.format == DataFormat::kJsonl, spec.data.text_field, spec.data.label_field};
+  TextFormat format{spec.data.format == DataFormat::kJsonl, spec.data.text_field, spec.data.label_field,
+                    spec.data.format == DataFormat::kText};
   try {
     if (!any_label) return ReadTextDataset(path, format, labels);
     LabelSet seen;
@@ -81,42 +82,121 @@ std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset&
   try {
     return MakeTokenizer(spec.data, train);
   } catch (const std::exception& e) {
-    const bool wordpiece = spec.data.tokenizer.kind == TokenizerKind::kWordPiece;
-    throw InputError(spec.Where(wordpiece ? "data.tokenizer.vocab" : "data.tokenizer.model") + ": " + e.what());
+    // The messages begin with the file at fault; the key is the one that names it.
+    const TokenizerSpec& t = spec.data.tokenizer;
+    std::string key = "data.tokenizer.vocab";
+    if (t.kind == TokenizerKind::kSentencePiece) key = "data.tokenizer.model";
+    if (t.kind == TokenizerKind::kByteLevelBpe && std::string(e.what()).rfind(t.merges, 0) == 0)
+      key = "data.tokenizer.merges";
+    throw InputError(spec.Where(key) + ": " + e.what());
   }
 }
 
-BertForSequenceClassification BuildModel(const JobSpec& spec, const Tokenizer& tokenizer,
-                                         const std::vector<std::string>& labels, int64_t max_positions,
-                                         bool keep_init_labels) {
-  BertConfig config;
+namespace {
+
+ModelTask TaskOf(const JobSpec& spec) {
+  return spec.task == TaskKind::kCausalLm ? ModelTask::kCausalLm : ModelTask::kSequenceClassification;
+}
+
+// The config.json the job's model is built from: model.init's, or the preset's.
+nlohmann::json ModelConfig(const JobSpec& spec, const Tokenizer& tokenizer, const std::vector<std::string>& labels,
+                           int64_t max_sequence, bool keep_init_labels) {
+  const ModelTask task = TaskOf(spec);
   if (spec.model.init.empty()) {
-    config = BertConfig::Preset(spec.model.preset, tokenizer.vocab_size(), labels, max_positions);
-  } else {
-    try {
-      config = ReadHfConfig(spec.model.init);
-    } catch (const std::exception& e) {
-      throw InputError(spec.Where("model.init") + ": " + e.what());
-    }
-    if (!keep_init_labels || config.labels.empty()) config.labels = labels;
+    PresetArgs args;
+    args.vocab_size = tokenizer.vocab_size();
+    args.max_sequence = max_sequence;
+    args.pad_id = tokenizer.pad_id();
+    args.bos_id = tokenizer.bos_id();
+    args.eos_id = tokenizer.eos_id();
+    args.labels = labels;
+    const ModelFamily family = spec.model.family.empty() ? ModelFamily::kBert : FamilyNamed(spec.model.family);
+    return PresetConfig(family, task, spec.model.preset, args);
   }
-  config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.model.dropout;
-  if (config.vocab_size < tokenizer.vocab_size())
-    throw InputError(spec.Where("model.init") + ": the model's vocab_size " + std::to_string(config.vocab_size) +
+  nlohmann::json config;
+  try {
+    config = ReadHfConfig(spec.model.init);  // its errors name the file
+  } catch (const std::exception& e) {
+    throw InputError(spec.Where("model.init") + ": " + e.what());
+  }
+  try {  // the file as written, before the job's labels and dropout replace its own
+    CheckConfig(config);
+    const ModelFamily family = FamilyOf(config);
+    if (!spec.model.family.empty() && FamilyNamed(spec.model.family) != family)
+      throw std::runtime_error("the model is " + std::string(FamilyName(family)) + ", the job file says model.family " +
+                               spec.model.family);
+  } catch (const std::exception& e) {
+    throw InputError(spec.Where("model.init") + ": " + spec.model.init + "/config.json: " + e.what());
+  }
+  if (!keep_init_labels && task == ModelTask::kSequenceClassification) SetLabels(&config, labels);
+  return config;
+}
+
+// model.lora's options: the adapter folder's config when one is given, else the job's.
+LoraOptions LoraOptionsOf(const JobSpec& spec) {
+  const LoraSpec& l = spec.model.lora;
+  if (!l.adapter.empty()) {
+    try {
+      LoraOptions o = ReadAdapterConfig(l.adapter);
+      o.dropout = l.dropout;
+      return o;
+    } catch (const std::exception& e) {
+      throw InputError(spec.Where("model.lora.adapter") + ": " + e.what());
+    }
+  }
+  return LoraOptions{l.r, l.alpha, l.dropout, l.target_modules, l.modules_to_save, l.use_rslora};
+}
+
+void AttachLora(const JobSpec& spec, ModelImpl& model, LoraSummary* out) {
+  const std::string at = spec.model.lora.target_modules.empty() ? "model.lora" : "model.lora.target_modules";
+  LoraSummary summary;
+  try {
+    summary = ApplyLora(model, LoraOptionsOf(spec));
+  } catch (const std::invalid_argument& e) {
+    throw InputError(spec.Where(spec.model.lora.adapter.empty() ? at : "model.lora.adapter") + ": " + e.what());
+  }
+  if (!spec.model.lora.adapter.empty()) {
+    try {
+      LoadAdapter(spec.model.lora.adapter, model);
+    } catch (const std::exception& e) {
+      throw InputError(spec.Where("model.lora.adapter") + ": " + e.what());
+    }
+  }
+  if (out) *out = std::move(summary);
+}
+
+}  // namespace
+
+Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vector<std::string>& labels,
+                 int64_t max_sequence, bool keep_init_labels, LoraSummary* lora) {
+  const std::string at = spec.model.init.empty() ? "model.preset" : "model.init";
+  nlohmann::json config = ModelConfig(spec, tokenizer, labels, max_sequence, keep_init_labels);
+  SetDropout(&config, spec.model.dropout);
+  Model model;
+  try {
+    model = CreateModel(config, TaskOf(spec));
+  } catch (const std::exception& e) {
+    const std::string file = spec.model.init.empty() ? "" : spec.model.init + "/config.json: ";
+    throw InputError(spec.Where(at) + ": " + file + e.what());
+  }
+  const ModelInfo& info = model->info();
+  if (info.vocab_size < tokenizer.vocab_size())
+    throw InputError(spec.Where(at) + ": the model's vocab_size " + std::to_string(info.vocab_size) +
                      " is smaller than the tokenizer's " + std::to_string(tokenizer.vocab_size()));
-  if (spec.kind == JobKind::kFinetune && config.max_position_embeddings < spec.data.max_seq_len)
-    throw InputError(spec.Where("data.max_seq_len") + ": exceeds the model's max_position_embeddings " +
-                     std::to_string(config.max_position_embeddings));
-  if (config.labels.empty()) throw InputError(spec.Where("data.labels") + ": no labels for the classifier");
-  BertForSequenceClassification model(config);
+  if (spec.kind == JobKind::kFinetune && info.max_sequence < spec.data.max_seq_len)
+    throw InputError(spec.Where("data.max_seq_len") + ": exceeds the model's " + std::to_string(info.max_sequence) +
+                     " positions");
+  if (info.task == ModelTask::kSequenceClassification && info.labels.empty())
+    throw InputError(spec.Where("data.labels") + ": no labels for the classifier");
   if (!spec.model.init.empty()) {
     try {
-      for (const auto& name : LoadHfWeights(spec.model.init, model))
+      for (const auto& name : LoadHfWeights(spec.model.init, *model))
         LogInfo("model.init: '" + name + "' starts from a fresh initialisation");
     } catch (const std::exception& e) {
       throw InputError(spec.Where("model.init") + ": " + e.what());
     }
   }
+  if (spec.model.lora.enabled) AttachLora(spec, *model, lora);
   return model;
 }
 

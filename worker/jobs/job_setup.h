@@ -14,7 +14,8 @@
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "worker/comm/communicator.h"
-#include "worker/models/bert.h"
+#include "worker/models/lora.h"
+#include "worker/models/model.h"
 #include "worker/report/job_hooks.h"
 #include "worker/train/batch_pipeline.h"
 
@@ -80,10 +81,13 @@ TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::st
 
 std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train);
 
-// model.init (a Hugging Face folder) or a fresh model.preset; the classifier gets
-// `labels` unless `keep_init_labels` and the checkpoint names its own.
-BertForSequenceClassification BuildModel(const JobSpec& spec, const Tokenizer& tokenizer,
-                                         const std::vector<std::string>& labels, int64_t max_positions,
-                                         bool keep_init_labels = false);
+// model.init (a Hugging Face folder, whose config.json names the family) or a fresh
+// model.preset of model.family; the classifier gets `labels` unless `keep_init_labels`
+// and the checkpoint names its own. A preset's positions cover max_sequence tokens.
+// With model.lora, the adapters are attached (and model.lora.adapter loaded) and only
+// they and modules_to_save keep requires_grad; *lora, if given, receives what was done.
+// Throws InputError located at the job-file key at fault.
+Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vector<std::string>& labels,
+                 int64_t max_sequence, bool keep_init_labels = false, LoraSummary* lora = nullptr);
 
 }  // namespace trainyard

@@ -73,10 +73,18 @@ void Trainer::LoadData() {
 }
 
 void Trainer::BuildModel() {
-  model_ = trainyard::BuildModel(spec_, *tokenizer_, labels_.names(), spec_.data.max_seq_len);
+  model_ = trainyard::BuildModel(spec_, *tokenizer_, labels_.names(), spec_.data.max_seq_len,
+                                 /*keep_init_labels=*/false, &lora_);
   model_->to(device_);
+  if (spec_.model.lora.enabled && is_rank0())
+    LogInfo(StrFormat("LoRA r=%ld on %zu layers (%s, ...): trainable params %ld of %ld (%.3f%%)", long(lora_.options.r),
+                      lora_.adapted.size(), lora_.adapted.front().c_str(), long(lora_.trainable), long(lora_.total),
+                      100.0 * double(lora_.trainable) / double(lora_.total)));
+  // Only what is trained (all of it, or LoRA's adapters and saved modules) reaches the
+  // optimizer, the gradient all-reduce and clipping.
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : model_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
     named.emplace_back(item.key(), item.value());
     params_.push_back(item.value());
   }
@@ -118,7 +126,7 @@ void Trainer::ResolveResume() {
   for (const auto& path : candidates) {
     try {
       const LoadedCheckpoint loaded =
-          LoadCheckpoint(path, model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
+          LoadCheckpoint(path, *model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
       progress_ = loaded.progress;
       resume_from_ = path;
       if (loaded.rng_ranks != ranks_.world && is_rank0())
@@ -155,7 +163,7 @@ void Trainer::SetAsideRejected() {
 // Every rank's RngState, on every rank (Note [Resume] 1). The states travel as 32-bit
 // words in doubles, exact, through the one all-gather both backends have.
 std::vector<RngState> Trainer::GatherRngStates() {
-  RngState mine = CaptureRngState(model_);
+  RngState mine = CaptureRngState(*model_);
   if (!ranks_.comm) return {mine};
   const int64_t cpu_bytes = mine.cpu.numel(), cuda_bytes = mine.cuda.defined() ? mine.cuda.numel() : 0;
   std::vector<uint8_t> bytes(static_cast<size_t>(cpu_bytes + cuda_bytes + 3) / 4 * 4, 0);
@@ -185,14 +193,35 @@ double Trainer::LrAt(int64_t step, int64_t total_steps) const {
   return LinearWarmupDecay(spec_.train.lr, step, warmup, total_steps);
 }
 
+bool Trainer::causal_lm() const { return spec_.task == TaskKind::kCausalLm; }
+
+// A causal LM predicts token t+1 from position t: the targets are the ids shifted left
+// by one, with padding (and the position after the last) ignored, as HF's loss does.
+torch::Tensor Trainer::NextTokenTargets(const Batch& batch) {
+  torch::Tensor ids = batch.input_ids.narrow(1, 1, batch.input_ids.size(1) - 1);
+  torch::Tensor real = batch.attention_mask.narrow(1, 1, batch.attention_mask.size(1) - 1).to(torch::kBool);
+  return ids.masked_fill(real.logical_not(), kIgnoredTarget);
+}
+
+// Cross-entropy of the task, in fp32: over the batch's labels for a classifier, over
+// every predicted token for a causal LM (kMean: the mean per token, as HF's).
+torch::Tensor Trainer::TaskLoss(const torch::Tensor& logits, const Batch& batch,
+                                torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) const {
+  namespace F = torch::nn::functional;
+  if (!causal_lm())
+    return F::cross_entropy(logits.to(torch::kFloat), batch.labels, F::CrossEntropyFuncOptions().reduction(reduction));
+  torch::Tensor predictions = logits.narrow(1, 0, logits.size(1) - 1).to(torch::kFloat);
+  return F::cross_entropy(predictions.reshape({-1, predictions.size(2)}), NextTokenTargets(batch).reshape({-1}),
+                          F::CrossEntropyFuncOptions().ignore_index(kIgnoredTarget).reduction(reduction));
+}
+
 void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step) {
   if (reducer_) reducer_->PrepareForBackward(StopAsked(ranks_));
   torch::Tensor loss;
   if (batch.size() > 0) {
     {
       AutocastScope autocast(device_.type(), spec_.train.precision);
-      torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
-      loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
+      loss = TaskLoss(model_->forward(batch.input_ids, batch.attention_mask), batch, torch::kMean);
     }
     timer.Mark();  // forward
     // loss_weight makes the average over ranks the mean over the global batch, also
@@ -252,7 +281,7 @@ void Trainer::SaveCheckpointNow(const std::string& reason) {
   const std::vector<RngState> rng = GatherRngStates();
   if (!is_rank0()) return;
   const std::string dir = run_dir() + "/checkpoints";
-  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), model_, *optimizer_, *scaler_, progress_, rng);
+  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), *model_, *optimizer_, *scaler_, progress_, rng);
   PruneCheckpoints(dir, spec_.checkpoint.keep);
   LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
 }
@@ -402,21 +431,28 @@ std::pair<double, double> Trainer::Evaluate() {
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
   DeviceTransfer transfer(device_);
-  // Loss sum and correct count, kept on the device and read once at the end.
-  torch::Tensor sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble).device(device_));
+  // Loss sum, correct predictions and their count (examples, or predicted tokens for a
+  // causal LM), kept on the device and read once at the end.
+  torch::Tensor sums = torch::zeros({3}, torch::TensorOptions(torch::kDouble).device(device_));
   while (auto host = pipeline.Next()) {
     Batch batch = transfer.ToDevice(std::move(*host));
     AutocastScope autocast(device_.type(), spec_.train.precision);
-    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat);
-    sums[0] += torch::nn::functional::cross_entropy(
-                   logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .to(torch::kDouble);
-    sums[1] += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
+    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
+    sums[0] += TaskLoss(logits, batch, torch::kSum).to(torch::kDouble);
+    if (causal_lm()) {
+      torch::Tensor targets = NextTokenTargets(batch);
+      torch::Tensor counted = targets.ne(kIgnoredTarget);
+      sums[1] += logits.narrow(1, 0, logits.size(1) - 1).argmax(2).eq(targets).logical_and(counted).sum();
+      sums[2] += counted.sum();
+    } else {
+      sums[1] += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
+      sums[2] += double(batch.size());
+    }
   }
   if (ranks_.comm) ranks_.comm->AllReduce(sums, ReduceOp::kSum, "evaluation sums");
   model_->train();
-  const double n = double(dev_.examples.size());
   sums = sums.to(torch::kCPU);
+  const double n = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
 }
 
@@ -507,6 +543,9 @@ nlohmann::json Trainer::Run() {
     auto [eval_loss, eval_acc] = Evaluate();
     EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
     if (log) log->AddEpoch(row);
+    if (log && causal_lm() && !dev_.examples.empty())
+      LogInfo(StrFormat("epoch %ld: dev perplexity %.2f, next-token accuracy %.2f%%", long(epoch + 1),
+                        std::exp(eval_loss), 100.0 * eval_acc));
     progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
     SaveCheckpointNow("end of epoch");  // collective
     if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
@@ -523,13 +562,24 @@ nlohmann::json Trainer::Run() {
                             {"consistency_checks", consistency_checks_},
                             {"wall_time_s", MsSince(run_start) / 1000.0}};
   if (!log) return summary;
-  const std::string model_dir = run_dir() + "/model";
-  SaveHfModel(model_dir, model_);
+  std::string model_dir = run_dir() + "/model";
+  if (spec_.model.lora.enabled) {
+    const std::string adapter_dir = run_dir() + "/adapter";
+    SaveAdapter(adapter_dir, *model_, lora_.options, spec_.model.init);
+    summary["adapter_dir"] = adapter_dir;
+    if (spec_.model.lora.merge)
+      SaveMergedModel(model_dir, *model_);
+    else
+      model_dir = adapter_dir;
+  } else {
+    SaveHfModel(model_dir, *model_);
+  }
   summary["model_dir"] = model_dir;
   summary["epochs"] = log->rows().size();
   if (!log->rows().empty()) {
     const EpochRow& last = log->rows().back();
     summary["final"] = {{"train_loss", last.train_loss}, {"eval_loss", last.eval_loss}, {"eval_acc", last.eval_acc}};
+    if (causal_lm()) summary["final"]["eval_perplexity"] = std::exp(last.eval_loss);
   }
   log->WriteSummary(summary);
   return summary;

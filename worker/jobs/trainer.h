@@ -21,7 +21,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/reducer.h"
 #include "worker/jobs/job_setup.h"
-#include "worker/models/bert.h"
+#include "worker/models/model.h"
 #include "worker/report/run_log.h"
 #include "worker/train/amp.h"
 #include "worker/train/checkpoint.h"
@@ -44,7 +44,7 @@ class Trainer {
 
   std::string run_dir() const;
   bool is_rank0() const { return ranks_.rank == 0; }
-  BertForSequenceClassification& model() { return model_; }
+  ModelImpl& model() { return *model_; }
 
  private:
   struct PendingStep;
@@ -61,7 +61,14 @@ class Trainer {
   void BroadcastParameters();
   void AgreeOnResumePoint();
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
+  // Mean loss and accuracy over the dev set: per example for a classifier, per
+  // predicted token for a causal LM.
   std::pair<double, double> Evaluate();
+  bool causal_lm() const;
+  static constexpr int64_t kIgnoredTarget = -100;
+  static torch::Tensor NextTokenTargets(const Batch& batch);
+  torch::Tensor TaskLoss(const torch::Tensor& logits, const Batch& batch,
+                         torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) const;
   // Collective: every rank calls it at the same step; rank 0 writes the file.
   void SaveCheckpointNow(const std::string& reason);
   std::vector<RngState> GatherRngStates();
@@ -77,7 +84,8 @@ class Trainer {
   TextDataset train_, dev_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<LengthBucketSampler> sampler_;
-  BertForSequenceClassification model_{nullptr};
+  Model model_;
+  LoraSummary lora_;  // with model.lora: what was adapted
   std::vector<torch::Tensor> params_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradScaler> scaler_;

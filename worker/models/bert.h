@@ -1,6 +1,7 @@
-// A BERT encoder with a sequence-classification head. Module and parameter names are
+// BERT: an encoder with a sequence-classification head. Module and parameter names are
 // exactly Hugging Face's BertForSequenceClassification ("bert.encoder.layer.0.
-// attention.self.query.weight", ...), so HF checkpoints load by name.
+// attention.self.query.weight", ...), so HF checkpoints load by name. RoBERTa
+// (roberta.h) reuses the encoder with its own position ids and head.
 #pragma once
 
 #include <torch/torch.h>
@@ -8,6 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "worker/models/layers.h"
+#include "worker/models/model.h"
 
 namespace trainyard {
 
@@ -20,23 +24,26 @@ struct BertConfig {
   int64_t max_position_embeddings = 512;
   int64_t type_vocab_size = 2;
   int64_t pad_token_id = 0;
+  int64_t bos_token_id = -1, eos_token_id = -1;  // RoBERTa's <s> and </s>; BERT has none
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
   double layer_norm_eps = 1e-12;
   std::vector<std::string> labels;  // id2label; its size is num_labels
 
-  // tiny: 2 layers x 128, mini: 4 x 256, base: bert-base (12 x 768).
-  // Throws std::invalid_argument for an unknown preset.
-  static BertConfig Preset(const std::string& name, int64_t vocab_size, std::vector<std::string> labels,
-                           int64_t max_positions);
-  // HF config.json. Every size must be a JSON integer in its range (README), hidden_size
-  // divisible by num_attention_heads and pad_token_id below vocab_size, so no model
-  // built from it divides by zero or allocates absurdly. Throws std::runtime_error
+  // HF config.json, read over `defaults` (RoBERTa's differ). Every size must be a JSON
+  // integer in its range (config_fields.h), hidden_size divisible by
+  // num_attention_heads and pad_token_id below vocab_size, so no model built from it
+  // divides by zero or allocates absurdly. Throws std::runtime_error
   // "field '<key>': <problem>".
-  static BertConfig FromJson(const nlohmann::json& json);
+  static BertConfig FromJson(const nlohmann::json& json, BertConfig defaults);
+  static BertConfig FromJson(const nlohmann::json& json) { return FromJson(json, BertConfig()); }
+  // The fields both families write; the caller adds model_type and architectures.
   nlohmann::json ToJson() const;
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
 };
+
+// tiny: 2 layers x 128, mini: 4 x 256, base: bert-base (12 x 768), as config.json.
+nlohmann::json BertPresetSizes(const std::string& preset);
 
 class BertLayerImpl : public torch::nn::Module {
  public:
@@ -46,36 +53,64 @@ class BertLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
 
  private:
-  torch::Tensor SelfAttention(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
-
-  int64_t heads_, head_dim_;
+  int64_t heads_;
   double attention_dropout_;
-  torch::nn::Linear query_{nullptr}, key_{nullptr}, value_{nullptr}, attention_out_{nullptr};
-  torch::nn::Linear intermediate_{nullptr}, output_{nullptr};
+  AdaptableLinear query_{nullptr}, key_{nullptr}, value_{nullptr}, attention_out_{nullptr};
+  AdaptableLinear intermediate_{nullptr}, output_{nullptr};
   torch::nn::LayerNorm attention_norm_{nullptr}, output_norm_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(BertLayer);
 
-class BertForSequenceClassificationImpl : public torch::nn::Module {
+// How position ids are made. BERT: 0..S-1. RoBERTa: counted over the tokens that are
+// not padding, starting at pad_token_id + 1, with padding at pad_token_id.
+enum class PositionIds { kFromZero, kAfterPadding };
+
+// Embeddings and the encoder stack, with an optional pooler: HF's BertModel (and,
+// with kAfterPadding and no pooler, RobertaModel).
+class BertEncoderImpl : public torch::nn::Module {
  public:
-  explicit BertForSequenceClassificationImpl(BertConfig config);
-  // input_ids, attention_mask: [B, S] int64 (mask 1 = real token). Returns logits [B, labels].
+  BertEncoderImpl(const BertConfig& config, PositionIds positions, bool with_pooler);
+  // input_ids, attention_mask [B, S] int64. Returns the last hidden states [B, S, H].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask);
-  // HF's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, zero pad row.
-  void InitWeights();
-  const BertConfig& config() const { return config_; }
+  // tanh(dense(hidden[:, 0])). REQUIRES: built with_pooler.
+  torch::Tensor Pool(const torch::Tensor& hidden);
+  // The longest input the position table allows.
+  int64_t max_sequence() const;
 
  private:
-  torch::Tensor Embed(const torch::Tensor& input_ids);
+  torch::Tensor PositionIdsOf(const torch::Tensor& input_ids) const;
 
   BertConfig config_;
+  PositionIds positions_;
   torch::nn::Embedding word_embeddings_{nullptr}, position_embeddings_{nullptr}, token_type_embeddings_{nullptr};
   torch::nn::LayerNorm embedding_norm_{nullptr};
   std::vector<BertLayer> layers_;
-  torch::nn::Linear pooler_{nullptr}, classifier_{nullptr};
+  AdaptableLinear pooler_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(BertEncoder);
+
+class BertForSequenceClassificationImpl : public ModelImpl {
+ public:
+  explicit BertForSequenceClassificationImpl(BertConfig config);
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
+  // HF's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, zero pad row.
+  void InitWeights() override;
+  const ModelInfo& info() const override { return info_; }
+  nlohmann::json HfConfig() const override;
+  HfNaming naming() const override { return {"bert.", {"classifier."}}; }
+  const BertConfig& config() const { return config_; }
+
+ private:
+  BertConfig config_;
+  ModelInfo info_;
+  BertEncoder bert_{nullptr};
+  AdaptableLinear classifier_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(BertForSequenceClassification);
+
+Model CreateBert(const nlohmann::json& config, ModelTask task);
 
 }  // namespace trainyard

@@ -51,27 +51,42 @@ void SaveSafetensors(const std::string& path, const NamedTensors& tensors,
   WriteSafetensors(path, records, metadata);
 }
 
-BertConfig ReadHfConfig(const std::string& folder) {
+nlohmann::json ReadHfConfig(const std::string& folder) {
   const std::string path = (std::filesystem::path(folder) / "config.json").string();
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open");
   try {
-    return BertConfig::FromJson(nlohmann::json::parse(in));
+    nlohmann::json config = nlohmann::json::parse(in);
+    if (!config.is_object()) throw std::runtime_error("expected a JSON object");
+    return config;
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": " + e.what());
   }
 }
 
-std::vector<std::string> LoadHfWeights(const std::string& folder, BertForSequenceClassification& model) {
+namespace {
+
+bool StartsWithAny(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const auto& prefix : prefixes)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> LoadHfWeights(const std::string& folder, ModelImpl& model) {
   const std::string path = (std::filesystem::path(folder) / "model.safetensors").string();
   auto tensors = LoadSafetensors(path, nullptr);
+  const HfNaming naming = model.naming();
   std::vector<std::string> kept_fresh;
   torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
+  for (auto& item : model.named_parameters()) {
     const std::string& name = item.key();
     auto it = tensors.find(name);
-    if (it == tensors.end() && name.rfind("bert.", 0) == 0) it = tensors.find(name.substr(5));
-    const bool is_head = name.rfind("classifier.", 0) == 0;
+    const std::string& prefix = naming.base_prefix;
+    if (it == tensors.end() && !prefix.empty() && name.rfind(prefix, 0) == 0)
+      it = tensors.find(name.substr(prefix.size()));
+    const bool is_head = StartsWithAny(name, naming.head_prefixes);
     if (is_head && (it == tensors.end() || it->second.sizes() != item.value().sizes())) {
       kept_fresh.push_back(name);
       continue;
@@ -85,13 +100,12 @@ std::vector<std::string> LoadHfWeights(const std::string& folder, BertForSequenc
   return kept_fresh;
 }
 
-void SaveHfModel(const std::string& folder, BertForSequenceClassification& model) {
+void SaveHfModel(const std::string& folder, ModelImpl& model) {
   std::filesystem::create_directories(folder);
   NamedTensors tensors;
-  for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
   SaveSafetensors((std::filesystem::path(folder) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  WriteFileAtomically((std::filesystem::path(folder) / "config.json").string(),
-                      model->config().ToJson().dump(2) + "\n");
+  WriteFileAtomically((std::filesystem::path(folder) / "config.json").string(), model.HfConfig().dump(2) + "\n");
 }
 
 }  // namespace trainyard

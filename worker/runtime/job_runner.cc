@@ -9,6 +9,7 @@
 #include "worker/comm/nccl_communicator.h"
 #endif
 #include "worker/jobs/benchmark.h"
+#include "worker/jobs/generate.h"
 #include "worker/jobs/inference.h"
 #include "worker/jobs/trainer.h"
 
@@ -65,6 +66,8 @@ nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
       return RunKind<BenchmarkRunner>(std::move(spec), ranks);
     case JobKind::kInference:
       return RunKind<InferenceRunner>(std::move(spec), ranks);
+    case JobKind::kGenerate:
+      return RunKind<GenerateRunner>(std::move(spec), ranks);
   }
   throw std::logic_error("unknown job kind");
 }

@@ -89,14 +89,15 @@ std::string FindExecutable(const std::string& name, const char* option) {
 
 int Main(int argc, char** argv) {
   CLI::App app{
-      "Trainyard worker: runs a finetune, benchmark or inference job described by a YAML file.\n"
+      "Trainyard worker: runs a finetune, benchmark, inference or generate job described by a YAML file.\n"
       "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
       "(data-parallel over N ranks; train.batch_size is per rank).\n"
       "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
       "and runs the jobs it assigns, each as its own mpirun (--mpirun), so a failing job ends alone;\n"
       "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
       "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
-      "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json}."};
+      "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json},\n"
+      "generate {generations.jsonl,summary.json}."};
   Options o;
   AddOptions(app, o);
   try {

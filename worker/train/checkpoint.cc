@@ -31,9 +31,9 @@ void SetCpuRngState(const torch::Tensor& state) {
 }
 
 // The default generator of the GPU the model lives on; undefined on CPU.
-at::Generator ModelCudaGenerator(BertForSequenceClassification& model) {
+at::Generator ModelCudaGenerator(torch::nn::Module& model) {
 #ifdef TRAINYARD_WITH_CUDA
-  const torch::Device device = model->parameters().front().device();
+  const torch::Device device = model.parameters().front().device();
   if (device.is_cuda()) return at::cuda::detail::getDefaultCUDAGenerator(device.index());
 #else
   (void)model;
@@ -58,9 +58,10 @@ const torch::Tensor& Expect(const TensorMap& tensors, const std::string& name, c
 
 // Throws CheckpointError unless every tensor LoadCheckpoint will restore is in the file
 // with the dtype and shape it replaces.
-void CheckTensors(const TensorMap& tensors, const CheckpointMeta& meta, BertForSequenceClassification& model,
+void CheckTensors(const TensorMap& tensors, const CheckpointMeta& meta, torch::nn::Module& model,
                   const AdamW& optimizer, const std::string& path) {
-  for (const auto& item : model->named_parameters()) Expect(tensors, "model." + item.key(), item.value(), path);
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad()) Expect(tensors, "model." + item.key(), item.value(), path);
   for (const auto& [name, t] : optimizer.StateTensors()) Expect(tensors, "optim." + name, t, path);
   const torch::Tensor cpu_now = CpuRngState();
   for (int64_t r = 0; r < meta.rng_ranks; ++r) Expect(tensors, "rng.cpu." + std::to_string(r), cpu_now, path);
@@ -75,7 +76,7 @@ void CheckTensors(const TensorMap& tensors, const CheckpointMeta& meta, BertForS
 }
 
 // Rank `rank`'s states, or rank 0's where the file has fewer ranks (Note [Resume] 3).
-void RestoreRng(const TensorMap& tensors, const CheckpointMeta& meta, BertForSequenceClassification& model, int rank,
+void RestoreRng(const TensorMap& tensors, const CheckpointMeta& meta, torch::nn::Module& model, int rank,
                 const std::string& path) {
   const std::string source = std::to_string(rank < meta.rng_ranks ? rank : 0);
   const torch::Tensor before = CpuRngState();
@@ -93,7 +94,7 @@ void RestoreRng(const TensorMap& tensors, const CheckpointMeta& meta, BertForSeq
 
 }  // namespace
 
-RngState CaptureRngState(BertForSequenceClassification& model) {
+RngState CaptureRngState(torch::nn::Module& model) {
   RngState state;
   state.cpu = CpuRngState();
   if (at::Generator gen = ModelCudaGenerator(model); gen.defined()) {
@@ -107,11 +108,12 @@ std::string CheckpointPath(const std::string& dir, int64_t global_step) {
   return StrFormat("%s/step-%09ld.safetensors", dir.c_str(), long(global_step));
 }
 
-void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model, const AdamW& optimizer,
-                    const GradScaler& scaler, const TrainProgress& progress, const std::vector<RngState>& rng_by_rank) {
+void SaveCheckpoint(const std::string& path, torch::nn::Module& model, const AdamW& optimizer, const GradScaler& scaler,
+                    const TrainProgress& progress, const std::vector<RngState>& rng_by_rank) {
   fs::create_directories(fs::path(path).parent_path());
   NamedTensors tensors;
-  for (const auto& item : model->named_parameters()) tensors.emplace_back("model." + item.key(), item.value());
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad()) tensors.emplace_back("model." + item.key(), item.value());
   for (const auto& [name, t] : optimizer.StateTensors()) tensors.emplace_back("optim." + name, t);
   const bool cuda = !rng_by_rank.empty() && rng_by_rank.front().cuda.defined();
   for (size_t r = 0; r < rng_by_rank.size(); ++r) {
@@ -128,8 +130,8 @@ void SaveCheckpoint(const std::string& path, BertForSequenceClassification& mode
   SaveSafetensors(path, tensors, CheckpointMetaStrings(meta));
 }
 
-LoadedCheckpoint LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
-                                GradScaler& scaler, int rank, int64_t steps_per_epoch) {
+LoadedCheckpoint LoadCheckpoint(const std::string& path, torch::nn::Module& model, AdamW& optimizer, GradScaler& scaler,
+                                int rank, int64_t steps_per_epoch) {
   std::map<std::string, std::string> strings;
   TensorMap tensors;
   try {
@@ -145,7 +147,8 @@ LoadedCheckpoint LoadCheckpoint(const std::string& path, BertForSequenceClassifi
   CheckTensors(tensors, meta, model, optimizer, path);
   RestoreRng(tensors, meta, model, rank, path);
   torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) item.value().copy_(tensors.at("model." + item.key()));
+  for (auto& item : model.named_parameters())
+    if (item.value().requires_grad()) item.value().copy_(tensors.at("model." + item.key()));
   TensorMap optim;
   for (auto& [name, t] : tensors)
     if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;

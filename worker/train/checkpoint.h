@@ -1,10 +1,10 @@
-// Training checkpoints: one safetensors file per checkpoint holding the model
-// ("model.*"), the AdamW moments ("optim.*") and every rank's RNG states ("rng.cpu.<r>",
-// and "rng.cuda.<r>" for the rank's GPU when the job trains on CUDA), with the loop
-// position, loss scaler and partial-epoch sums in its metadata (common/checkpoint_meta.h)
-// and a CRC32C of all tensor data (common/safetensors.h). Files are written atomically
-// (temp, fsync, rename), so a crash leaves the previous checkpoint intact; a truncated,
-// corrupted or inconsistent file fails validation and is never loaded.
+// Training checkpoints: one safetensors file per checkpoint holding the model's trained
+// parameters ("model.*": those with requires_grad, so under LoRA only the adapters and
+// saved modules; the frozen base comes from model.init again), the AdamW moments ("optim.*") and every rank's RNG
+// states ("rng.cpu.<r>", and "rng.cuda.<r>" for the rank's GPU when the job trains on CUDA), with the loop position,
+// loss scaler and partial-epoch sums in its metadata (common/checkpoint_meta.h) and a CRC32C of all tensor data
+// (common/safetensors.h). Files are written atomically (temp, fsync, rename), so a crash leaves the previous checkpoint
+// intact; a truncated, corrupted or inconsistent file fails validation and is never loaded.
 //
 // Note [Resume]
 // A job resumes (checkpoint.resume: auto or a file; a pool's later attempts always use
@@ -37,12 +37,13 @@
 //      epoch and step appears exactly once.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/checkpoint_meta.h"
-#include "worker/models/bert.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -55,14 +56,14 @@ struct RngState {
 };
 
 // This process's states: the CPU generator's and that of the GPU `model` lives on.
-RngState CaptureRngState(BertForSequenceClassification& model);
+RngState CaptureRngState(torch::nn::Module& model);
 
 std::string CheckpointPath(const std::string& dir, int64_t global_step);
 
 // Writes a checkpoint; rng_by_rank[r] is rank r's RngState (all ranks alike in which
 // states they have).
-void SaveCheckpoint(const std::string& path, BertForSequenceClassification& model, const AdamW& optimizer,
-                    const GradScaler& scaler, const TrainProgress& progress, const std::vector<RngState>& rng_by_rank);
+void SaveCheckpoint(const std::string& path, torch::nn::Module& model, const AdamW& optimizer, const GradScaler& scaler,
+                    const TrainProgress& progress, const std::vector<RngState>& rng_by_rank);
 
 // What a loaded checkpoint told about itself beyond the progress.
 struct LoadedCheckpoint {
@@ -74,8 +75,8 @@ struct LoadedCheckpoint {
 // and this rank's RNG states, so a file that fails leaves them untouched. The loop
 // position must lie inside this job's plan of `steps_per_epoch` batches. Throws
 // CheckpointError naming the file and the problem.
-LoadedCheckpoint LoadCheckpoint(const std::string& path, BertForSequenceClassification& model, AdamW& optimizer,
-                                GradScaler& scaler, int rank, int64_t steps_per_epoch);
+LoadedCheckpoint LoadCheckpoint(const std::string& path, torch::nn::Module& model, AdamW& optimizer, GradScaler& scaler,
+                                int rank, int64_t steps_per_epoch);
 
 // Checkpoints in `dir`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);

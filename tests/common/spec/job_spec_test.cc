@@ -227,6 +227,49 @@ TEST_F(JobSpecTest, EnumListsTheChoices) {
   EXPECT_EQ(error, "job.yaml:8:14: train.precision: expected one of bf16, fp16, fp32, got 'fp8'");
 }
 
+TEST_F(JobSpecTest, LoraSectionIsParsedWithPeftDefaults) {
+  JobSpec spec = Parse(Valid() + "model:\n  lora:\n    r: 4\n    target_modules: [query, value]\n    merge: true\n");
+  EXPECT_TRUE(spec.model.lora.enabled);
+  EXPECT_EQ(spec.model.lora.r, 4);
+  EXPECT_DOUBLE_EQ(spec.model.lora.alpha, 8.0);
+  EXPECT_EQ(spec.model.lora.target_modules, (std::vector<std::string>{"query", "value"}));
+  EXPECT_TRUE(spec.model.lora.merge);
+  EXPECT_TRUE(Parse(Valid() + "model:\n  lora:\n").model.lora.enabled);
+  EXPECT_FALSE(Parse(Valid()).model.lora.enabled);
+  EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {rank: 4}\n").find("model.lora"), std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {r: 0}\n").find("model.lora.r: expected an integer in [1, 65536]"),
+            std::string::npos);
+}
+
+TEST_F(JobSpecTest, CausalLmTrainsOnPlainText) {
+  std::string error = ErrorOf("task: causal_lm\n" + Valid());
+  EXPECT_NE(error.find("data.format: task: causal_lm trains on plain text"), std::string::npos) << error;
+  JobSpec spec = Parse(
+      "name: lm\ntask: causal_lm\ndata:\n  train: data/train.tsv\n  format: text\n"
+      "  tokenizer: {vocab: data/vocab.txt}\nmodel: {family: gpt2}\n");
+  EXPECT_EQ(spec.task, TaskKind::kCausalLm);
+  EXPECT_EQ(spec.data.format, DataFormat::kText);
+  EXPECT_EQ(spec.model.family, "gpt2");
+  EXPECT_NE(ErrorOf(Valid() + "model: {family: xlnet}\n").find("model.family: expected one of"), std::string::npos);
+}
+
+TEST_F(JobSpecTest, GenerateJobImpliesCausalLmAndNeedsPrompts) {
+  const std::string tokenizer = "data:\n  tokenizer: {vocab: data/vocab.txt}\n";
+  JobSpec spec = Parse("name: g\nkind: generate\n" + tokenizer +
+                       "generate: {prompts: data/train.tsv, max_new_tokens: 5, strategy: sample, stop: [x]}\n");
+  EXPECT_EQ(spec.task, TaskKind::kCausalLm);
+  EXPECT_EQ(spec.generate.max_new_tokens, 5);
+  EXPECT_TRUE(spec.generate.sample);
+  EXPECT_EQ(spec.generate.stop, std::vector<std::string>{"x"});
+  EXPECT_NE(ErrorOf("name: g\nkind: generate\n" + tokenizer).find("generate.prompts: required"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf("name: g\nkind: generate\ntask: classification\n" + tokenizer + "generate: {prompts: data/train.tsv}\n")
+          .find("task: kind: generate needs task: causal_lm"),
+      std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "generate: {prompts: data/train.tsv}\n").find("only used by kind: generate"),
+            std::string::npos);
+}
+
 TEST_F(JobSpecTest, MissingRequiredSectionIsReported) {
   std::string error = ErrorOf("name: t\n");
   EXPECT_NE(error.find("data: required"), std::string::npos) << error;

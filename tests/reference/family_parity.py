@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Model-family parity: for each family, Hugging Face saves a randomly initialised model
+(2+ layers) with save_pretrained; our logits on the same padded inputs are within 1e-4
+of HF's in fp32; and the folder we save back loads in transformers with the same logits.
+
+Cases:
+  roberta      RobertaForSequenceClassification, right padding, ids drawn around pad=1
+  distilbert   DistilBertForSequenceClassification, right padding
+  gpt2_lm      GPT2LMHeadModel, logits [B, S, V] compared at real positions
+  gpt2_cls     GPT2ForSequenceClassification with pad_token_id, right and left padding
+  gpt2_legacy  an LM checkpoint without the "transformer." prefix and with the attn.bias /
+               attn.masked_bias buffers old checkpoints carry, and one with an explicit
+               lm_head.weight: both load
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, DistilBertConfig,
+                          DistilBertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
+                          GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification)
+
+VOCAB = 300
+TOLERANCE = 1e-4
+
+
+def spread(model):
+    """HF's N(0, 0.02) init makes every logit ~0; larger weights make the check bite."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" not in name and "layer_norm" not in name and ".ln_" not in name and "ln_f" not in name:
+                p.normal_(0.0, 0.15)
+    return model.eval()
+
+
+def make(case):
+    torch.manual_seed(0)
+    if case == "roberta":
+        config = RobertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                               intermediate_size=128, max_position_embeddings=40 + 2, type_vocab_size=1,
+                               layer_norm_eps=1e-5, num_labels=5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        return spread(RobertaForSequenceClassification(config)), 1
+    if case == "distilbert":
+        config = DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=3, n_heads=4, hidden_dim=128,
+                                  max_position_embeddings=40, num_labels=5)
+        return spread(DistilBertForSequenceClassification(config)), 0
+    gpt2 = dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=40, bos_token_id=VOCAB - 1,
+                eos_token_id=VOCAB - 1)
+    if case == "gpt2_cls":
+        config = GPT2Config(**gpt2, pad_token_id=VOCAB - 1, num_labels=5)
+        return spread(GPT2ForSequenceClassification(config)), VOCAB - 1
+    return spread(GPT2LMHeadModel(GPT2Config(**gpt2))), VOCAB - 1
+
+
+def padded_inputs(pad, left=False):
+    """Rows of several lengths; real ids avoid the pad id (RoBERTa and GPT-2 find padding by id)."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [40, 7, 23, 1, 33, 12]
+    ids = torch.full((len(lengths), max(lengths)), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        real = torch.randint(3, VOCAB - 1, (n,), generator=g)
+        real[real == pad] = pad + 1
+        where = slice(ids.shape[1] - n, None) if left else slice(0, n)
+        ids[row, where] = real
+        mask[row, where] = 1
+    return ids, mask
+
+
+def our_logits(probe, folder, ids, mask, work):
+    path = os.path.join(work, "inputs.json")
+    with open(path, "w") as f:
+        json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, f)
+    out = subprocess.run([probe, "logits", folder, path], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"probe logits failed: {out.stderr.strip()}")
+    return torch.tensor(json.loads(out.stdout)["logits"])
+
+
+def hf_logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def compare(name, ours, expected, mask):
+    """Max |diff|; a causal LM's [B, S, V] logits are compared where the mask is 1."""
+    if expected.dim() == 3:
+        keep = mask.bool()
+        ours, expected = ours[keep], expected[keep]
+    diff = (ours - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    print(f"{name}: max |logit diff| = {diff:.3e} (logit scale {scale:.2f})")
+    return diff < TOLERANCE and scale > 0.5
+
+
+def reload(folder, causal):
+    cls = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+    return cls.from_pretrained(folder).eval()
+
+
+def legacy_folders(hf_dir, work):
+    """The same LM weights as old and explicit-head checkpoints write them."""
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    config = open(os.path.join(hf_dir, "config.json")).read()
+    bare = {k[len("transformer."):]: v for k, v in tensors.items()}
+    n_layer, positions = 3, 40
+    for i in range(n_layer):
+        bare[f"h.{i}.attn.bias"] = torch.tril(torch.ones(positions, positions, dtype=torch.uint8)).view(
+            1, 1, positions, positions)
+        bare[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    explicit = dict(tensors)
+    explicit["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    folders = []
+    for name, content in (("bare_with_buffers", bare), ("explicit_lm_head", explicit)):
+        folder = os.path.join(work, name)
+        os.makedirs(folder)
+        save_file(content, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            f.write(config)
+        folders.append((name, folder))
+    return folders
+
+
+def run(case, probe, work):
+    model, pad = make("gpt2_lm" if case == "gpt2_legacy" else case)
+    causal = isinstance(model, GPT2LMHeadModel)
+    hf_dir = os.path.join(work, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    ok = True
+    for left in ((False, True) if case == "gpt2_cls" else (False,)):
+        ids, mask = padded_inputs(pad, left)
+        expected = hf_logits(model, ids, mask)
+        side = "left" if left else "right"
+        if case == "gpt2_legacy":
+            for name, folder in legacy_folders(hf_dir, work):
+                ok &= compare(f"{name} -> ours", our_logits(probe, folder, ids, mask, work), expected, mask)
+            continue
+        ok &= compare(f"HF -> ours ({side} padding)", our_logits(probe, hf_dir, ids, mask, work), expected, mask)
+        resaved = os.path.join(work, f"ours_{side}")
+        subprocess.run([probe, "resave", hf_dir, resaved], check=True)
+        back = hf_logits(reload(resaved, causal), ids, mask)
+        diff_back = (back - expected).abs().max().item()
+        print(f"ours -> HF ({side} padding): max |logit diff| = {diff_back:.3e}")
+        ok &= diff_back == 0.0
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe", required=True)
+    parser.add_argument("case", choices=["roberta", "distilbert", "gpt2_lm", "gpt2_cls", "gpt2_legacy"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        ok = run(args.case, args.probe, work)
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Every model family fine-tunes through the worker on real data: langid (9 languages of
+fortunes), tiny presets, the same data, epochs and hyper-parameters. RoBERTa (byte-level
+BPE, <s> text </s>), DistilBERT (WordPiece) and the GPT-2 classifier (BPE, last token)
+reach accuracy comparable to BERT's, and transformers' Auto classes load each saved model
+as its family's class."""
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+from transformers import AutoModelForSequenceClassification
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import LANGID, subset_tsv, write  # noqa: E402
+
+BPE = os.path.join(LANGID, "bpe")
+TOKENIZERS = {
+    "bert": f"{{vocab: {LANGID}/vocab.txt}}",
+    "distilbert": f"{{vocab: {LANGID}/vocab.txt}}",
+    "roberta": f"{{kind: bpe, vocab: {BPE}/vocab.json, merges: {BPE}/merges.txt, template: roberta}}",
+    "gpt2": f"{{kind: bpe, vocab: {BPE}/vocab.json, merges: {BPE}/merges.txt, template: gpt2}}",
+}
+# Comparable: within this many accuracy points of BERT's, and well above chance (1/9).
+MARGIN, FLOOR = 0.08, 0.75
+
+
+def job(work, family, train):
+    return f"""name: {family}
+seed: 5
+data:
+  train: {train}
+  dev: {LANGID}/dev.tsv
+  labels: {LANGID}/labels.txt
+  max_seq_len: 64
+  loader_threads: 1
+  tokenizer: {TOKENIZERS[family]}
+model: {{family: {family}, preset: tiny, dropout: 0.1}}
+train: {{epochs: 2, batch_size: 32, lr: 1.0e-3}}
+runtime: {{device: cpu, threads: 2}}
+log: {{runs_dir: {os.path.join(work, "runs")}, progress: false}}
+"""
+
+
+def final_accuracy(work, family):
+    with open(os.path.join(work, "runs", family, "epochs.csv")) as f:
+        return float(list(csv.DictReader(f))[-1]["eval_acc"])
+
+
+def loads_in_transformers(work, family):
+    model = AutoModelForSequenceClassification.from_pretrained(os.path.join(work, "runs", family, "model"))
+    return type(model).__name__
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    args = parser.parse_args()
+    accuracy, classes = {}, {}
+    with tempfile.TemporaryDirectory() as work:
+        train = subset_tsv(work, 4000)
+        for family in TOKENIZERS:
+            path = os.path.join(work, f"{family}.yaml")
+            write(path, job(work, family, train))
+            run = subprocess.run([args.worker, path], capture_output=True, text=True, timeout=900)
+            if run.returncode != 0:
+                sys.exit(f"{family} failed:\n{run.stderr[-3000:]}")
+            accuracy[family] = final_accuracy(work, family)
+            classes[family] = loads_in_transformers(work, family)
+    ok = True
+    for family, acc in accuracy.items():
+        good = acc >= FLOOR and acc >= accuracy["bert"] - MARGIN
+        print(f"{'ok  ' if good else 'FAIL'} {family:10s} dev accuracy {acc:.3f} (BERT {accuracy['bert']:.3f}); "
+              f"transformers loads it as {classes[family]}")
+        ok &= good
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

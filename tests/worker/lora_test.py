@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""model.lora end to end. A BERT is fine-tuned on langid, then LoRA-tuned from it on 2
+MPI ranks with merge: true. Checked: the training checkpoint holds only the adapters and
+the classifier (the base is frozen and comes from model.init); peft's
+PeftModel.from_pretrained loads our adapter folder onto the base, and its dev accuracy
+equals the eval_acc we logged; the merged folder loads as a plain HF model with PEFT's
+logits. A target that matches no layer is exit 2 naming model.lora.target_modules."""
+import argparse
+import csv
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+try:
+    from peft import PeftModel
+except ImportError:  # machines without the venv of scripts/setup.sh (a bare GPU box)
+    print("skipped: the peft package is not installed")
+    sys.exit(77)
+from safetensors import safe_open
+from transformers import AutoModelForSequenceClassification, BertTokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import LANGID, MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kw)
+
+
+def dev_accuracy(model):
+    tokenizer = BertTokenizer(os.path.join(LANGID, "vocab.txt"), do_lower_case=True)
+    labels = open(os.path.join(LANGID, "labels.txt")).read().split()
+    with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(rows), 64):
+            chunk = rows[start:start + 64]
+            texts = [r[1].replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\") for r in chunk]
+            batch = tokenizer(texts, truncation=True, max_length=64, padding=True, return_tensors="pt")
+            predicted = model(**batch).logits.argmax(1)
+            correct += sum(int(p) == labels.index(r[0]) for p, r in zip(predicted, chunk))
+    return correct / len(rows)
+
+
+def checkpoint_tensors(run_dir):
+    newest = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))[-1]
+    with safe_open(newest, "pt") as f:
+        return [k[len("model."):] for k in f.keys() if k.startswith("model.")]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", required=True)
+    args = parser.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as work:
+        train = subset_tsv(work, 3000)
+        base_job = os.path.join(work, "base.yaml")
+        write(base_job, job_yaml("base", train, "train: {epochs: 1, batch_size: 32, lr: 1.0e-3}\n"))
+        if run([args.worker, base_job, "--runs-dir", os.path.join(work, "runs")]).returncode != 0:
+            sys.exit("the base fine-tune failed")
+        base = os.path.join(work, "runs", "base", "model")
+        lora_job = os.path.join(work, "lora.yaml")
+        write(lora_job, job_yaml("lora", train, f"""train: {{epochs: 1, batch_size: 16, lr: 5.0e-3}}
+""").replace("  preset: tiny\n", f"  init: {base}\n  lora: {{r: 8, alpha: 16, merge: true}}\n"))
+        lora = run([args.mpirun, "-n", "2", "--oversubscribe", args.worker, lora_job, "--runs-dir",
+                    os.path.join(work, "runs")], env=MPI_ENV)
+        print("\n".join(l for l in lora.stdout.splitlines() if "LoRA" in l or "trainable" in l))
+        if lora.returncode != 0:
+            sys.exit(f"the LoRA job failed:\n{lora.stderr[-3000:]}")
+        run_dir = os.path.join(work, "runs", "lora")
+        with open(os.path.join(run_dir, "epochs.csv")) as f:
+            logged = float(list(csv.DictReader(f))[-1]["eval_acc"])
+
+        saved = checkpoint_tensors(run_dir)
+        only_trained = saved and all(".lora_" in k or k.startswith("classifier.") for k in saved)
+        print(f"checkpoint: {len(saved)} model tensors, only adapters and classifier: {bool(only_trained)}")
+        ok &= bool(only_trained)
+
+        peft = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base),
+                                         os.path.join(run_dir, "adapter")).eval()
+        accuracy = dev_accuracy(peft)
+        agree = abs(accuracy - logged) < 2e-3
+        print(f"PEFT on our adapter: dev accuracy {accuracy:.4f}, our eval_acc {logged:.4f} (agree: {agree})")
+        ok &= agree
+
+        merged = AutoModelForSequenceClassification.from_pretrained(os.path.join(run_dir, "model")).eval()
+        ids = torch.randint(5, 1000, (3, 20))
+        with torch.no_grad():
+            diff = (merged(input_ids=ids).logits - peft(input_ids=ids).logits).abs().max().item()
+        print(f"merged folder vs PEFT's unmerged logits: max |diff| {diff:.2e}")
+        ok &= diff < 1e-4
+
+        bad = os.path.join(work, "bad.yaml")
+        write(bad, open(lora_job).read().replace("lora: {r: 8", "lora: {target_modules: [qkv], r: 8"))
+        failed = run([args.worker, bad, "--runs-dir", os.path.join(work, "runs")])
+        message = failed.stderr.strip().splitlines()[-1] if failed.stderr.strip() else ""
+        good = failed.returncode == 2 and "model.lora.target_modules" in message and "query" in message
+        print(f"{'ok  ' if good else 'FAIL'} unmatched target: exit {failed.returncode}: {message[:220]}")
+        ok &= good
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

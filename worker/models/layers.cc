@@ -1,0 +1,110 @@
+#include "worker/models/layers.h"
+
+#include <cmath>
+
+namespace trainyard {
+
+std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+torch::Tensor SplitHeads(const torch::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+torch::Tensor MergeHeads(const torch::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+torch::Tensor CausalKeepMask(const torch::Tensor& key_keep, int64_t queries) {
+  const int64_t keys = key_keep.size(1);
+  auto options = torch::TensorOptions().dtype(torch::kBool).device(key_keep.device());
+  torch::Tensor earlier = torch::ones({queries, keys}, options).tril(keys - queries);
+  torch::Tensor itself = earlier.logical_and(torch::ones({queries, keys}, options).triu(keys - queries));
+  return key_keep.to(torch::kBool).unsqueeze(1).unsqueeze(2).logical_and(earlier).logical_or(itself);
+}
+
+torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                                 const torch::Tensor& keep_mask, double dropout, bool causal,
+                                 std::optional<double> scale) {
+  std::optional<torch::Tensor> mask;
+  if (keep_mask.defined()) mask = keep_mask;
+  // SDPA refuses an explicit mask together with is_causal: fold causality into the mask.
+  if (mask && causal) {
+    mask = CausalKeepMask(keep_mask.squeeze(1).squeeze(1), q.size(1));
+    causal = false;
+  }
+  return MergeHeads(at::scaled_dot_product_attention(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads),
+                                                     mask, dropout, causal, scale));
+}
+
+torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask) {
+  if (!attention_mask.is_cuda() && attention_mask.all().item<bool>()) return {};
+  return attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);
+}
+
+void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out_features, int64_t r, double scaling,
+                      double dropout) {
+  a_ = layer.register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, r).bias(false)));
+  b_ = layer.register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out_features).bias(false)));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(a_->weight, std::sqrt(5.0));
+  b_->weight.zero_();
+  scaling_ = scaling, dropout_ = dropout;
+}
+
+torch::Tensor LoraSlot::Delta(const torch::Tensor& x, bool training) const {
+  const torch::Tensor input = dropout_ > 0 ? torch::dropout(x, dropout_, training) : x;
+  return torch::linear(torch::linear(input, a_->weight), b_->weight) * scaling_;
+}
+
+torch::Tensor LoraSlot::DeltaWeight() const { return torch::matmul(b_->weight, a_->weight) * scaling_; }
+
+AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias)
+    : torch::nn::LinearImpl(torch::nn::LinearOptions(in_features, out_features).bias(with_bias)) {}
+
+torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::LinearImpl::forward(x);
+  return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
+}
+
+Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::empty({in_features, out_features}).normal_(0.0, 0.02));
+  bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = weight.size(1);
+  torch::Tensor y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
+  return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
+}
+
+}  // namespace trainyard
+
+namespace trainyard {
+
+void InitHfStyle(torch::nn::Module& model, double std) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      linear->weight.normal_(0.0, std);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* conv = module->as<Conv1D>()) {
+      conv->weight.normal_(0.0, std);
+      conv->bias.zero_();
+    } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+      embedding->weight.normal_(0.0, std);
+      if (auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
+    } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
+      norm->weight.fill_(1.0);
+      norm->bias.zero_();
+    }
+  }
+}
+
+}  // namespace trainyard

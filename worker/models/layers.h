@@ -1,0 +1,95 @@
+// Building blocks the model families share: HF-named module nodes, multi-head
+// attention over SDPA, and GPT-2's Conv1D.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace trainyard {
+
+// A plain module that only exists to give its children HF's dotted names
+// ("bert.encoder.layer.0..."). Returns the node, owned by `parent`.
+std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::string& name);
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps);
+
+// [B, S, heads*D] -> [B, heads, S, D], and back.
+torch::Tensor SplitHeads(const torch::Tensor& x, int64_t heads);
+torch::Tensor MergeHeads(const torch::Tensor& x);
+
+// The [B, 1, T, L] bool mask of T queries at the end of L keys: a query keeps the keys
+// at or before its own position whose key_keep [B, L] is true, and always its own key,
+// so the row of a padding token, whose earlier keys are all padding, is not fully
+// masked (which gives NaN); real tokens keep their own key anyway.
+torch::Tensor CausalKeepMask(const torch::Tensor& key_keep, int64_t queries);
+
+// Multi-head scaled dot-product attention over projected q, k, v [B, S, heads*D].
+// keep_mask: the [B, 1, 1, Sk] bool key mask of KeyKeepMask (true where a key may be
+// attended), or undefined for "every key". causal adds the lower-triangular mask
+// (SDPA's own when keep_mask is undefined, so its fused kernels stay usable; else
+// CausalKeepMask). scale: 1/sqrt(D) when unset. Returns [B, Sq, heads*D].
+torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                                 const torch::Tensor& keep_mask, double dropout, bool causal,
+                                 std::optional<double> scale = std::nullopt);
+
+// The [B, 1, 1, S] key mask of a [B, S] attention_mask (1 = real token), or undefined
+// when nothing is padded. A batch without padding needs no mask, and without one SDPA
+// can take its fused kernels (on CPU a masked call falls back to the reference path).
+// Checked for CPU tensors only: on a GPU the check would stall the stream and break
+// graph capture, so GPU batches always get the mask.
+torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask);
+
+// What LoRA adds to a layer, as PEFT's LoraLayer does: y += B(A(dropout(x))) * scaling,
+// with A [r, in] and B [out, r] registered on the layer as the child modules "lora_A"
+// and "lora_B", so their parameters carry PEFT's names ("<layer>.lora_A.weight"). A
+// starts kaiming-uniform (a = sqrt(5)), B at zero, so an adapted layer starts equal to
+// the base one.
+class LoraSlot {
+ public:
+  bool adapted() const { return static_cast<bool>(a_); }
+  // REQUIRES: not adapted yet. `layer` is the module this slot belongs to.
+  void Attach(torch::nn::Module& layer, int64_t in_features, int64_t out_features, int64_t r, double scaling,
+              double dropout);
+  // The adapter's contribution for input x [..., in]; REQUIRES adapted().
+  torch::Tensor Delta(const torch::Tensor& x, bool training) const;
+  // scaling * B @ A, [out, in]: what merging adds to a Linear's weight.
+  torch::Tensor DeltaWeight() const;
+
+ private:
+  torch::nn::Linear a_{nullptr}, b_{nullptr};
+  double scaling_ = 0, dropout_ = 0;
+};
+
+// torch::nn::Linear that LoRA can adapt (the families use it for every projection).
+class AdaptableLinearImpl : public torch::nn::LinearImpl {
+ public:
+  AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
+  torch::Tensor forward(const torch::Tensor& x);
+  LoraSlot lora;
+};
+TORCH_MODULE(AdaptableLinear);
+
+// GPT-2's Conv1D: a Linear whose weight is stored transposed, [in, out], as HF stores it,
+// so checkpoints round-trip without copies. forward(x) = x @ weight + bias (+ LoRA).
+class Conv1DImpl : public torch::nn::Module {
+ public:
+  Conv1DImpl(int64_t in_features, int64_t out_features);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  LoraSlot lora;
+};
+TORCH_MODULE(Conv1D);
+
+}  // namespace trainyard
+
+namespace trainyard {
+
+// HF's _init_weights for the modules we use: Linear, Conv1D and Embedding weights from
+// N(0, std), zero biases, unit LayerNorms, an Embedding's padding_idx row zero.
+// The model itself is not visited (it may be under construction), only its descendants.
+void InitHfStyle(torch::nn::Module& model, double std);
+
+}  // namespace trainyard
