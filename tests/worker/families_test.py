@@ -24,7 +24,9 @@ TOKENIZERS = {
     "gpt2": f"{{kind: bpe, vocab: {BPE}/vocab.json, merges: {BPE}/merges.txt, template: gpt2}}",
 }
 # Comparable: within this many accuracy points of BERT's, and well above chance (1/9).
-MARGIN, FLOOR = 0.08, 0.75
+# The margin allows for run-to-run spread: the prepared vocabularies are retrained on a
+# fresh machine, and a tiny model's accuracy after a few epochs moves with them.
+MARGIN, FLOOR = 0.06, 0.85
 
 
 def job(work, family, train):
@@ -38,15 +40,15 @@ data:
   loader_threads: 1
   tokenizer: {TOKENIZERS[family]}
 model: {{family: {family}, preset: tiny, dropout: 0.1}}
-train: {{epochs: 2, batch_size: 32, lr: 1.0e-3}}
+train: {{epochs: 3, batch_size: 32, lr: 1.0e-3}}
 runtime: {{device: cpu, threads: 2}}
 log: {{runs_dir: {os.path.join(work, "runs")}, progress: false}}
 """
 
 
-def final_accuracy(work, family):
+def accuracies(work, family):
     with open(os.path.join(work, "runs", family, "epochs.csv")) as f:
-        return float(list(csv.DictReader(f))[-1]["eval_acc"])
+        return [float(row["eval_acc"]) for row in csv.DictReader(f)]
 
 
 def loads_in_transformers(work, family):
@@ -58,7 +60,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     args = parser.parse_args()
-    accuracy, classes = {}, {}
+    accuracy, classes, curve = {}, {}, {}
     with tempfile.TemporaryDirectory() as work:
         train = subset_tsv(work, 4000)
         for family in TOKENIZERS:
@@ -67,13 +69,14 @@ def main():
             run = subprocess.run([args.worker, path], capture_output=True, text=True, timeout=900)
             if run.returncode != 0:
                 sys.exit(f"{family} failed:\n{run.stderr[-3000:]}")
-            accuracy[family] = final_accuracy(work, family)
+            curve[family] = accuracies(work, family)
+            accuracy[family] = curve[family][-1]
             classes[family] = loads_in_transformers(work, family)
     ok = True
     for family, acc in accuracy.items():
         good = acc >= FLOOR and acc >= accuracy["bert"] - MARGIN
         print(f"{'ok  ' if good else 'FAIL'} {family:10s} dev accuracy {acc:.3f} (BERT {accuracy['bert']:.3f}); "
-              f"transformers loads it as {classes[family]}")
+              f"by epoch {curve[family]}; transformers loads it as {classes[family]}")
         ok &= good
     if not ok:
         sys.exit(1)

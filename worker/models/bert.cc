@@ -133,12 +133,8 @@ int64_t BertEncoderImpl::max_sequence() const {
 }
 
 torch::Tensor BertEncoderImpl::PositionIdsOf(const torch::Tensor& input_ids) const {
-  const int64_t seq = input_ids.size(1);
-  if (seq > max_sequence())
-    throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds the model's " +
-                                std::to_string(max_sequence()) + " positions");
-  if (positions_ == PositionIds::kFromZero)
-    return torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
+  torch::Tensor from_zero = PositionsFromZero(input_ids, max_sequence());  // also checks the length
+  if (positions_ == PositionIds::kFromZero) return from_zero;
   // HF's create_position_ids_from_input_ids: from the ids, not the attention mask.
   torch::Tensor real = input_ids.ne(config_.pad_token_id).to(torch::kLong);
   return real.cumsum(1) * real + config_.pad_token_id;

@@ -124,12 +124,7 @@ nlohmann::json DistilBertForSequenceClassificationImpl::HfConfig() const { retur
 
 torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                                const torch::Tensor& attention_mask) {
-  const int64_t seq = input_ids.size(1);
-  if (seq > config_.max_position_embeddings)
-    throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds the model's " +
-                                std::to_string(config_.max_position_embeddings) + " positions");
-  torch::Tensor positions =
-      torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
+  torch::Tensor positions = PositionsFromZero(input_ids, config_.max_position_embeddings);
   torch::Tensor hidden = dropout_(embedding_norm_(word_embeddings_(input_ids) + position_embeddings_(positions)));
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
   for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask);

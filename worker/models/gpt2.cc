@@ -128,12 +128,7 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : config_(c) {
 }
 
 torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  const int64_t seq = input_ids.size(1);
-  if (seq > config_.n_positions)
-    throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds the model's " +
-                                std::to_string(config_.n_positions) + " positions");
-  torch::Tensor positions =
-      torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
+  torch::Tensor positions = PositionsFromZero(input_ids, config_.n_positions);
   torch::Tensor hidden = drop_(wte_(input_ids) + wpe_(positions));
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
   for (auto& block : blocks_) hidden = block->forward(hidden, keep_mask);

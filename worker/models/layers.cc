@@ -1,6 +1,8 @@
 #include "worker/models/layers.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace trainyard {
 
@@ -10,6 +12,14 @@ std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::st
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions) {
+  const int64_t seq = input_ids.size(1);
+  if (seq > positions)
+    throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds the model's " +
+                                std::to_string(positions) + " positions");
+  return torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
 }
 
 torch::Tensor SplitHeads(const torch::Tensor& x, int64_t heads) {

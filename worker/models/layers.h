@@ -16,6 +16,10 @@ std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::st
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps);
 
+// Position ids 0..S-1 ([1, S]) for input_ids [B, S]. Throws std::invalid_argument when S
+// exceeds the model's `positions`.
+torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions);
+
 // [B, S, heads*D] -> [B, heads, S, D], and back.
 torch::Tensor SplitHeads(const torch::Tensor& x, int64_t heads);
 torch::Tensor MergeHeads(const torch::Tensor& x);
