@@ -96,7 +96,7 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c)
   auto output = Node(*this, "output");
   output_ = output->register_module("dense", AdaptableLinear(c.intermediate_size, h));
   output_norm_ = output->register_module("LayerNorm", MakeLayerNorm(h, c.layer_norm_eps));
-  dropout_ = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
+  dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
 }
 
 torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask) {
@@ -124,7 +124,7 @@ BertEncoderImpl::BertEncoderImpl(const BertConfig& c, PositionIds positions, boo
     layers_.push_back(layer_list->register_module(std::to_string(i), BertLayer(c)));
   if (with_pooler)
     pooler_ = Node(*this, "pooler")->register_module("dense", AdaptableLinear(c.hidden_size, c.hidden_size));
-  dropout_ = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
+  dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
 }
 
 int64_t BertEncoderImpl::max_sequence() const {
@@ -155,7 +155,7 @@ BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig 
   const BertConfig& c = config_;
   bert_ = register_module("bert", BertEncoder(c, PositionIds::kFromZero, /*with_pooler=*/true));
   classifier_ = register_module("classifier", AdaptableLinear(c.hidden_size, c.num_labels()));
-  dropout_ = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
+  dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
   info_ = {ModelFamily::kBert, ModelTask::kSequenceClassification,
            c.vocab_size,       bert_->max_sequence(),
            c.pad_token_id,     c.labels};

@@ -58,7 +58,7 @@ class BertLayerImpl : public torch::nn::Module {
   AdaptableLinear query_{nullptr}, key_{nullptr}, value_{nullptr}, attention_out_{nullptr};
   AdaptableLinear intermediate_{nullptr}, output_{nullptr};
   torch::nn::LayerNorm attention_norm_{nullptr}, output_norm_{nullptr};
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(BertLayer);
 
@@ -87,7 +87,7 @@ class BertEncoderImpl : public torch::nn::Module {
   torch::nn::LayerNorm embedding_norm_{nullptr};
   std::vector<BertLayer> layers_;
   AdaptableLinear pooler_{nullptr};
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(BertEncoder);
 
@@ -107,7 +107,7 @@ class BertForSequenceClassificationImpl : public ModelImpl {
   ModelInfo info_;
   BertEncoder bert_{nullptr};
   AdaptableLinear classifier_{nullptr};
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(BertForSequenceClassification);
 

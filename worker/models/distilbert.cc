@@ -79,7 +79,7 @@ DistilBertLayerImpl::DistilBertLayerImpl(const DistilBertConfig& c)
   lin1_ = ffn->register_module("lin1", AdaptableLinear(c.dim, c.hidden_dim));
   lin2_ = ffn->register_module("lin2", AdaptableLinear(c.hidden_dim, c.dim));
   output_layer_norm_ = register_module("output_layer_norm", MakeLayerNorm(c.dim, kLayerNormEps));
-  dropout_ = register_module("dropout", torch::nn::Dropout(c.dropout));
+  dropout_ = register_module("dropout", Dropout(c.dropout));
 }
 
 // HF's TransformerBlock: no dropout on out_lin's output, dropout after the FFN.
@@ -107,8 +107,8 @@ DistilBertForSequenceClassificationImpl::DistilBertForSequenceClassificationImpl
     layers_.push_back(layer_list->register_module(std::to_string(i), DistilBertLayer(c)));
   pre_classifier_ = register_module("pre_classifier", AdaptableLinear(c.dim, c.dim));
   classifier_ = register_module("classifier", AdaptableLinear(c.dim, int64_t(c.labels.size())));
-  dropout_ = register_module("dropout", torch::nn::Dropout(c.dropout));
-  classifier_dropout_ = register_module("classifier_dropout", torch::nn::Dropout(c.seq_classif_dropout));
+  dropout_ = register_module("dropout", Dropout(c.dropout));
+  classifier_dropout_ = register_module("classifier_dropout", Dropout(c.seq_classif_dropout));
   info_ = {ModelFamily::kDistilBert,
            ModelTask::kSequenceClassification,
            c.vocab_size,

@@ -46,7 +46,7 @@ class DistilBertLayerImpl : public torch::nn::Module {
   AdaptableLinear q_lin_{nullptr}, k_lin_{nullptr}, v_lin_{nullptr}, out_lin_{nullptr};
   AdaptableLinear lin1_{nullptr}, lin2_{nullptr};
   torch::nn::LayerNorm sa_layer_norm_{nullptr}, output_layer_norm_{nullptr};
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(DistilBertLayer);
 
@@ -66,7 +66,7 @@ class DistilBertForSequenceClassificationImpl : public ModelImpl {
   torch::nn::LayerNorm embedding_norm_{nullptr};
   std::vector<DistilBertLayer> layers_;
   AdaptableLinear pre_classifier_{nullptr}, classifier_{nullptr};
-  torch::nn::Dropout dropout_{nullptr}, classifier_dropout_{nullptr};
+  Dropout dropout_{nullptr}, classifier_dropout_{nullptr};
 };
 TORCH_MODULE(DistilBertForSequenceClassification);
 

@@ -92,7 +92,7 @@ Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c, int64_t layer_index)
   auto mlp = Node(*this, "mlp");
   c_fc_ = mlp->register_module("c_fc", Conv1D(e, c.inner()));
   mlp_proj_ = mlp->register_module("c_proj", Conv1D(c.inner(), e));
-  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(c.resid_pdrop));
+  resid_dropout_ = register_module("resid_dropout", Dropout(c.resid_pdrop));
 }
 
 torch::Tensor Gpt2BlockImpl::Mlp(const torch::Tensor& x) {
@@ -108,12 +108,14 @@ torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& hidden, const torch::T
   return x + resid_dropout_(Mlp(ln_2_(x)));
 }
 
-torch::Tensor Gpt2BlockImpl::Step(const torch::Tensor& hidden, const torch::Tensor& mask, KvCache& cache,
+torch::Tensor Gpt2BlockImpl::Step(const torch::Tensor& hidden, const torch::Tensor& mask, bool causal, KvCache& cache,
                                   int64_t layer) {
   std::vector<torch::Tensor> qkv = c_attn_(ln_1_(hidden)).chunk(3, /*dim=*/2);
   auto [keys, values] = cache.Append(layer, SplitHeads(qkv[1], heads_), SplitHeads(qkv[2], heads_));
+  std::optional<torch::Tensor> keep;
+  if (mask.defined()) keep = mask;
   torch::Tensor context =
-      MergeHeads(at::scaled_dot_product_attention(SplitHeads(qkv[0], heads_), keys, values, mask, 0.0, false, scale_));
+      MergeHeads(at::scaled_dot_product_attention(SplitHeads(qkv[0], heads_), keys, values, keep, 0.0, causal, scale_));
   torch::Tensor x = hidden + resid_dropout_(attn_proj_(context));
   return x + resid_dropout_(Mlp(ln_2_(x)));
 }
@@ -121,7 +123,7 @@ torch::Tensor Gpt2BlockImpl::Step(const torch::Tensor& hidden, const torch::Tens
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : config_(c) {
   wte_ = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
   wpe_ = register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
-  drop_ = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
+  drop_ = register_module("drop", Dropout(c.embd_pdrop));
   auto h = Node(*this, "h");
   for (int64_t i = 0; i < c.n_layer; ++i) blocks_.push_back(h->register_module(std::to_string(i), Gpt2Block(c, i)));
   ln_f_ = register_module("ln_f", MakeLayerNorm(c.n_embd, c.layer_norm_epsilon));
@@ -142,8 +144,15 @@ torch::Tensor Gpt2ModelImpl::Step(const torch::Tensor& ids, const torch::Tensor&
     throw std::invalid_argument(std::to_string(end) + " tokens exceed the model's " +
                                 std::to_string(config_.n_positions) + " positions");
   torch::Tensor hidden = drop_(wte_(ids) + wpe_(positions));
-  const torch::Tensor mask = CausalKeepMask(key_keep, ids.size(1));
-  for (size_t i = 0; i < blocks_.size(); ++i) hidden = blocks_[i]->Step(hidden, mask, cache, int64_t(i));
+  // Without padding no mask is needed: a single new position may attend every cached
+  // key, and a prefill into an empty cache is plain causal attention, which SDPA runs
+  // in its fused kernels (an explicit mask sends CPU SDPA down its reference path).
+  // Checked on the CPU only: on a GPU the check would stall the stream.
+  const bool no_padding = !key_keep.is_cuda() && key_keep.all().item<bool>();
+  const bool maskless = no_padding && (ids.size(1) == 1 || cache.length() == 0);
+  const torch::Tensor mask = maskless ? torch::Tensor() : CausalKeepMask(key_keep, ids.size(1));
+  const bool causal = maskless && ids.size(1) > 1;
+  for (size_t i = 0; i < blocks_.size(); ++i) hidden = blocks_[i]->Step(hidden, mask, causal, cache, int64_t(i));
   cache.Advance(ids.size(1));
   return ln_f_(hidden);
 }

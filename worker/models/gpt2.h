@@ -48,8 +48,11 @@ class Gpt2BlockImpl : public torch::nn::Module {
   // hidden [B, S, E]; keep_mask [B, 1, 1, S] bool over keys or undefined; causal always.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
   // Decoding: hidden [B, T, E] of the new positions; mask [B, 1, T, cache.length() + T]
-  // (CausalKeepMask). Appends this layer's keys and values to `cache` as `layer`.
-  torch::Tensor Step(const torch::Tensor& hidden, const torch::Tensor& mask, KvCache& cache, int64_t layer);
+  // (CausalKeepMask), or undefined with `causal` (SDPA's own causal mask, REQUIRES an
+  // empty cache) or without (every key kept). Appends this layer's keys and values to
+  // `cache` as `layer`.
+  torch::Tensor Step(const torch::Tensor& hidden, const torch::Tensor& mask, bool causal, KvCache& cache,
+                     int64_t layer);
 
  private:
   torch::Tensor Mlp(const torch::Tensor& x);
@@ -59,7 +62,7 @@ class Gpt2BlockImpl : public torch::nn::Module {
   bool exact_gelu_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   Conv1D c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
-  torch::nn::Dropout resid_dropout_{nullptr};
+  Dropout resid_dropout_{nullptr};
 };
 TORCH_MODULE(Gpt2Block);
 
@@ -78,7 +81,7 @@ class Gpt2ModelImpl : public torch::nn::Module {
  private:
   Gpt2Config config_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
-  torch::nn::Dropout drop_{nullptr};
+  Dropout drop_{nullptr};
   std::vector<Gpt2Block> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
 };

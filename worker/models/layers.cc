@@ -1,6 +1,11 @@
 #include "worker/models/layers.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
 #include <cmath>
+#include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +17,38 @@ std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::st
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+namespace {
+
+uint64_t DrawSeed() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
+}
+
+// splitmix64's finaliser: a well-mixed 64-bit value for each (seed, index).
+inline uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training) {
+  if (!training || p <= 0.0) return x;
+  if (x.is_cuda() || x.scalar_type() != torch::kFloat || p >= 1.0) return torch::dropout(x, p, training);
+  const uint64_t seed = DrawSeed();
+  torch::Tensor mask = torch::empty(x.sizes(), x.options().requires_grad(false));
+  float* out = mask.data_ptr<float>();
+  const auto threshold = static_cast<uint32_t>(p * 4294967296.0);
+  const auto keep = static_cast<float>(1.0 / (1.0 - p));
+  at::parallel_for(0, mask.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      out[i] = static_cast<uint32_t>(Mix(seed + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 32) >= threshold ? keep : 0.0f;
+  });
+  return x * mask;
 }
 
 torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions) {
@@ -38,6 +75,26 @@ torch::Tensor CausalKeepMask(const torch::Tensor& key_keep, int64_t queries) {
   return key_keep.to(torch::kBool).unsqueeze(1).unsqueeze(2).logical_and(earlier).logical_or(itself);
 }
 
+namespace {
+
+// Attention with dropout on the probabilities through ApplyDropout() (SDPA would draw its
+// dropout mask with bernoulli_, see ApplyDropout()): what SDPA's math path computes.
+torch::Tensor AttendWithDropout(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const std::optional<torch::Tensor>& keep, bool causal, std::optional<double> scale,
+                                double dropout) {
+  const double factor = scale ? *scale : 1.0 / std::sqrt(double(q.size(-1)));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * factor;
+  const float lowest = -std::numeric_limits<float>::infinity();
+  if (keep) scores = scores.masked_fill(keep->logical_not(), lowest);
+  if (causal) {
+    auto options = torch::TensorOptions().dtype(torch::kBool).device(q.device());
+    scores = scores.masked_fill(torch::ones({q.size(2), k.size(2)}, options).triu(1), lowest);
+  }
+  return torch::matmul(ApplyDropout(scores.softmax(-1), dropout, true), v);
+}
+
+}  // namespace
+
 torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                                  const torch::Tensor& keep_mask, double dropout, bool causal,
                                  std::optional<double> scale) {
@@ -48,6 +105,9 @@ torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k,
     mask = CausalKeepMask(keep_mask.squeeze(1).squeeze(1), q.size(1));
     causal = false;
   }
+  if (dropout > 0 && !q.is_cuda() && q.scalar_type() == torch::kFloat)
+    return MergeHeads(AttendWithDropout(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads), mask, causal,
+                                        scale, dropout));
   return MergeHeads(at::scaled_dot_product_attention(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads),
                                                      mask, dropout, causal, scale));
 }
@@ -68,7 +128,7 @@ void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out
 }
 
 torch::Tensor LoraSlot::Delta(const torch::Tensor& x, bool training) const {
-  const torch::Tensor input = dropout_ > 0 ? torch::dropout(x, dropout_, training) : x;
+  const torch::Tensor input = ApplyDropout(x, dropout_, training);
   return torch::linear(torch::linear(input, a_->weight), b_->weight) * scaling_;
 }
 

@@ -16,6 +16,26 @@ std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::st
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps);
 
+// Inverted dropout (kept values scaled by 1 / (1 - p)). On the CPU, for fp32, the mask
+// comes from a counter-based hash (splitmix64 of seed + index) filled by every intra-op
+// thread: ATen's bernoulli_ draws it serially from one generator and took ~40% of a
+// BERT forward pass here (scripts/bench/lora_step_vs_peft.sh, torch.profiler on HF's
+// side too). The seed is one draw from the default CPU generator, so a seed gives the
+// same masks whatever the thread count, and checkpoints (which save that generator)
+// resume the same stream. Elsewhere (CUDA, bf16) it is torch::dropout.
+torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training);
+
+// torch::nn::Dropout with ApplyDropout() above.
+class DropoutImpl : public torch::nn::Module {
+ public:
+  explicit DropoutImpl(double p) : p_(p) {}
+  torch::Tensor forward(const torch::Tensor& x) { return ApplyDropout(x, p_, is_training()); }
+
+ private:
+  double p_;
+};
+TORCH_MODULE(Dropout);
+
 // Position ids 0..S-1 ([1, S]) for input_ids [B, S]. Throws std::invalid_argument when S
 // exceeds the model's `positions`.
 torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions);

@@ -29,7 +29,7 @@ class RobertaForSequenceClassificationImpl : public ModelImpl {
   ModelInfo info_;
   BertEncoder roberta_{nullptr};
   AdaptableLinear dense_{nullptr}, out_proj_{nullptr};
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(RobertaForSequenceClassification);
 

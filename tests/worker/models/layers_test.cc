@@ -1,0 +1,56 @@
+#include "worker/models/layers.h"
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace trainyard {
+namespace {
+
+TEST(ApplyDropout, KeepsOneMinusPScaledAndIsIdentityWhenOff) {
+  torch::manual_seed(1);
+  torch::Tensor x = torch::ones({1000, 1000});
+  torch::Tensor y = ApplyDropout(x, 0.25, /*training=*/true);
+  const double kept = y.ne(0).to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(kept, 0.75, 0.002);
+  EXPECT_TRUE(y.masked_select(y.ne(0)).allclose(torch::full({1}, 1.0 / 0.75)));
+  EXPECT_TRUE(ApplyDropout(x, 0.25, /*training=*/false).equal(x));
+  EXPECT_TRUE(ApplyDropout(x, 0.0, /*training=*/true).equal(x));
+}
+
+TEST(ApplyDropout, MasksFollowTheGeneratorNotTheThreadCount) {
+  torch::Tensor x = torch::ones({300, 777});
+  const int threads = at::get_num_threads();
+  torch::manual_seed(7);
+  torch::Tensor first = ApplyDropout(x, 0.1, true), second = ApplyDropout(x, 0.1, true);
+  at::set_num_threads(1);
+  torch::manual_seed(7);
+  torch::Tensor one_thread = ApplyDropout(x, 0.1, true);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(first.equal(one_thread));
+  EXPECT_FALSE(first.equal(second));  // each call draws a new seed
+}
+
+TEST(ApplyDropout, GradientIsTheMask) {
+  torch::manual_seed(3);
+  torch::Tensor x = torch::randn({64, 64}, torch::requires_grad());
+  torch::Tensor y = ApplyDropout(x, 0.5, true);
+  y.sum().backward();
+  EXPECT_TRUE(x.grad().equal(y.detach() / x.detach()));
+}
+
+TEST(MultiHeadAttention, DropoutPathEqualsSdpaWhenNothingIsDropped) {
+  // With p tiny the manual path keeps (almost surely) every probability, so it must
+  // equal SDPA's result up to rounding, masks and causality included.
+  torch::manual_seed(5);
+  torch::Tensor q = torch::randn({2, 6, 16}), k = torch::randn({2, 6, 16}), v = torch::randn({2, 6, 16});
+  torch::Tensor keep = torch::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, torch::kBool).view({2, 1, 1, 6});
+  for (bool causal : {false, true}) {
+    torch::Tensor reference = MultiHeadAttention(q, k, v, 4, keep, 0.0, causal);
+    torch::Tensor manual = MultiHeadAttention(q, k, v, 4, keep, 1e-12, causal) * (1.0 - 1e-12);
+    EXPECT_TRUE(manual.allclose(reference, 1e-5, 1e-6)) << "causal " << causal;
+  }
+}
+
+}  // namespace
+}  // namespace trainyard
