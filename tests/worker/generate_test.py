@@ -2,7 +2,7 @@
 """kind: generate end to end: the worker continues real fortunes prompts with a GPT-2 that
 Hugging Face saved, through our byte-level BPE and KV cache, and its tokens and text
 equal HF's GPT2TokenizerFast + generate(do_sample=False) on the same prompts, with left
-padding across batches. Bad input exits 2 with the file, line and field at fault."""
+padding across batches; the same job runs under bf16. Bad input exits 2 with the file, line and field at fault."""
 import argparse
 import json
 import os
@@ -109,6 +109,22 @@ def check_generations(worker, work, model, tokenizer, eos, model_dir):
     return ok and bool(summary)
 
 
+def check_bf16(worker, work, model_dir, vocab_size):
+    """Under bf16 autocast (the KV cache in bf16) every prompt still gets its tokens."""
+    path = os.path.join(work, "gen_bf16.yaml")
+    write(path, job(work, model_dir, os.path.join(work, "prompts.txt")).replace("name: gen\n", "name: gen_bf16\n")
+          .replace("runtime:", "train:\n  precision: bf16\nruntime:"))
+    run = run_worker(worker, path)
+    rows = []
+    if run.returncode == 0:
+        with open(os.path.join(work, "runs", "gen_bf16", "generations.jsonl"), encoding="utf-8") as f:
+            rows = [json.loads(l) for l in f]
+    good = len(rows) == len(prompts()) and all(r["tokens"] and all(0 <= t < vocab_size for t in r["tokens"]) for r in rows)
+    print(f"{'ok  ' if good else 'FAIL'} bf16: {len(rows)} prompts continued, e.g. {rows[0]['completion'][:40]!r}"
+          if rows else f"FAIL bf16: exit {run.returncode}: {run.stderr[-500:]}")
+    return good
+
+
 def check_bad_input(worker, work, model_dir):
     ok = True
     long_prompt = os.path.join(work, "long.txt")
@@ -151,6 +167,7 @@ def main():
         model_dir = os.path.join(work, "gpt2")
         model, eos = make_model(model_dir, tokenizer)
         ok = check_generations(args.worker, work, model, tokenizer, eos, model_dir)
+        ok &= check_bf16(args.worker, work, model_dir, len(tokenizer))
         ok &= check_bad_input(args.worker, work, model_dir)
     if not ok:
         sys.exit(1)

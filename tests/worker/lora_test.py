@@ -4,7 +4,7 @@ MPI ranks with merge: true. Checked: the training checkpoint holds only the adap
 the classifier (the base is frozen and comes from model.init); peft's
 PeftModel.from_pretrained loads our adapter folder onto the base, and its dev accuracy
 equals the eval_acc we logged; the merged folder loads as a plain HF model with PEFT's
-logits. A target that matches no layer is exit 2 naming model.lora.target_modules."""
+logits; the same job trains under bf16. A target that matches no layer is exit 2 naming model.lora.target_modules."""
 import argparse
 import csv
 import glob
@@ -95,6 +95,21 @@ def main():
             diff = (merged(input_ids=ids).logits - peft(input_ids=ids).logits).abs().max().item()
         print(f"merged folder vs PEFT's unmerged logits: max |diff| {diff:.2e}")
         ok &= diff < 1e-4
+
+        bf16 = os.path.join(work, "bf16.yaml")
+        write(bf16, open(lora_job).read().replace("name: lora", "name: lora_bf16").replace(
+            "train: {epochs: 1,", "train: {precision: bf16, epochs: 1,"))
+        bf16_run = run([args.worker, bf16, "--runs-dir", os.path.join(work, "runs")])
+        bf16_ok = bf16_run.returncode == 0
+        if bf16_ok:
+            with open(os.path.join(work, "runs", "lora_bf16", "epochs.csv")) as f:
+                row = list(csv.DictReader(f))[-1]
+            bf16_ok = float(row["eval_acc"]) > 0.5 and os.path.exists(
+                os.path.join(work, "runs", "lora_bf16", "adapter", "adapter_model.safetensors"))
+            print(f"bf16 LoRA run: dev accuracy {float(row['eval_acc']):.4f}, adapter written: {bf16_ok}")
+        else:
+            print(f"bf16 LoRA run failed: {bf16_run.stderr[-1500:]}")
+        ok &= bf16_ok
 
         bad = os.path.join(work, "bad.yaml")
         write(bad, open(lora_job).read().replace("lora: {r: 8", "lora: {target_modules: [qkv], r: 8"))
