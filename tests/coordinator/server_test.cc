@@ -439,13 +439,17 @@ TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
 // Without CURVE, or with a key that is not on an allowlist, a peer never gets a frame
 // through: no reply, and nothing is stored.
 TEST_F(ServerTest, UnauthenticatedPeersAreRefusedDuringTheHandshake) {
+  // A refused handshake drops the connection, and a DEALER with no connection blocks in
+  // send: the send timeout lets Send() give up instead (it hung under ASan's timing).
   zmq::socket_t plain(context_, zmq::socket_type::dealer);
   plain.set(zmq::sockopt::linger, 0);
   plain.set(zmq::sockopt::rcvtimeo, 1000);
+  plain.set(zmq::sockopt::sndtimeo, 1000);
   plain.connect(endpoint_);
   zmq::socket_t stranger(context_, zmq::socket_type::dealer);
   stranger.set(zmq::sockopt::linger, 0);
   stranger.set(zmq::sockopt::rcvtimeo, 1000);
+  stranger.set(zmq::sockopt::sndtimeo, 1000);
   PeerKeys unknown = client_keys_;
   unknown.own = NewCurveKeyPair();
   MakeCurveClient(stranger, unknown);
