@@ -60,7 +60,6 @@ class NextLogits {
   NextLogits(CausalLmImpl& model, const PaddedPrompts& prompts, int64_t capacity, const GenerationOptions& options,
              torch::ScalarType cache_dtype)
       : model_(model),
-        options_(options),
         cache_dtype_(cache_dtype),
         capacity_(capacity),
         ids_(prompts.ids),
@@ -88,7 +87,6 @@ class NextLogits {
   }
 
   CausalLmImpl& model_;
-  const GenerationOptions& options_;
   torch::ScalarType cache_dtype_;
   int64_t capacity_;
   torch::Tensor ids_, keep_, positions_;
