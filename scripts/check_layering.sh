@@ -5,8 +5,10 @@
 #     itself and the layers beneath it (coordinator/, common/ and data/ never include
 #     worker/; worker/models/ never includes worker/jobs/; ...);
 #   - libtorch (<torch/...>, <ATen/...>, <c10/...>) only in the torch folders of worker/;
-#   - protobuf and ZeroMQ only in proto/, coordinator/, worker/pool/ and their tests (libtorch and
-#     Debian's libsentencepiece carry protobuf runtimes of their own);
+#   - protobuf and gRPC only in proto/, coordinator/, worker/pool/, worker/serve/ and their tests
+#     (libtorch and Debian's libsentencepiece carry protobuf runtimes of their own); ZeroMQ
+#     there too, and in worker/jobs/ (the serve job's model process speaks the serving link,
+#     which carries no protobuf);
 #   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt}).
 # Tests may use any layer; torch-free test folders follow the torch rule too.
 #   scripts/check_layering.sh [--root DIR]     exit 0 clean, 1 with one line per violation
@@ -24,6 +26,7 @@ declare -A MAY_USE=(
   [coordinator/]="coordinator/ proto/ common/"
   [worker/report/]="worker/report/ common/"
   [worker/pool/]="worker/pool/ worker/report/ proto/ common/"
+  [worker/serve/]="worker/serve/ data/ common/"
   [worker/models/]="worker/models/ common/"
   [worker/comm/]="worker/comm/ common/"
   [worker/train/]="worker/train/ worker/models/ data/ common/"
@@ -32,7 +35,8 @@ declare -A MAY_USE=(
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
 TORCH_FOLDERS="worker/models/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
-WIRE_FOLDERS="proto/ coordinator/ worker/pool/ tests/coordinator/ tests/fuzz/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ tests/coordinator/ tests/fuzz/ tests/serve/"
+ZMQ_FOLDERS="$WIRE_FOLDERS worker/jobs/"
 
 folder_of() {  # the MAY_USE key that is the longest prefix of $1
   local file=$1 best="" key
@@ -62,8 +66,11 @@ check_file() {  # prints one line per violation in $1 (relative to the root)
     if [[ $target =~ ^(torch|ATen|c10|caffe2)/ ]] && ! in_any "$file" "$TORCH_FOLDERS"; then
       echo "$file:$n: includes libtorch ($target) outside the torch folders: $TORCH_FOLDERS"
     fi
-    if [[ $target =~ ^(google/protobuf/|zmq|trainyard\.pb\.h) ]] && ! in_any "$file" "$WIRE_FOLDERS"; then
+    if [[ $target =~ ^(google/protobuf/|grpcpp/|[a-z_]+\.pb\.h|[a-z_]+\.grpc\.pb\.h) ]] && ! in_any "$file" "$WIRE_FOLDERS"; then
       echo "$file:$n: includes the wire ($target) outside $WIRE_FOLDERS"
+    fi
+    if [[ $target =~ ^zmq ]] && ! in_any "$file" "$ZMQ_FOLDERS"; then
+      echo "$file:$n: includes ZeroMQ ($target) outside $ZMQ_FOLDERS"
     fi
     if [[ $target =~ ^(spdlog|fmt)/ ]] && in_any "$file" "$TORCH_FOLDERS"; then
       echo "$file:$n: includes $target in a torch folder (libtorch bundles its own {fmt}); use common/log.h"

@@ -2,11 +2,13 @@
 # Installs everything Trainyard needs on a Debian 12 machine. Idempotent: a second
 # run only checks and returns in seconds.
 #   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
-#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, clang-format and
+#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, gRPC and Boost
+#     (Beast: serving's HTTP), clang-format and
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), and the
 #     fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
-#     build links), Hugging Face transformers and peft (the independent references in tests).
+#     build links), Hugging Face transformers and peft (the independent references in tests),
+#     and the serving tests' independent clients: tritonclient and prometheus_client.
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
 # so fresh clones reuse the several-GB torch install.
 set -euo pipefail
@@ -14,6 +16,8 @@ set -euo pipefail
 TORCH_VERSION="${TRAINYARD_TORCH_VERSION:-2.11.0}"
 TRANSFORMERS_VERSION="4.57.6"
 PEFT_VERSION="0.21.2"  # the LoRA reference in tests; pulls in accelerate
+TRITONCLIENT_VERSION="2.73.0"  # serving tests: an independent KServe V2 client (HTTP and gRPC)
+PROMETHEUS_CLIENT_VERSION="0.26.0"  # serving tests: parses /metrics
 VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
 
 APT_PACKAGES=(
@@ -28,6 +32,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   libcli11-dev libicu-dev
+  libgrpc++-dev protobuf-compiler-grpc libboost-dev
   clang-format clang-tidy
   clang libclang-rt-dev
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
@@ -66,11 +71,14 @@ install_apt_packages() {
 
 venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
-  "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" <<'PY' 2>/dev/null
+  "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" "$TRITONCLIENT_VERSION" \
+    "$PROMETHEUS_CLIENT_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
-want_torch, want_tf, want_peft = sys.argv[1], sys.argv[2], sys.argv[3]
+want_torch, want_tf, want_peft, want_triton, want_prom = sys.argv[1:6]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
-ok = ok and md.version("peft") == want_peft
+ok = ok and md.version("peft") == want_peft and md.version("tritonclient") == want_triton
+ok = ok and md.version("prometheus_client") == want_prom
+import tritonclient.grpc, tritonclient.http  # noqa: F401
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
 PY
@@ -86,7 +94,8 @@ install_python_env() {
   [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" \
-    "peft==$PEFT_VERSION" numpy safetensors
+    "peft==$PEFT_VERSION" "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" \
+    "prometheus_client==$PROMETHEUS_CLIENT_VERSION" numpy safetensors
 }
 
 install_apt_packages

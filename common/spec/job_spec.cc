@@ -21,7 +21,8 @@ const std::map<std::string, Precision> kPrecisionNames = {
 const std::map<std::string, JobKind> kJobKindNames = {{"finetune", JobKind::kFinetune},
                                                       {"benchmark", JobKind::kBenchmark},
                                                       {"inference", JobKind::kInference},
-                                                      {"generate", JobKind::kGenerate}};
+                                                      {"generate", JobKind::kGenerate},
+                                                      {"serve", JobKind::kServe}};
 const std::map<std::string, TaskKind> kTaskNames = {{"classification", TaskKind::kClassification},
                                                     {"causal_lm", TaskKind::kCausalLm}};
 const std::map<std::string, BenchMode> kBenchModeNames = {
@@ -519,10 +520,56 @@ void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(n, "ignore_stop", "generate", &out.ignore_stop);
 }
 
+// kind: serve reads its models (weights, tokenizer, labels) from the repository, so it
+// has no data, model or train section.
+void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  for (const char* unused : {"data", "model", "train", "task"})
+    if (root[unused].IsDefined())
+      r.Fail(root[unused], unused, "not used by kind: serve (each model version in serve.repository brings its own)");
+  YAML::Node n = r.Section(root, "serve",
+                           {"repository", "host", "http_port", "grpc_port", "metrics_port", "access_token_file",
+                            "max_batch_size", "max_batch_tokens", "preferred_batch_sizes", "max_queue_delay_ms",
+                            "max_queue", "default_timeout_ms", "max_body_mb", "poll_s", "truncate", "length_aware"});
+  ServeSpec& out = spec->serve;
+  if (!r.ReadPath(n, "repository", "serve", &out.repository, PathKind::kFolder))
+    r.Fail(n.IsDefined() ? n : root, "serve.repository", "required: a folder of <model>/<version>/ HF folders");
+  r.ReadString(n, "host", "serve", &out.host);
+  r.ReadInt(n, "http_port", "serve", &out.http_port, 0, 65535);
+  r.ReadInt(n, "grpc_port", "serve", &out.grpc_port, 0, 65535);
+  r.ReadInt(n, "metrics_port", "serve", &out.metrics_port, 0, 65535);
+  std::string token_file;
+  if (r.ReadPath(n, "access_token_file", "serve", &token_file, PathKind::kFile)) {
+    std::ifstream in(token_file);
+    std::getline(in, out.access_token);
+    if (out.access_token.size() < 16)
+      r.Fail(n["access_token_file"], "serve.access_token_file",
+             "expected a token of at least 16 characters on its first line");
+  }
+  const bool loopback = out.host == "127.0.0.1" || out.host == "::1" || out.host == "localhost";
+  if (!loopback && out.access_token.empty())
+    r.Fail(n["host"], "serve.host", "a listener off loopback needs serve.access_token_file");
+  r.ReadInt(n, "max_batch_size", "serve", &out.max_batch_size, 1, kMaxBatch);
+  r.ReadInt(n, "max_batch_tokens", "serve", &out.max_batch_tokens, 1, 1 << 24);
+  r.ReadList(n, "preferred_batch_sizes", "serve", &out.preferred_batch_sizes,
+             [&](const YAML::Node& item, const std::string& where) {
+               int size = 0;
+               if (!YAML::convert<int>::decode(item, size) || size < 1 || size > out.max_batch_size)
+                 r.Fail(item, where, "expected a batch size from 1 to serve.max_batch_size");
+               return size;
+             });
+  r.ReadDouble(n, "max_queue_delay_ms", "serve", &out.max_queue_delay_ms, 0.0, 60'000.0);
+  r.ReadInt(n, "max_queue", "serve", &out.max_queue, 1, 1'000'000);
+  r.ReadDouble(n, "default_timeout_ms", "serve", &out.default_timeout_ms, 1.0, 3'600'000.0);
+  r.ReadInt(n, "max_body_mb", "serve", &out.max_body_mb, 1, 1024);
+  r.ReadDouble(n, "poll_s", "serve", &out.poll_s, 0.0, 86'400.0);
+  r.ReadBool(n, "truncate", "serve", &out.truncate);
+  r.ReadBool(n, "length_aware", "serve", &out.length_aware);
+}
+
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
   r.CheckKeys(root, "",
               {"name", "kind", "task", "seed", "data", "model", "train", "checkpoint", "runtime", "resources",
-               "distributed", "debug", "benchmark", "inference", "generate", "log"});
+               "distributed", "debug", "benchmark", "inference", "generate", "serve", "log"});
   JobSpec spec;
   spec.source_file = source;
   if (!r.ReadString(root, "name", "", &spec.name)) r.Fail(root, "name", "required: the job's name");
@@ -536,6 +583,11 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   if (spec.kind == JobKind::kGenerate && spec.task != TaskKind::kCausalLm)
     r.Fail(root["task"], "task", "kind: generate needs task: causal_lm");
   r.ReadInt(root, "seed", "", &spec.seed, 0, std::numeric_limits<int64_t>::max());
+  if (spec.kind == JobKind::kServe) {
+    ParseServe(r, root, &spec);
+    ParseRest(r, root, &spec);
+    return spec;
+  }
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
   ParseTrain(r, root, &spec);
@@ -543,7 +595,7 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   if (spec.kind == JobKind::kBenchmark) ParseBenchmark(r, root, &spec);
   if (spec.kind == JobKind::kInference) ParseInference(r, root, &spec);
   if (spec.kind == JobKind::kGenerate) ParseGenerate(r, root, &spec);
-  for (const char* other : {"benchmark", "inference", "generate"})
+  for (const char* other : {"benchmark", "inference", "generate", "serve"})
     if (root[other].IsDefined() && std::string(other) != ToString(spec.kind))
       r.Fail(root[other], other, std::string("only used by kind: ") + other);
   return spec;

@@ -18,7 +18,7 @@ class SpecError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class JobKind { kFinetune, kBenchmark, kInference, kGenerate };
+enum class JobKind { kFinetune, kBenchmark, kInference, kGenerate, kServe };
 // What a finetune job trains: a sequence classifier (labels) or a causal LM (next token).
 enum class TaskKind { kClassification, kCausalLm };
 enum class Precision { kFp32, kBf16, kFp16 };
@@ -159,6 +159,26 @@ struct GenerateSpec {
   bool ignore_stop = false;       // benchmarks: every row generates max_new_tokens
 };
 
+// kind: serve: a model repository served over the Open Inference Protocol (KServe V2).
+// What the keys do is explained where they act: worker/serve/server_core.h (versions,
+// admission) and worker/serve/batcher.h (batching).
+struct ServeSpec {
+  std::string repository;          // absolute: <repository>/<model>/<version>/ holds an HF folder
+  std::string host = "127.0.0.1";  // every listener's address; off loopback access_token is required
+  int http_port = 8000, grpc_port = 8001, metrics_port = 8002;  // 0: any free port (logged)
+  std::string access_token;                // read from access_token_file; required on both transports when set
+  int max_batch_size = 32;                 // requests per batch
+  int max_batch_tokens = 4096;             // batch rows x longest row, the padded tokens a batch may hold
+  std::vector<int> preferred_batch_sizes;  // a batch of one of these sizes goes at once
+  double max_queue_delay_ms = 5;           // how long the oldest request waits for companions
+  int max_queue = 1024;                    // queued requests, all models; beyond it: 429
+  double default_timeout_ms = 10000;       // a request's deadline when it names none
+  int max_body_mb = 16;                    // HTTP body and gRPC message cap
+  double poll_s = 2;                       // repository poll period for new versions (0: load requests only)
+  bool truncate = true;                    // text past the model's positions: cut (true) or rejected (false)
+  bool length_aware = true;                // group requests of similar length (off: arrival order)
+};
+
 // Fault injection for tests of the failure paths; off unless set.
 struct DebugSpec {
   bool force_loss_scaling = false;  // run the fp16 loss-scaler path without fp16 autocast
@@ -189,6 +209,7 @@ struct JobSpec {
   BenchmarkSpec benchmark;
   InferenceSpec inference;
   GenerateSpec generate;
+  ServeSpec serve;
   LogSpec log;
   // "file:line:column" of every key read from the file, by key path ("train.epochs").
   std::map<std::string, std::string> locations;

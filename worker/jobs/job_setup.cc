@@ -1,7 +1,9 @@
 #include "worker/jobs/job_setup.h"
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
 
@@ -76,6 +78,29 @@ TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::st
   } catch (const DatasetError& e) {
     throw InputError(spec.Where(key) + ": " + e.what());
   }
+}
+
+void SaveTokenizerFiles(const std::string& folder, const TokenizerSpec& tokenizer) {
+  namespace fs = std::filesystem;
+  fs::create_directories(folder);
+  nlohmann::json config;
+  auto copy = [&](const std::string& from, const char* name) {
+    fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing);
+  };
+  switch (tokenizer.kind) {
+    case TokenizerKind::kWordPiece:
+      copy(tokenizer.vocab, "vocab.txt");
+      config = {{"do_lower_case", tokenizer.lowercase}, {"strip_accents", nullptr}};
+      break;
+    case TokenizerKind::kByteLevelBpe:
+      copy(tokenizer.vocab, "vocab.json");
+      copy(tokenizer.merges, "merges.txt");
+      config = {{"add_prefix_space", tokenizer.add_prefix_space}};
+      break;
+    case TokenizerKind::kSentencePiece:
+      return;  // no Hugging Face tokenizer reads our SentencePiece template
+  }
+  WriteFileAtomically((fs::path(folder) / "tokenizer_config.json").string(), config.dump(2) + "\n");
 }
 
 std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train) {

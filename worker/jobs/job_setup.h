@@ -81,6 +81,11 @@ TextDataset LoadTexts(const JobSpec& spec, const std::string& key, const std::st
 
 std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset& train);
 
+// Copies the tokenizer's files into a model folder as Hugging Face names them (vocab.txt;
+// vocab.json + merges.txt) with a tokenizer_config.json, so the folder is whole: served
+// as a model version, or read by transformers' AutoTokenizer. SentencePiece: nothing.
+void SaveTokenizerFiles(const std::string& folder, const TokenizerSpec& tokenizer);
+
 // model.init (a Hugging Face folder, whose config.json names the family) or a fresh
 // model.preset of model.family; the classifier gets `labels` unless `keep_init_labels`
 // and the checkpoint names its own. A preset's positions cover max_sequence tokens.

@@ -574,6 +574,7 @@ nlohmann::json Trainer::Run() {
   } else {
     SaveHfModel(model_dir, *model_);
   }
+  if (model_dir != run_dir() + "/adapter") SaveTokenizerFiles(model_dir, spec_.data.tokenizer);
   summary["model_dir"] = model_dir;
   summary["epochs"] = log->rows().size();
   if (!log->rows().empty()) {

@@ -11,6 +11,7 @@
 #include "worker/jobs/benchmark.h"
 #include "worker/jobs/generate.h"
 #include "worker/jobs/inference.h"
+#include "worker/jobs/serve.h"
 #include "worker/jobs/trainer.h"
 
 namespace trainyard {
@@ -68,6 +69,8 @@ nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
       return RunKind<InferenceRunner>(std::move(spec), ranks);
     case JobKind::kGenerate:
       return RunKind<GenerateRunner>(std::move(spec), ranks);
+    case JobKind::kServe:
+      return RunKind<ServeRunner>(std::move(spec), ranks);
   }
   throw std::logic_error("unknown job kind");
 }

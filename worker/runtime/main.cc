@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "common/log.h"
 #include "worker/pool/pool_agent.h"
@@ -63,6 +64,12 @@ void AddOptions(CLI::App& app, Options& o) {
                  "standalone: none, auto (latest valid checkpoint) or a checkpoint file");
   app.add_option("--threads", o.standalone.threads, "standalone: intra-op threads per rank (0: libtorch default)");
   app.add_option("--max-steps", o.standalone.max_steps, "standalone: stop after this many steps (0: no limit)");
+  for (auto [flag, port, what] : {std::tuple{"--http-port", &o.standalone.http_port, "HTTP (KServe V2)"},
+                                  std::tuple{"--grpc-port", &o.standalone.grpc_port, "gRPC (KServe V2)"},
+                                  std::tuple{"--metrics-port", &o.standalone.metrics_port, "Prometheus /metrics"}})
+    app.add_option(flag, *port,
+                   std::string("serve: the ") + what + " port, instead of the job file's (0: any free port)")
+        ->check(CLI::Range(0, 65535));
   app.add_flag("--no-progress", o.standalone.no_progress,
                "standalone: no progress line while an epoch runs (pools never draw one)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
@@ -89,7 +96,7 @@ std::string FindExecutable(const std::string& name, const char* option) {
 
 int Main(int argc, char** argv) {
   CLI::App app{
-      "Trainyard worker: runs a finetune, benchmark, inference or generate job described by a YAML file.\n"
+      "Trainyard worker: runs a finetune, benchmark, inference, generate or serve job described by a YAML file.\n"
       "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
       "(data-parallel over N ranks; train.batch_size is per rank).\n"
       "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
@@ -97,7 +104,7 @@ int Main(int argc, char** argv) {
       "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
       "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
       "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json},\n"
-      "generate {generations.jsonl,summary.json}."};
+      "generate {generations.jsonl,summary.json}, serve {endpoints.json} (it serves until SIGINT/SIGTERM)."};
   Options o;
   AddOptions(app, o);
   try {

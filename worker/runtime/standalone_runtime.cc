@@ -16,6 +16,9 @@ void ApplyOverrides(const StandaloneOptions& o, JobSpec* spec) {
   if (o.threads >= 0) spec->runtime.threads = o.threads;
   if (o.max_steps >= 0) spec->train.max_steps = o.max_steps;
   if (o.no_progress) spec->log.progress = false;
+  if (o.http_port >= 0) spec->serve.http_port = o.http_port;
+  if (o.grpc_port >= 0) spec->serve.grpc_port = o.grpc_port;
+  if (o.metrics_port >= 0) spec->serve.metrics_port = o.metrics_port;
 }
 
 }  // namespace

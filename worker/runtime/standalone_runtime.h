@@ -13,6 +13,7 @@ struct StandaloneOptions {
   int threads = -1;
   int64_t max_steps = -1;
   bool no_progress = false;
+  int http_port = -1, grpc_port = -1, metrics_port = -1;  // kind: serve; -1 keeps the job file's
 };
 
 // Collective over MPI_COMM_WORLD. Returns the process exit code: 0 success, 1 failure

@@ -294,3 +294,50 @@ TEST_F(JobSpecTest, ShippedExampleJobParses) {
 
 }  // namespace
 }  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+class ServeSpecTest : public JobSpecTest {
+ protected:
+  static std::string Serve(const std::string& extra = "") {
+    return "name: s\nkind: serve\nserve:\n  repository: data\n" + extra;
+  }
+};
+
+TEST_F(ServeSpecTest, DefaultsAreLoopbackAndTheUsualPorts) {
+  const JobSpec spec = Parse(Serve("  preferred_batch_sizes: [4, 8]\n  max_queue_delay_ms: 2.5\n"));
+  EXPECT_EQ(spec.kind, JobKind::kServe);
+  EXPECT_EQ(spec.serve.repository, (dir_ / "data").string());
+  EXPECT_EQ(spec.serve.host, "127.0.0.1");
+  EXPECT_EQ(spec.serve.http_port, 8000);
+  EXPECT_EQ(spec.serve.grpc_port, 8001);
+  EXPECT_EQ(spec.serve.metrics_port, 8002);
+  EXPECT_EQ(spec.serve.preferred_batch_sizes, (std::vector<int>{4, 8}));
+  EXPECT_DOUBLE_EQ(spec.serve.max_queue_delay_ms, 2.5);
+  EXPECT_TRUE(spec.serve.access_token.empty());
+}
+
+TEST_F(ServeSpecTest, BadServeJobsAreLocatedErrors) {
+  EXPECT_NE(ErrorOf("name: s\nkind: serve\n").find("serve.repository: required"), std::string::npos);
+  EXPECT_NE(ErrorOf(Serve() + "data:\n  train: data/train.tsv\n").find("data: not used by kind: serve"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Serve("  host: 0.0.0.0\n")).find("job.yaml:5:9: serve.host"), std::string::npos);
+  EXPECT_NE(ErrorOf(Serve("  max_batch_size: 4\n  preferred_batch_sizes: [8]\n")).find("preferred_batch_sizes[0]"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Serve("  http_port: 70000\n")).find("serve.http_port"), std::string::npos);
+  EXPECT_NE(ErrorOf("name: s\nkind: serve\nserve:\n  repository: nowhere\n").find("folder not found"),
+            std::string::npos);
+  std::ofstream(dir_ / "short_token") << "short\n";
+  EXPECT_NE(ErrorOf(Serve("  access_token_file: short_token\n")).find("at least 16"), std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "serve:\n  poll_s: 1\n").find("only used by kind: serve"), std::string::npos);
+}
+
+TEST_F(ServeSpecTest, AnAccessTokenOpensOtherAddresses) {
+  std::ofstream(dir_ / "token") << "0123456789abcdef-token\n";
+  const JobSpec spec = Parse(Serve("  host: 0.0.0.0\n  access_token_file: token\n"));
+  EXPECT_EQ(spec.serve.access_token, "0123456789abcdef-token");
+}
+
+}  // namespace
+}  // namespace trainyard

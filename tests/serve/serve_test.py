@@ -1,0 +1,645 @@
+"""End-to-end tests of `kind: serve` with independent clients: tritonclient (HTTP and gRPC)
+from PyPI, prometheus_client's parser, and raw sockets for what a client library would
+refuse to send. Each case starts a real worker (model process + serve_frontend) on
+loopback ports and talks to it.
+
+    serve_test.py --worker build/bin/worker CASE
+CASE: protocol | reload | overload | cancel | bad_input | auth
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
+from e2e_common import LANGID, job_yaml, run_worker, subset_tsv, write  # noqa: E402
+
+import tritonclient.grpc as tgrpc  # noqa: E402
+import tritonclient.http as thttp  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+LABELS = [line.strip() for line in open(os.path.join(LANGID, "labels.txt"), encoding="utf-8") if line.strip()]
+
+
+def unescape(field):
+    """A TSV field of the prepared data as the text it stands for (\\n, \\t, \\\\)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 1 < len(field):
+            i += 1
+            out.append({"n": "\n", "t": "\t"}.get(field[i], field[i]))
+        else:
+            out.append(field[i])
+        i += 1
+    return "".join(out)
+
+
+def escape(text):
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8", newline="\n") as _dev:
+    DEV_TEXTS = [unescape(line.rstrip("\n").split("\t")[1]) for line in list(_dev)[1:]]
+
+
+# --- Fixtures -------------------------------------------------------------------------
+
+def hf_version(folder, seed, hidden=64, layers=2, positions=128):
+    """A randomly initialised BERT classifier saved by transformers, with langid's vocab."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+    vocab = sum(1 for _ in open(os.path.join(LANGID, "vocab.txt"), encoding="utf-8"))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=2 * hidden, max_position_embeddings=positions,
+                        id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)})
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    shutil.copy(os.path.join(LANGID, "vocab.txt"), folder)
+    return folder
+
+
+class Server:
+    """A serve job: `worker job.yaml` with every port chosen by the OS."""
+
+    def __init__(self, worker, work, repo, serve_extra="", name="serve", expect_ready=True):
+        self.runs = os.path.join(work, "runs")
+        self.endpoints_file = os.path.join(self.runs, name, "endpoints.json")
+        if os.path.exists(self.endpoints_file):
+            os.remove(self.endpoints_file)
+        job = write(os.path.join(work, f"{name}.yaml"), f"""name: {name}
+kind: serve
+runtime: {{device: cpu, threads: 1}}
+serve:
+  repository: {repo}
+  http_port: 0
+  grpc_port: 0
+  metrics_port: 0
+{serve_extra}""")
+        self.log_path = os.path.join(work, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen([worker, job, "--runs-dir", self.runs], stdout=self.log,
+                                        stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while not os.path.exists(self.endpoints_file):
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the server did not start:\n" + open(self.log_path).read())
+            time.sleep(0.05)
+        self.ep = json.load(open(self.endpoints_file))
+        self.http_url = f"127.0.0.1:{self.ep['http_port']}"
+        self.grpc_url = f"127.0.0.1:{self.ep['grpc_port']}"
+        if expect_ready:
+            client = thttp.InferenceServerClient(self.http_url)
+            while not client.is_server_ready():
+                if time.time() > deadline:
+                    raise RuntimeError("the server never became ready:\n" + open(self.log_path).read())
+                time.sleep(0.05)
+
+    def metrics(self):
+        connection = http.client.HTTPConnection("127.0.0.1", self.ep["metrics_port"], timeout=10)
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+        return {f.name: f for f in text_string_to_metric_families(text)}
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        self.log.close()
+        if code != 0:
+            print(open(self.log_path).read())
+        return code
+
+
+def sample(families, name, **labels):
+    """The value of a counter/gauge sample with these labels (0 if absent)."""
+    for family in families.values():
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+def text_input(module, texts, binary=True):
+    i = module.InferInput("TEXT", [len(texts)], "BYTES")
+    if module is thttp:
+        i.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object), binary_data=binary)
+    else:
+        i.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+    return i
+
+
+def id_inputs(module, ids, mask, binary=True):
+    out = []
+    for name, value in (("input_ids", ids), ("attention_mask", mask)):
+        i = module.InferInput(name, list(value.shape), "INT64")
+        if module is thttp:
+            i.set_data_from_numpy(value, binary_data=binary)
+        else:
+            i.set_data_from_numpy(value)
+        out.append(i)
+    return out
+
+
+def check(condition, message):
+    print(("ok   " if condition else "FAIL ") + message)
+    return bool(condition)
+
+
+# --- Cases ----------------------------------------------------------------------------
+
+def inference_logits(worker, work, model_dir, texts):
+    """The logits the `inference` job computes for `texts` with the same model."""
+    positions = json.load(open(os.path.join(model_dir, "config.json")))["max_position_embeddings"]
+    data = write(os.path.join(work, "texts.tsv"), "label\ttext\n" + "".join(f"en\t{escape(t)}\n" for t in texts))
+    job = write(os.path.join(work, "infer.yaml"), f"""name: infer
+kind: inference
+data:
+  labels: {os.path.join(LANGID, "labels.txt")}
+  max_seq_len: {positions}
+  tokenizer: {{vocab: {os.path.join(model_dir, "vocab.txt")}}}
+model: {{init: {model_dir}}}
+runtime: {{device: cpu, threads: 1}}
+inference: {{input: {data}, batch_size: 16}}
+""")
+    result = run_worker(worker, job, os.path.join(work, "runs"))
+    if result.returncode != 0:
+        raise RuntimeError(result.stdout + result.stderr)
+    rows = [line.rstrip("\n").split("\t") for line in open(os.path.join(work, "runs", "infer", "predictions.tsv"))]
+    header = rows[0]
+    columns = [header.index("logit_" + label) for label in LABELS]
+    return np.array([[float(r[c]) for c in columns] for r in rows[1:]], dtype=np.float32)
+
+
+def protocol(worker, work):
+    """A fine-tuned model/ folder dropped in as version 1 answers both transports, every
+    input form, with the inference job's logits; health, metadata, repository calls."""
+    train = subset_tsv(work, 600)
+    result = run_worker(worker, write(os.path.join(work, "ft.yaml"), job_yaml("ft", train, """train:
+  epochs: 1
+  batch_size: 32
+  lr: 0.001
+""")), os.path.join(work, "runs"), "--no-progress")
+    if result.returncode != 0:
+        print(result.stdout, result.stderr)
+        return False
+    repo = os.path.join(work, "repo")
+    shutil.copytree(os.path.join(work, "runs", "ft", "model"), os.path.join(repo, "langid", "1"))
+    texts = DEV_TEXTS[:24] + ["x" * 3000]  # the last one runs past the positions: truncated
+    expected = inference_logits(worker, work, os.path.join(repo, "langid", "1"), texts)
+    server = Server(worker, work, repo)
+    ok = True
+    try:
+        from transformers import BertTokenizerFast
+        hf_tokenizer = BertTokenizerFast(os.path.join(repo, "langid", "1", "vocab.txt"), do_lower_case=True)
+        positions = json.load(open(os.path.join(repo, "langid", "1", "config.json")))["max_position_embeddings"]
+        encoded = hf_tokenizer(texts, padding=True, truncation=True, max_length=positions, return_tensors="np")
+        ids, mask = encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
+        h = thttp.InferenceServerClient(server.http_url)
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        runs = {}
+        chunks = [(0, 1), (1, 4), (4, 12), (12, 25)]  # several batch sizes
+        for binary in (False, True):
+            outputs = [thttp.InferRequestedOutput("logits", binary_data=binary),
+                       thttp.InferRequestedOutput("label", binary_data=binary)]
+            runs[f"http TEXT binary={binary}"] = [
+                h.infer("langid", [text_input(thttp, texts[a:b], binary)], outputs=outputs) for a, b in chunks]
+            runs[f"http INT64 binary={binary}"] = [
+                h.infer("langid", id_inputs(thttp, ids[a:b], mask[a:b], binary), outputs=outputs) for a, b in chunks]
+        runs["grpc TEXT"] = [g.infer("langid", [text_input(tgrpc, texts[a:b])]) for a, b in chunks]
+        runs["grpc INT64"] = [g.infer("langid", id_inputs(tgrpc, ids[a:b], mask[a:b])) for a, b in chunks]
+        runs["http TEXT version 1"] = [h.infer("langid", [text_input(thttp, texts[a:b])], model_version="1")
+                                       for a, b in chunks]
+        for name, results in runs.items():
+            logits = np.concatenate([r.as_numpy("logits") for r in results])
+            labels = [x.decode() if isinstance(x, bytes) else x for r in results for x in r.as_numpy("label")]
+            diff = float(np.abs(logits - expected).max())
+            ok &= check(diff <= 1e-5, f"{name}: logits equal the inference job's (max diff {diff:.2e})")
+            ok &= check(labels == [LABELS[i] for i in expected.argmax(1)], f"{name}: labels are the arg max")
+        ok &= check(h.is_server_live() and h.is_server_ready(), "http: live and ready")
+        ok &= check(g.is_server_live() and g.is_server_ready(), "grpc: live and ready")
+        ok &= check(h.is_model_ready("langid", "1") and not h.is_model_ready("langid", "2"),
+                    "http: model_ready per version (1 ready, 2 absent)")
+        ok &= check(g.is_model_ready("langid", "1") and not g.is_model_ready("nope"), "grpc: model_ready")
+        meta = h.get_model_metadata("langid")
+        ok &= check(meta["versions"] == ["1"] and meta["outputs"][0]["shape"] == [-1, len(LABELS)],
+                    "http: model metadata names the versions and the logits shape")
+        ok &= check("model_repository" in g.get_server_metadata().extensions, "grpc: server metadata")
+        h.unload_model("langid")
+        deadline = time.time() + 10
+        while h.is_model_ready("langid") and time.time() < deadline:
+            time.sleep(0.05)
+        unloaded = {e["version"]: e for e in h.get_model_repository_index()}.get("1", {})
+        ok &= check(not h.is_model_ready("langid") and unloaded.get("reason") == "unloaded by request",
+                    f"after unload: the model is not ready ({unloaded})")
+        g.load_model("langid")
+        ok &= check(h.is_model_ready("langid") and h.is_server_ready(), "after load: ready again")
+        index = h.get_model_repository_index()
+        ok &= check(any(e["version"] == "1" and e["state"] == "READY" for e in index), f"repository index: {index}")
+        r = h.infer("langid", [text_input(thttp, texts[:2])])
+        diff = float(np.abs(r.as_numpy("logits") - expected[:2]).max())
+        ok &= check(diff <= 1e-5, "after the reload the answers are the same")
+        ok &= metrics_agree(server, h, texts)
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
+    return ok
+
+
+def histogram(families, name):
+    """(count, sum, {le: cumulative}) of a histogram, summed over its label sets."""
+    count = total = 0.0
+    buckets = {}
+    for x in families[name].samples:
+        if x.name == name + "_count":
+            count += x.value
+        elif x.name == name + "_sum":
+            total += x.value
+        elif x.name == name + "_bucket":
+            buckets[float(x.labels["le"])] = buckets.get(float(x.labels["le"]), 0) + x.value
+    return count, total, buckets
+
+
+def metrics_agree(server, client, texts, n=40):
+    """/metrics parses with prometheus_client, and its latency histogram agrees with what
+    the client measured over the same n requests."""
+    before = histogram(server.metrics(), "trainyard_serve_request_seconds")
+    measured = []
+    for i in range(n):
+        start = time.perf_counter()
+        client.infer("langid", [text_input(thttp, [texts[i % len(texts)]])])
+        measured.append(time.perf_counter() - start)
+    after = histogram(server.metrics(), "trainyard_serve_request_seconds")
+    count, total = after[0] - before[0], after[1] - before[1]
+    ok = check(count == n, f"metrics: request_seconds counted {count:.0f} of {n} requests")
+    # The server's time is the client's minus the transport: never more, and close.
+    overhead_ms = (sum(measured) - total) / n * 1000
+    ok &= check(0 <= overhead_ms < 10, f"metrics: server latency sum {total * 1000:.1f} ms, client "
+                                       f"{sum(measured) * 1000:.1f} ms ({overhead_ms:.2f} ms transport per request)")
+    slowest = max(measured)
+    bound = min(le for le in after[2] if le >= slowest)
+    ok &= check(after[2][bound] - before[2].get(bound, 0) == n,
+                f"metrics: every request in the buckets up to the client's slowest ({slowest * 1000:.1f} ms)")
+    return ok
+
+
+def reload(worker, work):
+    """Versions dropped into the repository under continuous load: zero failed requests,
+    every request after the swap on version 2, broken versions refused with a reason."""
+    repo = os.path.join(work, "repo")
+    hf_version(os.path.join(repo, "langid", "1"), seed=1)
+    staged = {v: hf_version(os.path.join(work, "staged", str(v)), seed=v) for v in (2, 3, 4)}
+    # 3: a truncated safetensors file; 4: a config whose sizes the weights do not have.
+    with open(os.path.join(staged[3], "model.safetensors"), "r+b") as f:
+        f.truncate(os.path.getsize(f.name) // 2)
+    config = json.load(open(os.path.join(staged[4], "config.json")))
+    config["intermediate_size"] = 96
+    json.dump(config, open(os.path.join(staged[4], "config.json"), "w"))
+    # A second model whose only version is broken: live, not ready, until a good one lands.
+    broken = hf_version(os.path.join(repo, "other", "1"), seed=5)
+    os.remove(os.path.join(broken, "vocab.txt"))
+    server = Server(worker, work, repo, "  poll_s: 0.2\n", expect_ready=False)
+    h = thttp.InferenceServerClient(server.http_url)
+    deadline = time.time() + 30
+    while not h.is_model_ready("langid") and time.time() < deadline:
+        time.sleep(0.05)
+    ok = check(h.is_server_live() and not h.is_server_ready() and h.is_model_ready("langid"),
+               "a model without a loadable version: live, not ready; the other model serves")
+    hf_version(os.path.join(work, "staged", "other2"), seed=6)
+    shutil.copytree(os.path.join(work, "staged", "other2"), os.path.join(repo, "other", "2"))
+    while not h.is_server_ready() and time.time() < deadline:
+        time.sleep(0.05)
+    ok &= check(h.is_server_ready(), "ready once its version 2 loads")
+    results, stop = [], threading.Event()
+
+    def client_loop(module, url):
+        client = module.InferenceServerClient(url)
+        k = 0
+        while not stop.is_set():
+            k += 1
+            start = time.time()
+            try:
+                r = client.infer("langid", [text_input(module, [DEV_TEXTS[k % 100]])])
+                version = r.get_response()["model_version"] if module is thttp else r.get_response().model_version
+                results.append((start, time.time(), version, None))
+            except InferenceServerException as e:
+                results.append((start, time.time(), None, str(e)))
+
+    threads = [threading.Thread(target=client_loop, args=(m, u)) for m, u in
+               ((thttp, server.http_url), (thttp, server.http_url), (tgrpc, server.grpc_url))]
+    for t in threads:
+        t.start()
+
+    def wait_for(predicate, what, limit=30):
+        deadline = time.time() + limit
+        while not predicate():
+            if time.time() > deadline:
+                return check(False, "timed out waiting for " + what)
+            time.sleep(0.05)
+        return True
+
+    def index_state(version):
+        return {e["version"]: e for e in h.get_model_repository_index() if e["name"] == "langid"}.get(version, {})
+
+    try:
+        time.sleep(1)
+        shutil.copytree(staged[2], os.path.join(repo, "langid", "2"))
+        ok &= wait_for(lambda: any(r[2] == "2" for r in results), "version 2 to answer")
+        swap = min(r[1] for r in results if r[2] == "2")
+        time.sleep(1)
+        for broken in (3, 4):
+            shutil.copytree(staged[broken], os.path.join(repo, "langid", str(broken)))
+            ok &= wait_for(lambda: index_state(str(broken)).get("state") == "UNAVAILABLE", f"version {broken} refused")
+            ok &= check(index_state(str(broken)).get("reason"), f"version {broken}: {index_state(str(broken))}")
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    failures = [r for r in results if r[3]]
+    after = [r for r in results if r[0] > swap]
+    ok &= check(len(results) > 100 and not failures,
+                f"{len(results)} requests under reload, {len(failures)} failed {failures[:2]}")
+    ok &= check(after and all(r[2] == "2" for r in after),
+                f"all {len(after)} requests sent after the swap answered by version 2")
+    ok &= check(index_state("1").get("reason") == "replaced by version 2", f"version 1: {index_state('1')}")
+    ok &= check(h.is_model_ready("langid", "2"), "version 2 still serving after the broken versions")
+    ok &= check(server.stop() == 0, "the server stops cleanly")
+    log = open(server.log_path).read()
+    ok &= check("version 3 refused" in log and "version 4 refused" in log, "the log names the refused versions")
+    return ok
+
+
+def raw_http(port, method, path, body=b"", headers=None):
+    """One HTTP request on its own connection: (status, body)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    return response.status, response.read()
+
+
+def infer_body(texts):
+    return json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}).encode()
+
+
+def cancel(worker, work):
+    """Requests cancelled while queued (an HTTP client that hangs up, a cancelled gRPC
+    call) are never computed: the compute counter shows it."""
+    repo = os.path.join(work, "repo")
+    hf_version(os.path.join(repo, "langid", "1"), seed=1)
+    # A lone request waits the whole queue delay for companions that never come.
+    server = Server(worker, work, repo, "  max_queue_delay_ms: 3000\n")
+    ok = True
+    try:
+        s = socket.create_connection(("127.0.0.1", server.ep["http_port"]))
+        body = infer_body(["a request nobody waits for"])
+        s.sendall(b"POST /v2/models/langid/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.5)
+        s.close()
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        answers = []
+        call = g.async_infer("langid", [text_input(tgrpc, ["a call cancelled in the queue"])],
+                             callback=lambda result, error: answers.append((result, error)))
+        time.sleep(0.5)
+        call.cancel()
+        time.sleep(3.5)  # past the queue delay: a request still queued would have run by now
+        m = server.metrics()
+        computed = sample(m, "trainyard_serve_computed_requests_total", model="langid")
+        cancelled = sample(m, "trainyard_serve_requests_total", model="langid", outcome="cancelled")
+        ok &= check(computed == 0, f"cancelled requests never computed (computed {computed})")
+        ok &= check(cancelled == 2, f"both counted as cancelled ({cancelled})")
+        ok &= check(answers and answers[0][1] is not None, "the gRPC caller saw its call cancelled")
+        h = thttp.InferenceServerClient(server.http_url)
+        start = time.time()
+        h.infer("langid", [text_input(thttp, ["one that waits"])])
+        waited = time.time() - start
+        m = server.metrics()
+        ok &= check(sample(m, "trainyard_serve_computed_requests_total", model="langid") == 1,
+                    f"a request that waits is computed (after {waited:.1f} s, the queue delay)")
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
+def bad_input(worker, work):
+    """Each bad input gets 400 (gRPC INVALID_ARGUMENT) naming the field; the server stays up."""
+    repo = os.path.join(work, "repo")
+    hf_version(os.path.join(repo, "langid", "1"), seed=1, positions=32)
+    server = Server(worker, work, repo, "  max_body_mb: 1\n  truncate: false\n")
+    port = server.ep["http_port"]
+    good = json.loads(infer_body(["hello"]))
+    binary_text = b"\x05\x00\x00\x00hello"
+    header = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],
+                                     "parameters": {"binary_data_size": len(binary_text)}}]}).encode()
+    cases = [
+        ("malformed JSON", "/v2/models/langid/infer", b"{\"inputs\": [", {}, "malformed JSON"),
+        ("wrong datatype", "/v2/models/langid/infer",
+         json.dumps({"inputs": [{"name": "TEXT", "datatype": "FP32", "shape": [1], "data": [1.0]}]}).encode(), {},
+         "TEXT"),
+        ("wrong shape", "/v2/models/langid/infer",
+         json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}).encode(), {},
+         "TEXT"),
+        ("unknown input", "/v2/models/langid/infer",
+         json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}).encode(), {},
+         "IMAGE"),
+        ("ids outside the vocabulary", "/v2/models/langid/infer",
+         json.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, 10**9]}]}
+                    ).encode(), {}, "input_ids"),
+        ("binary header longer than the body", "/v2/models/langid/infer", header + binary_text,
+         {"Inference-Header-Content-Length": str(len(header) + 100)}, "Inference-Header-Content-Length"),
+        ("binary_data_size past the data", "/v2/models/langid/infer", header + binary_text[:-2],
+         {"Inference-Header-Content-Length": str(len(header))}, "binary_data_size"),
+        ("bytes after the binary inputs", "/v2/models/langid/infer", header + binary_text + b"xx",
+         {"Inference-Header-Content-Length": str(len(header))}, "binary data"),
+        ("BYTES length that lies", "/v2/models/langid/infer", header + b"\xff\x00\x00\x00hello",
+         {"Inference-Header-Content-Length": str(len(header))}, "TEXT"),
+        ("oversized body", "/v2/models/langid/infer", b"{" + b" " * (2 << 20) + b"}", {}, "max_body_mb"),
+        ("unknown model", "/v2/models/nope/infer", json.dumps(good).encode(), {}, "nope"),
+        ("unknown version", "/v2/models/langid/versions/7/infer", json.dumps(good).encode(), {}, "version 7"),
+        ("text past the positions", "/v2/models/langid/infer", infer_body(["word " * 100]), {}, "positions"),
+        ("unknown output", "/v2/models/langid/infer",
+         json.dumps(dict(good, outputs=[{"name": "probabilities"}])).encode(), {}, "probabilities"),
+    ]
+    ok = True
+    try:
+        for name, path, body, headers, must_name in cases:
+            status, answer = raw_http(port, "POST", path, body, dict(headers, **{"Content-Type": "application/json"}))
+            ok &= check(status == 400 and must_name.encode() in answer, f"{name}: {status} {answer[:150]!r}")
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        for name, model, inputs, must_name in (
+                ("grpc unknown model", "nope", [text_input(tgrpc, ["a"])], "nope"),
+                ("grpc ids outside the vocabulary", "langid",
+                 id_inputs(tgrpc, np.array([[1, 10**9]]), np.array([[1, 1]])), "input_ids")):
+            try:
+                g.infer(model, inputs)
+                ok &= check(False, f"{name}: accepted")
+            except InferenceServerException as e:
+                ok &= check(e.status() == "StatusCode.INVALID_ARGUMENT" and must_name in e.message(),
+                            f"{name}: {e.status()} {e.message()[:120]}")
+        status, answer = raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["still serving"]))
+        ok &= check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
+                    "a good request after all of them: 200")
+        bad = sample(server.metrics(), "trainyard_serve_requests_total", model="langid", outcome="bad_input")
+        ok &= check(bad >= 10, f"bad inputs counted in the metrics ({bad})")
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
+def auth(worker, work):
+    """Off loopback the job needs a token; with one, both transports require it."""
+    repo = os.path.join(work, "repo")
+    hf_version(os.path.join(repo, "langid", "1"), seed=1)
+    job = write(os.path.join(work, "open.yaml"), f"""name: open
+kind: serve
+serve: {{repository: {repo}, host: 0.0.0.0}}
+""")
+    result = run_worker(worker, job, os.path.join(work, "runs"))
+    ok = check(result.returncode == 2 and "serve.host" in result.stderr and "access_token_file" in result.stderr,
+               f"host 0.0.0.0 without a token: exit {result.returncode}: {result.stderr.strip()[:160]}")
+    token = "s3cret-token-0123456789"
+    token_file = write(os.path.join(work, "token"), token + "\n")
+    server = Server(worker, work, repo, f"  access_token_file: {token_file}\n", expect_ready=False)
+    try:
+        status, _ = raw_http(server.ep["http_port"], "POST", "/v2/models/langid/infer", infer_body(["hi"]))
+        ok &= check(status == 401, f"http without the token: {status}")
+        auth_header = {"Authorization": "Bearer " + token}
+        deadline = time.time() + 30
+        while raw_http(server.ep["http_port"], "GET", "/v2/health/ready", headers=auth_header)[0] != 200:
+            if time.time() > deadline:
+                return check(False, "never ready")
+            time.sleep(0.05)
+        status, _ = raw_http(server.ep["http_port"], "POST", "/v2/models/langid/infer", infer_body(["hi"]), auth_header)
+        ok &= check(status == 200, f"http with the token: {status}")
+        status, _ = raw_http(server.ep["metrics_port"], "GET", "/metrics")
+        ok &= check(status == 401, f"metrics without the token: {status}")
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        try:
+            g.infer("langid", [text_input(tgrpc, ["hi"])])
+            ok &= check(False, "grpc without the token: accepted")
+        except InferenceServerException as e:
+            ok &= check(e.status() == "StatusCode.UNAUTHENTICATED", f"grpc without the token: {e.status()}")
+        r = g.infer("langid", [text_input(tgrpc, ["hi"])], headers={"authorization": "Bearer " + token})
+        ok &= check(r.as_numpy("logits").shape == (1, len(LABELS)), "grpc with the token: answered")
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
+def rss_bytes(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def overload(worker, work):
+    """At twice the rate the server sustains, the excess is refused with 429 at once, the
+    admitted requests meet their deadline, and memory stays flat."""
+    repo = os.path.join(work, "repo")
+    # A model slow enough here that the server, not the Python client, is the bottleneck.
+    hf_version(os.path.join(repo, "langid", "1"), seed=1, hidden=256, layers=4)
+    server = Server(worker, work, repo, "  max_batch_size: 8\n  max_queue_delay_ms: 2\n")
+    texts = [t for t in DEV_TEXTS if len(t) > 200][:64]
+    deadline_ms = 300
+    ok = True
+
+    def drive(rate, seconds, threads=24, timeout_ms=deadline_ms):
+        """Open loop: request i goes at start + i / rate, each from a pool of threads."""
+        outcomes, lock = [], threading.Lock()
+        start = time.time() + 0.2
+        total = int(rate * seconds)
+        counter = iter(range(total))
+
+        def worker_thread():
+            client = thttp.InferenceServerClient(server.http_url, network_timeout=30)
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                delay = start + i / rate - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                sent = time.time()
+                try:
+                    rows = [texts[(i + k) % len(texts)] for k in range(4)]  # heavy requests: the server is the bottleneck
+                    client.infer("langid", [text_input(thttp, rows)], timeout=timeout_ms * 1000)
+                    outcome = 200
+                except InferenceServerException as e:
+                    outcome = int(e.status()) if str(e.status()).isdigit() else str(e.status())
+                with lock:
+                    outcomes.append((outcome, time.time() - sent))
+
+        pool = [threading.Thread(target=worker_thread) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        return outcomes, time.time() - start
+
+    try:
+        # The sustainable rate: closed loop, many requests in flight (full batches) and no
+        # deadline (nothing refused), as fast as the server answers.
+        drive(rate=10000, seconds=0.01, threads=24, timeout_ms=60000)
+        probe, elapsed = drive(rate=10000, seconds=0.06, threads=24, timeout_ms=60000)
+        sustainable = sum(1 for o, _ in probe if o == 200) / elapsed
+        print(f"sustainable: about {sustainable:.0f} requests/s")
+        pids = [server.process.pid, int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])]
+        rss_before = [rss_bytes(p) for p in pids]
+        before = server.metrics()
+        outcomes, _ = drive(rate=2 * sustainable, seconds=6)
+        rss_after = [rss_bytes(p) for p in pids]
+        admitted = sorted(t for o, t in outcomes if o == 200)
+        refused = sorted(t for o, t in outcomes if o == 429)
+        others = [o for o, _ in outcomes if o not in (200, 429)]
+        p99 = admitted[int(0.99 * (len(admitted) - 1))] if admitted else 0
+        ok &= check(refused and admitted, f"{len(outcomes)} requests at 2x: {len(admitted)} admitted, "
+                                          f"{len(refused)} refused with 429, others {others[:5]}")
+        ok &= check(len(others) <= len(outcomes) // 50,
+                    f"hardly any answer other than 200 and 429: {len(others)} (504: queued past the deadline)")
+        median_refusal = refused[len(refused) // 2] * 1000 if refused else 0
+        ok &= check(median_refusal < 15, f"429s answered at once: median {median_refusal:.1f} ms")
+        print(f"client side: admitted p99 {p99 * 1000:.0f} ms (the Python client's own delays included)")
+        m = server.metrics()
+
+        def buckets_of(families):
+            return {x.labels["le"]: x.value for x in families["trainyard_serve_request_seconds"].samples
+                    if x.name.endswith("_bucket")}
+        old = buckets_of(before)
+        buckets = sorted((float(le), v - old.get(le, 0)) for le, v in buckets_of(m).items())
+        total = max(v for _, v in buckets)
+        server_p99 = min(le for le, v in buckets if v >= 0.99 * total)
+        cost = sample(m, "trainyard_serve_cost_ms_per_token")
+        ok &= check(server_p99 * 1000 <= deadline_ms,
+                    f"server side: p99 of admitted requests at most {server_p99 * 1000:.0f} ms (histogram bucket), "
+                    f"within the {deadline_ms} ms deadline; cost model {cost:.4f} ms per token")
+        growth = [(a - b) / 2**20 for a, b in zip(rss_after, rss_before)]
+        ok &= check(all(g < 64 for g in growth), f"resident memory flat: grew {growth[0]:.1f} / {growth[1]:.1f} MiB")
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        ok = globals()[args.case](args.worker, work)
+    print("PASS" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+// serve_frontend: the torch-free front end of a `kind: serve` job (why a process of its
+// own: worker/serve/model_link.h). The worker starts it; it is not meant to be run by
+// hand. It serves KServe V2 over HTTP and gRPC and /metrics, batches, and hands the
+// batches to the model process over the link. It ends on SIGTERM/SIGINT or when the
+// worker that started it goes. Exit codes: 0 stopped, 2 bad input (the job file, a port
+// that cannot be bound), 1 anything else.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/atomic_file.h"
+#include "common/log.h"
+#include "common/spec/job_spec.h"
+#include "worker/serve/grpc_service.h"
+#include "worker/serve/http_server.h"
+#include "worker/serve/kserve_http.h"
+#include "worker/serve/server_core.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+constexpr size_t kMaxConnections = 512;
+
+struct Options {
+  std::string job_file, link, endpoints_file;
+  int parent = 0;
+  int http_port = -1, grpc_port = -1, metrics_port = -1;
+};
+
+int Serve(const Options& o) {
+  trainyard::JobSpec spec = trainyard::LoadJobSpec(o.job_file);
+  if (spec.kind != trainyard::JobKind::kServe) throw trainyard::SpecError(o.job_file + ": not a kind: serve job");
+  if (o.http_port >= 0) spec.serve.http_port = o.http_port;
+  if (o.grpc_port >= 0) spec.serve.grpc_port = o.grpc_port;
+  if (o.metrics_port >= 0) spec.serve.metrics_port = o.metrics_port;
+  const std::string host = spec.serve.host;
+  const size_t max_body = size_t(spec.serve.max_body_mb) << 20;
+
+  trainyard::ServerCore core(spec.serve, o.link);
+  trainyard::KserveHttp kserve(&core);
+  trainyard::HttpServer http(
+      host, spec.serve.http_port, max_body, kMaxConnections,
+      [&](const trainyard::HttpRequest& r, const std::function<bool()>& gone) { return kserve.Handle(r, gone); });
+  trainyard::HttpServer metrics(
+      host, spec.serve.metrics_port, 1 << 16, 64,
+      [&](const trainyard::HttpRequest& r, const std::function<bool()>&) { return kserve.HandleMetrics(r); });
+  trainyard::KserveGrpc grpc_service(&core);
+  int grpc_port = 0;
+  auto grpc = trainyard::StartGrpcServer(&grpc_service, host, spec.serve.grpc_port, int(max_body), &grpc_port);
+  core.Start();
+  http.Start();
+  metrics.Start();
+  const nlohmann::json endpoints = {{"http", "http://" + host + ":" + std::to_string(http.port())},
+                                    {"grpc", host + ":" + std::to_string(grpc_port)},
+                                    {"metrics", "http://" + host + ":" + std::to_string(metrics.port()) + "/metrics"},
+                                    {"http_port", http.port()},
+                                    {"grpc_port", grpc_port},
+                                    {"metrics_port", metrics.port()}};
+  if (!o.endpoints_file.empty()) trainyard::WriteFileAtomically(o.endpoints_file, endpoints.dump(2) + "\n");
+  trainyard::LogInfo("serve: KServe V2 on " + endpoints["http"].get<std::string>() + " (HTTP) and " +
+                     endpoints["grpc"].get<std::string>() + " (gRPC); metrics on " +
+                     endpoints["metrics"].get<std::string>());
+  while (!g_stop && ::getppid() == o.parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  trainyard::LogInfo("serve: front end stopping");
+  grpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  http.Stop();
+  metrics.Stop();
+  core.Stop();
+  return 0;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  CLI::App app{"Trainyard's serving front end, started by `worker JOB.yaml` for kind: serve jobs."};
+  Options o;
+  app.add_option("job", o.job_file, "the serve job's YAML file")->required();
+  app.add_option("--link", o.link, "the model process's endpoint (ipc://...)")->required();
+  app.add_option("--parent", o.parent, "the model process's pid: the front end ends when it goes")->required();
+  app.add_option("--endpoints-file", o.endpoints_file, "write the bound endpoints here as JSON");
+  app.add_option("--http-port", o.http_port, "override serve.http_port");
+  app.add_option("--grpc-port", o.grpc_port, "override serve.grpc_port");
+  app.add_option("--metrics-port", o.metrics_port, "override serve.metrics_port");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != o.parent) return 1;
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  try {
+    return Serve(o);
+  } catch (const trainyard::SpecError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: serve: %s\n", e.what());
+    return std::string(e.what()).find("listen") != std::string::npos ? 2 : 1;
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: serve: %s\n", e.what());
+    return 1;
+  }
+}

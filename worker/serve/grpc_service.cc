@@ -1,0 +1,260 @@
+#include "worker/serve/grpc_service.h"
+
+#include <cstring>
+
+#include "worker/serve/infer_codec.h"
+#include "worker/serve/kserve_http.h"
+
+namespace trainyard {
+namespace {
+
+grpc::Status StatusOf(InferStatus status, const std::string& message) {
+  switch (status) {
+    case InferStatus::kOk:
+      return grpc::Status::OK;
+    case InferStatus::kBadInput:
+      return {grpc::StatusCode::INVALID_ARGUMENT, message};
+    case InferStatus::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, message};
+    case InferStatus::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, message};
+    case InferStatus::kRejected:
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, message};
+    case InferStatus::kExpired:
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, message};
+    case InferStatus::kCancelled:
+      return {grpc::StatusCode::CANCELLED, message};
+    case InferStatus::kFailed:
+      return {grpc::StatusCode::INTERNAL, message};
+  }
+  return {grpc::StatusCode::INTERNAL, message};
+}
+
+// An input's elements from its contents, or from its raw_input_contents entry.
+TensorIn DecodeInput(const inference::ModelInferRequest::InferInputTensor& input, const std::string* raw) {
+  TensorIn t;
+  t.name = input.name(), t.datatype = input.datatype();
+  t.shape.assign(input.shape().begin(), input.shape().end());
+  const int64_t count = ElementCount(t.shape, t.name);
+  const bool bytes = t.datatype == "BYTES";
+  const bool int64 = t.datatype == "INT64", int32 = t.datatype == "INT32";
+  if (!bytes && !int64 && !int32)
+    throw InferInputError("input '" + t.name + "': datatype " + t.datatype + " not accepted (BYTES, INT64)");
+  if (raw) {
+    if (bytes) {
+      for (size_t at = 0; at < raw->size();) {
+        uint32_t n = 0;
+        if (raw->size() - at < 4) throw InferInputError("input '" + t.name + "': raw BYTES data ends inside a length");
+        std::memcpy(&n, raw->data() + at, 4);
+        at += 4;
+        if (n > raw->size() - at) throw InferInputError("input '" + t.name + "': raw BYTES element runs past the data");
+        t.bytes.emplace_back(raw->data() + at, n);
+        at += n;
+      }
+      return t;
+    }
+    const size_t width = int64 ? 8 : 4;
+    if (raw->size() != size_t(count) * width)
+      throw InferInputError("input '" + t.name + "': " + std::to_string(raw->size()) +
+                            " raw bytes do not match shape and datatype (" + std::to_string(size_t(count) * width) +
+                            ")");
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v = 0;
+      if (int64) {
+        std::memcpy(&v, raw->data() + i * 8, 8);
+      } else {
+        int32_t narrow = 0;
+        std::memcpy(&narrow, raw->data() + i * 4, 4);
+        v = narrow;
+      }
+      t.ints.push_back(v);
+    }
+    return t;
+  }
+  const auto& c = input.contents();
+  if (bytes) t.bytes.assign(c.bytes_contents().begin(), c.bytes_contents().end());
+  if (int64) t.ints.assign(c.int64_contents().begin(), c.int64_contents().end());
+  if (int32) t.ints.assign(c.int_contents().begin(), c.int_contents().end());
+  return t;
+}
+
+InferCall DecodeCall(const inference::ModelInferRequest& request) {
+  InferCall call;
+  call.model = request.model_name(), call.version = request.model_version(), call.id = request.id();
+  const bool raw = request.raw_input_contents_size() > 0;
+  if (raw && request.raw_input_contents_size() != request.inputs_size())
+    throw InferInputError("raw_input_contents: " + std::to_string(request.raw_input_contents_size()) + " entries for " +
+                          std::to_string(request.inputs_size()) + " inputs");
+  for (int i = 0; i < request.inputs_size(); ++i)
+    call.inputs.push_back(DecodeInput(request.inputs(i), raw ? &request.raw_input_contents(i) : nullptr));
+  for (const auto& output : request.outputs()) call.outputs.push_back({output.name(), true});
+  const auto& p = request.parameters();
+  if (auto it = p.find("priority"); it != p.end())
+    call.priority = int(it->second.int64_param() + it->second.uint64_param());
+  if (auto it = p.find("timeout"); it != p.end())
+    call.timeout_ms = double(it->second.int64_param() + it->second.uint64_param()) / 1000.0;
+  return call;
+}
+
+}  // namespace
+
+grpc::Status KserveGrpc::Authorize(const grpc::ServerContext* context) const {
+  const std::string& token = core_->spec().access_token;
+  if (token.empty()) return grpc::Status::OK;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it != metadata.end() && std::string(it->second.data(), it->second.size()) == "Bearer " + token)
+    return grpc::Status::OK;
+  return {grpc::StatusCode::UNAUTHENTICATED, "missing or wrong access token (metadata authorization: Bearer ...)"};
+}
+
+grpc::Status KserveGrpc::ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest*,
+                                    inference::ServerLiveResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  response->set_live(core_->live());
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ServerReady(grpc::ServerContext* context, const inference::ServerReadyRequest*,
+                                     inference::ServerReadyResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  response->set_ready(core_->ready());
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
+                                    inference::ModelReadyResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  response->set_ready(core_->ModelReady(request->name(), request->version()));
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ServerMetadata(grpc::ServerContext* context, const inference::ServerMetadataRequest*,
+                                        inference::ServerMetadataResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  response->set_name(kServerName);
+  response->set_version(kServerVersion);
+  response->add_extensions("binary_tensor_data");
+  response->add_extensions("model_repository");
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ModelMetadata(grpc::ServerContext* context, const inference::ModelMetadataRequest* request,
+                                       inference::ModelMetadataResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(request->name(), request->version(), &status, &message);
+  if (!meta) return StatusOf(status, message);
+  response->set_name(meta->model);
+  for (int64_t v : core_->ReadyVersions(meta->model)) response->add_versions(std::to_string(v));
+  response->set_platform("trainyard_" + meta->family);
+  auto add = [](auto* list, const char* name, const char* type, const std::vector<int64_t>& shape) {
+    auto* t = list->Add();
+    t->set_name(name), t->set_datatype(type);
+    for (int64_t d : shape) t->add_shape(d);
+  };
+  add(response->mutable_inputs(), "TEXT", "BYTES", {-1});
+  add(response->mutable_inputs(), "input_ids", "INT64", {-1, -1});
+  add(response->mutable_inputs(), "attention_mask", "INT64", {-1, -1});
+  add(response->mutable_outputs(), "logits", "FP32", {-1, int64_t(meta->labels.size())});
+  add(response->mutable_outputs(), "label", "BYTES", {-1});
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
+                                    inference::ModelInferResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(request->model_name(), request->model_version(), &status, &message);
+  if (!meta) {
+    core_->Record(request->model_name(), request->model_version(), status);
+    return StatusOf(status == InferStatus::kNotFound ? InferStatus::kBadInput : status, message);
+  }
+  InferCall call;
+  RequestPtr pending;
+  try {
+    call = DecodeCall(*request);
+    MakeOutputs(call, *meta, {});
+    const ServeSpec& spec = core_->spec();
+    auto deadline =
+        ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(std::chrono::duration<double, std::milli>(
+                                call.timeout_ms > 0 ? call.timeout_ms : spec.default_timeout_ms));
+    // The call's own gRPC deadline, when sooner.
+    const auto left = context->deadline() - std::chrono::system_clock::now();
+    if (context->deadline() != std::chrono::system_clock::time_point::max() && ServeClock::now() + left < deadline)
+      deadline = ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(left);
+    pending = std::make_shared<InferRequest>(meta, TokenRows(call.inputs, *meta, spec.truncate, spec.max_batch_size),
+                                             PriorityLevel(call.priority), deadline);
+  } catch (const InferInputError& e) {
+    core_->Record(meta->model, std::to_string(meta->version), InferStatus::kBadInput);
+    return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+  }
+  core_->Submit(pending);
+  while (!pending->WaitFor(std::chrono::milliseconds(5)))
+    if (context->IsCancelled()) pending->Cancel();
+  if (pending->status() != InferStatus::kOk) return StatusOf(pending->status(), pending->message());
+  response->set_model_name(meta->model);
+  response->set_model_version(std::to_string(meta->version));
+  response->set_id(call.id);
+  for (const TensorOut& out : MakeOutputs(call, *meta, pending->logits())) {
+    auto* o = response->add_outputs();
+    o->set_name(out.name), o->set_datatype(out.datatype);
+    for (int64_t d : out.shape) o->add_shape(d);
+    std::string* raw = response->add_raw_output_contents();
+    if (out.datatype == "FP32") {
+      raw->assign(reinterpret_cast<const char*>(out.fp32.data()), out.fp32.size() * sizeof(float));
+    } else {
+      for (const std::string& s : out.bytes) {
+        const uint32_t n = static_cast<uint32_t>(s.size());
+        raw->append(reinterpret_cast<const char*>(&n), 4);
+        raw->append(s);
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::RepositoryIndex(grpc::ServerContext* context, const inference::RepositoryIndexRequest* request,
+                                         inference::RepositoryIndexResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  for (const IndexEntry& e : core_->Index(request->ready())) {
+    auto* m = response->add_models();
+    m->set_name(e.model), m->set_version(std::to_string(e.version)), m->set_state(StateName(e.state));
+    m->set_reason(e.reason);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::RepositoryModelLoad(grpc::ServerContext* context,
+                                             const inference::RepositoryModelLoadRequest* request,
+                                             inference::RepositoryModelLoadResponse*) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  std::string message;
+  return StatusOf(core_->Load(request->model_name(), &message), message);
+}
+
+grpc::Status KserveGrpc::RepositoryModelUnload(grpc::ServerContext* context,
+                                               const inference::RepositoryModelUnloadRequest* request,
+                                               inference::RepositoryModelUnloadResponse*) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  std::string message;
+  return StatusOf(core_->Unload(request->model_name(), &message), message);
+}
+
+std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const std::string& host, int port,
+                                              int max_message_bytes, int* bound_port) {
+  grpc::ServerBuilder builder;
+  const std::string address =
+      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *bound_port == 0) throw std::runtime_error("cannot listen for gRPC on " + address);
+  return server;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,50 @@
+// The Open Inference Protocol over gRPC: inference.GRPCInferenceService (see
+// proto/kserve/grpc_service.proto) on gRPC's synchronous server, each call on one of
+// gRPC's threads. ModelInfer blocks until its request has run, watching the call: a
+// cancelled call (or one past its gRPC deadline) cancels the queued request.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "grpc_service.grpc.pb.h"
+#include "worker/serve/server_core.h"
+
+namespace trainyard {
+
+class KserveGrpc final : public inference::GRPCInferenceService::Service {
+ public:
+  explicit KserveGrpc(ServerCore* core) : core_(core) {}
+
+  grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+                          inference::ServerLiveResponse*) override;
+  grpc::Status ServerReady(grpc::ServerContext*, const inference::ServerReadyRequest*,
+                           inference::ServerReadyResponse*) override;
+  grpc::Status ModelReady(grpc::ServerContext*, const inference::ModelReadyRequest*,
+                          inference::ModelReadyResponse*) override;
+  grpc::Status ServerMetadata(grpc::ServerContext*, const inference::ServerMetadataRequest*,
+                              inference::ServerMetadataResponse*) override;
+  grpc::Status ModelMetadata(grpc::ServerContext*, const inference::ModelMetadataRequest*,
+                             inference::ModelMetadataResponse*) override;
+  grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest*,
+                          inference::ModelInferResponse*) override;
+  grpc::Status RepositoryIndex(grpc::ServerContext*, const inference::RepositoryIndexRequest*,
+                               inference::RepositoryIndexResponse*) override;
+  grpc::Status RepositoryModelLoad(grpc::ServerContext*, const inference::RepositoryModelLoadRequest*,
+                                   inference::RepositoryModelLoadResponse*) override;
+  grpc::Status RepositoryModelUnload(grpc::ServerContext*, const inference::RepositoryModelUnloadRequest*,
+                                     inference::RepositoryModelUnloadResponse*) override;
+
+ private:
+  grpc::Status Authorize(const grpc::ServerContext* context) const;
+  ServerCore* core_;
+};
+
+// Builds and starts the gRPC server on host:port (0: any free port, written to
+// *bound_port). Throws std::runtime_error if it cannot bind.
+std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const std::string& host, int port,
+                                              int max_message_bytes, int* bound_port);
+
+}  // namespace trainyard

@@ -1,0 +1,214 @@
+#include "worker/serve/http_server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+
+#include "common/log.h"
+
+namespace trainyard {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+struct HttpServer::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+};
+
+namespace {
+
+bool PeerHungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+// After answering a request whose body we refused to read: stop sending, and read and
+// drop what the client is still sending (up to a few seconds) before closing, so that it
+// sees the answer instead of a reset connection.
+void LingeringClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  char sink[65536];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    if (::recv(fd, sink, sizeof sink, 0) <= 0) return;
+  }
+}
+
+HttpResponse Plain(int status, const std::string& message) {
+  HttpResponse r;
+  r.status = status;
+  r.body = "{\"error\":\"" + message + "\"}";
+  return r;
+}
+
+// A claim on the server-wide budget of request-body bytes, released when it goes.
+class BodyBudget {
+ public:
+  BodyBudget(std::atomic<size_t>* used, size_t bytes, size_t cap) : used_(used), bytes_(bytes) {
+    size_t now = used_->load();
+    do {
+      if (now + bytes_ > cap && bytes_ > 0) return;
+    } while (!used_->compare_exchange_weak(now, now + bytes_));
+    granted_ = true;
+  }
+  ~BodyBudget() {
+    if (granted_) used_->fetch_sub(bytes_);
+  }
+  BodyBudget(const BodyBudget&) = delete;
+  BodyBudget& operator=(const BodyBudget&) = delete;
+  bool granted() const { return granted_; }
+
+ private:
+  std::atomic<size_t>* used_;
+  size_t bytes_;
+  bool granted_ = false;
+};
+
+}  // namespace
+
+HttpResponse HttpServer::Dispatch(const http::request<http::string_body>& message,
+                                  const std::function<bool()>& client_gone, bool* keep_alive) {
+  HttpRequest request;
+  request.method = std::string(message.method_string());
+  request.target = std::string(message.target());
+  request.body = message.body();
+  for (const auto& field : message) {
+    std::string name(field.name_string());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    request.headers[name] = std::string(field.value());
+  }
+  *keep_alive = message.keep_alive();
+  try {
+    return handler_(request, client_gone);
+  } catch (const std::exception& e) {
+    LogError(std::string("serve: http handler: ") + e.what());
+    return Plain(500, "internal error");
+  }
+}
+
+HttpServer::HttpServer(const std::string& host, int port, size_t max_body_bytes, size_t max_connections,
+                       Handler handler)
+    : impl_(std::make_unique<Impl>()),
+      max_body_bytes_(max_body_bytes),
+      max_buffered_bytes_(std::max(kMinBufferedBytes, 4 * max_body_bytes)),
+      max_connections_(max_connections),
+      handler_(std::move(handler)) {
+  beast::error_code error;
+  const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, error);
+  if (error) throw std::runtime_error("serve.host " + host + ": not an IP address");
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
+  impl_->acceptor.open(endpoint.protocol(), error);
+  if (!error) impl_->acceptor.set_option(asio::socket_base::reuse_address(true), error);
+  if (!error) impl_->acceptor.bind(endpoint, error);
+  if (!error) impl_->acceptor.listen(asio::socket_base::max_listen_connections, error);
+  if (error) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + error.message());
+  port_ = impl_->acceptor.local_endpoint().port();
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Start() {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+void HttpServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);
+  beast::error_code ignored;
+  impl_->acceptor.close(ignored);
+  if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
+  }
+  // Connection threads are detached; each leaves under mutex_ as its last step.
+  for (int i = 0; i < 5000 && active_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::lock_guard<std::mutex> lock(mutex_);
+}
+
+void HttpServer::AcceptLoop() {
+  while (!stopping_) {
+    tcp::socket socket(impl_->io);
+    beast::error_code error;
+    impl_->acceptor.accept(socket, error);
+    if (error) {
+      if (stopping_) return;
+      continue;
+    }
+    if (active_.load() >= max_connections_) continue;  // closed as `socket` goes
+    const int fd = socket.release(error);
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_fds_.insert(fd);
+    ++active_;
+    std::thread([this, fd] { Serve(fd); }).detach();
+  }
+}
+
+void HttpServer::Serve(int fd) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  beast::error_code error;
+  socket.assign(tcp::v4(), fd, error);
+  beast::flat_buffer buffer;
+  const std::function<bool()> client_gone = [fd] { return PeerHungUp(fd); };
+  while (!stopping_ && !error) {
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(max_body_bytes_);
+    parser.header_limit(64 * 1024);
+    http::read_header(socket, buffer, parser, error);
+    if (error == http::error::end_of_stream || error == asio::error::eof || error == asio::error::connection_reset)
+      break;
+    // The body's bytes count against the server-wide budget before they are read.
+    const size_t claimed =
+        parser.content_length() ? size_t(*parser.content_length()) : (parser.chunked() ? max_body_bytes_ : 0);
+    BodyBudget budget(&buffered_bytes_, std::min(claimed, max_body_bytes_ + 1), max_buffered_bytes_);
+    HttpResponse response;
+    bool keep_alive = false, drain = false;
+    if (!error && claimed > max_body_bytes_) error = http::error::body_limit;
+    if (!error && !budget.granted()) {
+      response = Plain(429, "server busy: request bodies in flight fill the server's " +
+                                std::to_string(max_buffered_bytes_ >> 20) + " MiB budget; retry");
+      drain = true;
+    } else {
+      if (!error) http::read(socket, buffer, parser, error);
+      if (error == http::error::body_limit) {
+        response = Plain(
+            400, "request body: larger than serve.max_body_mb (" + std::to_string(max_body_bytes_ >> 20) + " MiB)");
+        drain = true;
+      } else if (error) {
+        response = Plain(400, "malformed HTTP request: " + error.message());
+      } else {
+        response = Dispatch(parser.get(), client_gone, &keep_alive);
+      }
+    }
+    if (response.status == 499) break;  // the client went away: nobody to answer
+    http::response<http::string_body> out{static_cast<http::status>(response.status), 11};
+    out.set(http::field::server, "trainyard");
+    out.set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : response.headers) out.set(name, value);
+    out.keep_alive(keep_alive);
+    out.body() = std::move(response.body);
+    out.prepare_payload();
+    beast::error_code write_error;
+    http::write(socket, out, write_error);
+    if (!write_error && drain) LingeringClose(fd);
+    if (write_error || !keep_alive) break;
+    error = {};
+  }
+  socket.shutdown(tcp::socket::shutdown_both, error);
+  socket.close(error);
+  std::lock_guard<std::mutex> lock(mutex_);
+  open_fds_.erase(fd);
+  --active_;
+}
+
+}  // namespace trainyard

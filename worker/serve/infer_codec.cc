@@ -1,0 +1,141 @@
+#include "worker/serve/infer_codec.h"
+
+#include <algorithm>
+
+namespace trainyard {
+namespace {
+
+constexpr int64_t kMaxElements = int64_t(1) << 28;
+
+const TensorIn* Find(const std::vector<TensorIn>& inputs, const std::string& name) {
+  for (const TensorIn& t : inputs)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::vector<std::vector<int32_t>> TextRows(const TensorIn& text, const VersionMeta& meta, bool truncate) {
+  if (text.datatype != "BYTES") throw InferInputError("input 'TEXT': datatype " + text.datatype + ", expected BYTES");
+  const bool column = text.shape.size() == 2 && text.shape[1] == 1;
+  if (text.shape.size() != 1 && !column)
+    throw InferInputError("input 'TEXT': shape " + ShapeText(text.shape) + ", expected [N] or [N, 1]");
+  if (int64_t(text.bytes.size()) != text.shape[0])
+    throw InferInputError("input 'TEXT': shape " + ShapeText(text.shape) + " but " + std::to_string(text.bytes.size()) +
+                          " elements");
+  std::vector<std::vector<int32_t>> rows;
+  for (size_t i = 0; i < text.bytes.size(); ++i) {
+    std::vector<int32_t> ids = meta.tokenizer->Encode(text.bytes[i], 1 << 30);
+    if (int(ids.size()) > meta.max_tokens) {
+      if (!truncate)
+        throw InferInputError("input 'TEXT' element " + std::to_string(i) + ": " + std::to_string(ids.size()) +
+                              " tokens, more than the model's " + std::to_string(meta.max_tokens) +
+                              " positions (serve.truncate is off)");
+      ids = meta.tokenizer->Encode(text.bytes[i], meta.max_tokens);
+    }
+    if (ids.empty()) throw InferInputError("input 'TEXT' element " + std::to_string(i) + ": no tokens");
+    rows.push_back(std::move(ids));
+  }
+  return rows;
+}
+
+std::vector<std::vector<int32_t>> IdRows(const TensorIn& ids, const TensorIn* mask, const VersionMeta& meta) {
+  for (const TensorIn* t : {&ids, mask}) {
+    if (!t) continue;
+    if (t->datatype != "INT64" && t->datatype != "INT32")
+      throw InferInputError("input '" + t->name + "': datatype " + t->datatype + ", expected INT64");
+    if (t->shape.size() != 2)
+      throw InferInputError("input '" + t->name + "': shape " + ShapeText(t->shape) + ", expected [N, T]");
+    if (int64_t(t->ints.size()) != t->shape[0] * t->shape[1])
+      throw InferInputError("input '" + t->name + "': shape " + ShapeText(t->shape) + " but " +
+                            std::to_string(t->ints.size()) + " elements");
+  }
+  if (mask && mask->shape != ids.shape)
+    throw InferInputError("input 'attention_mask': shape " + ShapeText(mask->shape) + ", expected input_ids' " +
+                          ShapeText(ids.shape));
+  const int64_t n = ids.shape[0], t = ids.shape[1];
+  std::vector<std::vector<int32_t>> rows(n);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < t; ++c) {
+      const int64_t keep = mask ? mask->ints[r * t + c] : 1;
+      if (keep != 0 && keep != 1)
+        throw InferInputError("input 'attention_mask': element [" + std::to_string(r) + ", " + std::to_string(c) +
+                              "] is " + std::to_string(keep) + ", expected 0 or 1");
+      const int64_t id = ids.ints[r * t + c];
+      if (!keep) continue;
+      if (id < 0 || id >= meta.tokenizer->vocab_size())
+        throw InferInputError("input 'input_ids': element [" + std::to_string(r) + ", " + std::to_string(c) + "] is " +
+                              std::to_string(id) + ", outside the vocabulary of " +
+                              std::to_string(meta.tokenizer->vocab_size()));
+      rows[r].push_back(static_cast<int32_t>(id));
+    }
+    if (rows[r].empty()) throw InferInputError("input 'attention_mask': row " + std::to_string(r) + " has no token");
+    if (int(rows[r].size()) > meta.max_tokens)
+      throw InferInputError("input 'input_ids': row " + std::to_string(r) + " has " + std::to_string(rows[r].size()) +
+                            " tokens, more than the model's " + std::to_string(meta.max_tokens) + " positions");
+  }
+  return rows;
+}
+
+}  // namespace
+
+int64_t ElementCount(const std::vector<int64_t>& shape, const std::string& input) {
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || d > kMaxElements || count * std::max<int64_t>(d, 1) > kMaxElements)
+      throw InferInputError("input '" + input + "': shape " + ShapeText(shape) + " is negative or too large");
+    count *= d;
+  }
+  return count;
+}
+
+int PriorityLevel(int requested) { return requested <= 0 ? kDefaultPriority : requested; }
+
+std::vector<std::vector<int32_t>> TokenRows(const std::vector<TensorIn>& inputs, const VersionMeta& meta, bool truncate,
+                                            int max_rows) {
+  for (const TensorIn& t : inputs)
+    if (t.name != "TEXT" && t.name != "input_ids" && t.name != "attention_mask")
+      throw InferInputError("input '" + t.name + "': unknown (expected TEXT, or input_ids and attention_mask)");
+  const TensorIn* text = Find(inputs, "TEXT");
+  const TensorIn* ids = Find(inputs, "input_ids");
+  const TensorIn* mask = Find(inputs, "attention_mask");
+  if (text && (ids || mask)) throw InferInputError("inputs: give TEXT, or input_ids and attention_mask, not both");
+  if (!text && !ids) throw InferInputError("inputs: expected TEXT (BYTES) or input_ids (INT64)");
+  std::vector<std::vector<int32_t>> rows = text ? TextRows(*text, meta, truncate) : IdRows(*ids, mask, meta);
+  if (rows.empty()) throw InferInputError("inputs: no rows (the batch dimension is 0)");
+  if (int(rows.size()) > max_rows)
+    throw InferInputError("inputs: " + std::to_string(rows.size()) + " rows, more than serve.max_batch_size " +
+                          std::to_string(max_rows));
+  return rows;
+}
+
+std::vector<TensorOut> MakeOutputs(const InferCall& call, const VersionMeta& meta, const std::vector<float>& logits) {
+  const int64_t classes = int64_t(meta.labels.size());
+  const int64_t rows = classes ? int64_t(logits.size()) / classes : 0;
+  std::vector<OutputWanted> wanted = call.outputs;
+  if (wanted.empty()) wanted = {{"logits", call.binary_output}, {"label", call.binary_output}};
+  std::vector<TensorOut> outputs;
+  for (const OutputWanted& w : wanted) {
+    TensorOut out;
+    out.name = w.name, out.binary = w.binary;
+    if (w.name == "logits") {
+      out.datatype = "FP32", out.shape = {rows, classes}, out.fp32 = logits;
+    } else if (w.name == "label") {
+      out.datatype = "BYTES", out.shape = {rows};
+      for (int64_t r = 0; r < rows; ++r) {
+        auto row = logits.begin() + r * classes;
+        out.bytes.push_back(meta.labels[std::max_element(row, row + classes) - row]);
+      }
+    } else {
+      throw InferInputError("output '" + w.name + "': unknown (expected logits or label)");
+    }
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+}  // namespace trainyard

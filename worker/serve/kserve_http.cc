@@ -1,0 +1,147 @@
+#include "worker/serve/kserve_http.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "worker/serve/infer_codec.h"
+#include "worker/serve/kserve_json.h"
+
+namespace trainyard {
+namespace {
+
+using json = nlohmann::json;
+
+HttpResponse JsonResponse(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump();
+  return r;
+}
+
+HttpResponse Error(int status, const std::string& message) { return JsonResponse(status, {{"error", message}}); }
+
+HttpResponse AnswerResponse(const JsonAnswer& answer) {
+  HttpResponse r;
+  r.body = answer.body;
+  if (answer.binary) {
+    r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(answer.json_length));
+    r.content_type = "application/octet-stream";
+  }
+  return r;
+}
+
+}  // namespace
+
+bool KserveHttp::Authorized(const HttpRequest& request) const {
+  const std::string& token = core_->spec().access_token;
+  return token.empty() || request.Header("authorization") == "Bearer " + token;
+}
+
+HttpResponse KserveHttp::Handle(const HttpRequest& request, const std::function<bool()>& client_gone) {
+  if (!Authorized(request)) return Error(401, "missing or wrong access token (Authorization: Bearer ...)");
+  static const std::regex kModelPath(R"(/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?)");
+  static const std::regex kRepositoryPath(R"(/v2/repository/models/([^/]+)/(load|unload))");
+  const std::string path = request.target.substr(0, request.target.find('?'));
+  const bool get = request.method == "GET", post = request.method == "POST";
+  std::smatch m;
+  if (get && path == "/v2/health/live") return JsonResponse(core_->live() ? 200 : 503, json::object());
+  if (get && path == "/v2/health/ready") return JsonResponse(core_->ready() ? 200 : 503, json::object());
+  if (get && path == "/v2")
+    return JsonResponse(200, {{"name", kServerName},
+                              {"version", kServerVersion},
+                              {"extensions", {"binary_tensor_data", "model_repository"}}});
+  if (post && path == "/v2/repository/index") return Repository("", "index", request);
+  if (post && std::regex_match(path, m, kRepositoryPath)) return Repository(m[1], m[2], request);
+  if (std::regex_match(path, m, kModelPath)) {
+    const std::string model = m[1], version = m[2], action = m[3];
+    if (get && action.empty()) return ModelMetadata(model, version);
+    if (get && action == "/ready") return JsonResponse(core_->ModelReady(model, version) ? 200 : 400, json::object());
+    if (post && action == "/infer") return Infer(model, version, request, client_gone);
+  }
+  return Error(404, request.method + " " + path + ": no such endpoint");
+}
+
+HttpResponse KserveHttp::ModelMetadata(const std::string& model, const std::string& version) {
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(model, version, &status, &message);
+  if (!meta) return Error(HttpStatus(status) == 503 ? 400 : HttpStatus(status), message);
+  json versions = json::array();
+  for (int64_t v : core_->ReadyVersions(model)) versions.push_back(std::to_string(v));
+  const int64_t labels = int64_t(meta->labels.size());
+  return JsonResponse(200, {{"name", model},
+                            {"versions", versions},
+                            {"platform", std::string("trainyard_") + meta->family},
+                            {"inputs",
+                             {{{"name", "TEXT"}, {"datatype", "BYTES"}, {"shape", {-1}}},
+                              {{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {-1, -1}}},
+                              {{"name", "attention_mask"}, {"datatype", "INT64"}, {"shape", {-1, -1}}}}},
+                            {"outputs",
+                             {{{"name", "logits"}, {"datatype", "FP32"}, {"shape", {-1, labels}}},
+                              {{"name", "label"}, {"datatype", "BYTES"}, {"shape", {-1}}}}}});
+}
+
+HttpResponse KserveHttp::Repository(const std::string& model, const std::string& action, const HttpRequest& request) {
+  if (action == "index") {
+    bool ready_only = false;
+    if (!request.body.empty()) {
+      const json body = json::parse(request.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object()) return Error(400, "request body: malformed JSON");
+      ready_only = body.value("ready", false);
+    }
+    json index = json::array();
+    for (const IndexEntry& e : core_->Index(ready_only)) {
+      json entry = {{"name", e.model}, {"version", std::to_string(e.version)}, {"state", StateName(e.state)}};
+      if (!e.reason.empty()) entry["reason"] = e.reason;
+      index.push_back(entry);
+    }
+    return JsonResponse(200, index);
+  }
+  std::string message;
+  const InferStatus status = action == "load" ? core_->Load(model, &message) : core_->Unload(model, &message);
+  return status == InferStatus::kOk ? JsonResponse(200, json::object()) : Error(HttpStatus(status), message);
+}
+
+HttpResponse KserveHttp::Infer(const std::string& model, const std::string& version, const HttpRequest& request,
+                               const std::function<bool()>& client_gone) {
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(model, version, &status, &message);
+  if (!meta) {
+    core_->Record(model, version, status);
+    return Error(HttpStatus(status), message);
+  }
+  InferCall call;
+  RequestPtr pending;
+  try {
+    call = DecodeJsonInfer(request.body, request.Header("inference-header-content-length"));
+    MakeOutputs(call, *meta, {});  // checks the outputs asked for
+    const ServeSpec& spec = core_->spec();
+    const double timeout_ms = call.timeout_ms > 0 ? call.timeout_ms : spec.default_timeout_ms;
+    const auto deadline = ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(
+                                                  std::chrono::duration<double, std::milli>(timeout_ms));
+    pending = std::make_shared<InferRequest>(meta, TokenRows(call.inputs, *meta, spec.truncate, spec.max_batch_size),
+                                             PriorityLevel(call.priority), deadline);
+  } catch (const InferInputError& e) {
+    core_->Record(model, std::to_string(meta->version), InferStatus::kBadInput);
+    return Error(400, e.what());
+  }
+  core_->Submit(pending);
+  while (!pending->WaitFor(std::chrono::milliseconds(5)))
+    if (client_gone()) pending->Cancel();
+  if (pending->status() != InferStatus::kOk) return Error(HttpStatus(pending->status()), pending->message());
+  return AnswerResponse(EncodeJsonAnswer(call, *meta, MakeOutputs(call, *meta, pending->logits())));
+}
+
+HttpResponse KserveHttp::HandleMetrics(const HttpRequest& request) {
+  if (!Authorized(request)) return Error(401, "missing or wrong access token (Authorization: Bearer ...)");
+  if (request.method != "GET" || request.target.substr(0, request.target.find('?')) != "/metrics")
+    return Error(404, request.method + " " + request.target + ": only GET /metrics here");
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = core_->RenderMetrics();
+  return r;
+}
+
+}  // namespace trainyard
