@@ -159,6 +159,7 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
                         {"reason", j.reason()},
                         {"submitted_at", j.submitted_at()}};
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
+  if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
   return out;
 }
 
@@ -209,8 +210,10 @@ int Show(const Options& o, const std::string& what, int64_t id) {
     return 0;
   }
   PrintTable(jobs);
-  for (const auto& j : jobs)
+  for (const auto& j : jobs) {
+    for (const auto& e : j.endpoints()) std::printf("  endpoint: %s\n", e.c_str());
     for (const auto& e : j.events()) std::printf("  event: %s\n", e.c_str());
+  }
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/spec/job_spec.h"
@@ -24,6 +25,24 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_attempts(j.attempts);
   info->set_reason(j.reason);
   info->set_submitted_at(j.submitted_at);
+}
+
+// The listeners a running serve job wrote to its endpoints.json (serve_frontend does, once
+// bound), as "http http://127.0.0.1:8000" lines; none if there is no such file or it is
+// not what serve_frontend writes. Small and bounded: read on the loop.
+std::vector<std::string> ServeEndpoints(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::string text(64 * 1024, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  const nlohmann::json endpoints = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> out;
+  if (!endpoints.is_object()) return out;
+  for (const char* kind : {"http", "grpc", "metrics"})
+    if (endpoints.contains(kind) && endpoints[kind].is_string())
+      out.push_back(std::string(kind) + " " + endpoints[kind].get<std::string>());
+  return out;
 }
 
 }  // namespace
@@ -298,6 +317,9 @@ wire::Envelope Server::Status(int64_t id) {
   reply.set_version(kProtocolVersion);
   Fill(*job, reply.mutable_job());
   for (const auto& event : store_->Events(id)) reply.mutable_job()->add_events(event);
+  if (job->state == JobState::kRunning)
+    for (const std::string& endpoint : ServeEndpoints(JobRunsDir(id) + "/" + job->name + "/endpoints.json"))
+      reply.mutable_job()->add_endpoints(endpoint);
   return reply;
 }
 

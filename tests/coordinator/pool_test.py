@@ -31,6 +31,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
 import e2e_common  # noqa: E402
-from e2e_common import MPI_ENV, free_port  # noqa: E402
+from e2e_common import LANGID, MPI_ENV, free_port  # noqa: E402
 
 
 def wait_for(predicate, timeout, what):
@@ -370,11 +371,59 @@ def case_gpu(c, work):
     assert summary["final"] == standalone, (summary["final"], standalone)
 
 
+def case_serve(c, work):
+    """A serve job on a pool: jobctl status lists its endpoints, tritonclient gets answers
+    from them, and jobctl cancel stops the server."""
+    import numpy as np
+    import torch
+    import tritonclient.http as thttp
+    from transformers import BertConfig, BertForSequenceClassification
+    labels = [l.strip() for l in open(os.path.join(LANGID, "labels.txt"), encoding="utf-8") if l.strip()]
+    version = os.path.join(work, "repo", "langid", "1")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=sum(1 for _ in open(os.path.join(LANGID, "vocab.txt"), encoding="utf-8")),
+                        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                        id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    BertForSequenceClassification(config).save_pretrained(version)
+    shutil.copy(os.path.join(LANGID, "vocab.txt"), version)
+    job = os.path.join(work, "serve.yaml")
+    with open(job, "w") as f:
+        f.write(f"""name: served
+kind: serve
+runtime: {{device: cpu, threads: 1}}
+serve: {{repository: {os.path.join(work, "repo")}, http_port: 0, grpc_port: 0, metrics_port: 0}}
+""")
+    c.start(1)
+    job_id = c.submit(job)
+    status = wait_for(lambda: (lambda j: j if j.get("endpoints") else None)(c.job(job_id)), 60,
+                      "the serve job to list its endpoints")
+    http_url = next(e.split()[1] for e in status["endpoints"] if e.startswith("http "))
+    client = thttp.InferenceServerClient(http_url.replace("http://", ""))
+    wait_for(lambda: client.is_server_ready(), 30, "the served model to be ready")
+    text = thttp.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Guten Morgen"], dtype=object))
+    label = client.infer("langid", [text]).as_numpy("label")[0]
+    assert label.decode() in labels, label
+    print(f"serve: jobctl status lists {status['endpoints']}; the pool's server answered '{label.decode()}'")
+    assert c.jobctl("cancel", str(job_id))["state"] == "CANCELLED"
+    wait_for(lambda: all(w["job_id"] != job_id for w in c.workers()), 30, "the serve job's rank to stop")
+
+    def refused():
+        try:
+            client.is_server_live()
+            return False
+        except Exception:
+            return True
+    wait_for(refused, 30, "the server to stop listening")
+    print("serve: jobctl cancel stopped it")
+
+
 def main():
     p = argparse.ArgumentParser()
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause", "gpu"])
+    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause", "serve",
+                                    "gpu"])
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         c = Cluster(a, work)

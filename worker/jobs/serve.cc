@@ -244,6 +244,15 @@ void ServeRunner::Serve(void* raw_socket) {
 
 nlohmann::json ServeRunner::Run() {
   fs::create_directories(run_dir());
+  const std::string endpoints_file = run_dir() + "/endpoints.json";
+  fs::remove(endpoints_file);  // a previous attempt's: the front end writes it once bound
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      fs::remove(path, ignored);  // nothing listens there any more
+    }
+  } remove_endpoints{endpoints_file};
   char dir_template[] = "/tmp/trainyard-serve-XXXXXX";  // 0700: only this user reaches the socket
   if (!::mkdtemp(dir_template)) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
   socket_dir_ = dir_template;
