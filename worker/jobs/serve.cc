@@ -36,7 +36,8 @@ std::string FrontEndPath() {
   const fs::path self = fs::read_symlink("/proc/self/exe", error);
   const fs::path path = self.parent_path() / "serve_frontend";
   if (error || !fs::exists(path))
-    throw std::runtime_error("serve_frontend not found beside the worker (" + path.string() + "): build it");
+    throw InputError("kind: serve needs serve_frontend beside the worker (" + path.string() +
+                     "); it is built where Boost and gRPC are installed (scripts/setup.sh)");
   return path.string();
 }
 
@@ -63,6 +64,7 @@ void FitCost(const std::vector<std::pair<double, double>>& points, nlohmann::jso
 ServeRunner::ServeRunner(JobSpec spec, RankContext ranks)
     : spec_(std::move(spec)), ranks_(ranks), device_(PrepareRuntime(spec_, ranks_)) {
   if (ranks_.world > 1) throw InputError(spec_.Where("kind") + ": kind: serve runs on one rank");
+  front_end_path_ = FrontEndPath();
 }
 
 ServeRunner::~ServeRunner() {
@@ -84,7 +86,7 @@ std::string ServeRunner::Key(const nlohmann::json& header) {
 }
 
 void ServeRunner::StartFrontEnd(const std::string& endpoint) {
-  const std::string program = FrontEndPath();
+  const std::string& program = front_end_path_;
   std::vector<std::string> args{program,
                                 spec_.source_file,
                                 "--link",

@@ -48,6 +48,7 @@ class ServeRunner {
   JobSpec spec_;
   RankContext ranks_;
   torch::Device device_{torch::kCPU};
+  std::string front_end_path_;
   std::string socket_dir_;
   int front_end_pid_ = -1;
   std::map<std::string, Loaded> models_;  // "model/version"; the serving thread's
