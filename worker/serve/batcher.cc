@@ -38,6 +38,11 @@ std::vector<RequestPtr> Batcher::TakeDead(ServeClock::time_point now) {
   return dead;
 }
 
+void Batcher::SweepGone() {
+  for (const RequestPtr& r : queue_)
+    if (!r->cancelled() && r->ClientGone()) r->Cancel();
+}
+
 std::vector<RequestPtr> Batcher::TakeAll(const VersionMeta* meta) {
   std::vector<RequestPtr> taken;
   for (auto it = queue_.begin(); it != queue_.end();) {

@@ -58,6 +58,8 @@ class Batcher {
   // Removes and returns the next batch that is ready at `now`, if any. Otherwise sets
   // *wake (if the queue is not empty) to when the oldest anchor's delay runs out.
   std::optional<Batch> Next(ServeClock::time_point now, ServeClock::time_point* wake);
+  // Cancels the queued requests whose client has gone (InferRequest::ClientGone).
+  void SweepGone();
   // Removes and returns every queued request of `meta` (a version going away).
   std::vector<RequestPtr> TakeAll(const VersionMeta* meta);
 

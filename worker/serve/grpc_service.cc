@@ -191,9 +191,9 @@ grpc::Status KserveGrpc::ModelInfer(grpc::ServerContext* context, const inferenc
     core_->Record(meta->model, std::to_string(meta->version), InferStatus::kBadInput);
     return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
   }
+  pending->SetClientGone([context] { return context->IsCancelled(); });
   core_->Submit(pending);
-  while (!pending->WaitFor(std::chrono::milliseconds(5)))
-    if (context->IsCancelled()) pending->Cancel();
+  pending->Wait();
   if (pending->status() != InferStatus::kOk) return StatusOf(pending->status(), pending->message());
   response->set_model_name(meta->model);
   response->set_model_version(std::to_string(meta->version));

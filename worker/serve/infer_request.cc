@@ -75,6 +75,11 @@ void InferRequest::SetTimings(double queue_ms, double compute_ms, int batch_rows
   queue_ms_ = queue_ms, compute_ms_ = compute_ms, batch_rows_ = batch_rows;
 }
 
+void InferRequest::Wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  finished_cv_.wait(lock, [&] { return finished_; });
+}
+
 bool InferRequest::WaitFor(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   return finished_cv_.wait_for(lock, timeout, [&] { return finished_; });

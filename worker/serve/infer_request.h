@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,12 @@ class InferRequest {
   // Thread-safe. A cancelled request still queued is dropped, never computed.
   void Cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
+  // How the transport tells that its client has gone (a hung-up socket, a cancelled
+  // call). Set before Submit; the dispatcher asks it of queued requests now and then
+  // (Batcher::SweepGone), so the transport's thread can simply wait. It must stay
+  // callable until the request is finished.
+  void SetClientGone(std::function<bool()> client_gone) { client_gone_ = std::move(client_gone); }
+  bool ClientGone() const { return client_gone_ && client_gone_(); }
 
   // The dispatcher's side: called once. `logits` is [rows x labels], row major.
   void Finish(InferStatus status, std::string message, std::vector<float> logits = {});
@@ -58,6 +65,9 @@ class InferRequest {
 
   // The transport's side: waits up to `timeout` for Finish; true when finished.
   bool WaitFor(std::chrono::milliseconds timeout);
+  // Waits for Finish (every submitted request gets one: an answer, a refusal, expiry,
+  // cancellation, or the server stopping).
+  void Wait();
   // Valid after WaitFor returned true.
   InferStatus status() const { return status_; }
   const std::string& message() const { return message_; }
@@ -73,6 +83,7 @@ class InferRequest {
   int priority_ = 0;
   ServeClock::time_point arrival_, deadline_;
   std::atomic<bool> cancelled_{false};
+  std::function<bool()> client_gone_;
 
   std::mutex mutex_;
   std::condition_variable finished_cv_;

@@ -127,9 +127,9 @@ HttpResponse KserveHttp::Infer(const std::string& model, const std::string& vers
     core_->Record(model, std::to_string(meta->version), InferStatus::kBadInput);
     return Error(400, e.what());
   }
+  pending->SetClientGone(client_gone);
   core_->Submit(pending);
-  while (!pending->WaitFor(std::chrono::milliseconds(5)))
-    if (client_gone()) pending->Cancel();
+  pending->Wait();
   if (pending->status() != InferStatus::kOk) return Error(HttpStatus(pending->status()), pending->message());
   return AnswerResponse(EncodeJsonAnswer(call, *meta, MakeOutputs(call, *meta, pending->logits())));
 }

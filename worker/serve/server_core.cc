@@ -17,6 +17,8 @@ constexpr int kIdleWaitMs = 50;
 // Admission refuses a request whose estimated wait, times this, is past its deadline.
 constexpr double kEstimateMargin = 1.2;
 constexpr size_t kCostWindow = 32;  // batches the cost model looks back on
+// How often queued requests are asked whether their client is still there.
+constexpr auto kSweepPeriod = std::chrono::milliseconds(10);
 constexpr double kSettleSeconds = 1.0;
 constexpr auto kLoadWait = std::chrono::minutes(10);
 
@@ -415,6 +417,10 @@ void ServerCore::DispatchOnce(std::unique_lock<std::mutex>& lock) {
     commands_.pop_front();
   }
   const auto now = ServeClock::now();
+  if (now - last_sweep_ >= kSweepPeriod) {
+    batcher_.SweepGone();
+    last_sweep_ = now;
+  }
   AnswerDead(now);
   ServeClock::time_point wake = now + std::chrono::milliseconds(kIdleWaitMs);
   if (!in_flight_) {
@@ -434,7 +440,8 @@ void ServerCore::DispatchOnce(std::unique_lock<std::mutex>& lock) {
   }
   UnloadRetired();
   const bool expect_reply = in_flight_ || loads_pending_ > 0;
-  const int wait_ms = std::clamp(int(std::ceil(MsBetween(now, wake))), 0, kIdleWaitMs);
+  int wait_ms = std::clamp(int(std::ceil(MsBetween(now, wake))), 0, kIdleWaitMs);
+  if (batcher_.size() > 0) wait_ms = std::min<int>(wait_ms, int(kSweepPeriod.count()));
   if (!expect_reply) {
     if (commands_.empty() && batcher_.size() == 0)
       wake_.wait_for(lock, std::chrono::milliseconds(kIdleWaitMs));

@@ -141,7 +141,7 @@ class ServerCore {
   int loads_pending_ = 0;
   uint64_t next_batch_id_ = 1;
   double ms_per_token_ = 0.01, ms_per_batch_ = 1;  // the cost model, refined by every batch
-  ServeClock::time_point last_answer_;
+  ServeClock::time_point last_answer_, last_sweep_;
   std::deque<double> recent_costs_;  // ms per queued token of the last batches
 
   std::atomic<bool> live_{false}, stopping_{false};
