@@ -488,8 +488,13 @@ def bad_input(worker, work):
         status, answer = raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["still serving"]))
         ok &= check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
                     "a good request after all of them: 200")
-        bad = sample(server.metrics(), "trainyard_serve_requests_total", model="langid", outcome="bad_input")
+        for i in range(20):  # made-up model names must not become metric series
+            raw_http(port, "POST", f"/v2/models/made-up-{i}/infer", infer_body(["x"]))
+        m = server.metrics()
+        bad = sample(m, "trainyard_serve_requests_total", model="langid", outcome="bad_input")
         ok &= check(bad >= 10, f"bad inputs counted in the metrics ({bad})")
+        names = {s.labels.get("model") for s in m["trainyard_serve_requests"].samples}
+        ok &= check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly")
     return ok

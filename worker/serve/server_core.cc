@@ -353,13 +353,27 @@ void ServerCore::Submit(const RequestPtr& request) {
 }
 
 void ServerCore::Record(const std::string& model, const std::string& version, InferStatus status) {
+  // Only names the server knows become label values: a client sending requests for
+  // random model names must not grow the metrics without bound.
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = models_.find(model);
+    known = it != models_.end() &&
+            (version.empty() || std::any_of(it->second.versions.begin(), it->second.versions.end(),
+                                            [&](const auto& v) { return std::to_string(v.first) == version; }));
+  }
+  Count(known ? model : std::string("<unknown>"), known ? version : std::string(), status);
+}
+
+void ServerCore::Count(const std::string& model, const std::string& version, InferStatus status) {
   metrics_.Add("trainyard_serve_requests_total",
                {{"model", model}, {"version", version}, {"outcome", OutcomeName(status)}});
 }
 
 void ServerCore::Finished(const InferRequest& request, InferStatus status) {
   const std::string& model = request.meta().model;
-  Record(model, std::to_string(request.meta().version), status);
+  Count(model, std::to_string(request.meta().version), status);
   if (status == InferStatus::kOk)
     metrics_.Observe("trainyard_serve_request_seconds", {{"model", model}},
                      MsBetween(request.arrival(), ServeClock::now()) / 1000.0);

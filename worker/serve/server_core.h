@@ -83,7 +83,8 @@ class ServerCore {
 
   // Queues `request`, or answers it at once (kRejected); either way it gets finished.
   void Submit(const RequestPtr& request);
-  // Counts an outcome decided before Submit (a bad request, an unknown model).
+  // Counts an outcome decided before Submit (a bad request, an unknown model: counted as
+  // model "<unknown>"). REQUIRES: mutex_ not held.
   void Record(const std::string& model, const std::string& version, InferStatus status);
 
   const ServeSpec& spec() const { return spec_; }
@@ -126,6 +127,7 @@ class ServerCore {
   std::vector<std::pair<int, int>> WarmShapes(const VersionMeta& meta) const;
   void DeclareMetrics();
   void Finished(const InferRequest& request, InferStatus status);
+  void Count(const std::string& model, const std::string& version, InferStatus status);
 
   const ServeSpec spec_;
   Metrics metrics_;
