@@ -392,7 +392,8 @@ void ServerCore::AnswerDead(ServeClock::time_point now) {
 // A request whose deadline passes before its batch would finish is answered now
 // (expired) rather than computed for nobody.
 void ServerCore::DropHopeless(Batch* batch, ServeClock::time_point now) {
-  const double batch_ms = double(batch->request_tokens()) * ms_per_token_ + ms_per_batch_;
+  // The same margin as admission: a batch that ends late answers everyone in it late.
+  const double batch_ms = (double(batch->request_tokens()) * ms_per_token_ + ms_per_batch_) * kEstimateMargin;
   std::vector<RequestPtr> keep;
   for (RequestPtr& r : batch->requests) {
     if (MsBetween(now, r->deadline()) >= batch_ms) {
