@@ -1,7 +1,5 @@
 #include "worker/serve/grpc_service.h"
 
-#include <cstring>
-
 #include "worker/serve/infer_codec.h"
 #include "worker/serve/kserve_http.h"
 
@@ -35,40 +33,13 @@ TensorIn DecodeInput(const inference::ModelInferRequest::InferInputTensor& input
   TensorIn t;
   t.name = input.name(), t.datatype = input.datatype();
   t.shape.assign(input.shape().begin(), input.shape().end());
-  const int64_t count = ElementCount(t.shape, t.name);
+  ElementCount(t.shape, t.name);  // throws for a negative or huge shape
   const bool bytes = t.datatype == "BYTES";
   const bool int64 = t.datatype == "INT64", int32 = t.datatype == "INT32";
   if (!bytes && !int64 && !int32)
     throw InferInputError("input '" + t.name + "': datatype " + t.datatype + " not accepted (BYTES, INT64)");
   if (raw) {
-    if (bytes) {
-      for (size_t at = 0; at < raw->size();) {
-        uint32_t n = 0;
-        if (raw->size() - at < 4) throw InferInputError("input '" + t.name + "': raw BYTES data ends inside a length");
-        std::memcpy(&n, raw->data() + at, 4);
-        at += 4;
-        if (n > raw->size() - at) throw InferInputError("input '" + t.name + "': raw BYTES element runs past the data");
-        t.bytes.emplace_back(raw->data() + at, n);
-        at += n;
-      }
-      return t;
-    }
-    const size_t width = int64 ? 8 : 4;
-    if (raw->size() != size_t(count) * width)
-      throw InferInputError("input '" + t.name + "': " + std::to_string(raw->size()) +
-                            " raw bytes do not match shape and datatype (" + std::to_string(size_t(count) * width) +
-                            ")");
-    for (int64_t i = 0; i < count; ++i) {
-      int64_t v = 0;
-      if (int64) {
-        std::memcpy(&v, raw->data() + i * 8, 8);
-      } else {
-        int32_t narrow = 0;
-        std::memcpy(&narrow, raw->data() + i * 4, 4);
-        v = narrow;
-      }
-      t.ints.push_back(v);
-    }
+    RawElements(*raw, &t);
     return t;
   }
   const auto& c = input.contents();
@@ -202,16 +173,7 @@ grpc::Status KserveGrpc::ModelInfer(grpc::ServerContext* context, const inferenc
     auto* o = response->add_outputs();
     o->set_name(out.name), o->set_datatype(out.datatype);
     for (int64_t d : out.shape) o->add_shape(d);
-    std::string* raw = response->add_raw_output_contents();
-    if (out.datatype == "FP32") {
-      raw->assign(reinterpret_cast<const char*>(out.fp32.data()), out.fp32.size() * sizeof(float));
-    } else {
-      for (const std::string& s : out.bytes) {
-        const uint32_t n = static_cast<uint32_t>(s.size());
-        raw->append(reinterpret_cast<const char*>(&n), 4);
-        raw->append(s);
-      }
-    }
+    response->add_raw_output_contents(RawBytes(out));
   }
   return grpc::Status::OK;
 }

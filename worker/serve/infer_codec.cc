@@ -1,6 +1,7 @@
 #include "worker/serve/infer_codec.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace trainyard {
 namespace {
@@ -91,6 +92,52 @@ int64_t ElementCount(const std::vector<int64_t>& shape, const std::string& input
     count *= d;
   }
   return count;
+}
+
+void RawElements(const std::string& raw, TensorIn* t) {
+  if (t->datatype == "BYTES") {
+    for (size_t at = 0; at < raw.size();) {
+      uint32_t n = 0;
+      if (raw.size() - at < 4) throw InferInputError("input '" + t->name + "': BYTES data ends inside a length");
+      std::memcpy(&n, raw.data() + at, 4);
+      at += 4;
+      if (n > raw.size() - at)
+        throw InferInputError("input '" + t->name + "': a BYTES element of " + std::to_string(n) +
+                              " bytes runs past the data sent for it");
+      t->bytes.emplace_back(raw.data() + at, n);
+      at += n;
+    }
+    return;
+  }
+  const size_t count = size_t(ElementCount(t->shape, t->name));
+  const size_t width = t->datatype == "INT64" ? 8 : 4;
+  if (raw.size() != count * width)
+    throw InferInputError("input '" + t->name + "': " + std::to_string(raw.size()) +
+                          " bytes of data do not match its shape and datatype (" + std::to_string(count * width) +
+                          " bytes)");
+  for (size_t i = 0; i < count; ++i) {
+    if (width == 8) {
+      int64_t v = 0;
+      std::memcpy(&v, raw.data() + i * 8, 8);
+      t->ints.push_back(v);
+    } else {
+      int32_t v = 0;
+      std::memcpy(&v, raw.data() + i * 4, 4);
+      t->ints.push_back(v);
+    }
+  }
+}
+
+std::string RawBytes(const TensorOut& out) {
+  if (out.datatype == "FP32")
+    return std::string(reinterpret_cast<const char*>(out.fp32.data()), out.fp32.size() * sizeof(float));
+  std::string raw;
+  for (const std::string& s : out.bytes) {
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    raw.append(reinterpret_cast<const char*>(&n), 4);
+    raw += s;
+  }
+  return raw;
 }
 
 int PriorityLevel(int requested) { return requested <= 0 ? kDefaultPriority : requested; }

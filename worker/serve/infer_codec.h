@@ -71,6 +71,14 @@ std::vector<std::vector<int32_t>> TokenRows(const std::vector<TensorIn>& inputs,
 // output the model does not have.
 std::vector<TensorOut> MakeOutputs(const InferCall& call, const VersionMeta& meta, const std::vector<float>& logits);
 
+// The raw tensor layout both transports use (Triton's binary data over HTTP, gRPC's
+// raw_input_contents / raw_output_contents): row major, little-endian; BYTES elements
+// each a 4-byte length and the bytes. RawElements fills t->bytes or t->ints from `raw`
+// for t's datatype and shape, and throws InferInputError naming t->name when the bytes
+// do not fit them. REQUIRES: t->datatype is BYTES, INT64 or INT32.
+void RawElements(const std::string& raw, TensorIn* t);
+std::string RawBytes(const TensorOut& out);
+
 // Effective priority: lower runs first.
 int PriorityLevel(int requested);
 

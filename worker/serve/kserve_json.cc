@@ -1,6 +1,5 @@
 #include "worker/serve/kserve_json.h"
 
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace trainyard {
@@ -14,28 +13,6 @@ void Flatten(const json& data, std::vector<const json*>* out) {
     for (const json& item : data) Flatten(item, out);
   else
     out->push_back(&data);
-}
-
-uint32_t ReadLe32(const char* p) {
-  uint32_t v = 0;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// BYTES elements of a binary chunk: each a 4-byte length and the bytes.
-std::vector<std::string> SplitBytes(const std::string& chunk, const std::string& name) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at < chunk.size();) {
-    if (chunk.size() - at < 4) throw InferInputError("input '" + name + "': binary BYTES data ends inside a length");
-    const uint32_t n = ReadLe32(chunk.data() + at);
-    at += 4;
-    if (n > chunk.size() - at)
-      throw InferInputError("input '" + name + "': binary BYTES element of " + std::to_string(n) +
-                            " bytes runs past its binary_data_size");
-    out.emplace_back(chunk.data() + at, n);
-    at += n;
-  }
-  return out;
 }
 
 TensorIn DecodeInput(const json& input, const std::string& binary_chunk, bool has_binary) {
@@ -58,26 +35,7 @@ TensorIn DecodeInput(const json& input, const std::string& binary_chunk, bool ha
   if (!bytes && !ints)
     throw InferInputError("input '" + t.name + "': datatype " + t.datatype + " not accepted (BYTES, INT64)");
   if (has_binary) {
-    if (bytes) {
-      t.bytes = SplitBytes(binary_chunk, t.name);
-    } else {
-      const size_t width = t.datatype == "INT64" ? 8 : 4;
-      if (binary_chunk.size() != size_t(count) * width)
-        throw InferInputError("input '" + t.name + "': binary_data_size " + std::to_string(binary_chunk.size()) +
-                              " does not match shape and datatype (" + std::to_string(size_t(count) * width) +
-                              " bytes)");
-      for (int64_t i = 0; i < count; ++i) {
-        if (width == 8) {
-          int64_t v;
-          std::memcpy(&v, binary_chunk.data() + i * 8, 8);
-          t.ints.push_back(v);
-        } else {
-          int32_t v;
-          std::memcpy(&v, binary_chunk.data() + i * 4, 4);
-          t.ints.push_back(v);
-        }
-      }
-    }
+    RawElements(binary_chunk, &t);
     return t;
   }
   if (!input.contains("data")) throw InferInputError("input '" + t.name + "': 'data' missing");
@@ -174,15 +132,7 @@ JsonAnswer EncodeJsonAnswer(const InferCall& call, const VersionMeta& meta, cons
     json o = {{"name", out.name}, {"datatype", out.datatype}, {"shape", out.shape}};
     if (out.binary) {
       const size_t before = binary.size();
-      if (out.datatype == "FP32") {
-        binary.append(reinterpret_cast<const char*>(out.fp32.data()), out.fp32.size() * sizeof(float));
-      } else {
-        for (const std::string& s : out.bytes) {
-          const uint32_t n = static_cast<uint32_t>(s.size());
-          binary.append(reinterpret_cast<const char*>(&n), 4);
-          binary += s;
-        }
-      }
+      binary += RawBytes(out);
       o["parameters"] = {{"binary_data_size", binary.size() - before}};
     } else if (out.datatype == "FP32") {
       o["data"] = out.fp32;
