@@ -26,7 +26,8 @@ const std::map<std::string, JobKind> kJobKindNames = {{"finetune", JobKind::kFin
 const std::map<std::string, TaskKind> kTaskNames = {{"classification", TaskKind::kClassification},
                                                     {"causal_lm", TaskKind::kCausalLm}};
 const std::map<std::string, BenchMode> kBenchModeNames = {
-    {"eager", BenchMode::kEager}, {"torchscript", BenchMode::kTorchScript}, {"cuda_graph", BenchMode::kCudaGraph}};
+    {"eager", BenchMode::kEager}, {"torchscript", BenchMode::kTorchScript}, {"cuda_graph", BenchMode::kCudaGraph},
+    {"int8", BenchMode::kInt8}, {"aoti", BenchMode::kAoti}};
 
 template <typename E>
 const char* NameOf(const std::map<std::string, E>& names, E value) {
@@ -456,15 +457,17 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
   r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1, kMaxSteps);
   r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0, kMaxRanks - 1);
-  YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress"});
+  YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step"});
   r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, PathKind::kAny);
   r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1, 1'000'000'000);
   r.ReadBool(lg, "progress", "log", &spec->log.progress);
+  r.ReadInt(lg, "profile_steps", "log", &spec->log.profile_steps, 0, 10'000);
+  r.ReadInt(lg, "profile_from_step", "log", &spec->log.profile_from_step, 1, kMaxSteps);
 }
 
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node b = r.Section(root, "benchmark",
-                           {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "warmup", "iters",
+                           {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "aoti", "warmup", "iters",
                             "max_cv", "max_remeasure", "memory_cap_mb", "train_steps"});
   BenchmarkSpec& out = spec->benchmark;
   r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
@@ -481,6 +484,9 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   for (BenchMode m : out.modes) wants_script = wants_script || m == BenchMode::kTorchScript;
   if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, PathKind::kFile) && wants_script)
     r.Fail(b["modes"], "benchmark.torchscript", "required by the torchscript mode: a .pt file");
+  const bool wants_aoti = std::count(out.modes.begin(), out.modes.end(), BenchMode::kAoti) > 0;
+  if (!r.ReadPath(b, "aoti", "benchmark", &out.aoti, PathKind::kFile) && wants_aoti)
+    r.Fail(b["modes"], "benchmark.aoti", "required by the aoti mode: a .pt2 package (scripts/export_aoti.py)");
   r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0, kMaxCount);
   r.ReadInt(b, "iters", "benchmark", &out.iters, 2, kMaxCount);
   r.ReadDouble(b, "max_cv", "benchmark", &out.max_cv, 0.0, 10.0);
@@ -490,7 +496,7 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
 }
 
 void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node n = r.Section(root, "inference", {"input", "output", "batch_size", "sort_by_length"});
+  YAML::Node n = r.Section(root, "inference", {"input", "output", "batch_size", "sort_by_length", "mode", "aoti"});
   InferenceSpec& out = spec->inference;
   if (!r.ReadPath(n, "input", "inference", &out.input, PathKind::kFile))
     r.Fail(n.IsDefined() ? n : root, "inference.input", "required: the dataset file to predict over");
@@ -499,6 +505,11 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   r.ReadEnum(n, "sort_by_length", "inference",
              std::map<std::string, std::string>{{"true", "true"}, {"false", "false"}, {"both", "both"}},
              &out.sort_by_length);
+  r.ReadEnum(n, "mode", "inference",
+             std::map<std::string, std::string>{{"eager", "eager"}, {"int8", "int8"}, {"aoti", "aoti"}}, &out.mode);
+  const bool has_package = r.ReadPath(n, "aoti", "inference", &out.aoti, PathKind::kFile);
+  if (out.mode == "aoti" && !has_package)
+    r.Fail(n, "inference.aoti", "required with mode: aoti: the .pt2 package (scripts/export_aoti.py)");
 }
 
 void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {

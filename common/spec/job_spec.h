@@ -123,7 +123,7 @@ struct DistributedSpec {
   bool check_consistency = false;  // compare a parameter hash across ranks every step
 };
 
-enum class BenchMode { kEager, kTorchScript, kCudaGraph };
+enum class BenchMode { kEager, kTorchScript, kCudaGraph, kInt8, kAoti };
 
 struct BenchmarkSpec {
   bool train_step = false;  // mode: sweep (false) | train_step
@@ -132,6 +132,7 @@ struct BenchmarkSpec {
   std::vector<Precision> precisions = {Precision::kFp32};
   std::vector<BenchMode> modes = {BenchMode::kEager};
   std::string torchscript;  // .pt file for the torchscript mode
+  std::string aoti;         // .pt2 package for the aoti mode (scripts/export_aoti.py)
   int warmup = 3, iters = 10;
   double max_cv = 0.10;      // a cell noisier than this is measured again
   int max_remeasure = 2;     // ... at most this often, then flagged
@@ -144,6 +145,8 @@ struct InferenceSpec {
   std::string output;  // predictions TSV; default runs/<name>/predictions.tsv
   int batch_size = 64;
   std::string sort_by_length = "true";  // true | false | both (both: runs each, compares)
+  std::string mode = "eager";            // eager | int8 (dynamic int8 Linear layers, CPU) | aoti
+  std::string aoti;                      // the aoti mode's .pt2 package (scripts/export_aoti.py)
 };
 
 // kind: generate. Prompts are a text file, one prompt a line (\t \n \\ escapes).
@@ -190,6 +193,8 @@ struct LogSpec {
   std::string runs_dir;  // absolute; empty = "runs" under the working directory
   int steps_every = 20;  // steps.jsonl cadence
   bool progress = true;
+  int64_t profile_steps = 0;       // steps profiled with the Kineto profiler; 0 = off
+  int64_t profile_from_step = 11;  // the first of them (1-based global step)
 };
 
 struct JobSpec {

@@ -65,6 +65,8 @@ void Trainer::LoadData() {
   train_ = LoadTexts(spec_, "data.train", spec_.data.train, &labels_);
   if (!spec_.data.dev.empty()) dev_ = LoadTexts(spec_, "data.dev", spec_.data.dev, &labels_);
   tokenizer_ = LoadTokenizer(spec_, train_);
+  train_tokens_ = std::make_unique<TokenCache>(train_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
+  dev_tokens_ = std::make_unique<TokenCache>(dev_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
   // The plan is made of global batches (batch_size per rank x ranks), so any number of
   // ranks sees the same global order of samples; each rank takes its shard of each.
   sampler_ = std::make_unique<LengthBucketSampler>(LengthProxies(train_), spec_.train.batch_size * ranks_.world,
@@ -372,7 +374,9 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     loss_weights.push_back(double(end - begin) * double(ranks_.world) / double(n));
     batch = BatchIndices(batch.begin() + begin, batch.begin() + end);
   }
-  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), PipelineOptionsFor(spec_, device_));
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
+  options.cache = train_tokens_.get();
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
   DeviceTransfer transfer(device_);
   StepLog steps(*this, epoch, log);
   // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
@@ -389,6 +393,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
       AgreeOnStop(ranks_, [&] {
         return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
       });
+    profiler_->BeforeStep(progress_.global_step + 1);
     PendingStep step;
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();
@@ -407,6 +412,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     progress_.epoch_skipped += step.skipped;
     progress_.epoch_examples += batch.size();
     steps.Add(std::move(step));
+    profiler_->AfterStep(progress_.global_step);
     const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
     if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
     if (checkpoint) SaveCheckpointNow("every_steps");  // collective
@@ -429,6 +435,7 @@ std::pair<double, double> Trainer::Evaluate() {
     if (static_cast<int>(b % ranks_.world) == ranks_.rank)
       batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
+  options.cache = dev_tokens_.get();
   BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
   DeviceTransfer transfer(device_);
   // Loss sum, correct predictions and their count (examples, or predicted tokens for a
@@ -508,6 +515,9 @@ nlohmann::json Trainer::Run() {
   int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
   if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
   const bool resumed = resume_from_.has_value();
+  profiler_ = std::make_unique<StepProfiler>(
+      run_dir() + "/profile" + (ranks_.world > 1 ? ".rank" + std::to_string(ranks_.rank) : std::string()),
+      spec_.log.profile_from_step, spec_.log.profile_steps, device_.is_cuda());
   std::optional<RunLog> log;
   if (is_rank0()) {
     SetAsideRejected();

@@ -24,8 +24,10 @@
 #include "worker/models/model.h"
 #include "worker/report/run_log.h"
 #include "worker/train/amp.h"
+#include "worker/train/batch_pipeline.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/optimizer.h"
+#include "worker/train/step_profiler.h"
 #include "worker/train/step_timer.h"
 
 namespace trainyard {
@@ -83,6 +85,9 @@ class Trainer {
   LabelSet labels_;
   TextDataset train_, dev_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  // Each example's ids, encoded in the first epoch (or evaluation) and reused after.
+  static constexpr size_t kTokenCacheBytes = size_t(256) << 20;
+  std::unique_ptr<TokenCache> train_tokens_, dev_tokens_;
   std::unique_ptr<LengthBucketSampler> sampler_;
   Model model_;
   LoraSummary lora_;  // with model.lora: what was adapted
@@ -94,6 +99,7 @@ class Trainer {
   std::vector<std::string> rejected_;  // newer checkpoints than resume_from_ that failed to load
   TrainProgress progress_;
   std::unique_ptr<EpochTotals> totals_;
+  std::unique_ptr<StepProfiler> profiler_;  // log.profile_steps
   int64_t steps_per_epoch_ = 0;
   int64_t consistency_checks_ = 0;
 };

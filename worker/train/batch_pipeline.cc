@@ -4,13 +4,41 @@
 
 namespace trainyard {
 
+TokenCache::TokenCache(const TextDataset& data, const Tokenizer& tokenizer, int max_len, size_t budget_bytes)
+    : data_(data),
+      tokenizer_(tokenizer),
+      max_len_(max_len),
+      budget_bytes_(budget_bytes),
+      once_(new std::once_flag[data.examples.size()]),
+      ids_(data.examples.size()),
+      kept_(data.examples.size(), 0) {}
+
+std::vector<int32_t> TokenCache::Ids(int32_t example) {
+  const size_t i = static_cast<size_t>(example);
+  std::vector<int32_t> fresh;
+  bool encoded = false;
+  std::call_once(once_[i], [&] {
+    fresh = tokenizer_.Encode(data_.examples.at(i).text, max_len_);
+    encoded = true;
+    const size_t bytes = fresh.size() * sizeof(int32_t) + sizeof(std::vector<int32_t>);
+    if (bytes_.fetch_add(bytes) + bytes <= budget_bytes_) {
+      ids_[i] = fresh;
+      kept_[i] = 1;
+    } else {
+      bytes_.fetch_sub(bytes);
+    }
+  });
+  if (kept_[i]) return ids_[i];
+  return encoded ? fresh : tokenizer_.Encode(data_.examples.at(i).text, max_len_);
+}
+
 Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices, int max_len,
-                   bool pin_memory) {
+                   bool pin_memory, TokenCache* cache) {
   std::vector<std::vector<int32_t>> encoded;
   encoded.reserve(indices.size());
   size_t longest = 1;
   for (int32_t i : indices) {
-    encoded.push_back(tokenizer.Encode(data.examples.at(i).text, max_len));
+    encoded.push_back(cache ? cache->Ids(i) : tokenizer.Encode(data.examples.at(i).text, max_len));
     longest = std::max(longest, encoded.back().size());
   }
   const auto batch = static_cast<int64_t>(indices.size());
@@ -40,7 +68,7 @@ BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer
     : batches_(std::move(batches)) {
   auto produce = [this, &data, &tokenizer, options](size_t i) {
     if (options.before_collate) options.before_collate(i);
-    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory);
+    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory, options.cache);
   };
   queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads, options.prefetch_batches);
 }

@@ -10,22 +10,30 @@ AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, A
   for (const auto& [name, p] : params)
     slots_.push_back({name, p, torch::zeros_like(p, torch::MemoryFormat::Preserve),
                       torch::zeros_like(p, torch::MemoryFormat::Preserve), p.dim() >= 2});
+  torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().second.device();
+  step_ = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device));
 }
 
 void AdamW::Step(double lr) {
   torch::NoGradGuard no_grad;
   ++step_count_;
-  const double bias_correction1 = 1.0 - std::pow(options_.beta1, double(step_count_));
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, double(step_count_)));
-  const double step_size = lr / bias_correction1;
-  for (auto& s : slots_) {
-    if (!s.param.grad().defined()) continue;
-    const torch::Tensor& grad = s.param.grad();
-    if (s.decay) s.param.mul_(1.0 - lr * options_.weight_decay);
-    s.exp_avg.lerp_(grad, 1.0 - options_.beta1);
-    s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
-    torch::Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    s.param.addcdiv_(s.exp_avg, denom, -step_size);
+  // Every slot shares one step tensor, which the kernel only reads: a parameter without
+  // a gradient this step keeps the global count for its bias correction next time.
+  step_.fill_(double(step_count_));
+  for (bool decay : {true, false}) {
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    for (auto& s : slots_) {
+      if (s.decay != decay || !s.param.grad().defined()) continue;
+      params.push_back(s.param);
+      grads.push_back(s.param.grad());
+      exp_avgs.push_back(s.exp_avg);
+      exp_avg_sqs.push_back(s.exp_avg_sq);
+      steps.push_back(step_);
+    }
+    if (params.empty()) continue;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                      options_.beta2, decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
   }
 }
 

@@ -270,6 +270,34 @@ TEST_F(JobSpecTest, GenerateJobImpliesCausalLmAndNeedsPrompts) {
             std::string::npos);
 }
 
+TEST_F(JobSpecTest, ExportModesNeedTheirPackage) {
+  std::ofstream(dir_ / "data/model.pt2") << "x";
+  const std::string infer = "kind: inference\ninference: {input: data/train.tsv";
+  JobSpec spec = Parse(Valid() + infer + ", mode: aoti, aoti: data/model.pt2}\n");
+  EXPECT_EQ(spec.inference.mode, "aoti");
+  EXPECT_EQ(spec.inference.aoti, (dir_ / "data/model.pt2").string());
+  EXPECT_EQ(Parse(Valid() + infer + ", mode: int8}\n").inference.mode, "int8");
+  EXPECT_EQ(Parse(Valid() + infer + "}\n").inference.mode, "eager");
+  EXPECT_NE(ErrorOf(Valid() + infer + ", mode: aoti}\n").find("inference.aoti: required with mode: aoti"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + infer + ", mode: onnx}\n").find("inference.mode"), std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + infer + ", mode: aoti, aoti: data/missing.pt2}\n").find("inference.aoti"),
+            std::string::npos);
+  const std::string bench = "kind: benchmark\nbenchmark: {modes: [eager, int8, aoti]";
+  spec = Parse(Valid() + bench + ", aoti: data/model.pt2}\n");
+  EXPECT_EQ(spec.benchmark.modes, (std::vector<BenchMode>{BenchMode::kEager, BenchMode::kInt8, BenchMode::kAoti}));
+  EXPECT_NE(ErrorOf(Valid() + bench + "}\n").find("benchmark.aoti: required by the aoti mode"), std::string::npos);
+}
+
+TEST_F(JobSpecTest, ProfileStepsAreBounded) {
+  JobSpec spec = Parse(Valid() + "log: {profile_steps: 20, profile_from_step: 5}\n");
+  EXPECT_EQ(spec.log.profile_steps, 20);
+  EXPECT_EQ(spec.log.profile_from_step, 5);
+  EXPECT_EQ(Parse(Valid()).log.profile_steps, 0);
+  EXPECT_NE(ErrorOf(Valid() + "log: {profile_steps: -1}\n").find("log.profile_steps"), std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "log: {profile_from_step: 0}\n").find("log.profile_from_step"), std::string::npos);
+}
+
 TEST_F(JobSpecTest, MissingRequiredSectionIsReported) {
   std::string error = ErrorOf("name: t\n");
   EXPECT_NE(error.find("data: required"), std::string::npos) << error;

@@ -66,6 +66,50 @@ TEST_F(BatchPipelineTest, CollatePadsToTheLongestAndMasks) {
   EXPECT_EQ(batch.real_tokens, 12);
 }
 
+// A tokenizer that counts its calls, to see what the cache saves.
+class CountingTokenizer : public WordPieceTokenizer {
+ public:
+  using WordPieceTokenizer::WordPieceTokenizer;
+  std::vector<int32_t> Encode(std::string_view text, int max_len) const override {
+    ++calls;
+    return WordPieceTokenizer::Encode(text, max_len);
+  }
+  mutable std::atomic<int> calls{0};
+};
+
+TEST_F(BatchPipelineTest, TokenCacheEncodesEachExampleOnceAndGivesTheSameBatches) {
+  CountingTokenizer tokenizer(vocab_.string(), true);
+  TokenCache cache(data_, tokenizer, 6, size_t(1) << 20);
+  const std::vector<BatchIndices> plan = SequentialBatches(data_.examples.size(), 8);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    PipelineOptions options;
+    options.threads = 2;
+    options.max_len = 6;
+    options.cache = &cache;
+    BatchPipeline cached(data_, tokenizer, plan, options);
+    for (const BatchIndices& indices : plan) {
+      std::optional<Batch> batch = cached.Next();
+      ASSERT_TRUE(batch.has_value());
+      Batch plain = CollateBatch(data_, tokenizer, indices, 6, false);
+      EXPECT_TRUE(batch->input_ids.equal(plain.input_ids));
+      EXPECT_TRUE(batch->attention_mask.equal(plain.attention_mask));
+      EXPECT_EQ(batch->real_tokens, plain.real_tokens);
+    }
+  }
+  // 200 encodings by the cache (once each) and 3 x 200 by the uncached comparisons.
+  EXPECT_EQ(tokenizer.calls.load(), 200 + 3 * 200);
+  EXPECT_GT(cache.cached_bytes(), 0u);
+}
+
+TEST_F(BatchPipelineTest, TokenCacheOverBudgetStillEncodesCorrectly) {
+  CountingTokenizer tokenizer(vocab_.string(), true);
+  TokenCache cache(data_, tokenizer, 64, /*budget_bytes=*/200);  // room for a few examples only
+  for (int round = 0; round < 2; ++round)
+    for (int32_t i = 0; i < 20; ++i) EXPECT_EQ(cache.Ids(i), tokenizer.WordPieceTokenizer::Encode(data_.examples[i].text, 64));
+  EXPECT_LE(cache.cached_bytes(), 200u);
+  EXPECT_GT(tokenizer.calls.load(), 20);  // the examples beyond the budget were encoded again
+}
+
 TEST_F(BatchPipelineTest, PrefetchHidesTheReaderBehindCompute) {
   Timing with = RunEpoch(4);
   std::printf("prefetch on:  %.1f ms/step, data wait %.1f%% (compute %d ms, read %d ms)\n", with.steady_step_ms,

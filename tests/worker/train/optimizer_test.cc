@@ -1,0 +1,140 @@
+// Our AdamW (ATen's fused kernel, two weight-decay groups) and ClipGradNorm against
+// libtorch's own torch::optim::AdamW and torch::nn::utils::clip_grad_norm_, the
+// per-tensor reference implementations in the same library, over many steps of a
+// problem whose gradients change every step.
+#include "worker/train/optimizer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/train/step_profiler.h"
+
+namespace trainyard {
+namespace {
+
+struct Problem {
+  std::vector<torch::Tensor> params;  // a matrix, an embedding-like table, a bias, a scale
+  torch::Tensor input, target;
+};
+
+Problem MakeProblem(uint64_t seed) {
+  torch::manual_seed(seed);
+  Problem p;
+  p.params = {torch::randn({16, 8}), torch::randn({50, 16}), torch::randn({16}), torch::ones({16})};
+  for (auto& t : p.params) t.requires_grad_(true);
+  p.input = torch::randn({32, 8});
+  p.target = torch::randn({32, 16});
+  return p;
+}
+
+// A loss touching every parameter, with a gradient that depends on the step.
+void Backward(Problem& p, int step) {
+  torch::Tensor h = torch::matmul(p.input * double(1 + step % 3), p.params[0].t()) + p.params[2];
+  h = h * p.params[3] + p.params[1].index({torch::indexing::Slice(0, 32)});
+  ((h - p.target).pow(2).mean() * 10.0).backward();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Named(const Problem& p) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (size_t i = 0; i < p.params.size(); ++i) named.emplace_back("p" + std::to_string(i), p.params[i]);
+  return named;
+}
+
+double MaxDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, (a[i] - b[i]).abs().max().item<double>());
+  return diff;
+}
+
+TEST(AdamW, EqualsLibtorchAdamWWithDecayOnMatricesOnly) {
+  Problem ours = MakeProblem(5), theirs = MakeProblem(5);
+  const AdamWOptions o{0.9, 0.98, 1e-6, 0.05};
+  AdamW optimizer(Named(ours), o);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{theirs.params[0], theirs.params[1]},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay)));
+  groups.emplace_back(std::vector<torch::Tensor>{theirs.params[2], theirs.params[3]},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(0.0)));
+  torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 30; ++step) {
+    const double lr = LinearWarmupDecay(1e-2, step, 3, 30);
+    for (auto& group : reference.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    Backward(ours, step);
+    Backward(theirs, step);
+    optimizer.Step(lr);
+    reference.step();
+    optimizer.ZeroGrad();
+    reference.zero_grad();
+  }
+  EXPECT_EQ(optimizer.step_count(), 30);
+  EXPECT_LT(MaxDiff(ours.params, theirs.params), 1e-6);
+  EXPECT_GT(MaxDiff(ours.params, MakeProblem(5).params), 1e-2);  // it did move them
+}
+
+TEST(AdamW, RestoredStateContinuesTheSameRun) {
+  Problem straight = MakeProblem(9), resumed = MakeProblem(9);
+  AdamW a(Named(straight), AdamWOptions{});
+  for (int step = 0; step < 10; ++step) Backward(straight, step), a.Step(1e-3), a.ZeroGrad();
+  // The second run restores the first's state after step 5, as a checkpoint would.
+  AdamW b(Named(resumed), AdamWOptions{});
+  Problem warm = MakeProblem(9);
+  AdamW w(Named(warm), AdamWOptions{});
+  for (int step = 0; step < 5; ++step) Backward(warm, step), w.Step(1e-3), w.ZeroGrad();
+  std::map<std::string, torch::Tensor> state;
+  for (auto& [name, t] : w.StateTensors()) state[name] = t.clone();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < warm.params.size(); ++i) resumed.params[i].copy_(warm.params[i]);
+  }
+  b.RestoreState(state, w.step_count());
+  for (int step = 5; step < 10; ++step) Backward(resumed, step), b.Step(1e-3), b.ZeroGrad();
+  EXPECT_EQ(MaxDiff(straight.params, resumed.params), 0.0);
+  state.erase("exp_avg.p1");
+  EXPECT_THROW(b.RestoreState(state, 5), std::runtime_error);
+}
+
+TEST(ClipGradNorm, EqualsLibtorchClipGradNorm) {
+  for (double max_norm : {0.01, 1.0, 1e6}) {
+    Problem ours = MakeProblem(3), theirs = MakeProblem(3);
+    Backward(ours, 0);
+    Backward(theirs, 0);
+    ClipGradNorm(ours.params, max_norm);
+    torch::nn::utils::clip_grad_norm_(theirs.params, max_norm);
+    for (size_t i = 0; i < ours.params.size(); ++i)
+      EXPECT_TRUE(ours.params[i].grad().equal(theirs.params[i].grad())) << "max_norm " << max_norm << " param " << i;
+  }
+}
+
+TEST(StepProfiler, SelfTimeExcludesNestedCallsOnTheSameThread) {
+  // Thread 1: a [0, 100) holding b [10, 40) holding c [20, 30), and d [50, 60);
+  // thread 2: a [0, 50) alone; a device kernel k [5, 15).
+  std::vector<ProfiledEvent> events = {{"a", 1, 0, 100},  {"b", 1, 10, 40}, {"c", 1, 20, 30},
+                                       {"d", 1, 50, 60},  {"a", 2, 0, 50},  {"k", 7, 5, 15, true}};
+  std::vector<OperatorTime> rows = SelfTimes(events);
+  auto find = [&](const std::string& name) {
+    for (const auto& r : rows)
+      if (r.name == name) return r;
+    ADD_FAILURE() << "no row " << name;
+    return OperatorTime{};
+  };
+  EXPECT_EQ(find("a").calls, 2);
+  EXPECT_DOUBLE_EQ(find("a").self_ms, (60.0 + 50.0) / 1e6);  // 100 - 30 - 10, and 50
+  EXPECT_DOUBLE_EQ(find("a").total_ms, 150.0 / 1e6);
+  EXPECT_DOUBLE_EQ(find("b").self_ms, 20.0 / 1e6);
+  EXPECT_DOUBLE_EQ(find("c").self_ms, 10.0 / 1e6);
+  EXPECT_TRUE(find("k").device);
+  EXPECT_EQ(rows.front().name, "a");  // host rows first, by self time
+  EXPECT_EQ(rows.back().name, "k");
+  const std::string table = FormatOperatorTable(rows, 2);
+  EXPECT_NE(table.find("host (CPU) time over 2 steps"), std::string::npos);
+  EXPECT_NE(table.find("device (CUDA) time"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainyard
