@@ -2,14 +2,16 @@
 // Python reference tests (tests/reference/) can compare them with Hugging Face and
 // PyTorch on identical inputs.
 //   ty_probe tokenize VOCAB [--cased]        stdin: one TSV-escaped text a line; stdout: ids
-//   ty_probe logits MODEL_DIR INPUTS.json [--device D] [--precision P]
-//                                            stdout: JSON logits of our BERT (fp32 values)
+//   ty_probe logits MODEL_DIR INPUTS.json [--device D] [--precision P] [--mode eager|int8]
+//                                            stdout: JSON logits of our model (fp32 values);
+//                                            int8: its Linear layers dynamically quantized
 //   ty_probe scaler PATTERN INIT INTERVAL [--device D]
 //                                            stdout: JSON scale/skip sequence
 //   ty_probe graph MODEL_DIR INPUTS.json     stdout: JSON logits, eager and CUDA-graph replay
 //                                            (as a benchmark job's cuda_graph cells run it)
 //   ty_probe resave SRC_DIR DST_DIR          load an HF folder into our model, save it again
 //   ty_probe torchscript MODEL.pt INPUTS.json stdout: JSON logits of a TorchScript module
+//   ty_probe aoti PACKAGE.pt2 INPUTS.json     stdout: JSON logits of an AOTInductor package
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -24,9 +26,11 @@
 #ifdef TRAINYARD_WITH_CUDA
 #include "worker/jobs/cuda_graph.h"
 #endif
+#include "worker/models/aoti_package.h"
 #include "worker/models/generation.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
+#include "worker/models/quantize.h"
 #include "worker/train/optimizer.h"
 
 namespace trainyard {
@@ -115,6 +119,7 @@ int Logits(int argc, char** argv) {
     model->to(device);
     model->eval();
   }
+  if (Option(argc, argv, 4, "--mode", "eager") == "int8") QuantizeLinearsInt8(*model);
   nlohmann::json inputs = ReadInputs(argv[3]);
   torch::NoGradGuard no_grad;
   AutocastScope autocast(device.type(), precision);
@@ -188,6 +193,15 @@ int TorchScript(int argc, char** argv) {
   torch::NoGradGuard no_grad;
   torch::IValue out = module.forward({ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"])});
   PrintLogits(out.isTuple() ? out.toTupleRef().elements()[0].toTensor() : out.toTensor());
+  return 0;
+}
+
+int Aoti(int argc, char** argv) {
+  if (argc < 4) return 2;
+  AotiPackage package(argv[2], torch::kCPU);
+  nlohmann::json inputs = ReadInputs(argv[3]);
+  torch::NoGradGuard no_grad;
+  PrintLogits(package.Forward(ToTensor(inputs["input_ids"]), ToTensor(inputs["attention_mask"])));
   return 0;
 }
 
@@ -297,10 +311,11 @@ int main(int argc, char** argv) {
     if (command == "lora-steps") return trainyard::LoraSteps(argc, argv);
     if (command == "merge") return trainyard::Merge(argc, argv);
     if (command == "torchscript") return trainyard::TorchScript(argc, argv);
+    if (command == "aoti") return trainyard::Aoti(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript ...\n";
+  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti ...\n";
   return 2;
 }

@@ -126,7 +126,7 @@ def validation(worker, work):
         "cuda_graph on CPU": ("  modes: [eager, cuda_graph]\n", r"benchmark\.modes: cuda_graph needs a CUDA device"),
         "empty list": ("  batch_sizes: []\n", r"benchmark\.batch_sizes: expected a non-empty list"),
         "batch 0": ("  batch_sizes: [1, 0]\n", r"benchmark\.batch_sizes\[1\]: expected an integer in \[1, 65536\], got 0"),
-        "unknown mode": ("  modes: [eager, onnx]\n", r"benchmark\.modes\[1\]: expected one of cuda_graph, eager, torchscript, got 'onnx'"),
+        "unknown mode": ("  modes: [eager, onnx]\n", r"benchmark\.modes\[1\]: expected one of aoti, cuda_graph, eager, int8, torchscript, got 'onnx'"),
     }
     ok = True
     for name, (body, expected) in cases.items():

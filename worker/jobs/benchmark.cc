@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "worker/models/quantize.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -94,6 +95,15 @@ void FillStats(std::vector<double> ms, BenchCell* cell) {
   cell->tokens_per_s = double(cell->batch) * cell->seq * 1000.0 / mean;
 }
 
+// Copies every parameter and buffer of `from` into the same-named one of `to`, a model
+// built from the same spec.
+void CopyWeights(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto params = to.named_parameters(), buffers = to.named_buffers();
+  for (const auto& item : from.named_parameters()) params[item.key()].copy_(item.value());
+  for (const auto& item : from.named_buffers()) buffers[item.key()].copy_(item.value());
+}
+
 uint64_t FileHash(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -113,6 +123,23 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
   tokenizer_ = LoadTokenizer(spec_, texts);
   model_ = BuildModel(spec_, *tokenizer_, labels.names(), kMaxPositions);
   model_->to(device_);
+  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), BenchMode::kInt8)) {
+    if (!device_.is_cpu())
+      throw InputError(spec_.Where("benchmark.modes") + ": int8 runs on the CPU; this job runs on " + device_.str());
+    int8_model_ = BuildModel(spec_, *tokenizer_, labels.names(), kMaxPositions);
+    CopyWeights(*model_, *int8_model_);
+    const Int8Summary q = QuantizeLinearsInt8(*int8_model_);
+    LogInfo(StrFormat("int8 mode: %d Linear layers quantized (%.1f MB of fp32 weights as %.1f MB of int8)", q.layers,
+                      q.fp32_mb, q.int8_mb));
+  }
+  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), BenchMode::kAoti)) {
+    try {
+      aoti_ = std::make_unique<AotiPackage>(spec_.benchmark.aoti, device_);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(spec_.Where("benchmark.aoti") + ": " + e.what());
+    }
+    LogInfo("aoti mode: " + spec_.benchmark.aoti + " (" + aoti_->Describe() + ")");
+  }
   model_name_ = spec_.model.init.empty() ? spec_.model.preset : fs::path(spec_.model.init).filename().string();
   if (!spec_.benchmark.torchscript.empty()) {
     try {
@@ -197,6 +224,9 @@ std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan
       return out.toTensor();
     };
   }
+  if (plan.mode == BenchMode::kInt8)
+    return [this, ids, mask] { return int8_model_->forward(ids, mask); };
+  if (plan.mode == BenchMode::kAoti) return [this, ids, mask] { return aoti_->Forward(ids, mask); };
   auto eager = [this, ids, mask, precision] {
     AutocastScope autocast(device_.type(), precision);
     return model_->forward(ids, mask);
@@ -214,6 +244,18 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
   const int64_t max_positions = model_->info().max_sequence;
   if (plan.seq > max_positions) {
     cell.status = "N/A", cell.note = "seq_len exceeds max_position_embeddings " + std::to_string(max_positions);
+    return cell;
+  }
+  if (plan.mode == BenchMode::kInt8 && plan.precision != Precision::kFp32) {
+    cell.status = "N/A", cell.note = "int8 takes fp32 activations";
+    return cell;
+  }
+  if (plan.mode == BenchMode::kAoti && plan.precision != Precision::kFp32) {
+    cell.status = "N/A", cell.note = "an aoti package runs in the precision it was exported in (fp32)";
+    return cell;
+  }
+  if (plan.mode == BenchMode::kAoti && (plan.batch > aoti_->max_batch() || plan.seq > aoti_->max_seq())) {
+    cell.status = "N/A", cell.note = "beyond the package's " + aoti_->Describe();
     return cell;
   }
   if (plan.precision == Precision::kFp16 && !device_.is_cuda()) {

@@ -20,6 +20,7 @@
 
 #include "data/tokenizer.h"
 #include "worker/jobs/job_setup.h"
+#include "worker/models/aoti_package.h"
 #include "worker/report/bench_report.h"
 
 namespace trainyard {
@@ -52,6 +53,8 @@ class BenchmarkRunner {
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Tokenizer> tokenizer_;
   Model model_;
+  Model int8_model_;  // the int8 mode's copy of model_, Linear layers quantized
+  std::unique_ptr<AotiPackage> aoti_;  // the aoti mode's package
   std::optional<torch::jit::Module> script_;
   std::vector<int64_t> token_stream_;
   int64_t cls_id_ = 0, sep_id_ = 0;

@@ -8,7 +8,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/models/config_fields.h"
+#include "worker/models/aoti_package.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/models/quantize.h"
 #include "worker/train/amp.h"
 #include "worker/train/batch_pipeline.h"
 #include "worker/train/device_transfer.h"
@@ -37,6 +39,32 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
   labels_ = LabelSet(model_->info().labels);
   model_->to(device_);
   model_->eval();
+  if (spec_.inference.mode == "aoti") {
+    try {
+      aoti_ = std::make_unique<AotiPackage>(spec_.inference.aoti, device_);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(spec_.Where("inference.aoti") + ": " + e.what());
+    }
+    if (spec_.train.precision != Precision::kFp32)
+      throw InputError(spec_.Where("inference.mode") + ": an aoti package runs in the precision it was exported in; "
+                       "train.precision must be fp32");
+    if (spec_.inference.batch_size > aoti_->max_batch() || spec_.data.max_seq_len > aoti_->max_seq())
+      throw InputError(spec_.Where("inference.batch_size") + ": batches of " +
+                       std::to_string(spec_.inference.batch_size) + " x data.max_seq_len " +
+                       std::to_string(spec_.data.max_seq_len) + " do not fit the package (" + aoti_->Describe() +
+                       "); export it with larger --max-batch/--max-seq or lower these");
+    LogInfo("aoti: " + spec_.inference.aoti + " (" + aoti_->Describe() + ")");
+  }
+  if (spec_.inference.mode == "int8") {
+    if (!device_.is_cpu())
+      throw InputError(spec_.Where("inference.mode") + ": int8 runs on the CPU; this job runs on " + device_.str());
+    if (spec_.train.precision != Precision::kFp32)
+      throw InputError(spec_.Where("inference.mode") + ": int8 takes fp32 activations; train.precision is " +
+                       ToString(spec_.train.precision));
+    const Int8Summary q = QuantizeLinearsInt8(*model_);
+    LogInfo(StrFormat("int8: %d Linear layers quantized (%.1f MB of fp32 weights as %.1f MB of int8)", q.layers,
+                      q.fp32_mb, q.int8_mb));
+  }
   if (spec_.model.init.empty())
     LogWarn("inference with a freshly initialised '" + spec_.model.preset +
             "' model (no model.init): predictions are meaningless, timings are real");
@@ -73,7 +101,10 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
     torch::Tensor logits;
     {
       AutocastScope autocast(device_.type(), spec_.train.precision);
-      logits = model_->forward(batch.input_ids, batch.attention_mask).to(torch::kFloat).cpu();
+      logits = (aoti_ ? aoti_->Forward(batch.input_ids, batch.attention_mask)
+                      : model_->forward(batch.input_ids, batch.attention_mask))
+                   .to(torch::kFloat)
+                   .cpu();
     }
     torch::Tensor rows =
         torch::tensor(std::vector<int64_t>(batches[b].begin(), batches[b].end())) - int64_t(shard_begin_);

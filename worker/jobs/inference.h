@@ -12,6 +12,7 @@
 
 #include "data/tokenizer.h"
 #include "worker/jobs/job_setup.h"
+#include "worker/models/aoti_package.h"
 
 namespace trainyard {
 
@@ -41,6 +42,7 @@ class InferenceRunner {
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   Model model_;
+  std::unique_ptr<AotiPackage> aoti_;  // inference.mode: aoti
 };
 
 }  // namespace trainyard

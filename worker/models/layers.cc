@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "worker/models/quantize.h"
+
 namespace trainyard {
 
 std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::string& name) {
@@ -138,7 +140,7 @@ AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_featur
     : torch::nn::LinearImpl(torch::nn::LinearOptions(in_features, out_features).bias(with_bias)) {}
 
 torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::LinearImpl::forward(x);
+  torch::Tensor y = int8_weight.isNone() ? torch::nn::LinearImpl::forward(x) : Int8Linear(x, int8_weight);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
 }
 
@@ -150,7 +152,8 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(1);
-  torch::Tensor y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
+  torch::Tensor y = int8_weight.isNone() ? torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes)
+                                         : Int8Linear(x, int8_weight);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
 }
 

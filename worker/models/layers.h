@@ -93,6 +93,7 @@ class AdaptableLinearImpl : public torch::nn::LinearImpl {
   AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);
   LoraSlot lora;
+  c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
 };
 TORCH_MODULE(AdaptableLinear);
 
@@ -104,6 +105,7 @@ class Conv1DImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;
   LoraSlot lora;
+  c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
 };
 TORCH_MODULE(Conv1D);
 
