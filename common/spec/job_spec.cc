@@ -25,9 +25,11 @@ const std::map<std::string, JobKind> kJobKindNames = {{"finetune", JobKind::kFin
                                                       {"serve", JobKind::kServe}};
 const std::map<std::string, TaskKind> kTaskNames = {{"classification", TaskKind::kClassification},
                                                     {"causal_lm", TaskKind::kCausalLm}};
-const std::map<std::string, BenchMode> kBenchModeNames = {
-    {"eager", BenchMode::kEager}, {"torchscript", BenchMode::kTorchScript}, {"cuda_graph", BenchMode::kCudaGraph},
-    {"int8", BenchMode::kInt8}, {"aoti", BenchMode::kAoti}};
+const std::map<std::string, BenchMode> kBenchModeNames = {{"eager", BenchMode::kEager},
+                                                          {"torchscript", BenchMode::kTorchScript},
+                                                          {"cuda_graph", BenchMode::kCudaGraph},
+                                                          {"int8", BenchMode::kInt8},
+                                                          {"aoti", BenchMode::kAoti}};
 
 template <typename E>
 const char* NameOf(const std::map<std::string, E>& names, E value) {
@@ -467,8 +469,8 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node b = r.Section(root, "benchmark",
-                           {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "aoti", "warmup", "iters",
-                            "max_cv", "max_remeasure", "memory_cap_mb", "train_steps"});
+                           {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "aoti", "warmup",
+                            "iters", "max_cv", "max_remeasure", "memory_cap_mb", "train_steps"});
   BenchmarkSpec& out = spec->benchmark;
   r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
              &out.train_step);

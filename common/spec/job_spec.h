@@ -145,8 +145,8 @@ struct InferenceSpec {
   std::string output;  // predictions TSV; default runs/<name>/predictions.tsv
   int batch_size = 64;
   std::string sort_by_length = "true";  // true | false | both (both: runs each, compares)
-  std::string mode = "eager";            // eager | int8 (dynamic int8 Linear layers, CPU) | aoti
-  std::string aoti;                      // the aoti mode's .pt2 package (scripts/export_aoti.py)
+  std::string mode = "eager";           // eager | int8 (dynamic int8 Linear layers, CPU) | aoti
+  std::string aoti;                     // the aoti mode's .pt2 package (scripts/export_aoti.py)
 };
 
 // kind: generate. Prompts are a text file, one prompt a line (\t \n \\ escapes).

@@ -224,8 +224,7 @@ std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan
       return out.toTensor();
     };
   }
-  if (plan.mode == BenchMode::kInt8)
-    return [this, ids, mask] { return int8_model_->forward(ids, mask); };
+  if (plan.mode == BenchMode::kInt8) return [this, ids, mask] { return int8_model_->forward(ids, mask); };
   if (plan.mode == BenchMode::kAoti) return [this, ids, mask] { return aoti_->Forward(ids, mask); };
   auto eager = [this, ids, mask, precision] {
     AutocastScope autocast(device_.type(), precision);

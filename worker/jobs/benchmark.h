@@ -53,7 +53,7 @@ class BenchmarkRunner {
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Tokenizer> tokenizer_;
   Model model_;
-  Model int8_model_;  // the int8 mode's copy of model_, Linear layers quantized
+  Model int8_model_;                   // the int8 mode's copy of model_, Linear layers quantized
   std::unique_ptr<AotiPackage> aoti_;  // the aoti mode's package
   std::optional<torch::jit::Module> script_;
   std::vector<int64_t> token_stream_;

@@ -7,8 +7,8 @@
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "worker/models/config_fields.h"
 #include "worker/models/aoti_package.h"
+#include "worker/models/config_fields.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/quantize.h"
 #include "worker/train/amp.h"
@@ -46,7 +46,8 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
       throw InputError(spec_.Where("inference.aoti") + ": " + e.what());
     }
     if (spec_.train.precision != Precision::kFp32)
-      throw InputError(spec_.Where("inference.mode") + ": an aoti package runs in the precision it was exported in; "
+      throw InputError(spec_.Where("inference.mode") +
+                       ": an aoti package runs in the precision it was exported in; "
                        "train.precision must be fp32");
     if (spec_.inference.batch_size > aoti_->max_batch() || spec_.data.max_seq_len > aoti_->max_seq())
       throw InputError(spec_.Where("inference.batch_size") + ": batches of " +

@@ -57,8 +57,9 @@ AotiPackage::AotiPackage(const std::string& path, torch::Device device) {
     throw std::invalid_argument(path + ": the package has no trainyard metadata; make it with scripts/export_aoti.py");
   const std::string ours = std::string(TORCH_VERSION).substr(0, std::string(TORCH_VERSION).find('+'));
   if (made_by != ours)
-    throw std::invalid_argument(path + ": the package was compiled by torch " + made_by + " and this worker runs torch " +
-                                ours + "; AOTInductor packages only load in the version that made them");
+    throw std::invalid_argument(path + ": the package was compiled by torch " + made_by +
+                                " and this worker runs torch " + ours +
+                                "; AOTInductor packages only load in the version that made them");
   const std::string made_for = Get(metadata_, "trainyard_device");
   if (made_for != torch::Device(device.type()).str())
     throw std::invalid_argument(path + ": the package was compiled for " + made_for + " and this job runs on " +

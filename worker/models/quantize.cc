@@ -28,11 +28,10 @@ c10::IValue PackInt8Linear(const torch::Tensor& weight, const torch::Tensor& bia
   // MinMaxObserver, per_tensor_symmetric, qint8 [-128, 127]: scale = max|w| / 127.5,
   // computed in float32 as the observer does, so both round the weights alike.
   const torch::Tensor amax = torch::max(-torch::clamp_max(w.min(), 0), torch::clamp_min(w.max(), 0));
-  const double scale =
-      torch::clamp_min(amax / 127.5, double(std::numeric_limits<float>::epsilon())).item<float>();
+  const double scale = torch::clamp_min(amax / 127.5, double(std::numeric_limits<float>::epsilon())).item<float>();
   torch::Tensor q = at::quantize_per_tensor(w, scale, 0, torch::kQInt8);
-  torch::jit::Stack stack{q, bias.defined() ? c10::IValue(bias.detach().to(torch::kFloat).contiguous())
-                                            : c10::IValue()};
+  torch::jit::Stack stack{q,
+                          bias.defined() ? c10::IValue(bias.detach().to(torch::kFloat).contiguous()) : c10::IValue()};
   Op("prepack").callBoxed(&stack);
   return stack.at(0);
 }

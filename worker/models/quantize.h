@@ -19,9 +19,9 @@
 namespace trainyard {
 
 struct Int8Summary {
-  int layers = 0;        // Linear/Conv1D layers quantized
-  double fp32_mb = 0;    // their fp32 weights
-  double int8_mb = 0;    // the same weights in int8
+  int layers = 0;      // Linear/Conv1D layers quantized
+  double fp32_mb = 0;  // their fp32 weights
+  double int8_mb = 0;  // the same weights in int8
 };
 
 // Quantizes every AdaptableLinear and Conv1D under `model`, in place: each keeps its fp32

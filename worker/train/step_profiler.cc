@@ -32,8 +32,8 @@ std::vector<ProfiledEvent> EventsOf(const kineto::ProfilerResult& result) {
     const bool device = e.deviceType() != c10::DeviceType::CPU;
     // Device events have no host thread; their "thread" is the stream, so kernels on
     // one stream nest like calls on one thread (they never overlap).
-    events.push_back({e.name(), device ? uint64_t(e.deviceResourceId()) : e.startThreadId(), e.startNs(), e.endNs(),
-                      device});
+    events.push_back(
+        {e.name(), device ? uint64_t(e.deviceResourceId()) : e.startThreadId(), e.startNs(), e.endNs(), device});
   }
   return events;
 }
@@ -105,8 +105,9 @@ std::string FormatOperatorTable(const std::vector<OperatorTime>& rows, int steps
 
 StepProfiler::StepProfiler(std::string path_prefix, int64_t first, int64_t count, bool cuda)
     : path_prefix_(std::move(path_prefix)), first_(first), count_(count), cuda_(cuda) {
-  if (count_ > 0) kineto::prepareProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO),
-                                          Activities(cuda_));
+  if (count_ > 0)
+    kineto::prepareProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO),
+                            Activities(cuda_));
 }
 
 StepProfiler::~StepProfiler() {

@@ -105,7 +105,8 @@ TEST_F(BatchPipelineTest, TokenCacheOverBudgetStillEncodesCorrectly) {
   CountingTokenizer tokenizer(vocab_.string(), true);
   TokenCache cache(data_, tokenizer, 64, /*budget_bytes=*/200);  // room for a few examples only
   for (int round = 0; round < 2; ++round)
-    for (int32_t i = 0; i < 20; ++i) EXPECT_EQ(cache.Ids(i), tokenizer.WordPieceTokenizer::Encode(data_.examples[i].text, 64));
+    for (int32_t i = 0; i < 20; ++i)
+      EXPECT_EQ(cache.Ids(i), tokenizer.WordPieceTokenizer::Encode(data_.examples[i].text, 64));
   EXPECT_LE(cache.cached_bytes(), 200u);
   EXPECT_GT(tokenizer.calls.load(), 20);  // the examples beyond the budget were encoded again
 }

@@ -55,9 +55,10 @@ TEST(AdamW, EqualsLibtorchAdamWWithDecayOnMatricesOnly) {
   const AdamWOptions o{0.9, 0.98, 1e-6, 0.05};
   AdamW optimizer(Named(ours), o);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<torch::Tensor>{theirs.params[0], theirs.params[1]},
-                      std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay)));
+  groups.emplace_back(
+      std::vector<torch::Tensor>{theirs.params[0], theirs.params[1]},
+      std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay)));
   groups.emplace_back(std::vector<torch::Tensor>{theirs.params[2], theirs.params[3]},
                       std::make_unique<torch::optim::AdamWOptions>(
                           torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(0.0)));
@@ -114,8 +115,8 @@ TEST(ClipGradNorm, EqualsLibtorchClipGradNorm) {
 TEST(StepProfiler, SelfTimeExcludesNestedCallsOnTheSameThread) {
   // Thread 1: a [0, 100) holding b [10, 40) holding c [20, 30), and d [50, 60);
   // thread 2: a [0, 50) alone; a device kernel k [5, 15).
-  std::vector<ProfiledEvent> events = {{"a", 1, 0, 100},  {"b", 1, 10, 40}, {"c", 1, 20, 30},
-                                       {"d", 1, 50, 60},  {"a", 2, 0, 50},  {"k", 7, 5, 15, true}};
+  std::vector<ProfiledEvent> events = {{"a", 1, 0, 100}, {"b", 1, 10, 40}, {"c", 1, 20, 30},
+                                       {"d", 1, 50, 60}, {"a", 2, 0, 50},  {"k", 7, 5, 15, true}};
   std::vector<OperatorTime> rows = SelfTimes(events);
   auto find = [&](const std::string& name) {
     for (const auto& r : rows)
