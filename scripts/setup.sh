@@ -18,6 +18,10 @@ TRANSFORMERS_VERSION="4.57.6"
 PEFT_VERSION="0.21.2"  # the LoRA reference in tests; pulls in accelerate
 TRITONCLIENT_VERSION="2.73.0"  # serving tests: an independent KServe V2 client (HTTP and gRPC)
 PROMETHEUS_CLIENT_VERSION="0.26.0"  # serving tests: parses /metrics
+ACCELERATE_VERSION="1.15.0"  # HF Trainer's dependency (scripts/bench/finetune_vs_hf_trainer.sh)
+ONNXRUNTIME_VERSION="1.23.2"  # the reference column of scripts/bench/inference_vs_pytorch.sh ...
+ONNX_VERSION="1.23.2"         # ... with the exporter torch.onnx needs
+ONNXSCRIPT_VERSION="0.7.2"
 VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
 
 APT_PACKAGES=(
@@ -72,12 +76,15 @@ install_apt_packages() {
 venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
   "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" "$TRITONCLIENT_VERSION" \
-    "$PROMETHEUS_CLIENT_VERSION" <<'PY' 2>/dev/null
+    "$PROMETHEUS_CLIENT_VERSION" "$ACCELERATE_VERSION" "$ONNXRUNTIME_VERSION" "$ONNX_VERSION" \
+    "$ONNXSCRIPT_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
-want_torch, want_tf, want_peft, want_triton, want_prom = sys.argv[1:6]
+want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script = sys.argv[1:10]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
 ok = ok and md.version("peft") == want_peft and md.version("tritonclient") == want_triton
-ok = ok and md.version("prometheus_client") == want_prom
+ok = ok and md.version("prometheus_client") == want_prom and md.version("accelerate") == want_acc
+ok = ok and md.version("onnxruntime") == want_ort and md.version("onnx") == want_onnx
+ok = ok and md.version("onnxscript") == want_script
 import tritonclient.grpc, tritonclient.http  # noqa: F401
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
@@ -95,7 +102,8 @@ install_python_env() {
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" \
     "peft==$PEFT_VERSION" "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" \
-    "prometheus_client==$PROMETHEUS_CLIENT_VERSION" numpy safetensors
+    "prometheus_client==$PROMETHEUS_CLIENT_VERSION" "accelerate==$ACCELERATE_VERSION" \
+    "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" numpy safetensors
 }
 
 install_apt_packages

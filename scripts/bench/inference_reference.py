@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The PyTorch side of inference_vs_pytorch.sh. `prepare` makes the shared weights (an
-HF folder) and a traced TorchScript file; `time` measures HF BertForSequenceClassification
-eager on exactly the inputs the worker builds (the same token stream, cut the same way),
-on CPU (wall clock) or CUDA (CUDA events per call, read at the end of each cell), in
-fp32 or under bf16/fp16 autocast; prints mean ms per batch by "BxS" cell."""
+HF folder), a traced TorchScript file and, with --with-onnx, an ONNX file (model.onnx,
+dynamic batch and length, exported by torch.onnx); `time` measures HF BertForSequenceClassification eager
+on exactly the inputs the worker builds (the same token stream, cut the same way), on
+CPU (wall clock) or CUDA (CUDA events per call, read at the end of each cell), in fp32 or
+under bf16/fp16 autocast, and with --onnx ONNX Runtime's CPU session on the same inputs
+and thread count; prints {"pytorch": {"BxS": mean ms per batch}, "onnxruntime": {...}}."""
 import argparse
 import csv
 import json
@@ -25,6 +27,12 @@ def prepare(a):
     model.save_pretrained(a.out, safe_serialization=True)
     ids = torch.randint(5, tok.vocab_size, (2, 16))
     torch.jit.trace(model, (ids, torch.ones_like(ids))).save(a.out + "/traced.pt")
+    if not a.with_onnx:
+        return
+    with torch.no_grad():
+        torch.onnx.export(model, (ids, torch.ones_like(ids)), a.out + "/model.onnx", dynamo=True,
+                          input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                          dynamic_shapes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}})
 
 
 def token_stream(a, tok):
@@ -74,7 +82,13 @@ def time_cells(a):
     model = BertForSequenceClassification.from_pretrained(a.model).eval().to(a.device)
     stream = token_stream(a, tok)
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
-    results = {}
+    results, ort_results = {}, {}
+    session = None
+    if a.onnx:
+        import onnxruntime
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = a.threads, 1
+        session = onnxruntime.InferenceSession(a.onnx, options, providers=["CPUExecutionProvider"])
     with torch.no_grad(), torch.autocast(a.device, dtype=dtype or torch.float32, enabled=dtype is not None):
         for batch in a.batches:
             for seq in a.seqs:
@@ -87,7 +101,14 @@ def time_cells(a):
                     call()
                 ms = time_calls(call, a.iters, a.device == "cuda")
                 results[f"{batch}x{seq}"] = sum(ms) / len(ms)
-    print(json.dumps(results))
+                if session:
+                    feed = {"input_ids": ids.cpu().numpy(), "attention_mask": mask.cpu().numpy()}
+                    run = lambda: session.run(["logits"], feed)  # noqa: E731
+                    for _ in range(a.warmup):
+                        run()
+                    ms = time_calls(run, a.iters, False)
+                    ort_results[f"{batch}x{seq}"] = sum(ms) / len(ms)
+    print(json.dumps({"pytorch": results, "onnxruntime": ort_results}))
 
 
 def main():
@@ -105,6 +126,8 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--onnx", default="", help="time: also time this ONNX file in ONNX Runtime (CPU)")
+    p.add_argument("--with-onnx", action="store_true", help="prepare: also export model.onnx")
     a = p.parse_args()
     prepare(a) if a.command == "prepare" else time_cells(a)
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Inference benchmark, one run: the worker's eager and TorchScript latency next to
-# Python PyTorch eager on HF BertForSequenceClassification, same weights (one HF
-# folder), same inputs (the same real-text token stream cut to each cell), same cells
-# and threads; prints the ratio per cell. Then the worker's sorted vs file-order batch
-# inference throughput at batch 1/8/32/64 on the topics dev split.
+# Inference benchmark, one run: the worker's modes (eager, TorchScript, dynamic int8,
+# an AOTInductor package) next to Python PyTorch eager on HF
+# BertForSequenceClassification and ONNX Runtime on the same model exported to ONNX:
+# same weights (one HF folder), same inputs (the same real-text token stream cut to each
+# cell), same cells and threads, fp32 (int8 quantizes the Linear weights). Prints each
+# figure and the ratio of our best mode to PyTorch and to ONNX Runtime per cell. Then the
+# worker's sorted vs file-order batch inference throughput at batch 1/8/32/64 on the
+# topics dev split.
 #   scripts/bench/inference_vs_pytorch.sh [--preset mini] [--threads 2]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +19,10 @@ while [[ $# -gt 0 ]]; do
 done
 source scripts/bench/common.sh
 LANGID=$PWD/data/prepared/langid TOPICS=$PWD/data/prepared/topics
-"$PY" scripts/bench/inference_reference.py prepare --vocab "$LANGID/vocab.txt" --preset "$PRESET" --out "$WORK/model" 2>/dev/null
+"$PY" scripts/bench/inference_reference.py prepare --vocab "$LANGID/vocab.txt" --preset "$PRESET" --out "$WORK/model" \
+  --with-onnx > "$WORK/prepare.log" 2>&1 || { cat "$WORK/prepare.log"; exit 1; }
+"$PY" scripts/export_aoti.py --model "$WORK/model" --out "$WORK/model.pt2" --max-batch 64 --max-seq 512 \
+  > "$WORK/aoti.log" 2>&1 || { cat "$WORK/aoti.log"; exit 1; }
 cat > "$WORK/bench.yaml" <<YAML
 name: bench_infer
 kind: benchmark
@@ -27,26 +33,33 @@ model: {init: $WORK/model}
 benchmark:
   batch_sizes: [$(echo $BATCHES | tr ' ' ',')]
   seq_lens: [$(echo $SEQS | tr ' ' ',')]
-  modes: [eager, torchscript]
+  modes: [eager, torchscript, int8, aoti]
   torchscript: $WORK/model/traced.pt
+  aoti: $WORK/model.pt2
   warmup: 3
   iters: 10
 runtime: {device: cpu, threads: $THREADS}
 YAML
 "$WORKER" "$WORK/bench.yaml" --runs-dir "$WORK/runs" > "$WORK/bench.log" 2>&1 || { cat "$WORK/bench.log"; exit 1; }
 "$PY" scripts/bench/inference_reference.py time --vocab "$LANGID/vocab.txt" --data "$LANGID/train.tsv" \
-  --model "$WORK/model" --threads "$THREADS" --batches $BATCHES --seqs $SEQS > "$WORK/ref.json" 2>/dev/null
+  --model "$WORK/model" --onnx "$WORK/model/model.onnx" --threads "$THREADS" --batches $BATCHES --seqs $SEQS \
+  > "$WORK/ref.json" 2>/dev/null
 "$PY" - "$WORK/runs/bench_infer/benchmark.csv" "$WORK/ref.json" <<PY
 import csv, json, sys
 cells = list(csv.DictReader(open(sys.argv[1])))
 ref = json.load(open(sys.argv[2]))
 ours = {(c["mode"], c["batch"], c["seq_len"]): float(c["mean_ms"]) for c in cells if c["status"] == "ok"}
+modes = ("eager", "torchscript", "int8", "aoti")
 print(f"inference latency, preset $PRESET, fp32, $THREADS threads (mean ms per batch)")
-print(f"{'batch x seq':>12} {'ours eager':>11} {'ours script':>12} {'pytorch':>9} {'eager/pt':>9} {'script/pt':>10}")
-for key, pt in ref.items():
+print(f"{'batch x seq':>12}" + "".join(f"{m:>12}" for m in modes) +
+      f"{'pytorch':>10}{'onnxrt':>10}   best mode  best/pt  best/ort")
+for key, pt in ref["pytorch"].items():
     b, s = key.split("x")
-    e, t = ours[("eager", b, s)], ours[("torchscript", b, s)]
-    print(f"{key:>12} {e:11.3f} {t:12.3f} {pt:9.3f} {e / pt:9.3f} {t / pt:10.3f}")
+    mine = {m: ours.get((m, b, s), float("nan")) for m in modes}
+    best = min((v, m) for m, v in mine.items() if v == v)
+    ort = ref["onnxruntime"].get(key, float("nan"))
+    print(f"{key:>12}" + "".join(f"{mine[m]:12.3f}" for m in modes) +
+          f"{pt:10.3f}{ort:10.3f}   {best[1]:>9} {best[0] / pt:8.3f} {best[0] / ort:9.3f}")
 PY
 echo
 echo "batch inference on topics dev (tiny preset), file order vs sorted by length:"

@@ -123,7 +123,7 @@ YAML
   "$PY" - "$WORK/runs/grid/benchmark.csv" "$WORK" > "$WORK/grid.json" <<'PY'
 import csv, json, sys
 cells = [c for c in csv.DictReader(open(sys.argv[1]))]
-ref = {p: json.load(open(f"{sys.argv[2]}/ref_{p}.json")) for p in ("fp32", "bf16", "fp16")}
+ref = {p: json.load(open(f"{sys.argv[2]}/ref_{p}.json"))["pytorch"] for p in ("fp32", "bf16", "fp16")}
 print(json.dumps({"cells": cells, "pytorch_eager_mean_ms": ref}))
 PY
   record inference "$WORK/grid.json"

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The Hugging Face side of finetune_vs_hf_trainer.sh: the same fine-tune as the worker's
+job, run the way a Trainer user runs it. The model is a fresh BertForSequenceClassification
+of the same preset (sizes, max positions = max length, dropout), the tokenizer is
+BertTokenizerFast over the same vocab.txt, and the texts are tokenized up front and padded
+per batch by DataCollatorWithPadding. Trainer gets the same epochs, batch, peak lr, linear
+warm-up ratio and decay, AdamW betas/eps, weight decay, clipping, seed and thread count,
+evaluates and saves a checkpoint after every epoch (as the worker does), and saves the
+final model. --group-by-length turns on Trainer's LengthGroupedSampler (mega-batches of 50
+batches, as the worker's bucket_batches: 50). Every other argument stays at Trainer's
+default, the optimizer included.
+
+After each evaluation it prints one JSON line {"epoch", "eval_acc", "eval_loss", "t"}, t
+being time.time() when the evaluation ended, so the caller can time the accuracy reached."""
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+
+import torch
+from transformers import (BertConfig, BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding,
+                          Trainer, TrainerCallback, TrainingArguments)
+
+PRESETS = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072)}
+
+
+def unescape(text):
+    # The prepared TSV files escape backslash, tab and newline (scripts/prepare_data.py).
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(text[i + 1], text[i:i + 2]))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def read_tsv(path, label_ids):
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    return [unescape(r[1]) for r in rows], [label_ids[r[0]] for r in rows]
+
+
+def encode(tokenizer, texts, labels, max_len):
+    enc = tokenizer(texts, truncation=True, max_length=max_len)
+    return [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": label}
+            for ids, types, mask, label in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], labels)]
+
+
+class EvalStamps(TrainerCallback):
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        print(json.dumps({"epoch": round(state.epoch or 0), "eval_acc": metrics["eval_accuracy"],
+                          "eval_loss": metrics["eval_loss"], "t": time.time()}), flush=True)
+
+
+def accuracy(prediction):
+    return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--train", required=True)
+    p.add_argument("--dev", required=True)
+    p.add_argument("--labels", required=True)
+    p.add_argument("--vocab", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--group-by-length", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    with open(a.labels, encoding="utf-8") as f:
+        label_ids = {name: i for i, name in enumerate(line.strip() for line in f if line.strip())}
+    tokenizer = BertTokenizerFast(a.vocab, do_lower_case=True)
+    train = encode(tokenizer, *read_tsv(a.train, label_ids), a.max_len)
+    dev = encode(tokenizer, *read_tsv(a.dev, label_ids), a.max_len)
+    hidden, layers, heads, inter = PRESETS[a.preset]
+    torch.manual_seed(a.seed)
+    config = BertConfig(vocab_size=len(tokenizer.vocab), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=inter, max_position_embeddings=a.max_len,
+                        hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout,
+                        num_labels=len(label_ids))
+    model = BertForSequenceClassification(config)
+    args = TrainingArguments(
+        output_dir=a.out, num_train_epochs=a.epochs, per_device_train_batch_size=a.batch,
+        per_device_eval_batch_size=2 * a.batch, learning_rate=a.lr, warmup_ratio=a.warmup_ratio,
+        lr_scheduler_type="linear", weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, seed=a.seed,
+        group_by_length=a.group_by_length, eval_strategy="epoch", save_strategy="epoch", save_total_limit=2,
+        logging_steps=20, report_to="none", disable_tqdm=True, use_cpu=True)
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
+                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy,
+                      callbacks=[EvalStamps()])
+    print(json.dumps({"optimizer": str(args.optim), "threads": torch.get_num_threads()}), flush=True)
+    trainer.train()
+    trainer.save_model(os.path.join(a.out, "model"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
