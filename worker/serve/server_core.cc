@@ -427,6 +427,12 @@ void ServerCore::UnloadRetired() {
       if (!v.retiring || v.state != VersionState::kReady) continue;
       const bool running = in_flight_ && in_flight_->batch.meta == v.meta;
       if (running || batcher_.CountFor(v.meta.get()) > 0) continue;
+      // A request resolved to this version before it retired, and still being decoded
+      // and tokenized on a transport thread, holds a reference to its meta and has not
+      // reached the batcher yet: unloading now would answer it "not loaded" (500). Under
+      // mutex_ no new reference can appear (Resolve no longer returns a retiring version),
+      // so a count of 1, the version table's own, means nothing will run on it again.
+      if (v.meta.use_count() > 1) continue;
       link_->SendUnload(*v.meta);
       v.state = VersionState::kUnavailable;
       metrics_.Set("trainyard_serve_model_ready", {{"model", model}, {"version", std::to_string(number)}}, 0);
