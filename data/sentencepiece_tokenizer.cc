@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -37,8 +38,12 @@ void SentencePieceTokenizer::Train(const std::vector<std::string>& texts, const 
   if (model.has_parent_path()) fs::create_directories(model.parent_path());
   // Every rank of a job may train at once: each trains under a name of its own and
   // renames the result into place, so no rank ever loads a half-written model; a fixed
-  // seed and one training thread give every rank the same pieces and scores.
-  const std::string own = model_path + ".tmp-" + std::to_string(::getpid());
+  // seed and one training thread give every rank the same pieces and scores. The name
+  // holds the pid and a per-process count, so trainings on threads of one process (as
+  // the tests run "ranks") do not share it either.
+  static std::atomic<uint64_t> trainings{0};
+  const std::string own =
+      model_path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(trainings.fetch_add(1));
   const std::string corpus = own + ".corpus.txt";
   {
     std::ofstream out(corpus);
