@@ -22,24 +22,16 @@ import tempfile
 import zipfile
 
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from random_bert import save_random_bert
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
 
 
 def make_model(work):
-    torch.manual_seed(0)
     vocab = sum(1 for _ in open(os.path.join(LANGID, "vocab.txt"), encoding="utf-8"))
-    config = BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=128, num_labels=9)
-    model = BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" not in name:
-                p.normal_(0.0, 0.15)
     hf_dir = os.path.join(work, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    model = save_random_bert(hf_dir, vocab, 64, 4, 128, 0.15)
     shutil.copy(os.path.join(LANGID, "vocab.txt"), hf_dir)
     return model, hf_dir, vocab
 

@@ -20,7 +20,8 @@ import sys
 import tempfile
 
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+from random_bert import save_random_bert
+from transformers import BertTokenizerFast
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
@@ -33,17 +34,9 @@ def dev_texts(count):
 
 
 def parity(args, work):
-    torch.manual_seed(0)
     tokenizer = BertTokenizerFast(os.path.join(LANGID, "vocab.txt"), do_lower_case=True)
-    config = BertConfig(vocab_size=len(tokenizer.vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=512, max_position_embeddings=128, num_labels=9)
-    model = BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" not in name:
-                p.normal_(0.0, 0.1)
     hf_dir = os.path.join(work, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    model = save_random_bert(hf_dir, len(tokenizer.vocab), 128, 2, 512, 0.1)
     enc = tokenizer(dev_texts(48), truncation=True, max_length=64, padding=True, return_tensors="pt")
     inputs = os.path.join(work, "inputs.json")
     json.dump({"input_ids": enc["input_ids"].tolist(), "attention_mask": enc["attention_mask"].tolist()},
