@@ -373,7 +373,7 @@ void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
 }
 
 void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node m = r.Section(root, "model", {"family", "preset", "init", "dropout", "lora"});
+  YAML::Node m = r.Section(root, "model", {"family", "preset", "init", "dropout", "unpad", "lora"});
   r.ReadEnum(m, "family", "model",
              std::map<std::string, std::string>{
                  {"bert", "bert"}, {"roberta", "roberta"}, {"distilbert", "distilbert"}, {"gpt2", "gpt2"}},
@@ -386,6 +386,9 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
       if (std::string problem = PathProblem(fs::path(spec->model.init) / file, PathKind::kFile); !problem.empty())
         r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json: " + problem);
   r.ReadDouble(m, "dropout", "model", &spec->model.dropout, 0.0, 0.9);
+  r.ReadEnum(m, "unpad", "model",
+             std::map<std::string, std::string>{{"auto", "auto"}, {"always", "always"}, {"never", "never"}},
+             &spec->model.unpad);
   ParseLora(r, m, spec);
 }
 

@@ -73,6 +73,10 @@ struct ModelSpec {
   std::string preset = "tiny";  // tiny | mini | base
   std::string init;             // HF checkpoint dir (model.safetensors + config.json); empty = random init
   double dropout = 0.1;
+  // auto | always | never: run an encoder's dense layers over the real tokens only
+  // (TokenIndex in worker/models/layers.h). auto: on the CPU, when padding is over 10%
+  // of a batch.
+  std::string unpad = "auto";
   LoraSpec lora;
 };
 

@@ -222,6 +222,7 @@ Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vec
     }
   }
   if (spec.model.lora.enabled) AttachLora(spec, *model, lora);
+  model->set_unpadding(UnpaddingNamed(spec.model.unpad));
   return model;
 }
 

@@ -1,6 +1,7 @@
 #include "worker/models/bert.h"
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 
 #include "worker/models/config_fields.h"
@@ -99,9 +100,10 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c)
   dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
 }
 
-torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask) {
-  torch::Tensor context = MultiHeadAttention(query_(hidden), key_(hidden), value_(hidden), heads_, keep_mask,
-                                             is_training() ? attention_dropout_ : 0.0, /*causal=*/false);
+torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
+                                     const TokenIndex* tokens) {
+  torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden), heads_, keep_mask,
+                                        is_training() ? attention_dropout_ : 0.0, tokens);
   torch::Tensor attended = attention_norm_(dropout_(attention_out_(context)) + hidden);
   torch::Tensor expanded = torch::gelu(intermediate_(attended));
   return output_norm_(dropout_(output_(expanded)) + attended);
@@ -140,13 +142,16 @@ torch::Tensor BertEncoderImpl::PositionIdsOf(const torch::Tensor& input_ids) con
   return real.cumsum(1) * real + config_.pad_token_id;
 }
 
-torch::Tensor BertEncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
+torch::Tensor BertEncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                       Unpadding unpadding) {
   torch::Tensor sum = word_embeddings_(input_ids) + token_type_embeddings_(torch::zeros_like(input_ids)) +
                       position_embeddings_(PositionIdsOf(input_ids));
-  torch::Tensor hidden = dropout_(embedding_norm_(sum));
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
-  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask);
-  return hidden;
+  std::optional<TokenIndex> tokens;
+  if (TokenIndex::Wanted(unpadding, attention_mask, keep_mask)) tokens.emplace(attention_mask);
+  torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
+  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask, tokens ? &*tokens : nullptr);
+  return tokens ? tokens->Unpack(hidden) : hidden;
 }
 
 torch::Tensor BertEncoderImpl::Pool(const torch::Tensor& hidden) { return torch::tanh(pooler_(hidden.select(1, 0))); }
@@ -173,7 +178,7 @@ nlohmann::json BertForSequenceClassificationImpl::HfConfig() const {
 
 torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                          const torch::Tensor& attention_mask) {
-  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask))));
+  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding()))));
 }
 
 Model CreateBert(const nlohmann::json& config, ModelTask task) {

@@ -48,9 +48,9 @@ nlohmann::json BertPresetSizes(const std::string& preset);
 class BertLayerImpl : public torch::nn::Module {
  public:
   explicit BertLayerImpl(const BertConfig& config);
-  // hidden: [B, S, H]; keep_mask: [B, 1, 1, S] bool, true where a key may be attended,
-  // or undefined when every key may be.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
+  // hidden: [B, S, H], or [N, H] packed by `tokens` (then so is the result); keep_mask:
+  // [B, 1, 1, S] bool, true where a key may be attended, or undefined when every key may be.
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens);
 
  private:
   int64_t heads_;
@@ -71,8 +71,9 @@ enum class PositionIds { kFromZero, kAfterPadding };
 class BertEncoderImpl : public torch::nn::Module {
  public:
   BertEncoderImpl(const BertConfig& config, PositionIds positions, bool with_pooler);
-  // input_ids, attention_mask [B, S] int64. Returns the last hidden states [B, S, H].
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask);
+  // input_ids, attention_mask [B, S] int64. Returns the last hidden states [B, S, H]
+  // (zeros at padding when `unpadding` chose to skip it).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, Unpadding unpadding);
   // tanh(dense(hidden[:, 0])). REQUIRES: built with_pooler.
   torch::Tensor Pool(const torch::Tensor& hidden);
   // The longest input the position table allows.

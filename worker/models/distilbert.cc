@@ -1,5 +1,7 @@
 #include "worker/models/distilbert.h"
 
+#include <optional>
+
 #include "worker/models/config_fields.h"
 #include "worker/models/layers.h"
 
@@ -83,9 +85,10 @@ DistilBertLayerImpl::DistilBertLayerImpl(const DistilBertConfig& c)
 }
 
 // HF's TransformerBlock: no dropout on out_lin's output, dropout after the FFN.
-torch::Tensor DistilBertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask) {
-  torch::Tensor context = MultiHeadAttention(q_lin_(hidden), k_lin_(hidden), v_lin_(hidden), heads_, keep_mask,
-                                             is_training() ? attention_dropout_ : 0.0, /*causal=*/false);
+torch::Tensor DistilBertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
+                                           const TokenIndex* tokens) {
+  torch::Tensor context = SelfAttention(ProjectQkv(q_lin_, k_lin_, v_lin_, hidden), heads_, keep_mask,
+                                        is_training() ? attention_dropout_ : 0.0, tokens);
   torch::Tensor attended = sa_layer_norm_(out_lin_(context) + hidden);
   torch::Tensor ffn = dropout_(lin2_(torch::gelu(lin1_(attended))));
   return output_layer_norm_(ffn + attended);
@@ -125,9 +128,13 @@ nlohmann::json DistilBertForSequenceClassificationImpl::HfConfig() const { retur
 torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                                const torch::Tensor& attention_mask) {
   torch::Tensor positions = PositionsFromZero(input_ids, config_.max_position_embeddings);
-  torch::Tensor hidden = dropout_(embedding_norm_(word_embeddings_(input_ids) + position_embeddings_(positions)));
+  torch::Tensor sum = word_embeddings_(input_ids) + position_embeddings_(positions);
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
-  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask);
+  std::optional<TokenIndex> tokens;
+  if (TokenIndex::Wanted(unpadding(), attention_mask, keep_mask)) tokens.emplace(attention_mask);
+  torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
+  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask, tokens ? &*tokens : nullptr);
+  if (tokens) hidden = tokens->Unpack(hidden);
   torch::Tensor pooled = torch::relu(pre_classifier_(hidden.select(1, 0)));
   return classifier_(classifier_dropout_(pooled));
 }

@@ -37,8 +37,8 @@ nlohmann::json DistilBertPresetSizes(const std::string& preset);
 class DistilBertLayerImpl : public torch::nn::Module {
  public:
   explicit DistilBertLayerImpl(const DistilBertConfig& config);
-  // hidden [B, S, dim]; keep_mask as BertLayer's.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask);
+  // hidden [B, S, dim] or packed [N, dim]; keep_mask and tokens as BertLayer's.
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens);
 
  private:
   int64_t heads_;

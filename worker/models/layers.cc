@@ -119,6 +119,45 @@ torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask) {
   return attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);
 }
 
+Unpadding UnpaddingNamed(const std::string& name) {
+  if (name == "auto") return Unpadding::kAuto;
+  if (name == "always") return Unpadding::kAlways;
+  if (name == "never") return Unpadding::kNever;
+  throw std::invalid_argument("unknown unpadding '" + name + "' (auto, always, never)");
+}
+
+TokenIndex::TokenIndex(const torch::Tensor& attention_mask)
+    : index_(attention_mask.reshape({-1}).nonzero().squeeze(1)),
+      batch_(attention_mask.size(0)),
+      seq_(attention_mask.size(1)) {}
+
+bool TokenIndex::Worth(const torch::Tensor& attention_mask) {
+  if (attention_mask.is_cuda() || attention_mask.numel() == 0) return false;
+  const double real = attention_mask.ne(0).sum().item<double>();
+  return real < kWorthShare * double(attention_mask.numel());
+}
+
+bool TokenIndex::Wanted(Unpadding policy, const torch::Tensor& attention_mask, const torch::Tensor& keep_mask) {
+  if (!keep_mask.defined() || policy == Unpadding::kNever) return false;
+  return policy == Unpadding::kAlways || Worth(attention_mask);
+}
+
+torch::Tensor TokenIndex::Pack(const torch::Tensor& padded) const {
+  std::vector<int64_t> flat = padded.sizes().vec();
+  flat.erase(flat.begin());
+  flat[0] = batch_ * seq_;
+  return padded.reshape(flat).index_select(0, index_);
+}
+
+torch::Tensor TokenIndex::Unpack(const torch::Tensor& packed) const {
+  std::vector<int64_t> flat = packed.sizes().vec();
+  flat[0] = batch_ * seq_;
+  std::vector<int64_t> padded = flat;
+  padded[0] = seq_;
+  padded.insert(padded.begin(), batch_);
+  return torch::zeros(flat, packed.options()).index_copy(0, index_, packed).view(padded);
+}
+
 void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out_features, int64_t r, double scaling,
                       double dropout) {
   a_ = layer.register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, r).bias(false)));
@@ -155,6 +194,28 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
   torch::Tensor y = int8_weight.isNone() ? torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes)
                                          : Int8Linear(x, int8_weight);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
+}
+
+namespace {
+
+bool PlainLinear(const AdaptableLinear& linear) {
+  return !linear->lora.adapted() && linear->int8_weight.isNone() && linear->bias.defined();
+}
+
+}  // namespace
+
+torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x) {
+  if (!PlainLinear(query) || !PlainLinear(key) || !PlainLinear(value))
+    return torch::cat({query(x), key(x), value(x)}, -1);
+  return torch::linear(x, torch::cat({query->weight, key->weight, value->weight}),
+                       torch::cat({query->bias, key->bias, value->bias}));
+}
+
+torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
+                            const TokenIndex* tokens) {
+  const std::vector<torch::Tensor> parts = (tokens ? tokens->Unpack(qkv) : qkv).chunk(3, -1);
+  torch::Tensor context = MultiHeadAttention(parts[0], parts[1], parts[2], heads, keep_mask, dropout, false);
+  return tokens ? tokens->Pack(context) : context;
 }
 
 }  // namespace trainyard

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/models/layers.h"
+
 namespace trainyard {
 
 enum class ModelFamily { kBert, kRoberta, kDistilBert, kGpt2 };
@@ -54,6 +56,13 @@ class ModelImpl : public torch::nn::Module {
   // The config.json that describes this model to transformers' from_pretrained.
   virtual nlohmann::json HfConfig() const = 0;
   virtual HfNaming naming() const = 0;
+  // How an encoder treats padded batches (TokenIndex in layers.h). A causal LM, whose
+  // batches are packed blocks or left-padded prompts, ignores it.
+  void set_unpadding(Unpadding policy) { unpadding_ = policy; }
+  Unpadding unpadding() const { return unpadding_; }
+
+ private:
+  Unpadding unpadding_ = Unpadding::kAuto;
 };
 using Model = std::shared_ptr<ModelImpl>;
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "worker/models/layers.h"
+#include "worker/models/model.h"
 
 namespace trainyard {
 namespace {
@@ -52,6 +53,9 @@ Int8Summary QuantizeLinearsInt8(torch::nn::Module& model) {
     summary.fp32_mb += double(w.numel()) * 4.0 / 1048576.0;
     summary.int8_mb += double(w.numel()) / 1048576.0;
   };
+  // An input's quantization range is its min/max over the whole tensor, padding rows
+  // included, as torch's module sees it; packed tokens would change that range.
+  if (auto* family_model = dynamic_cast<ModelImpl*>(&model)) family_model->set_unpadding(Unpadding::kNever);
   for (const auto& module : model.modules(/*include_self=*/true)) {
     if (auto* linear = module->as<AdaptableLinear>()) {
       if (!linear->weight.device().is_cpu())

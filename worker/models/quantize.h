@@ -26,7 +26,9 @@ struct Int8Summary {
 
 // Quantizes every AdaptableLinear and Conv1D under `model`, in place: each keeps its fp32
 // parameters (checkpoints and parameter counts are unchanged) and runs on the int8 copy
-// from then on. Throws std::invalid_argument for a model on another device than the CPU.
+// from then on. A family's model keeps its batches padded from then on (Unpadding::kNever):
+// packing the tokens would change each input's quantization range. Throws
+// std::invalid_argument for a model on another device than the CPU.
 Int8Summary QuantizeLinearsInt8(torch::nn::Module& model);
 
 // The packed form of an fp32 weight [out, in] and bias [out] (or undefined).

@@ -253,6 +253,14 @@ TEST_F(JobSpecTest, CausalLmTrainsOnPlainText) {
   EXPECT_NE(ErrorOf(Valid() + "model: {family: xlnet}\n").find("model.family: expected one of"), std::string::npos);
 }
 
+TEST_F(JobSpecTest, UnpadIsAutoUnlessSetToAlwaysOrNever) {
+  EXPECT_EQ(Parse(Valid()).model.unpad, "auto");
+  EXPECT_EQ(Parse(Valid() + "model: {unpad: never}\n").model.unpad, "never");
+  const std::string error = ErrorOf(Valid() + "model: {unpad: sometimes}\n");
+  EXPECT_NE(error.find("model.unpad: expected one of always, auto, never, got 'sometimes'"), std::string::npos)
+      << error;
+}
+
 TEST_F(JobSpecTest, GenerateJobImpliesCausalLmAndNeedsPrompts) {
   const std::string tokenizer = "data:\n  tokenizer: {vocab: data/vocab.txt}\n";
   JobSpec spec = Parse("name: g\nkind: generate\n" + tokenizer +

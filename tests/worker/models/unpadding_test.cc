@@ -1,0 +1,156 @@
+// Unpadded training (TokenIndex: dense layers over the real tokens only) against padded
+// training of the same model on the same batches: the parameters after 20 AdamW steps,
+// and the hidden states of the real tokens, must agree within 1e-5 in fp32, and within
+// 1e-9 in fp64, where only the order of the sums can differ.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "worker/models/bert.h"
+#include "worker/models/layers.h"
+#include "worker/models/model.h"
+#include "worker/train/optimizer.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int64_t kVocab = 300, kBatch = 8, kSeq = 24;
+
+struct Batch {
+  torch::Tensor ids, mask, labels;
+};
+
+// Right-padded rows of random lengths 2..kSeq, the first row full.
+Batch RandomBatch(torch::Generator& generator, int64_t pad_id) {
+  torch::Tensor lengths = torch::randint(2, kSeq + 1, {kBatch}, generator, torch::kLong);
+  lengths[0] = kSeq;
+  torch::Tensor mask = torch::arange(kSeq).unsqueeze(0).lt(lengths.unsqueeze(1)).to(torch::kLong);
+  torch::Tensor ids = torch::randint(5, kVocab, {kBatch, kSeq}, generator, torch::kLong);
+  ids = torch::where(mask.to(torch::kBool), ids, torch::full_like(ids, pad_id));
+  return {ids, mask, torch::randint(0, 3, {kBatch}, generator, torch::kLong)};
+}
+
+nlohmann::json TinyConfig(ModelFamily family) {
+  PresetArgs args;
+  args.vocab_size = kVocab;
+  args.max_sequence = kSeq;
+  if (family == ModelFamily::kRoberta) args.pad_id = 1, args.bos_id = 0, args.eos_id = 2;
+  args.labels = {"a", "b", "c"};
+  nlohmann::json config = PresetConfig(family, ModelTask::kSequenceClassification, "tiny", args);
+  SetDropout(&config, 0.0);  // dropout masks are drawn per element, so their layout differs
+  return config;
+}
+
+// The parameters after `steps` AdamW steps (clipped at 1.0, as the trainer does) on the
+// same seeded batches, with the model built from one seed.
+std::map<std::string, torch::Tensor> Train(ModelFamily family, Unpadding policy, int steps,
+                                           torch::Dtype dtype = torch::kFloat) {
+  torch::manual_seed(11);
+  Model model = CreateModel(TinyConfig(family), ModelTask::kSequenceClassification);
+  model->to(dtype);
+  model->set_unpadding(policy);
+  AdamW optimizer(model->named_parameters().pairs(), AdamWOptions{});
+  std::vector<torch::Tensor> params = model->parameters();
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(5);
+  for (int step = 0; step < steps; ++step) {
+    Batch batch = RandomBatch(generator, model->info().pad_id);
+    EXPECT_TRUE(TokenIndex::Worth(batch.mask)) << "the batches should be padded enough for auto to unpad";
+    torch::nn::functional::cross_entropy(model->forward(batch.ids, batch.mask), batch.labels).backward();
+    ClipGradNorm(params, 1.0);
+    optimizer.Step(1e-3);
+    optimizer.ZeroGrad();
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+class UnpaddedTraining : public testing::TestWithParam<ModelFamily> {};
+
+// The attention key bias shifts every score of a query alike, which softmax ignores, so
+// its gradient is zero but for rounding, and Adam's normalisation turns that rounding into
+// steps of size lr: in fp32 the two runs' key biases drift apart by ~1e-5 from rounding
+// alone. fp64 shrinks the rounding below Adam's eps and checks them too.
+bool IsKeyBias(const std::string& name) {
+  for (const char* key : {"attention.self.key.bias", "attention.k_lin.bias"})
+    if (name.find(key) != std::string::npos) return true;
+  return false;
+}
+
+double LargestChange(const std::map<std::string, torch::Tensor>& from, const std::map<std::string, torch::Tensor>& to) {
+  double largest = 0;
+  for (const auto& [name, value] : from) largest = std::max(largest, (value - to.at(name)).abs().max().item<double>());
+  return largest;
+}
+
+TEST_P(UnpaddedTraining, EqualsPaddedTrainingAfter20Steps) {
+  const auto padded = Train(GetParam(), Unpadding::kNever, 20);
+  const auto unpadded = Train(GetParam(), Unpadding::kAlways, 20);
+  ASSERT_EQ(padded.size(), unpadded.size());
+  for (const auto& [name, value] : padded) {
+    if (IsKeyBias(name)) continue;
+    EXPECT_LE((value - unpadded.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+  EXPECT_GT(LargestChange(padded, Train(GetParam(), Unpadding::kNever, 0)), 1e-3) << "training should move weights";
+}
+
+TEST_P(UnpaddedTraining, EqualsPaddedTrainingAfter20StepsInFp64) {
+  const auto padded = Train(GetParam(), Unpadding::kNever, 20, torch::kDouble);
+  const auto unpadded = Train(GetParam(), Unpadding::kAlways, 20, torch::kDouble);
+  EXPECT_LE(LargestChange(padded, unpadded), 1e-9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, UnpaddedTraining,
+                         testing::Values(ModelFamily::kBert, ModelFamily::kRoberta, ModelFamily::kDistilBert),
+                         [](const auto& info) { return std::string(FamilyName(info.param)); });
+
+TEST(TokenIndex, PackAndUnpackMoveTheRealRowsOnly) {
+  torch::Tensor mask = torch::tensor({1, 1, 0, 1, 0, 0}, torch::kLong).view({2, 3});
+  torch::Tensor padded = torch::arange(12, torch::kFloat).view({2, 3, 2});
+  TokenIndex tokens(mask);
+  EXPECT_EQ(tokens.tokens(), 3);
+  EXPECT_TRUE(tokens.Pack(padded).equal(torch::tensor({0, 1, 2, 3, 6, 7}, torch::kFloat).view({3, 2})));
+  torch::Tensor expected = padded * mask.unsqueeze(2);
+  EXPECT_TRUE(tokens.Unpack(tokens.Pack(padded)).equal(expected));
+}
+
+TEST(TokenIndex, AutoUnpadsOnlyWhenPaddingIsWorthSkipping) {
+  torch::Tensor full = torch::ones({4, 10}, torch::kLong);
+  torch::Tensor little = full.clone(), much = full.clone();
+  little[0][9] = 0;  // 1 in 40 padded
+  much.narrow(1, 5, 5).zero_();
+  EXPECT_FALSE(TokenIndex::Wanted(Unpadding::kAuto, full, KeyKeepMask(full)));
+  EXPECT_FALSE(TokenIndex::Wanted(Unpadding::kAuto, little, KeyKeepMask(little)));
+  EXPECT_TRUE(TokenIndex::Wanted(Unpadding::kAuto, much, KeyKeepMask(much)));
+  EXPECT_TRUE(TokenIndex::Wanted(Unpadding::kAlways, little, KeyKeepMask(little)));
+  EXPECT_FALSE(TokenIndex::Wanted(Unpadding::kNever, much, KeyKeepMask(much)));
+  EXPECT_THROW(UnpaddingNamed("sometimes"), std::invalid_argument);
+}
+
+TEST(TokenIndex, EncoderHiddenStatesOfRealTokensDoNotDependOnUnpadding) {
+  torch::manual_seed(3);
+  BertEncoder encoder(BertConfig::FromJson(TinyConfig(ModelFamily::kBert)), PositionIds::kFromZero, true);
+  encoder->eval();
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(9);
+  Batch batch = RandomBatch(generator, 0);
+  torch::Tensor padded = encoder->forward(batch.ids, batch.mask, Unpadding::kNever);
+  torch::Tensor unpadded = encoder->forward(batch.ids, batch.mask, Unpadding::kAlways);
+  torch::Tensor real = batch.mask.to(torch::kBool).unsqueeze(2).expand_as(padded);
+  EXPECT_TRUE(padded.masked_select(real).allclose(unpadded.masked_select(real), 1e-5, 1e-6));
+  EXPECT_EQ(unpadded.masked_select(real.logical_not()).abs().max().item<float>(), 0.0f);
+  EXPECT_GT(padded.masked_select(real.logical_not()).abs().max().item<float>(), 0.0f);
+}
+
+TEST(ProjectQkv, EqualsTheThreeProjections) {
+  torch::manual_seed(4);
+  AdaptableLinear q(16, 16), k(16, 16), v(16, 16);
+  torch::Tensor x = torch::randn({3, 5, 16});
+  torch::Tensor separate = torch::cat({q(x), k(x), v(x)}, -1);
+  EXPECT_TRUE(ProjectQkv(q, k, v, x).allclose(separate, 1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace trainyard
