@@ -1,11 +1,13 @@
 #include "worker/jobs/job_setup.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/train/amp.h"
 
 namespace trainyard {
 
@@ -52,7 +54,15 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   const bool use_cuda = spec.runtime.device != DeviceChoice::kCpu && cuda;
   if (spec.kind != JobKind::kBenchmark && spec.train.precision == Precision::kFp16 && !use_cuda)
     throw InputError(spec.Where("train.precision") + ": fp16 autocast needs a CUDA device; use bf16 (or fp32) on CPU");
-  if (!use_cuda) return torch::Device(torch::kCPU);
+  if (!use_cuda) {
+    const auto& asked = spec.benchmark.precisions;
+    const bool bf16 = spec.kind == JobKind::kBenchmark
+                          ? std::find(asked.begin(), asked.end(), Precision::kBf16) != asked.end()
+                          : spec.train.precision == Precision::kBf16;
+    if (bf16 && ranks.rank == 0)
+      if (std::string caveat = CpuBf16Caveat(); !caveat.empty()) LogWarn(caveat);
+    return torch::Device(torch::kCPU);
+  }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % VisibleGpus()));
 }
 

@@ -1,6 +1,7 @@
 #include "worker/train/amp.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cpu/Utils.h>
 
 namespace trainyard {
 
@@ -19,6 +20,16 @@ AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   at::autocast::set_autocast_enabled(device_, previous_enabled_);
   at::autocast::set_autocast_dtype(device_, previous_dtype_);
+}
+
+std::string CpuBf16Caveat() {
+  const auto capabilities = at::cpu::get_cpu_capabilities();
+  const auto amx = capabilities.find("amx_bf16");
+  if (amx != capabilities.end() && amx->second.isBool() && amx->second.toBool()) return "";
+  return "bf16 on a CPU without AMX: its bf16 matrix multiplies (AVX512-BF16 or emulated) are no faster than "
+         "fp32's and measured ~1.6x slower than fp32 end to end on such a CPU; fp32 is likely faster here (compare "
+         "both in a "
+         "kind: benchmark grid)";
 }
 
 GradScaler::GradScaler(const LossScaleSpec& spec, bool enabled)
