@@ -11,11 +11,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Each test's files live in a folder of its own, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
  protected:
-  fs::path Path(const std::string& name) {
-    return fs::temp_directory_path() / (std::to_string(::getpid()) + "_" + name);
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ty_safetensors_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
   }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path Path(const std::string& name) { return dir_ / name; }
+
+ private:
+  fs::path dir_;
 };
 
 TEST_F(SafetensorsTest, RoundTripKeepsBytesShapesAndMetadata) {

@@ -1,6 +1,7 @@
 #include "data/text_dataset.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,8 +9,22 @@
 namespace trainyard {
 namespace {
 
+// The test files of this process, in one folder removed when the tests end.
+const std::filesystem::path& Folder() {
+  static const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ty_text_dataset_" + std::to_string(::getpid()));
+  return dir;
+}
+
+class RemoveFolder : public ::testing::Environment {
+ public:
+  void TearDown() override { std::filesystem::remove_all(Folder()); }
+};
+[[maybe_unused]] const auto* const kRemoveFolder = ::testing::AddGlobalTestEnvironment(new RemoveFolder);
+
 std::string Write(const std::string& name, const std::string& text) {
-  auto path = std::filesystem::temp_directory_path() / (std::to_string(::getpid()) + name);
+  std::filesystem::create_directories(Folder());
+  auto path = Folder() / name;
   std::ofstream(path) << text;
   return path.string();
 }
