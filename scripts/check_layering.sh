@@ -21,10 +21,10 @@ usage() { sed -n '2,13p' "$0"; }
 declare -A MAY_USE=(
   [common/]="common/"
   [common/spec/]="common/"
-  [proto/]="proto/"
+  [proto/]="proto/ common/"
   [data/]="data/ common/"
   [coordinator/]="coordinator/ proto/ common/"
-  [worker/report/]="worker/report/ common/"
+  [worker/report/]="worker/report/ proto/ common/"
   [worker/pool/]="worker/pool/ worker/report/ proto/ common/"
   [worker/serve/]="worker/serve/ data/ common/"
   [worker/models/]="worker/models/ common/"

@@ -8,7 +8,8 @@
 #     fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links), Hugging Face transformers and peft (the independent references in tests),
-#     and the serving tests' independent clients: tritonclient and prometheus_client.
+#     the serving tests' independent clients (tritonclient, prometheus_client) and
+#     TensorBoard's reader.
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
 # so fresh clones reuse the several-GB torch install.
 set -euo pipefail
@@ -22,6 +23,7 @@ ACCELERATE_VERSION="1.15.0"  # HF Trainer's dependency (scripts/bench/finetune_v
 ONNXRUNTIME_VERSION="1.23.2"  # the reference column of scripts/bench/inference_vs_pytorch.sh ...
 ONNX_VERSION="1.23.2"         # ... with the exporter torch.onnx needs
 ONNXSCRIPT_VERSION="0.7.2"
+TENSORBOARD_VERSION="2.20.0"  # tests read our event files with its EventAccumulator
 VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
 
 APT_PACKAGES=(
@@ -77,14 +79,14 @@ venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
   "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" "$TRITONCLIENT_VERSION" \
     "$PROMETHEUS_CLIENT_VERSION" "$ACCELERATE_VERSION" "$ONNXRUNTIME_VERSION" "$ONNX_VERSION" \
-    "$ONNXSCRIPT_VERSION" <<'PY' 2>/dev/null
+    "$ONNXSCRIPT_VERSION" "$TENSORBOARD_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
-want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script = sys.argv[1:10]
+want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script, want_tb = sys.argv[1:11]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
 ok = ok and md.version("peft") == want_peft and md.version("tritonclient") == want_triton
 ok = ok and md.version("prometheus_client") == want_prom and md.version("accelerate") == want_acc
 ok = ok and md.version("onnxruntime") == want_ort and md.version("onnx") == want_onnx
-ok = ok and md.version("onnxscript") == want_script
+ok = ok and md.version("onnxscript") == want_script and md.version("tensorboard") == want_tb
 import tritonclient.grpc, tritonclient.http  # noqa: F401
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
@@ -103,7 +105,8 @@ install_python_env() {
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" \
     "peft==$PEFT_VERSION" "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" \
     "prometheus_client==$PROMETHEUS_CLIENT_VERSION" "accelerate==$ACCELERATE_VERSION" \
-    "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" numpy safetensors
+    "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" \
+    "tensorboard==$TENSORBOARD_VERSION" numpy safetensors
 }
 
 install_apt_packages

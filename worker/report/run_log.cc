@@ -4,12 +4,14 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
 #include "common/atomic_file.h"
 #include "common/csv.h"
+#include "proto/event_file.h"
 
 namespace trainyard {
 
@@ -65,9 +67,30 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
     TrimSteps(resume_step);
   } else {
     std::filesystem::remove(dir_ + "/steps.jsonl");
+    std::filesystem::remove_all(dir_ + "/tb");  // a fresh run's curves start empty
   }
   WriteCsv();
   steps_.open(dir_ + "/steps.jsonl", std::ios::app);
+  try {
+    tensorboard_ = std::make_unique<EventFileWriter>(dir_ + "/tb");
+  } catch (const std::exception& e) {
+    spdlog::warn("no TensorBoard scalars for this run: {}", e.what());
+  }
+}
+
+RunLog::~RunLog() = default;
+RunLog::RunLog(RunLog&&) noexcept = default;
+
+void RunLog::AddTensorBoardScalars(int64_t step, const std::vector<std::pair<std::string, float>>& scalars) {
+  if (!tensorboard_ || scalars.empty()) return;
+  try {
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    tensorboard_->AddScalars(step, now, scalars);
+    tensorboard_->Flush();
+  } catch (const std::exception& e) {
+    spdlog::warn("TensorBoard scalars stop here: {}", e.what());
+    tensorboard_.reset();
+  }
 }
 
 void RunLog::LoadRows(int64_t before_epoch) {
@@ -111,6 +134,14 @@ void RunLog::AddEpoch(const EpochRow& r) {
   csv_lines_.push_back(EpochCsvLine(r));
   WriteCsv();
   PrintRow(r);
+  int64_t end_step = 0;
+  for (const EpochRow& row : rows_) end_step += row.steps;
+  const std::vector<std::string> header = SplitCsv(EpochCsvHeader()), cells = SplitCsv(csv_lines_.back());
+  std::vector<std::pair<std::string, float>> scalars;
+  for (size_t i = 0; i < header.size() && i < cells.size(); ++i)
+    if (header[i] != "epoch" && !cells[i].empty())
+      scalars.emplace_back("epoch/" + header[i], static_cast<float>(std::stod(cells[i])));
+  AddTensorBoardScalars(end_step, scalars);
 }
 
 void RunLog::PrintRow(const EpochRow& r) const {
@@ -126,6 +157,10 @@ void RunLog::PrintRow(const EpochRow& r) const {
 void RunLog::AddStep(const nlohmann::json& line) {
   steps_ << line.dump() << "\n";
   steps_.flush();
+  std::vector<std::pair<std::string, float>> scalars;
+  for (const auto& [key, value] : line.items())
+    if (value.is_number() && key != "step" && key != "epoch") scalars.emplace_back("train/" + key, value.get<float>());
+  AddTensorBoardScalars(line.value("step", int64_t(0)), scalars);
 }
 
 void RunLog::WriteSummary(const nlohmann::json& summary) const {

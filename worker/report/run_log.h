@@ -1,10 +1,12 @@
 // What a training run tells its user: the console epoch table, a progress line while
-// an epoch runs, and runs/<job>/{epochs.csv, steps.jsonl, summary.json}.
+// an epoch runs, runs/<job>/{epochs.csv, steps.jsonl, summary.json}, and the same
+// figures as TensorBoard scalars in runs/<job>/tb/.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -43,12 +45,21 @@ struct EpochRow {
 std::string EpochCsvHeader();
 std::string EpochCsvLine(const EpochRow& row);
 
+class EventFileWriter;
+
+// TensorBoard scalars (runs/<job>/tb/, one event file per process): each steps.jsonl
+// line's numbers as "train/<key>" at its step, and each epochs.csv row's numbers as
+// "epoch/<column>" at the global step that ended the epoch, so a file's steps never
+// decrease. The values are exactly the files' (as float32). A TensorBoard file that
+// cannot be written costs a warning, never the run.
 class RunLog {
  public:
   // Opens runs/<job>/. With `resume_epoch` > 0 (the 1-based epoch being resumed), the
   // rows of that epoch and later, and the step lines after `resume_step`, are dropped
   // from the existing files, so every epoch and step appears exactly once.
   RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step);
+  ~RunLog();
+  RunLog(RunLog&&) noexcept;
 
   void PrintHeader() const;
   void PrintRow(const EpochRow& row) const;
@@ -65,8 +76,11 @@ class RunLog {
   void LoadRows(int64_t before_epoch);
   void TrimSteps(int64_t up_to_step);
   void WriteCsv() const;
+  // Hands scalars to the event file, or drops TensorBoard output after a failure.
+  void AddTensorBoardScalars(int64_t step, const std::vector<std::pair<std::string, float>>& scalars);
 
   std::string dir_;
+  std::unique_ptr<EventFileWriter> tensorboard_;
   std::vector<EpochRow> rows_;
   std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
   std::ofstream steps_;

@@ -1,0 +1,119 @@
+"""TensorBoard scalars of a fine-tune job, read back with TensorBoard's own reader.
+
+A 2-rank job writes runs/<job>/tb/. Every record passes the reader's CRC checks
+(PyRecordReader, which raises DataLossError on a bad length or payload CRC), and
+EventAccumulator returns, for every number of every steps.jsonl line and epochs.csv row,
+one scalar at the right step equal to the file's value as float32, and nothing else. A
+flipped payload byte is caught by the same reader. Rerunning the job fresh starts the
+curves empty rather than appending to the old ones."""
+import argparse
+import csv
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.compat.tensorflow_stub import errors
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
+
+
+def records(path):
+    """Every record's payload, through TensorBoard's CRC-checking reader."""
+    reader = PyRecordReader_New(path)
+    out = []
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return out
+        out.append(reader.record())
+
+
+def expected_scalars(run_dir):
+    """tag -> [(step, float32 value)] from steps.jsonl and epochs.csv."""
+    want = {}
+    with open(os.path.join(run_dir, "steps.jsonl")) as f:
+        for line in f:
+            step_line = json.loads(line)
+            for key, value in step_line.items():
+                if key in ("step", "epoch") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                want.setdefault("train/" + key, []).append((step_line["step"], np.float32(value)))
+    end_step = 0
+    with open(os.path.join(run_dir, "epochs.csv")) as f:
+        for row in csv.DictReader(f):
+            end_step += int(row["steps"])
+            for column, cell in row.items():
+                if column != "epoch" and cell != "":
+                    want.setdefault("epoch/" + column, []).append((end_step, np.float32(float(cell))))
+    return want
+
+
+def check_against_files(run_dir):
+    files = glob.glob(os.path.join(run_dir, "tb", "events.out.tfevents.*"))
+    assert len(files) == 1, files
+    payloads = records(files[0])
+    want = expected_scalars(run_dir)
+    acc = event_accumulator.EventAccumulator(os.path.join(run_dir, "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got_tags = set(acc.Tags()["scalars"])
+    assert got_tags == set(want), f"tags differ: extra {got_tags - set(want)}, missing {set(want) - got_tags}"
+    for tag, points in want.items():
+        got = [(e.step, np.float32(e.value)) for e in acc.Scalars(tag)]
+        assert got == points, f"{tag}: {got[:5]} != {points[:5]}"
+    for column in ("eval_acc", "forward_ms_med", "forward_ms_max", "slowest_ms_per_step"):
+        assert "epoch/" + column in want, column
+    steps = sum(1 for line in open(os.path.join(run_dir, "steps.jsonl")))
+    epochs = sum(1 for _ in open(os.path.join(run_dir, "epochs.csv"))) - 1
+    assert len(payloads) == 1 + steps + epochs, (len(payloads), steps, epochs)  # + the file-version event
+    print(f"{len(want)} tags, {sum(len(p) for p in want.values())} scalars equal the files; "
+          f"{len(payloads)} records pass the CRC checks")
+    return files[0]
+
+
+def check_flipped_byte_is_caught(path, folder):
+    damaged = os.path.join(folder, "damaged.tfevents")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(damaged, "wb").write(data)
+    try:
+        records(damaged)
+    except errors.DataLossError as e:
+        print(f"a flipped byte is caught: {e}")
+        return
+    raise AssertionError("a flipped byte went unnoticed by TensorBoard's reader")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", required=True)
+    p.add_argument("--mpirun", required=True)
+    a = p.parse_args()
+    folder = tempfile.mkdtemp(prefix="ty_tb_")
+    try:
+        extra = "train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\n"
+        job = write(os.path.join(folder, "tb.yaml"),
+                    job_yaml("tb", subset_tsv(folder, 480), extra).replace("steps_every: 1", "steps_every: 3"))
+        runs = os.path.join(folder, "runs")
+        cmd = [a.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", a.worker, job, "--runs-dir", runs,
+               "--resume", "none"]
+        for _ in range(2):  # the second, fresh run must replace the first one's curves
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=MPI_ENV, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            path = check_against_files(os.path.join(runs, "tb"))
+        check_flipped_byte_is_caught(path, folder)
+        print("PASS")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
