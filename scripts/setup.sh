@@ -4,7 +4,8 @@
 #   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
 #     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, gRPC and Boost
 #     (Beast: serving's HTTP), clang-format and
-#     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), and the
+#     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), rsvg-convert
+#     (tests render the SVG plots), and the
 #     fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links), Hugging Face transformers and peft (the independent references in tests),
@@ -41,6 +42,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libboost-dev
   clang-format clang-tidy
   clang libclang-rt-dev
+  librsvg2-bin
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )
 
@@ -106,7 +108,7 @@ install_python_env() {
     "peft==$PEFT_VERSION" "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" \
     "prometheus_client==$PROMETHEUS_CLIENT_VERSION" "accelerate==$ACCELERATE_VERSION" \
     "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" \
-    "tensorboard==$TENSORBOARD_VERSION" numpy safetensors
+    "tensorboard==$TENSORBOARD_VERSION" numpy safetensors pillow
 }
 
 install_apt_packages

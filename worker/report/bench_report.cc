@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/atomic_file.h"
+#include "worker/report/svg_chart.h"
 
 namespace trainyard {
 namespace {
@@ -61,6 +62,21 @@ std::string Color(double t) {  // t in [0, 1]: pale yellow to dark red
   return fmt::format("rgb({},{},{})", r - static_cast<int>(90 * t), std::max(g, 0), std::max(b, 0));
 }
 
+// The heatmap's colour key: the scale from the fastest to the slowest cell of a panel,
+// logarithmic as the colouring is, with its end values.
+std::string ColorBar(int x, int y, double lo, double hi) {
+  if (!(hi > 0) || lo > hi) return "";
+  std::string out;
+  constexpr int kSteps = 12, kStepWidth = 16;
+  for (int i = 0; i < kSteps; ++i)
+    out += fmt::format("<rect x='{}' y='{}' width='{}' height='10' fill='{}'/>\n", x + i * kStepWidth, y, kStepWidth,
+                       Color(double(i) / (kSteps - 1)));
+  out +=
+      fmt::format("<text x='{}' y='{}' font-size='11'>{:.3g} ms (fastest) to {:.3g} ms (slowest), log scale</text>\n",
+                  x + kSteps * kStepWidth + 8, y + 9, lo, hi);
+  return out;
+}
+
 std::string Heatmap(const std::vector<BenchCell>& cells) {
   std::map<std::string, std::vector<const BenchCell*>> panels;
   for (const auto& c : cells)
@@ -75,9 +91,10 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
       batches.insert(c->batch), seqs.insert(c->seq);
       if (c->status == "ok") lo = std::min(lo, c->mean_ms), hi = std::max(hi, c->mean_ms);
     }
-    const std::string heading = title + " (mean ms; batch down, seq_len across)";
-    body += fmt::format("<text x='10' y='{}' font-weight='bold'>{}</text>\n", y0, heading);
+    const std::string heading = title + ": mean latency, ms (rows: batch size, columns: seq_len)";
+    body += fmt::format("<text x='10' y='{}' font-weight='bold'>{}</text>\n", y0, XmlEscape(heading));
     width = std::max(width, 20 + static_cast<int>(heading.size()) * 8);
+    body += ColorBar(10, y0 + 36 + static_cast<int>(batches.size()) * cell_h, lo, hi);
     int col = 0;
     for (int s : seqs) body += fmt::format("<text x='{}' y='{}'>{}</text>\n", left + col++ * cell_w + 20, y0 + 20, s);
     int row = 0;
@@ -98,7 +115,7 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
       }
     }
     width = std::max(width, left + 20 + col * cell_w);
-    y0 += 40 + static_cast<int>(batches.size()) * cell_h + gap;
+    y0 += 40 + static_cast<int>(batches.size()) * cell_h + 34 + gap;
   }
   return fmt::format(
       "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' "
@@ -106,45 +123,35 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
       width, y0, body);
 }
 
+// One panel per precision and mode: sequences/s against batch (log axis at the batch
+// sizes measured), a line per seq_len; the y axis goes logarithmic when the lines span
+// more than a decade.
 std::string ThroughputChart(const std::vector<BenchCell>& cells) {
-  std::map<std::string, std::vector<std::pair<int, double>>> lines;
-  int max_batch = 1;
-  double max_tp = 1;
+  std::map<std::pair<std::string, std::string>, std::map<int, ChartSeries>> panels;
+  std::map<std::pair<std::string, std::string>, std::set<int>> batches;
   for (const auto& c : cells) {
     if (c.status != "ok" || c.mode == "train_step") continue;
-    lines[fmt::format("{} {} seq {}", c.mode, c.precision, c.seq)].push_back({c.batch, c.seqs_per_s});
-    max_batch = std::max(max_batch, c.batch), max_tp = std::max(max_tp, c.seqs_per_s);
+    ChartSeries& line = panels[{c.precision, c.mode}][c.seq];
+    line.name = fmt::format("seq_len {}", c.seq);
+    line.points.emplace_back(c.batch, c.seqs_per_s);
+    batches[{c.precision, c.mode}].insert(c.batch);
   }
-  const int w = 640, h = 360, left = 70, bottom = 40, top = 30;
-  auto x_of = [&](int b) {
-    return left + (w - left - 220) * std::log2(double(b)) / std::max(1.0, std::log2(double(max_batch)));
-  };
-  auto y_of = [&](double v) { return h - bottom - (h - bottom - top) * v / max_tp; };
-  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
-                                  "#9467bd", "#8c564b", "#e377c2", "#17becf"};
-  std::string body =
-      fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n", left, h - bottom, w - 220, h - bottom);
-  body += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n", left, top, left, h - bottom);
-  body += fmt::format("<text x='{}' y='{}'>batch (log2)</text><text x='5' y='{}'>seq/s</text>\n", w / 2 - 80, h - 8,
-                      top - 10);
-  body += fmt::format("<text x='{}' y='{}' font-size='11'>{:.0f}</text>\n", 5, top + 4, max_tp);
-  int index = 0;
-  for (auto& [name, points] : lines) {
-    std::sort(points.begin(), points.end());
-    std::string path;
-    for (const auto& [b, v] : points) path += fmt::format("{:.1f},{:.1f} ", x_of(b), y_of(v));
-    const char* color = palette[index % 8];
-    body += fmt::format("<polyline fill='none' stroke='{}' stroke-width='2' points='{}'/>\n", color, path);
-    body +=
-        fmt::format("<text x='{}' y='{}' fill='{}' font-size='11'>{}</text>\n", w - 210, top + 14 * index, color, name);
-    ++index;
+  std::vector<ChartPanel> out;
+  for (auto& [key, lines] : panels) {
+    ChartPanel panel;
+    panel.title = fmt::format("throughput, {} / {}", key.first, key.second);
+    panel.x_label = "batch size";
+    panel.y_label = "sequences / s";
+    panel.x_scale = AxisScale::kLog;
+    panel.x_ticks.assign(batches[key].begin(), batches[key].end());
+    for (auto& [seq, line] : lines) panel.series.push_back(std::move(line));
+    out.push_back(std::move(panel));
   }
-  for (int b = 1; b <= max_batch; b *= 2)
-    body += fmt::format("<text x='{:.0f}' y='{}' font-size='11'>{}</text>\n", x_of(b) - 4, h - bottom + 15, b);
-  return fmt::format(
-      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' "
-      "font-size='13'>\n<rect width='100%' height='100%' fill='white'/>\n{}</svg>\n",
-      w, std::max(h, top + 14 * index + 20), body);
+  if (out.empty()) {  // nothing measured: an empty panel that says so
+    out.emplace_back();
+    out.back().title = "throughput";
+  }
+  return RenderChart(out);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // What a benchmark job writes to runs/<job>/: benchmark.csv (every cell),
 // benchmark.md (tables shaped like a spreadsheet: rows model/batch, columns seq_len,
 // one table per precision and mode), latency_heatmap.svg (batch x seq per precision
-// and mode) and throughput.svg (sequences/s against batch, a line per mode, precision
-// and seq_len). No libtorch here.
+// and mode, with its colour key) and throughput.svg (a panel per precision and mode:
+// sequences/s against batch, a line per seq_len; svg_chart.h). No libtorch here.
 #pragma once
 
 #include <nlohmann/json.hpp>

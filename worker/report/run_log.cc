@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "common/atomic_file.h"
 #include "common/csv.h"
 #include "proto/event_file.h"
+#include "worker/report/svg_chart.h"
 
 namespace trainyard {
 
@@ -38,7 +40,8 @@ std::string EpochCsvLine(const EpochRow& r) {
 
 namespace {
 
-// The fields the console table shows, read by column name so older files still load.
+// The fields the console table and curves.svg show, read by column name so older files
+// still load.
 EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string& line) {
   std::vector<std::string> cells = SplitCsv(line);
   cells.resize(header.size());
@@ -55,7 +58,50 @@ EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string&
   if (get("loss_scale") > 0) r.loss_scale = get("loss_scale");
   r.comm_ms = get("comm_ms"), r.slowest_rank = static_cast<int>(get("slowest_rank"));
   r.slowest_ms_per_step = get("slowest_ms_per_step"), r.ranks = std::max(1, static_cast<int>(get("ranks")));
+  for (int part = 0; part < kNumStepParts; ++part) {
+    const std::string name = kStepParts[part];
+    r.parts[part] = {get((name + "_ms_min").c_str()), get((name + "_ms_med").c_str()), get((name + "_ms_max").c_str())};
+  }
   return r;
+}
+
+ChartPanel EpochPanel(const std::vector<EpochRow>& rows, std::string title, std::string y_label) {
+  ChartPanel panel;
+  panel.title = std::move(title);
+  panel.x_label = "epoch";
+  panel.y_label = std::move(y_label);
+  if (rows.size() <= 12)
+    for (const EpochRow& r : rows) panel.x_ticks.push_back(double(r.epoch));
+  return panel;
+}
+
+ChartSeries EpochSeries(const std::vector<EpochRow>& rows, std::string name, double (*value)(const EpochRow&)) {
+  ChartSeries series{std::move(name), {}};
+  for (const EpochRow& r : rows) series.points.emplace_back(double(r.epoch), value(r));
+  return series;
+}
+
+// curves.svg: loss, dev accuracy, the step's parts (median across ranks) and throughput
+// per epoch.
+std::string EpochCurves(const std::vector<EpochRow>& rows) {
+  const bool evaluated = std::any_of(rows.begin(), rows.end(), [](const EpochRow& r) { return r.eval_loss > 0; });
+  ChartPanel loss = EpochPanel(rows, "loss", "cross-entropy");
+  loss.series.push_back(EpochSeries(rows, "train", [](const EpochRow& r) { return r.train_loss; }));
+  if (evaluated) loss.series.push_back(EpochSeries(rows, "dev", [](const EpochRow& r) { return r.eval_loss; }));
+  ChartPanel accuracy = EpochPanel(rows, "dev accuracy", "accuracy");
+  accuracy.y_scale = AxisScale::kLinear;
+  if (evaluated) accuracy.series.push_back(EpochSeries(rows, "dev", [](const EpochRow& r) { return r.eval_acc; }));
+  ChartPanel time = EpochPanel(rows, "time per step (median across ranks)", "ms / step");
+  time.series.push_back(EpochSeries(rows, "whole step", [](const EpochRow& r) { return r.ms_per_step; }));
+  for (int part = 0; part < kNumStepParts; ++part) {  // parts that never took time (comm on one rank) left out
+    ChartSeries series{kStepParts[part], {}};
+    for (const EpochRow& r : rows) series.points.emplace_back(double(r.epoch), r.parts[part].median);
+    if (std::any_of(series.points.begin(), series.points.end(), [](const auto& p) { return p.second > 0; }))
+      time.series.push_back(std::move(series));
+  }
+  ChartPanel speed = EpochPanel(rows, "throughput", "samples / s");
+  speed.series.push_back(EpochSeries(rows, "train", [](const EpochRow& r) { return r.samples_per_s; }));
+  return RenderChart({loss, accuracy, time, speed});
 }
 
 }  // namespace
@@ -134,6 +180,11 @@ void RunLog::AddEpoch(const EpochRow& r) {
   csv_lines_.push_back(EpochCsvLine(r));
   WriteCsv();
   PrintRow(r);
+  try {
+    WriteFileAtomically(dir_ + "/curves.svg", EpochCurves(rows_));
+  } catch (const std::exception& e) {
+    spdlog::warn("curves.svg not updated: {}", e.what());
+  }
   int64_t end_step = 0;
   for (const EpochRow& row : rows_) end_step += row.steps;
   const std::vector<std::string> header = SplitCsv(EpochCsvHeader()), cells = SplitCsv(csv_lines_.back());

@@ -102,9 +102,11 @@ int Main(int argc, char** argv) {
       "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
       "and runs the jobs it assigns, each as its own mpirun (--mpirun), so a failing job ends alone;\n"
       "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
-      "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,summary.json,checkpoints/,model/},\n"
-      "benchmark {benchmark.csv,benchmark.md,*.svg,env.json}, inference {predictions.tsv,summary.json},\n"
-      "generate {generations.jsonl,summary.json}, serve {endpoints.json} (it serves until SIGINT/SIGTERM)."};
+      "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,curves.svg,tb/ (TensorBoard),summary.json,\n"
+      "checkpoints/,model/}, benchmark {benchmark.csv,benchmark.md,*.svg,env.json},\n"
+      "inference {predictions.tsv,summary.json},"
+      " generate {generations.jsonl,summary.json},\n"
+      "serve {endpoints.json} (it serves until SIGINT/SIGTERM)."};
   Options o;
   AddOptions(app, o);
   try {
