@@ -20,12 +20,18 @@ std::string HslToHex(double hue, double saturation, double lightness) {
   const double h = std::fmod(hue, 360.0) / 60.0;
   const double x = c * (1 - std::abs(std::fmod(h, 2.0) - 1));
   double r = 0, g = 0, b = 0;
-  if (h < 1) r = c, g = x;
-  else if (h < 2) r = x, g = c;
-  else if (h < 3) g = c, b = x;
-  else if (h < 4) g = x, b = c;
-  else if (h < 5) r = x, b = c;
-  else r = c, b = x;
+  if (h < 1)
+    r = c, g = x;
+  else if (h < 2)
+    r = x, g = c;
+  else if (h < 3)
+    g = c, b = x;
+  else if (h < 4)
+    g = x, b = c;
+  else if (h < 5)
+    r = x, b = c;
+  else
+    r = c, b = x;
   const double m = lightness - c / 2;
   auto byte = [&](double v) { return static_cast<int>(std::lround(std::clamp(v + m, 0.0, 1.0) * 255)); };
   return fmt::format("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b));
@@ -88,16 +94,18 @@ std::string DrawAxes(const Frame& f, const Axis& x, const Axis& y, const ChartPa
   std::string out;
   for (double t : x.ticks) {
     const double px = f.X(x, t);
-    out += fmt::format("<line x1='{0:.1f}' y1='{1:.1f}' x2='{0:.1f}' y2='{2:.1f}' stroke='#e4e4e4'/>\n", px, f.y0, f.y1);
-    out += fmt::format("<line x1='{0:.1f}' y1='{1:.1f}' x2='{0:.1f}' y2='{2:.1f}' stroke='black'/>\n", px, f.y1,
-                       f.y1 + 5);
+    out +=
+        fmt::format("<line x1='{0:.1f}' y1='{1:.1f}' x2='{0:.1f}' y2='{2:.1f}' stroke='#e4e4e4'/>\n", px, f.y0, f.y1);
+    out +=
+        fmt::format("<line x1='{0:.1f}' y1='{1:.1f}' x2='{0:.1f}' y2='{2:.1f}' stroke='black'/>\n", px, f.y1, f.y1 + 5);
     out += fmt::format("<text x='{:.1f}' y='{:.1f}' text-anchor='middle'>{}</text>\n", px, f.y1 + 18, FormatTick(t));
   }
   for (double t : y.ticks) {
     const double py = f.Y(y, t);
-    out += fmt::format("<line x1='{1:.1f}' y1='{0:.1f}' x2='{2:.1f}' y2='{0:.1f}' stroke='#e4e4e4'/>\n", py, f.x0, f.x1);
-    out += fmt::format("<line x1='{1:.1f}' y1='{0:.1f}' x2='{2:.1f}' y2='{0:.1f}' stroke='black'/>\n", py, f.x0 - 5,
-                       f.x0);
+    out +=
+        fmt::format("<line x1='{1:.1f}' y1='{0:.1f}' x2='{2:.1f}' y2='{0:.1f}' stroke='#e4e4e4'/>\n", py, f.x0, f.x1);
+    out +=
+        fmt::format("<line x1='{1:.1f}' y1='{0:.1f}' x2='{2:.1f}' y2='{0:.1f}' stroke='black'/>\n", py, f.x0 - 5, f.x0);
     out += fmt::format("<text x='{:.1f}' y='{:.1f}' text-anchor='end'>{}</text>\n", f.x0 - 8, py + 4, FormatTick(t));
   }
   out += fmt::format("<line x1='{0:.1f}' y1='{1:.1f}' x2='{2:.1f}' y2='{1:.1f}' stroke='black'/>\n", f.x0, f.y1, f.x1);
@@ -223,12 +231,23 @@ std::string XmlEscape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\'': out += "&apos;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;

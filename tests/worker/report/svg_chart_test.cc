@@ -94,8 +94,8 @@ TEST(BenchReport, ThroughputHasOnePanelPerPrecisionAndMode) {
   std::ifstream in(dir / "throughput.svg");
   const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::filesystem::remove_all(dir);
-  for (const char* title : {"throughput, fp32 / eager", "throughput, fp32 / int8", "throughput, bf16 / eager",
-                            "throughput, bf16 / int8"})
+  for (const char* title :
+       {"throughput, fp32 / eager", "throughput, fp32 / int8", "throughput, bf16 / eager", "throughput, bf16 / int8"})
     EXPECT_NE(svg.find(title), std::string::npos) << title;
   for (const auto& panel : LegendColorsPerPanel(svg)) {
     EXPECT_EQ(panel.size(), 3u);  // a line per seq_len
