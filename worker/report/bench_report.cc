@@ -128,13 +128,11 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
 // more than a decade.
 std::string ThroughputChart(const std::vector<BenchCell>& cells) {
   std::map<std::pair<std::string, std::string>, std::map<int, ChartSeries>> panels;
-  std::map<std::pair<std::string, std::string>, std::set<int>> batches;
   for (const auto& c : cells) {
     if (c.status != "ok" || c.mode == "train_step") continue;
     ChartSeries& line = panels[{c.precision, c.mode}][c.seq];
     line.name = fmt::format("seq_len {}", c.seq);
     line.points.emplace_back(c.batch, c.seqs_per_s);
-    batches[{c.precision, c.mode}].insert(c.batch);
   }
   std::vector<ChartPanel> out;
   for (auto& [key, lines] : panels) {
@@ -143,8 +141,12 @@ std::string ThroughputChart(const std::vector<BenchCell>& cells) {
     panel.x_label = "batch size";
     panel.y_label = "sequences / s";
     panel.x_scale = AxisScale::kLog;
-    panel.x_ticks.assign(batches[key].begin(), batches[key].end());
-    for (auto& [seq, line] : lines) panel.series.push_back(std::move(line));
+    std::set<double> batches;  // the batch sizes measured, as ticks
+    for (auto& [seq, line] : lines) {
+      for (const auto& point : line.points) batches.insert(point.first);
+      panel.series.push_back(std::move(line));
+    }
+    panel.x_ticks.assign(batches.begin(), batches.end());
     out.push_back(std::move(panel));
   }
   if (out.empty()) {  // nothing measured: an empty panel that says so

@@ -18,8 +18,8 @@ enum class AxisScale { kAuto, kLinear, kLog };
 
 struct ChartSeries {
   std::string name;
-  std::vector<std::pair<double, double>>
-      points;  // (x, y); non-finite ones, and on a log axis non-positive ones, are left out
+  // (x, y); non-finite points, and on a log axis non-positive ones, are left out.
+  std::vector<std::pair<double, double>> points;
 };
 
 struct ChartPanel {
