@@ -9,8 +9,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "coordinator/server.h"
+#ifdef TRAINYARD_HAVE_DASHBOARD
+#include "coordinator/dashboard_server.h"
+#endif
 
 namespace {
 
@@ -40,7 +44,9 @@ int Main(int argc, char** argv) {
       "Once: coordinator --init (makes the CURVE keys in keys/ beside the state file).\n"
       "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT --keys KEYS\n"
       "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
-      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/."};
+      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/.\n"
+      "With --http 127.0.0.1:8265 it also serves a web dashboard, its read-only JSON API (GET /api)\n"
+      "and Prometheus metrics (GET /metrics)."};
   trainyard::ServerOptions o;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
@@ -73,6 +79,13 @@ int Main(int argc, char** argv) {
   app.add_option("--restart-backoff", o.restart_backoff_s,
                  "seconds before the first retry of a failed job; doubles per retry, at most 60 (default 2)")
       ->check(CLI::Range(0.0, 60.0));
+  std::string http_address;
+  std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
+  app.add_option("--http", http_address,
+                 "serve the web dashboard, its JSON API (/api) and Prometheus metrics (/metrics) on\n"
+                 "[HOST:]PORT, e.g. 127.0.0.1:8265 (HOST defaults to 127.0.0.1; default: no dashboard).\n"
+                 "The dashboard is read-only but has no authentication: keep it on loopback");
+  app.add_option("--chartjs", chartjs, "Chart.js for the dashboard's charts (default: Debian's libjs-chart.js)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,9 +101,41 @@ int Main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);
+#ifdef TRAINYARD_HAVE_DASHBOARD
+  trainyard::DashboardOptions dashboard_options;
+  dashboard_options.chartjs_path = chartjs;
+  if (!http_address.empty()) {
+    try {
+      trainyard::ParseHttpAddress(http_address, &dashboard_options);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+  }
+#else
+  if (!http_address.empty()) {
+    std::fprintf(stderr, "error: --http: this coordinator was built without Boost.Beast, so it has no dashboard\n");
+    return 2;
+  }
+#endif
   try {
     trainyard::Server server(o);
     spdlog::info("coordinator listening on {} (state {})", server.endpoint(), o.state_path);
+#ifdef TRAINYARD_HAVE_DASHBOARD
+    std::unique_ptr<trainyard::DashboardServer> dashboard;
+    if (!http_address.empty()) {
+      try {
+        dashboard = std::make_unique<trainyard::DashboardServer>(server.context(), dashboard_options);
+      } catch (const std::runtime_error& e) {
+        std::fprintf(stderr, "error: --http %s: %s\n", http_address.c_str(), e.what());
+        return 2;
+      }
+      if (dashboard_options.host != "127.0.0.1" && dashboard_options.host != "localhost")
+        spdlog::warn("the dashboard listens on {}, beyond loopback, without authentication", dashboard_options.host);
+      spdlog::info("dashboard on http://{}:{}/ (API: /api, metrics: /metrics)", dashboard_options.host,
+                   dashboard->port());
+    }
+#endif
     server.Run(g_stop);
     spdlog::info("coordinator stopping; {} bad frames dropped", server.bad_frames());
     return 0;

@@ -33,7 +33,7 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
 std::vector<std::string> ServeEndpoints(const std::string& path) {
   std::ifstream in(path);
   if (!in) return {};
-  std::string text(64 * 1024, '\0');
+  std::string text(size_t(64) * 1024, '\0');
   in.read(text.data(), std::streamsize(text.size()));
   text.resize(size_t(in.gcount()));
   const nlohmann::json endpoints = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -61,7 +61,8 @@ Server::Server(ServerOptions options)
     : options_(std::move(options)),
       store_(std::make_unique<StateStore>(options_.state_path, options_.fresh)),
       context_(1),
-      socket_(context_, zmq::socket_type::router) {
+      socket_(context_, zmq::socket_type::router),
+      web_socket_(context_, zmq::socket_type::router) {
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
   CheckRunsDir();
   if (options_.insecure) {
@@ -78,6 +79,8 @@ Server::Server(ServerOptions options)
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::router_mandatory, 0);
   socket_.bind(options_.listen);
+  web_socket_.set(zmq::sockopt::linger, 0);
+  web_socket_.bind(kWebEndpoint);
   parser_ = std::make_unique<SubmitParser>(context_, options_.submit_budget, options_.max_pending_submits);
   started_at_ = WallNow();
   last_wake_ = started_at_;
@@ -108,10 +111,11 @@ std::string Server::endpoint() const { return socket_.get(zmq::sockopt::last_end
 
 void Server::Run(const std::atomic<bool>& stop) {
   zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0},
-                             {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0}};
+                             {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0},
+                             {static_cast<void*>(web_socket_), 0, ZMQ_POLLIN, 0}};
   while (!stop) {
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 3, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;  // a signal; `stop` says whether to go on
       throw;
@@ -123,6 +127,7 @@ void Server::Run(const std::atomic<bool>& stop) {
       items[0].revents = socket_.get(zmq::sockopt::events) & ZMQ_POLLIN;
     }
     if (items[1].revents & ZMQ_POLLIN) FinishSubmissions();
+    if (items[2].revents & ZMQ_POLLIN) AnswerWebQueries();
     try {
       Tick();
     } catch (const std::exception& e) {  // timers never end the daemon; the next tick retries

@@ -34,6 +34,15 @@
 // Every state change of an attempt (start, success, failure, cancel) is one SQLite
 // transaction, committed before any message about it is sent.
 //
+// Note [Dashboard queries]
+// The dashboard (coordinator/dashboard_server.h) answers HTTP on threads of its own, but
+// the store and the registry belong to the loop. So each GET of its JSON API or of
+// /metrics becomes one query on an inproc ZeroMQ socket (kWebEndpoint) that the loop
+// polls beside its ROUTER: [target] in, [status][content type][body] out. The loop
+// answers between worker messages (AnswerWebQuery, server_web.cc), from the same state
+// jobctl's answers come from. The HTTP side never writes anything, so the API is
+// read-only by construction.
+//
 // Note [Listening time]
 // Silence is measured in time the coordinator was able to listen, not in wall time. A
 // coordinator that was stopped (SIGSTOP, a swapped-out host, a long stall) has not
@@ -85,6 +94,13 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One answer to a dashboard query.
+struct WebReply {
+  int status = 200;
+  std::string content_type;
+  std::string body;
+};
+
 // A registered worker rank, as its own messages describe it.
 struct RankEntry {
   wire::RankInfo info;
@@ -127,6 +143,13 @@ class Server {
   // Messages refused for their sender: a wrong role, token or attempt.
   int64_t refused_messages() const { return refused_messages_; }
   std::string endpoint() const;
+  // Note [Dashboard queries]: where the dashboard's HTTP threads ask, on context().
+  static constexpr const char* kWebEndpoint = "inproc://trainyard-dashboard";
+  zmq::context_t& context() { return context_; }
+  // Answers one GET of the dashboard's API (/api/jobs, /api/jobs/<id>,
+  // /api/jobs/<id>/heatmap.svg, /api/workers) or /metrics: the loop's side of a query,
+  // public for tests. Unknown paths and jobs get 404.
+  WebReply AnswerWebQuery(const std::string& target);
 
  private:
   using RankKey = std::pair<std::string, int>;  // (world, rank)
@@ -156,6 +179,14 @@ class Server {
   wire::Envelope Report(int64_t id);
   wire::Envelope Workers();
   void Reply(const zmq::message_t& identity, const wire::Envelope& reply);
+
+  // The dashboard's API (server_web.cc).
+  void AnswerWebQueries();
+  WebReply ApiJobs();
+  WebReply ApiJob(int64_t id);
+  WebReply HeatmapSvg(int64_t id);
+  WebReply ApiWorkers();
+  std::string MetricsText();
   void Send(const std::string& identity, const wire::Envelope& message);
 
   // Worker pools (server_pool.cc).
@@ -195,6 +226,7 @@ class Server {
   std::unique_ptr<StateStore> store_;
   zmq::context_t context_;
   zmq::socket_t socket_;
+  zmq::socket_t web_socket_;              // Note [Dashboard queries]
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   std::unique_ptr<ZapHandler> zap_;       // null when insecure
   int64_t bad_frames_ = 0, refused_messages_ = 0;

@@ -66,7 +66,12 @@ nlohmann::json BreakdownJson(const wire::StepBreakdown& b) {
   nlohmann::json parts = nlohmann::json::array();
   for (const auto& p : b.parts())
     parts.push_back({{"name", p.name()}, {"min_ms", p.min_ms()}, {"median_ms", p.median_ms()}, {"max_ms", p.max_ms()}});
-  return {{"parts", parts}, {"slowest_rank", b.slowest_rank()}, {"slowest_ms_per_step", b.slowest_ms_per_step()}};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : b.ranks()) ranks.push_back(std::vector<double>(r.ms().begin(), r.ms().end()));
+  return {{"parts", parts},
+          {"slowest_rank", b.slowest_rank()},
+          {"slowest_ms_per_step", b.slowest_ms_per_step()},
+          {"ranks", ranks}};
 }
 
 wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epoch = 0, int world_rank = 0) {

@@ -310,4 +310,29 @@ std::vector<std::string> StateStore::Events(int64_t id) const {
   return out;
 }
 
+std::vector<EventRecord> StateStore::TimedEvents(int64_t id) const {
+  Statement s(db_, "SELECT at, text FROM events WHERE job = ? ORDER BY rowid");
+  s.Bind(1, id);
+  std::vector<EventRecord> out;
+  while (s.Step()) out.push_back({s.Real(0), s.Text(1)});
+  return out;
+}
+
+std::map<int64_t, double> StateStore::FirstAttemptStarts() const {
+  Statement s(db_, "SELECT job, MIN(started_at) FROM attempts GROUP BY job");
+  std::map<int64_t, double> out;
+  while (s.Step()) out[s.Int(0)] = s.Real(1);
+  return out;
+}
+
+std::map<std::string, int64_t> StateStore::AttemptOutcomes() const {
+  // An outcome is a word, then ": why" for some (server_pool.cc): counted by the word.
+  Statement s(db_,
+              "SELECT CASE WHEN instr(outcome, ':') > 0 THEN substr(outcome, 1, instr(outcome, ':') - 1) "
+              "ELSE outcome END AS kind, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY kind");
+  std::map<std::string, int64_t> out;
+  while (s.Step()) out[s.Text(0)] = s.Int(1);
+  return out;
+}
+
 }  // namespace trainyard

@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,11 @@ struct NewJob {
 struct EpochRecord {
   int attempt = 0, epoch = 0;
   std::string csv_line, csv_header, breakdown_json;
+};
+
+struct EventRecord {
+  double at = 0;  // wall clock
+  std::string text;
 };
 
 struct AttemptRecord {
@@ -101,6 +107,12 @@ class StateStore {
   std::vector<EpochRecord> EpochRows(int64_t id) const;
   void AddEvent(int64_t id, const std::string& text, double now);
   std::vector<std::string> Events(int64_t id) const;
+  std::vector<EventRecord> TimedEvents(int64_t id) const;
+  // For the metrics: each job's first attempt start (jobs that never started are
+  // absent), and the number of ended attempts by outcome ("succeeded", "failed",
+  // "interrupted", "cancelled", "abandoned": the outcome's first word).
+  std::map<int64_t, double> FirstAttemptStarts() const;
+  std::map<std::string, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
 
  private:

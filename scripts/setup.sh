@@ -5,12 +5,12 @@
 #     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, gRPC and Boost
 #     (Beast: serving's HTTP), clang-format and
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), rsvg-convert
-#     (tests render the SVG plots), and the
-#     fortunes data.
+#     (tests render the SVG plots), libcurl (MLflow tracking), chromium with its
+#     driver and Chart.js (the dashboard and its browser test), and the fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links), Hugging Face transformers and peft (the independent references in tests),
-#     the serving tests' independent clients (tritonclient, prometheus_client) and
-#     TensorBoard's reader.
+#     the serving tests' independent clients (tritonclient, prometheus_client),
+#     TensorBoard's reader and selenium; and a second venv with an MLflow tracking server.
 # The venv lives outside the checkout (TRAINYARD_VENV, default ~/.cache/trainyard/venv)
 # so fresh clones reuse the several-GB torch install.
 set -euo pipefail
@@ -25,7 +25,13 @@ ONNXRUNTIME_VERSION="1.23.2"  # the reference column of scripts/bench/inference_
 ONNX_VERSION="1.23.2"         # ... with the exporter torch.onnx needs
 ONNXSCRIPT_VERSION="0.7.2"
 TENSORBOARD_VERSION="2.20.0"  # tests read our event files with its EventAccumulator
+SELENIUM_VERSION="4.50.0"     # the dashboard test drives Debian's chromium with it
+# A real MLflow tracking server for the MLflow test, in a venv of its own: its many
+# dependencies (pandas, pyarrow, scikit-learn, SQLAlchemy...) stay out of torch's venv.
+MLFLOW_VERSION="3.5.1"
+MLFLOW_SQLALCHEMY="2.0.58"    # mlflow 3.5 imports a pool class SQLAlchemy 2.1 removed
 VENV="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}"
+MLFLOW_VENV="${TRAINYARD_MLFLOW_VENV:-$HOME/.cache/trainyard/mlflow-venv}"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv python3-pip
@@ -43,6 +49,8 @@ APT_PACKAGES=(
   clang-format clang-tidy
   clang libclang-rt-dev
   librsvg2-bin
+  libcurl4-openssl-dev
+  chromium chromium-driver libjs-chart.js
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )
 
@@ -81,14 +89,16 @@ venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
   "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" "$TRITONCLIENT_VERSION" \
     "$PROMETHEUS_CLIENT_VERSION" "$ACCELERATE_VERSION" "$ONNXRUNTIME_VERSION" "$ONNX_VERSION" \
-    "$ONNXSCRIPT_VERSION" "$TENSORBOARD_VERSION" <<'PY' 2>/dev/null
+    "$ONNXSCRIPT_VERSION" "$TENSORBOARD_VERSION" "$SELENIUM_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
-want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script, want_tb = sys.argv[1:11]
+want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script, want_tb, \
+    want_selenium = sys.argv[1:12]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
 ok = ok and md.version("peft") == want_peft and md.version("tritonclient") == want_triton
 ok = ok and md.version("prometheus_client") == want_prom and md.version("accelerate") == want_acc
 ok = ok and md.version("onnxruntime") == want_ort and md.version("onnx") == want_onnx
 ok = ok and md.version("onnxscript") == want_script and md.version("tensorboard") == want_tb
+ok = ok and md.version("selenium") == want_selenium
 import tritonclient.grpc, tritonclient.http  # noqa: F401
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
@@ -108,9 +118,23 @@ install_python_env() {
     "peft==$PEFT_VERSION" "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" \
     "prometheus_client==$PROMETHEUS_CLIENT_VERSION" "accelerate==$ACCELERATE_VERSION" \
     "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" \
-    "tensorboard==$TENSORBOARD_VERSION" numpy safetensors pillow
+    "tensorboard==$TENSORBOARD_VERSION" "selenium==$SELENIUM_VERSION" numpy safetensors pillow
+}
+
+install_mlflow_env() {
+  if [[ -x "$MLFLOW_VENV/bin/python" ]] && "$MLFLOW_VENV/bin/python" -c "
+import sys, importlib.metadata as md
+sys.exit(0 if md.version('mlflow') == '$MLFLOW_VERSION' and md.version('sqlalchemy') == '$MLFLOW_SQLALCHEMY' else 1)
+" 2>/dev/null; then
+    log "MLflow venv $MLFLOW_VENV: mlflow $MLFLOW_VERSION present"
+    return
+  fi
+  log "creating the MLflow venv $MLFLOW_VENV (mlflow $MLFLOW_VERSION, for the MLflow test's tracking server)"
+  [[ -x "$MLFLOW_VENV/bin/python" ]] || python3 -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/python" -m pip install -q "mlflow==$MLFLOW_VERSION" "sqlalchemy==$MLFLOW_SQLALCHEMY"
 }
 
 install_apt_packages
 install_python_env
-log "done: venv at $VENV"
+install_mlflow_env
+log "done: venv at $VENV, MLflow server venv at $MLFLOW_VENV"

@@ -104,12 +104,25 @@ std::string Join(const std::vector<std::string>& items) {
   return out;
 }
 
+// An MLflow tracking URI the worker can speak to: http or https, a host, no spaces or
+// control characters.
+bool PlausibleTrackingUri(const std::string& uri) {
+  const size_t scheme_end = uri.find("://");
+  if (scheme_end == std::string::npos) return false;
+  const std::string scheme = uri.substr(0, scheme_end);
+  if (scheme != "http" && scheme != "https") return false;
+  const std::string rest = uri.substr(scheme_end + 3);
+  if (rest.empty() || rest[0] == '/' || rest[0] == ':' || uri.size() > 2048) return false;
+  return std::none_of(uri.begin(), uri.end(), [](char c) { return static_cast<unsigned char>(c) <= ' '; });
+}
+
 // Walks one parsed YAML document, turning every problem into a SpecError that
 // points at the offending node.
 class SpecReader {
  public:
-  SpecReader(std::string source, fs::path base_dir, std::map<std::string, std::string>* locations)
-      : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations) {}
+  SpecReader(std::string source, fs::path base_dir, std::map<std::string, std::string>* locations,
+             std::map<std::string, std::string>* values)
+      : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations), values_(values) {}
 
   [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path, const std::string& message) const {
     std::ostringstream out;
@@ -151,6 +164,7 @@ class SpecReader {
     if (!node.IsScalar()) Fail(node, Child(path, key), std::string("expected ") + expected);
     (*locations_)[Child(path, key)] =
         source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
+    (*values_)[Child(path, key)] = node.Scalar();
     try {
       *out = node.as<T>();
     } catch (const YAML::BadConversion&) {
@@ -237,11 +251,14 @@ class SpecReader {
     if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
     if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
     out->clear();
+    std::string text;
     for (size_t i = 0; i < node.size(); ++i) {
       const std::string item_path = Child(p, k) + "[" + std::to_string(i) + "]";
       if (!node[i].IsScalar()) Fail(node[i], item_path, "expected a scalar");
       out->push_back(convert(node[i], item_path));
+      text += (i ? ", " : "") + node[i].Scalar();
     }
+    (*values_)[Child(p, k)] = "[" + text + "]";
     return true;
   }
 
@@ -278,6 +295,7 @@ class SpecReader {
   std::string source_;
   fs::path base_dir_;
   std::map<std::string, std::string>* locations_;
+  std::map<std::string, std::string>* values_;
 };
 
 void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) {
@@ -419,6 +437,25 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   }
 }
 
+void ParseMlflow(const SpecReader& r, const YAML::Node& log, LogSpec* out) {
+  const YAML::Node node = log["mlflow"];
+  if (!node.IsDefined() || node.IsNull()) return;
+  r.CheckKeys(node, "log.mlflow", {"uri", "experiment", "run_name"});
+  if (!r.ReadString(node, "uri", "log.mlflow", &out->mlflow_uri))
+    r.Fail(node, "log.mlflow.uri", "required: the tracking server, e.g. http://127.0.0.1:5000");
+  if (!PlausibleTrackingUri(out->mlflow_uri))
+    r.Fail(node["uri"], "log.mlflow.uri",
+           "expected http://HOST[:PORT] or https://HOST[:PORT] (an MLflow tracking server's REST endpoint), got '" +
+               out->mlflow_uri + "'");
+  while (!out->mlflow_uri.empty() && out->mlflow_uri.back() == '/') out->mlflow_uri.pop_back();
+  r.ReadString(node, "experiment", "log.mlflow", &out->mlflow_experiment);
+  if (out->mlflow_experiment.empty() || out->mlflow_experiment.size() > 500)
+    r.Fail(node["experiment"], "log.mlflow.experiment", "expected a name of 1 to 500 characters");
+  r.ReadString(node, "run_name", "log.mlflow", &out->mlflow_run_name);
+  if (out->mlflow_run_name.size() > 250)
+    r.Fail(node["run_name"], "log.mlflow.run_name", "expected at most 250 characters");
+}
+
 void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node c = r.Section(root, "checkpoint", {"every_steps", "keep", "resume"});
   r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0, kMaxSteps);
@@ -462,12 +499,14 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
   r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1, kMaxSteps);
   r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0, kMaxRanks - 1);
-  YAML::Node lg = r.Section(root, "log", {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step"});
+  YAML::Node lg =
+      r.Section(root, "log", {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step", "mlflow"});
   r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, PathKind::kAny);
   r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1, 1'000'000'000);
   r.ReadBool(lg, "progress", "log", &spec->log.progress);
   r.ReadInt(lg, "profile_steps", "log", &spec->log.profile_steps, 0, 10'000);
   r.ReadInt(lg, "profile_from_step", "log", &spec->log.profile_from_step, 1, kMaxSteps);
+  ParseMlflow(r, lg, &spec->log);
 }
 
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
@@ -640,10 +679,11 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
       throw SpecError(Located(source_name, e.mark) + "<document>: malformed YAML: " + e.msg);
     }
     if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
-    std::map<std::string, std::string> locations;
-    SpecReader reader(source_name, fs::path(base_dir), &locations);
+    std::map<std::string, std::string> locations, values;
+    SpecReader reader(source_name, fs::path(base_dir), &locations, &values);
     JobSpec spec = ParseDocument(reader, root, source_name);
     spec.locations = std::move(locations);
+    spec.values = std::move(values);
     return spec;
   } catch (const YAML::Exception& e) {
     throw SpecError(Located(source_name, e.mark) + "<document>: unusable YAML: " + e.msg);

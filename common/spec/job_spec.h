@@ -199,6 +199,10 @@ struct LogSpec {
   bool progress = true;
   int64_t profile_steps = 0;       // steps profiled with the Kineto profiler; 0 = off
   int64_t profile_from_step = 11;  // the first of them (1-based global step)
+  // MLflow tracking (log.mlflow); off while mlflow_uri is empty.
+  std::string mlflow_uri;                     // http(s)://host[:port][/prefix] of a tracking server
+  std::string mlflow_experiment = "Default";  // created if it does not exist
+  std::string mlflow_run_name;                // empty: the job's name
 };
 
 struct JobSpec {
@@ -222,6 +226,9 @@ struct JobSpec {
   LogSpec log;
   // "file:line:column" of every key read from the file, by key path ("train.epochs").
   std::map<std::string, std::string> locations;
+  // Every scalar the file set, as written, by key path (a list as "[a, b]"): what the
+  // user asked for, logged as MLflow params.
+  std::map<std::string, std::string> values;
 
   // "<file>:<line>:<column>: <key>" for messages about a value read from the job file.
   std::string Where(const std::string& key_path) const;

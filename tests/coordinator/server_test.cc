@@ -8,8 +8,10 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <zmq_addon.hpp>
 
 #include "proto/curve_keys.h"
 
@@ -198,6 +200,19 @@ class ServerTest : public ::testing::Test {
     return a0 && a0->has_assign() && a1 && a1->has_assign() ? job : 0;
   }
 
+  // One dashboard query through the loop's inproc socket, as DashboardServer asks it
+  // (Note [Dashboard queries]): {status, content type, body}, or status 0 on timeout.
+  WebReply WebQuery(const std::string& target) {
+    zmq::socket_t socket(server_->context(), zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::rcvtimeo, 3000);
+    socket.connect(Server::kWebEndpoint);
+    socket.send(zmq::buffer(target), zmq::send_flags::none);
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(socket, std::back_inserter(frames)) || frames.size() != 3) return {0, "", ""};
+    return {std::stoi(frames[0].to_string()), frames[1].to_string(), frames[2].to_string()};
+  }
+
   std::string ListRequest() {
     wire::Envelope e;
     e.set_version(kProtocolVersion);
@@ -359,6 +374,65 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   text << csv.rdbuf();
   EXPECT_EQ(text.str(), "epoch,loss\n1,0.5\n");
   EXPECT_TRUE(fs::exists(dir_ / "runs" / std::to_string(job) / "summary.json"));
+}
+
+// The dashboard's API and /metrics, answered by the loop while a job runs: the job, its
+// attempt and epoch row, both ranks alive, and 404 for what does not exist.
+TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(), r1.Register();
+  zmq::socket_t client = Connect();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  r0.Send(r0.Epoch(job, 1, 1, "1,0.5"));
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
+
+  const WebReply jobs = WebQuery("/api/jobs?ignored=1");
+  ASSERT_EQ(jobs.status, 200) << jobs.body;
+  EXPECT_EQ(jobs.content_type, "application/json");
+  const auto listed = nlohmann::json::parse(jobs.body);
+  ASSERT_EQ(listed["jobs"].size(), 1u);
+  EXPECT_EQ(listed["jobs"][0]["state"], "RUNNING");
+  EXPECT_EQ(listed["jobs"][0]["epochs"], 1);
+
+  const auto one = nlohmann::json::parse(WebQuery("/api/jobs/" + std::to_string(job)).body);
+  ASSERT_EQ(one["attempt_list"].size(), 1u);
+  EXPECT_EQ(one["attempt_list"][0]["placement"], "w:0,1");
+  EXPECT_TRUE(one["attempt_list"][0]["ended_at"].is_null());
+  ASSERT_EQ(one["epochs"].size(), 1u);
+  EXPECT_EQ(one["epochs"][0]["loss"], 0.5);
+  EXPECT_TRUE(one["heatmap"].is_null());
+
+  // Each rank names its job in its next heartbeat.
+  r1.Send(r1.HeartbeatMessage(job, 1));
+  nlohmann::json workers;
+  for (int i = 0; i < 100; ++i) {
+    workers = nlohmann::json::parse(WebQuery("/api/workers").body);
+    if (workers["workers"].size() == 2 && workers["workers"][0]["job"] == job && workers["workers"][1]["job"] == job)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(workers["workers"].size(), 2u);
+  for (const auto& w : workers["workers"]) {
+    EXPECT_TRUE(w["alive"].get<bool>()) << w.dump();
+    EXPECT_EQ(w["job"], job);
+  }
+
+  const std::string metrics = WebQuery("/metrics").body;
+  for (const std::string& line :
+       {std::string("trainyard_jobs{state=\"RUNNING\"} 1"), std::string("trainyard_queue_depth 0"),
+        std::string("trainyard_submit_to_running_seconds_count 1"), std::string("trainyard_running_attempts 1"),
+        "trainyard_job_ms_per_step{job=\"" + std::to_string(job) + "\",name=\"proto\"} 0"})
+    EXPECT_NE(metrics.find(line + "\n"), std::string::npos) << line << " in\n" << metrics;
+
+  for (const char* missing : {"/api/jobs/9999", "/api/jobs/abc", "/api/jobs/1/other", "/api/nothing", "/metricsx"}) {
+    const WebReply reply = WebQuery(missing);
+    EXPECT_EQ(reply.status, 404) << missing;
+    EXPECT_TRUE(nlohmann::json::parse(reply.body).contains("error")) << missing;
+  }
+  EXPECT_EQ(nlohmann::json::parse(WebQuery("/api/jobs/9999").body)["error"], "no job 9999");
 }
 
 // Each forgery a tester made with hand-written frames, now made by an insider holding

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/metrics.h"
 #include "data/wordpiece_tokenizer.h"
-#include "worker/serve/metrics.h"
 
 namespace trainyard {
 namespace {

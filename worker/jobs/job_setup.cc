@@ -7,6 +7,7 @@
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/report/mlflow_logger.h"
 #include "worker/train/amp.h"
 
 namespace trainyard {
@@ -48,6 +49,9 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   if (spec.runtime.threads > 0) torch::set_num_threads(spec.runtime.threads);
   torch::manual_seed(spec.seed);
   at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);
+  if (!spec.log.mlflow_uri.empty() && !MlflowAvailable())
+    throw InputError(spec.Where("log.mlflow.uri") + ": this worker was built without libcurl, so it cannot log to " +
+                     "MLflow (install libcurl4-openssl-dev and rebuild)");
   const bool cuda = torch::cuda::is_available();
   if (spec.runtime.device == DeviceChoice::kCuda && !cuda)
     throw InputError(spec.Where("runtime.device") + ": 'cuda' asked for, but no CUDA device is visible");

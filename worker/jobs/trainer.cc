@@ -1,5 +1,6 @@
 #include "worker/jobs/trainer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -463,6 +464,24 @@ std::pair<double, double> Trainer::Evaluate() {
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
 }
 
+// The job file's settings as the user wrote them, and what they resolved to here.
+MlflowOptions Trainer::MlflowOptionsFor() const {
+  MlflowOptions o;
+  o.uri = spec_.log.mlflow_uri;
+  o.experiment = spec_.log.mlflow_experiment;
+  o.run_name = spec_.log.mlflow_run_name.empty() ? spec_.name : spec_.log.mlflow_run_name;
+  o.run_dir = run_dir();
+  for (const auto& [key, value] : spec_.values)
+    if (key.rfind("log.mlflow.", 0) != 0) o.params[key] = value;
+  o.params["job"] = spec_.name;
+  o.params["ranks"] = std::to_string(ranks_.world);
+  o.params["global_batch"] = std::to_string(spec_.train.batch_size * ranks_.world);
+  o.params["device"] = device_.str();
+  o.params["precision"] = ToString(spec_.train.precision);
+  o.params["threads_per_rank"] = std::to_string(torch::get_num_threads());
+  return o;
+}
+
 EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps) {
   const EpochTotals& t = *totals_;
   const double elapsed_ms = MsSince(t.start);
@@ -492,6 +511,9 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
     row.parts[part] = {values.front(), values[values.size() / 2], values.back()};
   }
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    std::array<double, kNumStepParts> parts{};
+    std::copy(all[r].begin(), all[r].begin() + kNumStepParts, parts.begin());
+    row.rank_parts.push_back(parts);
     const double total = std::accumulate(all[r].begin(), all[r].begin() + kNumStepParts, 0.0);
     samples += all[r][kNumStepParts];
     if (total > row.slowest_ms_per_step) row.slowest_ms_per_step = total, row.slowest_rank = r;
@@ -525,6 +547,7 @@ nlohmann::json Trainer::Run() {
     // outrank the new ones in pruning and in `resume: auto`.
     if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
     log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
+    if (!spec_.log.mlflow_uri.empty()) log->AttachSink(OpenMlflow(MlflowOptionsFor()));
     LogInfo(StrFormat(
         "job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
         "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
@@ -586,6 +609,7 @@ nlohmann::json Trainer::Run() {
   }
   if (model_dir != run_dir() + "/adapter") SaveTokenizerFiles(model_dir, spec_.data.tokenizer);
   summary["model_dir"] = model_dir;
+  log->AddArtifacts(model_dir, "model");
   summary["epochs"] = log->rows().size();
   if (!log->rows().empty()) {
     const EpochRow& last = log->rows().back();

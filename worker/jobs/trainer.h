@@ -22,6 +22,7 @@
 #include "worker/comm/reducer.h"
 #include "worker/jobs/job_setup.h"
 #include "worker/models/model.h"
+#include "worker/report/mlflow_logger.h"
 #include "worker/report/run_log.h"
 #include "worker/train/amp.h"
 #include "worker/train/batch_pipeline.h"
@@ -56,6 +57,7 @@ class Trainer {
   void LoadData();
   void BuildModel();
   void ResolveResume();
+  MlflowOptions MlflowOptionsFor() const;
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
   void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
   bool AgreeOnFoundInf(bool local_found_inf);

@@ -159,6 +159,10 @@ void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, 
   }
   breakdown->set_slowest_rank(row.slowest_rank);
   breakdown->set_slowest_ms_per_step(row.slowest_ms_per_step);
+  for (const auto& parts : row.rank_parts) {
+    wire::RankParts* rank = breakdown->add_ranks();
+    for (double ms : parts) rank->add_ms(ms);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
 }

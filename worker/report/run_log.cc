@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <sstream>
 
@@ -124,7 +125,15 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
   }
 }
 
-RunLog::~RunLog() = default;
+RunLog::~RunLog() {
+  if (sink_) sink_->Close(std::uncaught_exceptions() > 0 ? "FAILED" : "FINISHED");
+}
+
+void RunLog::AttachSink(std::unique_ptr<MetricSink> sink) { sink_ = std::move(sink); }
+
+void RunLog::AddArtifacts(const std::string& folder, const std::string& artifact_path) {
+  if (sink_) sink_->LogArtifacts(folder, artifact_path);
+}
 RunLog::RunLog(RunLog&&) noexcept = default;
 
 void RunLog::AddTensorBoardScalars(int64_t step, const std::vector<std::pair<std::string, float>>& scalars) {
@@ -189,10 +198,14 @@ void RunLog::AddEpoch(const EpochRow& r) {
   for (const EpochRow& row : rows_) end_step += row.steps;
   const std::vector<std::string> header = SplitCsv(EpochCsvHeader()), cells = SplitCsv(csv_lines_.back());
   std::vector<std::pair<std::string, float>> scalars;
+  std::vector<std::pair<std::string, double>> values;
   for (size_t i = 0; i < header.size() && i < cells.size(); ++i)
-    if (header[i] != "epoch" && !cells[i].empty())
-      scalars.emplace_back("epoch/" + header[i], static_cast<float>(std::stod(cells[i])));
+    if (header[i] != "epoch" && !cells[i].empty()) {
+      values.emplace_back("epoch/" + header[i], std::stod(cells[i]));
+      scalars.emplace_back(values.back().first, static_cast<float>(values.back().second));
+    }
   AddTensorBoardScalars(end_step, scalars);
+  if (sink_) sink_->LogMetrics(end_step, values);
 }
 
 void RunLog::PrintRow(const EpochRow& r) const {
@@ -209,9 +222,14 @@ void RunLog::AddStep(const nlohmann::json& line) {
   steps_ << line.dump() << "\n";
   steps_.flush();
   std::vector<std::pair<std::string, float>> scalars;
+  std::vector<std::pair<std::string, double>> values;
   for (const auto& [key, value] : line.items())
-    if (value.is_number() && key != "step" && key != "epoch") scalars.emplace_back("train/" + key, value.get<float>());
+    if (value.is_number() && key != "step" && key != "epoch") {
+      values.emplace_back("train/" + key, value.get<double>());
+      scalars.emplace_back(values.back().first, static_cast<float>(values.back().second));
+    }
   AddTensorBoardScalars(line.value("step", int64_t(0)), scalars);
+  if (sink_) sink_->LogMetrics(line.value("step", int64_t(0)), values);
 }
 
 void RunLog::WriteSummary(const nlohmann::json& summary) const {

@@ -3,6 +3,7 @@
 // figures as TensorBoard scalars in runs/<job>/tb/.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -39,6 +40,9 @@ struct EpochRow {
   PartStats parts[kNumStepParts];  // indexed like kStepParts
   int slowest_rank = 0;
   double slowest_ms_per_step = 0;
+  // Each rank's mean ms per step of each part, by job rank (not in epochs.csv: the
+  // coordinator's dashboard draws it).
+  std::vector<std::array<double, kNumStepParts>> rank_parts;
 };
 
 // epochs.csv's header, and one row of it.
@@ -46,6 +50,17 @@ std::string EpochCsvHeader();
 std::string EpochCsvLine(const EpochRow& row);
 
 class EventFileWriter;
+
+// Where a run's figures go besides its own files: MLflow (mlflow_logger.h). Calls must
+// return at once; a sink that talks to a server does so on a thread of its own.
+class MetricSink {
+ public:
+  virtual ~MetricSink() = default;
+  virtual void LogMetrics(int64_t step, const std::vector<std::pair<std::string, double>>& values) = 0;
+  virtual void LogArtifacts(const std::string& folder, const std::string& artifact_path) = 0;
+  // "FINISHED" or "FAILED"; flushes what is queued (bounded in time).
+  virtual void Close(const std::string& status) = 0;
+};
 
 // TensorBoard scalars (runs/<job>/tb/, one event file per process): each steps.jsonl
 // line's numbers as "train/<key>" at its step, and each epochs.csv row's numbers as
@@ -67,6 +82,12 @@ class RunLog {
   void AddEpoch(const EpochRow& row);
   void AddStep(const nlohmann::json& line);
   void WriteSummary(const nlohmann::json& summary) const;
+  // Also hands every step line and epoch row to `sink`, as "train/<key>" and
+  // "epoch/<column>" (the TensorBoard names). The sink is closed FINISHED when the log
+  // goes, or FAILED if it goes while an exception unwinds.
+  void AttachSink(std::unique_ptr<MetricSink> sink);
+  // Sends a folder (the trained model) to the sink as artifacts; nothing without one.
+  void AddArtifacts(const std::string& folder, const std::string& artifact_path);
   const std::vector<EpochRow>& rows() const { return rows_; }
   // rows() as written in epochs.csv (kept verbatim across resumes).
   const std::vector<std::string>& csv_lines() const { return csv_lines_; }
@@ -81,6 +102,7 @@ class RunLog {
 
   std::string dir_;
   std::unique_ptr<EventFileWriter> tensorboard_;
+  std::unique_ptr<MetricSink> sink_;
   std::vector<EpochRow> rows_;
   std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
   std::ofstream steps_;

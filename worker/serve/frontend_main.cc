@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/http/http_server.h"
 #include "common/log.h"
 #include "common/spec/job_spec.h"
 #include "worker/serve/grpc_service.h"
-#include "worker/serve/http_server.h"
 #include "worker/serve/kserve_http.h"
 #include "worker/serve/server_core.h"
 
@@ -48,10 +48,10 @@ int Serve(const Options& o) {
   trainyard::ServerCore core(spec.serve, o.link);
   trainyard::KserveHttp kserve(&core);
   trainyard::HttpServer http(
-      host, spec.serve.http_port, max_body, kMaxConnections,
+      {host, spec.serve.http_port, max_body, kMaxConnections, "serve.max_body_mb", "serve"},
       [&](const trainyard::HttpRequest& r, const std::function<bool()>& gone) { return kserve.Handle(r, gone); });
   trainyard::HttpServer metrics(
-      host, spec.serve.metrics_port, 1 << 16, 64,
+      {host, spec.serve.metrics_port, 1 << 16, 64, "", "serve metrics"},
       [&](const trainyard::HttpRequest& r, const std::function<bool()>&) { return kserve.HandleMetrics(r); });
   trainyard::KserveGrpc grpc_service(&core);
   int grpc_port = 0;

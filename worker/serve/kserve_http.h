@@ -14,7 +14,7 @@
 #include <functional>
 #include <string>
 
-#include "worker/serve/http_server.h"
+#include "common/http/http_server.h"
 #include "worker/serve/server_core.h"
 
 namespace trainyard {

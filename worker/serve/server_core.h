@@ -33,10 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/spec/job_spec.h"
 #include "worker/serve/batcher.h"
 #include "worker/serve/infer_request.h"
-#include "worker/serve/metrics.h"
 #include "worker/serve/model_link.h"
 #include "worker/serve/model_repository.h"
 

@@ -1,8 +1,9 @@
-// A small HTTP/1.1 server on Boost.Beast: one thread accepts, one thread per connection
-// reads requests (keep-alive) and writes the handler's responses. Beast parses; nothing
-// here touches the wire format. A thread per connection suits a server whose handlers
-// block until a batch has run, and it lets a handler ask whether its client is still
-// connected (the socket has hung up) while it waits.
+// A small HTTP/1.1 server on Boost.Beast, shared by serving's front end and the
+// coordinator's dashboard: one thread accepts, one thread per connection reads requests
+// (keep-alive) and writes the handler's responses. Beast parses; nothing here touches the
+// wire format. A thread per connection suits a server whose handlers block until a batch
+// has run, and it lets a handler ask whether its client is still connected (the socket
+// has hung up) while it waits.
 #pragma once
 
 #include <atomic>
@@ -36,19 +37,27 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";  // an IP address, or "localhost"
+  int port = 0;                    // 0: any free port; see HttpServer::port()
+  size_t max_body_bytes = size_t(1) << 20;
+  size_t max_connections = 64;
+  std::string body_limit_setting;  // what the 400 for an oversized body names, e.g. "serve.max_body_mb"
+  std::string log_name = "http";   // prefixes the log line of a handler that threw
+};
+
 class HttpServer {
  public:
   // `client_gone()` is true once the client has closed its end; handlers that wait
   // poll it. Thread-safe handlers only: they run on many connection threads at once.
   using Handler = std::function<HttpResponse(const HttpRequest&, const std::function<bool()>& client_gone)>;
 
-  // Binds host:port at once (port 0: any free port; see port()). Bodies over
-  // max_body_bytes get 400 and the connection closed; connections beyond
-  // max_connections are closed at accept. Request bodies being read or handled at once
+  // Binds host:port at once. Bodies over max_body_bytes get 400 and the connection
+  // closed; connections beyond max_connections are closed at accept. Request bodies being read or handled at once
   // share a budget of max(64 MiB, 4 x max_body_bytes): a request that would overflow it
   // gets 429 before its body is read, so memory stays bounded whatever the clients send.
   // Throws std::runtime_error if it cannot bind.
-  HttpServer(const std::string& host, int port, size_t max_body_bytes, size_t max_connections, Handler handler);
+  HttpServer(const HttpServerOptions& options, Handler handler);
   ~HttpServer();
 
   int port() const { return port_; }
@@ -68,6 +77,7 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
   size_t max_body_bytes_, max_buffered_bytes_, max_connections_;
+  std::string body_limit_setting_, log_name_;
   std::atomic<size_t> buffered_bytes_{0};
   Handler handler_;
   std::atomic<bool> stopping_{false};

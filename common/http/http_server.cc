@@ -1,4 +1,4 @@
-#include "worker/serve/http_server.h"
+#include "common/http/http_server.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -90,21 +90,24 @@ HttpResponse HttpServer::Dispatch(const http::request<http::string_body>& messag
   try {
     return handler_(request, client_gone);
   } catch (const std::exception& e) {
-    LogError(std::string("serve: http handler: ") + e.what());
+    LogError(log_name_ + ": http handler: " + e.what());
     return Plain(500, "internal error");
   }
 }
 
-HttpServer::HttpServer(const std::string& host, int port, size_t max_body_bytes, size_t max_connections,
-                       Handler handler)
+HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
     : impl_(std::make_unique<Impl>()),
-      max_body_bytes_(max_body_bytes),
-      max_buffered_bytes_(std::max(kMinBufferedBytes, 4 * max_body_bytes)),
-      max_connections_(max_connections),
+      max_body_bytes_(options.max_body_bytes),
+      max_buffered_bytes_(std::max(kMinBufferedBytes, 4 * options.max_body_bytes)),
+      max_connections_(options.max_connections),
+      body_limit_setting_(options.body_limit_setting),
+      log_name_(options.log_name),
       handler_(std::move(handler)) {
+  const std::string& host = options.host;
+  const int port = options.port;
   beast::error_code error;
   const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, error);
-  if (error) throw std::runtime_error("serve.host " + host + ": not an IP address");
+  if (error) throw std::runtime_error(host + ": not an IP address");
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
   impl_->acceptor.open(endpoint.protocol(), error);
   if (!error) impl_->acceptor.set_option(asio::socket_base::reuse_address(true), error);
@@ -181,8 +184,9 @@ void HttpServer::Serve(int fd) {
     } else {
       if (!error) http::read(socket, buffer, parser, error);
       if (error == http::error::body_limit) {
-        response = Plain(
-            400, "request body: larger than serve.max_body_mb (" + std::to_string(max_body_bytes_ >> 20) + " MiB)");
+        response = Plain(400, "request body: larger than " +
+                                  (body_limit_setting_.empty() ? "the limit" : body_limit_setting_) + " (" +
+                                  std::to_string(max_body_bytes_ >> 20) + " MiB)");
         drain = true;
       } else if (error) {
         response = Plain(400, "malformed HTTP request: " + error.message());

@@ -1,4 +1,4 @@
-#include "worker/serve/metrics.h"
+#include "common/metrics.h"
 
 #include <algorithm>
 #include <cmath>

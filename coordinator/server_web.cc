@@ -1,0 +1,236 @@
+// The dashboard's read-only JSON API and the Prometheus metrics, answered on the loop
+// thread (Note [Dashboard queries] in server.h). Every answer is built from the store
+// and the rank registry at the moment it is asked, so it says what jobctl would.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <zmq_addon.hpp>
+
+#include "common/csv.h"
+#include "common/metrics.h"
+#include "coordinator/server.h"
+
+namespace trainyard {
+namespace {
+
+using json = nlohmann::json;
+
+WebReply JsonReply(int status, const json& body) { return {status, "application/json", body.dump()}; }
+WebReply NotFound(const std::string& what) { return JsonReply(404, {{"error", what}}); }
+
+// A job id as a path segment: 1 to 18 digits, nothing else.
+std::optional<int64_t> ParseJobId(const std::string& text) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  if (text.empty() || text.size() > 18 || !std::all_of(text.begin(), text.end(), digit)) return std::nullopt;
+  return std::stoll(text);
+}
+
+json JobJson(const JobRecord& j) {
+  return {{"id", j.id},
+          {"name", j.name},
+          {"state", ToString(j.state)},
+          {"priority", j.priority},
+          {"ranks", j.ranks},
+          {"device", j.device},
+          {"attempts", j.attempts},
+          {"max_restarts", j.max_restarts},
+          {"reason", j.reason},
+          {"submitted_at", j.submitted_at}};
+}
+
+// One epochs.csv row as {column: value}: numbers as numbers, empty cells as null.
+json EpochJson(const std::vector<std::string>& header, const EpochRecord& row) {
+  const std::vector<std::string> cells = SplitCsv(row.csv_line);
+  json out = {{"attempt", row.attempt}};
+  for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
+    const std::string& cell = cells[i];
+    char* end = nullptr;
+    const double number = std::strtod(cell.c_str(), &end);
+    if (cell.empty())
+      out[header[i]] = nullptr;
+    else if (end == cell.c_str() + cell.size() && std::isfinite(number))
+      out[header[i]] = number;
+    else
+      out[header[i]] = cell;
+  }
+  return out;
+}
+
+// The latest epoch row of a job, parsed; null if it has none.
+json LatestEpoch(const std::vector<EpochRecord>& rows) {
+  if (rows.empty()) return nullptr;
+  return EpochJson(SplitCsv(rows.back().csv_header), rows.back());
+}
+
+double NumberOr(const json& object, const char* key, double fallback) {
+  if (!object.is_object() || !object.contains(key) || !object[key].is_number()) return fallback;
+  return object[key].get<double>();
+}
+
+}  // namespace
+
+WebReply Server::AnswerWebQuery(const std::string& target) {
+  const std::string path = target.substr(0, target.find('?'));
+  try {
+    if (path == "/api/jobs") return ApiJobs();
+    if (path == "/api/workers") return ApiWorkers();
+    if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", MetricsText()};
+    const std::string jobs_prefix = "/api/jobs/";
+    if (path.rfind(jobs_prefix, 0) == 0) {
+      const std::string rest = path.substr(jobs_prefix.size());
+      const size_t slash = rest.find('/');
+      const auto id = ParseJobId(rest.substr(0, slash));
+      if (!id) return NotFound("no job " + rest.substr(0, slash));
+      if (slash == std::string::npos) return ApiJob(*id);
+      if (rest.substr(slash) == "/heatmap.svg") return HeatmapSvg(*id);
+    }
+    return NotFound("no such API path: " + path + " (see GET /api)");
+  } catch (const std::exception& e) {  // a store error: the loop goes on
+    spdlog::error("dashboard query {}: {}", path, e.what());
+    return JsonReply(500, {{"error", e.what()}});
+  }
+}
+
+WebReply Server::ApiJobs() {
+  json jobs = json::array();
+  for (const JobRecord& j : store_->Jobs()) {
+    json job = JobJson(j);
+    const json latest = LatestEpoch(store_->EpochRows(j.id));
+    job["epochs"] = latest.is_null() ? 0 : NumberOr(latest, "epoch", 0);
+    job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
+    jobs.push_back(job);
+  }
+  return JsonReply(200, {{"jobs", jobs}, {"now", WallNow()}});
+}
+
+WebReply Server::ApiJob(int64_t id) {
+  const auto record = store_->Find(id);
+  if (!record) return NotFound("no job " + std::to_string(id));
+  json job = JobJson(*record);
+  json attempts = json::array(), events = json::array(), epochs = json::array(), breakdowns = json::array();
+  for (const AttemptRecord& a : store_->Attempts(id))
+    attempts.push_back({{"attempt", a.attempt},
+                        {"placement", a.placement},
+                        {"outcome", a.outcome},
+                        {"started_at", a.started_at},
+                        {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)}});
+  for (const EventRecord& e : store_->TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
+  for (const EpochRecord& row : store_->EpochRows(id)) {
+    epochs.push_back(EpochJson(SplitCsv(row.csv_header), row));
+    json breakdown = json::parse(row.breakdown_json, nullptr, /*allow_exceptions=*/false);
+    if (breakdown.is_object()) {
+      breakdown["epoch"] = row.epoch;
+      breakdown["attempt"] = row.attempt;
+      breakdowns.push_back(breakdown);
+    }
+  }
+  job["attempt_list"] = attempts;
+  job["events"] = events;
+  job["epochs"] = epochs;
+  job["breakdown"] = breakdowns;
+  job["step_parts"] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
+  std::ifstream heatmap(JobRunsDir(id) + "/" + record->name + "/latency_heatmap.svg");
+  job["heatmap"] = heatmap ? json("/api/jobs/" + std::to_string(id) + "/heatmap.svg") : json(nullptr);
+  return JsonReply(200, job);
+}
+
+// A benchmark job's latency heatmap, as its worker drew it (worker/report/bench_report.h).
+WebReply Server::HeatmapSvg(int64_t id) {
+  const auto record = store_->Find(id);
+  if (!record) return NotFound("no job " + std::to_string(id));
+  std::ifstream in(JobRunsDir(id) + "/" + record->name + "/latency_heatmap.svg");
+  if (!in) return NotFound("job " + std::to_string(id) + " has no heatmap (only benchmark jobs draw one)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return {200, "image/svg+xml", text.str()};
+}
+
+WebReply Server::ApiWorkers() {
+  json workers = json::array();
+  const double lost_after = options_.heartbeat_s * options_.liveness;
+  for (const auto& [key, entry] : ranks_) {
+    const double silent = listened_ - entry.last_seen;
+    workers.push_back({{"world", entry.info.world()},
+                       {"rank", entry.info.rank()},
+                       {"world_size", entry.info.world_size()},
+                       {"host", entry.info.host()},
+                       {"device", entry.info.device()},
+                       {"pid", entry.info.pid()},
+                       {"seconds_since_heartbeat", silent},
+                       {"alive", silent <= lost_after},
+                       {"job", entry.job ? json(entry.job) : json(nullptr)},
+                       {"attempt", entry.attempt},
+                       {"last_log_line", entry.last_log_line}});
+  }
+  return JsonReply(200, {{"workers", workers}, {"heartbeat_s", options_.heartbeat_s}, {"lost_after_s", lost_after}});
+}
+
+// Everything is derived from the store and the registry at scrape time, so the counters
+// and the histogram survive a coordinator restart unchanged: they only ever grow with
+// the durable history.
+std::string Server::MetricsText() {
+  Metrics m;
+  m.DeclareGauge("trainyard_jobs", "Jobs by state.");
+  m.DeclareGauge("trainyard_queue_depth", "Jobs waiting to run (QUEUED).");
+  m.DeclareHistogram("trainyard_submit_to_running_seconds",
+                     "From a job's submission to the start of its first attempt.",
+                     {0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400});
+  m.DeclareCounter("trainyard_attempts_total", "Ended attempts by outcome.");
+  m.DeclareGauge("trainyard_running_attempts", "Attempts running now.");
+  m.DeclareGauge("trainyard_worker_up", "1 for a registered rank heard within its liveness window, else 0.");
+  m.DeclareGauge("trainyard_worker_heartbeat_age_seconds", "Listening time since a rank's last message.");
+  m.DeclareGauge("trainyard_job_ms_per_step", "A running job's mean ms per step in its latest epoch.");
+  m.DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
+
+  std::map<std::string, int64_t> by_state;
+  for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) by_state[state] = 0;
+  const std::vector<JobRecord> jobs = store_->Jobs();
+  const std::map<int64_t, double> first_starts = store_->FirstAttemptStarts();
+  for (const JobRecord& j : jobs) {
+    ++by_state[ToString(j.state)];
+    const auto start = first_starts.find(j.id);
+    if (start != first_starts.end())
+      m.Observe("trainyard_submit_to_running_seconds", {}, std::max(0.0, start->second - j.submitted_at));
+    if (j.state != JobState::kRunning) continue;
+    const json latest = LatestEpoch(store_->EpochRows(j.id));
+    if (latest.is_null()) continue;
+    const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}};
+    m.Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
+    m.Set("trainyard_job_data_wait_ms", labels, NumberOr(latest, "wait_ms", 0));
+  }
+  for (const auto& [state, count] : by_state) m.Set("trainyard_jobs", {{"state", state}}, double(count));
+  m.Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
+  for (const auto& [outcome, count] : store_->AttemptOutcomes())
+    m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
+  m.Set("trainyard_running_attempts", {}, double(running_.size()));
+  const double lost_after = options_.heartbeat_s * options_.liveness;
+  for (const auto& [key, entry] : ranks_) {
+    const MetricLabels labels = {
+        {"world", key.first}, {"rank", std::to_string(key.second)}, {"host", entry.info.host()}};
+    const double silent = listened_ - entry.last_seen;
+    m.Set("trainyard_worker_up", labels, silent <= lost_after ? 1 : 0);
+    m.Set("trainyard_worker_heartbeat_age_seconds", labels, silent);
+  }
+  return m.Render();
+}
+
+void Server::AnswerWebQueries() {
+  for (int i = 0; i < 100; ++i) {
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(web_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return;
+    if (frames.size() != 2) continue;  // [asker][target]: only DashboardServer speaks here
+    const WebReply reply = AnswerWebQuery(frames[1].to_string());
+    const std::string status = std::to_string(reply.status);
+    std::array<zmq::const_buffer, 4> out = {zmq::buffer(frames[0].data(), frames[0].size()), zmq::buffer(status),
+                                            zmq::buffer(reply.content_type), zmq::buffer(reply.body)};
+    zmq::send_multipart(web_socket_, out, zmq::send_flags::dontwait);
+  }
+}
+
+}  // namespace trainyard

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""The coordinator's dashboard and /metrics, end to end: a real coordinator started with
+--http, a real 2-rank mpirun pool running real jobs, Debian's chromium driven by
+selenium, and prometheus_client's parser.
+
+  - the API: unknown jobs and paths get 404 with a JSON error, writes get 405;
+  - a running 2-rank finetune job's page: its loss curve gains points as epochs arrive,
+    and ends with exactly the epochs.csv rows the coordinator wrote; the per-rank step
+    breakdown has one stacked bar per rank, with the slowest rank marked as the API says;
+  - a benchmark job's page shows its latency heatmap (the image loads);
+  - the overview lists the jobs with their states and both ranks as alive;
+  - /metrics parses, and says 2 succeeded jobs, an empty queue, 2 submit-to-running
+    observations, 2 succeeded attempts, 2 live ranks, and while the finetune job ran, its
+    ms/step.
+Screenshots of both pages are kept in --artifacts."""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_test import Cluster, wait_for, write_job  # noqa: E402
+from e2e_common import LANGID, free_port, write  # noqa: E402
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+
+class DashboardCluster(Cluster):
+    def __init__(self, args, work):
+        super().__init__(args, work)
+        self.http_port = free_port()
+        self.base = f"http://127.0.0.1:{self.http_port}"
+
+    def start_coordinator(self):
+        log = open(os.path.join(self.work, f"coordinator-{len(self.logs)}.log"), "w")
+        self.logs.append(log.name)
+        self.coordinator = subprocess.Popen(
+            [self.args.coordinator, "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
+             "--keys", self.keys, "--heartbeat", "0.5", "--liveness", "10", "--grace", "20",
+             "--http", f"127.0.0.1:{self.http_port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.get("/api")[0] == 200, 30, "the dashboard to answer")
+
+    def get(self, path, method="GET"):
+        """(status, parsed JSON or text) of one request."""
+        request = urllib.request.Request(self.base + path, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=15) as r:
+                status, body, kind = r.status, r.read().decode(), r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            status, body, kind = e.code, e.read().decode(), e.headers.get("Content-Type", "")
+        except OSError:
+            return 0, None
+        return status, json.loads(body) if kind.startswith("application/json") else body
+
+    def metrics(self):
+        status, text = self.get("/metrics")
+        assert status == 200, (status, text)
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return samples
+
+
+def value(samples, metric, **labels):
+    return samples.get((metric, tuple(sorted(labels.items()))))
+
+
+def check_api_errors(c):
+    status, body = c.get("/api/jobs/424242")
+    assert status == 404 and body == {"error": "no job 424242"}, (status, body)
+    status, body = c.get("/api/jobs/x1")
+    assert status == 404 and "no job x1" in body["error"], (status, body)
+    status, body = c.get("/api/nothing")
+    assert status == 404 and "error" in body, (status, body)
+    status, body = c.get("/no/such/page")
+    assert status == 404, status
+    status, body = c.get("/api/jobs", method="POST")
+    assert status == 405 and "read-only" in body["error"], (status, body)
+    status, index = c.get("/api")
+    assert status == 200 and "GET /api/jobs/<id>" in index, index
+    status, script = c.get("/static/chart.js")
+    assert status == 200 and "Chart.js v3" in script[:200], "Chart.js is served from the daemon"
+
+
+def browser(artifacts):
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800",
+                 "--disable-gpu", "--no-first-run"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver", log_output=os.path.join(artifacts,
+                                                                                            "chromedriver.log")),
+                            options=options)
+
+
+def chart_points(driver, canvas):
+    return driver.execute_script(
+        "const c = window.Chart && Chart.getChart(arguments[0]); return c ? c.data.labels.length : -1;", canvas)
+
+
+def write_benchmark(work):
+    return write(os.path.join(work, "dash_bench.yaml"), f"""name: dash_bench
+kind: benchmark
+data:
+  train: {LANGID}/train.tsv
+  labels: {LANGID}/labels.txt
+  tokenizer: {{vocab: {LANGID}/vocab.txt}}
+model: {{preset: tiny}}
+runtime: {{device: cpu, threads: 1}}
+benchmark:
+  batch_sizes: [1, 4]
+  seq_lens: [16, 64]
+  warmup: 1
+  iters: 2
+""")
+
+
+def case_dashboard(c, work, artifacts):
+    c.start(2)
+    check_api_errors(c)
+    job_file = write_job(work, "dash_train", epochs=8, examples=600)
+    job = c.submit(job_file)
+    driver = browser(artifacts)
+    try:
+        driver.get(f"{c.base}/jobs/{job}?refresh=300")
+        # The curve grows while the job runs: a first point, then more, before the job ends.
+        first = wait_for(lambda: chart_points(driver, "chart-loss") >= 1 and chart_points(driver, "chart-loss"), 180,
+                         "the first epoch on the job's loss chart")
+        running = c.job(job)["state"] == "RUNNING"
+        ms_metric = value(c.metrics(), "trainyard_job_ms_per_step", job=str(job), name="dash_train")
+        assert running, f"job {job} ended before the test saw its curve grow; make it longer"
+        assert ms_metric and ms_metric > 0, f"a running job's ms/step in /metrics: {ms_metric}"
+        wait_for(lambda: chart_points(driver, "chart-loss") > first, 180, "the loss chart to gain a point")
+        c.wait_state(job, ("SUCCEEDED",), 300)
+        with open(os.path.join(c.runs, str(job), "epochs.csv"), encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 8, rows
+        wait_for(lambda: chart_points(driver, "chart-loss") == len(rows), 30, "every epoch on the chart")
+        drawn = driver.execute_script("return Chart.getChart('chart-loss').data.datasets[0].data;")
+        assert [round(v, 5) for v in drawn] == [round(float(r["train_loss"]), 5) for r in rows], (drawn, rows)
+        # One stacked bar per rank, six parts each, the straggler named as the API names it.
+        api = c.get(f"/api/jobs/{job}")[1]
+        latest = api["breakdown"][-1]
+        assert len(latest["ranks"]) == 2 and all(len(r) == 6 for r in latest["ranks"]), latest
+        labels = driver.execute_script("return Chart.getChart('chart-breakdown').data.labels;")
+        parts = driver.execute_script(
+            "return Chart.getChart('chart-breakdown').data.datasets.map(d => [d.label, d.data]);")
+        slowest = latest["slowest_rank"]
+        assert labels[slowest] == f"rank {slowest} (slowest)" and len(labels) == 2, labels
+        assert [p[0] for p in parts] == ["wait", "h2d", "forward", "backward", "comm", "optimizer"], parts
+        for i, (_, data) in enumerate(parts):
+            assert [round(v, 6) for v in data] == [round(r[i], 6) for r in latest["ranks"]], (parts, latest)
+        straggler = driver.find_element(By.ID, "straggler")
+        assert straggler.get_attribute("data-rank") == str(slowest), straggler.text
+        wait_for(lambda: driver.find_element(By.ID, "job-state").text == "SUCCEEDED", 30, "the page to say SUCCEEDED")
+        driver.save_screenshot(os.path.join(artifacts, "job.png"))
+
+        bench = c.submit(write_benchmark(work))
+        c.wait_state(bench, ("SUCCEEDED",), 300)
+        driver.get(f"{c.base}/jobs/{bench}?refresh=300")
+        width = wait_for(lambda: driver.execute_script(
+            "const i = document.getElementById('heatmap'); return i.complete && i.naturalWidth;"), 30,
+            "the benchmark's heatmap to load")
+        assert width > 100, width
+        driver.save_screenshot(os.path.join(artifacts, "benchmark.png"))
+
+        driver.get(f"{c.base}/?refresh=300")
+        wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#workers-table tbody tr")) == 2, 30,
+                 "both ranks in the workers table")
+        states = {row.get_attribute("data-job"): row.find_element(By.CSS_SELECTOR, ".state").text
+                  for row in driver.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")}
+        assert states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states
+        alive = [row.find_elements(By.TAG_NAME, "td")[7].text
+                 for row in driver.find_elements(By.CSS_SELECTOR, "#workers-table tbody tr")]
+        assert alive == ["yes", "yes"], alive
+        driver.save_screenshot(os.path.join(artifacts, "overview.png"))
+        driver.get(f"{c.base}/jobs/424242?refresh=300")
+        wait_for(lambda: "no job 424242" in driver.find_element(By.ID, "error").text, 30, "the unknown job's error")
+    finally:
+        driver.quit()
+
+    m = c.metrics()
+    assert value(m, "trainyard_jobs", state="SUCCEEDED") == 2, m
+    assert value(m, "trainyard_jobs", state="QUEUED") == 0 and value(m, "trainyard_queue_depth") == 0, m
+    assert value(m, "trainyard_submit_to_running_seconds_count") == 2, m
+    assert value(m, "trainyard_submit_to_running_seconds_bucket", le="+Inf") == 2, m
+    assert value(m, "trainyard_attempts_total", outcome="succeeded") == 2, m
+    assert value(m, "trainyard_running_attempts") == 0, m
+    up = [v for (name, _), v in m.items() if name == "trainyard_worker_up"]
+    assert up == [1.0, 1.0], up
+    assert value(m, "trainyard_job_ms_per_step", job=str(job), name="dash_train") is None, \
+        "only running jobs have a ms/step gauge"
+    print(f"PASS (screenshots in {artifacts})")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun", "--artifacts"):
+        p.add_argument(flag, required=True)
+    a = p.parse_args()
+    os.makedirs(a.artifacts, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        c = DashboardCluster(a, work)
+        try:
+            case_dashboard(c, work, a.artifacts)
+        except BaseException:
+            c.stop()
+            c.dump_logs()
+            raise
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()
