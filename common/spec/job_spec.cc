@@ -499,13 +499,16 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
   r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1, kMaxSteps);
   r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0, kMaxRanks - 1);
-  YAML::Node lg =
-      r.Section(root, "log", {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step", "mlflow"});
+  YAML::Node lg = r.Section(
+      root, "log",
+      {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step", "trace", "trace_steps", "mlflow"});
   r.ReadPath(lg, "runs_dir", "log", &spec->log.runs_dir, PathKind::kAny);
   r.ReadInt(lg, "steps_every", "log", &spec->log.steps_every, 1, 1'000'000'000);
   r.ReadBool(lg, "progress", "log", &spec->log.progress);
   r.ReadInt(lg, "profile_steps", "log", &spec->log.profile_steps, 0, 10'000);
   r.ReadInt(lg, "profile_from_step", "log", &spec->log.profile_from_step, 1, kMaxSteps);
+  r.ReadBool(lg, "trace", "log", &spec->log.trace);
+  r.ReadInt(lg, "trace_steps", "log", &spec->log.trace_steps, 1, 100'000);
   ParseMlflow(r, lg, &spec->log);
 }
 

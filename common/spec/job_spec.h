@@ -199,6 +199,8 @@ struct LogSpec {
   bool progress = true;
   int64_t profile_steps = 0;       // steps profiled with the Kineto profiler; 0 = off
   int64_t profile_from_step = 11;  // the first of them (1-based global step)
+  bool trace = false;              // per-rank Chrome trace (common/trace_recorder.h)
+  int64_t trace_steps = 100;       // the last steps it keeps
   // MLflow tracking (log.mlflow); off while mlflow_uri is empty.
   std::string mlflow_uri;                     // http(s)://host[:port][/prefix] of a tracking server
   std::string mlflow_experiment = "Default";  // created if it does not exist

@@ -104,6 +104,7 @@ void Reducer::LaunchReady(bool force) {
 void Reducer::Launch(Bucket& b) {
   std::string what = StrFormat("grad bucket %zu/%zu of step %ld", next_to_launch_ + 1, buckets_.size(), long(step_));
   b.wire = options_.fp16_compression ? b.buffer.to(torch::kHalf) : b.buffer;
+  if (trace_) b.launched_us = TraceRecorder::NowUs();
   b.work = comm_.AllReduceAsync(b.wire, ReduceOp::kSum, std::move(what));
 }
 
@@ -116,8 +117,11 @@ void Reducer::FinishBackward() {
   LaunchReady(/*force=*/true);
   torch::NoGradGuard no_grad;
   const double world = comm_.size();
-  for (auto& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     b.work->Wait();
+    if (trace_)
+      trace_->Span("allreduce", TraceRecorder::kCommTrack, trace_step_, b.launched_us, TraceRecorder::NowUs(), int(i));
     if (options_.fp16_compression) b.buffer.copy_(b.wire);
     b.buffer.div_(world);
   }

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/trace_recorder.h"
 #include "worker/comm/communicator.h"
 
 namespace trainyard {
@@ -50,6 +51,11 @@ class Reducer {
   // Call before each backward pass: zeroes the buckets, points every .grad at its
   // view and records this rank's stop vote. REQUIRES: the previous step finished.
   void PrepareForBackward(bool stop_vote = false);
+  // With a recorder, each bucket's all-reduce of the steps that follow becomes a span
+  // from its launch to the end of its wait in FinishBackward (its completion is known
+  // no earlier), named by the global step set with set_trace_step.
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  void set_trace_step(int64_t step) { trace_step_ = step; }
   // For a rank with no examples in this step (no backward): contributes zeros.
   void ContributeZeros();
   // Call after backward: every .grad then holds the average over the ranks (on CUDA,
@@ -71,6 +77,7 @@ class Reducer {
     torch::Tensor buffer, wire;
     size_t pending = 0;
     std::shared_ptr<Work> work;
+    int64_t launched_us = 0;  // for the trace
   };
 
   void OnGradientAccumulated(size_t param);
@@ -88,6 +95,8 @@ class Reducer {
   size_t next_to_launch_ = 0;
   bool in_step_ = false;
   int64_t step_ = 0;
+  TraceRecorder* trace_ = nullptr;
+  int64_t trace_step_ = 0;
 };
 
 }  // namespace trainyard

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <numeric>
 
+#include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
@@ -38,7 +41,8 @@ struct Trainer::PendingStep {
   int64_t examples = 0, tokens = 0;
   double lr = 0, wait_ms = 0, loss_scale = 0;
   bool skipped = false;
-  torch::Tensor loss;  // scalar, detached
+  torch::Tensor loss;    // scalar, detached
+  int64_t begin_us = 0;  // when its wait for data began (the trace's clock)
 };
 
 // Sums over the steps of the epoch in progress in this process (timings are not
@@ -340,6 +344,7 @@ class Trainer::StepLog {
     totals.wait += p.wait_ms;
     double step_ms = p.wait_ms;
     for (int part = 0; part < kNumTimedParts; ++part) totals.parts[part] += ms[part], step_ms += ms[part];
+    if (t_.trace_) Trace(p, ms);
     ++totals.steps;
     totals.samples += p.examples;
     if (log_ && p.step % t_.spec_.log.steps_every == 0)
@@ -353,6 +358,20 @@ class Trainer::StepLog {
                      {"loss_scale", p.loss_scale},
                      {"tokens", p.tokens},
                      {"comm_ms", ms[kComm]}});
+  }
+
+  // The step's parts laid end to end from the start of its wait: exact on the CPU,
+  // where the parts are host time between marks; on CUDA they are device times, laid
+  // from the host's start.
+  void Trace(const PendingStep& p, const std::vector<double>& ms) {
+    int64_t at = p.begin_us;
+    auto span = [&](const char* name, double part_ms) {
+      const int64_t end = at + std::llround(part_ms * 1000.0);
+      t_.trace_->Span(name, TraceRecorder::kStepTrack, p.step, at, end);
+      at = end;
+    };
+    span(kStepParts[0], p.wait_ms);
+    for (int part = 0; part < kNumTimedParts; ++part) span(kStepParts[part + 1], ms[part]);
   }
 
   Trainer& t_;
@@ -396,6 +415,8 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
       });
     profiler_->BeforeStep(progress_.global_step + 1);
     PendingStep step;
+    if (trace_) step.begin_us = TraceRecorder::NowUs();
+    if (reducer_) reducer_->set_trace_step(progress_.global_step + 1);
     auto start = Clock::now();
     std::optional<Batch> host = pipeline.Next();
     if (!host) break;
@@ -462,6 +483,34 @@ std::pair<double, double> Trainer::Evaluate() {
   sums = sums.to(torch::kCPU);
   const double n = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
+}
+
+void Trainer::StartTrace() {
+  if (!spec_.log.trace) return;
+  // A step's spans: wait and the five timed parts, and one all-reduce per bucket.
+  const size_t spans_per_step = 1 + kNumTimedParts + (reducer_ ? reducer_->num_buckets() : 0) + 2;
+  trace_ = std::make_unique<TraceRecorder>(spec_.log.trace_steps, spans_per_step);
+  if (reducer_) reducer_->set_trace(trace_.get());
+  trace_->SetOrigin(TraceRecorder::NowUs());
+}
+
+void Trainer::WriteTrace() {
+  if (!trace_) return;
+  const std::string mine = StrFormat("%s/trace.rank%d.json", run_dir().c_str(), ranks_.rank);
+  WriteFileAtomically(mine, trace_->EventsJson(ranks_.rank));
+  if (ranks_.comm) ranks_.comm->AnyTrue(false, "the trace files are written");  // a barrier
+  if (!is_rank0()) return;
+  std::vector<std::string> events;
+  for (int r = 0; r < ranks_.world; ++r) {
+    const std::string path = StrFormat("%s/trace.rank%d.json", run_dir().c_str(), r);
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("log.trace: rank " + std::to_string(r) + " wrote no " + path);
+    events.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  WriteFileAtomically(run_dir() + "/trace.json", ChromeTraceJson(events));
+  for (int r = 0; r < ranks_.world; ++r) fs::remove(StrFormat("%s/trace.rank%d.json", run_dir().c_str(), r));
+  LogInfo(StrFormat("trace of the last %ld steps of %d rank(s): %s/trace.json (open it in https://ui.perfetto.dev)",
+                    long(trace_->kept_steps()), ranks_.world, run_dir().c_str()));
 }
 
 // The job file's settings as the user wrote them, and what they resolved to here.
@@ -534,6 +583,7 @@ nlohmann::json Trainer::Run() {
     BroadcastParameters();
     AgreeOnResumePoint();
   }
+  StartTrace();  // right after the collectives above: the ranks' time zeros line up
   int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
   if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
   const bool resumed = resume_from_.has_value();
@@ -583,6 +633,7 @@ nlohmann::json Trainer::Run() {
     SaveCheckpointNow("end of epoch");  // collective
     if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
   }
+  WriteTrace();
   nlohmann::json summary = {{"job", spec_.name},
                             {"job_file", spec_.source_file},
                             {"status", "succeeded"},

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/spec/job_spec.h"
+#include "common/trace_recorder.h"
 #include "data/length_bucket_sampler.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
@@ -65,6 +66,9 @@ class Trainer {
   void BroadcastParameters();
   void AgreeOnResumePoint();
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
+  void StartTrace();
+  // Each rank writes its spans; after a barrier rank 0 merges them into trace.json.
+  void WriteTrace();
   // Mean loss and accuracy over the dev set: per example for a classifier, per
   // predicted token for a causal LM.
   std::pair<double, double> Evaluate();
@@ -102,6 +106,7 @@ class Trainer {
   TrainProgress progress_;
   std::unique_ptr<EpochTotals> totals_;
   std::unique_ptr<StepProfiler> profiler_;  // log.profile_steps
+  std::unique_ptr<TraceRecorder> trace_;    // log.trace
   int64_t steps_per_epoch_ = 0;
   int64_t consistency_checks_ = 0;
 };

@@ -103,7 +103,8 @@ int Main(int argc, char** argv) {
       "and runs the jobs it assigns, each as its own mpirun (--mpirun), so a failing job ends alone;\n"
       "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
       "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,curves.svg,tb/ (TensorBoard),summary.json,\n"
-      "checkpoints/,model/}, benchmark {benchmark.csv,benchmark.md,*.svg,env.json},\n"
+      "checkpoints/,model/; trace.json with log.trace, mlflow_run.json with log.mlflow},\n"
+      "benchmark {benchmark.csv,benchmark.md,*.svg,env.json},\n"
       "inference {predictions.tsv,summary.json},"
       " generate {generations.jsonl,summary.json},\n"
       "serve {endpoints.json} (it serves until SIGINT/SIGTERM)."};

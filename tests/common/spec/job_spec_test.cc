@@ -311,14 +311,12 @@ TEST_F(JobSpecTest, MlflowNeedsAnHttpUriAndParamsAreTheFilesOwnValues) {
   EXPECT_EQ(spec.log.mlflow_uri, "http://127.0.0.1:5000");  // the trailing slash goes
   EXPECT_EQ(spec.log.mlflow_experiment, "langid");
   EXPECT_EQ(Parse(Valid()).log.mlflow_uri, "");
-  EXPECT_EQ(Parse(Valid() + "log: {mlflow: {uri: 'https://mlflow.example.com'}}\n").log.mlflow_experiment,
-            "Default");
+  EXPECT_EQ(Parse(Valid() + "log: {mlflow: {uri: 'https://mlflow.example.com'}}\n").log.mlflow_experiment, "Default");
   for (const std::string bad : {"file:///tmp/mlruns", "127.0.0.1:5000", "http://", "http:// spaced", "ftp://host"}) {
     const std::string error = ErrorOf(Valid() + "log: {mlflow: {uri: '" + bad + "'}}\n");
     EXPECT_NE(error.find("log.mlflow.uri: expected http://HOST"), std::string::npos) << bad << ": " << error;
   }
-  EXPECT_NE(ErrorOf(Valid() + "log: {mlflow: {experiment: x}}\n").find("log.mlflow.uri: required"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "log: {mlflow: {experiment: x}}\n").find("log.mlflow.uri: required"), std::string::npos);
   EXPECT_NE(ErrorOf(Valid() + "log: {mlflow: {uri: 'http://h', experiment: ''}}\n").find("log.mlflow.experiment"),
             std::string::npos);
   EXPECT_NE(ErrorOf(Valid() + "log: {mlflow: {uri: 'http://h', run_nam: x}}\n").find("did you mean 'run_name'"),
@@ -328,6 +326,15 @@ TEST_F(JobSpecTest, MlflowNeedsAnHttpUriAndParamsAreTheFilesOwnValues) {
   EXPECT_EQ(with_lists.values.at("log.steps_every"), "5");
   EXPECT_EQ(with_lists.values.at("train.epochs"), "2");
   EXPECT_EQ(with_lists.values.count("log.progress"), 0u);
+}
+
+TEST_F(JobSpecTest, TraceKeepsABoundedNumberOfSteps) {
+  JobSpec spec = Parse(Valid() + "log: {trace: true, trace_steps: 20}\n");
+  EXPECT_TRUE(spec.log.trace);
+  EXPECT_EQ(spec.log.trace_steps, 20);
+  EXPECT_FALSE(Parse(Valid()).log.trace);
+  EXPECT_NE(ErrorOf(Valid() + "log: {trace_steps: 0}\n").find("log.trace_steps"), std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "log: {trace: maybe}\n").find("log.trace: expected true or false"), std::string::npos);
 }
 
 TEST_F(JobSpecTest, MissingRequiredSectionIsReported) {
