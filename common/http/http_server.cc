@@ -4,9 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 
 #include "common/log.h"
@@ -102,6 +104,7 @@ HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
       max_connections_(options.max_connections),
       body_limit_setting_(options.body_limit_setting),
       log_name_(options.log_name),
+      idle_timeout_s_(options.idle_timeout_s),
       handler_(std::move(handler)) {
   const std::string& host = options.host;
   const int port = options.port;
@@ -156,6 +159,19 @@ void HttpServer::AcceptLoop() {
   }
 }
 
+bool HttpServer::AwaitRequest(int fd) const {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(idle_timeout_s_);
+  while (!stopping_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 200)));
+    if (ready > 0) return true;  // data, or the peer closed: the read says which
+    if (ready < 0 && errno != EINTR) return true;
+  }
+  return false;
+}
+
 void HttpServer::Serve(int fd) {
   asio::io_context io;
   tcp::socket socket(io);
@@ -164,6 +180,7 @@ void HttpServer::Serve(int fd) {
   beast::flat_buffer buffer;
   const std::function<bool()> client_gone = [fd] { return PeerHungUp(fd); };
   while (!stopping_ && !error) {
+    if (buffer.size() == 0 && !AwaitRequest(fd)) break;  // bytes already buffered: a pipelined request
     http::request_parser<http::string_body> parser;
     parser.body_limit(max_body_bytes_);
     parser.header_limit(64 * 1024);

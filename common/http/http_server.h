@@ -44,6 +44,9 @@ struct HttpServerOptions {
   size_t max_connections = 64;
   std::string body_limit_setting;  // what the 400 for an oversized body names, e.g. "serve.max_body_mb"
   std::string log_name = "http";   // prefixes the log line of a handler that threw
+  // A connection with no request for this long is closed (keep-alive idle timeout):
+  // with a thread per connection, idle clients must not hold the slots forever.
+  double idle_timeout_s = 60;
 };
 
 class HttpServer {
@@ -70,6 +73,9 @@ class HttpServer {
   static constexpr size_t kMinBufferedBytes = size_t(64) << 20;
   void AcceptLoop();
   void Serve(int fd);
+  // Waits for the next request's first bytes: false once the connection has been idle
+  // for idle_timeout_s, or the server is stopping.
+  bool AwaitRequest(int fd) const;
   // Turns Beast's request into ours and runs the handler; exceptions become 500.
   HttpResponse Dispatch(const boost::beast::http::request<boost::beast::http::string_body>& message,
                         const std::function<bool()>& client_gone, bool* keep_alive);
@@ -78,6 +84,7 @@ class HttpServer {
   int port_ = 0;
   size_t max_body_bytes_, max_buffered_bytes_, max_connections_;
   std::string body_limit_setting_, log_name_;
+  double idle_timeout_s_;
   std::atomic<size_t> buffered_bytes_{0};
   Handler handler_;
   std::atomic<bool> stopping_{false};

@@ -181,6 +181,7 @@ struct ServeSpec {
   int max_queue = 1024;                    // queued requests, all models; beyond it: 429
   double default_timeout_ms = 10000;       // a request's deadline when it names none
   int max_body_mb = 16;                    // HTTP body and gRPC message cap
+  double keep_alive_s = 60;                // an HTTP connection idle this long is closed
   double poll_s = 2;                       // repository poll period for new versions (0: load requests only)
   bool truncate = true;                    // text past the model's positions: cut (true) or rejected (false)
   bool length_aware = true;                // group requests of similar length (off: arrival order)

@@ -31,7 +31,6 @@ from e2e_common import LANGID, free_port, write  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
 
 
 class DashboardCluster(Cluster):
@@ -161,9 +160,10 @@ def case_dashboard(c, work, artifacts):
         assert [p[0] for p in parts] == ["wait", "h2d", "forward", "backward", "comm", "optimizer"], parts
         for i, (_, data) in enumerate(parts):
             assert [round(v, 6) for v in data] == [round(r[i], 6) for r in latest["ranks"]], (parts, latest)
-        straggler = driver.find_element(By.ID, "straggler")
-        assert straggler.get_attribute("data-rank") == str(slowest), straggler.text
-        wait_for(lambda: driver.find_element(By.ID, "job-state").text == "SUCCEEDED", 30, "the page to say SUCCEEDED")
+        straggler = driver.execute_script("return document.getElementById('straggler').dataset.rank;")
+        assert straggler == str(slowest), straggler
+        wait_for(lambda: driver.execute_script("return document.getElementById('job-state').textContent;") ==
+                 "SUCCEEDED", 30, "the page to say SUCCEEDED")
         driver.save_screenshot(os.path.join(artifacts, "job.png"))
 
         bench = c.submit(write_benchmark(work))
@@ -176,17 +176,21 @@ def case_dashboard(c, work, artifacts):
         driver.save_screenshot(os.path.join(artifacts, "benchmark.png"))
 
         driver.get(f"{c.base}/?refresh=300")
-        wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#workers-table tbody tr")) == 2, 30,
+        wait_for(lambda: driver.execute_script("return document.querySelectorAll('#workers-table tbody tr').length;") == 2, 30,
                  "both ranks in the workers table")
-        states = {row.get_attribute("data-job"): row.find_element(By.CSS_SELECTOR, ".state").text
-                  for row in driver.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")}
+        # Read in one script: the page redraws its tables on every poll, so element
+        # handles from an earlier moment go stale.
+        states = driver.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#jobs-table tbody tr')]"
+            ".map(r => [r.dataset.job, r.querySelector('.state').textContent]));")
         assert states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states
-        alive = [row.find_elements(By.TAG_NAME, "td")[7].text
-                 for row in driver.find_elements(By.CSS_SELECTOR, "#workers-table tbody tr")]
+        alive = driver.execute_script(
+            "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[7].textContent);")
         assert alive == ["yes", "yes"], alive
         driver.save_screenshot(os.path.join(artifacts, "overview.png"))
         driver.get(f"{c.base}/jobs/424242?refresh=300")
-        wait_for(lambda: "no job 424242" in driver.find_element(By.ID, "error").text, 30, "the unknown job's error")
+        wait_for(lambda: "no job 424242" in driver.execute_script("return document.getElementById('error').textContent;"),
+                 30, "the unknown job's error")
     finally:
         driver.quit()
 

@@ -434,7 +434,7 @@ def bad_input(worker, work):
     """Each bad input gets 400 (gRPC INVALID_ARGUMENT) naming the field; the server stays up."""
     repo = os.path.join(work, "repo")
     hf_version(os.path.join(repo, "langid", "1"), seed=1, positions=32)
-    server = Server(worker, work, repo, "  max_body_mb: 1\n  truncate: false\n")
+    server = Server(worker, work, repo, "  max_body_mb: 1\n  truncate: false\n  keep_alive_s: 1\n")
     port = server.ep["http_port"]
     good = json.loads(infer_body(["hello"]))
     binary_text = b"\x05\x00\x00\x00hello"
@@ -495,8 +495,28 @@ def bad_input(worker, work):
         ok &= check(bad >= 10, f"bad inputs counted in the metrics ({bad})")
         names = {s.labels.get("model") for s in m["trainyard_serve_requests"].samples}
         ok &= check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
+        ok &= idle_connections_are_closed(port)
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
+def idle_connections_are_closed(port):
+    """serve.keep_alive_s is 1 here: a silent client and an idle keep-alive connection are
+    both closed after it; a request within it reuses the connection."""
+    silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/v2/health/live")
+    connection.getresponse().read()
+    time.sleep(0.3)
+    connection.request("GET", "/v2/health/ready")  # within the second: the same connection
+    second = connection.getresponse().status
+    time.sleep(2.5)
+    ok = check(silent.recv(1) == b"", "a client that never sends a request is closed after keep_alive_s")
+    ok &= check(connection.sock.recv(1) == b"", "an idle keep-alive connection is closed after keep_alive_s")
+    ok &= check(second == 200, f"a second request within keep_alive_s is served on the connection ({second})")
+    silent.close()
+    connection.close()
     return ok
 
 

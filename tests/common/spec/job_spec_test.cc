@@ -383,6 +383,8 @@ TEST_F(ServeSpecTest, DefaultsAreLoopbackAndTheUsualPorts) {
   EXPECT_EQ(spec.serve.preferred_batch_sizes, (std::vector<int>{4, 8}));
   EXPECT_DOUBLE_EQ(spec.serve.max_queue_delay_ms, 2.5);
   EXPECT_TRUE(spec.serve.access_token.empty());
+  EXPECT_DOUBLE_EQ(spec.serve.keep_alive_s, 60);
+  EXPECT_DOUBLE_EQ(Parse(Serve("  keep_alive_s: 0.5\n")).serve.keep_alive_s, 0.5);
 }
 
 TEST_F(ServeSpecTest, BadServeJobsAreLocatedErrors) {
@@ -393,6 +395,7 @@ TEST_F(ServeSpecTest, BadServeJobsAreLocatedErrors) {
   EXPECT_NE(ErrorOf(Serve("  max_batch_size: 4\n  preferred_batch_sizes: [8]\n")).find("preferred_batch_sizes[0]"),
             std::string::npos);
   EXPECT_NE(ErrorOf(Serve("  http_port: 70000\n")).find("serve.http_port"), std::string::npos);
+  EXPECT_NE(ErrorOf(Serve("  keep_alive_s: 0\n")).find("serve.keep_alive_s"), std::string::npos);
   EXPECT_NE(ErrorOf("name: s\nkind: serve\nserve:\n  repository: nowhere\n").find("folder not found"),
             std::string::npos);
   std::ofstream(dir_ / "short_token") << "short\n";
