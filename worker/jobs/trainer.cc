@@ -494,21 +494,31 @@ void Trainer::StartTrace() {
   trace_->SetOrigin(TraceRecorder::NowUs());
 }
 
+// A trace that cannot be written costs a warning, never the run: the model is saved
+// after this. Every rank reaches the barrier whatever happened to its own file.
 void Trainer::WriteTrace() {
   if (!trace_) return;
-  const std::string mine = StrFormat("%s/trace.rank%d.json", run_dir().c_str(), ranks_.rank);
-  WriteFileAtomically(mine, trace_->EventsJson(ranks_.rank));
+  auto rank_file = [&](int rank) { return StrFormat("%s/trace.rank%d.json", run_dir().c_str(), rank); };
+  try {
+    WriteFileAtomically(rank_file(ranks_.rank), trace_->EventsJson(ranks_.rank));
+  } catch (const std::exception& e) {
+    LogWarn(std::string("log.trace: this rank's spans were not written: ") + e.what());
+  }
   if (ranks_.comm) ranks_.comm->AnyTrue(false, "the trace files are written");  // a barrier
   if (!is_rank0()) return;
-  std::vector<std::string> events;
-  for (int r = 0; r < ranks_.world; ++r) {
-    const std::string path = StrFormat("%s/trace.rank%d.json", run_dir().c_str(), r);
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("log.trace: rank " + std::to_string(r) + " wrote no " + path);
-    events.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  try {
+    std::vector<std::string> events;
+    for (int r = 0; r < ranks_.world; ++r) {
+      std::ifstream in(rank_file(r));
+      if (!in) throw std::runtime_error("rank " + std::to_string(r) + " wrote no " + rank_file(r));
+      events.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    WriteFileAtomically(run_dir() + "/trace.json", ChromeTraceJson(events));
+    for (int r = 0; r < ranks_.world; ++r) fs::remove(rank_file(r));
+  } catch (const std::exception& e) {
+    LogWarn(std::string("log.trace: no trace.json (the run goes on): ") + e.what());
+    return;
   }
-  WriteFileAtomically(run_dir() + "/trace.json", ChromeTraceJson(events));
-  for (int r = 0; r < ranks_.world; ++r) fs::remove(StrFormat("%s/trace.rank%d.json", run_dir().c_str(), r));
   LogInfo(StrFormat("trace of the last %ld steps of %d rank(s): %s/trace.json (open it in https://ui.perfetto.dev)",
                     long(trace_->kept_steps()), ranks_.world, run_dir().c_str()));
 }
