@@ -17,6 +17,18 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 PRESETS = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072)}
 
 
+class LogitsTuple(torch.nn.Module):
+    """The model with a (logits,) output: transformers 5 returns a dict even under
+    torchscript=True, which torch.jit.trace refuses, and the worker reads element 0."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return (self.model(input_ids=input_ids, attention_mask=attention_mask)[0],)
+
+
 def prepare(a):
     tok = BertTokenizer(a.vocab, do_lower_case=True)
     hidden, layers, heads, inter = PRESETS[a.preset]
@@ -26,7 +38,7 @@ def prepare(a):
     model = BertForSequenceClassification(config).eval()
     model.save_pretrained(a.out, safe_serialization=True)
     ids = torch.randint(5, tok.vocab_size, (2, 16))
-    torch.jit.trace(model, (ids, torch.ones_like(ids))).save(a.out + "/traced.pt")
+    torch.jit.trace(LogitsTuple(model), (ids, torch.ones_like(ids))).save(a.out + "/traced.pt")
     if not a.with_onnx:
         return
     with torch.no_grad():

@@ -6,23 +6,26 @@
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
 #     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
-#     [--tf32] [--compile] [--json FILE]
+#     [--tf32] [--compile] [--json FILE] [--profile DIR]
 # --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
 # run under torch.compile. On CUDA both sides time each step with CUDA events and the
 # worker reads them once per 10 steps (its logging interval), so the figures are
 # medians over the logged steps; on CPU they are means over every step after warm-up.
 # --json writes the figures (and the model's non-embedding parameter count) to FILE.
+# --profile runs the worker once more, after the timed runs, with a Kineto window of 5
+# steps after warm-up (log.profile_steps), and copies its profile.txt (operators by self
+# time; on CUDA with the kernels' device time) and profile.json (a Chrome trace) to DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON=""
+PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON="" PROFILE_DIR=""
 WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --preset) PRESET=$2; shift 2 ;; --batch) BATCH=$2; shift 2 ;; --seq) SEQ=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;; --precision) PRECISION=$2; shift 2 ;;
     --device) DEVICE=$2; shift 2 ;; --tf32) TF32=true; shift ;; --compile) COMPILE=true; shift ;;
-    --json) JSON=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --json) JSON=$2; shift 2 ;; --profile) PROFILE_DIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -59,6 +62,14 @@ reference() {
 }
 reference > "$WORK/ref.json"
 if [[ $COMPILE == true ]]; then reference --compile > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
+if [[ -n $PROFILE_DIR ]]; then  # a separate run, so the profiler's cost stays out of the timings
+  sed 's/^log: {/log: {profile_steps: '"$(( STEPS - WARMUP < 5 ? STEPS - WARMUP : 5 ))"', profile_from_step: '"$((WARMUP + 1))"', /' \
+    "$WORK/job.yaml" > "$WORK/profile.yaml"
+  "$WORKER" "$WORK/profile.yaml" --runs-dir "$WORK/profile-runs" --resume none > "$WORK/profile.log" 2>&1 ||
+    { cat "$WORK/profile.log"; exit 1; }
+  mkdir -p "$PROFILE_DIR"
+  cp "$WORK/profile-runs/bench_train_step/profile.txt" "$WORK/profile-runs/bench_train_step/profile.json" "$PROFILE_DIR/"
+fi
 "$PY" - "$WORK/runs/bench_train_step/steps.jsonl" "$WORK/ref.json" "$WORK/ref_compiled.json" "$WARMUP" "$JSON" <<PY
 import json, statistics, sys
 steps_file, ref_file, compiled_file, warmup, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]

@@ -11,16 +11,19 @@
 #   inference  bert-base grid batch [1,2,4,8] x seq [8..512] x fp32/bf16/fp16 x
 #              eager/cuda_graph, next to PyTorch eager; batch-1 latency at seq 128
 #   sorted     sorted-by-length vs file-order batch inference on topics at batch 64
+#   profile    not in the default list: the worker's Kineto profile (5 steps) of the bf16
+#              and fp32+TF32 train steps at batch 64, into $OUT/profile_<precision>.txt
 # Environment: TRAINYARD_BIN (the worker's folder, default build/bin), TRAINYARD_PYTHON
-# (default python3), OUT (default ./gpu-out), COMPILE=all to compile every finetune
-# configuration (default: bf16 and fp32+TF32 only, as compilation takes about a minute each).
+# (default python3), OUT (default ./gpu-out), COMPILE: the finetune configurations also
+# timed under torch.compile (default "bf16 fp32_tf32"; "all"; compiling takes about a
+# minute each), BATCHES: the finetune batch sizes (default "32 64").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-case "${1:-}" in -h|--help) sed -n '2,17p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,19p' "$0"; exit 0 ;; esac
 SECTIONS=("$@")
 [[ ${#SECTIONS[@]} -gt 0 ]] || SECTIONS=(finetune datawait inference sorted)
 for s in "${SECTIONS[@]}"; do
-  case "$s" in finetune|datawait|inference|sorted) ;; *) echo "error: unknown section '$s'" >&2; exit 2 ;; esac
+  case "$s" in finetune|datawait|inference|sorted|profile) ;; *) echo "error: unknown section '$s'" >&2; exit 2 ;; esac
 done
 export TRAINYARD_PYTHON="${TRAINYARD_PYTHON:-$(command -v python3)}"
 export TRAINYARD_BIN="${TRAINYARD_BIN:-build/bin}"
@@ -53,13 +56,13 @@ PY
 
 finetune() {
   local batch config compile
-  for batch in 32 64; do
+  for batch in ${BATCHES:-32 64}; do
     for config in fp32 fp32_tf32 bf16 fp16; do
       local args=(--device cuda --preset base --seq 128 --batch "$batch" --steps 60 --threads 4
                   --precision "${config%_tf32}" --json "$WORK/ft.json")
       [[ $config == *_tf32 ]] && args+=(--tf32)
       compile=false
-      [[ ${COMPILE:-} == all || $config == bf16 || $config == fp32_tf32 ]] && compile=true
+      [[ " ${COMPILE:-bf16 fp32_tf32} " == *" $config "* || ${COMPILE:-} == all ]] && compile=true
       [[ $compile == true ]] && args+=(--compile)
       echo "+ scripts/bench/train_step_vs_pytorch.sh ${args[*]}"
       scripts/bench/train_step_vs_pytorch.sh "${args[@]}"
@@ -147,10 +150,24 @@ YAML
   record sorted "$WORK/runs/sorted/summary.json"
 }
 
+profile() {
+  local config
+  for config in bf16 fp32_tf32; do
+    local args=(--device cuda --preset base --seq 128 --batch 64 --steps 40 --threads 4
+                --precision "${config%_tf32}" --profile "$WORK/profile_$config")
+    [[ $config == *_tf32 ]] && args+=(--tf32)
+    echo "+ scripts/bench/train_step_vs_pytorch.sh ${args[*]}"
+    scripts/bench/train_step_vs_pytorch.sh "${args[@]}"
+    cp "$WORK/profile_$config/profile.txt" "$OUT/profile_$config.txt"
+    head -n 40 "$OUT/profile_$config.txt"
+  done
+}
+
 machine
 for s in "${SECTIONS[@]}"; do
   case "$s" in
     finetune) finetune ;; datawait) datawait ;; inference) inference ;; sorted) sorted_gain ;;
+    profile) profile ;;
   esac
 done
 "$PY" scripts/gpu/performance_tables.py "$RESULTS" > "$OUT/performance.md"
