@@ -59,18 +59,24 @@ def equivalence(args, work):
     four, _ = run_job(args, work, "eq_four", 4, "train:\n  batch_size: 8\n" + common)
     one, _ = run_job(args, work, "eq_one", 1, "train:\n  batch_size: 32\n" + common)
     a, b = load_weights(four), load_weights(one)
-    # The attention key bias has no gradient in exact arithmetic (softmax ignores a
-    # shift shared by all keys), so only rounding noise moves it, which Adam amplifies;
-    # it is held to an absolute 1e-4. Every other tensor: |a - b| / |b| <= 1e-5 (norms).
+    # The runs differ only in the order the gradients are summed, so every weight may
+    # differ by rounding noise that Adam carries forward: at most 1e-5 per element, while
+    # one wrong gradient (a rank's batch lost, a bucket mis-mapped) moves weights by about
+    # lr = 1e-3 a step. The bound is absolute: a norm-wise relative one depends on the
+    # vocabulary, which prepare_data.py's WordPiece trainer does not make the same way
+    # twice (tie order), and a tensor that starts at zero (a LayerNorm bias) has a small
+    # norm after 20 steps. The attention key bias has no gradient in exact arithmetic
+    # (softmax ignores a shift shared by all keys), so only noise moves it, which Adam
+    # amplifies; it is held to 1e-4.
     noise_only = [k for k in b if k.endswith("attention.self.key.bias")]
     rest = [k for k in b if k not in noise_only]
-    rel = {k: ((a[k] - b[k]).norm() / b[k].norm()).item() for k in rest}
-    worst = max(rel, key=rel.get)
+    diff = {k: (a[k] - b[k]).abs().max().item() for k in rest}
+    worst = max(diff, key=diff.get)
+    rel = max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in rest)
     noise = max((a[k] - b[k]).abs().max().item() for k in noise_only)
-    print(f"4x8 vs 1x32 after 20 steps: worst relative difference {rel[worst]:.2e} in {worst}; "
-          f"max abs difference {max((a[k] - b[k]).abs().max().item() for k in rest):.2e}; "
-          f"key biases (noise only) differ by at most {noise:.2e}")
-    return rel[worst] <= 1e-5 and noise < 1e-4
+    print(f"4x8 vs 1x32 after 20 steps: max abs difference {diff[worst]:.2e} in {worst} (largest norm-wise "
+          f"relative difference {rel:.2e}); key biases (noise only) differ by at most {noise:.2e}")
+    return diff[worst] <= 1e-5 and noise < 1e-4
 
 
 def dropout_off(text):
