@@ -196,7 +196,7 @@ def protocol(worker, work):
     shutil.copytree(os.path.join(work, "runs", "ft", "model"), os.path.join(repo, "langid", "1"))
     texts = DEV_TEXTS[:24] + ["x" * 3000]  # the last one runs past the positions: truncated
     expected = inference_logits(worker, work, os.path.join(repo, "langid", "1"), texts)
-    server = Server(worker, work, repo)
+    server = Server(worker, work, repo, "  preferred_batch_sizes: [4, 8]\n  max_queue_delay_ms: 2.5\n")
     ok = True
     try:
         from transformers import BertTokenizerFast
@@ -225,6 +225,7 @@ def protocol(worker, work):
             diff = float(np.abs(logits - expected).max())
             ok &= check(diff <= 1e-5, f"{name}: logits equal the inference job's (max diff {diff:.2e})")
             ok &= check(labels == [LABELS[i] for i in expected.argmax(1)], f"{name}: labels are the arg max")
+        ok &= statistics_and_config(h, g, requests=sum(len(r) for r in runs.values()), rows=len(texts) * len(runs))
         ok &= check(h.is_server_live() and h.is_server_ready(), "http: live and ready")
         ok &= check(g.is_server_live() and g.is_server_ready(), "grpc: live and ready")
         ok &= check(h.is_model_ready("langid", "1") and not h.is_model_ready("langid", "2"),
@@ -251,6 +252,63 @@ def protocol(worker, work):
         ok &= metrics_agree(server, h, texts)
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
+    return ok
+
+
+def statistics_and_config(h, g, requests, rows):
+    """Triton's statistics extension counts exactly the requests and rows sent so far (one
+    bad request then counts as a failure), the same over both transports; the model
+    configuration carries the serve job's batching settings."""
+    from google.protobuf.json_format import MessageToDict
+    stats = h.get_inference_statistics("langid")["model_stats"]
+    ok = check([(s["name"], s["version"]) for s in stats] == [("langid", "1")], f"stats: one entry per version ({[(s['name'], s['version']) for s in stats]})")
+    s = stats[0]
+    infer = s["inference_stats"]
+    batches = s["batch_stats"]
+    ok &= check(infer["success"]["count"] == requests and s["inference_count"] == rows,
+                f"stats: {infer['success']['count']} requests and {s['inference_count']} rows, "
+                f"sent {requests} and {rows}")
+    ok &= check(infer["queue"]["count"] == requests and infer["compute_infer"]["count"] == requests
+                and infer["fail"]["count"] == 0, "stats: queue and compute per request, no failures")
+    ok &= check(sum(b["compute_infer"]["count"] for b in batches) == s["execution_count"] > 0
+                and sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == rows,
+                f"stats: batch_stats add up to {s['execution_count']} executions holding every row")
+    ok &= check(infer["success"]["ns"] >= infer["queue"]["ns"] and infer["compute_infer"]["ns"] > 0
+                and abs(s["last_inference"] / 1000 - time.time()) < 60,
+                "stats: durations are positive, a request's total covers its queueing, last_inference is now")
+    by_grpc = MessageToDict(g.get_inference_statistics("langid", "1"), preserving_proto_field_name=True)
+    everything = h.get_inference_statistics()["model_stats"]
+    ok &= check(int(by_grpc["model_stats"][0]["inference_count"]) == rows and everything == stats,
+                "stats: gRPC and the all-models form agree")
+    try:
+        wrong = thttp.InferInput("TEXT", [1], "INT64")  # TEXT must be BYTES
+        wrong.set_data_from_numpy(np.array([7], dtype=np.int64))
+        h.infer("langid", [wrong], model_version="1")
+        ok &= check(False, "stats: a bad request was refused")
+    except InferenceServerException:
+        pass
+    after = h.get_inference_statistics("langid", "1")["model_stats"][0]["inference_stats"]
+    ok &= check(after["fail"]["count"] == 1 and after["success"]["count"] == requests, "stats: the bad request failed")
+    for missing in (("nope", ""), ("langid", "7")):
+        try:
+            h.get_inference_statistics(*missing)
+            ok &= check(False, f"stats of {missing} refused")
+        except InferenceServerException as e:
+            ok &= check(e.status() == "400", f"stats of {missing}: 400 ({e.message()})")
+    config = h.get_model_config("langid")
+    ok &= check(config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+                and config["dynamic_batching"]["max_queue_delay_microseconds"] == 2500
+                and config["parameters"]["max_batch_tokens"]["string_value"] == "4096",
+                f"config: the serve job's batching ({config['dynamic_batching']})")
+    ok &= check([(t["name"], t["data_type"], t["dims"]) for t in config["output"]]
+                == [("logits", "TYPE_FP32", [len(LABELS)]), ("label", "TYPE_STRING", [1])],
+                "config: outputs and their types")
+    by_grpc = MessageToDict(g.get_model_config("langid", "1").config, preserving_proto_field_name=True)
+    ok &= check(by_grpc["name"] == "langid" and by_grpc["max_batch_size"] == 32
+                and [t["name"] for t in by_grpc["input"]] == [t["name"] for t in config["input"]]
+                and by_grpc["input"][1]["data_type"] == "TYPE_INT64", "config: gRPC agrees")
+    ok &= check({"statistics", "model_configuration"} <= set(h.get_server_metadata()["extensions"]),
+                "server metadata lists both extensions")
     return ok
 
 

@@ -2,6 +2,7 @@
 
 #include "worker/serve/infer_codec.h"
 #include "worker/serve/kserve_http.h"
+#include "worker/serve/model_config.h"
 
 namespace trainyard {
 namespace {
@@ -105,8 +106,7 @@ grpc::Status KserveGrpc::ServerMetadata(grpc::ServerContext* context, const infe
   if (auto s = Authorize(context); !s.ok()) return s;
   response->set_name(kServerName);
   response->set_version(kServerVersion);
-  response->add_extensions("binary_tensor_data");
-  response->add_extensions("model_repository");
+  for (const std::string& extension : kExtensions) response->add_extensions(extension);
   return grpc::Status::OK;
 }
 
@@ -203,6 +203,85 @@ grpc::Status KserveGrpc::RepositoryModelUnload(grpc::ServerContext* context,
   if (auto s = Authorize(context); !s.ok()) return s;
   std::string message;
   return StatusOf(core_->Unload(request->model_name(), &message), message);
+}
+
+namespace {
+
+void SetDuration(inference::StatisticDuration* out, const StatisticDuration& d) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+inference::DataType DataTypeOf(const std::string& name) {
+  inference::DataType type = inference::TYPE_INVALID;
+  inference::DataType_Parse(name, &type);
+  return type;
+}
+
+template <typename Tensor>
+void SetTensor(Tensor* out, const TensorConfig& t) {
+  out->set_name(t.name);
+  out->set_data_type(DataTypeOf(t.data_type));
+  for (int64_t d : t.dims) out->add_dims(d);
+  if (t.scalar_per_row) out->mutable_reshape();  // present and empty: { shape: [] }
+}
+
+}  // namespace
+
+grpc::Status KserveGrpc::ModelStatistics(grpc::ServerContext* context, const inference::ModelStatisticsRequest* request,
+                                         inference::ModelStatisticsResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  InferStatus status;
+  std::string message;
+  const std::vector<VersionStatistics> stats =
+      core_->Statistics(request->name(), request->version(), &status, &message);
+  if (status != InferStatus::kOk) return StatusOf(status, message);
+  for (const VersionStatistics& s : stats) {
+    inference::ModelStatistics* out = response->add_model_stats();
+    out->set_name(s.model);
+    out->set_version(std::to_string(s.version));
+    out->set_last_inference(s.last_inference_ms);
+    out->set_inference_count(s.inference_count);
+    out->set_execution_count(s.execution_count);
+    inference::InferStatistics* infer = out->mutable_inference_stats();
+    SetDuration(infer->mutable_success(), s.success);
+    SetDuration(infer->mutable_fail(), s.fail);
+    SetDuration(infer->mutable_queue(), s.queue);
+    SetDuration(infer->mutable_compute_infer(), s.compute_infer);
+    for (const auto& [rows, compute] : s.batch_compute_infer) {
+      inference::InferBatchStatistics* batch = out->add_batch_stats();
+      batch->set_batch_size(uint64_t(rows));
+      SetDuration(batch->mutable_compute_infer(), compute);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KserveGrpc::ModelConfig(grpc::ServerContext* context, const inference::ModelConfigRequest* request,
+                                     inference::ModelConfigResponse* response) {
+  if (auto s = Authorize(context); !s.ok()) return s;
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(request->name(), request->version(), &status, &message);
+  if (!meta) return StatusOf(status, message);
+  const ModelConfigView c = DescribeModel(*meta, core_->spec());
+  inference::ModelConfig* out = response->mutable_config();
+  out->set_name(c.name);
+  out->set_platform(c.platform);
+  out->set_backend(c.backend);
+  out->mutable_version_policy()->mutable_latest()->set_num_versions(1);
+  out->set_max_batch_size(c.max_batch_size);
+  for (const TensorConfig& t : c.inputs) {
+    inference::ModelInput* input = out->add_input();
+    SetTensor(input, t);
+    input->set_optional(t.optional);
+  }
+  for (const TensorConfig& t : c.outputs) SetTensor(out->add_output(), t);
+  inference::ModelDynamicBatching* batching = out->mutable_dynamic_batching();
+  for (int size : c.preferred_batch_sizes) batching->add_preferred_batch_size(size);
+  batching->set_max_queue_delay_microseconds(c.max_queue_delay_us);
+  for (const auto& [key, value] : c.parameters) (*out->mutable_parameters())[key].set_string_value(value);
+  return grpc::Status::OK;
 }
 
 std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const std::string& host, int port,

@@ -36,6 +36,10 @@ class KserveGrpc final : public inference::GRPCInferenceService::Service {
                                    inference::RepositoryModelLoadResponse*) override;
   grpc::Status RepositoryModelUnload(grpc::ServerContext*, const inference::RepositoryModelUnloadRequest*,
                                      inference::RepositoryModelUnloadResponse*) override;
+  grpc::Status ModelStatistics(grpc::ServerContext*, const inference::ModelStatisticsRequest*,
+                               inference::ModelStatisticsResponse*) override;
+  grpc::Status ModelConfig(grpc::ServerContext*, const inference::ModelConfigRequest*,
+                           inference::ModelConfigResponse*) override;
 
  private:
   grpc::Status Authorize(const grpc::ServerContext* context) const;

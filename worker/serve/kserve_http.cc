@@ -6,6 +6,7 @@
 
 #include "worker/serve/infer_codec.h"
 #include "worker/serve/kserve_json.h"
+#include "worker/serve/model_config.h"
 
 namespace trainyard {
 namespace {
@@ -20,6 +21,61 @@ HttpResponse JsonResponse(int status, const json& body) {
 }
 
 HttpResponse Error(int status, const std::string& message) { return JsonResponse(status, {{"error", message}}); }
+
+json DurationJson(const StatisticDuration& d) { return {{"count", d.count}, {"ns", d.ns}}; }
+
+json StatisticsJson(const VersionStatistics& s) {
+  const json zero = DurationJson({});
+  json batches = json::array();
+  for (const auto& [rows, infer] : s.batch_compute_infer)
+    batches.push_back({{"batch_size", rows},
+                       {"compute_input", zero},
+                       {"compute_infer", DurationJson(infer)},
+                       {"compute_output", zero}});
+  return {{"name", s.model},
+          {"version", std::to_string(s.version)},
+          {"last_inference", s.last_inference_ms},
+          {"inference_count", s.inference_count},
+          {"execution_count", s.execution_count},
+          {"inference_stats",
+           {{"success", DurationJson(s.success)},
+            {"fail", DurationJson(s.fail)},
+            {"queue", DurationJson(s.queue)},
+            {"compute_input", zero},
+            {"compute_infer", DurationJson(s.compute_infer)},
+            {"compute_output", zero},
+            {"cache_hit", zero},
+            {"cache_miss", zero}}},
+          {"batch_stats", batches}};
+}
+
+json TensorsJson(const std::vector<TensorConfig>& tensors, bool inputs) {
+  json out = json::array();
+  for (const TensorConfig& t : tensors) {
+    json entry = {{"name", t.name}, {"data_type", t.data_type}, {"dims", t.dims}};
+    if (t.scalar_per_row) entry["reshape"] = {{"shape", json::array()}};
+    if (inputs) entry["optional"] = t.optional;
+    out.push_back(entry);
+  }
+  return out;
+}
+
+// Triton's JSON form of ModelConfig (protobuf's JSON mapping, field names as in the
+// .proto).
+json ConfigJson(const ModelConfigView& c) {
+  json parameters = json::object();
+  for (const auto& [key, value] : c.parameters) parameters[key] = {{"string_value", value}};
+  return {{"name", c.name},
+          {"platform", c.platform},
+          {"backend", c.backend},
+          {"version_policy", {{"latest", {{"num_versions", 1}}}}},
+          {"max_batch_size", c.max_batch_size},
+          {"input", TensorsJson(c.inputs, true)},
+          {"output", TensorsJson(c.outputs, false)},
+          {"dynamic_batching",
+           {{"preferred_batch_size", c.preferred_batch_sizes}, {"max_queue_delay_microseconds", c.max_queue_delay_us}}},
+          {"parameters", parameters}};
+}
 
 HttpResponse AnswerResponse(const JsonAnswer& answer) {
   HttpResponse r;
@@ -40,7 +96,7 @@ bool KserveHttp::Authorized(const HttpRequest& request) const {
 
 HttpResponse KserveHttp::Handle(const HttpRequest& request, const std::function<bool()>& client_gone) {
   if (!Authorized(request)) return Error(401, "missing or wrong access token (Authorization: Bearer ...)");
-  static const std::regex kModelPath(R"(/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?)");
+  static const std::regex kModelPath(R"(/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer|/stats|/config)?)");
   static const std::regex kRepositoryPath(R"(/v2/repository/models/([^/]+)/(load|unload))");
   const std::string path = request.target.substr(0, request.target.find('?'));
   const bool get = request.method == "GET", post = request.method == "POST";
@@ -48,9 +104,8 @@ HttpResponse KserveHttp::Handle(const HttpRequest& request, const std::function<
   if (get && path == "/v2/health/live") return JsonResponse(core_->live() ? 200 : 503, json::object());
   if (get && path == "/v2/health/ready") return JsonResponse(core_->ready() ? 200 : 503, json::object());
   if (get && path == "/v2")
-    return JsonResponse(200, {{"name", kServerName},
-                              {"version", kServerVersion},
-                              {"extensions", {"binary_tensor_data", "model_repository"}}});
+    return JsonResponse(200, {{"name", kServerName}, {"version", kServerVersion}, {"extensions", kExtensions}});
+  if (get && path == "/v2/models/stats") return Statistics("", "");
   if (post && path == "/v2/repository/index") return Repository("", "index", request);
   if (post && std::regex_match(path, m, kRepositoryPath)) return Repository(m[1], m[2], request);
   if (std::regex_match(path, m, kModelPath)) {
@@ -58,6 +113,8 @@ HttpResponse KserveHttp::Handle(const HttpRequest& request, const std::function<
     if (get && action.empty()) return ModelMetadata(model, version);
     if (get && action == "/ready") return JsonResponse(core_->ModelReady(model, version) ? 200 : 400, json::object());
     if (post && action == "/infer") return Infer(model, version, request, client_gone);
+    if (get && action == "/stats") return Statistics(model, version);
+    if (get && action == "/config") return Config(model, version);
   }
   return Error(404, request.method + " " + path + ": no such endpoint");
 }
@@ -80,6 +137,24 @@ HttpResponse KserveHttp::ModelMetadata(const std::string& model, const std::stri
                             {"outputs",
                              {{{"name", "logits"}, {"datatype", "FP32"}, {"shape", {-1, labels}}},
                               {{"name", "label"}, {"datatype", "BYTES"}, {"shape", {-1}}}}}});
+}
+
+HttpResponse KserveHttp::Statistics(const std::string& model, const std::string& version) {
+  InferStatus status;
+  std::string message;
+  const std::vector<VersionStatistics> stats = core_->Statistics(model, version, &status, &message);
+  if (status != InferStatus::kOk) return Error(HttpStatus(status), message);
+  json list = json::array();
+  for (const VersionStatistics& s : stats) list.push_back(StatisticsJson(s));
+  return JsonResponse(200, {{"model_stats", list}});
+}
+
+HttpResponse KserveHttp::Config(const std::string& model, const std::string& version) {
+  InferStatus status;
+  std::string message;
+  auto meta = core_->Resolve(model, version, &status, &message);
+  if (!meta) return Error(HttpStatus(status) == 503 ? 400 : HttpStatus(status), message);
+  return JsonResponse(200, ConfigJson(DescribeModel(*meta, core_->spec())));
 }
 
 HttpResponse KserveHttp::Repository(const std::string& model, const std::string& action, const HttpRequest& request) {

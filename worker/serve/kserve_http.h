@@ -1,6 +1,7 @@
 // The Open Inference Protocol (KServe V2) over HTTP/1.1, with Triton's binary tensor
-// data and model repository extensions: the routes, the JSON forms and the binary
-// framing. The calls themselves go to ServerCore.
+// data, model repository, statistics (statistics.h) and model configuration
+// (model_config.h) extensions: the routes, the JSON forms and the binary framing. The
+// calls themselves go to ServerCore.
 //
 // Binary tensor data. A request whose JSON is followed by raw bytes says so with the
 // header Inference-Header-Content-Length (the JSON's length); each input with
@@ -13,6 +14,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/http/http_server.h"
 #include "worker/serve/server_core.h"
@@ -32,6 +34,8 @@ class KserveHttp {
                      const std::function<bool()>& client_gone);
   HttpResponse ModelMetadata(const std::string& model, const std::string& version);
   HttpResponse Repository(const std::string& model, const std::string& action, const HttpRequest& request);
+  HttpResponse Statistics(const std::string& model, const std::string& version);
+  HttpResponse Config(const std::string& model, const std::string& version);
   bool Authorized(const HttpRequest& request) const;
 
   ServerCore* core_;
@@ -40,5 +44,8 @@ class KserveHttp {
 // Server and model metadata as JSON, shared with the gRPC transport's answers.
 constexpr char kServerName[] = "trainyard";
 constexpr char kServerVersion[] = "0.1.0";
+// Triton's names for the extensions both transports speak.
+inline const std::vector<std::string> kExtensions = {"binary_tensor_data", "model_repository", "statistics",
+                                                     "model_configuration"};
 
 }  // namespace trainyard

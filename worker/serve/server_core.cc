@@ -372,6 +372,8 @@ void ServerCore::Record(const std::string& model, const std::string& version, In
                                             [&](const auto& v) { return std::to_string(v.first) == version; }));
   }
   Count(known ? model : std::string("<unknown>"), known ? version : std::string(), status);
+  // Refused before it was queued (bad input): no time of its own to report.
+  if (known && !version.empty() && status != InferStatus::kOk) statistics_.Failed(model, std::stoll(version), 0);
 }
 
 void ServerCore::Count(const std::string& model, const std::string& version, InferStatus status) {
@@ -381,10 +383,42 @@ void ServerCore::Count(const std::string& model, const std::string& version, Inf
 
 void ServerCore::Finished(const InferRequest& request, InferStatus status) {
   const std::string& model = request.meta().model;
-  Count(model, std::to_string(request.meta().version), status);
-  if (status == InferStatus::kOk)
-    metrics_.Observe("trainyard_serve_request_seconds", {{"model", model}},
-                     MsBetween(request.arrival(), ServeClock::now()) / 1000.0);
+  const int64_t version = request.meta().version;
+  Count(model, std::to_string(version), status);
+  const double total_ms = MsBetween(request.arrival(), ServeClock::now());
+  if (status != InferStatus::kOk) {
+    statistics_.Failed(model, version, total_ms);
+    return;
+  }
+  metrics_.Observe("trainyard_serve_request_seconds", {{"model", model}}, total_ms / 1000.0);
+  statistics_.Succeeded(model, version, int64_t(request.rows().size()), total_ms, request.queue_ms(),
+                        request.compute_ms());
+}
+
+std::vector<VersionStatistics> ServerCore::Statistics(const std::string& model, const std::string& version,
+                                                      InferStatus* status, std::string* message) const {
+  std::vector<std::pair<std::string, int64_t>> wanted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, slot] : models_) {
+      if (!model.empty() && name != model) continue;
+      for (const auto& entry : slot.versions)
+        if (version.empty() || std::to_string(entry.first) == version) wanted.emplace_back(name, entry.first);
+    }
+    if (!model.empty() && !models_.count(model)) {
+      *status = InferStatus::kNotFound, *message = "unknown model '" + model + "'";
+      return {};
+    }
+  }
+  if (wanted.empty() && !version.empty()) {
+    *status = InferStatus::kNotFound, *message = "model '" + model + "' has no version '" + version + "'";
+    return {};
+  }
+  std::vector<VersionStatistics> out;
+  out.reserve(wanted.size());
+  for (const auto& [name, number] : wanted) out.push_back(statistics_.Read(name, number));
+  *status = InferStatus::kOk;
+  return out;
 }
 
 // --- The dispatcher -------------------------------------------------------------------
@@ -518,6 +552,7 @@ void ServerCore::FinishBatch(const LinkReply& reply) {
     return;
   }
   const double compute_ms = reply.compute_ms;
+  statistics_.Executed(model, batch.meta->version, batch.rows, compute_ms);
   // The cost model: the time per queued token (a request's rows x its longest row, the
   // unit the queue is counted in; the padding a batch adds on top is part of the cost),
   // as the 90th percentile of the last batches, since the rate a CPU sustains moves with

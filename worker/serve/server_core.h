@@ -39,6 +39,7 @@
 #include "worker/serve/infer_request.h"
 #include "worker/serve/model_link.h"
 #include "worker/serve/model_repository.h"
+#include "worker/serve/statistics.h"
 
 namespace trainyard {
 
@@ -87,6 +88,12 @@ class ServerCore {
   // model "<unknown>"). REQUIRES: mutex_ not held.
   void Record(const std::string& model, const std::string& version, InferStatus status);
 
+  // Triton's statistics extension (statistics.h): every version the repository knows of
+  // `model` (of every model when `model` is empty), or only `version`. An unknown model
+  // or version returns nothing, with *status kNotFound and *message.
+  std::vector<VersionStatistics> Statistics(const std::string& model, const std::string& version, InferStatus* status,
+                                            std::string* message) const;
+
   const ServeSpec& spec() const { return spec_; }
   Metrics& metrics() { return metrics_; }
   // The metrics text, with the gauges (queue depth, memory) refreshed.
@@ -131,6 +138,7 @@ class ServerCore {
 
   const ServeSpec spec_;
   Metrics metrics_;
+  StatisticsBook statistics_;
   std::unique_ptr<ModelLink> link_;
 
   mutable std::mutex mutex_;
