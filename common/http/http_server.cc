@@ -52,6 +52,13 @@ HttpResponse Plain(int status, const std::string& message) {
   return r;
 }
 
+std::string FormatSeconds(double seconds) {
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text;
+}
+
 // A claim on the server-wide budget of request-body bytes, released when it goes.
 class BodyBudget {
  public:
@@ -73,6 +80,47 @@ class BodyBudget {
   std::atomic<size_t>* used_;
   size_t bytes_;
   bool granted_ = false;
+};
+
+// The connection's socket as Beast's SyncReadStream, with a deadline: each read first
+// waits for data no later than `deadline`, then fails with timed_out. Beast's sync
+// read_header/read loop on read_some, so the deadline bounds the whole request, however
+// slowly its bytes come.
+class DeadlineReader {
+ public:
+  explicit DeadlineReader(tcp::socket* socket) : socket_(socket) {}
+  void set_deadline(std::chrono::steady_clock::time_point deadline) { deadline_ = deadline; }
+
+  template <typename Buffers>
+  size_t read_some(const Buffers& buffers, beast::error_code& error) {
+    if (!WaitReadable()) {
+      error = asio::error::timed_out;
+      return 0;
+    }
+    return socket_->read_some(buffers, error);
+  }
+  template <typename Buffers>
+  size_t read_some(const Buffers& buffers) {
+    beast::error_code error;
+    const size_t n = read_some(buffers, error);
+    if (error) throw beast::system_error(error);
+    return n;
+  }
+
+ private:
+  bool WaitReadable() const {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{socket_->native_handle(), POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (ready != 0 && !(ready < 0 && errno == EINTR)) return true;  // data, hang-up or error: the read says
+    }
+  }
+
+  tcp::socket* socket_;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace
@@ -105,6 +153,7 @@ HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
       body_limit_setting_(options.body_limit_setting),
       log_name_(options.log_name),
       idle_timeout_s_(options.idle_timeout_s),
+      request_timeout_s_(options.request_timeout_s),
       handler_(std::move(handler)) {
   const std::string& host = options.host;
   const int port = options.port;
@@ -178,13 +227,16 @@ void HttpServer::Serve(int fd) {
   beast::error_code error;
   socket.assign(tcp::v4(), fd, error);
   beast::flat_buffer buffer;
+  DeadlineReader reader(&socket);
   const std::function<bool()> client_gone = [fd] { return PeerHungUp(fd); };
   while (!stopping_ && !error) {
     if (buffer.size() == 0 && !AwaitRequest(fd)) break;  // bytes already buffered: a pipelined request
     http::request_parser<http::string_body> parser;
     parser.body_limit(max_body_bytes_);
     parser.header_limit(64 * 1024);
-    http::read_header(socket, buffer, parser, error);
+    reader.set_deadline(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                               std::chrono::duration<double>(request_timeout_s_)));
+    http::read_header(reader, buffer, parser, error);
     if (error == http::error::end_of_stream || error == asio::error::eof || error == asio::error::connection_reset)
       break;
     // The body's bytes count against the server-wide budget before they are read.
@@ -199,8 +251,11 @@ void HttpServer::Serve(int fd) {
                                 std::to_string(max_buffered_bytes_ >> 20) + " MiB budget; retry");
       drain = true;
     } else {
-      if (!error) http::read(socket, buffer, parser, error);
-      if (error == http::error::body_limit) {
+      if (!error) http::read(reader, buffer, parser, error);
+      if (error == asio::error::timed_out) {  // headers or body; the rest is never read
+        response = Plain(408, "request not received whole within " + FormatSeconds(request_timeout_s_) + " s");
+        drain = true;
+      } else if (error == http::error::body_limit) {
         response = Plain(400, "request body: larger than " +
                                   (body_limit_setting_.empty() ? "the limit" : body_limit_setting_) + " (" +
                                   std::to_string(max_body_bytes_ >> 20) + " MiB)");

@@ -47,6 +47,10 @@ struct HttpServerOptions {
   // A connection with no request for this long is closed (keep-alive idle timeout):
   // with a thread per connection, idle clients must not hold the slots forever.
   double idle_timeout_s = 60;
+  // A request must arrive whole (headers and body) this long after its first bytes, or
+  // it gets 408 and the connection is closed: a client trickling bytes (slowloris) must
+  // not hold a connection thread either.
+  double request_timeout_s = 30;
 };
 
 class HttpServer {
@@ -84,7 +88,7 @@ class HttpServer {
   int port_ = 0;
   size_t max_body_bytes_, max_buffered_bytes_, max_connections_;
   std::string body_limit_setting_, log_name_;
-  double idle_timeout_s_;
+  double idle_timeout_s_, request_timeout_s_;
   std::atomic<size_t> buffered_bytes_{0};
   Handler handler_;
   std::atomic<bool> stopping_{false};

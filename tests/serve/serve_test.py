@@ -10,6 +10,7 @@ import argparse
 import http.client
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -492,7 +493,8 @@ def bad_input(worker, work):
     """Each bad input gets 400 (gRPC INVALID_ARGUMENT) naming the field; the server stays up."""
     repo = os.path.join(work, "repo")
     hf_version(os.path.join(repo, "langid", "1"), seed=1, positions=32)
-    server = Server(worker, work, repo, "  max_body_mb: 1\n  truncate: false\n  keep_alive_s: 1\n")
+    server = Server(worker, work, repo,
+                    "  max_body_mb: 1\n  truncate: false\n  keep_alive_s: 1\n  request_timeout_s: 2\n")
     port = server.ep["http_port"]
     good = json.loads(infer_body(["hello"]))
     binary_text = b"\x05\x00\x00\x00hello"
@@ -554,6 +556,7 @@ def bad_input(worker, work):
         names = {s.labels.get("model") for s in m["trainyard_serve_requests"].samples}
         ok &= check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
         ok &= idle_connections_are_closed(port)
+        ok &= slow_senders_are_cut_off(port)
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly")
     return ok
@@ -575,6 +578,53 @@ def idle_connections_are_closed(port):
     ok &= check(second == 200, f"a second request within keep_alive_s is served on the connection ({second})")
     silent.close()
     connection.close()
+    return ok
+
+
+def slow_senders_are_cut_off(port):
+    """serve.request_timeout_s is 2 here: a client trickling its headers a byte at a time
+    (slowloris), and one that never finishes its body, each get 408 and a closed
+    connection about 2 s after their first byte, while another client is served."""
+    def trickle(first, rest, gap):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(first)
+        start = time.time()
+        answer = b""
+        for byte in rest:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(gap)
+            readable, _, _ = select.select([s], [], [], 0)
+            if readable:
+                break
+        s.settimeout(10)
+        try:
+            while chunk := s.recv(4096):
+                answer += chunk
+        except OSError:
+            pass
+        s.close()
+        return answer, time.time() - start
+
+    header = b"POST /v2/models/langid/infer HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    results = {}
+    threads = [threading.Thread(target=lambda: results.__setitem__("headers", trickle(header[:5], header[5:], 0.05))),
+               threading.Thread(target=lambda: results.__setitem__("body", trickle(
+                   b"POST /v2/models/langid/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{",
+                   b" " * 500, 0.05)))]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    served, _ = raw_http(port, "GET", "/v2/health/live")
+    for t in threads:
+        t.join()
+    ok = check(served == 200, "another client is served meanwhile")
+    for name, (answer, seconds) in results.items():
+        status_line = answer.split(b"\r\n", 1)[0].decode() or "nothing"
+        ok &= check(answer.startswith(b"HTTP/1.1 408") and 1.8 <= seconds <= 4,
+                    f"slow {name}: {status_line} after {seconds:.1f} s, then closed")
     return ok
 
 

@@ -48,10 +48,12 @@ int Serve(const Options& o) {
   trainyard::ServerCore core(spec.serve, o.link);
   trainyard::KserveHttp kserve(&core);
   trainyard::HttpServer http(
-      {host, spec.serve.http_port, max_body, kMaxConnections, "serve.max_body_mb", "serve", spec.serve.keep_alive_s},
+      {host, spec.serve.http_port, max_body, kMaxConnections, "serve.max_body_mb", "serve", spec.serve.keep_alive_s,
+       spec.serve.request_timeout_s},
       [&](const trainyard::HttpRequest& r, const std::function<bool()>& gone) { return kserve.Handle(r, gone); });
   trainyard::HttpServer metrics(
-      {host, spec.serve.metrics_port, 1 << 16, 64, "", "serve metrics", spec.serve.keep_alive_s},
+      {host, spec.serve.metrics_port, 1 << 16, 64, "", "serve metrics", spec.serve.keep_alive_s,
+       spec.serve.request_timeout_s},
       [&](const trainyard::HttpRequest& r, const std::function<bool()>&) { return kserve.HandleMetrics(r); });
   trainyard::KserveGrpc grpc_service(&core);
   int grpc_port = 0;
