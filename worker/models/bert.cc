@@ -52,6 +52,8 @@ BertConfig BertConfig::FromJson(const nlohmann::json& j, BertConfig c) {
     IntField(j, "eos_token_id", 0, kMaxVocab, &c.eos_token_id);
   NumberField(j, "hidden_dropout_prob", 0.0, 1.0, false, &c.hidden_dropout_prob);
   NumberField(j, "attention_probs_dropout_prob", 0.0, 1.0, false, &c.attention_probs_dropout_prob);
+  if (j.contains("classifier_dropout") && !j["classifier_dropout"].is_null())
+    NumberField(j, "classifier_dropout", 0.0, 1.0, false, &c.classifier_dropout);
   NumberField(j, "layer_norm_eps", 1e-30, 1.0, true, &c.layer_norm_eps);
   if (j.contains("hidden_act") && j["hidden_act"] != "gelu") ConfigFail("hidden_act", "must be 'gelu'");
   if (j.contains("position_embedding_type") && j["position_embedding_type"] != "absolute")
@@ -76,6 +78,7 @@ nlohmann::json BertConfig::ToJson() const {
                       {"layer_norm_eps", layer_norm_eps},
                       {"pad_token_id", pad_token_id},
                       {"position_embedding_type", "absolute"}};
+  j["classifier_dropout"] = classifier_dropout >= 0 ? nlohmann::json(classifier_dropout) : nlohmann::json(nullptr);
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
   PutLabels(labels, &j);
@@ -160,7 +163,7 @@ BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig 
   const BertConfig& c = config_;
   bert_ = register_module("bert", BertEncoder(c, PositionIds::kFromZero, /*with_pooler=*/true));
   classifier_ = register_module("classifier", AdaptableLinear(c.hidden_size, c.num_labels()));
-  dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
+  dropout_ = register_module("dropout", Dropout(c.ClassifierDropout()));
   info_ = {ModelFamily::kBert, ModelTask::kSequenceClassification,
            c.vocab_size,       bert_->max_sequence(),
            c.pad_token_id,     c.labels};

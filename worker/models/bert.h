@@ -27,6 +27,7 @@ struct BertConfig {
   int64_t bos_token_id = -1, eos_token_id = -1;  // RoBERTa's <s> and </s>; BERT has none
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
+  double classifier_dropout = -1;  // the classification head's; HF's null (< 0 here): hidden_dropout_prob
   double layer_norm_eps = 1e-12;
   std::vector<std::string> labels;  // id2label; its size is num_labels
 
@@ -40,6 +41,7 @@ struct BertConfig {
   // The fields both families write; the caller adds model_type and architectures.
   nlohmann::json ToJson() const;
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
+  double ClassifierDropout() const { return classifier_dropout >= 0 ? classifier_dropout : hidden_dropout_prob; }
 };
 
 // tiny: 2 layers x 128, mini: 4 x 256, base: bert-base (12 x 768), as config.json.

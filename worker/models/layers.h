@@ -30,6 +30,7 @@ class DropoutImpl : public torch::nn::Module {
  public:
   explicit DropoutImpl(double p) : p_(p) {}
   torch::Tensor forward(const torch::Tensor& x) { return ApplyDropout(x, p_, is_training()); }
+  double p() const { return p_; }
 
  private:
   double p_;

@@ -27,7 +27,7 @@ RobertaForSequenceClassificationImpl::RobertaForSequenceClassificationImpl(BertC
   auto classifier = Node(*this, "classifier");
   dense_ = classifier->register_module("dense", AdaptableLinear(c.hidden_size, c.hidden_size));
   out_proj_ = classifier->register_module("out_proj", AdaptableLinear(c.hidden_size, c.num_labels()));
-  dropout_ = register_module("dropout", Dropout(c.hidden_dropout_prob));
+  dropout_ = register_module("dropout", Dropout(c.ClassifierDropout()));
   info_ = {ModelFamily::kRoberta, ModelTask::kSequenceClassification,
            c.vocab_size,          roberta_->max_sequence(),
            c.pad_token_id,        c.labels};

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "worker/models/model.h"
+
 namespace trainyard {
 namespace {
 
@@ -49,6 +51,33 @@ TEST(MultiHeadAttention, DropoutPathEqualsSdpaWhenNothingIsDropped) {
     torch::Tensor reference = MultiHeadAttention(q, k, v, 4, keep, 0.0, causal);
     torch::Tensor manual = MultiHeadAttention(q, k, v, 4, keep, 1e-12, causal) * (1.0 - 1e-12);
     EXPECT_TRUE(manual.allclose(reference, 1e-5, 1e-6)) << "causal " << causal;
+  }
+}
+
+// HF's BERT and RoBERTa heads drop with config.classifier_dropout when it is set, else
+// with hidden_dropout_prob; a job's dropout setting covers it too.
+double HeadDropout(const nlohmann::json& config) {
+  Model model = CreateModel(config, ModelTask::kSequenceClassification);
+  return model->named_modules()["dropout"]->as<DropoutImpl>()->p();
+}
+
+TEST(ClassifierDropout, IsHfsClassifierDropoutElseTheHiddenOne) {
+  PresetArgs args;
+  args.vocab_size = 100;
+  args.labels = {"a", "b"};
+  for (ModelFamily family : {ModelFamily::kBert, ModelFamily::kRoberta}) {
+    nlohmann::json config = PresetConfig(family, ModelTask::kSequenceClassification, "tiny", args);
+    config["hidden_dropout_prob"] = 0.1;
+    config["classifier_dropout"] = nullptr;
+    EXPECT_DOUBLE_EQ(HeadDropout(config), 0.1) << FamilyName(family);
+    config["classifier_dropout"] = 0.3;
+    EXPECT_DOUBLE_EQ(HeadDropout(config), 0.3) << FamilyName(family);
+    Model model = CreateModel(config, ModelTask::kSequenceClassification);
+    EXPECT_DOUBLE_EQ(model->HfConfig()["classifier_dropout"].get<double>(), 0.3) << "written back";
+    SetDropout(&config, 0.0);
+    EXPECT_DOUBLE_EQ(HeadDropout(config), 0.0) << "a job's dropout: 0 turns the head's off too";
+    config["classifier_dropout"] = 1.5;
+    EXPECT_THROW(CreateModel(config, ModelTask::kSequenceClassification), std::runtime_error);
   }
 }
 
