@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <vector>
 
@@ -379,7 +380,18 @@ void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
   r.ReadDouble(l, "alpha", "model.lora", &out.alpha, 1e-6, 1e6);
   r.ReadDouble(l, "dropout", "model.lora", &out.dropout, 0.0, 0.9);
   auto name = [&](const YAML::Node& item, const std::string&) { return item.Scalar(); };
-  r.ReadList(l, "target_modules", "model.lora", &out.target_modules, name);
+  if (l["target_modules"].IsScalar()) {  // PEFT's string form: the whole module name matches it as a regex
+    out.target_regex = l["target_modules"].Scalar();
+    try {
+      std::regex check(out.target_regex, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      r.Fail(l["target_modules"], "model.lora.target_modules",
+             "expected a list of module names or a regex string: '" + out.target_regex + "' is not a regex (" +
+                 e.what() + ")");
+    }
+  } else {
+    r.ReadList(l, "target_modules", "model.lora", &out.target_modules, name);
+  }
   r.ReadList(l, "modules_to_save", "model.lora", &out.modules_to_save, name);
   r.ReadBool(l, "use_rslora", "model.lora", &out.use_rslora);
   r.ReadBool(l, "merge", "model.lora", &out.merge);

@@ -59,7 +59,8 @@ struct LoraSpec {
   bool enabled = false;  // the section is present
   int r = 8;
   double alpha = 8.0, dropout = 0.0;
-  std::vector<std::string> target_modules;   // empty: the family's PEFT default
+  std::vector<std::string> target_modules;   // empty (and no target_regex): the family's PEFT default
+  std::string target_regex;                  // target_modules written as one string: a regex (PEFT's form)
   std::vector<std::string> modules_to_save;  // trained in full, besides a classifier's head
   bool use_rslora = false;                   // scaling alpha / sqrt(r) instead of alpha / r
   bool merge = false;                        // also write runs/<name>/model/ with the adapters merged in

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """LoRA parity with PEFT (peft 0.21), for one case:
   roberta     RobertaForSequenceClassification, PEFT's default targets (query, value), SEQ_CLS
-  distilbert  DistilBertForSequenceClassification, targets q_lin, v_lin (PEFT has no default)
+  distilbert  DistilBertForSequenceClassification, targets q_lin and v_lin as PEFT's regex
+              string form (PEFT has no default): each side reads the other's
   gpt2        GPT2LMHeadModel, c_attn (Conv1D, fan_in_fan_out), rsLoRA
 Checked:
   - step parity: the same base weights and PEFT's initial adapter, the same batches, 20
@@ -42,7 +43,7 @@ def base_model(case):
                                   max_position_embeddings=40, num_labels=3, dropout=0.0, attention_dropout=0.0,
                                   seq_classif_dropout=0.0)
         return DistilBertForSequenceClassification(config), dict(task_type="SEQ_CLS", r=4, lora_alpha=8,
-                                                                  target_modules=["q_lin", "v_lin"])
+                                                                  target_modules=r".*\.(q_lin|v_lin)")
     config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=40, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
     return GPT2LMHeadModel(config), dict(task_type="CAUSAL_LM", r=4, lora_alpha=16, target_modules=["c_attn"],

@@ -183,11 +183,12 @@ LoraOptions LoraOptionsOf(const JobSpec& spec) {
       throw InputError(spec.Where("model.lora.adapter") + ": " + e.what());
     }
   }
-  return LoraOptions{l.r, l.alpha, l.dropout, l.target_modules, l.modules_to_save, l.use_rslora};
+  return LoraOptions{l.r, l.alpha, l.dropout, l.target_modules, l.target_regex, l.modules_to_save, l.use_rslora};
 }
 
 void AttachLora(const JobSpec& spec, ModelImpl& model, LoraSummary* out) {
-  const std::string at = spec.model.lora.target_modules.empty() ? "model.lora" : "model.lora.target_modules";
+  const bool named = !spec.model.lora.target_modules.empty() || !spec.model.lora.target_regex.empty();
+  const std::string at = named ? "model.lora.target_modules" : "model.lora";
   LoraSummary summary;
   try {
     summary = ApplyLora(model, LoraOptionsOf(spec));

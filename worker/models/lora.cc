@@ -3,6 +3,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <regex>
 #include <stdexcept>
 
 #include "common/atomic_file.h"
@@ -19,7 +21,8 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool IsTarget(const std::string& name, const std::vector<std::string>& targets) {
+bool IsTarget(const std::string& name, const std::vector<std::string>& targets, const std::regex* pattern) {
+  if (pattern) return std::regex_match(name, *pattern);
   for (const auto& t : targets)
     if (name == t || EndsWith(name, "." + t)) return true;
   return false;
@@ -50,6 +53,19 @@ std::string Join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
   return out;
+}
+
+std::string TargetsText(const LoraOptions& o) {
+  return o.target_regex.empty() ? "[" + Join(o.target_modules) + "]" : "'" + o.target_regex + "'";
+}
+
+// PEFT's string form of target_modules. Throws std::runtime_error naming the problem.
+std::regex CompileTargetRegex(const std::string& text) {
+  try {
+    return std::regex(text, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw std::runtime_error("field 'target_modules': '" + text + "' is not a regex: " + e.what());
+  }
 }
 
 // The last component of every adaptable layer's name (for the error message).
@@ -97,7 +113,9 @@ std::vector<std::string> DefaultLoraTargets(ModelFamily family) {
 
 LoraSummary ApplyLora(ModelImpl& model, LoraOptions o) {
   const ModelInfo& info = model.info();
-  if (o.target_modules.empty()) o.target_modules = DefaultLoraTargets(info.family);
+  if (o.target_modules.empty() && o.target_regex.empty()) o.target_modules = DefaultLoraTargets(info.family);
+  std::optional<std::regex> pattern;
+  if (!o.target_regex.empty()) pattern.emplace(CompileTargetRegex(o.target_regex));
   if (info.task == ModelTask::kSequenceClassification)
     for (const char* head : {"classifier", "score"})
       if (std::find(o.modules_to_save.begin(), o.modules_to_save.end(), head) == o.modules_to_save.end())
@@ -108,13 +126,13 @@ LoraSummary ApplyLora(ModelImpl& model, LoraOptions o) {
   for (const auto& p : model.parameters()) summary.total += p.numel();
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
-    if (!IsTarget(name, o.target_modules) || InsideSaved(name, o.modules_to_save)) continue;
+    if (!IsTarget(name, o.target_modules, pattern ? &*pattern : nullptr) || InsideSaved(name, o.modules_to_save))
+      continue;
     if (AttachTo(*item.value(), o, scaling)) summary.adapted.push_back(name);
   }
   if (summary.adapted.empty())
-    throw std::invalid_argument("target_modules [" + Join(o.target_modules) +
-                                "] match no Linear/Conv1D layer of this " + FamilyName(info.family) +
-                                " model (its layers: " + Join(AdaptableNames(model)) + ")");
+    throw std::invalid_argument("target_modules " + TargetsText(o) + " match no Linear/Conv1D layer of this " +
+                                FamilyName(info.family) + " model (its layers: " + Join(AdaptableNames(model)) + ")");
   FreezeAllBut(model, o.modules_to_save);
   for (const auto& item : model.named_modules("", false))
     for (const auto& m : o.modules_to_save)
@@ -138,8 +156,14 @@ LoraOptions ReadAdapterConfig(const std::string& folder) {
     o.dropout = j.value("lora_dropout", 0.0);
     o.use_rslora = j.value("use_rslora", false);
     const nlohmann::json& targets = Field(j, "target_modules", path);
-    if (!targets.is_array()) throw std::runtime_error("field 'target_modules': only a list of names is supported");
-    o.target_modules = targets.get<std::vector<std::string>>();
+    if (targets.is_string()) {
+      o.target_regex = targets.get<std::string>();
+      CompileTargetRegex(o.target_regex);
+    } else if (targets.is_array()) {
+      o.target_modules = targets.get<std::vector<std::string>>();
+    } else {
+      throw std::runtime_error("field 'target_modules': expected a list of names or a regex string");
+    }
     if (j.contains("modules_to_save") && !j["modules_to_save"].is_null())
       o.modules_to_save = j["modules_to_save"].get<std::vector<std::string>>();
     if (j.value("bias", std::string("none")) != "none") throw std::runtime_error("field 'bias': only \"none\"");
@@ -186,7 +210,7 @@ void SaveAdapter(const std::string& folder, ModelImpl& model, const LoraOptions&
       {"r", o.r},
       {"lora_alpha", o.alpha},
       {"lora_dropout", o.dropout},
-      {"target_modules", o.target_modules},
+      {"target_modules", o.target_regex.empty() ? nlohmann::json(o.target_modules) : nlohmann::json(o.target_regex)},
       {"modules_to_save", o.modules_to_save.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.modules_to_save)},
       {"fan_in_fan_out", info.family == ModelFamily::kGpt2},  // Conv1D weights are [in, out]
       {"bias", "none"},

@@ -4,7 +4,10 @@
 // target_modules names, freezes every other parameter except those of modules_to_save,
 // and so leaves requires_grad set on exactly what is trained: the optimizer, the
 // gradient all-reduce and training checkpoints take only those. Matching follows PEFT:
-//   - a target matches a module whose dotted name equals it or ends with "." + it;
+//   - a target matches a module whose dotted name equals it or ends with "." + it; or,
+//     where target_modules is one string (target_regex), a module whose whole dotted
+//     name matches it as a regex (std::regex's ECMAScript grammar, which agrees with
+//     Python's re on the usual alternations, classes and repeats);
 //   - a module inside a modules_to_save module (a path component equal to the name) is
 //     never a target;
 //   - modules_to_save matches a module whose name ends with the string (plain suffix);
@@ -29,7 +32,8 @@ struct LoraOptions {
   int64_t r = 8;
   double alpha = 8.0;
   double dropout = 0.0;
-  std::vector<std::string> target_modules;   // empty: the family's PEFT default
+  std::vector<std::string> target_modules;   // empty (and no target_regex): the family's PEFT default
+  std::string target_regex;                  // instead of target_modules: PEFT's string form
   std::vector<std::string> modules_to_save;  // besides a classifier's head
   bool use_rslora = false;
 };

@@ -235,6 +235,15 @@ TEST_F(JobSpecTest, LoraSectionIsParsedWithPeftDefaults) {
   EXPECT_EQ(spec.model.lora.target_modules, (std::vector<std::string>{"query", "value"}));
   EXPECT_TRUE(spec.model.lora.merge);
   EXPECT_TRUE(Parse(Valid() + "model:\n  lora:\n").model.lora.enabled);
+  // PEFT's string form: a regex the whole module name must match.
+  const JobSpec regex = Parse(Valid() + "model:\n  lora:\n    target_modules: '.*\\.(query|value)'\n");
+  EXPECT_EQ(regex.model.lora.target_regex, ".*\\.(query|value)");
+  EXPECT_TRUE(regex.model.lora.target_modules.empty());
+  EXPECT_NE(
+      ErrorOf(Valid() + "model:\n  lora:\n    target_modules: 'attn.(q'\n")
+          .find(
+              "model.lora.target_modules: expected a list of module names or a regex string: 'attn.(q' is not a regex"),
+      std::string::npos);
   EXPECT_FALSE(Parse(Valid()).model.lora.enabled);
   EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {rank: 4}\n").find("model.lora"), std::string::npos);
   EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {r: 0}\n").find("model.lora.r: expected an integer in [1, 65536]"),
