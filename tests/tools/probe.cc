@@ -12,12 +12,19 @@
 //   ty_probe resave SRC_DIR DST_DIR          load an HF folder into our model, save it again
 //   ty_probe torchscript MODEL.pt INPUTS.json stdout: JSON logits of a TorchScript module
 //   ty_probe aoti PACKAGE.pt2 INPUTS.json     stdout: JSON logits of an AOTInductor package
+//   ty_probe gemv [--threads N] [--rows 1,2,4,8,16]
+//                                            stdout: JSON ms of one pass over GPT-2-small's
+//                                            block weights (12 layers, 340 MB, more than any
+//                                            cache), RowsTimesWeight against at::addmm
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "data/text_dataset.h"
@@ -27,6 +34,7 @@
 #include "worker/jobs/cuda_graph.h"
 #endif
 #include "worker/models/aoti_package.h"
+#include "worker/models/gemv.h"
 #include "worker/models/generation.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
@@ -289,6 +297,50 @@ int Merge(int argc, char** argv) {
   return 0;
 }
 
+// The median ms of `repeats` passes of f.
+template <typename F>
+double MedianMs(int repeats, F&& f) {
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int Gemv(int argc, char** argv) {
+  at::set_num_threads(std::stoi(Option(argc, argv, 2, "--threads", "2")));
+  std::vector<int64_t> row_counts;
+  std::stringstream rows_list(Option(argc, argv, 2, "--rows", "1,2,4,8,16"));
+  for (std::string item; std::getline(rows_list, item, ',');) row_counts.push_back(std::stoll(item));
+  // GPT-2 small's Conv1D weights, [in, out]: c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
+  std::vector<torch::Tensor> weights, biases;
+  for (int layer = 0; layer < 12; ++layer)
+    for (const auto& [in, out] : shapes) {
+      weights.push_back(torch::randn({in, out}) * 0.02);
+      biases.push_back(torch::zeros({out}));
+    }
+  torch::InferenceMode inference;
+  nlohmann::json report = nlohmann::json::array();
+  for (const int64_t rows : row_counts) {
+    torch::Tensor narrow = torch::randn({rows, 768}), wide = torch::randn({rows, 3072});
+    auto pass = [&](bool ours) {
+      for (size_t i = 0; i < weights.size(); ++i) {
+        const torch::Tensor& x = weights[i].size(0) == 768 ? narrow : wide;
+        ours ? RowsTimesWeight(x, weights[i], biases[i]) : torch::addmm(biases[i], x, weights[i]);
+      }
+    };
+    pass(true), pass(false);  // first touches
+    const double ours = MedianMs(9, [&] { pass(true); }), addmm = MedianMs(9, [&] { pass(false); });
+    report.push_back({{"rows", rows}, {"ours_ms", ours}, {"addmm_ms", addmm}});
+  }
+  std::cout << report.dump() << "\n";
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
   Model model = LoadModel(argv[2], torch::kCPU);
@@ -312,10 +364,12 @@ int main(int argc, char** argv) {
     if (command == "merge") return trainyard::Merge(argc, argv);
     if (command == "torchscript") return trainyard::TorchScript(argc, argv);
     if (command == "aoti") return trainyard::Aoti(argc, argv);
+    if (command == "gemv") return trainyard::Gemv(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti ...\n";
+  std::cerr
+      << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|gemv ...\n";
   return 2;
 }

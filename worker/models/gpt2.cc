@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "worker/models/config_fields.h"
+#include "worker/models/gemv.h"
 
 namespace trainyard {
 namespace {
@@ -182,7 +183,8 @@ torch::Tensor Gpt2LMHeadModelImpl::Step(const torch::Tensor& ids, const torch::T
                                         const torch::Tensor& key_keep, KvCache& cache, bool last_only) {
   torch::Tensor hidden = transformer_->Step(ids, positions, key_keep, cache);
   if (last_only) hidden = hidden.narrow(1, hidden.size(1) - 1, 1);
-  return torch::matmul(hidden, transformer_->token_embedding().t());
+  const torch::Tensor& wte = transformer_->token_embedding();
+  return RowProductApplies(hidden, wte) ? RowsTimesWeightT(hidden, wte, {}) : torch::matmul(hidden, wte.t());
 }
 
 KvCache Gpt2LMHeadModelImpl::NewCache(int64_t batch, int64_t capacity, torch::ScalarType dtype) const {

@@ -3,12 +3,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "worker/models/gemv.h"
+#include "worker/models/parallel_slices.h"
 #include "worker/models/quantize.h"
 
 namespace trainyard {
@@ -46,8 +49,10 @@ torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training) {
   float* out = mask.data_ptr<float>();
   const auto threshold = static_cast<uint32_t>(p * 4294967296.0);
   const auto keep = static_cast<float>(1.0 / (1.0 - p));
-  at::parallel_for(0, mask.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
+  const int64_t count = mask.numel();
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count >> 14));
+  ParallelSlices(slices, int(slices), [&](int64_t s) {
+    for (int64_t i = count * s / slices, end = count * (s + 1) / slices; i < end; ++i)
       out[i] = static_cast<uint32_t>(Mix(seed + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 32) >= threshold ? keep : 0.0f;
   });
   return x * mask;
@@ -179,7 +184,13 @@ AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_featur
     : torch::nn::LinearImpl(torch::nn::LinearOptions(in_features, out_features).bias(with_bias)) {}
 
 torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = int8_weight.isNone() ? torch::nn::LinearImpl::forward(x) : Int8Linear(x, int8_weight);
+  torch::Tensor y;
+  if (!int8_weight.isNone())
+    y = Int8Linear(x, int8_weight);
+  else if (RowProductApplies(x, weight))
+    y = RowsTimesWeightT(x, weight, bias);
+  else
+    y = torch::nn::LinearImpl::forward(x);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
 }
 
@@ -191,8 +202,13 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(1);
-  torch::Tensor y = int8_weight.isNone() ? torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes)
-                                         : Int8Linear(x, int8_weight);
+  torch::Tensor y;
+  if (!int8_weight.isNone())
+    y = Int8Linear(x, int8_weight);
+  else if (RowProductApplies(x, weight))
+    y = RowsTimesWeight(x, weight, bias);
+  else
+    y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
 }
 
@@ -207,6 +223,8 @@ bool PlainLinear(const AdaptableLinear& linear) {
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x) {
   if (!PlainLinear(query) || !PlainLinear(key) || !PlainLinear(value))
     return torch::cat({query(x), key(x), value(x)}, -1);
+  // A few rows: three streaming products, rather than copying all three weights into one.
+  if (RowProductApplies(x, query->weight)) return torch::cat({query(x), key(x), value(x)}, -1);
   return torch::linear(x, torch::cat({query->weight, key->weight, value->weight}),
                        torch::cat({query->bias, key->bias, value->bias}));
 }
