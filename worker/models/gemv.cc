@@ -1,6 +1,7 @@
 #include "worker/models/gemv.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <algorithm>
@@ -29,7 +30,8 @@ bool RowProductApplies(const torch::Tensor& x, const torch::Tensor& weight) {
     return false;
   if (x.numel() / x.size(-1) > kMaxRowProductRows) return false;
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
-  return !torch::jit::tracer::isTracing();  // a trace must record ATen ops
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;  // autocast would run the product in bf16
+  return !torch::jit::tracer::isTracing();                        // a trace must record ATen ops
 }
 
 torch::Tensor RowsTimesWeight(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {

@@ -21,8 +21,9 @@ namespace trainyard {
 inline constexpr int64_t kMaxRowProductRows = 16;
 
 // True when x times `weight` may go through the kernels below: x and weight fp32 on
-// the CPU, weight contiguous and 2-D, at most kMaxRowProductRows rows of x, and no
-// gradient wanted (autograd does not see these kernels).
+// the CPU, weight contiguous and 2-D, at most kMaxRowProductRows rows of x, no gradient
+// wanted (autograd does not see these kernels) and no CPU autocast (which would run the
+// product in bf16).
 bool RowProductApplies(const torch::Tensor& x, const torch::Tensor& weight);
 
 // x @ weight + bias for a weight stored [K, N] (GPT-2's Conv1D layout). bias may be

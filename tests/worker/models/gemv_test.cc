@@ -1,6 +1,7 @@
 #include "worker/models/gemv.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -67,6 +68,9 @@ TEST(RowProduct, AppliesOnlyWhereTheKernelsAreRight) {
     EXPECT_FALSE(RowProductApplies(x.to(torch::kDouble), w.to(torch::kDouble)));
     EXPECT_FALSE(RowProductApplies(x, w.t()));  // not contiguous
     EXPECT_FALSE(RowProductApplies(x.to(torch::kBFloat16), w.to(torch::kBFloat16)));
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    EXPECT_FALSE(RowProductApplies(x, w));
+    at::autocast::set_autocast_enabled(at::kCPU, false);
   }
   torch::Tensor trained = w.clone().requires_grad_(true);
   EXPECT_FALSE(RowProductApplies(x, trained));  // autograd must see the product
