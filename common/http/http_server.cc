@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -82,6 +83,19 @@ class BodyBudget {
   bool granted_ = false;
 };
 
+// Waits until fd is ready for `events` or has hung up or failed (true), or until
+// `deadline` passes (false).
+bool WaitReady(int fd, short events, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (ready != 0 && !(ready < 0 && errno == EINTR)) return true;  // ready, hang-up or error: the call says
+  }
+}
+
 // The connection's socket as Beast's SyncReadStream, with a deadline: each read first
 // waits for data no later than `deadline`, then fails with timed_out. Beast's sync
 // read_header/read loop on read_some, so the deadline bounds the whole request, however
@@ -93,7 +107,7 @@ class DeadlineReader {
 
   template <typename Buffers>
   size_t read_some(const Buffers& buffers, beast::error_code& error) {
-    if (!WaitReadable()) {
+    if (!WaitReady(socket_->native_handle(), POLLIN, deadline_)) {
       error = asio::error::timed_out;
       return 0;
     }
@@ -108,19 +122,63 @@ class DeadlineReader {
   }
 
  private:
-  bool WaitReadable() const {
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return false;
-      pollfd p{socket_->native_handle(), POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-      if (ready != 0 && !(ready < 0 && errno == EINTR)) return true;  // data, hang-up or error: the read says
-    }
-  }
-
   tcp::socket* socket_;
   std::chrono::steady_clock::time_point deadline_;
+};
+
+// The connection's socket as Beast's SyncWriteStream, with a stall limit: each write
+// waits at most `stall` for room in the socket's buffer and then sends what fits without
+// blocking, so a client that stops reading its responses cannot hold a connection thread
+// for longer, while one that reads slowly but steadily gets its whole response. (A
+// blocking send would wait forever; SO_SNDTIMEO does not help, since Asio's sync send
+// polls again on EAGAIN.)
+class DeadlineWriter {
+ public:
+  DeadlineWriter(int fd, std::chrono::steady_clock::duration stall) : fd_(fd), stall_(stall) {}
+
+  // All of `buffers` in one sendmsg, as Asio's own write_some does: a header and a body
+  // sent apart would meet Nagle's algorithm and the client's delayed ACK (40 ms).
+  template <typename Buffers>
+  size_t write_some(const Buffers& buffers, beast::error_code& error) {
+    error = {};
+    std::array<iovec, 64> parts{};
+    size_t count = 0, bytes = 0;
+    for (auto it = asio::buffer_sequence_begin(buffers);
+         it != asio::buffer_sequence_end(buffers) && count < parts.size(); ++it) {
+      const asio::const_buffer buffer(*it);
+      if (buffer.size() == 0) continue;
+      parts[count++] = {const_cast<void*>(buffer.data()), buffer.size()};
+      bytes += buffer.size();
+    }
+    if (bytes == 0) return 0;
+    msghdr message{};
+    message.msg_iov = parts.data();
+    message.msg_iovlen = count;
+    const auto deadline = std::chrono::steady_clock::now() + stall_;
+    for (;;) {
+      if (!WaitReady(fd_, POLLOUT, deadline)) {
+        error = asio::error::timed_out;
+        return 0;
+      }
+      const ssize_t sent = ::sendmsg(fd_, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent >= 0) return size_t(sent);
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        error = beast::error_code(errno, beast::system_category());
+        return 0;
+      }
+    }
+  }
+  template <typename Buffers>
+  size_t write_some(const Buffers& buffers) {
+    beast::error_code error;
+    const size_t n = write_some(buffers, error);
+    if (error) throw beast::system_error(error);
+    return n;
+  }
+
+ private:
+  int fd_;
+  std::chrono::steady_clock::duration stall_;
 };
 
 }  // namespace
@@ -228,14 +286,16 @@ void HttpServer::Serve(int fd) {
   socket.assign(tcp::v4(), fd, error);
   beast::flat_buffer buffer;
   DeadlineReader reader(&socket);
+  const auto request_timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(request_timeout_s_));
+  DeadlineWriter writer(fd, request_timeout);
   const std::function<bool()> client_gone = [fd] { return PeerHungUp(fd); };
   while (!stopping_ && !error) {
     if (buffer.size() == 0 && !AwaitRequest(fd)) break;  // bytes already buffered: a pipelined request
     http::request_parser<http::string_body> parser;
     parser.body_limit(max_body_bytes_);
     parser.header_limit(64 * 1024);
-    reader.set_deadline(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                               std::chrono::duration<double>(request_timeout_s_)));
+    reader.set_deadline(std::chrono::steady_clock::now() + request_timeout);
     http::read_header(reader, buffer, parser, error);
     if (error == http::error::end_of_stream || error == asio::error::eof || error == asio::error::connection_reset)
       break;
@@ -275,7 +335,10 @@ void HttpServer::Serve(int fd) {
     out.body() = std::move(response.body);
     out.prepare_payload();
     beast::error_code write_error;
-    http::write(socket, out, write_error);
+    http::write(writer, out, write_error);
+    if (write_error == asio::error::timed_out)
+      LogWarn(log_name_ + ": a client took none of its response for " + FormatSeconds(request_timeout_s_) +
+              " s; its connection is closed");
     if (!write_error && drain) LingeringClose(fd);
     if (write_error || !keep_alive) break;
     error = {};

@@ -49,7 +49,8 @@ struct HttpServerOptions {
   double idle_timeout_s = 60;
   // A request must arrive whole (headers and body) this long after its first bytes, or
   // it gets 408 and the connection is closed: a client trickling bytes (slowloris) must
-  // not hold a connection thread either.
+  // not hold a connection thread either. Likewise a client that takes none of its response
+  // for this long has its connection closed.
   double request_timeout_s = 30;
 };
 

@@ -557,6 +557,7 @@ def bad_input(worker, work):
         ok &= check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
         ok &= idle_connections_are_closed(port)
         ok &= slow_senders_are_cut_off(port)
+        ok &= slow_readers_are_cut_off(port)
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly")
     return ok
@@ -625,6 +626,43 @@ def slow_senders_are_cut_off(port):
         status_line = answer.split(b"\r\n", 1)[0].decode() or "nothing"
         ok &= check(answer.startswith(b"HTTP/1.1 408") and 1.8 <= seconds <= 4,
                     f"slow {name}: {status_line} after {seconds:.1f} s, then closed")
+    return ok
+
+
+def slow_readers_are_cut_off(port, requests=8000):
+    """serve.request_timeout_s is 2 here: a client that pipelines requests and never reads
+    the responses fills the socket buffers; once a response has waited 2 s for room the
+    server closes the connection (without the deadline its thread would block for good),
+    while another client is served. The reader then gets what was sent, and the end."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    request = b"GET /v2/models/langid/config HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def send_all():
+        try:
+            s.sendall(request * requests)
+        except OSError:
+            pass
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    time.sleep(1.0)
+    served, _ = raw_http(port, "GET", "/v2/health/live")
+    ok = check(served == 200, "another client is served while a reader stalls")
+    time.sleep(4.0)  # past the 2 s deadline of the stalled response
+    s.settimeout(10)
+    start, answer, ended = time.time(), b"", False
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+        ended = True
+    except (socket.timeout, ConnectionResetError):
+        ended = isinstance(sys.exc_info()[1], ConnectionResetError)
+    s.close()
+    answered = answer.count(b"HTTP/1.1 200")
+    ok &= check(ended and answered < requests and time.time() - start < 5,
+                f"a client that stops reading is cut off: {answered} of {requests} responses, then "
+                f"{'the end' if ended else 'nothing (the connection is held open)'}")
     return ok
 
 
