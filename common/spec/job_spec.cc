@@ -479,13 +479,16 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     else
       r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
   }
-  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32"});
+  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm"});
   r.ReadEnum(rt, "device", "runtime",
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0, kMaxThreads);
   r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
+  r.ReadEnum(rt, "cpu_gemm", "runtime",
+             std::map<std::string, std::string>{{"auto", "auto"}, {"mkl", "mkl"}, {"onednn", "onednn"}},
+             &spec->runtime.cpu_gemm);
   YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
   r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1, kMaxRanks);
   r.ReadEnum(rs, "device", "resources",

@@ -106,6 +106,9 @@ struct RuntimeSpec {
   DeviceChoice device = DeviceChoice::kAuto;
   int threads = 0;    // intra-op threads per rank; 0 = libtorch's default
   bool tf32 = false;  // CUDA fp32 matrix products on TF32 tensor cores
+  // auto | mkl | onednn: the library of fp32 CPU products on frozen weights
+  // (worker/models/packed_linear.h).
+  std::string cpu_gemm = "auto";
 };
 
 // What a job asks of the coordinator's pool (ignored by a standalone worker).

@@ -16,6 +16,10 @@
 //                                            stdout: JSON ms of one pass over GPT-2-small's
 //                                            block weights (12 layers, 340 MB, more than any
 //                                            cache), RowsTimesWeight against at::addmm
+//   ty_probe gemm [--threads N] [--tokens 4096] [--hidden 256]
+//                                            stdout: JSON ms of each product of one BERT
+//                                            layer of that width (and its dL/dx product),
+//                                            PackedLinear (oneDNN) against torch::linear
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -38,6 +42,7 @@
 #include "worker/models/generation.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
+#include "worker/models/packed_linear.h"
 #include "worker/models/quantize.h"
 #include "worker/train/optimizer.h"
 
@@ -127,6 +132,7 @@ int Logits(int argc, char** argv) {
     model->to(device);
     model->eval();
   }
+  Freeze(*model);  // as the inference job does
   if (Option(argc, argv, 4, "--mode", "eager") == "int8") QuantizeLinearsInt8(*model);
   nlohmann::json inputs = ReadInputs(argv[3]);
   torch::NoGradGuard no_grad;
@@ -221,6 +227,7 @@ int GenerateTokens(int argc, char** argv) {
   Model model = LoadModel(argv[2], torch::kCPU);
   auto* lm = dynamic_cast<CausalLmImpl*>(model.get());
   if (!lm) throw std::runtime_error(std::string(argv[2]) + " is not a causal LM");
+  Freeze(*model);  // as the generate job does
   const nlohmann::json in = ReadInputs(argv[3]);
   GenerationOptions options;
   options.max_new_tokens = in.value("max_new_tokens", int64_t(32));
@@ -341,6 +348,38 @@ int Gemv(int argc, char** argv) {
   return 0;
 }
 
+// One BERT layer's products at width H over T tokens, forward (x W^T: the fused
+// q/k/v, the attention output, the FFN's two) and backward (dL/dx = g W, which is
+// x W^T with the shapes swapped), each timed through PackedLinear on oneDNN and
+// through torch::linear (MKL) on the same inputs.
+int Gemm(int argc, char** argv) {
+  at::set_num_threads(std::stoi(Option(argc, argv, 2, "--threads", "2")));
+  const int64_t tokens = std::stoll(Option(argc, argv, 2, "--tokens", "4096"));
+  const int64_t h = std::stoll(Option(argc, argv, 2, "--hidden", "256"));
+  struct Product {
+    std::string name;
+    int64_t in, out;
+  };
+  const std::vector<Product> products = {{"qkv", h, 3 * h},        {"attention_out", h, h}, {"ffn_up", h, 4 * h},
+                                         {"ffn_down", 4 * h, h},   {"qkv_dx", 3 * h, h},    {"ffn_up_dx", 4 * h, h},
+                                         {"ffn_down_dx", h, 4 * h}};
+  SetCpuGemm(CpuGemm::kOneDnn);
+  torch::InferenceMode inference;
+  nlohmann::json report = nlohmann::json::array();
+  for (const auto& p : products) {
+    torch::Tensor x = torch::randn({tokens, p.in}), w = torch::randn({p.out, p.in}) * 0.02;
+    PackedLinear packed;
+    auto ours = [&] { packed.Forward(x, {w}, {torch::Tensor()}); };
+    auto aten = [&] { torch::linear(x, w); };
+    ours(), aten();  // the reorder, first touches
+    const double ours_ms = MedianMs(9, ours), aten_ms = MedianMs(9, aten);
+    report.push_back(
+        {{"product", p.name}, {"m", tokens}, {"k", p.in}, {"n", p.out}, {"onednn_ms", ours_ms}, {"mkl_ms", aten_ms}});
+  }
+  std::cout << report.dump() << "\n";
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
   Model model = LoadModel(argv[2], torch::kCPU);
@@ -365,11 +404,12 @@ int main(int argc, char** argv) {
     if (command == "torchscript") return trainyard::TorchScript(argc, argv);
     if (command == "aoti") return trainyard::Aoti(argc, argv);
     if (command == "gemv") return trainyard::Gemv(argc, argv);
+    if (command == "gemm") return trainyard::Gemm(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr
-      << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|gemv ...\n";
+  std::cerr << "usage: ty_probe "
+               "tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|gemv|gemm ...\n";
   return 2;
 }

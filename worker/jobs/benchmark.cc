@@ -123,6 +123,7 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
   tokenizer_ = LoadTokenizer(spec_, texts);
   model_ = BuildModel(spec_, *tokenizer_, labels.names(), kMaxPositions);
   model_->to(device_);
+  if (!spec_.benchmark.train_step) Freeze(*model_);  // the sweep only infers
   if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), BenchMode::kInt8)) {
     if (!device_.is_cpu())
       throw InputError(spec_.Where("benchmark.modes") + ": int8 runs on the CPU; this job runs on " + device_.str());

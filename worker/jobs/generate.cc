@@ -33,6 +33,7 @@ GenerateRunner::GenerateRunner(JobSpec spec, RankContext ranks)
   if (!lm_) throw InputError(spec_.Where("model") + ": kind: generate needs a causal LM");
   model_->to(device_);
   model_->eval();
+  Freeze(*model_);
   if (spec_.model.init.empty())
     LogWarn("generation with a freshly initialised '" + spec_.model.preset +
             "' model (no model.init): the text is noise, the timings are real");

@@ -39,6 +39,7 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
   labels_ = LabelSet(model_->info().labels);
   model_->to(device_);
   model_->eval();
+  Freeze(*model_);
   if (spec_.inference.mode == "aoti") {
     try {
       aoti_ = std::make_unique<AotiPackage>(spec_.inference.aoti, device_);

@@ -7,6 +7,7 @@
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/models/packed_linear.h"
 #include "worker/report/mlflow_logger.h"
 #include "worker/train/amp.h"
 
@@ -49,6 +50,7 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   if (spec.runtime.threads > 0) torch::set_num_threads(spec.runtime.threads);
   torch::manual_seed(spec.seed);
   at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);
+  SetCpuGemm(CpuGemmNamed(spec.runtime.cpu_gemm));
   if (!spec.log.mlflow_uri.empty() && !MlflowAvailable())
     throw InputError(spec.Where("log.mlflow.uri") + ": this worker was built without libcurl, so it cannot log to " +
                      "MLflow (install libcurl4-openssl-dev and rebuild)");
@@ -65,6 +67,9 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
                           : spec.train.precision == Precision::kBf16;
     if (bf16 && ranks.rank == 0)
       if (std::string caveat = CpuBf16Caveat(); !caveat.empty()) LogWarn(caveat);
+    if (ranks.rank == 0)
+      LogInfo("CPU products on frozen weights: " + CpuGemmInUseName() + " (runtime.cpu_gemm: " + spec.runtime.cpu_gemm +
+              ")");
     return torch::Device(torch::kCPU);
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % VisibleGpus()));

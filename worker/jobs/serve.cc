@@ -125,6 +125,7 @@ nlohmann::json ServeRunner::LoadAndWarm(const nlohmann::json& request, Loaded* l
                                " missing or of another shape)");
     model->to(device_);
     model->eval();
+    Freeze(*model);
     // No unpadding: the batcher already groups requests by length, so padding is small,
     // and packed batches of ever-different token counts grew this process's resident
     // memory by 80-100 MiB over 6 s of overload in 2 of 3 serve_overload runs (3 of 3

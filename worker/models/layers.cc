@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -189,6 +190,8 @@ torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
     y = Int8Linear(x, int8_weight);
   else if (RowProductApplies(x, weight))
     y = RowsTimesWeightT(x, weight, bias);
+  else if (PackedLinear::Applies(x, {weight}, {bias}))
+    y = packed.Forward(x, {weight}, {bias});
   else
     y = torch::nn::LinearImpl::forward(x);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
@@ -207,6 +210,8 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     y = Int8Linear(x, int8_weight);
   else if (RowProductApplies(x, weight))
     y = RowsTimesWeight(x, weight, bias);
+  else if (const torch::Tensor as_linear = weight.t(); PackedLinear::Applies(x, {as_linear}, {bias}))
+    y = packed.Forward(x, {as_linear}, {bias});
   else
     y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
   return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
@@ -220,13 +225,16 @@ bool PlainLinear(const AdaptableLinear& linear) {
 
 }  // namespace
 
-torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x) {
-  if (!PlainLinear(query) || !PlainLinear(key) || !PlainLinear(value))
+torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
+                         PackedLinear& fused) {
+  // Adapted or quantized projections need their own forward; a few rows take three
+  // streaming products rather than copying all three weights into one.
+  if (!PlainLinear(query) || !PlainLinear(key) || !PlainLinear(value) || RowProductApplies(x, query->weight))
     return torch::cat({query(x), key(x), value(x)}, -1);
-  // A few rows: three streaming products, rather than copying all three weights into one.
-  if (RowProductApplies(x, query->weight)) return torch::cat({query(x), key(x), value(x)}, -1);
-  return torch::linear(x, torch::cat({query->weight, key->weight, value->weight}),
-                       torch::cat({query->bias, key->bias, value->bias}));
+  const std::array<torch::Tensor, 3> weights = {query->weight, key->weight, value->weight};
+  const std::array<torch::Tensor, 3> biases = {query->bias, key->bias, value->bias};
+  if (PackedLinear::Applies(x, weights, biases)) return fused.Forward(x, weights, biases);
+  return torch::linear(x, torch::cat(weights), torch::cat(biases));
 }
 
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "worker/models/packed_linear.h"
+
 namespace trainyard {
 
 // A plain module that only exists to give its children HF's dotted names
@@ -130,6 +132,7 @@ class AdaptableLinearImpl : public torch::nn::LinearImpl {
   torch::Tensor forward(const torch::Tensor& x);
   LoraSlot lora;
   c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
+  PackedLinear packed;      // the weight reordered for oneDNN, when frozen (packed_linear.h)
 };
 TORCH_MODULE(AdaptableLinear);
 
@@ -142,6 +145,7 @@ class Conv1DImpl : public torch::nn::Module {
   torch::Tensor weight, bias;
   LoraSlot lora;
   c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
+  PackedLinear packed;      // the weight reordered for oneDNN, when frozen (packed_linear.h)
 };
 TORCH_MODULE(Conv1D);
 
@@ -149,7 +153,10 @@ TORCH_MODULE(Conv1D);
 // concatenated weights, so the forward and the backward each make one matmul instead
 // of three. Returns [..., 3 * out], q then k then v. A projection adapted by LoRA or
 // quantized to int8 needs its own forward; then the three run apart, concatenated.
-torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x);
+// `fused` keeps the concatenated weight's oneDNN reorder (packed_linear.h) from call to
+// call; it belongs to the layer that owns the three projections.
+torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
+                         PackedLinear& fused);
 
 // Bidirectional multi-head self-attention (MultiHeadAttention) over qkv from
 // ProjectQkv(): [B, S, 3 * H], or, when `tokens` is given, the packed [N, 3 * H] of

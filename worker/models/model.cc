@@ -159,6 +159,10 @@ void SetLabels(nlohmann::json* config, const std::vector<std::string>& labels) {
 
 void CheckConfig(const nlohmann::json& config) { EntryOf(FamilyOf(config)).check(config); }
 
+void Freeze(torch::nn::Module& model) {
+  for (auto& parameter : model.parameters()) parameter.set_requires_grad(false);
+}
+
 Model CreateModel(const nlohmann::json& config, ModelTask task) {
   return EntryOf(FamilyOf(config)).create(config, task);
 }

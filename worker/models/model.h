@@ -113,6 +113,11 @@ void SetLabels(nlohmann::json* config, const std::vector<std::string>& labels);
 // Throws as CreateModel would for a config.json that cannot be built, without building.
 void CheckConfig(const nlohmann::json& config);
 
+// Marks every parameter as not wanting a gradient: for a model that only infers
+// (inference, serving, generation, the benchmark's cells), so that its products take
+// the frozen-weight path of packed_linear.h.
+void Freeze(torch::nn::Module& model);
+
 // The model a config.json describes, for `task`, freshly initialised. Throws
 // std::runtime_error "field '<key>': <problem>" for a config that cannot be built, and
 // for a family without a model for the task.

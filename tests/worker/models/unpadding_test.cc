@@ -147,9 +147,14 @@ TEST(TokenIndex, EncoderHiddenStatesOfRealTokensDoNotDependOnUnpadding) {
 TEST(ProjectQkv, EqualsTheThreeProjections) {
   torch::manual_seed(4);
   AdaptableLinear q(16, 16), k(16, 16), v(16, 16);
-  torch::Tensor x = torch::randn({3, 5, 16});
+  torch::Tensor x = torch::randn({3, 7, 16});
   torch::Tensor separate = torch::cat({q(x), k(x), v(x)}, -1);
-  EXPECT_TRUE(ProjectQkv(q, k, v, x).allclose(separate, 1e-5, 1e-6));
+  PackedLinear fused;
+  EXPECT_TRUE(ProjectQkv(q, k, v, x, fused).allclose(separate, 1e-5, 1e-6));
+  SetCpuGemm(CpuGemm::kOneDnn);
+  for (auto* linear : {&q, &k, &v}) Freeze(**linear);  // one product on the fused weight's oneDNN reorder
+  EXPECT_TRUE(ProjectQkv(q, k, v, x, fused).allclose(separate, 1e-5, 1e-6));
+  SetCpuGemm(CpuGemm::kAuto);
 }
 
 }  // namespace
