@@ -1,5 +1,6 @@
 #include "worker/jobs/serve.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -110,6 +111,21 @@ void ServeRunner::StartFrontEnd(const std::string& endpoint) {
   front_end_pid_ = pid;
 }
 
+namespace {
+
+// Batches of ever-different token counts (unpadded ones above all: the encoder runs its
+// dense layers over the real tokens only) leave the heap with free holes that glibc
+// keeps resident, and resident memory crept up under load. Handing them back after
+// every batch made the next batch fault its pages in again (about 15% of Offline
+// throughput in serve_load.sh); so only once the free heap passes this much.
+constexpr size_t kMaxLooseHeapBytes = size_t(32) << 20;
+
+void TrimLooseHeap() {
+  if (::mallinfo2().fordblks > kMaxLooseHeapBytes) ::malloc_trim(0);
+}
+
+}  // namespace
+
 nlohmann::json ServeRunner::LoadAndWarm(const nlohmann::json& request, Loaded* loaded) const {
   nlohmann::json reply = {
       {"op", "loaded"}, {"model", request.value("model", "")}, {"version", request.value("version", int64_t(0))}};
@@ -126,11 +142,6 @@ nlohmann::json ServeRunner::LoadAndWarm(const nlohmann::json& request, Loaded* l
     model->to(device_);
     model->eval();
     Freeze(*model);
-    // No unpadding: the batcher already groups requests by length, so padding is small,
-    // and packed batches of ever-different token counts grew this process's resident
-    // memory by 80-100 MiB over 6 s of overload in 2 of 3 serve_overload runs (3 of 3
-    // stayed flat without it).
-    model->set_unpadding(Unpadding::kNever);
     torch::NoGradGuard no_grad;
     std::vector<std::pair<double, double>> points;
     nlohmann::json warm_ms = nlohmann::json::array();
@@ -237,6 +248,7 @@ void ServeRunner::Serve(void* raw_socket) {
         AutocastScope autocast(device_.type(), spec_.train.precision);
         logits = it->second.model->forward(ids, mask).to(torch::kFloat).cpu().contiguous();
       }
+      TrimLooseHeap();
       reply["compute_ms"] = MsSince(start);
       reply["ok"] = true;
       zmq::message_t payload(logits.data_ptr<float>(), size_t(logits.numel()) * sizeof(float));
