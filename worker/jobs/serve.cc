@@ -116,8 +116,8 @@ namespace {
 // Batches of ever-different token counts (unpadded ones above all: the encoder runs its
 // dense layers over the real tokens only) leave the heap with free holes that glibc
 // keeps resident, and resident memory crept up under load. Handing them back after
-// every batch made the next batch fault its pages in again (about 15% of Offline
-// throughput in serve_load.sh); so only once the free heap passes this much.
+// every batch would make the next batch fault its pages in again; so only once the
+// free heap passes this much.
 constexpr size_t kMaxLooseHeapBytes = size_t(32) << 20;
 
 void TrimLooseHeap() {
