@@ -75,7 +75,6 @@ struct Stamp {
   bool operator==(const Stamp& other) const {
     return data == other.data && sizes == other.sizes && version == other.version;
   }
-  bool operator!=(const Stamp& other) const { return !(*this == other); }
 };
 
 Stamp StampOf(const torch::Tensor& t) {
@@ -186,16 +185,18 @@ std::shared_ptr<const PackedLinear::Reorders> PackedLinear::Current(c10::ArrayRe
   // training pass may hold in its graph.
   c10::InferenceMode not_inference(false);
   torch::NoGradGuard no_grad;
-  auto made = std::make_shared<Reorders>();
-  const bool fresh = !reorders_ || reorders_->stamps != stamps;
+  // Either new reorders for changed weights, or the current ones with the backward
+  // reorder added.
+  const bool fresh = !reorders_ || !(reorders_->stamps == stamps);
+  auto made = fresh ? std::make_shared<Reorders>() : std::make_shared<Reorders>(*reorders_);
   const torch::Tensor weight = Concatenated(weights);
-  made->stamps = std::move(stamps);
-  made->sources = StoragesOf(weights, biases);
-  made->forward = fresh ? Reorder(weight) : reorders_->forward;
+  if (fresh) {
+    made->stamps = std::move(stamps);
+    made->sources = StoragesOf(weights, biases);
+    made->forward = Reorder(weight);
+    if (biases[0].defined()) made->bias = Concatenated(biases).contiguous();  // Forward(): all or none
+  }
   if (for_backward) made->backward = Reorder(weight.t());
-  bool with_bias = false;
-  for (const auto& b : biases) with_bias |= b.defined();
-  if (with_bias) made->bias = Concatenated(biases).contiguous();
   reorders_ = made;
   return made;
 }
