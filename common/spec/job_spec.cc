@@ -479,7 +479,7 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     else
       r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
   }
-  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm"});
+  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm", "cpu_block_cache_mb"});
   r.ReadEnum(rt, "device", "runtime",
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
@@ -489,6 +489,7 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(rt, "cpu_gemm", "runtime",
              std::map<std::string, std::string>{{"auto", "auto"}, {"mkl", "mkl"}, {"onednn", "onednn"}},
              &spec->runtime.cpu_gemm);
+  r.ReadInt(rt, "cpu_block_cache_mb", "runtime", &spec->runtime.cpu_block_cache_mb, 0, int64_t(1) << 20);
   YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
   r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1, kMaxRanks);
   r.ReadEnum(rs, "device", "resources",

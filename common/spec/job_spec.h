@@ -109,6 +109,9 @@ struct RuntimeSpec {
   // auto | mkl | onednn: the library of fp32 CPU products on frozen weights
   // (worker/models/packed_linear.h).
   std::string cpu_gemm = "auto";
+  // Free CPU blocks of 256 KiB or more kept for reuse, at most this many MiB
+  // (worker/models/cpu_block_cache.h); 0 leaves large buffers to glibc.
+  int64_t cpu_block_cache_mb = 512;
 };
 
 // What a job asks of the coordinator's pool (ignored by a standalone worker).

@@ -6,6 +6,7 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "worker/models/cpu_block_cache.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/packed_linear.h"
 #include "worker/report/mlflow_logger.h"
@@ -51,6 +52,9 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   torch::manual_seed(spec.seed);
   at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);
   SetCpuGemm(CpuGemmNamed(spec.runtime.cpu_gemm));
+  // A pool worker runs many jobs in one process: once installed, a job's 0 keeps nothing.
+  if (spec.runtime.cpu_block_cache_mb > 0 || CpuBlockCache::Installed())
+    CpuBlockCache::Install(size_t(spec.runtime.cpu_block_cache_mb) << 20);
   if (!spec.log.mlflow_uri.empty() && !MlflowAvailable())
     throw InputError(spec.Where("log.mlflow.uri") + ": this worker was built without libcurl, so it cannot log to " +
                      "MLflow (install libcurl4-openssl-dev and rebuild)");
@@ -69,7 +73,8 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
       if (std::string caveat = CpuBf16Caveat(); !caveat.empty()) LogWarn(caveat);
     if (ranks.rank == 0)
       LogInfo("CPU products on frozen weights: " + CpuGemmInUseName() + " (runtime.cpu_gemm: " + spec.runtime.cpu_gemm +
-              ")");
+              "); freed buffers kept for reuse: up to " + std::to_string(spec.runtime.cpu_block_cache_mb) +
+              " MiB (runtime.cpu_block_cache_mb)");
     return torch::Device(torch::kCPU);
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.local_rank % VisibleGpus()));

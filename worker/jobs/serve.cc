@@ -113,11 +113,10 @@ void ServeRunner::StartFrontEnd(const std::string& endpoint) {
 
 namespace {
 
-// Batches of ever-different token counts (unpadded ones above all: the encoder runs its
-// dense layers over the real tokens only) leave the heap with free holes that glibc
-// keeps resident, and resident memory crept up under load. Handing them back after
-// every batch would make the next batch fault its pages in again; so only once the
-// free heap passes this much.
+// Large buffers live in the CPU block cache (runtime.cpu_block_cache_mb), which bounds
+// them. What glibc still holds (smaller blocks, and large ones when the cache is off) is
+// handed back once its free part passes this much: not after every batch, which would
+// make the next batch fault its pages in again.
 constexpr size_t kMaxLooseHeapBytes = size_t(32) << 20;
 
 void TrimLooseHeap() {

@@ -315,6 +315,16 @@ TEST_F(JobSpecTest, ProfileStepsAreBounded) {
   EXPECT_NE(ErrorOf(Valid() + "log: {profile_from_step: 0}\n").find("log.profile_from_step"), std::string::npos);
 }
 
+TEST_F(JobSpecTest, CpuBlockCacheIsAMebibyteCountAndZeroTurnsItOff) {
+  EXPECT_EQ(Parse(Valid()).runtime.cpu_block_cache_mb, 512);
+  EXPECT_EQ(Parse(Valid() + "runtime: {cpu_block_cache_mb: 0}\n").runtime.cpu_block_cache_mb, 0);
+  EXPECT_EQ(Parse(Valid() + "runtime: {cpu_block_cache_mb: 2048}\n").runtime.cpu_block_cache_mb, 2048);
+  EXPECT_NE(ErrorOf(Valid() + "runtime: {cpu_block_cache_mb: -1}\n").find("runtime.cpu_block_cache_mb"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + "runtime: {cpu_block_cache_mb: lots}\n").find("runtime.cpu_block_cache_mb"),
+            std::string::npos);
+}
+
 TEST_F(JobSpecTest, MlflowNeedsAnHttpUriAndParamsAreTheFilesOwnValues) {
   JobSpec spec = Parse(Valid() + "log: {mlflow: {uri: 'http://127.0.0.1:5000/', experiment: langid}}\n");
   EXPECT_EQ(spec.log.mlflow_uri, "http://127.0.0.1:5000");  // the trailing slash goes
