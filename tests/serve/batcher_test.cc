@@ -1,6 +1,6 @@
 // The batching rule (worker/serve/batcher.h) driven with explicit times: length-aware
 // grouping, the row and token caps, preferred sizes, the queue delay, priorities, the
-// queue bound, and cancelled or expired requests.
+// queue bound, cancelled or expired requests, and the bounded sweep for gone clients.
 #include "worker/serve/batcher.h"
 
 #include <gtest/gtest.h>
@@ -144,6 +144,31 @@ TEST(Batcher, CancelledAndExpiredRequestsAreTakenOutNotBatched) {
   ASSERT_EQ(batch->requests.size(), 1u);
   EXPECT_EQ(batch->requests[0], kept);
   EXPECT_EQ(batcher.queued_tokens(), 0);
+}
+
+// The sweep asks a bounded number of clients per call and goes on round the queue, so
+// every queued request is asked within size / budget calls.
+TEST(Batcher, SweepGoneAsksABoundedNumberOfClientsRoundTheQueue) {
+  Batcher batcher({4, 100000, {}, 0, 100, true});
+  auto meta = Meta();
+  std::vector<int> asked(5, 0);
+  std::vector<RequestPtr> requests;
+  for (int i = 0; i < 5; ++i) {
+    requests.push_back(Request(meta, 5));
+    requests.back()->SetClientGone([&asked, i] { return ++asked[i], i == 3; });  // client 3 has hung up
+    batcher.Push(requests.back());
+  }
+  batcher.SweepGone(2);
+  EXPECT_EQ(asked, (std::vector<int>{1, 1, 0, 0, 0}));
+  EXPECT_FALSE(requests[3]->cancelled());
+  batcher.SweepGone(2);
+  EXPECT_EQ(asked, (std::vector<int>{1, 1, 1, 1, 0}));
+  EXPECT_TRUE(requests[3]->cancelled());
+  batcher.SweepGone(2);  // the last one, then round to the first
+  EXPECT_EQ(asked, (std::vector<int>{2, 1, 1, 1, 1}));
+  batcher.SweepGone(100);                               // a budget past the queue asks each once
+  EXPECT_EQ(asked, (std::vector<int>{3, 2, 2, 1, 2}));  // the cancelled one is not asked again
+  EXPECT_EQ(batcher.TakeDead(ServeClock::now()).size(), 1u);
 }
 
 }  // namespace

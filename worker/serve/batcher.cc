@@ -38,9 +38,15 @@ std::vector<RequestPtr> Batcher::TakeDead(ServeClock::time_point now) {
   return dead;
 }
 
-void Batcher::SweepGone() {
-  for (const RequestPtr& r : queue_)
-    if (!r->cancelled() && r->ClientGone()) r->Cancel();
+void Batcher::SweepGone(size_t budget) {
+  if (queue_.empty()) return;
+  if (sweep_from_ >= queue_.size()) sweep_from_ = 0;
+  auto it = std::next(queue_.begin(), std::ptrdiff_t(sweep_from_));
+  for (size_t asked = 0; asked < std::min(budget, queue_.size()); ++asked) {
+    if (!(*it)->cancelled() && (*it)->ClientGone()) (*it)->Cancel();
+    if (++it == queue_.end()) it = queue_.begin();
+  }
+  sweep_from_ = (sweep_from_ + std::min(budget, queue_.size())) % queue_.size();
 }
 
 std::vector<RequestPtr> Batcher::TakeAll(const VersionMeta* meta) {

@@ -58,8 +58,11 @@ class Batcher {
   // Removes and returns the next batch that is ready at `now`, if any. Otherwise sets
   // *wake (if the queue is not empty) to when the oldest anchor's delay runs out.
   std::optional<Batch> Next(ServeClock::time_point now, ServeClock::time_point* wake);
-  // Cancels the queued requests whose client has gone (InferRequest::ClientGone).
-  void SweepGone();
+  // Asks up to `budget` queued requests whether their client has gone
+  // (InferRequest::ClientGone, a call into the transport) and cancels those that have.
+  // Each call goes on from where the previous one stopped, round the queue, so a long
+  // queue costs the caller `budget` questions per call, not one per request.
+  void SweepGone(size_t budget);
   // Removes and returns every queued request of `meta` (a version going away).
   std::vector<RequestPtr> TakeAll(const VersionMeta* meta);
 
@@ -82,6 +85,7 @@ class Batcher {
   BatchPolicy policy_;
   std::list<RequestPtr> queue_;  // arrival order
   int64_t queued_tokens_ = 0;
+  size_t sweep_from_ = 0;  // SweepGone's position: an index into queue_, wrapped
 };
 
 }  // namespace trainyard

@@ -25,8 +25,14 @@ constexpr double kEstimateMargin = 1.2;
 // let ~2-4% of the admitted requests end in 504.
 constexpr double kAdmitMargin = 1.5;
 constexpr size_t kCostWindow = 32;  // batches the cost model looks back on
-// How often queued requests are asked whether their client is still there.
+// How often, and how many of, the queued requests are asked whether their client is
+// still there. A bounded number: the question is a call into the transport (gRPC's
+// IsCancelled takes a lock), and asking all of a queue of thousands every period kept
+// the dispatcher too busy to feed the model. A batch's own members are asked again just
+// before it runs, so a request whose client went away is never computed, however long
+// the queue.
 constexpr auto kSweepPeriod = std::chrono::milliseconds(10);
+constexpr size_t kSweepBudget = 256;
 constexpr double kSettleSeconds = 1.0;
 constexpr auto kLoadWait = std::chrono::minutes(10);
 
@@ -431,19 +437,23 @@ void ServerCore::AnswerDead(ServeClock::time_point now) {
   }
 }
 
-// A request whose deadline passes before its batch would finish is answered now
-// (expired) rather than computed for nobody.
+// A request whose client has gone, or whose deadline passes before its batch would
+// finish, is answered now (cancelled, expired) rather than computed for nobody.
 void ServerCore::DropHopeless(Batch* batch, ServeClock::time_point now) {
   // The same margin as admission: a batch that ends late answers everyone in it late.
   const double batch_ms = (double(batch->request_tokens()) * ms_per_token_ + ms_per_batch_) * kEstimateMargin;
   std::vector<RequestPtr> keep;
   for (RequestPtr& r : batch->requests) {
-    if (MsBetween(now, r->deadline()) >= batch_ms) {
+    if (r->cancelled() || r->ClientGone()) {
+      r->Cancel();
+      r->Finish(InferStatus::kCancelled, "cancelled by the client");
+      Finished(*r, InferStatus::kCancelled);
+    } else if (MsBetween(now, r->deadline()) < batch_ms) {
+      r->Finish(InferStatus::kExpired, "the deadline would pass before the batch finished");
+      Finished(*r, InferStatus::kExpired);
+    } else {
       keep.push_back(std::move(r));
-      continue;
     }
-    r->Finish(InferStatus::kExpired, "the deadline would pass before the batch finished");
-    Finished(*r, InferStatus::kExpired);
   }
   const bool dropped = keep.size() != batch->requests.size();
   batch->requests = std::move(keep);
@@ -480,11 +490,11 @@ void ServerCore::DispatchOnce(std::unique_lock<std::mutex>& lock) {
     commands_.pop_front();
   }
   const auto now = ServeClock::now();
-  if (now - last_sweep_ >= kSweepPeriod) {
-    batcher_.SweepGone();
+  if (now - last_sweep_ >= kSweepPeriod) {  // not on every wake: both walk the queue
+    batcher_.SweepGone(kSweepBudget);
+    AnswerDead(now);
     last_sweep_ = now;
   }
-  AnswerDead(now);
   ServeClock::time_point wake = now + std::chrono::milliseconds(kIdleWaitMs);
   if (!in_flight_) {
     if (std::optional<Batch> batch = batcher_.Next(now, &wake)) {
