@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "worker/models/cpu_block_cache.h"
 #include "worker/models/quantize.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
@@ -66,16 +67,21 @@ class AddressSpaceCap {
   ~AddressSpaceCap() {
     if (active_) setrlimit(RLIMIT_AS, &previous_);
   }
+  bool active() const { return active_; }
 
  private:
   rlimit previous_{};
   bool active_ = false;
 };
 
-bool IsOutOfMemory(const std::exception& e) {
+// `capped`: the cell ran under an AddressSpaceCap. oneDNN reports a failed allocation
+// of its own (JIT code, a scratchpad) only as a primitive it could not create; under the
+// cap, that is the cap speaking.
+bool IsOutOfMemory(const std::exception& e, bool capped) {
   const std::string what = e.what();
   return what.find("out of memory") != std::string::npos || what.find("can't allocate memory") != std::string::npos ||
-         what.find("std::bad_alloc") != std::string::npos;
+         what.find("std::bad_alloc") != std::string::npos ||
+         (capped && what.find("could not create a primitive") != std::string::npos);
 }
 
 double Percentile(std::vector<double> sorted, double q) {
@@ -264,8 +270,13 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
   }
   torch::NoGradGuard no_grad;
   model_->eval();
+  bool capped = false;
   try {
+    // A cell's memory is its own: blocks kept from earlier cells go back first, so that
+    // the cap and the peak count only this cell's.
+    if (CpuBlockCache* cache = CpuBlockCache::Installed()) cache->Drop();
     AddressSpaceCap cap(device_.is_cuda() ? 0.0 : spec_.benchmark.memory_cap_mb);
+    capped = cap.active();
 #ifdef TRAINYARD_WITH_CUDA
     if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
 #endif
@@ -291,7 +302,7 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
 #endif
     return best;
   } catch (const std::exception& e) {
-    if (!IsOutOfMemory(e)) throw;
+    if (!IsOutOfMemory(e, capped)) throw;
 #ifdef TRAINYARD_WITH_CUDA
     if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif

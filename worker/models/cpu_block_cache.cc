@@ -68,7 +68,13 @@ c10::DataPtr CpuBlockCache::allocate(size_t bytes) {
   if (!data) {
     const size_t mapped = SizeClass(bytes);
     data = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (data == MAP_FAILED) TORCH_CHECK(false, "CpuBlockCache: cannot map ", mapped, " bytes: ", std::strerror(errno));
+    if (data == MAP_FAILED) {  // kept blocks may be what stands in the way (an address-space cap)
+      Drop();
+      data = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (data == MAP_FAILED)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CpuBlockCache: out of memory: cannot map ", mapped,
+                       " bytes: ", std::strerror(errno));
     std::lock_guard<std::mutex> lock(mutex_);
     in_use_.emplace(data, mapped);
     stats_.in_use_bytes += mapped;

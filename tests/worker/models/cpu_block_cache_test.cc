@@ -2,8 +2,11 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -100,6 +103,36 @@ TEST_F(CpuBlockCacheTest, KeptBlocksStayWithinTheCap) {
   EXPECT_EQ(cache_->stats().kept_bytes, 0u);
   { torch::Tensor unkept = Floats(2 * kMiB); }
   EXPECT_EQ(cache_->stats().kept_bytes, 0u);
+}
+
+// Under an address-space cap (the benchmark's memory_cap_mb), kept blocks make way for a
+// new one, and what still does not fit is an out-of-memory error, as libtorch's own.
+TEST_F(CpuBlockCacheTest, KeptBlocksMakeWayAndTheRestIsOutOfMemory) {
+  { torch::Tensor kept = Floats(48 * kMiB); }
+  ASSERT_GE(cache_->stats().kept_bytes, 48 * kMiB);
+  rlimit previous{};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &previous), 0);
+  size_t vm_kb = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoul(line.substr(7));
+  rlimit cap = previous;
+  cap.rlim_cur = rlim_t(vm_kb * 1024 + 16 * kMiB);
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &cap), 0);
+  bool fitted = false, out_of_memory = false;
+  try {
+    torch::Tensor other = Floats(24 * kMiB);  // two classes below the kept block: not reused
+    fitted = true;
+    torch::Tensor too_big = Floats(256 * kMiB);
+  } catch (const c10::OutOfMemoryError& e) {
+    out_of_memory = std::string(e.what()).find("out of memory") != std::string::npos;
+  }
+  ::setrlimit(RLIMIT_AS, &previous);
+  EXPECT_TRUE(fitted);
+  EXPECT_TRUE(out_of_memory);
+  const size_t kept = cache_->stats().kept_bytes;  // the 24 MiB block, not the 48 MiB one
+  EXPECT_GE(kept, 24 * kMiB);
+  EXPECT_LT(kept, 48 * kMiB);
 }
 
 TEST_F(CpuBlockCacheTest, OperatorsComputeTheSameOnReusedBlocks) {
