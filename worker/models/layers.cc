@@ -174,9 +174,8 @@ void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out
   scaling_ = scaling, dropout_ = dropout;
 }
 
-torch::Tensor LoraSlot::Delta(const torch::Tensor& x, bool training) const {
-  const torch::Tensor input = ApplyDropout(x, dropout_, training);
-  return torch::linear(torch::linear(input, a_->weight), b_->weight) * scaling_;
+torch::Tensor LoraSlot::AddTo(const torch::Tensor& y, const torch::Tensor& x, bool training) const {
+  return AddLowRankUpdates(y, ApplyDropout(x, dropout_, training), {Update(0)});
 }
 
 torch::Tensor LoraSlot::DeltaWeight() const { return torch::matmul(b_->weight, a_->weight) * scaling_; }
@@ -194,7 +193,7 @@ torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
     y = packed.Forward(x, {weight}, {bias});
   else
     y = torch::nn::LinearImpl::forward(x);
-  return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
+  return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
 }
 
 Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
@@ -214,27 +213,47 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     y = packed.Forward(x, {as_linear}, {bias});
   else
     y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
-  return lora.adapted() ? y + lora.Delta(x, is_training()) : y;
+  return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
 }
 
 namespace {
 
-bool PlainLinear(const AdaptableLinear& linear) {
-  return !linear->lora.adapted() && linear->int8_weight.isNone() && linear->bias.defined();
+// A projection whose base product can join the fused one: full precision, with a bias.
+bool FusableBase(const AdaptableLinear& linear) { return linear->int8_weight.isNone() && linear->bias.defined(); }
+
+// qkv with the LoRA updates of the adapted projections added over their columns: one
+// node for all when they read the same x, one each when LoRA dropout draws its own.
+torch::Tensor AddQkvAdapters(torch::Tensor qkv, const torch::Tensor& x, const std::array<AdaptableLinear*, 3>& parts,
+                             bool training) {
+  std::vector<LowRankUpdate> shared;
+  int64_t column = 0;
+  for (AdaptableLinear* part : parts) {
+    const LoraSlot& lora = (*part)->lora;
+    const int64_t width = (*part)->weight.size(0);
+    column += width;
+    if (!lora.adapted()) continue;
+    if (training && lora.dropout() > 0)
+      qkv = AddLowRankUpdates(qkv, ApplyDropout(x, lora.dropout(), true), {lora.Update(column - width)});
+    else
+      shared.push_back(lora.Update(column - width));
+  }
+  return AddLowRankUpdates(qkv, x, shared);
 }
 
 }  // namespace
 
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
                          PackedLinear& fused) {
-  // Adapted or quantized projections need their own forward; a few rows take three
-  // streaming products rather than copying all three weights into one.
-  if (!PlainLinear(query) || !PlainLinear(key) || !PlainLinear(value) || RowProductApplies(x, query->weight))
+  // Quantized projections need their own forward; a few rows take three streaming
+  // products rather than copying all three weights into one.
+  if (!FusableBase(query) || !FusableBase(key) || !FusableBase(value) || RowProductApplies(x, query->weight))
     return torch::cat({query(x), key(x), value(x)}, -1);
   const std::array<torch::Tensor, 3> weights = {query->weight, key->weight, value->weight};
   const std::array<torch::Tensor, 3> biases = {query->bias, key->bias, value->bias};
-  if (PackedLinear::Applies(x, weights, biases)) return fused.Forward(x, weights, biases);
-  return torch::linear(x, torch::cat(weights), torch::cat(biases));
+  torch::Tensor qkv = PackedLinear::Applies(x, weights, biases)
+                          ? fused.Forward(x, weights, biases)
+                          : torch::linear(x, torch::cat(weights), torch::cat(biases));
+  return AddQkvAdapters(std::move(qkv), x, {&query, &key, &value}, query->is_training());
 }
 
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,

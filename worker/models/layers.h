@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "worker/models/low_rank_update.h"
 #include "worker/models/packed_linear.h"
 
 namespace trainyard {
@@ -115,8 +116,12 @@ class LoraSlot {
   // REQUIRES: not adapted yet. `layer` is the module this slot belongs to.
   void Attach(torch::nn::Module& layer, int64_t in_features, int64_t out_features, int64_t r, double scaling,
               double dropout);
-  // The adapter's contribution for input x [..., in]; REQUIRES adapted().
-  torch::Tensor Delta(const torch::Tensor& x, bool training) const;
+  // y [..., out] with the adapter's contribution for input x [..., in] added, in place
+  // where it can be (AddLowRankUpdates); REQUIRES adapted().
+  torch::Tensor AddTo(const torch::Tensor& y, const torch::Tensor& x, bool training) const;
+  // The adapter as an update of output columns [column, column + out); REQUIRES adapted().
+  LowRankUpdate Update(int64_t column) const { return {a_->weight, b_->weight, scaling_, column}; }
+  double dropout() const { return dropout_; }
   // scaling * B @ A, [out, in]: what merging adds to a Linear's weight.
   torch::Tensor DeltaWeight() const;
 
@@ -151,8 +156,9 @@ TORCH_MODULE(Conv1D);
 
 // x through the query, key and value projections at once: one GEMM over their
 // concatenated weights, so the forward and the backward each make one matmul instead
-// of three. Returns [..., 3 * out], q then k then v. A projection adapted by LoRA or
-// quantized to int8 needs its own forward; then the three run apart, concatenated.
+// of three. Returns [..., 3 * out], q then k then v. LoRA adapters are added over their
+// columns of that product (AddLowRankUpdates). A projection quantized to int8 needs its
+// own forward; then the three run apart, concatenated.
 // `fused` keeps the concatenated weight's oneDNN reorder (packed_linear.h) from call to
 // call; it belongs to the layer that owns the three projections.
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
