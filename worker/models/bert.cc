@@ -108,7 +108,7 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::T
   torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden, qkv_packed_), heads_, keep_mask,
                                         is_training() ? attention_dropout_ : 0.0, tokens);
   torch::Tensor attended = attention_norm_(dropout_(attention_out_(context)) + hidden);
-  torch::Tensor expanded = torch::gelu(intermediate_(attended));
+  torch::Tensor expanded = Gelu(intermediate_(attended));
   return output_norm_(dropout_(output_(expanded)) + attended);
 }
 

@@ -90,7 +90,7 @@ torch::Tensor DistilBertLayerImpl::forward(const torch::Tensor& hidden, const to
   torch::Tensor context = SelfAttention(ProjectQkv(q_lin_, k_lin_, v_lin_, hidden, qkv_packed_), heads_, keep_mask,
                                         is_training() ? attention_dropout_ : 0.0, tokens);
   torch::Tensor attended = sa_layer_norm_(out_lin_(context) + hidden);
-  torch::Tensor ffn = dropout_(lin2_(torch::gelu(lin1_(attended))));
+  torch::Tensor ffn = dropout_(lin2_(Gelu(lin1_(attended))));
   return output_layer_norm_(ffn + attended);
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <array>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "worker/models/gelu_kernels.h"
 #include "worker/models/gemv.h"
 #include "worker/models/parallel_slices.h"
 #include "worker/models/quantize.h"
@@ -57,6 +59,40 @@ torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training) {
       out[i] = static_cast<uint32_t>(Mix(seed + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 32) >= threshold ? keep : 0.0f;
   });
   return x * mask;
+}
+
+namespace {
+
+class GeluFunction : public torch::autograd::Function<GeluFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input) {
+    const torch::Tensor u = input.contiguous();
+    torch::Tensor y = torch::empty_like(u), slope = torch::empty_like(u);
+    const float* in = u.data_ptr<float>();
+    float *out = y.data_ptr<float>(), *d = slope.data_ptr<float>();
+    const int64_t count = u.numel();
+    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count >> 14));
+    ParallelSlices(slices, int(slices), [&](int64_t s) {
+      const int64_t begin = count * s / slices, end = count * (s + 1) / slices;
+      gelu::GeluWithSlope(in + begin, end - begin, out + begin, d + begin);
+    });
+    ctx->save_for_backward({slope});
+    return y;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0]};
+  }
+};
+
+}  // namespace
+
+torch::Tensor Gelu(const torch::Tensor& u) {
+  const bool wants_grad = torch::GradMode::is_enabled() && u.requires_grad();
+  if (!wants_grad || !u.device().is_cpu() || u.scalar_type() != torch::kFloat ||
+      at::autocast::is_autocast_enabled(at::kCPU))
+    return torch::gelu(u);
+  return GeluFunction::apply(u);
 }
 
 torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions) {

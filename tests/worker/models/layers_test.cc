@@ -41,6 +41,23 @@ TEST(ApplyDropout, GradientIsTheMask) {
   EXPECT_TRUE(x.grad().equal(y.detach() / x.detach()));
 }
 
+TEST(Gelu, ValueAndGradientEqualAtensOnEveryRangeAndLength) {
+  // Tails past exp's floor, zero, and a length that leaves a remainder after the
+  // vector loop; several thread slices.
+  torch::Tensor u =
+      torch::cat({torch::linspace(-20, 20, 40001), torch::randn({100003}) * 4, torch::zeros({3})}).requires_grad_(true);
+  const torch::Tensor weights = torch::randn({u.size(0)});
+  const torch::Tensor ours = Gelu(u);
+  const torch::Tensor ours_grad = torch::autograd::grad({(ours * weights).sum()}, {u})[0];
+  const torch::Tensor aten = torch::gelu(u);
+  const torch::Tensor aten_grad = torch::autograd::grad({(aten * weights).sum()}, {u})[0];
+  EXPECT_LT((ours - aten).abs().max().item<float>(), 2e-6);
+  EXPECT_LT((ours_grad - aten_grad).abs().max().item<float>(), 2e-6);
+  // Without a gradient to take it is ATen's own.
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(Gelu(u).equal(torch::gelu(u)));
+}
+
 TEST(MultiHeadAttention, DropoutPathEqualsSdpaWhenNothingIsDropped) {
   // With p tiny the manual path keeps (almost surely) every probability, so it must
   // equal SDPA's result up to rounding, masks and causality included.
