@@ -104,10 +104,11 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c)
 }
 
 torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
-                                     const TokenIndex* tokens) {
+                                     const TokenIndex* tokens, Rows rows) {
   torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden, qkv_packed_), heads_, keep_mask,
-                                        is_training() ? attention_dropout_ : 0.0, tokens);
-  torch::Tensor attended = attention_norm_(dropout_(attention_out_(context)) + hidden);
+                                        is_training() ? attention_dropout_ : 0.0, tokens, rows);
+  const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
+  torch::Tensor attended = attention_norm_(dropout_(attention_out_(context)) + residual);
   torch::Tensor expanded = Gelu(intermediate_(attended));
   return output_norm_(dropout_(output_(expanded)) + attended);
 }
@@ -146,15 +147,18 @@ torch::Tensor BertEncoderImpl::PositionIdsOf(const torch::Tensor& input_ids) con
 }
 
 torch::Tensor BertEncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                       Unpadding unpadding) {
+                                       Unpadding unpadding, Rows rows) {
   torch::Tensor sum = word_embeddings_(input_ids) + token_type_embeddings_(torch::zeros_like(input_ids)) +
                       position_embeddings_(PositionIdsOf(input_ids));
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
   std::optional<TokenIndex> tokens;
   if (TokenIndex::Wanted(unpadding, attention_mask, keep_mask)) tokens.emplace(attention_mask);
   torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
-  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask, tokens ? &*tokens : nullptr);
-  return tokens ? tokens->Unpack(hidden) : hidden;
+  const TokenIndex* packed = tokens ? &*tokens : nullptr;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? rows : Rows::kAll);
+  if (rows == Rows::kFirst && layers_.empty()) return FirstRows(hidden, packed);
+  return tokens && rows == Rows::kAll ? tokens->Unpack(hidden) : hidden;
 }
 
 torch::Tensor BertEncoderImpl::Pool(const torch::Tensor& hidden) { return torch::tanh(pooler_(hidden.select(1, 0))); }
@@ -181,7 +185,7 @@ nlohmann::json BertForSequenceClassificationImpl::HfConfig() const {
 
 torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                          const torch::Tensor& attention_mask) {
-  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding()))));
+  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), Rows::kFirst))));
 }
 
 Model CreateBert(const nlohmann::json& config, ModelTask task) {

@@ -51,8 +51,10 @@ class BertLayerImpl : public torch::nn::Module {
  public:
   explicit BertLayerImpl(const BertConfig& config);
   // hidden: [B, S, H], or [N, H] packed by `tokens` (then so is the result); keep_mask:
-  // [B, 1, 1, S] bool, true where a key may be attended, or undefined when every key may be.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens);
+  // [B, 1, 1, S] bool, true where a key may be attended, or undefined when every key may
+  // be. Under Rows::kFirst the result is position 0's alone, [B, 1, H] (layers.h).
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens,
+                        Rows rows = Rows::kAll);
 
  private:
   int64_t heads_;
@@ -75,8 +77,10 @@ class BertEncoderImpl : public torch::nn::Module {
  public:
   BertEncoderImpl(const BertConfig& config, PositionIds positions, bool with_pooler);
   // input_ids, attention_mask [B, S] int64. Returns the last hidden states [B, S, H]
-  // (zeros at padding when `unpadding` chose to skip it).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, Unpadding unpadding);
+  // (zeros at padding when `unpadding` chose to skip it), or, under Rows::kFirst,
+  // position 0's alone, [B, 1, H], the last layer computing no other (layers.h).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, Unpadding unpadding,
+                        Rows rows = Rows::kAll);
   // tanh(dense(hidden[:, 0])). REQUIRES: built with_pooler.
   torch::Tensor Pool(const torch::Tensor& hidden);
   // The longest input the position table allows.

@@ -86,10 +86,11 @@ DistilBertLayerImpl::DistilBertLayerImpl(const DistilBertConfig& c)
 
 // HF's TransformerBlock: no dropout on out_lin's output, dropout after the FFN.
 torch::Tensor DistilBertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
-                                           const TokenIndex* tokens) {
+                                           const TokenIndex* tokens, Rows rows) {
   torch::Tensor context = SelfAttention(ProjectQkv(q_lin_, k_lin_, v_lin_, hidden, qkv_packed_), heads_, keep_mask,
-                                        is_training() ? attention_dropout_ : 0.0, tokens);
-  torch::Tensor attended = sa_layer_norm_(out_lin_(context) + hidden);
+                                        is_training() ? attention_dropout_ : 0.0, tokens, rows);
+  const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
+  torch::Tensor attended = sa_layer_norm_(out_lin_(context) + residual);
   torch::Tensor ffn = dropout_(lin2_(Gelu(lin1_(attended))));
   return output_layer_norm_(ffn + attended);
 }
@@ -133,8 +134,11 @@ torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tens
   std::optional<TokenIndex> tokens;
   if (TokenIndex::Wanted(unpadding(), attention_mask, keep_mask)) tokens.emplace(attention_mask);
   torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
-  for (auto& layer : layers_) hidden = layer->forward(hidden, keep_mask, tokens ? &*tokens : nullptr);
-  if (tokens) hidden = tokens->Unpack(hidden);
+  // The head reads position 0 alone: the last layer computes no other (Rows::kFirst).
+  const TokenIndex* packed = tokens ? &*tokens : nullptr;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? Rows::kFirst : Rows::kAll);
+  if (layers_.empty()) hidden = FirstRows(hidden, packed);
   torch::Tensor pooled = torch::relu(pre_classifier_(hidden.select(1, 0)));
   return classifier_(classifier_dropout_(pooled));
 }

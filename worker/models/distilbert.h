@@ -38,7 +38,9 @@ class DistilBertLayerImpl : public torch::nn::Module {
  public:
   explicit DistilBertLayerImpl(const DistilBertConfig& config);
   // hidden [B, S, dim] or packed [N, dim]; keep_mask and tokens as BertLayer's.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens);
+  // As BertLayer's: under Rows::kFirst the result is position 0's alone, [B, 1, H].
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask, const TokenIndex* tokens,
+                        Rows rows = Rows::kAll);
 
  private:
   int64_t heads_;

@@ -293,10 +293,15 @@ torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, Adaptable
 }
 
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
-                            const TokenIndex* tokens) {
+                            const TokenIndex* tokens, Rows rows) {
   const std::vector<torch::Tensor> parts = (tokens ? tokens->Unpack(qkv) : qkv).chunk(3, -1);
-  torch::Tensor context = MultiHeadAttention(parts[0], parts[1], parts[2], heads, keep_mask, dropout, false);
-  return tokens ? tokens->Pack(context) : context;
+  const torch::Tensor queries = rows == Rows::kFirst ? parts[0].narrow(1, 0, 1) : parts[0];
+  torch::Tensor context = MultiHeadAttention(queries, parts[1], parts[2], heads, keep_mask, dropout, false);
+  return tokens && rows == Rows::kAll ? tokens->Pack(context) : context;
+}
+
+torch::Tensor FirstRows(const torch::Tensor& hidden, const TokenIndex* tokens) {
+  return (tokens ? tokens->Unpack(hidden) : hidden).narrow(1, 0, 1);
 }
 
 }  // namespace trainyard

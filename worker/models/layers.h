@@ -172,11 +172,23 @@ TORCH_MODULE(Conv1D);
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
                          PackedLinear& fused);
 
+// The positions an encoder layer's output is wanted at. A sequence classifier reads its
+// last layer at position 0 alone (BERT's [CLS], RoBERTa's <s>): there, with kFirst, the
+// attention takes that position's query alone (keys and values still cover every
+// token), and the attention output, the FFN and their gradients run on B rows instead
+// of B x S. Position 0 gets the same values either way; in a 4-layer model that is
+// about a fifth of a training step's products.
+enum class Rows { kAll, kFirst };
+
 // Bidirectional multi-head self-attention (MultiHeadAttention) over qkv from
 // ProjectQkv(): [B, S, 3 * H], or, when `tokens` is given, the packed [N, 3 * H] of
-// those tokens, for which it returns the packed [N, H] result.
+// those tokens, for which it returns the packed [N, H] result. Under Rows::kFirst the
+// result is position 0's, [B, 1, H], packed or not.
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
-                            const TokenIndex* tokens);
+                            const TokenIndex* tokens, Rows rows = Rows::kAll);
+
+// Position 0 of hidden [B, S, H], or of the packed [N, H] of `tokens`: [B, 1, H].
+torch::Tensor FirstRows(const torch::Tensor& hidden, const TokenIndex* tokens);
 
 }  // namespace trainyard
 
