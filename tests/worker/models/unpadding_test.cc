@@ -144,6 +144,27 @@ TEST(TokenIndex, EncoderHiddenStatesOfRealTokensDoNotDependOnUnpadding) {
   EXPECT_GT(padded.masked_select(real.logical_not()).abs().max().item<float>(), 0.0f);
 }
 
+TEST(Rows, FirstPositionAloneEqualsItsRowOfTheFullLastLayerWithGradients) {
+  torch::manual_seed(5);
+  BertEncoder encoder(BertConfig::FromJson(TinyConfig(ModelFamily::kBert)), PositionIds::kFromZero, true);
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(9);
+  Batch batch = RandomBatch(generator, 0);
+  const torch::Tensor weights = torch::randn({kBatch, 1, encoder->parameters()[0].size(1)});
+  std::vector<torch::Tensor> params = encoder->parameters();
+  for (Unpadding policy : {Unpadding::kNever, Unpadding::kAlways}) {
+    torch::Tensor full = encoder->forward(batch.ids, batch.mask, policy).narrow(1, 0, 1);
+    torch::Tensor first = encoder->forward(batch.ids, batch.mask, policy, Rows::kFirst);
+    ASSERT_EQ(first.sizes(), full.sizes());
+    EXPECT_TRUE(first.allclose(full, 1e-5, 1e-6));
+    const auto full_grads = torch::autograd::grad({(full * weights).sum()}, params, {}, false, false, true);
+    const auto first_grads = torch::autograd::grad({(first * weights).sum()}, params, {}, false, false, true);
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_EQ(full_grads[i].defined(), first_grads[i].defined()) << i;
+      if (full_grads[i].defined()) EXPECT_TRUE(first_grads[i].allclose(full_grads[i], 1e-4, 1e-6)) << i;
+    }
+  }
+}
+
 TEST(ProjectQkv, EqualsTheThreeProjections) {
   torch::manual_seed(4);
   AdaptableLinear q(16, 16), k(16, 16), v(16, 16);
