@@ -133,8 +133,10 @@ torch::Tensor AddLowRankUpdates(torch::Tensor y, const torch::Tensor& x, const s
     for (const auto& u : updates) AddOne(y2, x2, u);
     return y;
   }
-  // In place on a view would make autograd copy the view's base around this node.
-  if (!y.is_contiguous() || y.is_view()) y = y.clone(at::MemoryFormat::Contiguous);
+  // In place on a view would make autograd copy the view's base around this node, and
+  // on a leaf that wants a gradient it is not allowed.
+  if (!y.is_contiguous() || y.is_view() || (y.is_leaf() && y.requires_grad()))
+    y = y.clone(at::MemoryFormat::Contiguous);
   std::vector<torch::Tensor> as, bs;
   std::vector<double> scalings;
   std::vector<int64_t> columns;

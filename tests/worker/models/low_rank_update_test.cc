@@ -52,8 +52,10 @@ TEST(AddLowRankUpdates, ValuesAndEveryGradientEqualTheComposedOps) {
   const torch::Tensor weights = torch::randn({2, 5, 12});
   const torch::Tensor expected = Composed(c.y, c.x, c.updates);
   const std::vector<torch::Tensor> expected_grads = torch::autograd::grad({(expected * weights).sum()}, Leaves(c));
-  // y is a leaf, so it goes in as a copy that the update may change in place.
-  const torch::Tensor got = AddLowRankUpdates(c.y * 1.0, c.x, c.updates);
+  // y is a leaf that wants a gradient: it is copied, not changed.
+  const torch::Tensor before = c.y.detach().clone();
+  const torch::Tensor got = AddLowRankUpdates(c.y, c.x, c.updates);
+  EXPECT_TRUE(c.y.equal(before));
   ASSERT_TRUE(got.allclose(expected, 1e-6, 1e-5));
   const std::vector<torch::Tensor> got_grads = torch::autograd::grad({(got * weights).sum()}, Leaves(c));
   const char* names[] = {"y", "x", "A0", "B0", "A1", "B1"};
