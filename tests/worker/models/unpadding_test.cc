@@ -160,7 +160,9 @@ TEST(Rows, FirstPositionAloneEqualsItsRowOfTheFullLastLayerWithGradients) {
     const auto first_grads = torch::autograd::grad({(first * weights).sum()}, params, {}, false, false, true);
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_EQ(full_grads[i].defined(), first_grads[i].defined()) << i;
-      if (full_grads[i].defined()) EXPECT_TRUE(first_grads[i].allclose(full_grads[i], 1e-4, 1e-6)) << i;
+      if (full_grads[i].defined()) {
+        EXPECT_TRUE(first_grads[i].allclose(full_grads[i], 1e-4, 1e-6)) << i;
+      }
     }
   }
 }
