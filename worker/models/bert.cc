@@ -185,7 +185,7 @@ nlohmann::json BertForSequenceClassificationImpl::HfConfig() const {
 
 torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                          const torch::Tensor& attention_mask) {
-  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), Rows::kFirst))));
+  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), head_rows()))));
 }
 
 Model CreateBert(const nlohmann::json& config, ModelTask task) {

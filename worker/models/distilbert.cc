@@ -134,10 +134,10 @@ torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tens
   std::optional<TokenIndex> tokens;
   if (TokenIndex::Wanted(unpadding(), attention_mask, keep_mask)) tokens.emplace(attention_mask);
   torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
-  // The head reads position 0 alone: the last layer computes no other (Rows::kFirst).
+  // The head reads position 0 alone: the last layer computes no other (head_rows()).
   const TokenIndex* packed = tokens ? &*tokens : nullptr;
   for (size_t i = 0; i < layers_.size(); ++i)
-    hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? Rows::kFirst : Rows::kAll);
+    hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? head_rows() : Rows::kAll);
   if (layers_.empty()) hidden = FirstRows(hidden, packed);
   torch::Tensor pooled = torch::relu(pre_classifier_(hidden.select(1, 0)));
   return classifier_(classifier_dropout_(pooled));

@@ -60,9 +60,15 @@ class ModelImpl : public torch::nn::Module {
   // batches are packed blocks or left-padded prompts, ignores it.
   void set_unpadding(Unpadding policy) { unpadding_ = policy; }
   Unpadding unpadding() const { return unpadding_; }
+  // Whether a classifier's last layer computes position 0 alone (Rows::kFirst in
+  // layers.h): the default; int8 models turn it off, since their inputs' quantization
+  // range is taken over every row, as torch's dynamic quantization takes it.
+  void set_head_rows_only(bool on) { head_rows_only_ = on; }
+  Rows head_rows() const { return head_rows_only_ ? Rows::kFirst : Rows::kAll; }
 
  private:
   Unpadding unpadding_ = Unpadding::kAuto;
+  bool head_rows_only_ = true;
 };
 using Model = std::shared_ptr<ModelImpl>;
 

@@ -55,7 +55,11 @@ Int8Summary QuantizeLinearsInt8(torch::nn::Module& model) {
   };
   // An input's quantization range is its min/max over the whole tensor, padding rows
   // included, as torch's module sees it; packed tokens would change that range.
-  if (auto* family_model = dynamic_cast<ModelImpl*>(&model)) family_model->set_unpadding(Unpadding::kNever);
+  // For the same reason the last layer keeps every row (ModelImpl::head_rows()).
+  if (auto* family_model = dynamic_cast<ModelImpl*>(&model)) {
+    family_model->set_unpadding(Unpadding::kNever);
+    family_model->set_head_rows_only(false);
+  }
   for (const auto& module : model.modules(/*include_self=*/true)) {
     if (auto* linear = module->as<AdaptableLinear>()) {
       if (!linear->weight.device().is_cpu())

@@ -45,7 +45,7 @@ nlohmann::json RobertaForSequenceClassificationImpl::HfConfig() const {
 
 torch::Tensor RobertaForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                             const torch::Tensor& attention_mask) {
-  torch::Tensor first = roberta_->forward(input_ids, attention_mask, unpadding(), Rows::kFirst).select(1, 0);
+  torch::Tensor first = roberta_->forward(input_ids, attention_mask, unpadding(), head_rows()).select(1, 0);
   return out_proj_(dropout_(torch::tanh(dense_(dropout_(first)))));
 }
 
