@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -42,6 +43,13 @@ inline uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Calls body(begin, end) over [0, count) cut into one range per intra-op thread, none
+// shorter than 16K elements (below that a thread costs more than it saves).
+void ForEachRange(int64_t count, const std::function<void(int64_t, int64_t)>& body) {
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count >> 14));
+  ParallelSlices(slices, int(slices), [&](int64_t s) { body(count * s / slices, count * (s + 1) / slices); });
+}
+
 }  // namespace
 
 torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training) {
@@ -52,10 +60,8 @@ torch::Tensor ApplyDropout(const torch::Tensor& x, double p, bool training) {
   float* out = mask.data_ptr<float>();
   const auto threshold = static_cast<uint32_t>(p * 4294967296.0);
   const auto keep = static_cast<float>(1.0 / (1.0 - p));
-  const int64_t count = mask.numel();
-  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count >> 14));
-  ParallelSlices(slices, int(slices), [&](int64_t s) {
-    for (int64_t i = count * s / slices, end = count * (s + 1) / slices; i < end; ++i)
+  ForEachRange(mask.numel(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
       out[i] = static_cast<uint32_t>(Mix(seed + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 32) >= threshold ? keep : 0.0f;
   });
   return x * mask;
@@ -70,10 +76,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     torch::Tensor y = torch::empty_like(u), slope = torch::empty_like(u);
     const float* in = u.data_ptr<float>();
     float *out = y.data_ptr<float>(), *d = slope.data_ptr<float>();
-    const int64_t count = u.numel();
-    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count >> 14));
-    ParallelSlices(slices, int(slices), [&](int64_t s) {
-      const int64_t begin = count * s / slices, end = count * (s + 1) / slices;
+    ForEachRange(u.numel(), [&](int64_t begin, int64_t end) {
       gelu::GeluWithSlope(in + begin, end - begin, out + begin, d + begin);
     });
     ctx->save_for_backward({slope});
