@@ -531,10 +531,16 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node b = r.Section(root, "benchmark",
                            {"mode", "batch_sizes", "seq_lens", "precisions", "modes", "torchscript", "aoti", "warmup",
-                            "iters", "max_cv", "max_remeasure", "memory_cap_mb", "train_steps"});
+                            "iters", "max_cv", "max_remeasure", "memory_cap_mb", "train_steps", "new_tokens"});
   BenchmarkSpec& out = spec->benchmark;
-  r.ReadEnum(b, "mode", "benchmark", std::map<std::string, bool>{{"sweep", false}, {"train_step", true}},
-             &out.train_step);
+  r.ReadEnum(b, "mode", "benchmark",
+             std::map<std::string, BenchmarkRun>{{"sweep", BenchmarkRun::kSweep},
+                                                 {"train_step", BenchmarkRun::kTrainStep},
+                                                 {"generate", BenchmarkRun::kGenerate}},
+             &out.run);
+  const bool generates = out.run == BenchmarkRun::kGenerate;
+  if (generates && spec->task != TaskKind::kCausalLm)
+    r.Fail(b["mode"], "benchmark.mode", "generate needs task: causal_lm");
   r.ReadList(b, "batch_sizes", "benchmark", &out.batch_sizes,
              [&](const YAML::Node& n, const std::string& path) { return r.PositiveInt(n, path, kMaxBatch); });
   r.ReadList(b, "seq_lens", "benchmark", &out.seq_lens,
@@ -556,6 +562,12 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   r.ReadInt(b, "max_remeasure", "benchmark", &out.max_remeasure, 0, 100);
   r.ReadDouble(b, "memory_cap_mb", "benchmark", &out.memory_cap_mb, 0.0, 1e9);
   r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2, kMaxCount);
+  r.ReadInt(b, "new_tokens", "benchmark", &out.new_tokens, 2, kMaxSeqLen);
+  if (generates)
+    for (BenchMode m : out.modes)
+      if (m != BenchMode::kEager && m != BenchMode::kCudaGraph)
+        r.Fail(b["modes"], "benchmark.modes",
+               std::string("mode: generate runs eager or cuda_graph, not ") + ToString(m));
 }
 
 void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
@@ -578,7 +590,7 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
 void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node n = r.Section(root, "generate",
                            {"prompts", "output", "batch_size", "max_new_tokens", "strategy", "temperature", "top_k",
-                            "top_p", "stop", "ignore_stop"});
+                            "top_p", "stop", "ignore_stop", "cuda_graph"});
   GenerateSpec& out = spec->generate;
   if (!r.ReadPath(n, "prompts", "generate", &out.prompts, PathKind::kFile))
     r.Fail(n.IsDefined() ? n : root, "generate.prompts", "required: a text file, one prompt a line");
@@ -592,6 +604,7 @@ void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadList(n, "stop", "generate", &out.stop,
              [&](const YAML::Node& item, const std::string&) { return item.Scalar(); });
   r.ReadBool(n, "ignore_stop", "generate", &out.ignore_stop);
+  r.ReadBool(n, "cuda_graph", "generate", &out.cuda_graph);
 }
 
 // kind: serve reads its models (weights, tokenizer, labels) from the repository, so it

@@ -136,8 +136,12 @@ struct DistributedSpec {
 
 enum class BenchMode { kEager, kTorchScript, kCudaGraph, kInt8, kAoti };
 
+// sweep: forward passes over batch x seq_len cells; train_step: training steps;
+// generate: a causal LM generating new_tokens after prompts of seq_len tokens.
+enum class BenchmarkRun { kSweep, kTrainStep, kGenerate };
+
 struct BenchmarkSpec {
-  bool train_step = false;  // mode: sweep (false) | train_step
+  BenchmarkRun run = BenchmarkRun::kSweep;  // the key `mode`
   std::vector<int> batch_sizes = {1, 2, 4, 8};
   std::vector<int> seq_lens = {8, 64, 128};
   std::vector<Precision> precisions = {Precision::kFp32};
@@ -149,6 +153,7 @@ struct BenchmarkSpec {
   int max_remeasure = 2;     // ... at most this often, then flagged
   double memory_cap_mb = 0;  // 0 = none; a cell needing more is "OOM"
   int train_steps = 20;      // train_step: steps timed (first excluded)
+  int new_tokens = 32;       // generate: tokens generated after each prompt
 };
 
 struct InferenceSpec {
@@ -171,6 +176,7 @@ struct GenerateSpec {
   int top_k = 0;
   std::vector<std::string> stop;  // stop tokens as written in the vocabulary; default: the model's eos
   bool ignore_stop = false;       // benchmarks: every row generates max_new_tokens
+  bool cuda_graph = false;        // decode steps replay one captured CUDA graph (CUDA only)
 };
 
 // kind: serve: a model repository served over the Open Inference Protocol (KServe V2).

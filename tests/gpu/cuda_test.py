@@ -11,6 +11,10 @@ case exits 77 (ctest: skipped), saying so, where torch sees no CUDA device.
           scaling) each train langid to > 0.9 dev accuracy; fp16 reports its scale
   graph   CUDA-graph replays give the eager logits within 1e-5 (fp32), and a benchmark
           job's cuda_graph cells in fp32/bf16/fp16 are all measured
+  generate  greedy GPT-2 generation on CUDA gives HF generate's token ids on the same GPU
+          (batch 1, and 4 left-padded), and decoding through a captured CUDA graph gives
+          the same ids as the growing decode steps; a benchmark job's generate cells,
+          eager and cuda_graph in fp32/bf16/fp16, are all measured
 """
 import argparse
 import csv
@@ -152,7 +156,63 @@ benchmark:
     return diff <= 1e-5 and len(cells) == 24 and all(c["status"] == "ok" for c in cells)
 
 
-CASES = {"parity": parity, "train": train, "graph": graph}
+def generate(args, work):
+    import torch
+    from generate_parity import EOS, hf_greedy, make_model, prompts
+    torch.backends.cuda.matmul.allow_tf32 = False
+    folder = os.path.join(work, "gpt2")
+    model = make_model(folder).cuda()
+    ok = True
+    for batch in (1, 4):
+        rows = prompts(batch)
+        expected = hf_greedy(model, rows)  # HF on the same GPU
+        got = {}
+        for decode in ("growing", "graph"):
+            path = write(os.path.join(work, f"generate_{decode}.json"),
+                         json.dumps({"prompts": rows, "max_new_tokens": 32, "pad_id": EOS, "stop_ids": [EOS],
+                                     "decode": decode}))
+            out = subprocess.run([args.probe, "generate", folder, path, "--device", "cuda"], capture_output=True,
+                                 text=True)
+            if out.returncode != 0:
+                print(out.stderr[-2000:])
+                return False
+            got[decode] = json.loads(out.stdout)["tokens"]
+        same_hf, same_graph = got["growing"] == expected, got["graph"] == got["growing"]
+        print(f"batch {batch}: greedy on CUDA vs HF generate: {same_hf}; CUDA-graph decode vs growing: {same_graph}")
+        ok = ok and same_hf and same_graph
+    lm = os.path.join(os.path.dirname(LANGID), "lm")
+    bench = f"""name: generate_cells
+kind: benchmark
+task: causal_lm
+data:
+  train: {lm}/train.txt
+  tokenizer: {{kind: bpe, vocab: {lm}/bpe/vocab.json, merges: {lm}/bpe/merges.txt}}
+model: {{family: gpt2, preset: mini}}
+runtime: {{device: cuda}}
+benchmark:
+  mode: generate
+  batch_sizes: [1, 8]
+  seq_lens: [32, 128]
+  precisions: [fp32, bf16, fp16]
+  modes: [eager, cuda_graph]
+  new_tokens: 32
+  iters: 5
+"""
+    job = write(os.path.join(work, "generate_cells.yaml"), bench)
+    result = subprocess.run([args.worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True,
+                            text=True, timeout=900)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        return False
+    with open(os.path.join(work, "runs", "generate_cells", "benchmark.csv")) as f:
+        cells = list(csv.DictReader(f))
+    for c in cells:
+        print(f"{c['mode']} {c['precision']} b{c['batch']} prompt {c['seq_len']}: {c['status']} first token "
+              f"{c['first_token_ms']} ms, {c['tokens_per_s']} tok/s")
+    return ok and len(cells) == 24 and all(c["status"] == "ok" for c in cells)
+
+
+CASES = {"parity": parity, "train": train, "graph": graph, "generate": generate}
 
 
 def main():

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Generation parity: greedy decoding from the same GPT-2 weights and prompts gives the
 same token ids as Hugging Face's generate(do_sample=False), for 32 new tokens at batch 1
-and at batch 4 with left padding, and with a stop token that ends rows early; our KV-cache path equals our no-cache path; sampling is
-reproducible from its seed, and top_k=1 or a tiny top_p is greedy."""
+and at batch 4 with left padding, and with a stop token that ends rows early; our KV-cache
+path equals our no-cache path, and the fixed-shape decode steps a CUDA graph captures equal
+the growing ones; sampling is reproducible from its seed, and top_k=1 or a tiny top_p is
+greedy."""
 import argparse
 import json
 import os
@@ -80,12 +82,16 @@ def main():
             ok &= check(f"batch {batch}: greedy vs HF generate", cached, expected)
             ok &= check(f"batch {batch}: cache vs no cache", ours(args.probe, folder, work, rows, use_cache=False),
                         cached)
+            ok &= check(f"batch {batch}: fixed-shape decode (a CUDA graph's) vs growing",
+                        ours(args.probe, folder, work, rows, decode="fixed"), cached)
             print(f"  {sum(len(r) for r in expected)} tokens, first row {expected[0][:10]}...")
         rows = prompts(4)
         greedy = ours(args.probe, folder, work, rows)
         stop = greedy[0][2]  # a token row 0 emits third: rows stop early, at different steps
         stopped = ours(args.probe, folder, work, rows, stop_ids=[stop])
         ok &= check(f"batch 4, stop token {stop}: vs HF generate", stopped, hf_greedy(model, rows, stop))
+        ok &= check(f"batch 4, stop token {stop}: fixed-shape decode", ours(args.probe, folder, work, rows,
+                                                                            stop_ids=[stop], decode="fixed"), stopped)
         ended = stopped[0][2] == stop and set(stopped[0][3:]) <= {EOS}
         print(f"  row 0 ends at its stop token, padded after: {ended}")
         ok &= ended

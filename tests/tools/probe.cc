@@ -10,6 +10,8 @@
 //   ty_probe graph MODEL_DIR INPUTS.json     stdout: JSON logits, eager and CUDA-graph replay
 //                                            (as a benchmark job's cuda_graph cells run it)
 //   ty_probe resave SRC_DIR DST_DIR          load an HF folder into our model, save it again
+//   ty_probe generate MODEL_DIR INPUTS.json [--device D]
+//                                            stdout: JSON token ids generated from the prompts
 //   ty_probe torchscript MODEL.pt INPUTS.json stdout: JSON logits of a TorchScript module
 //   ty_probe aoti PACKAGE.pt2 INPUTS.json     stdout: JSON logits of an AOTInductor package
 //   ty_probe gemv [--threads N] [--rows 1,2,4,8,16]
@@ -35,7 +37,7 @@
 #include "data/wordpiece_tokenizer.h"
 #include "worker/train/amp.h"
 #ifdef TRAINYARD_WITH_CUDA
-#include "worker/jobs/cuda_graph.h"
+#include "worker/models/cuda_graph.h"
 #endif
 #include "worker/models/aoti_package.h"
 #include "worker/models/gemv.h"
@@ -220,11 +222,11 @@ int Aoti(int argc, char** argv) {
 }
 
 // Generates from prompts given as ids: {"prompts": [[ids]], "max_new_tokens", "pad_id",
-// "stop_ids", "use_cache", "sample", "temperature", "top_k", "top_p", "seed"}; prints
-// {"tokens": [[ids]]}.
+// "stop_ids", "use_cache", "sample", "temperature", "top_k", "top_p", "seed",
+// "decode": growing|fixed|graph}; prints {"tokens": [[ids]]}.
 int GenerateTokens(int argc, char** argv) {
   if (argc < 4) return 2;
-  Model model = LoadModel(argv[2], torch::kCPU);
+  Model model = LoadModel(argv[2], torch::Device(Option(argc, argv, 4, "--device", "cpu")));
   auto* lm = dynamic_cast<CausalLmImpl*>(model.get());
   if (!lm) throw std::runtime_error(std::string(argv[2]) + " is not a causal LM");
   Freeze(*model);  // as the generate job does
@@ -239,6 +241,10 @@ int GenerateTokens(int argc, char** argv) {
   options.top_k = in.value("top_k", int64_t(0));
   options.top_p = in.value("top_p", 1.0);
   options.seed = in.value("seed", uint64_t(0));
+  const std::string decode = in.value("decode", std::string("growing"));
+  options.decode = decode == "fixed"   ? DecodeMode::kFixedShape
+                   : decode == "graph" ? DecodeMode::kCudaGraph
+                                       : DecodeMode::kGrowing;
   GenerationResult result = Generate(*lm, in.at("prompts").get<std::vector<std::vector<int64_t>>>(), options);
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t i = 0; i < result.tokens.size(0); ++i) {

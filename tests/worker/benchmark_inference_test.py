@@ -7,7 +7,12 @@
   train_step  mean/p50 ms per step per precision, first step excluded
   inference   sorted and file-order predictions are identical and in input order
   validation  cuda_graph on a CPU-only job exits 2 with file:line; so do an empty
-              list, batch 0 and an unknown mode
+              list, batch 0 and an unknown mode, and mode: generate for a classifier
+              or with a mode it cannot run
+  generate    mode: generate on a GPT-2 preset, on 1 rank and dealt over 2: every
+              batch x prompt length x precision cell is written with its time to
+              first token and decoded tokens/s; fp16 on CPU and a prompt that leaves no
+              room for new_tokens are N/A, with their reasons, on either rank
 """
 import argparse
 import csv
@@ -21,6 +26,7 @@ import tempfile
 from e2e_common import LANGID, MPI_ENV, SOURCE_DIR, write
 
 TOPICS = os.path.join(SOURCE_DIR, "data", "prepared", "topics")
+LM = os.path.join(SOURCE_DIR, "data", "prepared", "lm")
 
 
 def bench_job(name, preset, body):
@@ -127,15 +133,74 @@ def validation(worker, work):
         "empty list": ("  batch_sizes: []\n", r"benchmark\.batch_sizes: expected a non-empty list"),
         "batch 0": ("  batch_sizes: [1, 0]\n", r"benchmark\.batch_sizes\[1\]: expected an integer in \[1, 65536\], got 0"),
         "unknown mode": ("  modes: [eager, onnx]\n", r"benchmark\.modes\[1\]: expected one of aoti, cuda_graph, eager, int8, torchscript, got 'onnx'"),
+        "generate for a classifier": ("  mode: generate\n", r"benchmark\.mode: generate needs task: causal_lm"),
+        "generate in int8": ("  mode: generate\n  modes: [int8]\n",
+                             r"benchmark\.modes: mode: generate runs eager or cuda_graph, not int8"),
     }
     ok = True
     for name, (body, expected) in cases.items():
-        result, out = run(worker, work, "invalid", bench_job("invalid", "tiny", body))
+        text = bench_job("invalid", "tiny", body)
+        if "int8" in name:
+            text = text.replace("kind: benchmark", "kind: benchmark\ntask: causal_lm")
+        result, out = run(worker, work, "invalid", text)
         lines = [l for l in result.stderr.splitlines() if l.strip()]
         good = (result.returncode == 2 and len(lines) == 1 and re.search(r"invalid\.yaml:\d+:\d+: ", lines[0])
                 and re.search(expected, lines[0]) and not os.path.exists(out))
         print(f"{'ok  ' if good else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
         ok = ok and bool(good)
+    return ok
+
+
+GENERATE_JOB = f"""name: {{name}}
+kind: benchmark
+task: causal_lm
+data:
+  train: {LM}/train.txt
+  tokenizer: {{{{kind: bpe, vocab: {LM}/bpe/vocab.json, merges: {LM}/bpe/merges.txt}}}}
+model: {{{{family: gpt2, preset: tiny}}}}
+runtime: {{{{device: cpu, threads: 1}}}}
+benchmark:
+  mode: generate
+  batch_sizes: [1, 4]
+  seq_lens: [8, 32, 510]
+  precisions: [fp32, fp16]
+  new_tokens: 8
+  warmup: 1
+  iters: 3
+"""
+
+
+def generate(worker, work, mpirun):
+    ok = True
+    for ranks in (1, 2):
+        name = f"generate_{ranks}"
+        job = write(os.path.join(work, name + ".yaml"), GENERATE_JOB.format(name=name))
+        command = [worker, job, "--runs-dir", os.path.join(work, "runs")]
+        if ranks > 1:
+            command = [mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + command
+        result = subprocess.run(command, capture_output=True, text=True, env=MPI_ENV)
+        if result.returncode != 0:
+            print(result.stdout[-3000:], result.stderr[-3000:])
+            return False
+        out = os.path.join(work, "runs", name)
+        cells = {(int(c["batch"]), int(c["seq_len"]), c["precision"]): c
+                 for c in csv.DictReader(open(os.path.join(out, "benchmark.csv")))}
+        measured = [cells[(b, s, "fp32")] for b in (1, 4) for s in (8, 32)]
+        timed = all(c["status"] == "ok" and c["mode"] == "generate" and float(c["first_token_ms"]) > 0 and
+                    float(c["mean_ms"]) > 0 and
+                    abs(float(c["tokens_per_s"]) - int(c["batch"]) * 1000 / float(c["mean_ms"])) <
+                    1e-3 * float(c["tokens_per_s"]) for c in measured)
+        fp16 = all(cells[(b, s, "fp16")]["note"] == "fp16 needs CUDA" for b in (1, 4) for s in (8, 32))
+        too_long = all(cells[(b, 510, p)]["note"] == "prompt plus new_tokens exceed the model's positions"
+                       for b in (1, 4) for p in ("fp32", "fp16"))
+        table = open(os.path.join(out, "benchmark.md")).read()
+        ranks_seen = sorted({c["rank"] for c in cells.values()})
+        print(f"{ranks} rank(s): {len(cells)} cells by ranks {ranks_seen}; fp32 cells timed {timed} "
+              f"(first token {[c['first_token_ms'] for c in measured]} ms, decode "
+              f"{[round(float(c['tokens_per_s'])) for c in measured]} tok/s); fp16 N/A {fp16}; "
+              f"510 + 8 N/A {too_long}; table {'## fp32 / generate' in table}")
+        ok = ok and len(cells) == 12 and timed and fp16 and too_long and "## fp32 / generate" in table
+        ok = ok and ranks_seen == [str(r) for r in range(ranks)]
     return ok
 
 
@@ -169,11 +234,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=["sweep", "train_step", "inference", "validation", "multirank"])
+    parser.add_argument("case", choices=["sweep", "train_step", "inference", "validation", "multirank", "generate"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        if args.case == "multirank":
-            ok = multirank(args.worker, work, args.mpirun)
+        if args.case in ("multirank", "generate"):
+            ok = globals()[args.case](args.worker, work, args.mpirun)
         else:
             ok = globals()[args.case](args.worker, work)
     print("PASS" if ok else "FAIL")

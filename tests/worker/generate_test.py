@@ -145,6 +145,9 @@ def check_bad_input(worker, work, model_dir):
         ("a stop string of two tokens",
          job(work, model_dir, os.path.join(work, "prompts.txt"), "  stop: ['hello world']\n"),
          ["generate.stop", "must be one"]),
+        ("cuda_graph on a CPU job",
+         job(work, model_dir, os.path.join(work, "prompts.txt"), "  cuda_graph: true\n"),
+         ["generate.cuda_graph", "needs a CUDA device"]),
         ("a classifier for kind: generate", job(work, model_dir, long_prompt).replace(
             "kind: generate", "kind: generate\ntask: classification"), ["task", "causal_lm"]),
     ]

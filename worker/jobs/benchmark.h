@@ -9,12 +9,16 @@
 // real text from data.train, tokenized and cut to the cell's length.
 // train_step: mean and p50 ms per training step over train_steps steps, the first
 // excluded, per precision, at train.batch_size x data.max_seq_len.
+// generate (a causal LM): every batch x seq_len x precision x mode cell generates
+// new_tokens after prompts of seq_len tokens of real text: time to first token, ms per
+// decode step and decoded tokens/s, eager or through a CUDA graph.
 // With several ranks the cells are dealt round-robin and rank 0 gathers and reports.
 #pragma once
 
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -40,11 +44,21 @@ class BenchmarkRunner {
   };
 
   std::vector<CellPlan> PlanCells() const;
+  BenchCell NewCell(const CellPlan& plan) const;
+  std::string CellMode(BenchMode mode) const;
   BenchCell Measure(const CellPlan& plan);
+  BenchCell MeasureGeneration(const CellPlan& plan);
   BenchCell MeasureTrainStep(Precision precision);
+  // Runs `pass` (which fills a copy of `cell` with timings) until its coefficient of
+  // variation is within max_cv or max_remeasure more passes have run; keeps the steadiest.
+  BenchCell SteadiestPass(const BenchCell& cell, const std::function<void(BenchCell*)>& pass) const;
+  // Runs `measure` on the cell with its memory counted (peak_mb) and capped
+  // (memory_cap_mb); out of memory makes the cell OOM.
+  BenchCell MeasureWithin(BenchCell cell, const std::function<void(BenchCell*)>& measure);
   std::function<torch::Tensor()> MakeForward(const CellPlan& plan, const torch::Tensor& ids, const torch::Tensor& mask);
   std::vector<double> TimeIterations(const std::function<void()>& step, int warmup, int iters);
   torch::Tensor Inputs(int batch, int seq) const;
+  std::vector<std::vector<int64_t>> PromptRows(int batch, int seq) const;  // generate's prompts
   std::vector<BenchCell> Gather(std::vector<BenchCell> mine, size_t total) const;
   nlohmann::json Environment() const;
 

@@ -34,6 +34,8 @@ GenerateRunner::GenerateRunner(JobSpec spec, RankContext ranks)
   model_->to(device_);
   model_->eval();
   Freeze(*model_);
+  if (spec_.generate.cuda_graph && !device_.is_cuda())
+    throw InputError(spec_.Where("generate.cuda_graph") + ": needs a CUDA device; this job runs on " + device_.str());
   if (spec_.model.init.empty())
     LogWarn("generation with a freshly initialised '" + spec_.model.preset +
             "' model (no model.init): the text is noise, the timings are real");
@@ -96,13 +98,11 @@ nlohmann::json GenerateRunner::Run() {
   options.max_new_tokens = g.max_new_tokens, options.sample = g.sample, options.temperature = g.temperature;
   options.top_k = g.top_k, options.top_p = g.top_p, options.seed = spec_.seed, options.stop_ids = stop_ids_;
   options.ignore_stop = g.ignore_stop, options.pad_id = tokenizer_->pad_id();
-  const torch::ScalarType cache_dtype =
-      spec_.train.precision == Precision::kFp32
-          ? torch::kFloat
-          : (spec_.train.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kHalf);
+  options.decode = g.cuda_graph ? DecodeMode::kCudaGraph : DecodeMode::kGrowing;
+  const torch::ScalarType cache_dtype = ComputeDtype(spec_.train.precision);
   std::string lines;
   std::vector<double> first_token_ms;
-  double decode_ms = 0, decode_tokens = 0;
+  double decode_ms = 0, decode_tokens = 0, capture_ms = 0;
   int64_t new_tokens = 0;
   for (size_t begin = 0; begin < prompt_ids_.size() && !StopAsked(ranks_); begin += size_t(g.batch_size)) {
     const size_t end = std::min(prompt_ids_.size(), begin + size_t(g.batch_size));
@@ -114,6 +114,7 @@ nlohmann::json GenerateRunner::Run() {
     }
     first_token_ms.push_back(result.first_token_ms);
     decode_ms += result.decode_ms;
+    capture_ms += result.capture_ms;
     decode_tokens += double(result.tokens.size(0) * std::max<int64_t>(0, result.tokens.size(1) - 1));
     for (int64_t row = 0; row < result.tokens.size(0); ++row) {
       torch::Tensor t = result.tokens[row].contiguous();
@@ -149,6 +150,7 @@ nlohmann::json GenerateRunner::Run() {
                             {"new_tokens", new_tokens},
                             {"first_token_ms_median", Median(first_token_ms)},
                             {"decode_tokens_per_s", tokens_per_s},
+                            {"cuda_graph_capture_ms", capture_ms},
                             {"output", path}};
   WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
   return summary;

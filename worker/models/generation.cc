@@ -3,11 +3,16 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "worker/models/kv_cache.h"
+#ifdef TRAINYARD_WITH_CUDA
+#include "worker/models/cuda_graph.h"
+#endif
 
 namespace trainyard {
 namespace {
@@ -54,6 +59,60 @@ torch::Tensor TopP(const torch::Tensor& logits, double top_p) {
   return logits.masked_fill(remove.scatter(-1, order, remove), -std::numeric_limits<float>::infinity());
 }
 
+// Decode steps at fixed shapes over a cache at a write slot (generation.h): the
+// tokens, positions, mask and slot are buffers that each step updates in place.
+class FixedShapeDecoder {
+ public:
+  // After the prefill: `cache` holds the prompts (`keep` [B, P], false at padding),
+  // whose last positions are `last_positions` [B, 1].
+  FixedShapeDecoder(CausalLmImpl& model, KvCache& cache, const torch::Tensor& keep, const torch::Tensor& last_positions,
+                    bool cuda_graph)
+      : cuda_graph_(cuda_graph),
+        ids_(torch::zeros_like(last_positions)),
+        positions_(last_positions.clone()),
+        keep_(torch::zeros({keep.size(0), cache.capacity()}, keep.options())),
+        slot_(torch::full({1}, keep.size(1), last_positions.options())) {
+    keep_.narrow(1, 0, keep.size(1)).copy_(keep);
+    cache.UseWriteSlot(slot_);
+    step_ = [&model, &cache, this] {
+      return model.Step(ids_, positions_, keep_, cache, true).select(1, 0).to(torch::kFloat);
+    };
+  }
+  FixedShapeDecoder(const FixedShapeDecoder&) = delete;  // step_ refers to this object
+  FixedShapeDecoder& operator=(const FixedShapeDecoder&) = delete;
+
+  torch::Tensor Feed(const torch::Tensor& tokens) {
+    ids_.copy_(tokens.unsqueeze(1));
+    positions_.add_(1);
+    keep_.index_fill_(1, slot_, true);
+    if (cuda_graph_ && !replay_) {
+      const auto start = std::chrono::steady_clock::now();
+      replay_ = Capture();
+      capture_ms_ = MsBetween(start, std::chrono::steady_clock::now());
+    }
+    torch::Tensor logits = replay_ ? replay_() : step_();
+    slot_.add_(1);
+    return logits;
+  }
+  double capture_ms() const { return capture_ms_; }
+
+ private:
+  // The warm-up runs and the capture write this step's keys at the same slot, from the
+  // same inputs: the cache holds what one run would have written.
+  std::function<torch::Tensor()> Capture() {
+#ifdef TRAINYARD_WITH_CUDA
+    return CaptureCudaGraph(step_, ids_.device());
+#else
+    throw std::invalid_argument("CUDA-graph decoding needs a build with CUDA");
+#endif
+  }
+
+  bool cuda_graph_;
+  double capture_ms_ = 0;
+  torch::Tensor ids_, positions_, keep_, slot_;
+  std::function<torch::Tensor()> step_, replay_;
+};
+
 // The logits of the next token for every row, [B, vocab] float.
 class NextLogits {
  public:
@@ -61,6 +120,7 @@ class NextLogits {
              torch::ScalarType cache_dtype)
       : model_(model),
         cache_dtype_(cache_dtype),
+        decode_(options.decode),
         capacity_(capacity),
         ids_(prompts.ids),
         keep_(prompts.keep),
@@ -68,10 +128,19 @@ class NextLogits {
     if (options.use_cache) cache_.emplace(model.NewCache(ids_.size(0), capacity, cache_dtype));
   }
 
-  torch::Tensor Prefill() { return Run(ids_, positions_); }
+  torch::Tensor Prefill() {
+    torch::Tensor logits = Run(ids_, positions_);
+    if (cache_ && decode_ != DecodeMode::kGrowing)
+      fixed_.emplace(model_, *cache_, keep_, positions_.narrow(1, positions_.size(1) - 1, 1),
+                     decode_ == DecodeMode::kCudaGraph);
+    return logits;
+  }
+
+  double capture_ms() const { return fixed_ ? fixed_->capture_ms() : 0.0; }
 
   // Feeds `tokens` [B] at each row's next position.
   torch::Tensor Feed(const torch::Tensor& tokens) {
+    if (fixed_) return fixed_->Feed(tokens);
     torch::Tensor next_position = positions_.narrow(1, positions_.size(1) - 1, 1) + 1;
     ids_ = torch::cat({ids_, tokens.unsqueeze(1)}, 1);
     positions_ = torch::cat({positions_, next_position}, 1);
@@ -88,9 +157,11 @@ class NextLogits {
 
   CausalLmImpl& model_;
   torch::ScalarType cache_dtype_;
+  DecodeMode decode_;
   int64_t capacity_;
   torch::Tensor ids_, keep_, positions_;
   std::optional<KvCache> cache_;
+  std::optional<FixedShapeDecoder> fixed_;  // declared after cache_: it refers to it
 };
 
 }  // namespace
@@ -112,6 +183,10 @@ GenerationResult Generate(CausalLmImpl& model, const std::vector<std::vector<int
                                 std::to_string(options.max_new_tokens) + " exceeds the model's " +
                                 std::to_string(model.info().max_sequence) + " positions");
   const torch::Device device = model.parameters().front().device();
+  if (options.decode != DecodeMode::kGrowing && !options.use_cache)
+    throw std::invalid_argument("fixed-shape and CUDA-graph decoding need the KV cache");
+  if (options.decode == DecodeMode::kCudaGraph && !device.is_cuda())
+    throw std::invalid_argument("CUDA-graph decoding needs a model on a CUDA device, not " + device.str());
   PaddedPrompts on_device{padded.ids.to(device), padded.keep.to(device), padded.positions.to(device)};
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   torch::InferenceMode inference;
@@ -126,17 +201,22 @@ GenerationResult Generate(CausalLmImpl& model, const std::vector<std::vector<int
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     torch::Tensor tokens = ChooseTokens(logits, options, generator).masked_fill(finished, options.pad_id);
     chosen.push_back(tokens);
-    if (step == 0) first = std::chrono::steady_clock::now();
+    if (step == 0) {  // the first token, on the host (on a GPU: once the device has made it)
+      chosen.back() = tokens.to(torch::kCPU);
+      first = std::chrono::steady_clock::now();
+    }
     if (!options.ignore_stop && stop.numel() > 0) {
       finished = finished.logical_or(torch::isin(tokens, stop));
       if (finished.all().item<bool>()) break;
     }
     if (step + 1 < options.max_new_tokens) logits = next.Feed(tokens);
   }
-  result.tokens = torch::stack(chosen, 1).to(torch::kCPU);
+  for (torch::Tensor& t : chosen) t = t.to(torch::kCPU);
+  result.tokens = torch::stack(chosen, 1);
   const auto end = std::chrono::steady_clock::now();
   result.first_token_ms = MsBetween(start, first);
-  result.decode_ms = MsBetween(first, end);
+  result.capture_ms = next.capture_ms();
+  result.decode_ms = MsBetween(first, end) - result.capture_ms;
   return result;
 }
 

@@ -13,6 +13,16 @@
 //     from then on; the loop ends when every row has stopped or after max_new_tokens.
 // Without the cache (use_cache false) every step recomputes all positions from
 // scratch, the reference the cached path is tested against.
+//
+// Decode steps run in one of three ways (DecodeMode). Growing: each step attends over
+// the positions cached so far, so its shapes grow by one. Fixed shape: the cache takes
+// each step's keys at a write slot held in a device tensor and every step attends over
+// the whole preallocated cache, the positions not yet written masked out; inputs,
+// mask and slot live in buffers updated in place. Every step then has the same shapes
+// and addresses, which is what CUDA-graph capture needs. CUDA graph: the fixed-shape
+// step captured once, at the first decode step, and replayed for every step after,
+// so that a step costs one graph launch instead of a few hundred kernel launches.
+// Fixed shape without a graph is the CPU-testable form of the same computation.
 #pragma once
 
 #include <torch/torch.h>
@@ -23,6 +33,8 @@
 #include "worker/models/model.h"
 
 namespace trainyard {
+
+enum class DecodeMode { kGrowing, kFixedShape, kCudaGraph };
 
 struct GenerationOptions {
   int64_t max_new_tokens = 32;
@@ -35,16 +47,19 @@ struct GenerationOptions {
   bool ignore_stop = false;       // benchmarks: always generate max_new_tokens
   int64_t pad_id = 0;             // fills prompts' left padding and stopped rows
   bool use_cache = true;
+  DecodeMode decode = DecodeMode::kGrowing;  // fixed shape and CUDA graph need the cache
 };
 
 struct GenerationResult {
   torch::Tensor tokens;       // [B, n] int64 on the CPU, n <= max_new_tokens; pad after a row's stop token
-  double first_token_ms = 0;  // prefill and the first token
+  double first_token_ms = 0;  // prefill and the first token (on the host)
   double decode_ms = 0;       // the remaining n - 1 steps
+  double capture_ms = 0;      // capturing the decode step's CUDA graph, in neither of the above
 };
 
 // REQUIRES: prompts non-empty, each prompt non-empty. Throws std::invalid_argument when
-// the longest prompt plus max_new_tokens exceeds the model's positions.
+// the longest prompt plus max_new_tokens exceeds the model's positions, or when the
+// decode mode cannot run (a CUDA graph off CUDA, a fixed shape without the cache).
 GenerationResult Generate(CausalLmImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                           const GenerationOptions& options, torch::ScalarType cache_dtype = torch::kFloat);
 

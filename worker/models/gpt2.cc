@@ -140,11 +140,16 @@ torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids, const torch
 
 torch::Tensor Gpt2ModelImpl::Step(const torch::Tensor& ids, const torch::Tensor& positions,
                                   const torch::Tensor& key_keep, KvCache& cache) {
-  const int64_t end = cache.length() + ids.size(1);
+  const int64_t end = cache.fixed_shape() ? cache.capacity() : cache.length() + ids.size(1);
   if (end > config_.n_positions)
     throw std::invalid_argument(std::to_string(end) + " tokens exceed the model's " +
                                 std::to_string(config_.n_positions) + " positions");
   torch::Tensor hidden = drop_(wte_(ids) + wpe_(positions));
+  if (cache.fixed_shape()) {  // key_keep covers the whole cache: the mask as it is
+    const torch::Tensor mask = key_keep.to(torch::kBool).unsqueeze(1).unsqueeze(2);
+    for (size_t i = 0; i < blocks_.size(); ++i) hidden = blocks_[i]->Step(hidden, mask, false, cache, int64_t(i));
+    return ln_f_(hidden);
+  }
   // Without padding no mask is needed: a single new position may attend every cached
   // key, and a prefill into an empty cache is plain causal attention, which SDPA runs
   // in its fused kernels (an explicit mask sends CPU SDPA down its reference path).

@@ -81,6 +81,9 @@ class CausalLmImpl : public ModelImpl {
   // ids, positions: [B, T] int64; key_keep: [B, cache.length() + T] bool, false at
   // padding. Appends the T positions' keys and values to `cache` (then advances it) and
   // returns logits [B, T, vocab], or [B, 1, vocab] for the last position when last_only.
+  // With a cache at a write slot (KvCache::UseWriteSlot): T is 1 and key_keep is
+  // [B, cache.capacity()], true exactly where a position may be attended (the slot
+  // included); the step then has the same shapes every time (CUDA-graph capture).
   virtual torch::Tensor Step(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& key_keep,
                              KvCache& cache, bool last_only) = 0;
   // An empty cache for `batch` rows and `capacity` positions, on the model's device, in

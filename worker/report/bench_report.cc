@@ -13,28 +13,38 @@
 namespace trainyard {
 namespace {
 
+bool IsGeneration(const std::string& mode) { return mode.rfind("generate", 0) == 0; }
+
 std::string Csv(const std::vector<BenchCell>& cells) {
   std::string out =
       "model,batch,seq_len,precision,mode,status,mean_ms,p50_ms,p90_ms,p99_ms,cv,seqs_per_s,tokens_per_s,"
-      "peak_mb,measurements,unstable,rank,note\n";
+      "first_token_ms,peak_mb,measurements,unstable,rank,note\n";
   for (const auto& c : cells)
-    out +=
-        fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.2f},{:.1f},{:.1f},{},{},{},{}\n", c.model,
-                    c.batch, c.seq, c.precision, c.mode, c.status, c.mean_ms, c.p50_ms, c.p90_ms, c.p99_ms, c.cv,
-                    c.seqs_per_s, c.tokens_per_s, c.peak_mb, c.measurements, c.unstable ? 1 : 0, c.rank, c.note);
+    out += fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.2f},{:.1f},{:.3f},{:.1f},{},{},{},{}\n",
+                       c.model, c.batch, c.seq, c.precision, c.mode, c.status, c.mean_ms, c.p50_ms, c.p90_ms, c.p99_ms,
+                       c.cv, c.seqs_per_s, c.tokens_per_s, c.first_token_ms, c.peak_mb, c.measurements,
+                       c.unstable ? 1 : 0, c.rank, c.note);
   return out;
 }
 
+// A cell's mean latency (generation: per decode step), `~` when still noisy.
 std::string CellText(const BenchCell& c) {
   if (c.status != "ok") return c.status;
   return fmt::format("{:.3f}{}", c.mean_ms, c.unstable ? "~" : "");
+}
+
+// A generate cell in the Markdown tables: time to first token and decoded tokens/s.
+std::string GenerationText(const BenchCell& c) {
+  if (c.status != "ok") return c.status;
+  return fmt::format("{:.1f} ms / {:.1f} tok/s{}", c.first_token_ms, c.tokens_per_s, c.unstable ? "~" : "");
 }
 
 std::string Markdown(const std::vector<BenchCell>& cells) {
   std::map<std::pair<std::string, std::string>, std::vector<const BenchCell*>> groups;
   for (const auto& c : cells) groups[{c.precision, c.mode}].push_back(&c);
   std::string out =
-      "# Benchmark\n\nMean latency in ms per batch (`~`: still noisy after re-measuring; "
+      "# Benchmark\n\nMean latency in ms per batch; generate tables: time to first token, then decoded "
+      "tokens/s over all rows, columns being prompt lengths (`~`: still noisy after re-measuring; "
       "`OOM`: out of memory; `N/A`: not applicable).\n";
   for (const auto& [key, group] : groups) {
     std::set<int> seqs;
@@ -48,9 +58,10 @@ std::string Markdown(const std::vector<BenchCell>& cells) {
     out += "\n|---|---|";
     for (size_t i = 0; i < seqs.size(); ++i) out += "---|";
     out += "\n";
+    const auto text = IsGeneration(key.second) ? GenerationText : CellText;
     for (const auto& [row, by_seq] : rows) {
       out += fmt::format("| {} | {} |", row.first, row.second);
-      for (int s : seqs) out += " " + (by_seq.count(s) ? CellText(*by_seq.at(s)) : std::string("")) + " |";
+      for (int s : seqs) out += " " + (by_seq.count(s) ? text(*by_seq.at(s)) : std::string("")) + " |";
       out += "\n";
     }
   }
@@ -91,7 +102,9 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
       batches.insert(c->batch), seqs.insert(c->seq);
       if (c->status == "ok") lo = std::min(lo, c->mean_ms), hi = std::max(hi, c->mean_ms);
     }
-    const std::string heading = title + ": mean latency, ms (rows: batch size, columns: seq_len)";
+    const bool generation = IsGeneration(group.front()->mode);
+    const std::string heading = title + (generation ? ": ms per decode step (rows: batch size, columns: prompt length)"
+                                                    : ": mean latency, ms (rows: batch size, columns: seq_len)");
     body += fmt::format("<text x='10' y='{}' font-weight='bold'>{}</text>\n", y0, XmlEscape(heading));
     width = std::max(width, 20 + static_cast<int>(heading.size()) * 8);
     body += ColorBar(10, y0 + 36 + static_cast<int>(batches.size()) * cell_h, lo, hi);
@@ -131,15 +144,15 @@ std::string ThroughputChart(const std::vector<BenchCell>& cells) {
   for (const auto& c : cells) {
     if (c.status != "ok" || c.mode == "train_step") continue;
     ChartSeries& line = panels[{c.precision, c.mode}][c.seq];
-    line.name = fmt::format("seq_len {}", c.seq);
-    line.points.emplace_back(c.batch, c.seqs_per_s);
+    line.name = fmt::format(IsGeneration(c.mode) ? "prompt {}" : "seq_len {}", c.seq);
+    line.points.emplace_back(c.batch, IsGeneration(c.mode) ? c.tokens_per_s : c.seqs_per_s);
   }
   std::vector<ChartPanel> out;
   for (auto& [key, lines] : panels) {
     ChartPanel panel;
     panel.title = fmt::format("throughput, {} / {}", key.first, key.second);
     panel.x_label = "batch size";
-    panel.y_label = "sequences / s";
+    panel.y_label = IsGeneration(key.second) ? "decoded tokens / s" : "sequences / s";
     panel.x_scale = AxisScale::kLog;
     std::set<double> batches;  // the batch sizes measured, as ticks
     for (auto& [seq, line] : lines) {
@@ -168,6 +181,12 @@ void WriteBenchmarkReport(const std::string& dir, const std::vector<BenchCell>& 
 std::string DescribeCell(const BenchCell& c) {
   std::string head = fmt::format("{:<6} {:<11} batch {:>4} seq {:>4}", c.precision, c.mode, c.batch, c.seq);
   if (c.status != "ok") return fmt::format("{}  {} ({})", head, c.status, c.note);
+  if (IsGeneration(c.mode))
+    return fmt::format(
+        "{}  first token {:9.3f} ms  step mean {:8.3f} ms  p50 {:8.3f}  p99 {:8.3f}  cv {:5.3f}{}  {:9.1f} tok/s  "
+        "peak {:8.1f} MB",
+        head, c.first_token_ms, c.mean_ms, c.p50_ms, c.p99_ms, c.cv, c.unstable ? " (noisy)" : "", c.tokens_per_s,
+        c.peak_mb);
   return fmt::format(
       "{}  mean {:9.3f} ms  p50 {:9.3f}  p90 {:9.3f}  p99 {:9.3f}  cv {:5.3f}{}  {:9.1f} seq/s  "
       "{:10.0f} tok/s  peak {:8.1f} MB",

@@ -5,13 +5,25 @@
 
 namespace trainyard {
 
+torch::ScalarType ComputeDtype(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return torch::kBFloat16;
+    case Precision::kFp16:
+      return torch::kHalf;
+    case Precision::kFp32:
+      break;
+  }
+  return torch::kFloat;
+}
+
 AutocastScope::AutocastScope(torch::DeviceType device, Precision precision) : device_(device) {
   if (precision == Precision::kFp32) return;
   active_ = true;
   previous_enabled_ = at::autocast::is_autocast_enabled(device);
   previous_dtype_ = at::autocast::get_autocast_dtype(device);
   at::autocast::set_autocast_enabled(device, true);
-  at::autocast::set_autocast_dtype(device, precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_dtype(device, ComputeDtype(precision));
   at::autocast::increment_nesting();
 }
 

@@ -26,6 +26,9 @@ class AutocastScope {
   at::ScalarType previous_dtype_ = at::kFloat;
 };
 
+// The dtype autocast computes in under `precision`: float for fp32.
+torch::ScalarType ComputeDtype(Precision precision);
+
 // Why bf16 autocast is likely slower than fp32 on this CPU, or "" when the CPU has AMX.
 // Without AMX, oneDNN's bf16 matrix multiplies use AVX512-BF16 dot products, whose peak
 // is fp32 FMA's: measured here (2 threads, 1024x256 by 256x1024) 3.8 ms against MKL's

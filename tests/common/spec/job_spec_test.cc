@@ -287,6 +287,23 @@ TEST_F(JobSpecTest, GenerateJobImpliesCausalLmAndNeedsPrompts) {
             std::string::npos);
 }
 
+TEST_F(JobSpecTest, GenerateBenchmarkNeedsACausalLmAndRunsEagerOrCudaGraph) {
+  const std::string lm = "task: causal_lm\nkind: benchmark\nbenchmark: {mode: generate";
+  JobSpec spec = Parse(Valid() + lm + ", new_tokens: 64, modes: [eager, cuda_graph]}\n");
+  EXPECT_EQ(spec.benchmark.run, BenchmarkRun::kGenerate);
+  EXPECT_EQ(spec.benchmark.new_tokens, 64);
+  EXPECT_EQ(Parse(Valid() + lm + "}\n").benchmark.new_tokens, 32);
+  EXPECT_EQ(Parse(Valid() + "kind: benchmark\nbenchmark: {mode: train_step}\n").benchmark.run,
+            BenchmarkRun::kTrainStep);
+  EXPECT_EQ(Parse(Valid() + "kind: benchmark\n").benchmark.run, BenchmarkRun::kSweep);
+  EXPECT_NE(ErrorOf(Valid() + "kind: benchmark\nbenchmark: {mode: generate}\n")
+                .find("benchmark.mode: generate needs task: causal_lm"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + lm + ", modes: [int8]}\n").find("mode: generate runs eager or cuda_graph, not int8"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid() + lm + ", new_tokens: 1}\n").find("benchmark.new_tokens"), std::string::npos);
+}
+
 TEST_F(JobSpecTest, ExportModesNeedTheirPackage) {
   std::ofstream(dir_ / "data/model.pt2") << "x";
   const std::string infer = "kind: inference\ninference: {input: data/train.tsv";

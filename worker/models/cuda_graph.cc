@@ -1,6 +1,7 @@
-#include "worker/jobs/cuda_graph.h"
+#include "worker/models/cuda_graph.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,6 +16,10 @@ std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tenso
   auto graph = std::make_shared<at::cuda::CUDAGraph>();
   auto output = std::make_shared<torch::Tensor>();
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+  // The inputs may still be in flight on the current stream.
+  at::cuda::CUDAEvent inputs_ready;
+  inputs_ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
+  inputs_ready.block(side);
   {
     c10::cuda::CUDAStreamGuard guard(side);
     for (int i = 0; i < 3; ++i) forward();

@@ -1,6 +1,7 @@
-// CUDA-graph capture of a forward pass, as benchmark jobs replay it: the inputs the
-// function closes over are the graph's static inputs, so a replay recomputes the same
-// cell. Compiled with CUDA only (TRAINYARD_WITH_CUDA).
+// CUDA-graph capture of a forward pass, as benchmark cells and decode steps replay it:
+// the tensors the function closes over are the graph's static inputs, so a replay
+// recomputes the function on whatever they hold then. Compiled with CUDA only
+// (TRAINYARD_WITH_CUDA).
 #pragma once
 
 #include <torch/torch.h>
