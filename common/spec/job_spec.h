@@ -199,6 +199,7 @@ struct ServeSpec {
   double poll_s = 2;                       // repository poll period for new versions (0: load requests only)
   bool truncate = true;                    // text past the model's positions: cut (true) or rejected (false)
   bool length_aware = true;                // group requests of similar length (off: arrival order)
+  bool cuda_graphs = true;                 // on a GPU: a batch runs in the CUDA graph of its warm-up bucket
 };
 
 // Fault injection for tests of the failure paths; off unless set.

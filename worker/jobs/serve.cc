@@ -142,18 +142,29 @@ nlohmann::json ServeRunner::LoadAndWarm(const nlohmann::json& request, Loaded* l
     model->eval();
     Freeze(*model);
     torch::NoGradGuard no_grad;
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const auto& shape : request.value("warm", nlohmann::json::array()))
+      shapes.emplace_back(shape.at(0).get<int64_t>(), shape.at(1).get<int64_t>());
+    std::vector<double> ms;
+    if (device_.is_cuda() && model->info().pad_id >= 0) {
+      loaded->bucketed =
+          std::make_shared<BucketedForward>(model, shapes, spec_.train.precision, spec_.serve.cuda_graphs);
+      ms = loaded->bucketed->Warm();
+    } else {
+      for (const auto& [rows, seq] : shapes) {
+        auto ids = torch::randint(std::max<int64_t>(1, model->info().vocab_size), {rows, seq}, torch::kLong);
+        auto mask = torch::ones({rows, seq}, torch::kLong);
+        model->forward(ids.to(device_), mask.to(device_));  // the first pass of a shape allocates; time the second
+        const auto start = Clock::now();
+        model->forward(ids.to(device_), mask.to(device_)).cpu();
+        ms.push_back(MsSince(start));
+      }
+    }
     std::vector<std::pair<double, double>> points;
     nlohmann::json warm_ms = nlohmann::json::array();
-    for (const auto& shape : request.value("warm", nlohmann::json::array())) {
-      const int64_t rows = shape.at(0).get<int64_t>(), seq = shape.at(1).get<int64_t>();
-      auto ids = torch::randint(std::max<int64_t>(1, model->info().vocab_size), {rows, seq}, torch::kLong).to(device_);
-      auto mask = torch::ones({rows, seq}, torch::kLong).to(device_);
-      model->forward(ids, mask);  // the first pass of a shape allocates; time the second
-      const auto start = Clock::now();
-      model->forward(ids, mask).cpu();
-      const double ms = MsSince(start);
-      warm_ms.push_back(ms);
-      points.emplace_back(double(rows * seq), ms);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      warm_ms.push_back(ms[i]);
+      points.emplace_back(double(shapes[i].first * shapes[i].second), ms[i]);
     }
     FitCost(points, &reply);
     reply["ok"] = true;
@@ -238,14 +249,16 @@ void ServeRunner::Serve(void* raw_socket) {
       const int64_t rows = header.at("rows"), seq = header.at("seq");
       if (frames.size() != 3 || frames[1].size() != size_t(rows * seq * 8) || frames[2].size() != frames[1].size())
         throw std::runtime_error("a run message with the wrong frames");
-      auto ids = torch::from_blob(frames[1].data(), {rows, seq}, torch::kLong).to(device_);
-      auto mask = torch::from_blob(frames[2].data(), {rows, seq}, torch::kLong).to(device_);
+      auto ids = torch::from_blob(frames[1].data(), {rows, seq}, torch::kLong);
+      auto mask = torch::from_blob(frames[2].data(), {rows, seq}, torch::kLong);
       torch::NoGradGuard no_grad;
       const auto start = Clock::now();
       torch::Tensor logits;
-      {
+      if (it->second.bucketed) {
+        logits = it->second.bucketed->Forward(ids, mask);
+      } else {
         AutocastScope autocast(device_.type(), spec_.train.precision);
-        logits = it->second.model->forward(ids, mask).to(torch::kFloat).cpu().contiguous();
+        logits = it->second.model->forward(ids.to(device_), mask.to(device_)).to(torch::kFloat).cpu().contiguous();
       }
       TrimLooseHeap();
       reply["compute_ms"] = MsSince(start);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "worker/jobs/bucketed_forward.h"
 #include "worker/jobs/job_setup.h"
 
 namespace trainyard {
@@ -32,6 +33,7 @@ class ServeRunner {
   struct Loaded {
     Model model;
     int64_t labels = 0;
+    std::shared_ptr<BucketedForward> bucketed;  // on a GPU: the passes at warm-up shapes
   };
   struct LoadOutcome {
     std::string key;

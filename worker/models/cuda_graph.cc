@@ -12,7 +12,7 @@
 namespace trainyard {
 
 std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tensor()>& forward,
-                                                const torch::Device& device) {
+                                                const torch::Device& device, at::cuda::MempoolId_t pool) {
   auto graph = std::make_shared<at::cuda::CUDAGraph>();
   auto output = std::make_shared<torch::Tensor>();
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
@@ -26,12 +26,12 @@ std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tenso
     side.synchronize();
     const bool cache = at::autocast::is_autocast_cache_enabled();
     at::autocast::set_autocast_cache_enabled(false);
-    graph->capture_begin();
+    graph->capture_begin(pool);
     *output = forward();
     graph->capture_end();
     at::autocast::set_autocast_cache_enabled(cache);
   }
-  c10::cuda::device_synchronize();
+  side.synchronize();
   return [graph, output] {
     graph->replay();
     return *output;

@@ -4,6 +4,7 @@
 // (TRAINYARD_WITH_CUDA).
 #pragma once
 
+#include <ATen/cuda/CUDAGraph.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -15,7 +16,11 @@ namespace trainyard {
 // returns its output tensor (the same storage every time). Autocast state must be set
 // inside `forward`; its weight-cast cache is off during capture, so the graph holds
 // the casts. REQUIRES: `forward` works on tensors of `device`, a CUDA device.
+// `pool`: a memory pool from at::cuda::graph_pool_handle() that several graphs share
+// (their intermediates then reuse the same memory), or {0, 0} for a private one. Graphs
+// sharing a pool must never replay concurrently, and a replay may overwrite the output
+// of another graph of the pool: consume each output before the next replay.
 std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tensor()>& forward,
-                                                const torch::Device& device);
+                                                const torch::Device& device, at::cuda::MempoolId_t pool = {0, 0});
 
 }  // namespace trainyard

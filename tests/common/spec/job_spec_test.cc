@@ -421,6 +421,8 @@ TEST_F(ServeSpecTest, DefaultsAreLoopbackAndTheUsualPorts) {
   EXPECT_TRUE(spec.serve.access_token.empty());
   EXPECT_DOUBLE_EQ(spec.serve.keep_alive_s, 60);
   EXPECT_DOUBLE_EQ(Parse(Serve("  keep_alive_s: 0.5\n")).serve.keep_alive_s, 0.5);
+  EXPECT_TRUE(spec.serve.cuda_graphs);
+  EXPECT_FALSE(Parse(Serve("  cuda_graphs: false\n")).serve.cuda_graphs);
 }
 
 TEST_F(ServeSpecTest, BadServeJobsAreLocatedErrors) {
