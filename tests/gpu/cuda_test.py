@@ -115,6 +115,18 @@ def train(args, work):
     return ok
 
 
+def run_benchmark(args, work, name, text):
+    """Runs the benchmark job `text` (named `name`); its benchmark.csv rows, or None if it failed."""
+    job = write(os.path.join(work, name + ".yaml"), text)
+    result = subprocess.run([args.worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True,
+                            text=True, timeout=900)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        return None
+    with open(os.path.join(work, "runs", name, "benchmark.csv")) as f:
+        return list(csv.DictReader(f))
+
+
 def graph(args, work):
     import torch
     from model_parity import make_model, padded_inputs
@@ -142,14 +154,9 @@ benchmark:
   modes: [eager, cuda_graph]
   iters: 20
 """
-    job = write(os.path.join(work, "graph_cells.yaml"), bench)
-    result = subprocess.run([args.worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True,
-                            text=True, timeout=900)
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:])
+    cells = run_benchmark(args, work, "graph_cells", bench)
+    if cells is None:
         return False
-    with open(os.path.join(work, "runs", "graph_cells", "benchmark.csv")) as f:
-        cells = list(csv.DictReader(f))
     for c in cells:
         if c["mode"] == "cuda_graph":
             print(f"cuda_graph {c['precision']} b{c['batch']} s{c['seq_len']}: {c['status']} p50 {c['p50_ms']} ms")
@@ -198,14 +205,9 @@ benchmark:
   new_tokens: 32
   iters: 5
 """
-    job = write(os.path.join(work, "generate_cells.yaml"), bench)
-    result = subprocess.run([args.worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True,
-                            text=True, timeout=900)
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:])
+    cells = run_benchmark(args, work, "generate_cells", bench)
+    if cells is None:
         return False
-    with open(os.path.join(work, "runs", "generate_cells", "benchmark.csv")) as f:
-        cells = list(csv.DictReader(f))
     for c in cells:
         print(f"{c['mode']} {c['precision']} b{c['batch']} prompt {c['seq_len']}: {c['status']} first token "
               f"{c['first_token_ms']} ms, {c['tokens_per_s']} tok/s")
