@@ -26,7 +26,9 @@ std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tenso
     side.synchronize();
     const bool cache = at::autocast::is_autocast_cache_enabled();
     at::autocast::set_autocast_cache_enabled(false);
-    graph->capture_begin(pool);
+    // Thread-local: other threads may go on using CUDA meanwhile (a serving model
+    // process captures a new version's graphs while the old version serves).
+    graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     *output = forward();
     graph->capture_end();
     at::autocast::set_autocast_cache_enabled(cache);
