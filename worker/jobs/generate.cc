@@ -1,6 +1,7 @@
 #include "worker/jobs/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -92,6 +93,22 @@ std::string GenerateRunner::Completion(const std::vector<int64_t>& tokens, bool*
   return bpe ? bpe->Decode(kept) : std::string();
 }
 
+// One untimed generation of the first batch, two new tokens, so that one-time setup
+// (the CPU library's kernels and buffers, a first CUDA context's work) is not counted
+// as the first batch's time to first token. Its tokens are not kept; it draws from a
+// generator of its own, so the job's text is the same with or without it.
+void GenerateRunner::WarmUp(GenerationOptions options, torch::ScalarType cache_dtype) {
+  const size_t rows = std::min(prompt_ids_.size(), size_t(spec_.generate.batch_size));
+  const std::vector<std::vector<int64_t>> batch(prompt_ids_.begin(), prompt_ids_.begin() + long(rows));
+  options.max_new_tokens = std::min<int64_t>(2, options.max_new_tokens);
+  options.ignore_stop = true;
+  const auto start = std::chrono::steady_clock::now();
+  AutocastScope autocast(device_.type(), spec_.train.precision);
+  Generate(*lm_, batch, options, cache_dtype);
+  LogInfo(StrFormat("generate: warm-up on the first batch, %.1f ms (not counted)",
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()));
+}
+
 nlohmann::json GenerateRunner::Run() {
   const GenerateSpec& g = spec_.generate;
   GenerationOptions options;
@@ -100,6 +117,7 @@ nlohmann::json GenerateRunner::Run() {
   options.ignore_stop = g.ignore_stop, options.pad_id = tokenizer_->pad_id();
   options.decode = g.cuda_graph ? DecodeMode::kCudaGraph : DecodeMode::kGrowing;
   const torch::ScalarType cache_dtype = ComputeDtype(spec_.train.precision);
+  WarmUp(options, cache_dtype);
   std::string lines;
   std::vector<double> first_token_ms;
   double decode_ms = 0, decode_tokens = 0, capture_ms = 0;

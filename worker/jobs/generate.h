@@ -2,7 +2,7 @@
 // (greedy or sampled, generation.h), in batches of left-padded prompts, and writes one
 // JSON line per prompt: the new tokens, their text and whether a stop token ended it.
 // The summary reports time to first token and decoding tokens/s, the two numbers
-// generation benchmarks quote. One rank.
+// generation benchmarks quote, after an untimed warm-up on the first batch. One rank.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,6 +13,7 @@
 
 #include "data/tokenizer.h"
 #include "worker/jobs/job_setup.h"
+#include "worker/models/generation.h"
 
 namespace trainyard {
 
@@ -29,6 +30,7 @@ class GenerateRunner {
   void ReadPrompts();
   void ChooseStopTokens();
   std::string Completion(const std::vector<int64_t>& tokens, bool* stopped) const;
+  void WarmUp(GenerationOptions options, torch::ScalarType cache_dtype);
 
   JobSpec spec_;
   RankContext ranks_;
