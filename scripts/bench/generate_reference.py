@@ -2,8 +2,9 @@
 """The Hugging Face side of generate_vs_hf.sh. `prepare` makes the shared weights (a
 GPT2LMHeadModel folder, GPT-2-small shaped over the lm/ BPE vocabulary) and the prompts
 file; `time` measures transformers' generate() (greedy, KV cache, every row generating
-max_new_tokens) on the same prompts and batches, and prints JSON: per batch size, the time
-to first token (a generate of 1 token) and decoding tokens/s (the rest), medians."""
+max_new_tokens) on the same prompts and batches, on --device under --precision's
+autocast, and prints JSON: per batch size, the time to first token (a generate of 1
+token) and decoding tokens/s (the rest), medians."""
 import argparse
 import json
 import statistics
@@ -40,11 +41,17 @@ def unescape(line):
     return line.rstrip("\n").replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
 
 
-def timed_generate(model, batch, new_tokens):
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def timed_generate(model, batch, new_tokens, dtype=None):
+    device = model.device
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         model.generate(**batch, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                        pad_token_id=model.config.eos_token_id)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -52,17 +59,18 @@ def time_batches(a):
     torch.set_num_threads(a.threads)
     tok = GPT2TokenizerFast(vocab_file=a.vocab, merges_file=a.merges)
     tok.pad_token, tok.padding_side = "<|endoftext|>", "left"
-    model = GPT2LMHeadModel.from_pretrained(a.model).eval()
+    model = GPT2LMHeadModel.from_pretrained(a.model).eval().to(a.device)
+    dtype = AUTOCAST[a.precision]
     with open(a.prompts, encoding="utf-8") as f:
         prompts = [unescape(l) for l in f]
     out = {}
     for size in a.batches:
-        batch = tok(prompts[:size], return_tensors="pt", padding=True)
-        timed_generate(model, batch, 4)  # warm-up
+        batch = tok(prompts[:size], return_tensors="pt", padding=True).to(a.device)
+        timed_generate(model, batch, 4, dtype)  # warm-up
         firsts, decodes = [], []
         for _ in range(a.repeats):
-            first = timed_generate(model, batch, 1)
-            full = timed_generate(model, batch, a.new_tokens)
+            first = timed_generate(model, batch, 1, dtype)
+            full = timed_generate(model, batch, a.new_tokens, dtype)
             firsts.append(first * 1000)
             decodes.append(size * (a.new_tokens - 1) / max(1e-9, full - first))
         out[str(size)] = {"first_token_ms": statistics.median(firsts), "tokens_per_s": statistics.median(decodes)}
@@ -85,6 +93,8 @@ def main():
     t.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     t.add_argument("--new-tokens", type=int, default=64)
     t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--precision", default="fp32", choices=AUTOCAST, help="autocast dtype (fp32: none)")
     a = parser.parse_args()
     prepare(a) if a.command == "prepare" else time_batches(a)
 

@@ -11,6 +11,9 @@
 #   inference  bert-base grid batch [1,2,4,8] x seq [8..512] x fp32/bf16/fp16 x
 #              eager/cuda_graph, next to PyTorch eager; batch-1 latency at seq 128
 #   sorted     sorted-by-length vs file-order batch inference on topics at batch 64
+#   generate   GPT-2-small-shaped generation, 32-token prompts, 64 new tokens, batch 1
+#              and 8, fp32/bf16/fp16: ours eager and with CUDA-graph decode steps (a
+#              benchmark job's generate cells) vs HF generate() under the same autocast
 #   profile    not in the default list: the worker's Kineto profile (5 steps) of the bf16
 #              and fp32+TF32 train steps at batch 64, into $OUT/profile_<precision>.txt
 # Environment: TRAINYARD_BIN (the worker's folder, default build/bin), TRAINYARD_PYTHON
@@ -21,9 +24,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in -h|--help) sed -n '2,19p' "$0"; exit 0 ;; esac
 SECTIONS=("$@")
-[[ ${#SECTIONS[@]} -gt 0 ]] || SECTIONS=(finetune datawait inference sorted)
+[[ ${#SECTIONS[@]} -gt 0 ]] || SECTIONS=(finetune datawait inference sorted generate)
 for s in "${SECTIONS[@]}"; do
-  case "$s" in finetune|datawait|inference|sorted|profile) ;; *) echo "error: unknown section '$s'" >&2; exit 2 ;; esac
+  case "$s" in finetune|datawait|inference|sorted|generate|profile) ;;
+    *) echo "error: unknown section '$s'" >&2; exit 2 ;; esac
 done
 export TRAINYARD_PYTHON="${TRAINYARD_PYTHON:-$(command -v python3)}"
 export TRAINYARD_BIN="${TRAINYARD_BIN:-build/bin}"
@@ -32,7 +36,7 @@ mkdir -p "$OUT"
 RESULTS="$OUT/measurements.json"
 [[ -f $RESULTS ]] || echo '{}' > "$RESULTS"
 source scripts/bench/common.sh
-TOPICS=$PWD/data/prepared/topics LANGID=$PWD/data/prepared/langid
+TOPICS=$PWD/data/prepared/topics LANGID=$PWD/data/prepared/langid LM=$PWD/data/prepared/lm
 
 # Adds KEY = JSON file's content to measurements.json.
 record() { "$PY" - "$RESULTS" "$1" "$2" <<'PY'
@@ -150,6 +154,46 @@ YAML
   record sorted "$WORK/runs/sorted/summary.json"
 }
 
+generate() {
+  local bpe=(--vocab "$LM/bpe/vocab.json" --merges "$LM/bpe/merges.txt") p
+  "$PY" scripts/bench/generate_reference.py prepare "${bpe[@]}" --shape small --out "$WORK/gpt2" \
+    --dev "$LM/dev.txt" --prompts "$WORK/prompts.txt"
+  cat > "$WORK/generate.yaml" <<YAML
+name: generate_cells
+kind: benchmark
+task: causal_lm
+data:
+  train: $LM/train.txt
+  tokenizer: {kind: bpe, vocab: $LM/bpe/vocab.json, merges: $LM/bpe/merges.txt}
+model: {init: $WORK/gpt2}
+runtime: {device: cuda}
+benchmark:
+  mode: generate
+  batch_sizes: [1, 8]
+  seq_lens: [32]
+  precisions: [fp32, bf16, fp16]
+  modes: [eager, cuda_graph]
+  new_tokens: 64
+  warmup: 2
+  iters: 5
+YAML
+  echo "+ $WORKER $WORK/generate.yaml"
+  "$WORKER" "$WORK/generate.yaml" --runs-dir "$WORK/runs" > "$WORK/generate.log" 2>&1 ||
+    { tail -20 "$WORK/generate.log"; exit 1; }
+  for p in fp32 bf16 fp16; do
+    echo "+ generate_reference.py time --device cuda --precision $p"
+    "$PY" scripts/bench/generate_reference.py time "${bpe[@]}" --model "$WORK/gpt2" --prompts "$WORK/prompts.txt" \
+      --device cuda --precision "$p" --batches 1 8 --new-tokens 64 --repeats 5 > "$WORK/generate_ref_$p.json"
+  done
+  "$PY" - "$WORK/runs/generate_cells/benchmark.csv" "$WORK" > "$WORK/generate.json" <<'PY'
+import csv, json, sys
+cells = list(csv.DictReader(open(sys.argv[1])))
+ref = {p: json.load(open(f"{sys.argv[2]}/generate_ref_{p}.json")) for p in ("fp32", "bf16", "fp16")}
+print(json.dumps({"cells": cells, "hf": ref}))
+PY
+  record generate "$WORK/generate.json"
+}
+
 profile() {
   local config
   for config in bf16 fp32_tf32; do
@@ -167,7 +211,7 @@ machine
 for s in "${SECTIONS[@]}"; do
   case "$s" in
     finetune) finetune ;; datawait) datawait ;; inference) inference ;; sorted) sorted_gain ;;
-    profile) profile ;;
+    generate) generate ;; profile) profile ;;
   esac
 done
 "$PY" scripts/gpu/performance_tables.py "$RESULTS" > "$OUT/performance.md"

@@ -103,6 +103,30 @@ def sorted_gain(results):
             f"Gain: {r['sorted_speedup']:.2f}x; predictions identical: {r['orders_agree']}."]
 
 
+def generate(results):
+    r = results.get("generate")
+    if not r:
+        return []
+    out = ["", "## Generation: GPT-2 small shape", "",
+           "Greedy, 32-token prompts, 64 new tokens, every row generating them all. Ours: a benchmark job's "
+           "generate cells (median time to first token; decoded tokens/s from the mean decode step), eager and "
+           "with decode steps replayed from one CUDA graph; HF: `generate()` under the same autocast, medians "
+           "of 5 (`scripts/bench/generate_reference.py`).", "",
+           "| precision | batch | first token ms, ours / HF | tok/s eager | tok/s cuda_graph | tok/s HF | "
+           "graph / HF |", "|---|---|---|---|---|---|---|"]
+    cells = {(c["precision"], c["mode"], int(c["batch"])): c for c in r["cells"] if c["status"] == "ok"}
+    for precision in ("fp32", "bf16", "fp16"):
+        for batch in (1, 8):
+            e, g = cells.get((precision, "generate", batch)), cells.get((precision, "generate_cuda_graph", batch))
+            hf = r["hf"][precision].get(str(batch))
+            if not (e and g and hf):
+                continue
+            out.append(f"| {precision} | {batch} | {float(g['first_token_ms']):.1f} / {hf['first_token_ms']:.1f} | "
+                       f"{float(e['tokens_per_s']):.0f} | {float(g['tokens_per_s']):.0f} | "
+                       f"{hf['tokens_per_s']:.0f} | {float(g['tokens_per_s']) / hf['tokens_per_s']:.2f}x |")
+    return out
+
+
 def main():
     results = json.load(open(sys.argv[1]))
     m = results.get("machine", {})
@@ -111,7 +135,7 @@ def main():
              f"CUDA {m.get('cuda', '?')}, cuDNN {m.get('cudnn', '?')}. Commands: `scripts/gpu/measure.sh` "
              "(each row names its bench script's arguments in the run's log).", ""]
     lines += finetune(results, m.get("gpu", "")) + [""] + datawait(results) + [""] + inference(results)
-    lines += sorted_gain(results)
+    lines += sorted_gain(results) + generate(results)
     print("\n".join(lines))
 
 
