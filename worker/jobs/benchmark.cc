@@ -309,7 +309,8 @@ BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
 
 // A generate cell: `iters` generations of new_tokens after batch prompts of seq tokens,
 // every row generating them all. Its latency figures are per decode step (one new
-// token for every row); first_token_ms is the median time to the first token (the
+// token for every row): the mean over all steps, and p50/p90/p99 and CV over the
+// generations' mean steps; first_token_ms is the median time to the first token (the
 // prefill); tokens_per_s counts the decoded tokens of all rows; seqs_per_s, whole
 // generations. A CUDA graph's capture, once per generation, counts in neither.
 BenchCell BenchmarkRunner::MeasureGeneration(const CellPlan& plan) {
@@ -374,7 +375,10 @@ BenchCell BenchmarkRunner::MeasureWithin(BenchCell cell, const std::function<voi
     AddressSpaceCap cap(device_.is_cuda() ? 0.0 : spec_.benchmark.memory_cap_mb);
     capped = cap.active();
 #ifdef TRAINYARD_WITH_CUDA
-    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+    if (device_.is_cuda()) {  // what earlier cells left cached (graph pools among it) goes back
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+    }
 #endif
     ResetPeakRss();
     const double rss_before = ProcStatusMb("VmRSS:");

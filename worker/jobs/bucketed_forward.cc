@@ -9,8 +9,10 @@
 
 #ifdef TRAINYARD_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "worker/models/cuda_graph.h"
 #endif
@@ -18,7 +20,26 @@
 namespace trainyard {
 
 #ifdef TRAINYARD_WITH_CUDA
+// A stream created for this object alone, not one of torch's pooled streams, which go
+// round to whoever asks: a pooled one could be the stream another thread is serving on
+// while this object captures. Every bucket is captured on it, so their shared pool's
+// memory is reused from one capture to the next.
 struct BucketedForward::StreamState {
+  explicit StreamState(c10::DeviceIndex device) : stream(Create(device)), pool(at::cuda::graph_pool_handle()) {}
+  ~StreamState() {
+    stream.synchronize();
+    cudaStreamDestroy(stream.stream());
+  }
+  StreamState(const StreamState&) = delete;
+  StreamState& operator=(const StreamState&) = delete;
+
+  static c10::cuda::CUDAStream Create(c10::DeviceIndex device) {
+    c10::cuda::CUDAGuard on_device(device);
+    cudaStream_t raw = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+    return c10::cuda::getStreamFromExternal(raw, device);
+  }
+
   c10::cuda::CUDAStream stream;
   at::cuda::MempoolId_t pool;
 };
@@ -56,9 +77,7 @@ BucketedForward::BucketedForward(Model model, std::vector<std::pair<int64_t, int
   if (cuda_graphs_ && !device_.is_cuda())
     throw std::invalid_argument("CUDA graphs need the model on a CUDA device, not " + device_.str());
 #ifdef TRAINYARD_WITH_CUDA
-  if (device_.is_cuda())
-    cuda_ = std::make_unique<StreamState>(
-        StreamState{c10::cuda::getStreamFromPool(false, device_.index()), at::cuda::graph_pool_handle()});
+  if (device_.is_cuda()) cuda_ = std::make_unique<StreamState>(device_.index());
 #endif
   OwnStream on(cuda_.get());
   const auto options = torch::TensorOptions(torch::kLong).device(device_);
@@ -90,7 +109,7 @@ std::vector<double> BucketedForward::Warm() {
       return model_->forward(buckets_[i].ids, buckets_[i].mask).to(torch::kFloat);
     };
 #ifdef TRAINYARD_WITH_CUDA
-    if (cuda_graphs_) bucket.run = CaptureCudaGraph(pass, device_, cuda_->pool);
+    if (cuda_graphs_) bucket.run = CaptureCudaGraph(pass, device_, cuda_->pool, cuda_->stream);
 #endif
     if (!bucket.run) bucket.run = pass;
     bucket.run().to(torch::kCPU);  // the first pass of a shape allocates; time the second

@@ -15,10 +15,11 @@
 // With cuda_graphs, Warm() captures each bucket's pass once and Forward() replays it.
 // The buckets share one memory pool, since their replays never overlap: a replay may
 // overwrite another bucket's output, so Forward() copies each output out at once.
-// Every pass runs on the object's own CUDA stream (a stream per model instance), so a
-// version being loaded and warmed up does not queue behind the one serving, nor the
-// serving one behind it. Without CUDA graphs (and on the CPU) the same buckets run
-// eagerly, which is how the padding rule is tested where no GPU is.
+// Every pass runs on a CUDA stream the object creates for itself (a stream per model
+// instance), so a version being loaded and warmed up does not queue behind the one
+// serving, nor the serving one behind it; the buckets are captured on it too. Without
+// CUDA graphs (and on the CPU) the same buckets run eagerly, which is how the padding
+// rule is tested where no GPU is; serving uses the class only with graphs.
 //
 // Not thread-safe: one thread warms the object up, then one thread at a time runs it.
 #pragma once

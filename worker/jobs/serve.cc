@@ -146,9 +146,8 @@ nlohmann::json ServeRunner::LoadAndWarm(const nlohmann::json& request, Loaded* l
     for (const auto& shape : request.value("warm", nlohmann::json::array()))
       shapes.emplace_back(shape.at(0).get<int64_t>(), shape.at(1).get<int64_t>());
     std::vector<double> ms;
-    if (device_.is_cuda() && model->info().pad_id >= 0) {
-      loaded->bucketed =
-          std::make_shared<BucketedForward>(model, shapes, spec_.train.precision, spec_.serve.cuda_graphs);
+    if (device_.is_cuda() && spec_.serve.cuda_graphs && model->info().pad_id >= 0) {
+      loaded->bucketed = std::make_shared<BucketedForward>(model, shapes, spec_.train.precision, true);
       ms = loaded->bucketed->Warm();
     } else {
       for (const auto& [rows, seq] : shapes) {

@@ -11,6 +11,8 @@
 
 #include "worker/models/kv_cache.h"
 #ifdef TRAINYARD_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include "worker/models/cuda_graph.h"
 #endif
 
@@ -77,6 +79,16 @@ class FixedShapeDecoder {
     step_ = [&model, &cache, this] {
       return model.Step(ids_, positions_, keep_, cache, true).select(1, 0).to(torch::kFloat);
     };
+  }
+  // A captured graph's memory pool goes back to the device only when the allocator's
+  // cache is emptied: without this, every batch's graph would keep its own.
+  ~FixedShapeDecoder() {
+#ifdef TRAINYARD_WITH_CUDA
+    if (replay_) {
+      replay_ = nullptr;
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+#endif
   }
   FixedShapeDecoder(const FixedShapeDecoder&) = delete;  // step_ refers to this object
   FixedShapeDecoder& operator=(const FixedShapeDecoder&) = delete;
