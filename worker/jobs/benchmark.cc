@@ -91,11 +91,6 @@ double Percentile(std::vector<double> sorted, double q) {
   return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 void FillStats(std::vector<double> ms, BenchCell* cell) {
   std::sort(ms.begin(), ms.end());
   const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
@@ -343,7 +338,8 @@ BenchCell BenchmarkRunner::MeasureGeneration(const CellPlan& plan) {
         step_ms.push_back(result.decode_ms / double(std::max<int64_t>(1, result.tokens.size(1) - 1)));
       }
       FillStats(step_ms, attempt);
-      attempt->first_token_ms = Median(first_ms);
+      std::sort(first_ms.begin(), first_ms.end());
+      attempt->first_token_ms = Percentile(first_ms, 0.5);  // the median, as p50_ms takes it
       attempt->tokens_per_s = attempt->batch * 1000.0 / attempt->mean_ms;
       attempt->seqs_per_s =
           attempt->batch * 1000.0 / (attempt->first_token_ms + double(new_tokens - 1) * attempt->mean_ms);
