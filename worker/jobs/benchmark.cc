@@ -1,6 +1,5 @@
 #include "worker/jobs/benchmark.h"
 
-#include <sys/resource.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -15,7 +14,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
-#include "worker/models/cpu_block_cache.h"
+#include "worker/jobs/memory_cap.h"
 #include "worker/models/generation.h"
 #include "worker/models/quantize.h"
 #include "worker/train/amp.h"
@@ -44,47 +43,7 @@ constexpr int kMaxPositions = 512;  // BERT's, for presets in benchmark jobs
 enum NoteCode { kNoNote = 0, kSeqTooLong = 1, kFp16NeedsCuda = 2, kOutOfMemory = 3, kPromptTooLong = 4 };
 const char* const kPromptTooLongNote = "prompt plus new_tokens exceed the model's positions";
 
-// Reads a "Vm..." line of /proc/self/status, in MB.
-double ProcStatusMb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::strlen(key) + 1)) / 1024.0;
-  return 0.0;
-}
-
 void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-// Caps the process's address space `headroom_mb` above what it uses now, for the
-// lifetime of the object, so that a cell needing more fails to allocate (CPU OOM).
-class AddressSpaceCap {
- public:
-  explicit AddressSpaceCap(double headroom_mb) {
-    if (headroom_mb <= 0) return;
-    getrlimit(RLIMIT_AS, &previous_);
-    rlimit cap = previous_;
-    cap.rlim_cur = static_cast<rlim_t>((ProcStatusMb("VmSize:") + headroom_mb) * 1048576.0);
-    active_ = setrlimit(RLIMIT_AS, &cap) == 0;
-  }
-  ~AddressSpaceCap() {
-    if (active_) setrlimit(RLIMIT_AS, &previous_);
-  }
-  bool active() const { return active_; }
-
- private:
-  rlimit previous_{};
-  bool active_ = false;
-};
-
-// `capped`: the cell ran under an AddressSpaceCap. oneDNN reports a failed allocation
-// of its own (JIT code, a scratchpad) only as a primitive it could not create; under the
-// cap, that is the cap speaking.
-bool IsOutOfMemory(const std::exception& e, bool capped) {
-  const std::string what = e.what();
-  return what.find("out of memory") != std::string::npos || what.find("can't allocate memory") != std::string::npos ||
-         what.find("std::bad_alloc") != std::string::npos ||
-         (capped && what.find("could not create a primitive") != std::string::npos);
-}
 
 double Percentile(std::vector<double> sorted, double q) {
   const size_t rank = static_cast<size_t>(std::ceil(q * sorted.size()));
@@ -361,17 +320,12 @@ BenchCell BenchmarkRunner::SteadiestPass(const BenchCell& cell, const std::funct
 }
 
 BenchCell BenchmarkRunner::MeasureWithin(BenchCell cell, const std::function<void(BenchCell*)>& measure) {
-  torch::NoGradGuard no_grad;
-  model_->eval();
-  bool capped = false;
-  try {
-    // A cell's memory is its own: blocks kept from earlier cells go back first, so that
-    // the cap and the peak count only this cell's.
-    if (CpuBlockCache* cache = CpuBlockCache::Installed()) cache->Drop();
-    AddressSpaceCap cap(device_.is_cuda() ? 0.0 : spec_.benchmark.memory_cap_mb);
-    capped = cap.active();
+  const bool cpu = !device_.is_cuda();
+  auto cell_work = [&] {
+    torch::NoGradGuard no_grad;
+    model_->eval();
 #ifdef TRAINYARD_WITH_CUDA
-    if (device_.is_cuda()) {  // what earlier cells left cached (graph pools among it) goes back
+    if (!cpu) {  // what earlier cells left cached (graph pools among it) goes back
       c10::cuda::CUDACachingAllocator::emptyCache();
       c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
     }
@@ -381,18 +335,27 @@ BenchCell BenchmarkRunner::MeasureWithin(BenchCell cell, const std::function<voi
     measure(&cell);
     cell.peak_mb = ProcStatusMb("VmHWM:") - rss_before;
 #ifdef TRAINYARD_WITH_CUDA
-    if (device_.is_cuda())
+    if (!cpu)
       cell.peak_mb =
           c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].peak / 1048576.0;
 #endif
+  };
+  bool capped = false;
+  try {
+    // A CPU cell's memory and failures are its own (memory_cap.h); a CUDA cell keeps
+    // this thread's streams.
+    if (cpu)
+      RunCapped(spec_.benchmark.memory_cap_mb, cell_work, &capped);
+    else
+      cell_work();
     return cell;
   } catch (const std::exception& e) {
     if (!IsOutOfMemory(e, capped)) throw;
 #ifdef TRAINYARD_WITH_CUDA
-    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+    if (!cpu) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
     cell.status = "OOM";
-    cell.note = spec_.benchmark.memory_cap_mb > 0 && !device_.is_cuda()
+    cell.note = spec_.benchmark.memory_cap_mb > 0 && cpu
                     ? StrFormat("needs more than memory_cap_mb %.0f", spec_.benchmark.memory_cap_mb)
                     : "out of memory";
     return cell;
