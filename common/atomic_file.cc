@@ -27,8 +27,18 @@ void SyncFolder(const std::string& path) {
 
 AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)), temp_path_(path_ + ".tmp-" + std::to_string(::getpid())) {
-  file_ = std::fopen(temp_path_.c_str(), "wb");
-  if (!file_) Throw("cannot create", temp_path_);
+  // A new file, never one found there: a FIFO or symlink planted under the temporary
+  // name would block the open or redirect the write. What is there is an earlier
+  // process's leftover (the name holds our pid), removed once.
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(temp_path_.c_str(), kFlags, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(temp_path_.c_str()) == 0) fd = ::open(temp_path_.c_str(), kFlags, 0644);
+  if (fd < 0) Throw("cannot create", temp_path_);
+  file_ = ::fdopen(fd, "wb");
+  if (!file_) {
+    ::close(fd);
+    Throw("cannot create", temp_path_);
+  }
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

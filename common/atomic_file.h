@@ -1,6 +1,7 @@
-// Crash-safe file replacement: bytes go to "<path>.tmp-<pid>", which is fsynced and
-// renamed over <path>, and the folder is fsynced. A reader sees the old file or the
-// whole new one, never a torn write.
+// Crash-safe file replacement: bytes go to "<path>.tmp-<pid>", a file this writer
+// creates (O_EXCL, O_NOFOLLOW), which is fsynced and renamed over <path>, and the folder
+// is fsynced. A reader sees the old file or the whole new one, never a torn write; a
+// symlink at <path> is replaced, never followed.
 #pragma once
 
 #include <cstddef>

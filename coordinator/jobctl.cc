@@ -21,6 +21,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/bounded_json.h"
 #include "common/csv.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/yaml_budget.h"
@@ -172,18 +173,17 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
 }
 
 int Submit(const Options& o, const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
   // The same checks, and errors, as the coordinator and worker; the budget first, so a
   // huge file is refused before yaml-cpp spends memory on it.
-  trainyard::CheckYamlBudget(text.str(), path, trainyard::YamlBudget{});
-  trainyard::LoadJobSpec(path);
+  const std::string text = trainyard::ReadJobFile(path);
+  trainyard::CheckYamlBudget(text, path, trainyard::YamlBudget{});
+  const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
+  trainyard::ParseJobSpec(text, path, base_dir);
   wire::Envelope request;
   auto* submit = request.mutable_submit();
-  submit->set_yaml(text.str());
+  submit->set_yaml(text);
   submit->set_source(path);
-  submit->set_base_dir(std::filesystem::absolute(path).parent_path().string());
+  submit->set_base_dir(base_dir);
   submit->set_idempotency_key(key.empty() ? NewKey() : key);
   const auto reply = Expect(Request(o, request));
   if (o.json)
@@ -297,7 +297,7 @@ int Report(const Options& o, int64_t id) {
       for (size_t c = 0; c < header.size() && c < cells.size(); ++c) row[header[c]] = cells[c];
       out["epochs"].push_back(row);
     }
-    if (!r.summary_json().empty()) out["summary"] = nlohmann::json::parse(r.summary_json(), nullptr, false);
+    if (!r.summary_json().empty()) out["summary"] = trainyard::ParseBoundedJsonOrDiscarded(r.summary_json());
     std::cout << out.dump(2) << "\n";
     return 0;
   }

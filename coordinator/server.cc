@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/bounded_json.h"
+#include "common/regular_file.h"
 #include "common/spec/job_spec.h"
 
 namespace trainyard {
@@ -29,14 +31,11 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
 
 // The listeners a running serve job wrote to its endpoints.json (serve_frontend does, once
 // bound), as "http http://127.0.0.1:8000" lines; none if there is no such file or it is
-// not what serve_frontend writes. Small and bounded: read on the loop.
-std::vector<std::string> ServeEndpoints(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return {};
-  std::string text(size_t(64) * 1024, '\0');
-  in.read(text.data(), std::streamsize(text.size()));
-  text.resize(size_t(in.gcount()));
-  const nlohmann::json endpoints = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+// not what serve_frontend writes. A regular file of at most 64 KiB: read on the loop.
+std::vector<std::string> ServeEndpoints(const std::string& runs_dir, const std::string& relative) {
+  const FileRead read = ReadFileBeneath(runs_dir, relative, size_t(64) << 10);
+  if (!read.ok()) return {};
+  const nlohmann::json endpoints = ParseBoundedJsonOrDiscarded(read.bytes);
   std::vector<std::string> out;
   if (!endpoints.is_object()) return out;
   for (const char* kind : {"http", "grpc", "metrics"})
@@ -63,7 +62,8 @@ Server::Server(ServerOptions options)
       context_(1),
       socket_(context_, zmq::socket_type::router),
       web_socket_(context_, zmq::socket_type::router) {
-  options_.runs_dir = std::filesystem::absolute(options_.runs_dir).string();
+  options_.runs_dir = std::filesystem::absolute(options_.runs_dir).lexically_normal().string();
+  if (options_.runs_dir.size() > 1 && options_.runs_dir.back() == '/') options_.runs_dir.pop_back();
   CheckRunsDir();
   if (options_.insecure) {
     spdlog::warn(
@@ -323,7 +323,8 @@ wire::Envelope Server::Status(int64_t id) {
   Fill(*job, reply.mutable_job());
   for (const auto& event : store_->Events(id)) reply.mutable_job()->add_events(event);
   if (job->state == JobState::kRunning)
-    for (const std::string& endpoint : ServeEndpoints(JobRunsDir(id) + "/" + job->name + "/endpoints.json"))
+    for (const std::string& endpoint :
+         ServeEndpoints(options_.runs_dir, std::to_string(id) + "/" + job->name + "/endpoints.json"))
       reply.mutable_job()->add_endpoints(endpoint);
   return reply;
 }
@@ -371,12 +372,8 @@ wire::Envelope Server::Report(int64_t id) {
     report->add_csv_lines(row.csv_line);
     report->add_row_attempts(row.attempt);
   }
-  std::ifstream summary(JobRunsDir(id) + "/summary.json");
-  if (summary) {
-    std::stringstream text;
-    text << summary.rdbuf();
-    report->set_summary_json(text.str());
-  }
+  const FileRead summary = ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/summary.json", kMaxSummaryBytes);
+  if (summary.ok()) report->set_summary_json(summary.bytes);
   return reply;
 }
 

@@ -63,6 +63,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/regular_file.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
 #include "coordinator/submit_parser.h"
@@ -126,6 +127,16 @@ struct RunningAttempt {
   std::string summary_json;
 };
 
+// Note [Files a job wrote]
+// The loop reads a few files from a job's run folder: endpoints.json for `jobctl status`,
+// summary.json for reports, latency_heatmap.svg for the dashboard. A job (any key holder
+// who can submit one) decides what lies there, so each is read through
+// ReadFileBeneath (common/regular_file.h): no symlink below the runs folder, nothing but
+// a regular file, opened without blocking, and capped. A FIFO or /dev/zero in its place
+// is refused in microseconds instead of stalling the loop and failing healthy jobs.
+inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
+inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
+
 class Server {
  public:
   // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
@@ -185,6 +196,9 @@ class Server {
   WebReply ApiJobs();
   WebReply ApiJob(int64_t id);
   WebReply HeatmapSvg(int64_t id);
+  // The job's latency_heatmap.svg, a regular file beneath the runs folder (never a
+  // FIFO, device or symlink: Note [Files a job wrote]).
+  FileRead HeatmapFile(int64_t id, const std::string& job_name) const;
   WebReply ApiWorkers();
   std::string MetricsText();
   void Send(const std::string& identity, const wire::Envelope& message);
@@ -221,6 +235,11 @@ class Server {
   RunningAttempt* AttemptAwaiting(const RankKey& key);
   std::string DescribeRank(const RankKey& key) const;
   std::string JobRunsDir(int64_t job) const;
+  std::string AttemptDir(int64_t job, int attempt) const;
+  // Writes `bytes` to `folder`/`name` atomically, `folder` being JobRunsDir or an
+  // AttemptDir, created as needed; logs instead of throwing, and writes nothing where a
+  // symlink or a file stands in the folder's way (Note [Files a job wrote]).
+  void WriteJobFile(const std::string& folder, const std::string& name, const std::string& bytes, int64_t job) const;
 
   ServerOptions options_;
   std::unique_ptr<StateStore> store_;

@@ -7,7 +7,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,8 +16,6 @@
 
 namespace trainyard {
 namespace {
-
-namespace fs = std::filesystem;
 
 std::string PlacementText(const std::string& world, const std::vector<int>& ranks) {
   std::string text = world + ":";
@@ -85,6 +82,21 @@ wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epo
 }  // namespace
 
 std::string Server::JobRunsDir(int64_t job) const { return options_.runs_dir + "/" + std::to_string(job); }
+
+std::string Server::AttemptDir(int64_t job, int attempt) const {
+  return JobRunsDir(job) + "/attempt-" + std::to_string(attempt);
+}
+
+void Server::WriteJobFile(const std::string& folder, const std::string& name, const std::string& bytes,
+                          int64_t job) const {
+  try {
+    // Note [Files a job wrote]: no symlink between the runs folder and the file.
+    MakeFoldersBeneath(options_.runs_dir, folder.substr(options_.runs_dir.size() + 1));
+    WriteFileAtomically(folder + "/" + name, bytes);
+  } catch (const std::exception& e) {
+    spdlog::error("job {}: cannot write {}/{}: {}", job, folder, name, e.what());
+  }
+}
 
 std::string Server::DescribeRank(const RankKey& key) const {
   std::string text = "rank " + std::to_string(key.second) + " of world " + key.first;
@@ -265,16 +277,9 @@ void Server::WriteEpochFiles(int64_t job) {
     text += row.csv_line + "\n";
     all += row.csv_line + "\n";
   }
-  try {
-    for (const auto& [attempt, text] : per_attempt) {
-      const std::string dir = JobRunsDir(job) + "/attempt-" + std::to_string(attempt);
-      fs::create_directories(dir);
-      WriteFileAtomically(dir + "/epochs.csv", text);
-    }
-    WriteFileAtomically(JobRunsDir(job) + "/epochs.csv", all);
-  } catch (const std::exception& e) {  // the rows are in the store; the files can be rewritten later
-    spdlog::error("job {}: cannot write its epoch files: {}", job, e.what());
-  }
+  // The rows are in the store; a file that cannot be written now is rewritten later.
+  WriteJobFile(JobRunsDir(job), "epochs.csv", all, job);
+  for (const auto& [attempt, text] : per_attempt) WriteJobFile(AttemptDir(job, attempt), "epochs.csv", text, job);
 }
 
 void Server::OnResult(const std::string& identity, const wire::JobResult& message) {
@@ -434,7 +439,7 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
   const std::string where = PlacementText(placement.world, placement.ranks);
   const int next = job.attempts + 1;
   try {
-    fs::create_directories(JobRunsDir(job.id) + "/attempt-" + std::to_string(next));
+    MakeFoldersBeneath(options_.runs_dir, std::to_string(job.id) + "/attempt-" + std::to_string(next));
   } catch (const std::exception& e) {  // the job cannot run here; the daemon goes on
     const std::string reason = "the coordinator cannot create its runs folder: " + std::string(e.what());
     StateStore::Transaction transaction(*store_);
@@ -482,15 +487,9 @@ void Server::SucceedAttempt(RunningAttempt attempt) {
   running_.erase(attempt.job);
   StopRanks(attempt, "the attempt succeeded: this slot is free");  // the gang's other ranks hold their slots until told
   WriteEpochFiles(attempt.job);  // again: a crash may have come between a row's commit and its file
-  const std::string dir = JobRunsDir(attempt.job) + "/attempt-" + std::to_string(attempt.attempt);
-  try {
-    fs::create_directories(dir);
-    if (!attempt.summary_json.empty()) {
-      WriteFileAtomically(dir + "/summary.json", attempt.summary_json + "\n");
-      WriteFileAtomically(JobRunsDir(attempt.job) + "/summary.json", attempt.summary_json + "\n");
-    }
-  } catch (const std::exception& e) {
-    spdlog::error("job {}: cannot write summary.json: {}", attempt.job, e.what());
+  if (!attempt.summary_json.empty()) {
+    WriteJobFile(JobRunsDir(attempt.job), "summary.json", attempt.summary_json + "\n", attempt.job);
+    WriteJobFile(AttemptDir(attempt.job, attempt.attempt), "summary.json", attempt.summary_json + "\n", attempt.job);
   }
   spdlog::info("job {} succeeded (attempt {})", attempt.job, attempt.attempt);
   schedule_due_ = true;

@@ -12,8 +12,10 @@
 #include <sstream>
 #include <zmq_addon.hpp>
 
+#include "common/bounded_json.h"
 #include "common/csv.h"
 #include "common/metrics.h"
+#include "common/regular_file.h"
 #include "coordinator/server.h"
 
 namespace trainyard {
@@ -123,7 +125,7 @@ WebReply Server::ApiJob(int64_t id) {
   for (const EventRecord& e : store_->TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
   for (const EpochRecord& row : store_->EpochRows(id)) {
     epochs.push_back(EpochJson(SplitCsv(row.csv_header), row));
-    json breakdown = json::parse(row.breakdown_json, nullptr, /*allow_exceptions=*/false);
+    json breakdown = ParseBoundedJsonOrDiscarded(row.breakdown_json);
     if (breakdown.is_object()) {
       breakdown["epoch"] = row.epoch;
       breakdown["attempt"] = row.attempt;
@@ -135,20 +137,25 @@ WebReply Server::ApiJob(int64_t id) {
   job["epochs"] = epochs;
   job["breakdown"] = breakdowns;
   job["step_parts"] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
-  std::ifstream heatmap(JobRunsDir(id) + "/" + record->name + "/latency_heatmap.svg");
+  const bool heatmap = HeatmapFile(id, record->name).ok();
   job["heatmap"] = heatmap ? json("/api/jobs/" + std::to_string(id) + "/heatmap.svg") : json(nullptr);
   return JsonReply(200, job);
+}
+
+FileRead Server::HeatmapFile(int64_t id, const std::string& job_name) const {
+  return ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/" + job_name + "/latency_heatmap.svg",
+                         kMaxHeatmapBytes);
 }
 
 // A benchmark job's latency heatmap, as its worker drew it (worker/report/bench_report.h).
 WebReply Server::HeatmapSvg(int64_t id) {
   const auto record = store_->Find(id);
   if (!record) return NotFound("no job " + std::to_string(id));
-  std::ifstream in(JobRunsDir(id) + "/" + record->name + "/latency_heatmap.svg");
-  if (!in) return NotFound("job " + std::to_string(id) + " has no heatmap (only benchmark jobs draw one)");
-  std::stringstream text;
-  text << in.rdbuf();
-  return {200, "image/svg+xml", text.str()};
+  FileRead svg = HeatmapFile(id, record->name);
+  if (svg.status == FileRead::kMissing)
+    return NotFound("job " + std::to_string(id) + " has no heatmap (only benchmark jobs draw one)");
+  if (!svg.ok()) return NotFound("job " + std::to_string(id) + ": its heatmap is not served: " + svg.why);
+  return {200, "image/svg+xml", std::move(svg.bytes)};
 }
 
 WebReply Server::ApiWorkers() {

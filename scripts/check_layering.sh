@@ -9,7 +9,9 @@
 #     (libtorch and Debian's libsentencepiece carry protobuf runtimes of their own); ZeroMQ
 #     there too, and in worker/jobs/ (the serve job's model process speaks the serving link,
 #     which carries no protobuf);
-#   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt}).
+#   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt});
+#   - no <regex> outside tests: libstdc++'s matcher backtracks and recurses per input
+#     byte, so text from a user or a client could hang or crash it (RE2 instead).
 # Tests may use any layer; torch-free test folders follow the torch rule too.
 #   scripts/check_layering.sh [--root DIR]     exit 0 clean, 1 with one line per violation
 #   scripts/check_layering.sh --self-test      plants bad includes in a copy; expects each caught
@@ -75,6 +77,9 @@ check_file() {  # prints one line per violation in $1 (relative to the root)
     if [[ $target =~ ^(spdlog|fmt)/ ]] && in_any "$file" "$TORCH_FOLDERS"; then
       echo "$file:$n: includes $target in a torch folder (libtorch bundles its own {fmt}); use common/log.h"
     fi
+    if [[ $target == regex ]] && [[ $file != tests/* ]]; then
+      echo "$file:$n: includes <regex>, whose matcher recurses per input byte; use RE2 (common/module_pattern.h)"
+    fi
   done < "$ROOT/$file"
 }
 
@@ -93,7 +98,8 @@ self_test() {
                'data/text_dataset.cc|#include <torch/torch.h>' \
                'common/csv.cc|#include "trainyard.pb.h"' \
                'worker/models/bert.cc|#include "worker/jobs/trainer.h"' \
-               'worker/train/optimizer.cc|#include <spdlog/spdlog.h>'; do
+               'worker/train/optimizer.cc|#include <spdlog/spdlog.h>' \
+               'worker/serve/kserve_http.cc|#include <regex>'; do
     rm -rf "$copy"/*
     (cd "$ROOT" && tar cf - common proto data coordinator worker tests) | (cd "$copy" && tar xf -)
     echo "${plant#*|}" >> "$copy/${plant%%|*}"

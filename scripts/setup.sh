@@ -2,7 +2,7 @@
 # Installs everything Trainyard needs on a Debian 12 machine. Idempotent: a second
 # run only checks and returns in seconds.
 #   - Debian packages: compilers, Open MPI, ZeroMQ, protobuf, spdlog, GoogleTest,
-#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, gRPC and Boost
+#     yaml-cpp, SQLite, nlohmann-json, SentencePiece, CLI11, ICU, RE2, gRPC and Boost
 #     (Beast: serving's HTTP), clang-format and
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), rsvg-convert
 #     (tests render the SVG plots), libcurl (MLflow tracking), chromium with its
@@ -44,7 +44,7 @@ APT_PACKAGES=(
   libsqlite3-dev sqlite3
   nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
-  libcli11-dev libicu-dev
+  libcli11-dev libicu-dev libre2-dev
   libgrpc++-dev protobuf-compiler-grpc libboost-dev
   clang-format clang-tidy
   clang libclang-rt-dev

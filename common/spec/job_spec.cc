@@ -9,9 +9,11 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <vector>
+
+#include "common/module_pattern.h"
+#include "common/regular_file.h"
 
 namespace trainyard {
 namespace {
@@ -51,7 +53,7 @@ constexpr int64_t kMaxRanks = 65'536;
 constexpr int64_t kMaxThreads = 4'096;
 constexpr int64_t kMaxCount = 1'000'000;  // iterations, windows, vocabulary sizes
 constexpr size_t kMaxNameLength = 100;
-constexpr uintmax_t kMaxJobFileBytes = 16u << 20;
+constexpr size_t kMaxJobFileBytes = size_t(16) << 20;
 
 // What a path read from the job file must be at load time. The checks follow symlinks.
 enum class PathKind {
@@ -382,12 +384,13 @@ void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
   auto name = [&](const YAML::Node& item, const std::string&) { return item.Scalar(); };
   if (l["target_modules"].IsScalar()) {  // PEFT's string form: the whole module name matches it as a regex
     out.target_regex = l["target_modules"].Scalar();
-    try {
-      std::regex check(out.target_regex, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
+    std::string error;
+    if (!ModulePattern::Compile(out.target_regex, &error)) {
+      const std::string shown =
+          out.target_regex.size() > 80 ? out.target_regex.substr(0, 80) + "..." : out.target_regex;
       r.Fail(l["target_modules"], "model.lora.target_modules",
-             "expected a list of module names or a regex string: '" + out.target_regex + "' is not a regex (" +
-                 e.what() + ")");
+             "expected a list of module names or a regex string: '" + shown + "' is not a regex RE2 accepts (" + error +
+                 "; RE2 takes Python's syntax without lookaround or backreferences)");
     }
   } else {
     r.ReadList(l, "target_modules", "model.lora", &out.target_modules, name);
@@ -726,19 +729,26 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
   }
 }
 
-JobSpec LoadJobSpec(const std::string& path) {
+std::string ReadJobFile(const std::string& path) {
   // A FIFO or a device as the job file would block or never end.
   if (std::string problem = PathProblem(path, PathKind::kFile); !problem.empty())
     throw SpecError(path + ":0:0: <file>: " + problem);
-  std::error_code error;
-  if (fs::file_size(path, error) > kMaxJobFileBytes)
-    throw SpecError(path + ":0:0: <file>: larger than " + std::to_string(kMaxJobFileBytes >> 20) + " MiB");
-  std::ifstream in(path);
-  if (!in) throw SpecError(path + ":0:0: <file>: cannot open the job file");
-  std::stringstream text;
-  text << in.rdbuf();
-  fs::path base = fs::absolute(fs::path(path)).parent_path();
-  return ParseJobSpec(text.str(), path, base.string());
+  const FileRead read = ReadUserFile(path, kMaxJobFileBytes);  // checked again on the file opened
+  switch (read.status) {
+    case FileRead::kOk:
+      return read.bytes;
+    case FileRead::kTooLarge:
+      throw SpecError(path + ":0:0: <file>: larger than " + std::to_string(kMaxJobFileBytes >> 20) + " MiB");
+    case FileRead::kRefused:
+      throw SpecError(path + ":0:0: <file>: a special file (a FIFO, device or folder), not a regular file");
+    default:
+      throw SpecError(path + ":0:0: <file>: cannot open the job file: " + read.why);
+  }
+}
+
+JobSpec LoadJobSpec(const std::string& path) {
+  const std::string text = ReadJobFile(path);
+  return ParseJobSpec(text, path, fs::absolute(fs::path(path)).parent_path().string());
 }
 
 std::string JobSpec::Where(const std::string& key_path) const {

@@ -257,6 +257,10 @@ struct JobSpec {
 // missing input files.
 JobSpec LoadJobSpec(const std::string& path);
 
+// A job file's text: a regular file of at most 16 MiB, read without blocking on a FIFO
+// or device. Throws SpecError ("<path>:0:0: <file>: ...") otherwise.
+std::string ReadJobFile(const std::string& path);
+
 // Same, from YAML text; `source_name` is used in messages and `base_dir` for paths.
 JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir);
 

@@ -3,6 +3,7 @@
 #include "coordinator/server.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <csignal>
@@ -433,6 +434,56 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
     EXPECT_TRUE(nlohmann::json::parse(reply.body).contains("error")) << missing;
   }
   EXPECT_EQ(nlohmann::json::parse(WebQuery("/api/jobs/9999").body)["error"], "no job 9999");
+}
+
+// Note [Files a job wrote]: a FIFO or a link to /dev/zero where the loop reads a job's
+// files (the dashboard's heatmap, jobctl status's endpoints.json, a report's
+// summary.json), and a symlinked attempt folder where it writes epochs.csv: every query
+// is answered at once (a blocked loop would time the 3 s receives out), nothing is
+// written through the link, and the job goes on.
+TEST_F(ServerTest, FifosAndLinksInARunFolderNeverStallTheLoop) {
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(), r1.Register();
+  zmq::socket_t client = Connect();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  const fs::path run = dir_ / "runs" / std::to_string(job);
+  fs::create_directories(run / "proto");
+  ASSERT_EQ(::mkfifo((run / "proto" / "latency_heatmap.svg").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((run / "proto" / "endpoints.json").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", run / "summary.json");
+  fs::create_directories(dir_ / "elsewhere");
+  fs::remove_all(run / "attempt-1");
+  fs::create_directory_symlink(dir_ / "elsewhere", run / "attempt-1");
+
+  const WebReply one = WebQuery("/api/jobs/" + std::to_string(job));
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_TRUE(nlohmann::json::parse(one.body)["heatmap"].is_null());
+  const WebReply svg = WebQuery("/api/jobs/" + std::to_string(job) + "/heatmap.svg");
+  EXPECT_EQ(svg.status, 404);
+  EXPECT_NE(svg.body.find("not a regular file"), std::string::npos) << svg.body;
+  auto status = Send(client, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(status && status->has_job());
+  EXPECT_EQ(status->job().endpoints_size(), 0);
+  wire::Envelope report;
+  report.set_version(kProtocolVersion);
+  report.mutable_report()->set_job_id(job);
+  auto reported = Send(client, {report.SerializeAsString()});
+  ASSERT_TRUE(reported && reported->has_job_report());
+  EXPECT_TRUE(reported->job_report().summary_json().empty());
+
+  r0.Send(r0.Epoch(job, 1, 1, "1,0.5"));
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());  // the row is stored all the same
+  EXPECT_FALSE(fs::exists(dir_ / "elsewhere" / "epochs.csv"));
+  EXPECT_TRUE(fs::exists(run / "epochs.csv"));
+  r0.Send(r0.Result(job, 1));
+  ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
+  auto done = WaitForState(client, job, "SUCCEEDED", 3000);
+  ASSERT_TRUE(done && done->has_job());
+  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_FALSE(fs::exists(dir_ / "elsewhere" / "summary.json"));
 }
 
 // Each forgery a tester made with hand-written frames, now made by an insider holding

@@ -6,6 +6,7 @@
 
 #include "common/metrics.h"
 #include "data/wordpiece_tokenizer.h"
+#include "worker/serve/kserve_json.h"
 
 namespace trainyard {
 namespace {
@@ -15,6 +16,7 @@ VersionMeta LangidMeta(int max_tokens) {
   meta.model = "langid", meta.version = 1, meta.max_tokens = max_tokens;
   meta.labels = {"de", "en", "it"};
   meta.tokenizer = std::make_shared<WordPieceTokenizer>(TRAINYARD_SOURCE_DIR "/data/prepared/langid/vocab.txt", true);
+  meta.vocab_size = meta.tokenizer->vocab_size();
   return meta;
 }
 
@@ -62,6 +64,36 @@ TEST(InferCodec, BadInputsNameWhatIsWrong) {
   EXPECT_NE(message_of({}).find("TEXT"), std::string::npos);
   EXPECT_THROW(ElementCount({-1, 2}, "x"), InferInputError);
   EXPECT_THROW(ElementCount({1 << 20, 1 << 20}, "x"), InferInputError);
+}
+
+TEST(InferCodec, IdsAreCheckedAgainstTheModelsVocabularyBeforeBatching) {
+  VersionMeta meta = LangidMeta(16);
+  meta.vocab_size = 10;  // a model whose embedding table is smaller than its tokenizer
+  EXPECT_EQ(TokenRows({TensorIn{"input_ids", "INT64", {1, 2}, {}, {3, 9}}}, meta, true, 4),
+            (std::vector<std::vector<int32_t>>{{3, 9}}));
+  try {
+    TokenRows({TensorIn{"input_ids", "INT64", {1, 2}, {}, {3, 10}}}, meta, true, 4);
+    ADD_FAILURE() << "an id past the model's vocabulary was accepted";
+  } catch (const InferInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the model's vocabulary of 10"), std::string::npos) << e.what();
+  }
+}
+
+// `data` nested 1,000,000 deep (2 MB) once overflowed the front end's stack in a recursive
+// flatten: now the parse stops at its depth limit, and nesting within it flattens in
+// row-major order.
+TEST(KserveJson, DeepNestingIsRefusedAndShallowNestingFlattens) {
+  const std::string head = R"({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 2], "data": )";
+  try {
+    DecodeJsonInfer(head + std::string(1000000, '[') + std::string(1000000, ']') + "}]}", "");
+    ADD_FAILURE() << "a body nested 1,000,000 deep was decoded";
+  } catch (const InferInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than 64 levels"), std::string::npos) << e.what();
+  }
+  const InferCall call = DecodeJsonInfer(head + "[[[1], [2]], [[3, [4]]]]}]}", "");
+  ASSERT_EQ(call.inputs.size(), 1u);
+  EXPECT_EQ(call.inputs[0].ints, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_THROW(DecodeJsonInfer(head + "[[1, 2], [3]]}]}", ""), InferInputError);  // 3 elements for 4
 }
 
 TEST(InferCodec, OutputsAreLogitsAndTheArgMaxLabel) {

@@ -355,13 +355,17 @@ def reload(worker, work):
     every request after the swap on version 2, broken versions refused with a reason."""
     repo = os.path.join(work, "repo")
     hf_version(os.path.join(repo, "langid", "1"), seed=1)
-    staged = {v: hf_version(os.path.join(work, "staged", str(v)), seed=v) for v in (2, 3, 4)}
-    # 3: a truncated safetensors file; 4: a config whose sizes the weights do not have.
+    staged = {v: hf_version(os.path.join(work, "staged", str(v)), seed=v) for v in (2, 3, 4, 5)}
+    # 3: a truncated safetensors file; 4: a config whose sizes the weights do not have;
+    # 5: a tokenizer with tokens past the model's embedding table (each text using one
+    # would fail its whole batch).
     with open(os.path.join(staged[3], "model.safetensors"), "r+b") as f:
         f.truncate(os.path.getsize(f.name) // 2)
     config = json.load(open(os.path.join(staged[4], "config.json")))
     config["intermediate_size"] = 96
     json.dump(config, open(os.path.join(staged[4], "config.json"), "w"))
+    with open(os.path.join(staged[5], "vocab.txt"), "a", encoding="utf-8") as f:
+        f.write("".join(f"extraword{i}\n" for i in range(20)))
     # A second model whose only version is broken: live, not ready, until a good one lands.
     broken = hf_version(os.path.join(repo, "other", "1"), seed=5)
     os.remove(os.path.join(broken, "vocab.txt"))
@@ -414,10 +418,11 @@ def reload(worker, work):
         ok &= wait_for(lambda: any(r[2] == "2" for r in results), "version 2 to answer")
         swap = min(r[1] for r in results if r[2] == "2")
         time.sleep(1)
-        for broken in (3, 4):
+        for broken, reason in ((3, ""), (4, ""), (5, "the tokenizer has")):
             shutil.copytree(staged[broken], os.path.join(repo, "langid", str(broken)))
             ok &= wait_for(lambda: index_state(str(broken)).get("state") == "UNAVAILABLE", f"version {broken} refused")
-            ok &= check(index_state(str(broken)).get("reason"), f"version {broken}: {index_state(str(broken))}")
+            ok &= check(reason in index_state(str(broken)).get("reason", ""),
+                        f"version {broken}: {index_state(str(broken))}")
             time.sleep(1)
     finally:
         stop.set()
@@ -433,7 +438,7 @@ def reload(worker, work):
     ok &= check(h.is_model_ready("langid", "2"), "version 2 still serving after the broken versions")
     ok &= check(server.stop() == 0, "the server stops cleanly")
     log = open(server.log_path).read()
-    ok &= check("version 3 refused" in log and "version 4 refused" in log, "the log names the refused versions")
+    ok &= check(all(f"version {v} refused" in log for v in (3, 4, 5)), "the log names the refused versions")
     return ok
 
 
@@ -523,6 +528,9 @@ def bad_input(worker, work):
         ("BYTES length that lies", "/v2/models/langid/infer", header + b"\xff\x00\x00\x00hello",
          {"Inference-Header-Content-Length": str(len(header))}, "TEXT"),
         ("oversized body", "/v2/models/langid/infer", b"{" + b" " * (2 << 20) + b"}", {}, "max_body_mb"),
+        ("data nested 400,000 deep", "/v2/models/langid/infer",
+         b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ' + b"[" * 400000 + b"]" * 400000
+         + b"}]}", {}, "nested deeper than"),
         ("unknown model", "/v2/models/nope/infer", json.dumps(good).encode(), {}, "nope"),
         ("unknown version", "/v2/models/langid/versions/7/infer", json.dumps(good).encode(), {}, "version 7"),
         ("text past the positions", "/v2/models/langid/infer", infer_body(["word " * 100]), {}, "positions"),
@@ -545,6 +553,8 @@ def bad_input(worker, work):
             except InferenceServerException as e:
                 ok &= check(e.status() == "StatusCode.INVALID_ARGUMENT" and must_name in e.message(),
                             f"{name}: {e.status()} {e.message()[:120]}")
+        status, answer = raw_http(port, "GET", "/v2/models/" + "a" * 60000 + "/versions/1/ready")
+        ok &= check(status == 400, f"a 60 KB path (matched by hand, not by a backtracking regex): {status}")
         status, answer = raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["still serving"]))
         ok &= check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
                     "a good request after all of them: 200")

@@ -3,11 +3,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
-#include <regex>
 #include <stdexcept>
 
 #include "common/atomic_file.h"
+#include "common/module_pattern.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/layers.h"
 
@@ -21,8 +22,8 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool IsTarget(const std::string& name, const std::vector<std::string>& targets, const std::regex* pattern) {
-  if (pattern) return std::regex_match(name, *pattern);
+bool IsTarget(const std::string& name, const std::vector<std::string>& targets, const ModulePattern* pattern) {
+  if (pattern) return pattern->FullMatch(name);
   for (const auto& t : targets)
     if (name == t || EndsWith(name, "." + t)) return true;
   return false;
@@ -60,12 +61,11 @@ std::string TargetsText(const LoraOptions& o) {
 }
 
 // PEFT's string form of target_modules. Throws std::runtime_error naming the problem.
-std::regex CompileTargetRegex(const std::string& text) {
-  try {
-    return std::regex(text, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw std::runtime_error("field 'target_modules': '" + text + "' is not a regex: " + e.what());
-  }
+std::unique_ptr<ModulePattern> CompileTargetRegex(const std::string& text) {
+  std::string error;
+  std::unique_ptr<ModulePattern> pattern = ModulePattern::Compile(text, &error);
+  if (!pattern) throw std::runtime_error("field 'target_modules': '" + text + "' is not a usable regex: " + error);
+  return pattern;
 }
 
 // The last component of every adaptable layer's name (for the error message).
@@ -114,8 +114,8 @@ std::vector<std::string> DefaultLoraTargets(ModelFamily family) {
 LoraSummary ApplyLora(ModelImpl& model, LoraOptions o) {
   const ModelInfo& info = model.info();
   if (o.target_modules.empty() && o.target_regex.empty()) o.target_modules = DefaultLoraTargets(info.family);
-  std::optional<std::regex> pattern;
-  if (!o.target_regex.empty()) pattern.emplace(CompileTargetRegex(o.target_regex));
+  std::unique_ptr<ModulePattern> pattern;
+  if (!o.target_regex.empty()) pattern = CompileTargetRegex(o.target_regex);
   if (info.task == ModelTask::kSequenceClassification)
     for (const char* head : {"classifier", "score"})
       if (std::find(o.modules_to_save.begin(), o.modules_to_save.end(), head) == o.modules_to_save.end())
@@ -126,8 +126,7 @@ LoraSummary ApplyLora(ModelImpl& model, LoraOptions o) {
   for (const auto& p : model.parameters()) summary.total += p.numel();
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
-    if (!IsTarget(name, o.target_modules, pattern ? &*pattern : nullptr) || InsideSaved(name, o.modules_to_save))
-      continue;
+    if (!IsTarget(name, o.target_modules, pattern.get()) || InsideSaved(name, o.modules_to_save)) continue;
     if (AttachTo(*item.value(), o, scaling)) summary.adapted.push_back(name);
   }
   if (summary.adapted.empty())

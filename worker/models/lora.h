@@ -6,8 +6,7 @@
 // gradient all-reduce and training checkpoints take only those. Matching follows PEFT:
 //   - a target matches a module whose dotted name equals it or ends with "." + it; or,
 //     where target_modules is one string (target_regex), a module whose whole dotted
-//     name matches it as a regex (std::regex's ECMAScript grammar, which agrees with
-//     Python's re on the usual alternations, classes and repeats);
+//     name matches it as a regex (PEFT's re.fullmatch, on RE2: common/module_pattern.h);
 //   - a module inside a modules_to_save module (a path component equal to the name) is
 //     never a target;
 //   - modules_to_save matches a module whose name ends with the string (plain suffix);

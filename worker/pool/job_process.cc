@@ -1,6 +1,7 @@
 #include "worker/pool/job_process.h"
 
 #include <fcntl.h>
+#include <re2/re2.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <regex>
 #include <stdexcept>
 
 #include "common/log.h"
@@ -91,18 +91,20 @@ std::vector<std::string> ScrubbedEnvironment(const std::vector<std::string>& env
 }
 
 RankEnd ParseMpirunReport(const std::vector<std::string>& lines) {
-  static const std::regex signaled(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
-  static const std::regex process(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
-  static const std::regex exit_code(R"(Exit code:\s+(\d+))");
+  // RE2, not std::regex: these lines are the job's output, and RE2's time is linear in them.
+  static const RE2 signaled(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
+  static const RE2 process(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
+  static const RE2 exit_code(R"(Exit code:\s+(\d+))");
   RankEnd end;
-  std::smatch m;
+  int rank = 0, signal = 0, code = 0;
+  std::string node;
   for (const std::string& line : lines) {
-    if (std::regex_search(line, m, signaled)) {
-      end.rank = std::stoi(m[1]), end.node = m[2], end.signal = std::stoi(m[3]);
+    if (RE2::PartialMatch(line, signaled, &rank, &node, &signal)) {
+      end.rank = rank, end.node = node, end.signal = signal;
       return end;
     }
-    if (std::regex_search(line, m, process)) end.rank = std::stoi(m[1]);
-    if (end.rank >= 0 && std::regex_search(line, m, exit_code)) end.exit_code = std::stoi(m[1]);
+    if (RE2::PartialMatch(line, process, &rank)) end.rank = rank;
+    if (end.rank >= 0 && RE2::PartialMatch(line, exit_code, &code)) end.exit_code = code;
   }
   return end;
 }

@@ -68,10 +68,10 @@ std::vector<std::vector<int32_t>> IdRows(const TensorIn& ids, const TensorIn* ma
                               "] is " + std::to_string(keep) + ", expected 0 or 1");
       const int64_t id = ids.ints[r * t + c];
       if (!keep) continue;
-      if (id < 0 || id >= meta.tokenizer->vocab_size())
+      if (id < 0 || id >= meta.vocab_size)
         throw InferInputError("input 'input_ids': element [" + std::to_string(r) + ", " + std::to_string(c) + "] is " +
-                              std::to_string(id) + ", outside the vocabulary of " +
-                              std::to_string(meta.tokenizer->vocab_size()));
+                              std::to_string(id) + ", outside the model's vocabulary of " +
+                              std::to_string(meta.vocab_size));
       rows[r].push_back(static_cast<int32_t>(id));
     }
     if (rows[r].empty()) throw InferInputError("input 'attention_mask': row " + std::to_string(r) + " has no token");

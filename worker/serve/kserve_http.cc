@@ -2,8 +2,10 @@
 
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <optional>
+#include <vector>
 
+#include "common/bounded_json.h"
 #include "worker/serve/infer_codec.h"
 #include "worker/serve/kserve_json.h"
 #include "worker/serve/model_config.h"
@@ -21,6 +23,49 @@ HttpResponse JsonResponse(int status, const json& body) {
 }
 
 HttpResponse Error(int status, const std::string& message) { return JsonResponse(status, {{"error", message}}); }
+
+// A request path's components ("/v2/models/m/infer" -> v2, models, m, infer); empty
+// components are kept, so "//" never names anything.
+std::vector<std::string> PathParts(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t begin = path.empty() || path[0] != '/' ? 0 : 1;
+  for (;;) {
+    const size_t slash = path.find('/', begin);
+    parts.push_back(path.substr(begin, slash == std::string::npos ? std::string::npos : slash - begin));
+    if (slash == std::string::npos) return parts;
+    begin = slash + 1;
+  }
+}
+
+// /v2/models/<model>[/versions/<version>][/ready|/infer|/stats|/config], and
+// /v2/repository/models/<model>/<load|unload> (action "load" or "unload"). Split by
+// hand: a path is the client's, and std::regex recurses per byte of what it matches.
+struct ModelRoute {
+  std::string model, version, action;  // action without its slash; empty: the metadata
+};
+
+std::optional<ModelRoute> ModelPath(const std::vector<std::string>& parts) {
+  if (parts.size() < 3 || parts[0] != "v2" || parts[1] != "models" || parts[2].empty()) return std::nullopt;
+  ModelRoute route{parts[2], "", ""};
+  size_t next = 3;
+  if (parts.size() >= next + 2 && parts[next] == "versions" && !parts[next + 1].empty())
+    route.version = parts[next + 1], next += 2;
+  if (parts.size() == next + 1) {
+    route.action = parts[next];
+    if (route.action != "ready" && route.action != "infer" && route.action != "stats" && route.action != "config")
+      return std::nullopt;
+    ++next;
+  }
+  if (parts.size() != next) return std::nullopt;
+  return route;
+}
+
+std::optional<ModelRoute> RepositoryPath(const std::vector<std::string>& parts) {
+  if (parts.size() != 5 || parts[0] != "v2" || parts[1] != "repository" || parts[2] != "models" || parts[3].empty() ||
+      (parts[4] != "load" && parts[4] != "unload"))
+    return std::nullopt;
+  return ModelRoute{parts[3], "", parts[4]};
+}
 
 json DurationJson(const StatisticDuration& d) { return {{"count", d.count}, {"ns", d.ns}}; }
 
@@ -96,25 +141,26 @@ bool KserveHttp::Authorized(const HttpRequest& request) const {
 
 HttpResponse KserveHttp::Handle(const HttpRequest& request, const std::function<bool()>& client_gone) {
   if (!Authorized(request)) return Error(401, "missing or wrong access token (Authorization: Bearer ...)");
-  static const std::regex kModelPath(R"(/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer|/stats|/config)?)");
-  static const std::regex kRepositoryPath(R"(/v2/repository/models/([^/]+)/(load|unload))");
   const std::string path = request.target.substr(0, request.target.find('?'));
   const bool get = request.method == "GET", post = request.method == "POST";
-  std::smatch m;
   if (get && path == "/v2/health/live") return JsonResponse(core_->live() ? 200 : 503, json::object());
   if (get && path == "/v2/health/ready") return JsonResponse(core_->ready() ? 200 : 503, json::object());
   if (get && path == "/v2")
     return JsonResponse(200, {{"name", kServerName}, {"version", kServerVersion}, {"extensions", kExtensions}});
   if (get && path == "/v2/models/stats") return Statistics("", "");
   if (post && path == "/v2/repository/index") return Repository("", "index", request);
-  if (post && std::regex_match(path, m, kRepositoryPath)) return Repository(m[1], m[2], request);
-  if (std::regex_match(path, m, kModelPath)) {
-    const std::string model = m[1], version = m[2], action = m[3];
+  const std::vector<std::string> parts = PathParts(path);
+  if (auto repository = RepositoryPath(parts); post && repository)
+    return Repository(repository->model, repository->action, request);
+  if (auto route = ModelPath(parts)) {
+    const std::string& model = route->model;
+    const std::string& version = route->version;
+    const std::string& action = route->action;
     if (get && action.empty()) return ModelMetadata(model, version);
-    if (get && action == "/ready") return JsonResponse(core_->ModelReady(model, version) ? 200 : 400, json::object());
-    if (post && action == "/infer") return Infer(model, version, request, client_gone);
-    if (get && action == "/stats") return Statistics(model, version);
-    if (get && action == "/config") return Config(model, version);
+    if (get && action == "ready") return JsonResponse(core_->ModelReady(model, version) ? 200 : 400, json::object());
+    if (post && action == "infer") return Infer(model, version, request, client_gone);
+    if (get && action == "stats") return Statistics(model, version);
+    if (get && action == "config") return Config(model, version);
   }
   return Error(404, request.method + " " + path + ": no such endpoint");
 }
@@ -161,7 +207,7 @@ HttpResponse KserveHttp::Repository(const std::string& model, const std::string&
   if (action == "index") {
     bool ready_only = false;
     if (!request.body.empty()) {
-      const json body = json::parse(request.body, nullptr, false);
+      const json body = ParseBoundedJsonOrDiscarded(request.body);
       if (body.is_discarded() || !body.is_object()) return Error(400, "request body: malformed JSON");
       ready_only = body.value("ready", false);
     }

@@ -1,18 +1,36 @@
 #include "worker/serve/kserve_json.h"
 
 #include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/bounded_json.h"
 
 namespace trainyard {
 namespace {
 
 using json = nlohmann::json;
 
-// Flattens nested JSON arrays in row-major order.
+// Flattens nested JSON arrays in row-major order, with an explicit stack: the body is
+// a client's, so its depth (already bounded by the parse) must not become ours.
 void Flatten(const json& data, std::vector<const json*>* out) {
-  if (data.is_array())
-    for (const json& item : data) Flatten(item, out);
-  else
+  std::vector<std::pair<const json*, size_t>> open;  // an array, and its next item
+  if (!data.is_array()) {
     out->push_back(&data);
+    return;
+  }
+  open.emplace_back(&data, 0);
+  while (!open.empty()) {
+    auto& [array, next] = open.back();
+    if (next == array->size()) {
+      open.pop_back();
+      continue;
+    }
+    const json& item = (*array)[next++];
+    if (item.is_array())
+      open.emplace_back(&item, 0);
+    else
+      out->push_back(&item);
+  }
 }
 
 TensorIn DecodeInput(const json& input, const std::string& binary_chunk, bool has_binary) {
@@ -83,7 +101,9 @@ InferCall DecodeJsonInfer(const std::string& http_body, const std::string& heade
   auto [head, binary] = SplitBody(http_body, header_length);
   json body;
   try {
-    body = json::parse(head);
+    body = ParseBoundedJson(head);
+  } catch (const JsonTooDeep& e) {
+    throw InferInputError(std::string("request body: ") + e.what());
   } catch (const json::exception& e) {
     throw InferInputError(std::string("request body: malformed JSON: ") + e.what());
   }

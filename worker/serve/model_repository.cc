@@ -134,10 +134,20 @@ VersionMeta ReadVersion(const RepositoryEntry& entry) {
   // RoBERTa's position ids start after the padding index.
   meta.max_tokens = static_cast<int>(meta.family == "roberta" ? positions - 2 : positions);
   if (meta.max_tokens < 2) throw std::runtime_error("config.json: too few positions to hold a text");
+  meta.vocab_size = IntField(config, "vocab_size");
   meta.tokenizer = LoadTokenizer(folder, meta.family);
+  // An id past the embedding table would fail the whole batch it rides in: refuse the
+  // version now, with the reason, instead of every request batched with such a text.
+  if (meta.tokenizer->vocab_size() > meta.vocab_size)
+    throw std::runtime_error("the tokenizer has " + std::to_string(meta.tokenizer->vocab_size()) +
+                             " tokens, but config.json's vocab_size is " + std::to_string(meta.vocab_size) +
+                             ": its ids past " + std::to_string(meta.vocab_size - 1) + " have no embedding");
   meta.pad_id = meta.tokenizer->pad_id();
   if (config.contains("pad_token_id") && config["pad_token_id"].is_number_integer())
     meta.pad_id = config["pad_token_id"].get<int32_t>();
+  if (meta.pad_id < 0 || meta.pad_id >= meta.vocab_size)
+    throw std::runtime_error("config.json: pad_token_id " + std::to_string(meta.pad_id) + " is outside vocab_size " +
+                             std::to_string(meta.vocab_size));
   SafetensorsFile::Read((folder / "model.safetensors").string());  // throws SafetensorsError naming the lie
   return meta;
 }

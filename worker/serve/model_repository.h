@@ -32,8 +32,9 @@ struct VersionMeta {
   std::string family;               // config.json's model_type
   std::vector<std::string> labels;  // id2label, in id order: the `label` output
   int max_tokens = 0;               // the longest input the position table takes
+  int64_t vocab_size = 0;           // config.json's: rows of the embedding table
   int32_t pad_id = 0;
-  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const Tokenizer> tokenizer;  // at most vocab_size tokens (ReadVersion checks)
 };
 
 // Every <model>/<version>/ under `root`, sorted by model then version. Entries whose

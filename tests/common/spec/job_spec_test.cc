@@ -244,6 +244,19 @@ TEST_F(JobSpecTest, LoraSectionIsParsedWithPeftDefaults) {
           .find(
               "model.lora.target_modules: expected a list of module names or a regex string: 'attn.(q' is not a regex"),
       std::string::npos);
+  // 100,000 nested parentheses (200 KB) once crashed the coordinator in std::regex's
+  // recursive compiler; now they are refused, as is a pattern that only backtracking
+  // engines take.
+  const std::string deep = std::string(100000, '(') + "a" + std::string(100000, ')');
+  std::string error = ErrorOf(Valid() + "model:\n  lora:\n    target_modules: '" + deep + "'\n");
+  EXPECT_NE(error.find("model.lora.target_modules: expected a list of module names or a regex string: '((((("),
+            std::string::npos)
+      << error.substr(0, 300);
+  EXPECT_NE(error.find("longer than 4096 bytes"), std::string::npos) << error.substr(0, 300);
+  EXPECT_LT(error.size(), 400u);
+  error = ErrorOf(Valid() + "model:\n  lora:\n    target_modules: '(?=query).*'\n");
+  EXPECT_NE(error.find("without lookaround"), std::string::npos) << error;
+  EXPECT_TRUE(Parse(Valid() + "model:\n  lora:\n    target_modules: '(.*)*(.*)*(.*)*z'\n").model.lora.enabled);
   EXPECT_FALSE(Parse(Valid()).model.lora.enabled);
   EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {rank: 4}\n").find("model.lora"), std::string::npos);
   EXPECT_NE(ErrorOf(Valid() + "model:\n  lora: {r: 0}\n").find("model.lora.r: expected an integer in [1, 65536]"),

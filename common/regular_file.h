@@ -1,0 +1,43 @@
+// Reading files that someone else may have put in our way without blocking on them.
+//
+// A daemon that reads a file a job wrote (an SVG, a JSON) runs that job's risks: a FIFO
+// blocks open() and read() for ever, /dev/zero never ends, and a symlink points
+// anywhere. These readers open without following the last link (or, beneath a root,
+// any link), without blocking (O_NONBLOCK), check with fstat that what they opened is
+// a regular file, and read at most a cap. Each answer says why it read nothing.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace trainyard {
+
+struct FileRead {
+  enum Status {
+    kOk,
+    kMissing,   // nothing at the path (or a folder on the way is missing)
+    kRefused,   // a symlink, FIFO, device, folder or other non-regular file
+    kTooLarge,  // larger than the cap
+    kError,     // any other error; `why` holds it
+  };
+  Status status = kError;
+  std::string bytes;  // kOk only
+  std::string why;    // not kOk: "<path>: <reason>"
+
+  bool ok() const { return status == kOk; }
+};
+
+// `relative` (components split by '/'; none may be "..", "." or empty) beneath the
+// folder `root`: no component below `root` may be a symlink.
+FileRead ReadFileBeneath(const std::string& root, const std::string& relative, size_t max_bytes);
+
+// Creates the folders of `relative` beneath the folder `root` as needed. Throws
+// std::runtime_error naming the path if a component below `root` is a symlink or not a
+// folder: what is then written there stays beneath `root`.
+void MakeFoldersBeneath(const std::string& root, const std::string& relative);
+
+// `path` as a user named it: symlinks are followed (the user chose them), but the file
+// reached must be regular and at most `max_bytes`.
+FileRead ReadUserFile(const std::string& path, size_t max_bytes);
+
+}  // namespace trainyard

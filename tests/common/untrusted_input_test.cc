@@ -1,0 +1,119 @@
+// Readers of bytes someone else chose: linear-time module patterns (common/module_pattern.h),
+// depth-bounded JSON (common/bounded_json.h) and files read without blocking or following
+// links (common/regular_file.h).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "common/atomic_file.h"
+#include "common/bounded_json.h"
+#include "common/module_pattern.h"
+#include "common/regular_file.h"
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(ModulePattern, MatchesWholeNamesAsPeftsFullmatchDoes) {
+  std::string error;
+  auto pattern = ModulePattern::Compile(R"(.*\.(query|value))", &error);
+  ASSERT_TRUE(pattern) << error;
+  EXPECT_TRUE(pattern->FullMatch("bert.encoder.layer.0.attention.self.query"));
+  EXPECT_FALSE(pattern->FullMatch("bert.encoder.layer.0.attention.self.query.lora"));
+  EXPECT_FALSE(pattern->FullMatch("bert.encoder.layer.0.attention.self.key"));
+}
+
+// A pattern that backtracks exponentially in std::regex, on a long name, answers (RE2 is
+// linear); a pattern nested 100,000 deep is refused, not compiled recursively.
+TEST(ModulePattern, HostilePatternsEndQuickly) {
+  std::string error;
+  auto pattern = ModulePattern::Compile("(.*)*(.*)*(.*)*z", &error);
+  ASSERT_TRUE(pattern) << error;
+  EXPECT_FALSE(pattern->FullMatch(std::string(100000, 'a')));
+  EXPECT_FALSE(ModulePattern::Compile(std::string(100000, '(') + "a" + std::string(100000, ')'), &error));
+  EXPECT_NE(error.find("longer than 4096 bytes"), std::string::npos) << error;
+  EXPECT_FALSE(ModulePattern::Compile("(?=query)", &error));  // lookahead: Python has it, RE2 does not
+  EXPECT_NE(error.find("invalid perl operator"), std::string::npos) << error;
+}
+
+TEST(BoundedJson, RefusesNestingPastTheLimitAndKeepsTheRest) {
+  EXPECT_EQ(ParseBoundedJson(R"({"a": [[1, 2], {"b": null}]})")["a"][0][1], 2);
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_THROW(ParseBoundedJson(deep), JsonTooDeep);
+  EXPECT_TRUE(ParseBoundedJsonOrDiscarded(deep).is_discarded());
+  const std::string at_limit = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_NO_THROW(ParseBoundedJson(at_limit));
+  EXPECT_THROW(ParseBoundedJson("[" + at_limit + "]"), JsonTooDeep);
+  EXPECT_THROW(ParseBoundedJson("{\"a\": "), nlohmann::json::exception);
+  EXPECT_TRUE(ParseBoundedJsonOrDiscarded("{\"a\": ").is_discarded());
+}
+
+class RegularFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ty_regular_file_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "job");
+    std::ofstream(root_ / "job" / "ok.json") << "{}";
+    std::ofstream(root_ / "outside.txt") << "secret";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_F(RegularFileTest, ReadsARegularFileBeneathTheRoot) {
+  const FileRead read = ReadFileBeneath(root_.string(), "job/ok.json", 64);
+  ASSERT_TRUE(read.ok()) << read.why;
+  EXPECT_EQ(read.bytes, "{}");
+  EXPECT_EQ(ReadFileBeneath(root_.string(), "job/none.json", 64).status, FileRead::kMissing);
+  EXPECT_EQ(ReadFileBeneath(root_.string(), "job/ok.json", 1).status, FileRead::kTooLarge);
+}
+
+// A FIFO would block open() and read() for ever; /dev/zero never ends; a link leads
+// anywhere. Each is refused at once.
+TEST_F(RegularFileTest, FifosDevicesAndLinksAreRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo((root_ / "job" / "fifo.svg").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", root_ / "job" / "zero.json");
+  fs::create_symlink(root_ / "outside.txt", root_ / "job" / "link.txt");
+  fs::create_directory_symlink(root_, root_ / "job" / "loop");
+  for (const char* name : {"job/fifo.svg", "job/zero.json", "job/link.txt", "job/loop/outside.txt", "job"}) {
+    const FileRead read = ReadFileBeneath(root_.string(), name, 1 << 20);
+    EXPECT_EQ(read.status, FileRead::kRefused) << name << ": " << read.why;
+  }
+  for (const char* name : {"../outside.txt", "job/../outside.txt", "job//ok.json", "./job/ok.json"})
+    EXPECT_EQ(ReadFileBeneath(root_.string(), name, 1 << 20).status, FileRead::kRefused) << name;
+  EXPECT_EQ(ReadUserFile((root_ / "job" / "fifo.svg").string(), 1 << 20).status, FileRead::kRefused);
+  EXPECT_EQ(ReadUserFile("/dev/zero", 1 << 20).status, FileRead::kRefused);
+  EXPECT_TRUE(ReadUserFile((root_ / "job" / "link.txt").string(), 64).ok());  // a user's own link is followed
+}
+
+TEST_F(RegularFileTest, FoldersAreMadeBeneathTheRootAndNeverThroughALink) {
+  MakeFoldersBeneath(root_.string(), "7/attempt-1");
+  EXPECT_TRUE(fs::is_directory(root_ / "7" / "attempt-1"));
+  fs::create_directories(root_ / "elsewhere");
+  fs::create_directory_symlink(root_ / "elsewhere", root_ / "7" / "attempt-2");
+  EXPECT_THROW(MakeFoldersBeneath(root_.string(), "7/attempt-2"), std::runtime_error);
+  EXPECT_THROW(MakeFoldersBeneath(root_.string(), "7/attempt-2/x"), std::runtime_error);
+  EXPECT_FALSE(fs::exists(root_ / "elsewhere" / "x"));
+  EXPECT_THROW(MakeFoldersBeneath(root_.string(), "../escape"), std::runtime_error);
+}
+
+// The temporary file is created fresh: a FIFO planted under its name is replaced, not
+// opened (which would block), and a symlink at the target is replaced, not followed.
+TEST_F(RegularFileTest, AtomicWritesNeitherBlockOnPlantedFifosNorFollowLinks) {
+  const fs::path target = root_ / "job" / "epochs.csv";
+  ASSERT_EQ(::mkfifo((target.string() + ".tmp-" + std::to_string(::getpid())).c_str(), 0600), 0);
+  fs::create_symlink(root_ / "outside.txt", target);
+  WriteFileAtomically(target.string(), "epoch\n1\n");
+  EXPECT_FALSE(fs::is_symlink(target));
+  EXPECT_EQ(ReadUserFile(target.string(), 64).bytes, "epoch\n1\n");
+  EXPECT_EQ(ReadUserFile((root_ / "outside.txt").string(), 64).bytes, "secret");
+}
+
+}  // namespace
+}  // namespace trainyard
