@@ -137,6 +137,40 @@ def cases(work, train, checkpoints):
     }
 
 
+def run_folder_cases(worker, work, train):
+    """Run folders are ours: a symlinked one, or a runs folder under a file, is exit 2 with
+    nothing touched; a fresh run deletes only the checkpoints and event files it knows."""
+    failures = 0
+    job = write(os.path.join(work, "folders", "job.yaml"), job_yaml("mine", train, "train:\n  max_steps: 2\n"))
+    elsewhere = os.path.join(work, "folders", "elsewhere")
+    os.makedirs(os.path.join(elsewhere, "checkpoints"))
+    write(os.path.join(elsewhere, "checkpoints", "step-00000001.safetensors"), "someone else's")
+    os.makedirs(os.path.join(work, "folders", "runs"))
+    os.symlink(elsewhere, os.path.join(work, "folders", "runs", "mine"))
+    write(os.path.join(work, "folders", "a_file"), "x")
+    runs_of = {"symlinked run folder": os.path.join(work, "folders", "runs"),
+               "runs folder under a file": os.path.join(work, "folders", "a_file", "runs")}
+    for name, expected in (("symlinked run folder", r"runs/mine is a symbolic link"),
+                           ("runs folder under a file", r"a_file is a file, so the run folder")):
+        result = run_worker(worker, job, runs_of[name], timeout=120)
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        ok = (result.returncode == 2 and len(lines) == 1 and re.search(expected, lines[0])
+              and sorted(os.listdir(elsewhere)) == ["checkpoints"]
+              and os.listdir(os.path.join(elsewhere, "checkpoints")) == ["step-00000001.safetensors"])
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
+        failures += not ok
+    runs = os.path.join(work, "folders", "fresh_runs")
+    for folder, name in (("checkpoints", "step-00000009.safetensors"), ("checkpoints", "notes.txt"),
+                         ("tb", "events.out.tfevents.1.old.1"), ("tb", "README")):
+        write(os.path.join(runs, "mine", folder, name), "older")
+    result = run_worker(worker, job, runs, timeout=300)
+    left = {f: sorted(os.listdir(os.path.join(runs, "mine", f))) for f in ("checkpoints", "tb")}
+    ok = (result.returncode == 0 and "notes.txt" in left["checkpoints"] and "README" in left["tb"]
+          and "step-00000009.safetensors" not in left["checkpoints"] and "events.out.tfevents.1.old.1" not in left["tb"])
+    print(f"{'ok  ' if ok else 'FAIL'} a fresh run deletes only its own kind of files: exit {result.returncode}, {left}")
+    return failures + (not ok)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
@@ -163,6 +197,7 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
             failures += not ok
             shutil.rmtree(os.path.join(work, "case"), ignore_errors=True)
+        failures += run_folder_cases(args.worker, work, train)
     pool = subprocess.run([args.worker, "--coordinator", "127.0.0.1:5555"], capture_output=True, text=True, timeout=60)
     ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")

@@ -47,7 +47,34 @@ PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& dev
   return options;
 }
 
+void CheckRunFolder(const JobSpec& spec) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::absolute(RunDir(spec));
+  const std::string where = spec.Where("log.runs_dir") + " (or --runs-dir)";
+  std::error_code error;
+  // A run deletes and replaces files in its folder: through a link, it would do so
+  // wherever the link points.
+  for (const fs::path& folder : {dir, dir / "checkpoints", dir / "tb"}) {
+    const fs::file_status status = fs::symlink_status(folder, error);
+    if (fs::is_symlink(status))
+      throw InputError(where + ": " + folder.string() +
+                       " is a symbolic link; a run folder and its checkpoints/ and tb/ must be real folders");
+    if (fs::exists(status) && !fs::is_directory(status))
+      throw InputError(where + ": " + folder.string() + " is a file, not a folder");
+  }
+  // The nearest folder that exists: a file there means the run folder can never be made.
+  for (fs::path up = dir.parent_path(); !up.empty() && up != up.root_path(); up = up.parent_path()) {
+    const fs::file_status status = fs::status(up, error);
+    if (!fs::exists(status)) continue;
+    if (!fs::is_directory(status))
+      throw InputError(where + ": " + up.string() + " is a file, so the run folder " + dir.string() +
+                       " cannot be made beneath it");
+    break;
+  }
+}
+
 torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
+  CheckRunFolder(spec);
   if (spec.runtime.threads > 0) torch::set_num_threads(spec.runtime.threads);
   torch::manual_seed(spec.seed);
   at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);

@@ -65,9 +65,14 @@ std::string RunDir(const JobSpec& spec);
 // The input pipeline's options for this job (pinned memory on CUDA).
 PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);
 
-// What every job kind does first: intra-op threads, the seed, TF32 for CUDA matrix
-// products, and the device: CUDA when available and not refused (the node-local rank
-// picks the GPU), else CPU. Throws InputError for what this machine cannot do (CUDA
+// Throws InputError if RunDir(spec), or its checkpoints/ or tb/, is a symbolic link or
+// a file, or if a file stands where a folder above it should be (log.runs_dir under a
+// file). Creates nothing: a job refused later leaves no run folder behind.
+void CheckRunFolder(const JobSpec& spec);
+
+// What every job kind does first: the run folder's check (CheckRunFolder), intra-op threads,
+// the seed, TF32 for CUDA matrix products, and the device: CUDA when available and not
+// refused (the node-local rank picks the GPU), else CPU. Throws InputError for what this machine cannot do (CUDA
 // asked for and absent; fp16 training or inference without CUDA).
 torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks);
 

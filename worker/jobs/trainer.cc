@@ -604,8 +604,8 @@ nlohmann::json Trainer::Run() {
   if (is_rank0()) {
     SetAsideRejected();
     // A fresh run must not leave an older run's checkpoints next to its own: they would
-    // outrank the new ones in pruning and in `resume: auto`.
-    if (!resumed) fs::remove_all(run_dir() + "/checkpoints");
+    // outrank the new ones in pruning and in `resume: auto`. Only those go.
+    if (!resumed) RemoveCheckpoints(run_dir() + "/checkpoints");
     log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
     if (!spec_.log.mlflow_uri.empty()) log->AttachSink(OpenMlflow(MlflowOptionsFor()));
     LogInfo(StrFormat(

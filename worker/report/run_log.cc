@@ -105,6 +105,15 @@ std::string EpochCurves(const std::vector<EpochRow>& rows) {
   return RenderChart({loss, accuracy, time, speed});
 }
 
+// The TensorBoard event files in `folder` (events.out.tfevents.*), and nothing else.
+void RemoveEventFiles(const std::string& folder) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(std::filesystem::symlink_status(folder, error))) return;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error))
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0 && !entry.is_directory(error))
+      std::filesystem::remove(entry.path(), error);
+}
+
 }  // namespace
 
 RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) : dir_(std::move(run_dir)) {
@@ -114,7 +123,7 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
     TrimSteps(resume_step);
   } else {
     std::filesystem::remove(dir_ + "/steps.jsonl");
-    std::filesystem::remove_all(dir_ + "/tb");  // a fresh run's curves start empty
+    RemoveEventFiles(dir_ + "/tb");  // a fresh run's curves start empty
   }
   WriteCsv();
   steps_.open(dir_ + "/steps.jsonl", std::ios::app);

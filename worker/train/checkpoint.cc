@@ -169,6 +169,17 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
+void RemoveCheckpoints(const std::string& dir) {
+  std::error_code error;
+  if (!fs::is_directory(fs::symlink_status(dir, error))) return;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.rfind("step-", 0) == 0 && (entry.path().extension() == ".safetensors" ||
+                                                      name.find(".safetensors.tmp-") != std::string::npos);
+    if (ours && !entry.is_directory(error)) fs::remove(entry.path(), error);
+  }
+}
+
 void PruneCheckpoints(const std::string& dir, int keep) {
   auto all = ListCheckpoints(dir);
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i]);

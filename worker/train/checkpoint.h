@@ -82,5 +82,8 @@ LoadedCheckpoint LoadCheckpoint(const std::string& path, torch::nn::Module& mode
 std::vector<std::string> ListCheckpoints(const std::string& dir);
 // Deletes all but the newest `keep` checkpoints.
 void PruneCheckpoints(const std::string& dir, int keep);
+// Deletes every checkpoint in `dir` (and a crashed write's leftovers of one), for a
+// fresh run: files of other names, and folders, are left where they are.
+void RemoveCheckpoints(const std::string& dir);
 
 }  // namespace trainyard
