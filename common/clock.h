@@ -15,4 +15,7 @@ inline double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Now on Clock, in seconds from its arbitrary epoch: for intervals only.
+inline double SteadySeconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
 }  // namespace trainyard

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "common/bounded_json.h"
+#include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "common/spec/job_spec.h"
 
@@ -75,7 +77,11 @@ Server::Server(ServerOptions options)
     MakeCurveServer(socket_, keys);
     zap_ = std::make_unique<ZapHandler>(context_, std::move(keys));
   }
-  socket_.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
+  // ZeroMQ measures a message on the wire, CURVE's box and framing included, and drops
+  // the peer of one over its limit without a word. So its limit sits a margin above
+  // ours, and HandleFrame refuses what lies between with an answer: a message just
+  // under --max-message-bytes is served, one just over it is told why.
+  socket_.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes + kWireMarginBytes);
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::router_mandatory, 0);
   socket_.bind(options_.listen);
@@ -157,7 +163,9 @@ void Server::ReceiveOne() {
   if (frames.size() == 3 && frames[1].size() == 0) frames.erase(frames.begin() + 1);
   if (frames.size() != 2) {
     ++bad_frames_;
-    spdlog::warn("dropped a message of {} frames (expected 2); {} bad so far", frames.size(), bad_frames_);
+    if (int64_t left_out = 0; log_limiter_.Allow("frames", SteadySeconds(), &left_out))
+      spdlog::warn("dropped a message of {} frames (expected 2); {} bad so far{}", frames.size(), bad_frames_,
+                   LeftOutNote(left_out));
     if (!frames.empty()) Reply(frames[0], ErrorEnvelope(2, "expected one protobuf Envelope frame"));
     return;
   }
@@ -167,11 +175,19 @@ void Server::ReceiveOne() {
 }
 
 void Server::HandleFrame(const std::string& identity, const std::string& role, const void* data, size_t size) {
+  if (size > static_cast<size_t>(options_.max_message_bytes)) {
+    ++bad_frames_;
+    Send(identity, ErrorEnvelope(2, "a message of " + std::to_string(size) + " bytes is over the coordinator's " +
+                                        std::to_string(options_.max_message_bytes) + " (--max-message-bytes)"));
+    return;
+  }
   wire::Envelope request;
   if (size > static_cast<size_t>(INT_MAX) || !request.ParseFromArray(data, static_cast<int>(size)) ||
       request.body_case() == wire::Envelope::BODY_NOT_SET) {
     ++bad_frames_;
-    spdlog::warn("dropped a frame that is not a trainyard Envelope ({} bytes); {} bad so far", size, bad_frames_);
+    if (int64_t left_out = 0; log_limiter_.Allow("envelope", SteadySeconds(), &left_out))
+      spdlog::warn("dropped a frame that is not a trainyard Envelope ({} bytes); {} bad so far{}", size, bad_frames_,
+                   LeftOutNote(left_out));
     Send(identity, ErrorEnvelope(2, "the message is not a valid trainyard Envelope"));
     return;
   }
@@ -189,7 +205,8 @@ void Server::HandleFrame(const std::string& identity, const std::string& role, c
   try {
     if (auto reply = Dispatch(identity, request)) Send(identity, *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
-    spdlog::error("request failed: {}", e.what());
+    if (int64_t left_out = 0; log_limiter_.Allow("failed", SteadySeconds(), &left_out))
+      spdlog::error("request failed: {}{}", e.what(), LeftOutNote(left_out));
     Send(identity, ErrorEnvelope(1, e.what()));
   }
 }
@@ -206,7 +223,8 @@ std::string Server::RoleRefusal(const std::string& role, const wire::Envelope& r
 
 void Server::Refuse(const std::string& identity, const std::string& why) {
   ++refused_messages_;
-  spdlog::warn("refused a message: {}; {} refused so far", why, refused_messages_);
+  if (int64_t left_out = 0; log_limiter_.Allow("refused", SteadySeconds(), &left_out))
+    spdlog::warn("refused a message: {}; {} refused so far{}", why, refused_messages_, LeftOutNote(left_out));
   Send(identity, ErrorEnvelope(2, "refused: " + why));
 }
 

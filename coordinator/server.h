@@ -11,7 +11,8 @@
 // One thread owns the socket, the store, the worker registry and every running
 // attempt. A frame that does not parse is counted and dropped, with an ErrorReply
 // where the sender is known; no input can end the loop. Messages over
-// `max_message_bytes` are refused by ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops that
+// `max_message_bytes` are refused with an ErrorReply; those over it by more than
+// kWireMarginBytes are refused by ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops that
 // peer's connection.
 //
 // Worker pools (server_pool.cc), per the ZeroMQ Guide's Paranoid Pirate: each rank
@@ -63,6 +64,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
@@ -135,6 +137,7 @@ struct RunningAttempt {
 // a regular file, opened without blocking, and capped. A FIFO or /dev/zero in its place
 // is refused in microseconds instead of stalling the loop and failing healthy jobs.
 inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
+inline constexpr int64_t kWireMarginBytes = 64 << 10;
 inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
 
 class Server {
@@ -249,6 +252,7 @@ class Server {
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   std::unique_ptr<ZapHandler> zap_;       // null when insecure
   int64_t bad_frames_ = 0, refused_messages_ = 0;
+  LogLimiter log_limiter_;                           // what peers can make the loop log
   std::map<std::string, std::string> world_tokens_;  // world id -> its token, while it has ranks
   double listened_ = 0, last_wake_ = 0;              // Note [Listening time]
   std::map<RankKey, RankEntry> ranks_;

@@ -1,5 +1,12 @@
 #include "coordinator/state_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -82,6 +89,8 @@ JobState JobStateFromString(const std::string& text) {
 
 StateStore::StateStore(const std::string& path, bool start_fresh) {
   try {
+    Lock(path);
+    CheckNotEmptied(path, start_fresh);
     Open(path);
     try {
       CheckIntegrity(path);
@@ -98,11 +107,47 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
   } catch (...) {
     sqlite3_close(db_);  // no destructor runs for a constructor that throws
     db_ = nullptr;
+    if (lock_fd_ >= 0) ::close(lock_fd_);
     throw;
   }
 }
 
-StateStore::~StateStore() { sqlite3_close(db_); }
+StateStore::~StateStore() {
+  sqlite3_close(db_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+}
+
+// Two coordinators on one state file would each schedule the same queue: the second
+// is refused. The lock is an flock on "<path>.lock", which holds the owner's pid for
+// the message; the kernel releases it when the process ends, however it ends.
+void StateStore::Lock(const std::string& path) {
+  const std::string lock_path = path + ".lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock_fd_ < 0) throw StoreError(lock_path + ": cannot open the state file's lock: " + std::strerror(errno));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char owner[32] = {};
+    const ssize_t n = ::pread(lock_fd_, owner, sizeof owner - 1, 0);
+    std::string pid = n > 0 ? std::string(owner, size_t(n)) : "";
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    throw StoreError(path + ": another coordinator" + (pid.empty() ? "" : " (pid " + pid + ")") +
+                     " is using this state file; stop it first, or give this one another --state");
+  }
+  const std::string mine = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, mine.data(), mine.size(), 0) < 0) {
+    // The lock holds; only the pid shown to a second coordinator is missing.
+  }
+}
+
+// SQLite takes a 0-byte file for a new, empty database. A state file truncated to 0
+// (a full disk, a careless `>`) would silently become an empty queue: refused unless
+// the user asks for a fresh start.
+void StateStore::CheckNotEmptied(const std::string& path, bool start_fresh) const {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || info.st_size != 0 || start_fresh) return;
+  throw StoreError(path +
+                   ": the state database is an empty file (0 bytes), not a database; restore it, or "
+                   "start with --fresh to begin with an empty queue");
+}
 
 void StateStore::Open(const std::string& path) {
   if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK)

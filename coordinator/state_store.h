@@ -61,9 +61,12 @@ struct AttemptRecord {
 
 class StateStore {
  public:
-  // Opens or creates the database. A database failing `PRAGMA integrity_check` is
-  // refused with a StoreError, unless `start_fresh`, which moves it aside to
-  // "<path>.corrupt" and starts empty. So is one that cannot be written.
+  // Opens or creates the database, and holds an exclusive lock on it ("<path>.lock")
+  // until destroyed: a second store on the same file (a second coordinator) gets a
+  // StoreError naming the first one's pid. A database failing `PRAGMA integrity_check`,
+  // or a 0-byte file, is refused with a StoreError, unless `start_fresh`, which moves a
+  // corrupt one aside to "<path>.corrupt" and starts empty. So is one that cannot be
+  // written.
   StateStore(const std::string& path, bool start_fresh);
   ~StateStore();
   StateStore(const StateStore&) = delete;
@@ -117,6 +120,8 @@ class StateStore {
 
  private:
   void Exec(const std::string& sql) const;
+  void Lock(const std::string& path);
+  void CheckNotEmptied(const std::string& path, bool start_fresh) const;
   void Open(const std::string& path);
   void CheckIntegrity(const std::string& path) const;
   // Throws StoreError unless the database can be written (a read-only file, or a
@@ -125,6 +130,7 @@ class StateStore {
   void CreateSchema();
 
   sqlite3* db_ = nullptr;
+  int lock_fd_ = -1;
   int transaction_depth_ = 0;
 };
 

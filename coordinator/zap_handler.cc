@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "common/clock.h"
+
 namespace trainyard {
 
 ZapHandler::ZapHandler(zmq::context_t& context, ServerKeys keys)
@@ -57,8 +59,9 @@ void ZapHandler::Answer(zmq::socket_t& socket) {
   }
   if (status != "200") {
     ++refused_;
-    spdlog::warn("refused a {} connection from {}: {}", mechanism.empty() ? "malformed" : mechanism,
-                 address.empty() ? "?" : address, text);
+    if (int64_t left_out = 0; log_limiter_.Allow("zap", SteadySeconds(), &left_out))
+      spdlog::warn("refused a {} connection from {}: {}{}", mechanism.empty() ? "malformed" : mechanism,
+                   address.empty() ? "?" : address, text, LeftOutNote(left_out));
   }
   const std::string request_id = frames.size() > 1 ? frames[1].to_string() : "";
   const std::vector<std::string> reply = {"1.0", request_id, status, text, user, ""};

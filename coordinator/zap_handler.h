@@ -15,6 +15,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/log_limiter.h"
 #include "proto/curve_keys.h"
 
 namespace trainyard {
@@ -36,6 +37,7 @@ class ZapHandler {
 
   ServerKeys keys_;
   zmq::socket_t socket_;
+  LogLimiter log_limiter_;  // the handler's thread's; refusals are logged at a bounded rate
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> refused_{0};
   std::thread thread_;

@@ -14,6 +14,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include "common/text_line.h"
+
 namespace trainyard {
 
 // How a text becomes ids, step by step as Hugging Face's tokenizers library does it
@@ -177,9 +179,8 @@ void ByteLevelBpeTokenizer::ReadMerges(const std::string& path) {
   std::string line;
   int line_number = 0;
   int32_t rank = 0;
-  while (std::getline(in, line)) {
+  while (ReadTextLine(in, line)) {
     ++line_number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
     const std::string where = path + ":" + std::to_string(line_number) + ": ";
     const size_t space = line.find(' ');

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/text_line.h"
+
 namespace trainyard {
 namespace {
 
@@ -21,9 +23,8 @@ std::vector<RawRow> ReadTsvRows(const std::string& path, std::ifstream& in) {
   std::vector<RawRow> rows;
   std::string line;
   int number = 0;
-  while (std::getline(in, line)) {
+  while (ReadTextLine(in, line)) {
     ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (number == 1 && line.rfind("label\t", 0) == 0) continue;  // header
     if (line.empty()) continue;
     size_t tab = line.find('\t');
@@ -37,9 +38,9 @@ std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in, co
   std::vector<RawRow> rows;
   std::string line;
   int number = 0;
-  while (std::getline(in, line)) {
+  while (ReadTextLine(in, line)) {
     ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(line);
@@ -58,8 +59,7 @@ std::vector<RawRow> ReadJsonlRows(const std::string& path, std::ifstream& in, co
 std::vector<RawRow> ReadPlainTextRows(std::ifstream& in) {
   std::vector<RawRow> rows;
   std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+  for (int number = 1; ReadTextLine(in, line); ++number) {
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     rows.push_back({"", UnescapeTsvField(line), number});
   }
@@ -87,7 +87,7 @@ LabelSet LabelSet::FromFile(const std::string& path) {
   if (!in) throw DatasetError(path + ":0: cannot open the labels file");
   std::vector<std::string> names;
   std::string line;
-  while (std::getline(in, line))
+  while (ReadTextLine(in, line))
     if (!line.empty()) names.push_back(line);
   if (names.empty()) throw DatasetError(path + ":1: the labels file lists no label");
   return LabelSet(std::move(names));

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/text_line.h"
+
 namespace trainyard {
 namespace {
 
@@ -121,8 +123,7 @@ std::unordered_map<std::string, int32_t> ReadVocab(const std::string& path) {
   std::unordered_map<std::string, int32_t> vocab;
   std::string line;
   int32_t id = 0;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+  while (ReadTextLine(in, line)) {
     vocab.emplace(line, id++);
   }
   return vocab;

@@ -1,6 +1,7 @@
 // Readers of bytes someone else chose: linear-time module patterns (common/module_pattern.h),
-// depth-bounded JSON (common/bounded_json.h) and files read without blocking or following
-// links (common/regular_file.h).
+// depth-bounded JSON (common/bounded_json.h), files read without blocking or following
+// links (common/regular_file.h); and the rate limit on what peers can make us log
+// (common/log_limiter.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 
 #include "common/atomic_file.h"
 #include "common/bounded_json.h"
+#include "common/log_limiter.h"
 #include "common/module_pattern.h"
 #include "common/regular_file.h"
 
@@ -51,6 +53,24 @@ TEST(BoundedJson, RefusesNestingPastTheLimitAndKeepsTheRest) {
   EXPECT_THROW(ParseBoundedJson("[" + at_limit + "]"), JsonTooDeep);
   EXPECT_THROW(ParseBoundedJson("{\"a\": "), nlohmann::json::exception);
   EXPECT_TRUE(ParseBoundedJsonOrDiscarded("{\"a\": ").is_discarded());
+}
+
+// A flood of refusals is written as `burst` lines a window; the first line after it says
+// how many were left out. Kinds are counted apart.
+TEST(LogLimiter, WritesABurstPerWindowAndCountsTheRest) {
+  LogLimiter limiter(3, 10.0);
+  int64_t left_out = -1;
+  int written = 0;
+  for (int i = 0; i < 1000; ++i) written += limiter.Allow("refused", 100.0 + i * 0.001, &left_out);
+  EXPECT_EQ(written, 3);
+  EXPECT_TRUE(limiter.Allow("zap", 100.5, &left_out));
+  EXPECT_EQ(left_out, 0);
+  ASSERT_TRUE(limiter.Allow("refused", 110.0, &left_out));
+  EXPECT_EQ(left_out, 997);
+  EXPECT_EQ(LeftOutNote(left_out), " (997 more like it not logged)");
+  ASSERT_TRUE(limiter.Allow("refused", 110.1, &left_out));
+  EXPECT_EQ(left_out, 0);
+  EXPECT_EQ(LeftOutNote(0), "");
 }
 
 class RegularFileTest : public ::testing::Test {

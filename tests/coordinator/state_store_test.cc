@@ -2,6 +2,7 @@
 #include "coordinator/state_store.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -32,22 +33,23 @@ class StateStoreTest : public ::testing::Test {
 };
 
 TEST_F(StateStoreTest, TransactionCommitsTogetherOrRollsBackOnAnException) {
-  StateStore store(path_, false);
-  bool created = false;
-  const int64_t id = store.Submit(Job("a"), 1.0, &created).id;
-  try {
-    StateStore::Transaction transaction(store);
-    const int attempt = store.StartAttempt(id, "w:0,1", 2.0);  // nested: commits with the outer one
-    store.EndAttempt(id, attempt, "failed: boom", 3.0);
-    store.AddEvent(id, "attempt 1 failed", 3.0);
-    throw std::runtime_error("killed between the writes");
-  } catch (const std::runtime_error&) {
-  }
-  EXPECT_EQ(store.Find(id)->state, JobState::kQueued);
-  EXPECT_EQ(store.Find(id)->attempts, 0);
-  EXPECT_TRUE(store.Attempts(id).empty());
-  EXPECT_TRUE(store.Events(id).empty());
+  int64_t id = 0;
   {
+    StateStore store(path_, false);
+    bool created = false;
+    id = store.Submit(Job("a"), 1.0, &created).id;
+    try {
+      StateStore::Transaction transaction(store);
+      const int attempt = store.StartAttempt(id, "w:0,1", 2.0);  // nested: commits with the outer one
+      store.EndAttempt(id, attempt, "failed: boom", 3.0);
+      store.AddEvent(id, "attempt 1 failed", 3.0);
+      throw std::runtime_error("killed between the writes");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_EQ(store.Find(id)->state, JobState::kQueued);
+    EXPECT_EQ(store.Find(id)->attempts, 0);
+    EXPECT_TRUE(store.Attempts(id).empty());
+    EXPECT_TRUE(store.Events(id).empty());
     StateStore::Transaction transaction(store);
     store.EndAttempt(id, store.StartAttempt(id, "w:0,1", 2.0), "succeeded", 4.0);
     store.SetState(id, JobState::kSucceeded, "");
@@ -145,6 +147,40 @@ TEST_F(StateStoreTest, CorruptDatabaseIsRefusedUnlessStartingFresh) {
   StateStore fresh(path_, true);
   EXPECT_TRUE(fresh.Jobs().empty());
   EXPECT_TRUE(fs::exists(path_ + ".corrupt"));
+}
+
+// A state file emptied to 0 bytes is not an empty queue: refused, unless --fresh.
+TEST_F(StateStoreTest, ZeroByteStateFileIsRefusedUnlessStartingFresh) {
+  std::ofstream(path_).close();
+  try {
+    StateStore store(path_, false);
+    FAIL() << "a 0-byte state file was accepted";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("an empty file (0 bytes)"), std::string::npos) << e.what();
+  }
+  StateStore fresh(path_, true);
+  EXPECT_TRUE(fresh.Jobs().empty());
+}
+
+// Two coordinators on one state file: the second is refused, naming the first's pid, and
+// the file is free again once the first is gone.
+TEST_F(StateStoreTest, ASecondStoreOnTheSameFileIsRefused) {
+  {
+    StateStore first(path_, false);
+    try {
+      StateStore second(path_, false);
+      FAIL() << "two stores opened one state file";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("another coordinator (pid " + std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << e.what();
+    }
+    bool created = false;
+    first.Submit(Job("still mine"), 1.0, &created);
+    EXPECT_TRUE(created);
+  }
+  StateStore again(path_, false);
+  EXPECT_EQ(again.Jobs().size(), 1u);
 }
 
 }  // namespace

@@ -39,6 +39,16 @@ TEST(TextDataset, TsvUnescapesAndCollectsSortedLabels) {
   EXPECT_EQ(data.examples[0].label, 1);
 }
 
+// A labels file and a dataset saved with Windows line ends read as the same files.
+TEST(TextDataset, CrlfLineEndsAreNotPartOfLabelsOrTexts) {
+  LabelSet labels = LabelSet::FromFile(Write("crlf_labels.txt", "de\r\nen\r\n"));
+  EXPECT_EQ(labels.names(), (std::vector<std::string>{"de", "en"}));
+  auto data = ReadTextDataset(Write("crlf.tsv", "label\ttext\r\nen\thello\r\nde\thallo\r\n"), {}, &labels);
+  ASSERT_EQ(data.examples.size(), 2u);
+  EXPECT_EQ(data.examples[0].text, "hello");
+  EXPECT_EQ(data.examples[1].label, 0);
+}
+
 TEST(TextDataset, JsonlReadsNamedFields) {
   LabelSet labels;
   TextFormat format{true, "body", "lang"};

@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "common/metrics.h"
 #include "data/wordpiece_tokenizer.h"
+#include "worker/serve/infer_request.h"
 #include "worker/serve/kserve_json.h"
 
 namespace trainyard {
@@ -35,6 +39,25 @@ TEST(InferCodec, TextIsTokenizedWithTheTemplateAndCutWhenAllowed) {
   EXPECT_EQ(rows[0], meta.tokenizer->Encode("hello world", 8));
   EXPECT_EQ(rows[1].size(), 8u);
   EXPECT_THROW(TokenRows({Text({"one two three four five six seven eight nine"})}, meta, false, 8), InferInputError);
+}
+
+// A long text is counted and cut from its first words only, with the same ids as the
+// whole text cut to the positions; a 12 MB text is not tokenized whole.
+TEST(InferCodec, LongTextsAreCutFromTheirFirstWordsWithTheWholeTextsIds) {
+  const VersionMeta meta = LangidMeta(16);
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += (i % 7 ? "Hello,  world " : "\n\tdonnerstag! ") + std::to_string(i) + " ";
+  EXPECT_EQ(TokenRows({Text({text})}, meta, true, 8)[0], meta.tokenizer->Encode(text, 16));
+  std::string huge;
+  for (int i = 0; i < 2'000'000; ++i) huge += "hello ";
+  EXPECT_EQ(TokenRows({Text({huge})}, meta, true, 8)[0], meta.tokenizer->Encode(huge.substr(0, 600), 16));
+  try {
+    TokenRows({Text({huge})}, meta, false, 8);
+    ADD_FAILURE() << "a text past the positions was accepted with truncate off";
+  } catch (const InferInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("more tokens than the model's 16 positions"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(TokenRows({Text({"short text"})}, meta, false, 8)[0], meta.tokenizer->Encode("short text", 16));
 }
 
 TEST(InferCodec, IdsKeepTheMaskedTokens) {
@@ -94,6 +117,17 @@ TEST(KserveJson, DeepNestingIsRefusedAndShallowNestingFlattens) {
   ASSERT_EQ(call.inputs.size(), 1u);
   EXPECT_EQ(call.inputs[0].ints, (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_THROW(DecodeJsonInfer(head + "[[1, 2], [3]]}]}", ""), InferInputError);  // 3 elements for 4
+}
+
+// A timeout of 1e30 us once overflowed into a deadline in the past: now it is an hour.
+TEST(InferRequest, DeadlinesAreTheClientsTimeoutAtMostAnHour) {
+  const auto now = ServeClock::now();
+  const auto hours = [&](ServeClock::time_point t) { return std::chrono::duration<double>(t - now).count() / 3600; };
+  EXPECT_NEAR(hours(DeadlineAfter(1e27, 1000)), 1.0, 0.01);
+  EXPECT_NEAR(hours(DeadlineAfter(std::numeric_limits<double>::infinity(), 1000)), 1000.0 / 3.6e6, 0.01);
+  EXPECT_NEAR(hours(DeadlineAfter(std::nan(""), 1000)), 1000.0 / 3.6e6, 0.01);
+  EXPECT_NEAR(hours(DeadlineAfter(-1, 7.2e6)), 1.0, 0.01);
+  EXPECT_NEAR(std::chrono::duration<double>(DeadlineAfter(250, 1000) - now).count(), 0.25, 0.05);
 }
 
 TEST(InferCodec, OutputsAreLogitsAndTheArgMaxLabel) {

@@ -555,6 +555,9 @@ def bad_input(worker, work):
                             f"{name}: {e.status()} {e.message()[:120]}")
         status, answer = raw_http(port, "GET", "/v2/models/" + "a" * 60000 + "/versions/1/ready")
         ok &= check(status == 400, f"a 60 KB path (matched by hand, not by a backtracking regex): {status}")
+        huge_timeout = json.dumps(dict(json.loads(infer_body(["patient"])), parameters={"timeout": 1e30})).encode()
+        status, answer = raw_http(port, "POST", "/v2/models/langid/infer", huge_timeout)
+        ok &= check(status == 200, f"a timeout of 1e30 us is served (at most an hour), not expired: {status}")
         status, answer = raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["still serving"]))
         ok &= check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
                     "a good request after all of them: 200")

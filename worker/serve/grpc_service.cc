@@ -149,9 +149,7 @@ grpc::Status KserveGrpc::ModelInfer(grpc::ServerContext* context, const inferenc
     call = DecodeCall(*request);
     MakeOutputs(call, *meta, {});
     const ServeSpec& spec = core_->spec();
-    auto deadline =
-        ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(std::chrono::duration<double, std::milli>(
-                                call.timeout_ms > 0 ? call.timeout_ms : spec.default_timeout_ms));
+    auto deadline = DeadlineAfter(call.timeout_ms, spec.default_timeout_ms);
     // The call's own gRPC deadline, when sooner.
     const auto left = context->deadline() - std::chrono::system_clock::now();
     if (context->deadline() != std::chrono::system_clock::time_point::max() && ServeClock::now() + left < deadline)

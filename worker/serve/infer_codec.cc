@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 namespace trainyard {
 namespace {
@@ -20,6 +21,22 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
+bool AsciiSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// The shortest prefix of `text` holding `words` runs of non-space bytes, cut where the
+// last one ends (or all of `text`). Both tokenizers split at ASCII spaces first and give
+// each run one token or more, so the prefix's first `words` tokens are the whole text's:
+// a row is counted and cut from it without tokenizing megabytes it will never keep.
+std::string_view LeadingWords(std::string_view text, size_t words) {
+  size_t at = 0;
+  for (size_t seen = 0; seen < words; ++seen) {
+    while (at < text.size() && AsciiSpace(text[at])) ++at;
+    if (at == text.size()) return text;
+    while (at < text.size() && !AsciiSpace(text[at])) ++at;
+  }
+  return text.substr(0, at);
+}
+
 std::vector<std::vector<int32_t>> TextRows(const TensorIn& text, const VersionMeta& meta, bool truncate) {
   if (text.datatype != "BYTES") throw InferInputError("input 'TEXT': datatype " + text.datatype + ", expected BYTES");
   const bool column = text.shape.size() == 2 && text.shape[1] == 1;
@@ -30,13 +47,14 @@ std::vector<std::vector<int32_t>> TextRows(const TensorIn& text, const VersionMe
                           " elements");
   std::vector<std::vector<int32_t>> rows;
   for (size_t i = 0; i < text.bytes.size(); ++i) {
-    std::vector<int32_t> ids = meta.tokenizer->Encode(text.bytes[i], 1 << 30);
+    // One word more than the positions: enough to tell a text that does not fit.
+    const std::string_view head = LeadingWords(text.bytes[i], size_t(meta.max_tokens) + 1);
+    std::vector<int32_t> ids = meta.tokenizer->Encode(head, 1 << 30);
     if (int(ids.size()) > meta.max_tokens) {
       if (!truncate)
-        throw InferInputError("input 'TEXT' element " + std::to_string(i) + ": " + std::to_string(ids.size()) +
-                              " tokens, more than the model's " + std::to_string(meta.max_tokens) +
-                              " positions (serve.truncate is off)");
-      ids = meta.tokenizer->Encode(text.bytes[i], meta.max_tokens);
+        throw InferInputError("input 'TEXT' element " + std::to_string(i) + ": more tokens than the model's " +
+                              std::to_string(meta.max_tokens) + " positions (serve.truncate is off)");
+      ids = meta.tokenizer->Encode(head, meta.max_tokens);
     }
     if (ids.empty()) throw InferInputError("input 'TEXT' element " + std::to_string(i) + ": no tokens");
     rows.push_back(std::move(ids));

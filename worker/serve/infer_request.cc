@@ -1,8 +1,15 @@
 #include "worker/serve/infer_request.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace trainyard {
+
+ServeClock::time_point DeadlineAfter(double timeout_ms, double default_ms) {
+  const double ms = std::isfinite(timeout_ms) && timeout_ms > 0 ? timeout_ms : default_ms;
+  return ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(
+                                 std::chrono::duration<double, std::milli>(std::min(ms, kMaxTimeoutMs)));
+}
 
 const char* OutcomeName(InferStatus status) {
   switch (status) {

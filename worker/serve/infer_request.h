@@ -34,6 +34,12 @@ enum class InferStatus {
 const char* OutcomeName(InferStatus status);  // the `outcome` label of the metrics
 int HttpStatus(InferStatus status);
 
+// A request's deadline: `timeout_ms` from now (the client's, when it gave a positive
+// finite one), else `default_ms`; at most kMaxTimeoutMs (an hour) from now, so that a
+// huge timeout (1e30 us) means "an hour", not a time point that overflows into the past.
+inline constexpr double kMaxTimeoutMs = 3'600'000.0;
+ServeClock::time_point DeadlineAfter(double timeout_ms, double default_ms);
+
 class InferRequest {
  public:
   // REQUIRES: rows non-empty, each row non-empty and at most meta->max_tokens long.

@@ -239,9 +239,7 @@ HttpResponse KserveHttp::Infer(const std::string& model, const std::string& vers
     call = DecodeJsonInfer(request.body, request.Header("inference-header-content-length"));
     MakeOutputs(call, *meta, {});  // checks the outputs asked for
     const ServeSpec& spec = core_->spec();
-    const double timeout_ms = call.timeout_ms > 0 ? call.timeout_ms : spec.default_timeout_ms;
-    const auto deadline = ServeClock::now() + std::chrono::duration_cast<ServeClock::duration>(
-                                                  std::chrono::duration<double, std::milli>(timeout_ms));
+    const auto deadline = DeadlineAfter(call.timeout_ms, spec.default_timeout_ms);
     pending = std::make_shared<InferRequest>(meta, TokenRows(call.inputs, *meta, spec.truncate, spec.max_batch_size),
                                              PriorityLevel(call.priority), deadline);
   } catch (const InferInputError& e) {
