@@ -3,7 +3,9 @@
 
   single      a run killed with SIGKILL after its first checkpoint and resumed with
               `resume: auto` ends with weights bitwise equal to an uninterrupted run,
-              and epochs.csv holds each epoch exactly once
+              and epochs.csv holds each epoch exactly once; a run stopped by --max-steps
+              in the middle of an epoch and resumed without it goes on at the next
+              batch of that epoch: every step once, every epoch whole
   two_ranks   the same with 2 ranks (mpirun -n 2): weights, every step's loss and the
               epoch rows bitwise equal (each rank's RNG state is in the checkpoint)
   fallback    a finished run whose newest checkpoint is corrupt (2,000 flipped bits in
@@ -105,7 +107,30 @@ def exact_resume(args, work, ranks):
     if straight.returncode != 0:
         sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     killed_then_resumed(args, ranks, job, os.path.join(work, "killed"), name)
-    return compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 3)
+    ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 3)
+    if ranks == 1:
+        ok &= stopped_by_max_steps_then_resumed(args, job, work, name)
+    return ok
+
+
+def stopped_by_max_steps_then_resumed(args, job, work, name):
+    """1200 examples in batches of 16 are 75 steps an epoch: --max-steps 60 stops inside the
+    first; the resumed run must go on at step 61 of epoch 1. (Not bitwise equal to the
+    uninterrupted run: max_steps sets the LR schedule's length.)"""
+    runs = os.path.join(work, "max_steps")
+    stopped = subprocess.run(command(args, 1, job, runs) + ["--max-steps", "60"], capture_output=True, text=True,
+                             timeout=600)
+    if stopped.returncode != 0:
+        sys.exit(f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
+    resumed = run(args, 1, job, runs)
+    out = resumed.stdout + resumed.stderr
+    at = re.search(r"resuming from .*\(epoch (\d+), step (\d+)\)", out)
+    print(f"--max-steps 60, then resumed: exit {resumed.returncode}, {at.group(0) if at else 'no resume line'}")
+    _, rows, steps = outcome(os.path.join(runs, name))
+    whole = [(r[0], r[1]) for r in rows] == [("1", "75"), ("2", "75"), ("3", "75")]
+    once = [s for s, _ in steps] == list(range(1, 226))
+    print(f"epochs (epoch, steps): {[(r[0], r[1]) for r in rows]}; steps 1..225 each once: {once}")
+    return resumed.returncode == 0 and at is not None and at.groups() == ("1", "60") and whole and once
 
 
 FALLBACK_EXTRA = """train:

@@ -633,14 +633,21 @@ nlohmann::json Trainer::Run() {
   while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps) {
     const int64_t epoch = progress_.epoch;
     TrainEpoch(epoch, total_steps, log ? &*log : nullptr);
+    // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
+    // the place there: a resume goes on from the epoch's next batch, and the row below is
+    // replaced once the epoch is whole.
+    const bool whole_epoch = progress_.next_batch >= steps_per_epoch_;
+    if (!whole_epoch) SaveCheckpointNow("max_steps, inside the epoch");  // collective
     auto [eval_loss, eval_acc] = Evaluate();
     EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
     if (log) log->AddEpoch(row);
     if (log && causal_lm() && !dev_.examples.empty())
       LogInfo(StrFormat("epoch %ld: dev perplexity %.2f, next-token accuracy %.2f%%", long(epoch + 1),
                         std::exp(eval_loss), 100.0 * eval_acc));
-    progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
-    SaveCheckpointNow("end of epoch");  // collective
+    if (whole_epoch) {
+      progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
+      SaveCheckpointNow("end of epoch");  // collective
+    }
     if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
   }
   WriteTrace();
