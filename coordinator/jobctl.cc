@@ -23,6 +23,7 @@
 
 #include "common/bounded_json.h"
 #include "common/csv.h"
+#include "common/epoch_table.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/yaml_budget.h"
 #include "proto/curve_keys.h"
@@ -225,15 +226,19 @@ int FinalState(int64_t id, const std::string& state, const std::string& reason) 
   return state == "SUCCEEDED" ? 0 : 1;
 }
 
-int Logs(const Options& o, int64_t id, bool follow) {
+// The rows as the worker prints them (common/epoch_table.h), or as CSV with --csv.
+int Logs(const Options& o, int64_t id, bool follow, bool csv) {
   int seen = 0;
   while (true) {
     wire::Envelope request;
     request.mutable_logs()->set_job_id(id);
     request.mutable_logs()->set_after(seen);
     const auto reply = Expect(Request(o, request));
-    if (seen == 0 && !reply.log_rows().csv_header().empty()) std::cout << reply.log_rows().csv_header() << "\n";
-    for (const auto& line : reply.log_rows().csv_lines()) std::cout << line << "\n";
+    const std::string& header = reply.log_rows().csv_header();
+    if (seen == 0 && !header.empty()) std::cout << (csv ? header : trainyard::EpochTableHeader()) << "\n";
+    const std::vector<std::string> columns = SplitCsv(header);
+    for (const auto& line : reply.log_rows().csv_lines())
+      std::cout << (csv ? line : trainyard::EpochTableRow(columns, SplitCsv(line))) << "\n";
     seen += reply.log_rows().csv_lines_size();
     const std::string state = reply.log_rows().state();
     if (!follow) return 0;
@@ -331,6 +336,7 @@ int Workers(const Options& o) {
                      {"rank", w.rank().rank()},
                      {"world_size", w.rank().world_size()},
                      {"host", w.rank().host()},
+                     {"slot", w.rank().slot()},
                      {"device", w.rank().device()},
                      {"pid", w.rank().pid()},
                      {"job_id", w.job_id()},
@@ -340,10 +346,10 @@ int Workers(const Options& o) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-28s %5s %-5s %-16s %8s %8s %7s\n", "world", "rank", "dev", "host", "pid", "job", "seen");
+  std::printf("%-28s %5s %-5s %-16s %4s %8s %8s %7s\n", "agent", "rank", "dev", "host", "slot", "pid", "job", "seen");
   for (const auto& w : reply.worker_list().workers())
-    std::printf("%-28s %5d %-5s %-16s %8ld %8s %6.1fs\n", w.rank().world().c_str(), w.rank().rank(),
-                w.rank().device().c_str(), w.rank().host().c_str(), long(w.rank().pid()),
+    std::printf("%-28s %5d %-5s %-16s %4d %8ld %8s %6.1fs\n", w.rank().world().c_str(), w.rank().rank(),
+                w.rank().device().c_str(), w.rank().host().c_str(), w.rank().slot(), long(w.rank().pid()),
                 w.job_id() ? std::to_string(w.job_id()).c_str() : "idle", w.seen_ago_s());
   return 0;
 }
@@ -400,8 +406,10 @@ int Main(int argc, char** argv) {
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_subcommand("workers", "the registered worker ranks and what each runs");
-  auto* logs = app.add_subcommand("logs", "the job's epoch rows (CSV)");
+  auto* logs = app.add_subcommand("logs", "the job's epoch rows, as the worker's epoch table (or CSV with --csv)");
   logs->add_option("id", id, "job id")->required()->check(CLI::PositiveNumber);
+  bool csv = false;
+  logs->add_flag("--csv", csv, "print epochs.csv's header and lines instead of the table");
   logs->add_flag("-f,--follow", follow,
                  "keep printing rows until the job ends, then print its final state to stderr and exit 0 if it\n"
                  "succeeded, 1 if it failed or was cancelled");
@@ -414,7 +422,7 @@ int Main(int argc, char** argv) {
   try {
     if (!o.insecure) o.keys = trainyard::LoadPeerKeys(o.keys_dir, trainyard::WireRole::kClient);
     if (command == "submit") return Submit(o, job_file, key);
-    if (command == "logs") return Logs(o, id, follow);
+    if (command == "logs") return Logs(o, id, follow, csv);
     if (command == "report") return Report(o, id);
     if (command == "workers") return Workers(o);
     return Show(o, command, id);

@@ -2,92 +2,107 @@
 
 #include <algorithm>
 #include <limits>
-#include <set>
 
 namespace trainyard {
 namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
-struct World {
-  std::string device;
-  std::vector<int> free;                     // sorted
-  std::vector<std::pair<double, int>> ends;  // (estimated end, ranks freed) of running jobs
+// The slots of one device kind.
+struct Pool {
+  std::map<std::string, std::vector<SlotRef>> free;  // by host, each sorted
+  size_t free_count = 0;
+  std::vector<std::pair<double, int>> ends;  // (estimated end, slots freed) of running jobs, sorted
   int total = 0;
 };
 
-bool Matches(const QueuedJob& job, const World& world) { return job.device == "any" || job.device == world.device; }
+bool Matches(const QueuedJob& job, const std::string& device) { return job.device == "any" || job.device == device; }
 
-std::map<std::string, World> Worlds(const std::vector<WorkerRank>& ranks, double now) {
-  std::map<std::string, World> worlds;
-  std::map<std::string, std::map<std::string, std::pair<double, int>>> running;  // world -> job -> (end, count)
-  for (const auto& r : ranks) {
-    World& w = worlds[r.world];
-    w.device = r.device;
-    ++w.total;
-    if (r.job.empty()) {
-      w.free.push_back(r.rank);
+std::map<std::string, Pool> Pools(const std::vector<WorkerRank>& slots, double now) {
+  std::map<std::string, Pool> pools;
+  std::map<std::string, std::map<std::string, std::pair<double, int>>> running;  // device -> job -> (end, count)
+  for (const auto& s : slots) {
+    Pool& p = pools[s.device];
+    ++p.total;
+    if (s.job.empty()) {
+      p.free[s.host].push_back({s.world, s.rank});
+      ++p.free_count;
     } else {
-      auto& entry = running[r.world][r.job];
-      entry.first = r.estimated_end > 0 ? std::max(r.estimated_end, now) : kNever;
+      auto& entry = running[s.device][s.job];
+      entry.first = s.estimated_end > 0 ? std::max(s.estimated_end, now) : kNever;
       ++entry.second;
     }
   }
-  for (auto& [name, w] : worlds) {
-    std::sort(w.free.begin(), w.free.end());
-    for (const auto& [job, end_count] : running[name]) w.ends.push_back(end_count);
-    std::sort(w.ends.begin(), w.ends.end());
+  for (auto& [device, p] : pools) {
+    for (auto& [host, list] : p.free) std::sort(list.begin(), list.end());
+    for (const auto& [job, end_count] : running[device]) p.ends.push_back(end_count);
+    std::sort(p.ends.begin(), p.ends.end());
   }
-  return worlds;
+  return pools;
 }
 
-// When `needed` ranks will be free in `w`, by the running jobs' estimated ends.
-double ShadowTime(const World& w, int needed, double now) {
-  int available = static_cast<int>(w.free.size());
+// When `needed` slots will be free in `p`, by the running jobs' estimated ends.
+double ShadowTime(const Pool& p, int needed, double now) {
+  int available = static_cast<int>(p.free_count);
   if (available >= needed) return now;
-  for (const auto& [end, count] : w.ends) {
+  for (const auto& [end, count] : p.ends) {
     available += count;
     if (available >= needed) return end;
   }
   return kNever;
 }
 
-Placement Take(const QueuedJob& job, const std::string& name, World& w, bool backfilled) {
-  Placement p{job.id, name, std::vector<int>(w.free.begin(), w.free.begin() + job.ranks), backfilled};
-  w.free.erase(w.free.begin(), w.free.begin() + job.ranks);
-  return p;
+// Rule 2: the job's slots, from the hosts with the most free slots first.
+Placement Take(const QueuedJob& job, Pool& p, bool backfilled) {
+  std::vector<std::string> hosts;
+  for (const auto& [host, list] : p.free) hosts.push_back(host);
+  std::stable_sort(hosts.begin(), hosts.end(),
+                   [&](const std::string& a, const std::string& b) { return p.free[a].size() > p.free[b].size(); });
+  Placement placement{job.id, {}, backfilled};
+  for (const std::string& host : hosts) {
+    std::vector<SlotRef>& list = p.free[host];
+    while (!list.empty() && static_cast<int>(placement.slots.size()) < job.ranks) {
+      placement.slots.push_back(list.front());
+      list.erase(list.begin());
+      --p.free_count;
+    }
+    if (list.empty()) p.free.erase(host);
+    if (static_cast<int>(placement.slots.size()) == job.ranks) break;
+  }
+  return placement;
 }
 
 }  // namespace
 
-ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& ranks,
+ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots,
                                    double now) const {
   std::stable_sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
     return a.priority != b.priority ? a.priority > b.priority : a.order < b.order;
   });
-  std::map<std::string, World> worlds = Worlds(ranks, now);
+  std::map<std::string, Pool> pools = Pools(slots, now);
   ScheduleResult result;
   for (const QueuedJob& job : queue) {
     bool fits_somewhere = false;
-    for (const auto& [name, w] : worlds) fits_somewhere = fits_somewhere || (Matches(job, w) && w.total >= job.ranks);
+    for (const auto& [device, p] : pools)
+      fits_somewhere = fits_somewhere || (Matches(job, device) && p.total >= job.ranks);
     if (!fits_somewhere) {
       result.unplaceable.push_back(job.id);
       continue;
     }
     if (!result.reservation) {
-      // Still in strict order: start the job if a world has room, else it becomes the head.
-      auto it = std::find_if(worlds.begin(), worlds.end(), [&](const auto& item) {
-        return Matches(job, item.second) && static_cast<int>(item.second.free.size()) >= job.ranks;
+      // Still in strict order: start the job if a pool has room, else it becomes the head.
+      auto it = std::find_if(pools.begin(), pools.end(), [&](const auto& item) {
+        return Matches(job, item.first) && static_cast<int>(item.second.free_count) >= job.ranks;
       });
-      if (it != worlds.end()) {
-        result.start.push_back(Take(job, it->first, it->second, false));
+      if (it != pools.end()) {
+        result.start.push_back(Take(job, it->second, false));
         continue;
       }
       Reservation best{job.id, "", kNever};
-      for (const auto& [name, w] : worlds)
-        if (Matches(job, w) && w.total >= job.ranks) {
-          const double t = ShadowTime(w, job.ranks, now);
-          if (best.world.empty() || t < best.start) best = {job.id, name, t};
+      for (const auto& [device, p] : pools)
+        if (Matches(job, device) && p.total >= job.ranks) {
+          const double t = ShadowTime(p, job.ranks, now);
+          if (best.device.empty() || t < best.start) best = {job.id, device, t};
         }
       result.reservation = best;
       continue;
@@ -96,13 +111,13 @@ ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vect
     const Reservation& head = *result.reservation;
     const int head_ranks =
         std::find_if(queue.begin(), queue.end(), [&](const QueuedJob& q) { return q.id == head.job; })->ranks;
-    for (auto& [name, w] : worlds) {
-      if (!Matches(job, w) || static_cast<int>(w.free.size()) < job.ranks) continue;
+    for (auto& [device, p] : pools) {
+      if (!Matches(job, device) || static_cast<int>(p.free_count) < job.ranks) continue;
       const bool ends_in_time = job.estimate > 0 && now + job.estimate <= head.start;
-      // Ranks the head will have at its start if this job is still running then.
-      const bool leaves_room = name != head.world || ShadowTime(w, head_ranks + job.ranks, now) <= head.start;
-      if (name != head.world || ends_in_time || leaves_room) {
-        result.start.push_back(Take(job, name, w, true));
+      // Slots the head will have at its start if this job is still running then.
+      const bool leaves_room = device != head.device || ShadowTime(p, head_ranks + job.ranks, now) <= head.start;
+      if (ends_in_time || leaves_room) {
+        result.start.push_back(Take(job, p, true));
         break;
       }
     }

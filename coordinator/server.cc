@@ -90,6 +90,10 @@ Server::Server(ServerOptions options)
   parser_ = std::make_unique<SubmitParser>(context_, options_.submit_budget, options_.max_pending_submits);
   started_at_ = WallNow();
   last_wake_ = started_at_;
+  // Tokens of worlds no running attempt names and none registered for 30 days go; the
+  // rest bind their ids from the first message on (Note [Worlds cannot be squatted]).
+  store_->ForgetWorldsRegisteredBefore(started_at_ - kWorldTokenDays * 86400.0);
+  world_tokens_ = store_->WorldTokens();
   RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
 }
@@ -145,9 +149,15 @@ void Server::Run(const std::atomic<bool>& stop) {
 void Server::AdvanceListeningClock(double now) {
   const double cap = std::max(options_.heartbeat_s, 0.5);
   const double step = now - last_wake_;
-  if (step > cap) spdlog::warn("the coordinator did not run for {:.1f} s; that time is not held against workers", step);
   listened_ += std::clamp(step, 0.0, cap);
   last_wake_ = now;
+  if (step <= cap) return;
+  // After a stall, every rank gets a whole liveness window (and every attempt its start
+  // grace) from now: what they sent meanwhile is still queued, and an agent that gave up
+  // on us mid-stall is reconnecting.
+  spdlog::warn("the coordinator did not run for {:.1f} s; every rank gets a fresh liveness window", step);
+  for (auto& [key, entry] : ranks_) entry.last_seen = listened_;
+  for (auto& [id, attempt] : running_) attempt.started_listening = listened_;
 }
 
 void Server::ReceiveOne() {

@@ -50,11 +50,15 @@
 // heard the heartbeats sent meanwhile; blaming the workers for that would fail healthy
 // jobs the moment it resumes. So each wake of the loop advances the listening clock by
 // the time since the last wake, capped at one poll period (max(heartbeat, 0.5 s)), and
-// rank liveness and the start/re-adoption grace are read on that clock.
+// rank liveness and the start/re-adoption grace are read on that clock. A wake after a
+// longer stall also starts every rank's liveness window and every attempt's start grace
+// afresh: the agents' messages queued during the stall, or their re-registrations, come
+// in within it (the agents heartbeat on while they wait to reconnect).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -115,18 +119,26 @@ struct RankEntry {
   std::string last_log_line;
 };
 
+// A pool slot: (world, rank) of an agent (an agent is a world of its own, rank 0).
+using RankKey = std::pair<std::string, int>;
+
 // An attempt the coordinator believes is running.
 struct RunningAttempt {
   int64_t job = 0;
   int attempt = 0;
-  std::string world;
-  std::vector<int> ranks;                    // world ranks, job rank order
+  std::vector<RankKey> slots;                // job rank order; slots[0] leads the job
   double started_at = 0, estimated_end = 0;  // wall clock
   double started_listening = 0;              // on the listening clock
-  std::set<int> finished;                    // ranks whose JobResult arrived
-  std::set<int> present;                     // ranks seen running it (re-adoption)
-  bool adopted = true;                       // false after a restart until every rank is back
+  std::set<RankKey> finished;                // slots whose JobResult arrived
+  std::set<RankKey> present;                 // slots seen running it (re-adoption)
+  bool adopted = true;                       // false after a restart until every slot is back
   std::string summary_json;
+};
+
+// A warning the dashboard shows (a squat attempt: Note [Worlds cannot be squatted]).
+struct Warning {
+  double at = 0;  // wall clock
+  std::string text;
 };
 
 // Note [Files a job wrote]
@@ -138,6 +150,7 @@ struct RunningAttempt {
 // is refused in microseconds instead of stalling the loop and failing healthy jobs.
 inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
 inline constexpr int64_t kWireMarginBytes = 64 << 10;
+inline constexpr double kWorldTokenDays = 30;
 inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
 
 class Server {
@@ -166,7 +179,7 @@ class Server {
   WebReply AnswerWebQuery(const std::string& target);
 
  private:
-  using RankKey = std::pair<std::string, int>;  // (world, rank)
+  static constexpr size_t kKeptWarnings = 20;
 
   void ReceiveOne();
   void AdvanceListeningClock(double now);
@@ -183,7 +196,7 @@ class Server {
   RankEntry* Authenticated(const std::string& identity, const std::string& world, int rank, const std::string& token,
                            const char* what);
   void Refuse(const std::string& identity, const std::string& why);
-  void ForgetWorldIfEmpty(const std::string& world);
+  void RefuseSquat(const std::string& identity, const RankKey& key);
   wire::Envelope Handle(const wire::Envelope& request);
   std::optional<wire::Envelope> Submit(const std::string& identity, const wire::SubmitRequest& request);
   wire::Envelope List();
@@ -219,7 +232,7 @@ class Server {
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
-  void SendAssign(const JobRecord& job, const RunningAttempt& attempt, int world_rank);
+  void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);
   void SucceedAttempt(RunningAttempt attempt);
   // How an ended attempt counts against resources.max_restarts.
   enum class Retry {
@@ -232,7 +245,7 @@ class Server {
   void FailAttempt(int64_t job, const std::string& reason, Retry retry = Retry::kCounted);
   void StopRanks(const RunningAttempt& attempt, const std::string& reason);
   void WriteEpochFiles(int64_t job);
-  void NoteAdoption(RunningAttempt* attempt, int world_rank);
+  void NoteAdoption(RunningAttempt* attempt, const RankKey& slot);
   void SendStopIfStale(const RankEntry& rank);
   // The running attempt this rank belongs to and whose result it has not sent; null if none.
   RunningAttempt* AttemptAwaiting(const RankKey& key);
@@ -252,9 +265,12 @@ class Server {
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   std::unique_ptr<ZapHandler> zap_;       // null when insecure
   int64_t bad_frames_ = 0, refused_messages_ = 0;
-  LogLimiter log_limiter_;                           // what peers can make the loop log
-  std::map<std::string, std::string> world_tokens_;  // world id -> its token, while it has ranks
-  double listened_ = 0, last_wake_ = 0;              // Note [Listening time]
+  LogLimiter log_limiter_;  // what peers can make the loop log
+  // world id -> its token, as the store keeps it (Note [Worlds cannot be squatted])
+  std::map<std::string, std::string> world_tokens_;
+  int64_t squat_attempts_ = 0;
+  std::deque<Warning> squat_warnings_;   // the newest kKeptWarnings
+  double listened_ = 0, last_wake_ = 0;  // Note [Listening time]
   std::map<RankKey, RankEntry> ranks_;
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;

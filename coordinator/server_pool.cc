@@ -17,26 +17,34 @@
 namespace trainyard {
 namespace {
 
-std::string PlacementText(const std::string& world, const std::vector<int>& ranks) {
-  std::string text = world + ":";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+// A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank order.
+std::string PlacementText(const std::vector<std::pair<std::string, int>>& slots) {
+  std::string text;
+  for (size_t i = 0; i < slots.size(); ++i)
+    text += (i ? "," : "") + slots[i].first + ":" + std::to_string(slots[i].second);
   return text;
 }
 
-// "<world>:<r>,<r>..." back into its parts; false for anything else.
-bool ParsePlacement(const std::string& text, std::string* world, std::vector<int>* ranks) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos) return false;
-  *world = text.substr(0, colon);
-  std::stringstream in(text.substr(colon + 1));
+// PlacementText back into its slots; false for anything else. An entry without a world
+// ("...,<rank>") continues the world before it, as protocol 3 wrote "<world>:<r>,<r>".
+bool ParsePlacement(const std::string& text, std::vector<std::pair<std::string, int>>* slots) {
+  std::stringstream in(text);
+  std::string world;
   for (std::string cell; std::getline(in, cell, ',');) {
+    const size_t colon = cell.rfind(':');
+    if (colon != std::string::npos) world = cell.substr(0, colon);
+    if (world.empty()) return false;
     try {
-      ranks->push_back(std::stoi(cell));
+      size_t used = 0;
+      const std::string number = colon == std::string::npos ? cell : cell.substr(colon + 1);
+      const int rank = std::stoi(number, &used);
+      if (used != number.size()) return false;
+      slots->emplace_back(world, rank);
     } catch (const std::exception&) {
       return false;
     }
   }
-  return !ranks->empty();
+  return !slots->empty();
 }
 
 // Tokens are 32 hex digits (128 bits); anything shorter is refused, so an empty or
@@ -99,7 +107,9 @@ void Server::WriteJobFile(const std::string& folder, const std::string& name, co
 }
 
 std::string Server::DescribeRank(const RankKey& key) const {
-  std::string text = "rank " + std::to_string(key.second) + " of world " + key.first;
+  // An agent is a world of its own; rank > 0 only comes from agents of protocol 3.
+  std::string text =
+      key.second == 0 ? "agent " + key.first : "rank " + std::to_string(key.second) + " of world " + key.first;
   auto it = ranks_.find(key);
   if (it != ranks_.end())
     text += " (pid " + std::to_string(it->second.info.pid()) + " on " + it->second.info.host() + ")";
@@ -108,9 +118,7 @@ std::string Server::DescribeRank(const RankKey& key) const {
 
 RunningAttempt* Server::AttemptAwaiting(const RankKey& key) {
   for (auto& [id, attempt] : running_)
-    if (attempt.world == key.first && std::count(attempt.ranks.begin(), attempt.ranks.end(), key.second) &&
-        !attempt.finished.count(key.second))
-      return &attempt;
+    if (std::count(attempt.slots.begin(), attempt.slots.end(), key) && !attempt.finished.count(key)) return &attempt;
   return nullptr;
 }
 
@@ -118,7 +126,7 @@ void Server::ReloadRunningAttempts() {
   for (const AttemptRecord& open : store_->OpenAttempts()) {
     auto job = store_->Find(open.job);
     RunningAttempt attempt;
-    if (!job || job->state != JobState::kRunning || !ParsePlacement(open.placement, &attempt.world, &attempt.ranks)) {
+    if (!job || job->state != JobState::kRunning || !ParsePlacement(open.placement, &attempt.slots)) {
       StateStore::Transaction transaction(*store_);
       store_->EndAttempt(open.job, open.attempt, "abandoned: not running after a coordinator restart", started_at_);
       transaction.Commit();
@@ -150,11 +158,11 @@ void Server::RequeueRunningWithoutAttempt() {
   }
 }
 
-void Server::NoteAdoption(RunningAttempt* attempt, int world_rank) {
+void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
   if (attempt->adopted) return;
-  attempt->present.insert(world_rank);
-  for (int r : attempt->ranks)
-    if (!attempt->present.count(r)) return;
+  attempt->present.insert(slot);
+  for (const RankKey& s : attempt->slots)
+    if (!attempt->present.count(s)) return;
   attempt->adopted = true;
   store_->AddEvent(attempt->job,
                    "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart",
@@ -171,41 +179,63 @@ RankEntry* Server::Authenticated(const std::string& identity, const std::string&
   return nullptr;
 }
 
-void Server::ForgetWorldIfEmpty(const std::string& world) {
-  auto next = ranks_.lower_bound({world, std::numeric_limits<int>::min()});
-  if (next == ranks_.end() || next->first.first != world) world_tokens_.erase(world);
+// World ids go into placements ("<world>:<rank>,...") and logs: letters, digits, '.',
+// '_' and '-' only.
+bool PlausibleWorldId(const std::string& world) {
+  return !world.empty() && world.size() <= 256 && std::all_of(world.begin(), world.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+// Note [Worlds cannot be squatted]
+// A world's token binds its id from the first registration on, in the store, so across
+// restarts too, and whether or not its agent is heard from: a silent agent (a stalled
+// host) comes back with its own token and is taken back, while anyone else claiming the
+// id (a worker-key holder hoping for the silent agent's next assignment) is refused,
+// counted, and shown on the dashboard as a warning.
+void Server::RefuseSquat(const std::string& identity, const RankKey& key) {
+  ++squat_attempts_;
+  const std::string what = "a registration as " + DescribeRank(key) +
+                           " with another world token: the world is bound to the token it first registered with";
+  squat_warnings_.push_back({WallNow(), "refused " + what});
+  if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
+  Refuse(identity, what);
 }
 
 void Server::OnRegister(const std::string& identity, const wire::Register& message) {
   const wire::RankInfo& rank = message.rank();
-  if (rank.world().empty() || rank.world().size() > 256 || rank.rank() < 0 ||
-      rank.rank() >= std::max(1, rank.world_size())) {
+  if (!PlausibleWorldId(rank.world()) || rank.rank() < 0 || rank.rank() >= std::max(1, rank.world_size()) ||
+      rank.slot() < 0) {
     ++bad_frames_;
-    Send(identity, ErrorEnvelope(2, "a registration needs a world id and a rank below the world size"));
+    Send(identity, ErrorEnvelope(2,
+                                 "a registration needs a world id of letters, digits, '.', '_' and '-', a rank "
+                                 "below the world size and a slot of 0 or more"));
     return;
   }
   if (!PlausibleToken(message.world_token()) || !PlausibleToken(message.rank_token()))
     return Refuse(identity, "a registration needs a world token and a rank token of 32 or more characters");
   const RankKey key{rank.world(), rank.rank()};
   auto world = world_tokens_.find(key.first);
-  if (world != world_tokens_.end() && world->second != message.world_token())
-    return Refuse(identity, "world " + key.first + " is registered with another world token");
+  if (world != world_tokens_.end() && world->second != message.world_token()) return RefuseSquat(identity, key);
   auto held = ranks_.find(key);
   const double limit = options_.heartbeat_s * options_.liveness;
   if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)
     return Refuse(identity, DescribeRank(key) + " is held by a live process; a registration cannot take its slot");
-  world_tokens_[key.first] = message.world_token();
+  if (world == world_tokens_.end()) {  // a new world: bound to its token in the store (S8)
+    store_->KeepWorldToken(key.first, message.world_token(), WallNow());
+    world_tokens_[key.first] = message.world_token();
+  }
   const bool known = held != ranks_.end() && held->second.token == message.rank_token();
   RankEntry& entry = ranks_[key];
   entry.info = rank, entry.token = message.rank_token(), entry.identity = identity, entry.last_seen = listened_;
   entry.job = message.job_id(), entry.attempt = message.attempt();
   if (!known)
-    spdlog::info("worker rank {} of world {} registered ({} on {}, pid {}{})", key.second, key.first,
-                 entry.info.device(), entry.info.host(), entry.info.pid(),
-                 entry.job ? ", running job " + std::to_string(entry.job) : "");
+    spdlog::info("{} registered (slot {} on {}, {}, pid {}{})", DescribeRank(key), entry.info.slot(), entry.info.host(),
+                 entry.info.device(), entry.info.pid(), entry.job ? ", running job " + std::to_string(entry.job) : "");
   auto running = running_.find(entry.job);
-  if (running != running_.end() && running->second.attempt == entry.attempt && running->second.world == key.first)
-    NoteAdoption(&running->second, key.second);
+  if (running != running_.end() && running->second.attempt == entry.attempt &&
+      std::count(running->second.slots.begin(), running->second.slots.end(), key))
+    NoteAdoption(&running->second, key);
   SendStopIfStale(entry);
   Send(identity, [] {
     wire::Envelope e;
@@ -252,10 +282,9 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
   if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an epoch report")) return;
   bool from_rank_zero = false;
   for (const AttemptRecord& a : store_->Attempts(message.job_id())) {
-    std::string world;
-    std::vector<int> ranks;
-    if (a.attempt == message.attempt() && ParsePlacement(a.placement, &world, &ranks))
-      from_rank_zero = world == message.world() && ranks.front() == message.world_rank();
+    std::vector<RankKey> slots;
+    if (a.attempt == message.attempt() && ParsePlacement(a.placement, &slots))
+      from_rank_zero = slots.front() == RankKey{message.world(), message.world_rank()};
   }
   if (!from_rank_zero)
     return Refuse(identity, "an epoch report for job " + std::to_string(message.job_id()) + " attempt " +
@@ -292,22 +321,22 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   auto it = running_.find(message.job_id());
   if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
   RunningAttempt& attempt = it->second;
-  if (attempt.world != message.world() || !std::count(attempt.ranks.begin(), attempt.ranks.end(), message.world_rank()))
-    return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " +
-                                DescribeRank({message.world(), message.world_rank()}) +
-                                ", which is not one of its ranks");
-  NoteAdoption(&attempt, message.world_rank());
+  const RankKey from{message.world(), message.world_rank()};
+  if (!std::count(attempt.slots.begin(), attempt.slots.end(), from))
+    return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " + DescribeRank(from) +
+                                ", which is not one of its slots");
+  NoteAdoption(&attempt, from);
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
-  // it; another rank's result only says that its slot is free again.
-  if (message.world_rank() != attempt.ranks.front()) return;
+  // it; another slot's result only says that it is free again.
+  if (from != attempt.slots.front()) return;
   if (message.outcome() != "succeeded") {
-    const std::string reason =
-        "the job run by rank " + std::to_string(message.world_rank()) + " of world " + message.world() + " " +
-        (message.outcome() == "bad_input" ? "rejected its input: " : "failed: ") + message.message();
+    const std::string reason = "the job led by " + DescribeRank(from) + " " +
+                               (message.outcome() == "bad_input" ? "rejected its input: " : "failed: ") +
+                               message.message();
     FailAttempt(message.job_id(), reason, message.outcome() == "bad_input" ? Retry::kNever : Retry::kCounted);
     return;
   }
-  attempt.finished.insert(message.world_rank());
+  attempt.finished.insert(from);
   if (!message.summary_json().empty()) attempt.summary_json = message.summary_json();
   SucceedAttempt(attempt);
 }
@@ -319,16 +348,14 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
   std::string how = "exited with code " + std::to_string(message.exit_code());
   if (message.signal() != 0) {
     how = "was killed by signal " + std::to_string(message.signal()) + " (" + SignalName(message.signal()) + ")";
-    if (message.forwarded()) how += " (forwarded by its supervisor: the world was being stopped)";
+    if (message.forwarded()) how += " (forwarded by its supervisor: the agent was being stopped)";
   }
   std::string last_line = message.last_log_line();
   auto entry = ranks_.find(key);
   if (entry != ranks_.end() && last_line.empty()) last_line = entry->second.last_log_line;
-  const std::string who = "rank " + std::to_string(key.second) + " of world " + key.first + " (pid " +
-                          std::to_string(message.rank().pid()) + " on " + message.rank().host() + ")";
+  const std::string who = DescribeRank(key);
   spdlog::warn("{} {}", who, how);
   if (entry != ranks_.end()) ranks_.erase(entry);
-  ForgetWorldIfEmpty(key.first);
   // A signal forwarded by the supervisor came from outside the job: its pool is being
   // stopped (a rank that failed on its own is reported, and ends the attempt, first).
   if (const RunningAttempt* attempt = AttemptAwaiting(key))
@@ -368,7 +395,6 @@ void Server::ExpireSilentRanks() {
     spdlog::warn("{}", reason);
     const RankKey key = it->first;
     it = ranks_.erase(it);
-    ForgetWorldIfEmpty(key.first);
     const RunningAttempt* attempt = AttemptAwaiting(key);
     if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;
@@ -386,11 +412,11 @@ void Server::CheckAttemptsStarted() {
                                      " s of a coordinator restart");
       continue;
     }
-    for (int r : attempt.ranks) {
-      auto entry = ranks_.find({attempt.world, r});
+    for (const RankKey& slot : attempt.slots) {
+      auto entry = ranks_.find(slot);
       const bool started = entry != ranks_.end() && entry->second.job == id && entry->second.attempt == attempt.attempt;
-      if (!started && !attempt.finished.count(r)) {
-        failed.emplace_back(id, DescribeRank({attempt.world, r}) + " did not start the attempt within " +
+      if (!started && !attempt.finished.count(slot)) {
+        failed.emplace_back(id, DescribeRank(slot) + " did not start the attempt within " +
                                     std::to_string(int(options_.grace_s)) + " s");
         break;
       }
@@ -416,7 +442,7 @@ void Server::ScheduleQueued(double now) {
   // name a job (one being cancelled, or given up on).
   std::vector<WorkerRank> workers;
   for (const auto& [key, entry] : ranks_) {
-    WorkerRank w{key.first, key.second, entry.info.device(), "", 0};
+    WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
     if (const RunningAttempt* attempt = AttemptAwaiting(key))
       w.job = std::to_string(attempt->job), w.estimated_end = attempt->estimated_end;
     else if (entry.job != 0)
@@ -429,14 +455,17 @@ void Server::ScheduleQueued(double now) {
     const int64_t job = std::stoll(id);
     if (!reported_unplaceable_.insert(job).second) continue;
     store_->AddEvent(job,
-                     "waiting: no registered world has " + std::to_string(records.at(id).ranks) + " " +
-                         (records.at(id).device == "any" ? "" : records.at(id).device + " ") + "ranks",
+                     "waiting: the pool has fewer than " + std::to_string(records.at(id).ranks) + " " +
+                         (records.at(id).device == "any" ? "" : records.at(id).device + " ") +
+                         "slots of one device kind",
                      now);
   }
 }
 
 void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
-  const std::string where = PlacementText(placement.world, placement.ranks);
+  std::vector<RankKey> slots;
+  for (const SlotRef& slot : placement.slots) slots.emplace_back(slot.world, slot.rank);
+  const std::string where = PlacementText(slots);
   const int next = job.attempts + 1;
   try {
     MakeFoldersBeneath(options_.runs_dir, std::to_string(job.id) + "/attempt-" + std::to_string(next));
@@ -450,7 +479,7 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
     return;
   }
   RunningAttempt attempt;
-  attempt.job = job.id, attempt.world = placement.world, attempt.ranks = placement.ranks;
+  attempt.job = job.id, attempt.slots = slots;
   attempt.started_at = now, attempt.started_listening = listened_;
   if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
   StateStore::Transaction transaction(*store_);
@@ -462,19 +491,24 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
   transaction.Commit();
   running_[job.id] = attempt;
   reported_unplaceable_.erase(job.id);
-  for (int r : placement.ranks) SendAssign(job, attempt, r);
+  for (const RankKey& slot : slots) SendAssign(job, attempt, slot);
   spdlog::info("job {} '{}' attempt {} started on {}", job.id, job.name, attempt.attempt, where);
 }
 
-void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, int world_rank) {
+void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) {
   wire::Envelope e;
   wire::Assign* assign = e.mutable_assign();
   assign->set_job_id(job.id), assign->set_attempt(attempt.attempt);
   assign->set_yaml(job.spec_yaml), assign->set_source(job.source), assign->set_base_dir(job.base_dir);
-  for (int r : attempt.ranks) assign->add_ranks(r);
+  for (const RankKey& slot : attempt.slots) {
+    const wire::RankInfo& info = ranks_.at(slot).info;
+    wire::JobPlace* place = assign->add_places();
+    place->set_world(slot.first), place->set_rank(slot.second), place->set_host(info.host());
+    place->set_slot(info.slot());
+  }
   assign->set_runs_dir(JobRunsDir(job.id));
   assign->set_resume(attempt.attempt > 1);
-  Send(ranks_.at({attempt.world, world_rank}).identity, e);
+  Send(ranks_.at(to).identity, e);
 }
 
 void Server::SucceedAttempt(RunningAttempt attempt) {
@@ -537,8 +571,8 @@ void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason)
   e.mutable_stop()->set_job_id(attempt.job);
   e.mutable_stop()->set_attempt(attempt.attempt);
   e.mutable_stop()->set_reason(reason);
-  for (int r : attempt.ranks) {
-    auto entry = ranks_.find({attempt.world, r});
+  for (const RankKey& slot : attempt.slots) {
+    auto entry = ranks_.find(slot);
     if (entry != ranks_.end()) Send(entry->second.identity, e);
   }
 }

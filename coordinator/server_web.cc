@@ -167,6 +167,7 @@ WebReply Server::ApiWorkers() {
                        {"rank", entry.info.rank()},
                        {"world_size", entry.info.world_size()},
                        {"host", entry.info.host()},
+                       {"slot", entry.info.slot()},
                        {"device", entry.info.device()},
                        {"pid", entry.info.pid()},
                        {"seconds_since_heartbeat", silent},
@@ -175,7 +176,13 @@ WebReply Server::ApiWorkers() {
                        {"attempt", entry.attempt},
                        {"last_log_line", entry.last_log_line}});
   }
-  return JsonReply(200, {{"workers", workers}, {"heartbeat_s", options_.heartbeat_s}, {"lost_after_s", lost_after}});
+  json warnings = json::array();
+  for (const Warning& w : squat_warnings_) warnings.push_back({{"at", w.at}, {"text", w.text}});
+  return JsonReply(200, {{"workers", workers},
+                         {"warnings", warnings},
+                         {"squat_attempts", squat_attempts_},
+                         {"heartbeat_s", options_.heartbeat_s},
+                         {"lost_after_s", lost_after}});
 }
 
 // Everything is derived from the store and the registry at scrape time, so the counters
@@ -194,6 +201,8 @@ std::string Server::MetricsText() {
   m.DeclareGauge("trainyard_worker_heartbeat_age_seconds", "Listening time since a rank's last message.");
   m.DeclareGauge("trainyard_job_ms_per_step", "A running job's mean ms per step in its latest epoch.");
   m.DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
+  m.DeclareCounter("trainyard_squat_attempts_total",
+                   "Registrations refused since start for claiming another agent's world id with another token.");
 
   std::map<std::string, int64_t> by_state;
   for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) by_state[state] = 0;
@@ -216,6 +225,7 @@ std::string Server::MetricsText() {
   for (const auto& [outcome, count] : store_->AttemptOutcomes())
     m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
   m.Set("trainyard_running_attempts", {}, double(running_.size()));
+  m.Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
   const double lost_after = options_.heartbeat_s * options_.liveness;
   for (const auto& [key, entry] : ranks_) {
     const MetricLabels labels = {

@@ -222,7 +222,31 @@ void StateStore::CreateSchema() {
       csv_line TEXT NOT NULL, csv_header TEXT NOT NULL DEFAULT '', breakdown_json TEXT NOT NULL DEFAULT '',
       PRIMARY KEY(job, epoch));
     CREATE TABLE IF NOT EXISTS events(
-      job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);)");
+      job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS worlds(
+      world TEXT PRIMARY KEY, token TEXT NOT NULL, registered_at REAL NOT NULL);)");
+}
+
+void StateStore::KeepWorldToken(const std::string& world, const std::string& token, double now) {
+  Statement s(db_, "INSERT OR IGNORE INTO worlds(world, token, registered_at) VALUES(?, ?, ?)");
+  s.Bind(1, world).Bind(2, token).Bind(3, now);
+  s.Step();
+}
+
+std::map<std::string, std::string> StateStore::WorldTokens() const {
+  std::map<std::string, std::string> tokens;
+  Statement s(db_, "SELECT world, token FROM worlds");
+  while (s.Step()) tokens[s.Text(0)] = s.Text(1);
+  return tokens;
+}
+
+void StateStore::ForgetWorldsRegisteredBefore(double before) {
+  // A placement names a world as "<world>:<rank>", after a comma or at the start.
+  Statement s(db_,
+              "DELETE FROM worlds WHERE registered_at < ? AND NOT EXISTS (SELECT 1 FROM attempts WHERE "
+              "ended_at IS NULL AND instr(',' || placement, ',' || world || ':') > 0)");
+  s.Bind(1, before);
+  s.Step();
 }
 
 std::string StateStore::journal_mode() const {

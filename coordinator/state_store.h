@@ -118,6 +118,13 @@ class StateStore {
   std::map<std::string, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
 
+  // World tokens (Note [Worlds cannot be squatted] in server.h): the first token a world
+  // registered with, kept across restarts. KeepWorldToken ignores a world already kept.
+  void KeepWorldToken(const std::string& world, const std::string& token, double now);
+  std::map<std::string, std::string> WorldTokens() const;
+  // Forgets the worlds first registered before `before` that no open attempt names.
+  void ForgetWorldsRegisteredBefore(double before);
+
  private:
   void Exec(const std::string& sql) const;
   void Lock(const std::string& path);

@@ -8,6 +8,8 @@ namespace trainyard {
 
 // 2: rank and world tokens (Register), required on every worker message.
 // 3: a job runs as its own mpirun; its lead agent's result speaks for the gang.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: agents are independent processes; Assign places each job rank on a slot of any
+//    agent (JobPlace), and RankInfo names the slot's index on its host.
+inline constexpr uint32_t kProtocolVersion = 4;
 
 }  // namespace trainyard

@@ -16,9 +16,16 @@ WORK=$(mktemp -d)
 PORT=$((20000 + RANDOM % 20000))
 ENDPOINT=tcp://127.0.0.1:$PORT
 JOBCTL=(build/bin/jobctl --coordinator "$ENDPOINT" --keys "$WORK/keys")
+# Every step runs whatever the ones before it returned (a pool stopped by SIGTERM
+# exits non-zero, and `set -e` would end the trap there).
 cleanup() {
-  [[ -n "${POOL:-}" ]] && kill -TERM "$POOL" 2> /dev/null && wait "$POOL" 2> /dev/null
-  [[ -n "${COORDINATOR:-}" ]] && kill -TERM "$COORDINATOR" 2> /dev/null && wait "$COORDINATOR" 2> /dev/null
+  set +e
+  local pid
+  for pid in "${POOL:-}" "${COORDINATOR:-}"; do
+    [[ -n $pid ]] || continue
+    kill -TERM "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+  done
   if [[ -n "${KEEP_WORK:-}" ]]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT

@@ -71,7 +71,8 @@ function workerRow(worker) {
   }
   const jobCell = el("td");
   jobCell.append(job);
-  tr.append(el("td", worker.world), el("td", worker.rank, "num"), el("td", worker.host), el("td", worker.device),
+  tr.append(el("td", worker.world), el("td", worker.rank, "num"), el("td", worker.host), el("td", worker.slot, "num"),
+            el("td", worker.device),
             el("td", worker.pid, "num"), jobCell, el("td", `${fixed(worker.seconds_since_heartbeat, 1)} s ago`, "num"),
             el("td", worker.alive ? "yes" : "no", worker.alive ? "" : "alive-no"), el("td", worker.last_log_line));
   return tr;
@@ -83,7 +84,10 @@ async function refreshOverview() {
   fillTable("workers-table", workers.workers.map(workerRow));
   document.getElementById("job-count").textContent = `(${jobs.jobs.length})`;
   document.getElementById("worker-count").textContent =
-      `(${workers.workers.length} ranks; lost after ${workers.lost_after_s} s without a heartbeat)`;
+      `(${workers.workers.length} slots; lost after ${workers.lost_after_s} s without a heartbeat)`;
+  // Refused registrations as another agent's world (squat attempts), newest first.
+  const warnings = document.getElementById("worker-warnings");
+  warnings.replaceChildren(...workers.warnings.slice().reverse().map(w => el("li", `${when(w.at)}: ${w.text}`)));
 }
 
 // ---- One job: curves, per-rank breakdown, heatmap, attempts, events -------------

@@ -1,9 +1,11 @@
-// The CSV row splitter and the FNV-1a and CRC32C checksums.
+// The CSV row splitter, the epoch table drawn from CSV rows, and the FNV-1a and CRC32C
+// checksums.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "common/csv.h"
+#include "common/epoch_table.h"
 #include "common/hash.h"
 
 namespace trainyard {
@@ -13,6 +15,29 @@ TEST(SplitCsv, KeepsEmptyCells) {
   EXPECT_EQ(SplitCsv("a,,b,"), (std::vector<std::string>{"a", "", "b", ""}));
   EXPECT_EQ(SplitCsv("1.5"), (std::vector<std::string>{"1.5"}));
   EXPECT_TRUE(SplitCsv("").empty());
+}
+
+// The epoch table `jobctl logs` and the worker print, from epochs.csv's columns in any
+// order; what a row lacks shows "-".
+TEST(EpochTable, DrawsARowFromCsvColumnsByName) {
+  const std::vector<std::string> header = {
+      "epoch",         "time_s",     "steps",     "ms_per_step",  "samples_per_s",
+      "data_wait_pct", "train_loss", "eval_loss", "eval_acc",     "lr",
+      "loss_scale",    "comm_ms",    "ranks",     "slowest_rank", "slowest_ms_per_step"};
+  const std::string row = EpochTableRow(header, SplitCsv("2,12.345,40,25.000,1024.56,3.21,0.123456,0.2,0.9,5.0e-04,,"
+                                                         "5.000,2,1,26.04"));
+  std::vector<std::string> fields;
+  for (size_t at = 0; at < row.size();) {
+    const size_t begin = row.find_first_not_of(' ', at);
+    if (begin == std::string::npos) break;
+    const size_t end = row.find(' ', begin);
+    fields.push_back(row.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    at = end == std::string::npos ? row.size() : end;
+  }
+  EXPECT_EQ(fields, (std::vector<std::string>{"2", "12.3", "40", "25.0", "1024.6", "3.2", "0.1235", "0.2000", "0.9000",
+                                              "5.00e-04", "-", "20.0", "r1", "26.0ms"}));
+  EXPECT_EQ(EpochTableHeader().substr(0, 5), "epoch");
+  EXPECT_EQ(EpochTableRow({"epoch"}, {"7"}).substr(0, 1), "7");
 }
 
 TEST(Fnv1a, MatchesTheReferenceVectorsAndChains) {

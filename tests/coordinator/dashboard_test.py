@@ -185,7 +185,7 @@ def case_dashboard(c, work, artifacts):
             ".map(r => [r.dataset.job, r.querySelector('.state').textContent]));")
         assert states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states
         alive = driver.execute_script(
-            "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[7].textContent);")
+            "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[8].textContent);")
         assert alive == ["yes", "yes"], alive
         driver.save_screenshot(os.path.join(artifacts, "overview.png"))
         driver.get(f"{c.base}/jobs/424242?refresh=300")

@@ -17,7 +17,7 @@
   - an oversized job file, and one with too many YAML nodes, are refused at once with
     the reason, and the daemon answers other requests meanwhile;
   - jobctl refuses bad options (a NaN or negative --timeout, job id 0) with exit 2,
-    says "message too large" when the coordinator drops an oversized request, and
+    relays the coordinator's refusal of a request over its --max-message-bytes, and
     `logs -f` of a failed job ends with its state and reason, exit 1."""
 import argparse
 import json
@@ -164,8 +164,8 @@ def jobctl_checks(a, work, endpoint, port, jobctl, checks):
                             "# padding\n" * 600)
     too_large = jobctl("submit", padded)
     print("oversized request:", too_large.stderr.strip().splitlines()[-1])
-    checks["an oversized request says 'message too large'"] = (
-        too_large.returncode == 2 and "message too large" in too_large.stderr)
+    checks["an oversized request is refused naming the coordinator's --max-message-bytes"] = (
+        too_large.returncode == 2 and "is over the coordinator's 8192 (--max-message-bytes)" in too_large.stderr)
     job_id = json.loads(jobctl("--json", "submit", job).stdout)["job_id"]
     daemon.kill(signal.SIGTERM)
     with sqlite3.connect(state) as db:

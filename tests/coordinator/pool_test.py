@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Worker pools end to end: a real coordinator, a real `mpirun -n N worker --coordinator`
-pool and jobctl, all on 127.0.0.1, training real (small) jobs on the langid data.
+"""Worker pools end to end: a real coordinator, real pool agents (`mpirun -n N worker
+--coordinator` starts N independent ones; `worker --coordinator` one) and jobctl, all on
+127.0.0.1, training real (small) jobs on the langid data.
 
 Cases:
   gang              three 2-rank jobs on a 4-rank pool: two run at once, the third
@@ -20,10 +21,21 @@ Cases:
   cancel            cancelling a running job frees its ranks within a few seconds, and
                     the queued job then starts and succeeds; a job running when its pool
                     is stopped is requeued, not failed;
-  pause             the coordinator is stopped (SIGSTOP) for 12 s, over twice the time
-                    after which a silent rank counts as lost, while a job runs; after
-                    SIGCONT the job goes on and succeeds as attempt 1: the coordinator
-                    does not blame workers for its own deafness;
+  agent_kill        kill -9 of one agent of a 4-agent pool, the lead of a running job: that
+                    job's attempt ends (requeued), a concurrent job on two other agents
+                    runs on to SUCCEEDED as attempt 1, the other agents and their mpirun
+                    live on unrestarted, and an agent started alone (no mpirun) joins the
+                    pool, which then runs the requeued job to the end;
+  pause_45,         the coordinator is stopped (SIGSTOP) for 45 s or 120 s, many times
+  pause_120         the time after which a silent rank counts as lost and longer than the
+                    agents' reconnect backoff, while a job runs; after SIGCONT the job goes
+                    on and succeeds as attempt 1: the coordinator does not blame workers
+                    for its own deafness;
+  root              (as root only; exit 77 otherwise) agents started by `mpirun
+                    --allow-run-as-root`, with no OMPI_ALLOW_RUN_AS_ROOT* in the
+                    environment, pass the consent on to their jobs' mpirun, and the job
+                    succeeds; an agent started as root without consent fails its job with
+                    mpirun's own first line ("... attempt to run as root") as the reason;
   gpu               a 2-rank pool on one GPU (labelled gpu; exit 77 without one) runs a
                     CUDA job end to end over the MPI backend, and its losses equal a
                     standalone run's."""
@@ -66,6 +78,7 @@ class Cluster:
         subprocess.run([args.coordinator, "--init", "--keys", self.keys], check=True, capture_output=True)
         self.coordinator = None
         self.pool = None
+        self.agents = []
         self.logs = []
 
     def start(self, ranks):
@@ -81,22 +94,36 @@ class Cluster:
              "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1"],
             stdout=log, stderr=subprocess.STDOUT)
 
-    def start_pool(self, ranks):
+    AGENT_FLAGS = ["--heartbeat", "0.5", "--liveness", "4"]
+
+    def start_pool(self, ranks, mpirun_flags=(), env=None):
+        """`ranks` agents started by one mpirun."""
         log = open(os.path.join(self.work, f"pool-{len(self.logs)}.log"), "w")
         self.logs.append(log.name)
         self.pool = subprocess.Popen(
-            [self.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(ranks), self.args.worker,
-             "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat", "0.5", "--liveness", "4"],
-            stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV, start_new_session=True)
+            [self.args.mpirun, *mpirun_flags, "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
+             self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys, *self.AGENT_FLAGS],
+            stdout=log, stderr=subprocess.STDOUT, env=env or MPI_ENV, start_new_session=True)
         wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
 
+    def start_agent(self, *flags, env=None):
+        """One agent started alone, as a service manager would: no mpirun."""
+        log = open(os.path.join(self.work, f"agent-{len(self.logs)}.log"), "w")
+        self.logs.append(log.name)
+        agent = subprocess.Popen([self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys,
+                                  *self.AGENT_FLAGS, *flags],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env or MPI_ENV, start_new_session=True)
+        self.agents.append(agent)
+        return agent
+
     def stop(self):
-        if self.pool and self.pool.poll() is None:
-            self.pool.send_signal(signal.SIGTERM)
-            try:
-                self.pool.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.pool.pid, signal.SIGKILL)
+        for process in [self.pool] + self.agents:
+            if process and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
         if self.coordinator and self.coordinator.poll() is None:
             self.coordinator.send_signal(signal.SIGTERM)
             self.coordinator.wait(timeout=10)
@@ -306,10 +333,13 @@ def case_coordinator_kill(c, work):
     assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
     assert any("re-adopted" in e for e in final["events"]), final["events"]
     assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 9))
-    logs = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "logs", str(job)],
-                          capture_output=True,
-                          text=True, timeout=30).stdout.splitlines()
-    assert [int(line.split(",")[0]) for line in logs[1:]] == list(range(1, 9)), logs
+    def logs(*flags):
+        return subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "logs", *flags, str(job)],
+                              capture_output=True, text=True, timeout=30).stdout.splitlines()
+    table, csv_lines = logs(), logs("--csv")
+    assert table[0].split()[:4] == ["epoch", "time_s", "steps", "ms/step"], table  # the worker's epoch table
+    assert [int(line.split()[0]) for line in table[1:]] == list(range(1, 9)), table
+    assert [int(line.split(",")[0]) for line in csv_lines[1:]] == list(range(1, 9)), csv_lines
     assert c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
     print("coordinator_kill: queue identical after the restart; the job was re-adopted as attempt 1 and "
           "logged epochs 1..8 exactly once; the queued job then ran")
@@ -340,17 +370,83 @@ def case_cancel(c, work):
     print(f"cancel: a pool stopped under a running job requeued it: {job['reason']}")
 
 
-def case_pause(c, work):
+def pause(c, work, seconds):
     c.start(2)
     job = c.submit(write_job(work, "paused", epochs=6))
     wait_for(lambda: c.epochs_done(job) >= 1, 120, "the first epoch")
     c.coordinator.send_signal(signal.SIGSTOP)
-    time.sleep(12)  # --heartbeat 0.5 x --liveness 10 = 5 s of silence makes a rank lost
+    # --heartbeat 0.5 x --liveness 10 = 5 s of silence makes a rank lost; the agents give
+    # up on the coordinator after 2 s and back off up to 16 s between reconnects.
+    time.sleep(seconds)
     c.coordinator.send_signal(signal.SIGCONT)
     final = c.wait_state(job, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
     assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
     assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 7))
-    print("pause: a coordinator stopped for 12 s (liveness window 5 s) resumed, and the job succeeded as attempt 1")
+    assert len(c.workers()) == 2, c.workers()
+    print(f"pause: a coordinator stopped for {seconds} s (liveness window 5 s) resumed, and the job succeeded as "
+          "attempt 1 on the same two agents")
+
+
+def case_pause_45(c, work):
+    pause(c, work, 45)
+
+
+def case_pause_120(c, work):
+    pause(c, work, 120)
+
+
+def case_agent_kill(c, work):
+    c.start(4)
+    before = {w["world"]: w["pid"] for w in c.workers()}
+    victim_job = c.submit(write_job(work, "orphaned", epochs=4, max_restarts=1))
+    bystander = c.submit(write_job(work, "bystander", epochs=5))
+    wait_for(lambda: c.job(victim_job)["state"] == "RUNNING" and c.job(bystander)["state"] == "RUNNING", 60,
+             "both jobs running")
+    wait_for(lambda: c.epochs_done(victim_job) >= 1, 120, "the first job's first epoch")
+    placement = c.jobctl("report", str(victim_job))["attempts"][0]["placement"]
+    lead = placement.split(",")[0].rsplit(":", 1)[0]
+    os.kill(before[lead], signal.SIGKILL)
+    ended = wait_for(lambda: (lambda r: r if r["attempts"][0]["outcome"] else None)(
+        c.jobctl("report", str(victim_job))), 30, "the killed agent's attempt to end")
+    outcome = ended["attempts"][0]["outcome"]
+    assert "SIGKILL" in outcome and lead in outcome, outcome
+    done = c.wait_state(bystander, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
+    assert done["state"] == "SUCCEEDED" and done["attempts"] == 1, done
+    survivors = {w["world"]: w["pid"] for w in c.workers()}
+    assert survivors == {w: p for w, p in before.items() if w != lead}, (before, survivors)
+    assert c.pool.poll() is None, "the agents' mpirun ended with one agent"
+    c.start_agent()  # a replacement, started alone
+    wait_for(lambda: len(c.workers()) == 4, 60, "the replacement agent to register")
+    final = c.wait_state(victim_job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED" and final["attempts"] == 2, final
+    assert epoch_column(os.path.join(c.runs, str(victim_job), "epochs.csv")) == [1, 2, 3, 4]
+    print(f"agent_kill: kill -9 of agent {lead} ended only its job's attempt ({outcome[:120]}); the other job "
+          "succeeded as attempt 1, the other three agents and their mpirun lived on, and a replacement agent "
+          "started alone let the requeued job finish as attempt 2")
+
+
+def case_root(c, work):
+    if os.geteuid() != 0:
+        print("root: skipped (not running as root)")
+        sys.exit(77)
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    plain["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    c.start_coordinator()
+    c.start_pool(2, mpirun_flags=["--allow-run-as-root"], env=plain)
+    job = c.submit(write_job(work, "as_root", epochs=1))
+    final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 180)
+    assert final["state"] == "SUCCEEDED", final
+    c.pool.send_signal(signal.SIGTERM)
+    c.pool.wait(timeout=60)
+    wait_for(lambda: not c.workers(), 30, "the pool's agents to leave")
+    c.start_agent(env=plain)
+    c.start_agent(env=plain)
+    wait_for(lambda: len(c.workers()) == 2, 60, "two agents started alone")
+    refused = c.submit(write_job(work, "no_consent", epochs=1))
+    failed = c.wait_state(refused, {"SUCCEEDED", "FAILED"}, 120)
+    assert failed["state"] == "FAILED" and "attempt to run as root" in failed["reason"], failed
+    print(f"root: agents of `mpirun --allow-run-as-root` ran a job as root; agents without consent failed theirs "
+          f"with: {failed['reason'][-120:]}")
 
 
 def case_gpu(c, work):
@@ -422,8 +518,8 @@ def main():
     p = argparse.ArgumentParser()
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause", "serve",
-                                    "gpu"])
+    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause_45",
+                                    "pause_120", "agent_kill", "root", "serve", "gpu"])
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         c = Cluster(a, work)

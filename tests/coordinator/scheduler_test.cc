@@ -5,10 +5,16 @@
 namespace trainyard {
 namespace {
 
-std::vector<WorkerRank> World(const std::string& name, int size, const std::string& device = "cpu") {
-  std::vector<WorkerRank> ranks;
-  for (int r = 0; r < size; ++r) ranks.push_back({name, r, device, "", 0});
-  return ranks;
+// `count` single-slot agents on `host`, named <host>-<i>.
+std::vector<WorkerRank> Agents(const std::string& host, int count, const std::string& device = "cpu") {
+  std::vector<WorkerRank> slots;
+  for (int i = 0; i < count; ++i) slots.push_back({host + "-" + std::to_string(i), 0, host, device, "", 0});
+  return slots;
+}
+
+std::vector<WorkerRank> Join(std::vector<WorkerRank> a, const std::vector<WorkerRank>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 QueuedJob Job(const std::string& id, int ranks, int64_t order, int priority = 0, double estimate = 0,
@@ -22,56 +28,71 @@ std::vector<std::string> Started(const ScheduleResult& r) {
   return ids;
 }
 
+std::vector<std::string> Worlds(const Placement& p) {
+  std::vector<std::string> worlds;
+  for (const SlotRef& s : p.slots) worlds.push_back(s.world);
+  return worlds;
+}
+
 TEST(Scheduler, PriorityFirstThenSubmissionOrder) {
   Scheduler s;
-  auto ranks = World("w", 1);
-  EXPECT_EQ(Started(s.Schedule({Job("low", 1, 1), Job("high", 1, 2, 5)}, ranks, 0)), std::vector<std::string>{"high"});
-  EXPECT_EQ(Started(s.Schedule({Job("second", 1, 2), Job("first", 1, 1)}, ranks, 0)),
+  auto slots = Agents("h", 1);
+  EXPECT_EQ(Started(s.Schedule({Job("low", 1, 1), Job("high", 1, 2, 5)}, slots, 0)), std::vector<std::string>{"high"});
+  EXPECT_EQ(Started(s.Schedule({Job("second", 1, 2), Job("first", 1, 1)}, slots, 0)),
             std::vector<std::string>{"first"});
 }
 
-TEST(Scheduler, GangPlacementTwoOfThreeTwoRankJobsOnFourRanks) {
+TEST(Scheduler, GangPlacementTwoOfThreeTwoRankJobsOnFourSlots) {
   Scheduler s;
-  ScheduleResult r = s.Schedule({Job("a", 2, 1), Job("b", 2, 2), Job("c", 2, 3)}, World("w", 4), 0);
+  ScheduleResult r = s.Schedule({Job("a", 2, 1), Job("b", 2, 2), Job("c", 2, 3)}, Agents("h", 4), 0);
   ASSERT_EQ(Started(r), (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(r.start[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(r.start[1].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(Worlds(r.start[0]), (std::vector<std::string>{"h-0", "h-1"}));
+  EXPECT_EQ(Worlds(r.start[1]), (std::vector<std::string>{"h-2", "h-3"}));
   ASSERT_TRUE(r.reservation.has_value());
   EXPECT_EQ(r.reservation->job, "c");
 }
 
-TEST(Scheduler, AGangNeverSpansTwoWorlds) {
+// Any free slots form a job, whatever agents or hosts they are on; the fewest hosts
+// that can hold it are used, the fullest first.
+TEST(Scheduler, AGangSpansAgentsAndHostsUsingAsFewHostsAsItCan) {
   Scheduler s;
-  auto ranks = World("w1", 2);
-  for (auto& r : World("w2", 2)) ranks.push_back(r);
-  ranks[0].job = "busy", ranks[2].job = "busy2";
-  ScheduleResult r = s.Schedule({Job("pair", 2, 1)}, ranks, 0);
-  EXPECT_TRUE(r.start.empty());
+  auto slots = Join(Join(Agents("a", 2), Agents("b", 3)), Agents("c", 1));
+  slots[0].job = "busy";  // a keeps one free slot
+  ScheduleResult r = s.Schedule({Job("three", 3, 1)}, slots, 0);
+  ASSERT_EQ(Started(r), std::vector<std::string>{"three"});
+  EXPECT_EQ(Worlds(r.start[0]), (std::vector<std::string>{"b-0", "b-1", "b-2"}));
+  r = s.Schedule({Job("five", 5, 1)}, slots, 0);
+  ASSERT_EQ(Started(r), std::vector<std::string>{"five"});
+  EXPECT_EQ(Worlds(r.start[0]), (std::vector<std::string>{"b-0", "b-1", "b-2", "a-1", "c-0"}));
+  slots[1].job = "busy2";
+  EXPECT_TRUE(s.Schedule({Job("five", 5, 1)}, slots, 0).start.empty());  // four free slots
 }
 
-TEST(Scheduler, DeviceKindMustMatch) {
+TEST(Scheduler, DeviceKindMustMatchAndAGangNeverMixesKinds) {
   Scheduler s;
-  auto ranks = World("cpus", 2);
-  for (auto& r : World("gpus", 1, "cuda")) ranks.push_back(r);
-  ScheduleResult r = s.Schedule({Job("g", 1, 1, 0, 0, "cuda"), Job("c", 2, 2, 0, 0, "cpu")}, ranks, 0);
+  auto slots = Join(Agents("cpus", 2), Agents("gpus", 1, "cuda"));
+  ScheduleResult r = s.Schedule({Job("g", 1, 1, 0, 0, "cuda"), Job("c", 2, 2, 0, 0, "cpu")}, slots, 0);
   ASSERT_EQ(r.start.size(), 2u);
-  EXPECT_EQ(r.start[0].world, "gpus");
-  EXPECT_EQ(r.start[1].world, "cpus");
+  EXPECT_EQ(Worlds(r.start[0]), std::vector<std::string>{"gpus-0"});
+  EXPECT_EQ(Worlds(r.start[1]), (std::vector<std::string>{"cpus-0", "cpus-1"}));
+  // Three free slots, but of two kinds: a 3-rank job of any kind cannot start.
+  r = s.Schedule({Job("mixed", 3, 1)}, slots, 0);
+  EXPECT_EQ(r.unplaceable, std::vector<std::string>{"mixed"});
 }
 
-TEST(Scheduler, JobLargerThanAnyWorldIsReportedNotReserved) {
+TEST(Scheduler, JobLargerThanThePoolIsReportedNotReserved) {
   Scheduler s;
-  ScheduleResult r = s.Schedule({Job("huge", 8, 1), Job("small", 1, 2)}, World("w", 4), 0);
+  ScheduleResult r = s.Schedule({Job("huge", 8, 1), Job("small", 1, 2)}, Agents("h", 4), 0);
   EXPECT_EQ(r.unplaceable, std::vector<std::string>{"huge"});
   EXPECT_EQ(Started(r), std::vector<std::string>{"small"});
 }
 
-// World of 4: ranks 0-1 run a job estimated to end at t=100. The head wants all 4, so
-// it is reserved for t=100; ranks 2-3 are free until then.
+// Four slots: two run a job estimated to end at t=100. The head wants all 4, so it is
+// reserved for t=100; the other two are free until then.
 class Backfill : public ::testing::Test {
  protected:
-  std::vector<WorkerRank> ranks_ = [] {
-    auto r = World("w", 4);
+  std::vector<WorkerRank> slots_ = [] {
+    auto r = Agents("h", 4);
     r[0].job = r[1].job = "running";
     r[0].estimated_end = r[1].estimated_end = 100;
     return r;
@@ -80,7 +101,7 @@ class Backfill : public ::testing::Test {
 };
 
 TEST_F(Backfill, ShortJobThatEndsBeforeTheReservationStarts) {
-  ScheduleResult r = s_.Schedule({Job("head", 4, 1), Job("short", 2, 2, 0, 50)}, ranks_, 0);
+  ScheduleResult r = s_.Schedule({Job("head", 4, 1), Job("short", 2, 2, 0, 50)}, slots_, 0);
   ASSERT_TRUE(r.reservation.has_value());
   EXPECT_EQ(r.reservation->job, "head");
   EXPECT_DOUBLE_EQ(r.reservation->start, 100);
@@ -89,15 +110,21 @@ TEST_F(Backfill, ShortJobThatEndsBeforeTheReservationStarts) {
 }
 
 TEST_F(Backfill, LongOrUnestimatedJobsWaitSoTheHeadIsNotStarved) {
-  EXPECT_TRUE(s_.Schedule({Job("head", 4, 1), Job("long", 2, 2, 0, 500)}, ranks_, 0).start.empty());
-  EXPECT_TRUE(s_.Schedule({Job("head", 4, 1), Job("unknown", 2, 2)}, ranks_, 0).start.empty());
+  EXPECT_TRUE(s_.Schedule({Job("head", 4, 1), Job("long", 2, 2, 0, 500)}, slots_, 0).start.empty());
+  EXPECT_TRUE(s_.Schedule({Job("head", 4, 1), Job("unknown", 2, 2)}, slots_, 0).start.empty());
 }
 
-TEST_F(Backfill, JobThatLeavesTheHeadEnoughRanksMayRunLong) {
-  // The head needs only 2 of the 4 ranks at t=100; a 1-rank job may take rank 2 for as
-  // long as it likes, since ranks 0, 1 (freed at 100) and 3 remain.
-  ScheduleResult r = s_.Schedule({Job("head", 3, 1), Job("tiny", 1, 2)}, ranks_, 0);
+TEST_F(Backfill, JobThatLeavesTheHeadEnoughSlotsMayRunLong) {
+  // The head needs 3 of the 4 slots at t=100; a 1-slot job may take one for as long as
+  // it likes, since the two freed at 100 and the fourth remain.
+  ScheduleResult r = s_.Schedule({Job("head", 3, 1), Job("tiny", 1, 2)}, slots_, 0);
   ASSERT_EQ(Started(r), std::vector<std::string>{"tiny"});
+}
+
+TEST_F(Backfill, AJobOfAnotherDeviceKindNeverDelaysTheHead) {
+  auto slots = Join(slots_, Agents("g", 1, "cuda"));
+  ScheduleResult r = s_.Schedule({Job("head", 4, 1, 0, 0, "cpu"), Job("gpu", 1, 2, 0, 0, "cuda")}, slots, 0);
+  ASSERT_EQ(Started(r), std::vector<std::string>{"gpu"});
 }
 
 }  // namespace

@@ -47,6 +47,8 @@ class ScriptedRank {
     e.mutable_register_()->mutable_rank()->set_rank(rank_);
     e.mutable_register_()->mutable_rank()->set_world_size(2);
     e.mutable_register_()->mutable_rank()->set_device("cpu");
+    e.mutable_register_()->mutable_rank()->set_host("h");
+    e.mutable_register_()->mutable_rank()->set_slot(rank_);
     e.mutable_register_()->set_job_id(job), e.mutable_register_()->set_attempt(attempt);
     e.mutable_register_()->set_world_token(world_token_), e.mutable_register_()->set_rank_token(rank_token_);
     Send(e);
@@ -345,7 +347,11 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
   EXPECT_EQ(a0->assign().attempt(), 1);
   EXPECT_FALSE(a0->assign().resume());
-  EXPECT_EQ(std::vector<int>(a0->assign().ranks().begin(), a0->assign().ranks().end()), (std::vector<int>{0, 1}));
+  ASSERT_EQ(a0->assign().places_size(), 2);
+  EXPECT_EQ(a0->assign().places(0).world(), "w");
+  EXPECT_EQ(a0->assign().places(0).rank(), 0);
+  EXPECT_EQ(a0->assign().places(1).rank(), 1);
+  EXPECT_EQ(a0->assign().places(1).slot(), 1);  // as rank 1 registered it
   // Silent for longer than heartbeat x liveness (1 s): the coordinator gives them up.
   auto requeued = WaitForState(client, job, "QUEUED", 10000);
   ASSERT_TRUE(requeued && requeued->has_job());
@@ -418,7 +424,7 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
 
   const auto one = nlohmann::json::parse(WebQuery("/api/jobs/" + std::to_string(job)).body);
   ASSERT_EQ(one["attempt_list"].size(), 1u);
-  EXPECT_EQ(one["attempt_list"][0]["placement"], "w:0,1");
+  EXPECT_EQ(one["attempt_list"][0]["placement"], "w:0,w:1");
   EXPECT_TRUE(one["attempt_list"][0]["ended_at"].is_null());
   ASSERT_EQ(one["epochs"].size(), 1u);
   EXPECT_EQ(one["epochs"][0]["loss"], 0.5);
@@ -502,6 +508,39 @@ TEST_F(ServerTest, FifosAndLinksInARunFolderNeverStallTheLoop) {
   ASSERT_TRUE(done && done->has_job());
   EXPECT_EQ(done->job().state(), "SUCCEEDED");
   EXPECT_FALSE(fs::exists(dir_ / "elsewhere" / "summary.json"));
+}
+
+// Note [Worlds cannot be squatted]: a worker-key holder who registers as a silent
+// agent's world with another token is refused, before and after a coordinator restart,
+// counted, and named on the dashboard; the real agent comes back with its own token.
+TEST_F(ServerTest, ASilentWorldCannotBeSquatted) {
+  {
+    ScriptedRank real = Rank(0);
+    real.Register();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }  // its socket closes; the coordinator hears nothing more from it
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // liveness: 10 x 0.1 s
+  const std::string squatter_token = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  auto squat = [&] {
+    ScriptedRank squatter = Rank(0, NewSecretToken(), squatter_token);
+    squatter.Register();
+    auto reply = squatter.Next(2000);
+    return reply && reply->has_error() && reply->error().message().find("another world token") != std::string::npos;
+  };
+  EXPECT_TRUE(squat());
+  Stop();
+  Start();
+  EXPECT_TRUE(squat());
+  const auto workers = nlohmann::json::parse(WebQuery("/api/workers").body);
+  EXPECT_EQ(workers["squat_attempts"], 1);  // counted since this start
+  ASSERT_EQ(workers["warnings"].size(), 1u);
+  EXPECT_NE(workers["warnings"][0]["text"].get<std::string>().find("agent w"), std::string::npos) << workers.dump();
+  EXPECT_NE(WebQuery("/metrics").body.find("trainyard_squat_attempts_total 1\n"), std::string::npos);
+  ScriptedRank back = Rank(0);  // the real world token, a new process's rank token
+  back.Register();
+  auto welcomed = back.Next(2000);
+  EXPECT_FALSE(welcomed && welcomed->has_error()) << welcomed->DebugString();
+  EXPECT_EQ(nlohmann::json::parse(WebQuery("/api/workers").body)["workers"].size(), 1u);
 }
 
 // Each forgery a tester made with hand-written frames, now made by an insider holding

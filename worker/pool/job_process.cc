@@ -20,6 +20,7 @@ namespace trainyard {
 namespace {
 
 constexpr size_t kTailLines = 40;
+constexpr size_t kMaxLineBytes = 400;
 
 bool StartsWith(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
@@ -64,21 +65,11 @@ std::vector<std::string> MpirunCommand(const JobLaunch& launch) {
       if (launch.hosts[i] == host) ++count, slots.push_back(launch.slots[i]);
     host_list += (host_list.empty() ? "" : ",") + host + ":" + std::to_string(count);
   }
-  std::vector<std::string> argv{launch.mpirun,
-                                "--oversubscribe",
-                                "--bind-to",
-                                "none",
-                                "--host",
-                                host_list,
-                                "-n",
-                                std::to_string(launch.hosts.size()),
-                                launch.worker,
-                                "--pool-job",
-                                launch.relay,
-                                "--job-slots",
-                                JoinInts(slots),
-                                "--job-id",
-                                std::to_string(launch.job_id)};
+  std::vector<std::string> argv{launch.mpirun};
+  if (launch.allow_run_as_root) argv.push_back("--allow-run-as-root");
+  argv.insert(argv.end(), {"--oversubscribe", "--bind-to", "none", "--host", host_list, "-n",
+                           std::to_string(launch.hosts.size()), launch.worker, "--pool-job", launch.relay,
+                           "--job-slots", JoinInts(slots), "--job-id", std::to_string(launch.job_id)});
   argv.insert(argv.end(), launch.extra_args.begin(), launch.extra_args.end());
   return argv;
 }
@@ -162,18 +153,34 @@ void JobProcess::ReadOutput(int fd) {
     ssize_t unused = ::write(2, buffer, static_cast<size_t>(n));  // the job's log, as it comes
     (void)unused;
     pending.append(buffer, static_cast<size_t>(n));
-    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
-      std::string line = pending.substr(0, std::min<size_t>(end, 400));
-      if (line.find_first_not_of(" -") == std::string::npos) continue;  // mpirun's rules
-      RememberLogLine(line);
-      std::lock_guard<std::mutex> lock(mutex_);
-      tail_.push_back(std::move(line));
-      if (tail_.size() > kTailLines) tail_.pop_front();
-    }
+    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1))
+      TakeLine(pending.substr(0, std::min<size_t>(end, kMaxLineBytes)));
+    // A job that writes megabytes without a newline gets them cut into lines, not kept.
+    if (pending.size() > kMaxLineBytes) TakeLine(pending.substr(0, kMaxLineBytes)), pending.clear();
   }
   ::close(fd);
   std::lock_guard<std::mutex> lock(mutex_);
   output_done_ = true;
+}
+
+void JobProcess::TakeLine(std::string line) {
+  const bool blank = line.find_first_not_of(" \t") == std::string::npos;
+  const bool rule = !blank && line.find_first_not_of('-') == std::string::npos;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rule || blank) {  // mpirun's frames, kept out of the tail
+    after_rule_ = after_rule_ || rule;
+    return;
+  }
+  if (after_rule_ && mpirun_message_.empty()) mpirun_message_ = line;
+  after_rule_ = false;
+  RememberLogLine(line);
+  tail_.push_back(std::move(line));
+  if (tail_.size() > kTailLines) tail_.pop_front();
+}
+
+std::string JobProcess::MpirunMessage() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mpirun_message_;
 }
 
 bool JobProcess::Exited() {

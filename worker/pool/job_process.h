@@ -41,6 +41,7 @@ struct JobLaunch {
   std::string relay;                    // the lead's relay endpoint (job_relay.h)
   int64_t job_id = 0;                   // shown on the command line, for `ps`
   std::vector<std::string> extra_args;  // passed on to the job's workers (e.g. --log-level)
+  bool allow_run_as_root = false;       // mpirun's --allow-run-as-root
 };
 
 // The mpirun command line for `launch`. Ranks are placed by slot in job rank order,
@@ -82,9 +83,13 @@ class JobProcess {
   std::string ExitText() const;
   // The most telling lines of its output, oldest first.
   std::vector<std::string> OutputTail() const;
+  // The first line of mpirun's own first message (Open MPI frames its messages between
+  // lines of dashes), e.g. "mpirun has detected an attempt to run as root."; "" if none.
+  std::string MpirunMessage() const;
 
  private:
   void ReadOutput(int fd);
+  void TakeLine(std::string line);
 
   pid_t pid_ = -1;
   int status_ = 0;
@@ -92,6 +97,8 @@ class JobProcess {
   std::thread reader_;
   mutable std::mutex mutex_;
   std::deque<std::string> tail_;
+  std::string mpirun_message_;
+  bool after_rule_ = false;  // the last line that was not blank was a line of dashes
   bool output_done_ = false;
 };
 

@@ -83,11 +83,7 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
       processes_.clear();
       for (const wire::RankInfo& rank : in.started().ranks()) processes_.push_back({rank.pid(), rank.host()});
       wire::Envelope out;
-      wire::Assign* a = out.mutable_assign();
-      a->set_job_id(assignment.job_id), a->set_attempt(assignment.attempt);
-      a->set_yaml(assignment.yaml), a->set_source(assignment.source), a->set_base_dir(assignment.base_dir);
-      a->set_runs_dir(assignment.runs_dir), a->set_resume(assignment.resume);
-      for (int r : assignment.ranks) a->add_ranks(r);
+      ToWire(assignment, out.mutable_assign());
       socket_->socket.send(zmq::buffer(Serialize(out)), zmq::send_flags::dontwait);
     } else if (in.has_epoch()) {
       agent.ReportEpoch(in.epoch());

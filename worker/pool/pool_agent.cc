@@ -34,14 +34,19 @@ std::string ResultKey(int64_t job, int attempt) {
 }  // namespace
 
 Assignment AssignmentFrom(const wire::Assign& a) {
-  return Assignment{a.job_id(),
-                    a.attempt(),
-                    a.yaml(),
-                    a.source(),
-                    a.base_dir(),
-                    a.runs_dir(),
-                    std::vector<int>(a.ranks().begin(), a.ranks().end()),
-                    a.resume()};
+  Assignment out{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(), {}, a.resume()};
+  for (const wire::JobPlace& p : a.places()) out.places.push_back({p.world(), p.rank(), p.host(), p.slot()});
+  return out;
+}
+
+void ToWire(const Assignment& a, wire::Assign* out) {
+  out->set_job_id(a.job_id), out->set_attempt(a.attempt);
+  out->set_yaml(a.yaml), out->set_source(a.source), out->set_base_dir(a.base_dir);
+  out->set_runs_dir(a.runs_dir), out->set_resume(a.resume);
+  for (const JobPlace& p : a.places) {
+    wire::JobPlace* place = out->add_places();
+    place->set_world(p.world), place->set_rank(p.rank), place->set_host(p.host), place->set_slot(p.slot);
+  }
 }
 
 void CheckEndpoint(const std::string& endpoint) {
@@ -61,6 +66,7 @@ struct PoolAgent::Link {
   std::unique_ptr<zmq::socket_t> socket;
   Clock::time_point last_heard = Clock::now(), last_beat{};
   double backoff_s = 0.5;
+  std::optional<Clock::time_point> reconnect_at;  // set while waiting out a backoff
 
   void Send(const std::string& bytes) { (void)socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
 };
@@ -138,29 +144,47 @@ bool PoolAgent::Drain(double timeout_s) {
   return false;
 }
 
+// The link never stops listening or heartbeating: a coordinator that was only paused
+// (SIGSTOP, a stalled host) hears this rank the moment it resumes, from the messages
+// queued meanwhile, even while a reconnect is being waited out. Every failure of one
+// round (EINTR from a signal, a socket error) is logged and the next round goes on.
 void PoolAgent::Loop() {
   Link link;
-  Connect(link);
   while (!quitting_) {
-    zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 1, std::chrono::milliseconds(20));
-    for (zmq::message_t frame; link.socket->recv(frame, zmq::recv_flags::dontwait);) {
-      link.last_heard = Clock::now();
-      link.backoff_s = 0.5;
-      wire::Envelope in;
-      if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
+    try {
+      if (!link.socket) Connect(link);
+      Round(link);
+    } catch (const std::exception& e) {
+      if (const auto* z = dynamic_cast<const zmq::error_t*>(&e); z && z->num() == EINTR) continue;
+      LogWarn(StrFormat("the link to the coordinator at %s: %s; reconnecting", options_.endpoint.c_str(), e.what()));
+      link.socket.reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    FlushOutbox(link);
-    if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
-    if (SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness) {
-      LogWarn(StrFormat("the coordinator at %s is silent; reconnecting in %.1f s", options_.endpoint.c_str(),
-                        link.backoff_s));
-      const auto wait_start = Clock::now();
-      while (!quitting_ && SecondsSince(wait_start) < link.backoff_s)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      link.backoff_s = std::min(kMaxBackoffS, link.backoff_s * 2);
-      Connect(link);
-    }
+  }
+}
+
+void PoolAgent::Round(Link& link) {
+  zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0}};
+  zmq::poll(items, 1, std::chrono::milliseconds(20));
+  for (zmq::message_t frame; link.socket->recv(frame, zmq::recv_flags::dontwait);) {
+    link.last_heard = Clock::now();
+    link.backoff_s = 0.5, link.reconnect_at.reset();
+    wire::Envelope in;
+    if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
+  }
+  FlushOutbox(link);
+  if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
+  const bool silent = SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness;
+  if (silent && !link.reconnect_at) {
+    LogWarn(StrFormat("the coordinator at %s is silent; reconnecting in %.1f s (still heartbeating meanwhile)",
+                      options_.endpoint.c_str(), link.backoff_s));
+    link.reconnect_at =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(link.backoff_s));
+  }
+  if (link.reconnect_at && Clock::now() >= *link.reconnect_at) {
+    link.backoff_s = std::min(kMaxBackoffS, link.backoff_s * 2);
+    link.reconnect_at.reset();
+    Connect(link);
   }
 }
 
@@ -179,7 +203,7 @@ void PoolAgent::Register(Link& link) {
   wire::Register* reg = e.mutable_register_();
   wire::RankInfo* info = reg->mutable_rank();
   info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
-  info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid);
+  info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid), info->set_slot(self_.slot);
   reg->set_world_token(self_.world_token), reg->set_rank_token(self_.rank_token);
   std::lock_guard<std::mutex> lock(mutex_);
   reg->set_job_id(job_id_), reg->set_attempt(attempt_);

@@ -5,9 +5,10 @@
 // (naming the job it runs and its last log line), watches the coordinator's pulses,
 // and when they stop for `liveness` periods reconnects with exponential backoff and
 // registers again, naming the job it still runs, so a restarted coordinator re-adopts
-// it. Epoch reports and job results are kept until the coordinator acknowledges them
-// and resent after every reconnect: none is lost while the coordinator is away, and
-// the coordinator drops the duplicates.
+// it. It goes on reading and heartbeating while it waits out the backoff, so a
+// coordinator that was only paused hears it at once. Epoch reports and job results are kept until the coordinator
+// acknowledges them and resent after every reconnect: none is lost while the coordinator is away, and the coordinator
+// drops the duplicates.
 //
 // The rank's main thread waits for an assignment, leads it or holds its slot for it
 // (Note [Job isolation] in job_process.h) and reports the outcome; it never touches
@@ -37,6 +38,7 @@ class EpochReport;
 
 struct PoolOptions {
   std::string endpoint;
+  int slot = 0;  // this agent's index among its host's slots (the GPU its job ranks use)
   double heartbeat_s = 1.0;
   int liveness = 3;
   std::string keys_dir;   // worker.key and coordinator.pub (proto/curve_keys.h)
@@ -44,20 +46,29 @@ struct PoolOptions {
   PeerKeys keys;          // loaded from keys_dir unless insecure
 };
 
-// Who this rank is; the world id is shared by every rank of one mpirun.
+// Who this agent is: a pool slot, a world of its own (rank 0 of 1).
 struct RankIdentity {
   std::string world, host, device;
   int rank = 0, world_size = 1;
+  int slot = 0;  // its index among its host's slots: the GPU a job rank here uses
   int64_t pid = 0;
   // The registration's secrets (Register in trainyard.proto): never logged or shown.
   std::string world_token, rank_token;
+};
+
+// Where one job rank runs (wire::JobPlace).
+struct JobPlace {
+  std::string world;
+  int rank = 0;
+  std::string host;
+  int slot = 0;
 };
 
 struct Assignment {
   int64_t job_id = 0;
   int attempt = 0;
   std::string yaml, source, base_dir, runs_dir;
-  std::vector<int> ranks;  // world ranks, in job rank order
+  std::vector<JobPlace> places;  // in job rank order; places[0] leads the job
   bool resume = false;
 };
 
@@ -66,8 +77,9 @@ struct JobOutcome {
   std::string message, summary_json;
 };
 
-// The wire's Assign (from the coordinator, or relayed to a job) as an Assignment.
+// The wire's Assign (from the coordinator, or relayed to a job) as an Assignment, and back.
 Assignment AssignmentFrom(const wire::Assign& assign);
+void ToWire(const Assignment& assignment, wire::Assign* assign);
 
 // Throws std::invalid_argument naming `endpoint` when ZeroMQ cannot connect to it
 // (a malformed address; an unreachable coordinator is waited for instead).
@@ -99,6 +111,9 @@ class PoolAgent {
   struct Link;  // the socket and the protocol state the thread owns
 
   void Loop();
+  // One round of the link: read, flush the outbox, heartbeat, and reconnect when the
+  // coordinator has been silent for a backoff.
+  void Round(Link& link);
   // (Re)connects, then registers: names the job still running and resends every
   // unacknowledged report, in order.
   void Connect(Link& link);

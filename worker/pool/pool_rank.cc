@@ -55,20 +55,24 @@ JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked) 
     what = DescribeJobRank(end.rank, relay, end.node) + " exited with code " + std::to_string(end.exit_code);
   else
     what = "its mpirun " + job.ExitText();
-  const std::string why = FailureLine(tail);
+  // The job's own last error line; else what mpirun itself said first (it refused to
+  // start, e.g. as root, or could not reach a host).
+  std::string why = FailureLine(tail);
+  if (why.empty()) why = job.MpirunMessage();
   return Outcome("failed", why.empty() ? what : what + ": " + why);
 }
 
 }  // namespace
 
-PoolRank::PoolRank(PoolAgent& agent, PoolLayout layout, JobLaunchOptions options)
-    : agent_(agent), layout_(std::move(layout)), options_(std::move(options)) {}
+PoolRank::PoolRank(PoolAgent& agent, JobLaunchOptions options) : agent_(agent), options_(std::move(options)) {}
 
 void PoolRank::Serve(const std::atomic<bool>& stop, std::atomic<bool>& busy) {
   while (auto assignment = agent_.WaitForAssignment(stop)) {
     busy = true;
     agent_.Begin(*assignment);
-    const bool lead = !assignment->ranks.empty() && assignment->ranks.front() == agent_.self().rank;
+    const RankIdentity& self = agent_.self();
+    const bool lead = !assignment->places.empty() && assignment->places.front().world == self.world &&
+                      assignment->places.front().rank == self.rank;
     JobOutcome outcome = lead ? Lead(*assignment) : HoldSlot(*assignment);
     agent_.Finish(outcome);
     busy = false;
@@ -77,16 +81,17 @@ void PoolRank::Serve(const std::atomic<bool>& stop, std::atomic<bool>& busy) {
 
 JobOutcome PoolRank::Lead(const Assignment& a) {
   LogInfo(StrFormat("job %ld attempt %d: starting on %zu rank(s) as its own mpirun%s", long(a.job_id), a.attempt,
-                    a.ranks.size(), a.resume ? ", resuming from its latest checkpoint" : ""));
+                    a.places.size(), a.resume ? ", resuming from its latest checkpoint" : ""));
   JobOutcome outcome;
   try {
     JobRelay relay;
-    JobLaunch launch{options_.mpirun, options_.worker, {}, {}, relay.endpoint(), a.job_id, options_.job_args};
-    for (int r : a.ranks) {
-      if (r < 0 || static_cast<size_t>(r) >= layout_.hosts.size())
-        throw std::runtime_error("rank " + std::to_string(r) + " is not in this pool");
-      launch.hosts.push_back(layout_.hosts[static_cast<size_t>(r)]);
-      launch.slots.push_back(layout_.slots[static_cast<size_t>(r)]);
+    JobLaunch launch{options_.mpirun,   options_.worker,           {}, {}, relay.endpoint(), a.job_id,
+                     options_.job_args, options_.allow_run_as_root};
+    for (const JobPlace& place : a.places) {
+      if (place.host.empty() || place.slot < 0)
+        throw std::runtime_error("the assignment names no host or slot for " + place.world);
+      launch.hosts.push_back(place.host);
+      launch.slots.push_back(place.slot);
     }
     JobProcess job(launch);
     bool stop_asked = false, terminated = false;
@@ -112,8 +117,8 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
 }
 
 JobOutcome PoolRank::HoldSlot(const Assignment& a) {
-  LogDebug(StrFormat("job %ld attempt %d: holding this rank's slot for rank %d's mpirun", long(a.job_id), a.attempt,
-                     a.ranks.front()));
+  LogDebug(StrFormat("job %ld attempt %d: holding this slot for the mpirun of %s", long(a.job_id), a.attempt,
+                     a.places.empty() ? "?" : a.places.front().world.c_str()));
   while (!agent_.StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   return Outcome("released", "");
 }

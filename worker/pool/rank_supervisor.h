@@ -1,11 +1,13 @@
-// In pool mode every rank process is the child of a small supervisor, so the
-// coordinator learns how a rank ended even when it cannot say so itself (kill -9, a
-// crash, the OOM killer): the supervisor waits for it and sends a RankExit naming the
-// exit code or signal. Torch-free.
+// Every pool agent process is the child of a small supervisor, so the coordinator
+// learns how an agent ended even when it cannot say so itself (kill -9, a crash, the
+// OOM killer): the supervisor waits for it and sends a RankExit naming the exit code or
+// signal. Torch-free.
 //
-// mpirun starts the supervisor; signals it receives are forwarded to the rank, and
-// the rank is killed if the supervisor dies. The rank tells the supervisor who it is
-// (world id, rank and rank token) through a pipe once MPI is up.
+// Whatever starts the agent (a shell, a service manager, mpirun) starts the supervisor;
+// signals it receives are forwarded to the agent, and the agent is killed if the
+// supervisor dies. The agent tells the supervisor who it is (world id, rank and rank
+// token) through a pipe once it has chosen its identity. Under mpirun the supervisor
+// exits 0 whatever the agent's end, so that mpirun never stops the other agents.
 #pragma once
 
 #include <string>
@@ -16,8 +18,8 @@ namespace trainyard {
 
 // Forks. In the child (the rank) returns the pipe's write end, for TellSupervisor. In
 // the parent supervises the child, then exits with the child's status
-// (128 + signal when a signal ended it): it never returns.
-// REQUIRES: called before MPI_Init and before any thread is started.
+// (128 + signal when a signal ended it; 0 under mpirun): it never returns.
+// REQUIRES: called before any thread is started.
 // The supervisor reports to `options.endpoint`, with its keys.
 int ForkRankSupervisor(const PoolOptions& options);
 

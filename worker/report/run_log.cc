@@ -13,6 +13,7 @@
 
 #include "common/atomic_file.h"
 #include "common/csv.h"
+#include "common/epoch_table.h"
 #include "proto/event_file.h"
 #include "worker/report/svg_chart.h"
 
@@ -187,11 +188,7 @@ void RunLog::WriteCsv() const {
   WriteFileAtomically(dir_ + "/epochs.csv", text);
 }
 
-void RunLog::PrintHeader() const {
-  spdlog::info("{:<6} {:>8} {:>6} {:>8} {:>10} {:>11} {:>10} {:>9} {:>8} {:>9} {:>10} {:>6} {:>12}", "epoch", "time_s",
-               "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss", "eval_acc", "lr", "loss_scale",
-               "comm%", "slowest");
-}
+void RunLog::PrintHeader() const { spdlog::info("{}", EpochTableHeader()); }
 
 void RunLog::AddEpoch(const EpochRow& r) {
   rows_.push_back(r);
@@ -218,13 +215,8 @@ void RunLog::AddEpoch(const EpochRow& r) {
 }
 
 void RunLog::PrintRow(const EpochRow& r) const {
-  std::string scale = r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "-";
-  std::string slowest = r.ranks > 1 ? fmt::format("r{} {:.1f}ms", r.slowest_rank, r.slowest_ms_per_step) : "-";
-  double comm_pct = r.ms_per_step > 0 ? 100.0 * r.comm_ms / r.ms_per_step : 0.0;
-  spdlog::info(
-      "{:<6} {:>8.1f} {:>6} {:>8.1f} {:>10.1f} {:>11.1f} {:>10.4f} {:>9.4f} {:>8.4f} {:>9.2e} {:>10} {:>6.1f} {:>12}",
-      r.epoch, r.time_s, r.steps, r.ms_per_step, r.samples_per_s, r.data_wait_pct, r.train_loss, r.eval_loss,
-      r.eval_acc, r.lr, scale, comm_pct, slowest);
+  static const std::vector<std::string> header = SplitCsv(EpochCsvHeader());
+  spdlog::info("{}", EpochTableRow(header, SplitCsv(EpochCsvLine(r))));
 }
 
 void RunLog::AddStep(const nlohmann::json& line) {

@@ -1,7 +1,9 @@
 // The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
 // per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
-// `mpirun -n 4 worker --coordinator ENDPOINT --keys KEYS` makes the ranks a worker pool
-// instead; each job then runs as its own mpirun of this binary with --pool-job (Note
+// `worker --coordinator ENDPOINT --keys KEYS` is a pool agent instead: one slot of the
+// coordinator's pool, an independent process with no MPI of its own (started alone, by
+// a service manager, or several at once by `mpirun -n 4`). Each job runs as its own
+// mpirun of this binary with --pool-job over the slots it was given, on any hosts (Note
 // [Job isolation] in worker/pool/job_process.h).
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
 // checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
@@ -51,6 +53,13 @@ void AddOptions(CLI::App& app, Options& o) {
                  "pool: key folder made by `coordinator --init` (worker.key, coordinator.pub); default\n"
                  "$TRAINYARD_KEYS, else ./keys");
   app.add_flag("--insecure", o.pool.insecure, "pool: development only, for a coordinator started with --insecure");
+  app.add_option("--slot", o.pool.slot,
+                 "pool: this agent's index among the agents of its host, which picks the GPU its job ranks\n"
+                 "use (default: the node-local rank mpirun or srun gives it, else 0)")
+      ->check(CLI::Range(0, 4096));
+  app.add_flag("--allow-run-as-root", o.launch.allow_run_as_root,
+               "pool: let each job's mpirun run as root (Open MPI refuses by default); implied when the\n"
+               "agent itself was started by an mpirun that allowed it");
   app.add_option("--mpirun", o.launch.mpirun,
                  "pool: the mpirun that starts each job as its own MPI world (default: mpirun on PATH)");
   // Job mode, for the pool's own use: a lead agent starts each job with these.
@@ -94,14 +103,35 @@ std::string FindExecutable(const std::string& name, const char* option) {
                               ": no such executable (each job of the pool runs as its own mpirun)");
 }
 
+// The node-local index a launcher gave this process (mpirun, srun), or 0.
+int LauncherLocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PMIX_LOCAL_RANK"})
+    if (const char* value = std::getenv(name); value && *value) return std::atoi(value);
+  return 0;
+}
+
+// A pool agent: no MPI at all (Note [Job isolation]), so that it is one independent
+// process however it was started.
+int RunPoolAgent(Options& o, bool slot_given) {
+  if (!slot_given) o.pool.slot = LauncherLocalRank();
+  // Started as root by an mpirun: that mpirun was allowed to, and so are the job's.
+  if (::geteuid() == 0 && std::getenv("OMPI_COMM_WORLD_SIZE")) o.launch.allow_run_as_root = true;
+  o.launch.worker = std::filesystem::read_symlink("/proc/self/exe").string();
+  // Before any thread starts: fork() is only safe then.
+  const int supervisor_fd = trainyard::ForkRankSupervisor(o.pool);
+  return trainyard::RunPool(o.pool, o.launch, supervisor_fd);
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "Trainyard worker: runs a finetune, benchmark, inference, generate or serve job described by a YAML file.\n"
       "Standalone: worker JOB.yaml (one rank), or mpirun -n N worker JOB.yaml\n"
       "(data-parallel over N ranks; train.batch_size is per rank).\n"
-      "Pool: mpirun -n N worker --coordinator ENDPOINT registers every rank with the coordinator\n"
-      "and runs the jobs it assigns, each as its own mpirun (--mpirun), so a failing job ends alone;\n"
-      "outputs go to the coordinator's runs folder, <runs>/<job id>/<job name>/.\n"
+      "Pool: worker --coordinator ENDPOINT registers this process as one slot of the coordinator's\n"
+      "pool (mpirun -n N worker --coordinator ... starts N independent agents) and runs the jobs it\n"
+      "assigns, each as its own mpirun (--mpirun) over the slots it was given, so a failing job ends\n"
+      "alone and a dead agent frees only its slot; outputs go to the coordinator's runs folder,\n"
+      "<runs>/<job id>/<job name>/.\n"
       "Rank 0 writes runs/<job name>/: finetune {epochs.csv,steps.jsonl,curves.svg,tb/ (TensorBoard),summary.json,\n"
       "checkpoints/,model/; trace.json with log.trace, mlflow_run.json with log.mlflow},\n"
       "benchmark {benchmark.csv,benchmark.md,*.svg,env.json},\n"
@@ -137,12 +167,10 @@ int Main(int argc, char** argv) {
     }
   }
   trainyard::LogSetup(o.log_level);
-  if (pool) o.launch.worker = std::filesystem::read_symlink("/proc/self/exe").string();
   o.launch.job_args = {"--log-level", o.log_level};
+  if (pool) return RunPoolAgent(o, app.count("--slot") > 0);
   // A job's process dies with the mpirun that started it (Note [Job isolation]).
   if (job_mode) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  // Before MPI_Init and before any thread starts: fork() is only safe then.
-  const int supervisor_fd = pool ? trainyard::ForkRankSupervisor(o.pool) : -1;
 
   // The comm thread makes every MPI call after start-up, never two threads at once.
   int provided = 0;
@@ -154,9 +182,7 @@ int Main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  const int code = pool       ? trainyard::RunPool(o.pool, o.launch, supervisor_fd)
-                   : job_mode ? trainyard::RunPoolJob(o.pool_job, o.job_slots)
-                              : trainyard::RunStandalone(o.standalone);
+  const int code = job_mode ? trainyard::RunPoolJob(o.pool_job, o.job_slots) : trainyard::RunStandalone(o.standalone);
   MPI_Finalize();
   return code;
 }

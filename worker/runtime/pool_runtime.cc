@@ -41,31 +41,13 @@ std::string Hostname() {
   return name;
 }
 
-// One id and one world token for the whole mpirun, chosen by world rank 0.
-void ChooseWorld(int rank, RankIdentity* self) {
-  char id[64] = {}, token[64] = {};
-  if (rank == 0) {
-    std::random_device random;
-    std::snprintf(id, sizeof id, "%s-%d-%04x", Hostname().c_str(), int(::getpid()), random() & 0xffff);
-    std::snprintf(token, sizeof token, "%s", NewSecretToken().c_str());
-  }
-  MPI_Bcast(id, sizeof id, MPI_CHAR, 0, MPI_COMM_WORLD);
-  MPI_Bcast(token, sizeof token, MPI_CHAR, 0, MPI_COMM_WORLD);
-  self->world = id, self->world_token = token;
-}
-
-// Every rank's host and its index there, on every rank: a job's lead places its mpirun by them.
-PoolLayout GatherLayout(int world) {
-  char host[kHostChars] = {};
-  std::snprintf(host, sizeof host, "%s", Hostname().c_str());
-  std::vector<char> hosts(static_cast<size_t>(world) * kHostChars);
-  MPI_Allgather(host, kHostChars, MPI_CHAR, hosts.data(), kHostChars, MPI_CHAR, MPI_COMM_WORLD);
-  int slot = LocalRank();
-  PoolLayout layout;
-  layout.slots.resize(static_cast<size_t>(world));
-  MPI_Allgather(&slot, 1, MPI_INT, layout.slots.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  for (int r = 0; r < world; ++r) layout.hosts.emplace_back(&hosts[static_cast<size_t>(r) * kHostChars]);
-  return layout;
+// The agent's world: an id of its own (host, pid and 16 random bits, for people to
+// read; uniqueness rests on the pid and the random bits) and a world token.
+void ChooseWorld(RankIdentity* self) {
+  std::random_device random;
+  char id[kHostChars + 32] = {};
+  std::snprintf(id, sizeof id, "%s-%d-%04x", Hostname().c_str(), int(::getpid()), random() & 0xffff);
+  self->world = id, self->world_token = NewSecretToken();
 }
 
 // Job rank 0 learns every job rank's pid and host, for the agent's failure reports.
@@ -110,23 +92,19 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
 }  // namespace
 
 int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_fd) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
   RankIdentity self;
-  ChooseWorld(rank, &self);
-  PoolLayout layout = GatherLayout(world);
+  ChooseWorld(&self);
   self.rank_token = NewSecretToken();
-  self.rank = rank, self.world_size = world, self.host = Hostname(), self.pid = ::getpid();
+  self.rank = 0, self.world_size = 1, self.slot = options.slot;
+  self.host = Hostname(), self.pid = ::getpid();
   self.device = torch::cuda::is_available() ? "cuda" : "cpu";
   TellSupervisor(supervisor_fd, self);
   std::signal(SIGTERM, OnPoolSignal);
   std::signal(SIGINT, OnPoolSignal);
   PoolAgent agent(options, self);
-  if (rank == 0)
-    LogInfo(
-        StrFormat("world %s: %d rank(s) joined the pool at %s", self.world.c_str(), world, options.endpoint.c_str()));
-  PoolRank(agent, std::move(layout), std::move(launch)).Serve(g_pool_stop, g_pool_busy);
+  LogInfo(StrFormat("agent %s (slot %d on %s, %s) joined the pool at %s", self.world.c_str(), self.slot,
+                    self.host.c_str(), self.device.c_str(), options.endpoint.c_str()));
+  PoolRank(agent, std::move(launch)).Serve(g_pool_stop, g_pool_busy);
   agent.Drain(5);
   return 0;
 }

@@ -1,7 +1,8 @@
-// Pool mode: `mpirun -n N worker --coordinator ENDPOINT` makes every rank an agent of
-// the coordinator's worker pool; the agent of each job's rank 0 runs the job as its
-// own mpirun of this binary in job mode (`--pool-job`), so that a failing job ends
-// alone (Note [Job isolation] in worker/pool/job_process.h).
+// Pool mode: `worker --coordinator ENDPOINT` is an agent of the coordinator's worker
+// pool, one slot, with no MPI of its own; the agent of each job's rank 0 runs the job as
+// its own mpirun of this binary in job mode (`--pool-job`) over the slots the
+// coordinator gave it, so that a failing job ends alone (Note [Job isolation] in
+// worker/pool/job_process.h).
 #pragma once
 
 #include <string>
@@ -13,8 +14,7 @@
 namespace trainyard {
 
 // Runs until SIGTERM/SIGINT while idle (returns 0). `supervisor_fd` is the pipe to
-// this rank's supervisor (see rank_supervisor.h). Collective over MPI_COMM_WORLD at
-// start (the world id and where each rank runs); no MPI afterwards.
+// this agent's supervisor (see rank_supervisor.h). Makes no MPI call.
 int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_fd);
 
 // Job mode: one attempt over MPI_COMM_WORLD (the job's own mpirun). Rank 0 fetches the

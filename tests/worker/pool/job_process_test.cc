@@ -92,6 +92,32 @@ TEST(JobProcessTest, RunsTheCommandAndKeepsItsOutputAndEnd) {
   ::unlink(script.c_str());
 }
 
+// mpirun's own refusal (as root, without consent) is framed by lines of dashes: its
+// first line becomes the reason; as-root consent is passed on as mpirun's flag.
+TEST(JobProcessTest, KeepsMpirunsOwnFirstMessage) {
+  const std::string script = ::testing::TempDir() + "/refusing_mpirun_" + std::to_string(::getpid());
+  {
+    std::ofstream out(script);
+    out << "#!/bin/sh\necho \"args $1\"\nprintf '%s\\n' ------------------------------------------------------------ "
+           "'mpirun has detected an attempt to run as root.' '' 'Running as root is *strongly* discouraged' "
+           "------------------------------------------------------------ >&2\nexit 1\n";
+  }
+  ::chmod(script.c_str(), 0700);
+  JobLaunch launch;
+  launch.mpirun = script, launch.worker = "w", launch.relay = "r", launch.hosts = {"h"}, launch.slots = {0};
+  launch.allow_run_as_root = true;
+  EXPECT_EQ(MpirunCommand(launch)[1], "--allow-run-as-root");
+  JobProcess job(launch);
+  const auto start = std::chrono::steady_clock::now();
+  while (!job.Exited()) {
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(job.MpirunMessage(), "mpirun has detected an attempt to run as root.");
+  EXPECT_EQ(job.OutputTail().front(), "args --allow-run-as-root");
+  ::unlink(script.c_str());
+}
+
 TEST(JobProcessTest, TerminateEndsARunningJob) {
   // MpirunCommand puts mpirun's own options first: a script that ignores them stands in.
   const std::string script = ::testing::TempDir() + "/sleepy_" + std::to_string(::getpid());
@@ -121,7 +147,8 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   RankIdentity self;
   self.world = "w", self.rank = 0;
   PoolAgent agent(options, self);
-  Assignment assignment{42, 2, "name: x\n", "x.yaml", "/base", "/runs/42", {0, 1}, true};
+  Assignment assignment{42,  2, "name: x\n", "x.yaml", "/base", "/runs/42", {{"w", 0, "h0", 0}, {"v", 0, "h1", 1}},
+                        true};
   JobRelay relay;
   EXPECT_EQ(relay.endpoint().rfind("ipc://", 0), 0u);
   std::atomic<bool> done{false};
@@ -147,7 +174,10 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   EXPECT_EQ(received.job_id, 42);
   EXPECT_EQ(received.attempt, 2);
   EXPECT_EQ(received.yaml, "name: x\n");
-  EXPECT_EQ(received.ranks, (std::vector<int>{0, 1}));
+  ASSERT_EQ(received.places.size(), 2u);
+  EXPECT_EQ(received.places[1].world, "v");
+  EXPECT_EQ(received.places[1].host, "h1");
+  EXPECT_EQ(received.places[1].slot, 1);
   EXPECT_TRUE(received.resume);
   ASSERT_EQ(relay.processes().size(), 2u);
   EXPECT_EQ(relay.processes()[1].pid, 102);
