@@ -53,8 +53,8 @@ std::string Line(const std::vector<std::string>& fields) {
 }  // namespace
 
 std::string EpochTableHeader() {
-  return Line({"epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss",
-               "eval_acc", "lr", "loss_scale", "comm%", "slowest"});
+  return Line({"epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss", "eval_acc",
+               "lr", "loss_scale", "comm%", "slowest"});
 }
 
 std::string EpochTableRow(const std::vector<std::string>& header, const std::vector<std::string>& cells) {

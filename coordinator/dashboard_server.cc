@@ -83,7 +83,8 @@ DashboardServer::DashboardServer(zmq::context_t& context, const DashboardOptions
   http.host = options.host;
   http.port = options.port;
   http.max_body_bytes = size_t(64) * 1024;  // GETs carry no body worth reading
-  http.max_connections = 64;
+  http.max_connections = 1024;              // sockets; the loop's answers go through 8 handler threads
+  http.handler_threads = 8;
   http.log_name = "dashboard";
   http_ = std::make_unique<HttpServer>(
       http, [this](const HttpRequest& request, const std::function<bool()>&) { return Handle(request); });

@@ -1,49 +1,48 @@
 #include "common/http/http_server.h"
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "common/log.h"
 
 namespace trainyard {
+namespace {
+
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
 
-struct HttpServer::Impl {
-  asio::io_context io;
-  tcp::acceptor acceptor{io};
-};
+constexpr size_t kMinBufferedBytes = size_t(64) << 20;
+constexpr size_t kHeaderLimitBytes = 64 * 1024;
+constexpr auto kLingerTime = std::chrono::seconds(3);
+constexpr char kRetryAfterSeconds[] = "1";
 
-namespace {
-
-bool PeerHungUp(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+std::chrono::steady_clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
-// After answering a request whose body we refused to read: stop sending, and read and
-// drop what the client is still sending (up to a few seconds) before closing, so that it
-// sees the answer instead of a reset connection.
-void LingeringClose(int fd) {
-  ::shutdown(fd, SHUT_WR);
-  char sink[65536];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    if (::recv(fd, sink, sizeof sink, 0) <= 0) return;
-  }
+std::string FormatSeconds(double seconds) {
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text;
 }
 
 HttpResponse Plain(int status, const std::string& message) {
@@ -53,11 +52,15 @@ HttpResponse Plain(int status, const std::string& message) {
   return r;
 }
 
-std::string FormatSeconds(double seconds) {
-  std::string text = std::to_string(seconds);
-  text.erase(text.find_last_not_of('0') + 1);
-  if (text.back() == '.') text.pop_back();
-  return text;
+HttpResponse Busy(const std::string& message) {
+  HttpResponse r = Plain(503, message);
+  r.headers.emplace_back("Retry-After", kRetryAfterSeconds);
+  return r;
+}
+
+bool PeerHungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 // A claim on the server-wide budget of request-body bytes, released when it goes.
@@ -83,108 +86,298 @@ class BodyBudget {
   bool granted_ = false;
 };
 
-// Waits until fd is ready for `events` or has hung up or failed (true), or until
-// `deadline` passes (false).
-bool WaitReady(int fd, short events, std::chrono::steady_clock::time_point deadline) {
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (ready != 0 && !(ready < 0 && errno == EINTR)) return true;  // ready, hang-up or error: the call says
-  }
-}
-
-// The connection's socket as Beast's SyncReadStream, with a deadline: each read first
-// waits for data no later than `deadline`, then fails with timed_out. Beast's sync
-// read_header/read loop on read_some, so the deadline bounds the whole request, however
-// slowly its bytes come.
-class DeadlineReader {
+// Threads for handlers, started as work comes, up to `max_threads`; at most
+// `max_waiting` tasks wait for one.
+class HandlerPool {
  public:
-  explicit DeadlineReader(tcp::socket* socket) : socket_(socket) {}
-  void set_deadline(std::chrono::steady_clock::time_point deadline) { deadline_ = deadline; }
+  HandlerPool(size_t max_threads, size_t max_waiting)
+      : max_threads_(std::max<size_t>(1, max_threads)), max_waiting_(max_waiting) {}
+  ~HandlerPool() { Stop(); }
 
-  template <typename Buffers>
-  size_t read_some(const Buffers& buffers, beast::error_code& error) {
-    if (!WaitReady(socket_->native_handle(), POLLIN, deadline_)) {
-      error = asio::error::timed_out;
-      return 0;
-    }
-    return socket_->read_some(buffers, error);
+  // False when the waiting line is full.
+  bool TryPost(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || waiting_.size() >= max_waiting_) return false;
+    waiting_.push_back(std::move(task));
+    if (idle_ == 0 && threads_.size() < max_threads_) threads_.emplace_back([this] { Work(); });
+    ready_.notify_one();
+    return true;
   }
-  template <typename Buffers>
-  size_t read_some(const Buffers& buffers) {
-    beast::error_code error;
-    const size_t n = read_some(buffers, error);
-    if (error) throw beast::system_error(error);
-    return n;
+
+  // Running tasks finish; waiting ones are dropped.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      waiting_.clear();
+    }
+    ready_.notify_all();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
   }
 
  private:
-  tcp::socket* socket_;
-  std::chrono::steady_clock::time_point deadline_;
-};
-
-// The connection's socket as Beast's SyncWriteStream, with a stall limit: each write
-// waits at most `stall` for room in the socket's buffer and then sends what fits without
-// blocking, so a client that stops reading its responses cannot hold a connection thread
-// for longer, while one that reads slowly but steadily gets its whole response. (A
-// blocking send would wait forever; SO_SNDTIMEO does not help, since Asio's sync send
-// polls again on EAGAIN.)
-class DeadlineWriter {
- public:
-  DeadlineWriter(int fd, std::chrono::steady_clock::duration stall) : fd_(fd), stall_(stall) {}
-
-  // All of `buffers` in one sendmsg, as Asio's own write_some does: a header and a body
-  // sent apart would meet Nagle's algorithm and the client's delayed ACK (40 ms).
-  template <typename Buffers>
-  size_t write_some(const Buffers& buffers, beast::error_code& error) {
-    error = {};
-    std::array<iovec, 64> parts{};
-    size_t count = 0, bytes = 0;
-    for (auto it = asio::buffer_sequence_begin(buffers);
-         it != asio::buffer_sequence_end(buffers) && count < parts.size(); ++it) {
-      const asio::const_buffer buffer(*it);
-      if (buffer.size() == 0) continue;
-      parts[count++] = {const_cast<void*>(buffer.data()), buffer.size()};
-      bytes += buffer.size();
-    }
-    if (bytes == 0) return 0;
-    msghdr message{};
-    message.msg_iov = parts.data();
-    message.msg_iovlen = count;
-    const auto deadline = std::chrono::steady_clock::now() + stall_;
+  void Work() {
+    std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      if (!WaitReady(fd_, POLLOUT, deadline)) {
-        error = asio::error::timed_out;
-        return 0;
-      }
-      const ssize_t sent = ::sendmsg(fd_, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (sent >= 0) return size_t(sent);
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        error = beast::error_code(errno, beast::system_category());
-        return 0;
-      }
+      ++idle_;
+      ready_.wait(lock, [&] { return stopping_ || !waiting_.empty(); });
+      --idle_;
+      if (stopping_) return;
+      std::function<void()> task = std::move(waiting_.front());
+      waiting_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;  // what it holds goes before the lock is taken again
+      lock.lock();
     }
   }
-  template <typename Buffers>
-  size_t write_some(const Buffers& buffers) {
-    beast::error_code error;
-    const size_t n = write_some(buffers, error);
-    if (error) throw beast::system_error(error);
-    return n;
-  }
 
- private:
-  int fd_;
-  std::chrono::steady_clock::duration stall_;
+  const size_t max_threads_, max_waiting_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> waiting_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
 };
 
 }  // namespace
 
-HttpResponse HttpServer::Dispatch(const http::request<http::string_body>& message,
-                                  const std::function<bool()>& client_gone, bool* keep_alive) {
+struct HttpServer::Impl {
+  class Session;
+
+  Impl(const HttpServerOptions& o, Handler h)
+      : options(o),
+        handler(std::move(h)),
+        max_buffered_bytes(std::max(kMinBufferedBytes, 4 * o.max_body_bytes)),
+        per_peer(o.max_connections_per_peer ? o.max_connections_per_peer : o.max_connections),
+        pool(o.handler_threads, o.max_waiting_requests) {}
+
+  void Accept();
+  void Admit(tcp::socket socket);
+  // Closes the connection that has waited longest without a request in hand (of `peer`,
+  // if not empty); false if there is none. On the io thread.
+  bool EvictOne(const std::string& peer);
+  void Unregister(Session* session);
+  HttpResponse Dispatch(const http::request<http::string_body>& message, const std::function<bool()>& client_gone,
+                        bool* keep_alive);
+
+  const HttpServerOptions options;
+  const Handler handler;
+  const size_t max_buffered_bytes, per_peer;
+  std::atomic<size_t> buffered_bytes{0};
+  std::atomic<bool> stopping{false};
+
+  // The registry outlives io_context (declared first): sessions destroyed with the
+  // context's pending handlers unregister themselves.
+  std::mutex mutex;
+  std::list<Session*> sessions;
+  std::map<std::string, size_t> per_peer_count;
+
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer accept_pause{io};
+  std::thread io_thread;
+  HandlerPool pool;
+};
+
+// One connection. Its callbacks run on the io thread; the handler runs on the pool, and
+// its response comes back to the io thread to be written.
+//
+// Deadlines are a timer of the session's own: when one passes, the pending read or write
+// is cancelled (the socket stays open), so that a request that came too slowly can still
+// be answered 408.
+class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
+ public:
+  enum class State { kWaiting, kReading, kHandling, kWriting };
+
+  Session(Impl* server, tcp::socket socket, std::string peer)
+      : server_(server),
+        socket_(std::move(socket)),
+        timer_(server->io),
+        peer_(std::move(peer)),
+        fd_(socket_.native_handle()) {}
+  ~Session() { server_->Unregister(this); }
+
+  void Begin() { AwaitRequest(); }
+  const std::string& peer() const { return peer_; }
+  // Waiting for a request, or reading one in, since when: what eviction looks at.
+  bool Evictable() const { return state_ == State::kWaiting || state_ == State::kReading; }
+  SteadyClock::time_point since() const { return since_; }
+  void Close() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    if (state_ != State::kHandling) socket_.close(ignored);  // the handler polls the fd
+  }
+
+ private:
+  void Enter(State state) { state_ = state, since_ = SteadyClock::now(); }
+
+  // From now until Disarm() or the next Arm(), the pending operation ends at `after`.
+  void Arm(SteadyClock::duration after) {
+    timed_out_ = false;
+    timer_.expires_after(after);
+    timer_.async_wait([self = shared_from_this()](beast::error_code error) {
+      if (error) return;  // cancelled: re-armed or disarmed
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->socket_.cancel(ignored);
+    });
+  }
+  void Disarm() { timer_.cancel(); }
+
+  void AwaitRequest() {
+    Enter(State::kWaiting);
+    if (buffer_.size() > 0) return ReadHeader();  // a pipelined request is already here
+    Arm(Seconds(server_->options.idle_timeout_s));
+    socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code error, size_t bytes) {
+      if (error) return self->End();
+      self->buffer_.commit(bytes);
+      self->ReadHeader();
+    });
+  }
+
+  // The request's deadline runs from its first byte, across headers and body.
+  void ReadHeader() {
+    Enter(State::kReading);
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    parser_->header_limit(kHeaderLimitBytes);
+    Arm(Seconds(server_->options.request_timeout_s));
+    http::async_read_header(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code error, size_t) {
+      self->HeaderRead(self->timed_out_ ? beast::error::timeout : error);
+    });
+  }
+
+  void HeaderRead(beast::error_code error) {
+    if (error == http::error::end_of_stream || error == asio::error::eof || error == asio::error::connection_reset ||
+        error == asio::error::operation_aborted)
+      return End();
+    // What is left of a request refused for its size or slowness is drained, not reset.
+    if (error) return Refuse(ErrorResponse(error), error == beast::error::timeout || error == http::error::body_limit);
+    // The body's bytes count against the server-wide budget before they are read.
+    const size_t limit = server_->options.max_body_bytes;
+    const size_t claimed =
+        parser_->content_length() ? size_t(*parser_->content_length()) : (parser_->chunked() ? limit : 0);
+    if (claimed > limit) return Refuse(ErrorResponse(http::error::body_limit), true);
+    budget_.emplace(&server_->buffered_bytes, std::min(claimed, limit + 1), server_->max_buffered_bytes);
+    if (!budget_->granted())
+      return Refuse(Plain(429, "server busy: request bodies in flight fill the server's " +
+                                   std::to_string(server_->max_buffered_bytes >> 20) + " MiB budget; retry"),
+                    true);
+    http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code error, size_t) {
+      if (self->timed_out_) error = beast::error::timeout;
+      if (error == asio::error::operation_aborted) return self->End();
+      if (error) return self->Refuse(self->ErrorResponse(error), error != http::error::end_of_stream);
+      self->Handle();
+    });
+  }
+
+  HttpResponse ErrorResponse(beast::error_code error) const {
+    const HttpServerOptions& o = server_->options;
+    if (error == beast::error::timeout)
+      return Plain(408, "request not received whole within " + FormatSeconds(o.request_timeout_s) + " s");
+    if (error == http::error::body_limit)
+      return Plain(400, "request body: larger than " +
+                            (o.body_limit_setting.empty() ? "the limit" : o.body_limit_setting) + " (" +
+                            std::to_string(o.max_body_bytes >> 20) + " MiB)");
+    return Plain(400, "malformed HTTP request: " + error.message());
+  }
+
+  // The handler, on the pool; its response comes back here to be written.
+  void Handle() {
+    Disarm();
+    Enter(State::kHandling);
+    auto self = shared_from_this();
+    const int fd = fd_;
+    const bool posted = server_->pool.TryPost([self, fd] {
+      bool keep_alive = false;
+      HttpResponse response = self->server_->Dispatch(
+          self->parser_->get(), [fd] { return PeerHungUp(fd); }, &keep_alive);
+      asio::post(self->server_->io, [self, response = std::move(response), keep_alive]() mutable {
+        self->budget_.reset();
+        if (response.status == 499) return self->End();  // the client went away: nobody to answer
+        self->Write(std::move(response), keep_alive, false);
+      });
+    });
+    if (!posted) {
+      budget_.reset();
+      Write(Busy("server busy: every handler is taken and " + std::to_string(server_->options.max_waiting_requests) +
+                 " requests wait; retry"),
+            false, false);
+    }
+  }
+
+  // Answers a request whose rest was not read, then lets the client's bytes drain.
+  void Refuse(HttpResponse response, bool drain) {
+    budget_.reset();
+    Write(std::move(response), false, drain);
+  }
+
+  void Write(HttpResponse response, bool keep_alive, bool drain) {
+    Enter(State::kWriting);
+    auto out = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(response.status), 11);
+    out->set(http::field::server, "trainyard");
+    out->set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : response.headers) out->set(name, value);
+    out->keep_alive(keep_alive);
+    out->body() = std::move(response.body);
+    out->prepare_payload();
+    Arm(Seconds(server_->options.request_timeout_s));
+    http::async_write(
+        socket_, *out, [self = shared_from_this(), out, keep_alive, drain](beast::error_code error, size_t) {
+          if (self->timed_out_)
+            LogWarn(self->server_->options.log_name + ": a client took none of its response for " +
+                    FormatSeconds(self->server_->options.request_timeout_s) + " s; its connection is closed");
+          if (error || self->timed_out_) return self->End();
+          if (drain) return self->Linger();
+          if (!keep_alive || self->server_->stopping) return self->End();
+          self->AwaitRequest();
+        });
+  }
+
+  // After answering a request whose body was refused: stop sending, and read and drop
+  // what the client still sends (for a few seconds) before closing, so that it sees the
+  // answer instead of a reset connection.
+  void Linger() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    Arm(kLingerTime);
+    Discard();
+  }
+
+  void Discard() {
+    buffer_.consume(buffer_.size());
+    socket_.async_read_some(buffer_.prepare(65536), [self = shared_from_this()](beast::error_code error, size_t) {
+      if (error) return self->End();
+      self->Discard();
+    });
+  }
+
+  void End() {
+    Enter(State::kWriting);  // not evictable: on its way out
+    Disarm();
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  Impl* const server_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  const std::string peer_;
+  const int fd_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<BodyBudget> budget_;
+  State state_ = State::kWaiting;
+  SteadyClock::time_point since_ = SteadyClock::now();
+  bool timed_out_ = false;
+};
+
+HttpResponse HttpServer::Impl::Dispatch(const http::request<http::string_body>& message,
+                                        const std::function<bool()>& client_gone, bool* keep_alive) {
   HttpRequest request;
   request.method = std::string(message.method_string());
   request.target = std::string(message.target());
@@ -196,158 +389,145 @@ HttpResponse HttpServer::Dispatch(const http::request<http::string_body>& messag
   }
   *keep_alive = message.keep_alive();
   try {
-    return handler_(request, client_gone);
+    return handler(request, client_gone);
   } catch (const std::exception& e) {
-    LogError(log_name_ + ": http handler: " + e.what());
+    LogError(options.log_name + ": http handler: " + e.what());
     return Plain(500, "internal error");
   }
 }
 
-HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
-    : impl_(std::make_unique<Impl>()),
-      max_body_bytes_(options.max_body_bytes),
-      max_buffered_bytes_(std::max(kMinBufferedBytes, 4 * options.max_body_bytes)),
-      max_connections_(options.max_connections),
-      body_limit_setting_(options.body_limit_setting),
-      log_name_(options.log_name),
-      idle_timeout_s_(options.idle_timeout_s),
-      request_timeout_s_(options.request_timeout_s),
-      handler_(std::move(handler)) {
-  const std::string& host = options.host;
-  const int port = options.port;
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept([this](beast::error_code error, tcp::socket socket) {
+    if (stopping) return;
+    if (error == asio::error::no_descriptors) {  // out of file descriptors: make room, then retry
+      EvictOne("");
+      accept_pause.expires_after(std::chrono::milliseconds(50));
+      accept_pause.async_wait([this](beast::error_code) {
+        if (!stopping) Accept();
+      });
+      return;
+    }
+    if (!error) Admit(std::move(socket));
+    Accept();
+  });
+}
+
+void HttpServer::Impl::Admit(tcp::socket socket) {
   beast::error_code error;
+  const auto remote = socket.remote_endpoint(error);
+  if (error) return;  // already gone
+  const std::string peer = remote.address().to_string();
+  bool full = false, peer_full = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    full = sessions.size() >= options.max_connections;
+    const auto count = per_peer_count.find(peer);
+    peer_full = count != per_peer_count.end() && count->second >= per_peer;
+  }
+  if ((peer_full && !EvictOne(peer)) || (full && !peer_full && !EvictOne(""))) {
+    // Every connection is busy with a request: this one is told so, without blocking.
+    const std::string body = "{\"error\":\"server busy: every connection is in use; retry\"}";
+    const std::string busy =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: trainyard\r\nRetry-After: " + std::string(kRetryAfterSeconds) +
+        "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
+    (void)::send(socket.native_handle(), busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    socket.shutdown(tcp::socket::shutdown_both, error);
+    return;
+  }
+  auto session = std::make_shared<Session>(this, std::move(socket), peer);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    sessions.push_back(session.get());
+    ++per_peer_count[peer];
+  }
+  session->Begin();
+}
+
+bool HttpServer::Impl::EvictOne(const std::string& peer) {
+  Session* oldest = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (Session* s : sessions)
+      if (s->Evictable() && (peer.empty() || s->peer() == peer) && (!oldest || s->since() < oldest->since()))
+        oldest = s;
+  }
+  if (!oldest) return false;
+  oldest->Close();  // its pending read ends with an error, and the session with it
+  std::lock_guard<std::mutex> lock(mutex);
+  sessions.remove(oldest);  // counted out now: the new connection takes its place
+  if (--per_peer_count[oldest->peer()] == 0) per_peer_count.erase(oldest->peer());
+  return true;
+}
+
+void HttpServer::Impl::Unregister(Session* session) {
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = std::find(sessions.begin(), sessions.end(), session);
+  if (it == sessions.end()) return;  // evicted: already counted out
+  sessions.erase(it);
+  if (--per_peer_count[session->peer()] == 0) per_peer_count.erase(session->peer());
+}
+
+namespace {
+
+// Every connection is a file descriptor: raise the soft limit toward what
+// `connections` need, as far as the hard limit allows.
+void RaiseOpenFileLimit(size_t connections) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t wanted = std::min<rlim_t>(limit.rlim_max, rlim_t(connections) + 256);
+  if (limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = wanted;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
+}  // namespace
+
+HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
+    : impl_(std::make_unique<Impl>(options, std::move(handler))) {
+  RaiseOpenFileLimit(options.max_connections);
+  beast::error_code error;
+  const std::string& host = options.host;
   const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, error);
   if (error) throw std::runtime_error(host + ": not an IP address");
-  const tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
-  impl_->acceptor.open(endpoint.protocol(), error);
-  if (!error) impl_->acceptor.set_option(asio::socket_base::reuse_address(true), error);
-  if (!error) impl_->acceptor.bind(endpoint, error);
-  if (!error) impl_->acceptor.listen(asio::socket_base::max_listen_connections, error);
-  if (error) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + error.message());
-  port_ = impl_->acceptor.local_endpoint().port();
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
+  tcp::acceptor& acceptor = impl_->acceptor;
+  acceptor.open(endpoint.protocol(), error);
+  if (!error) acceptor.set_option(asio::socket_base::reuse_address(true), error);
+  if (!error) acceptor.bind(endpoint, error);
+  if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
+  if (error)
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(options.port) + ": " + error.message());
+  port_ = acceptor.local_endpoint().port();
 }
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Start() {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  Impl* impl = impl_.get();
+  impl->Accept();
+  impl->io_thread = std::thread([impl] {
+    auto work = asio::make_work_guard(impl->io);
+    impl->io.run();
+  });
 }
 
 void HttpServer::Stop() {
-  if (stopping_.exchange(true)) return;
-  ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);
-  beast::error_code ignored;
-  impl_->acceptor.close(ignored);
-  if (acceptor_.joinable()) acceptor_.join();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
-  }
-  // Connection threads are detached; each leaves under mutex_ as its last step.
-  for (int i = 0; i < 5000 && active_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::lock_guard<std::mutex> lock(mutex_);
-}
-
-void HttpServer::AcceptLoop() {
-  while (!stopping_) {
-    tcp::socket socket(impl_->io);
-    beast::error_code error;
-    impl_->acceptor.accept(socket, error);
-    if (error) {
-      if (stopping_) return;
-      continue;
-    }
-    if (active_.load() >= max_connections_) continue;  // closed as `socket` goes
-    const int fd = socket.release(error);
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_fds_.insert(fd);
-    ++active_;
-    std::thread([this, fd] { Serve(fd); }).detach();
-  }
-}
-
-bool HttpServer::AwaitRequest(int fd) const {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(idle_timeout_s_);
-  while (!stopping_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 200)));
-    if (ready > 0) return true;  // data, or the peer closed: the read says which
-    if (ready < 0 && errno != EINTR) return true;
-  }
-  return false;
-}
-
-void HttpServer::Serve(int fd) {
-  asio::io_context io;
-  tcp::socket socket(io);
-  beast::error_code error;
-  socket.assign(tcp::v4(), fd, error);
-  beast::flat_buffer buffer;
-  DeadlineReader reader(&socket);
-  const auto request_timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(request_timeout_s_));
-  DeadlineWriter writer(fd, request_timeout);
-  const std::function<bool()> client_gone = [fd] { return PeerHungUp(fd); };
-  while (!stopping_ && !error) {
-    if (buffer.size() == 0 && !AwaitRequest(fd)) break;  // bytes already buffered: a pipelined request
-    http::request_parser<http::string_body> parser;
-    parser.body_limit(max_body_bytes_);
-    parser.header_limit(64 * 1024);
-    reader.set_deadline(std::chrono::steady_clock::now() + request_timeout);
-    http::read_header(reader, buffer, parser, error);
-    if (error == http::error::end_of_stream || error == asio::error::eof || error == asio::error::connection_reset)
-      break;
-    // The body's bytes count against the server-wide budget before they are read.
-    const size_t claimed =
-        parser.content_length() ? size_t(*parser.content_length()) : (parser.chunked() ? max_body_bytes_ : 0);
-    BodyBudget budget(&buffered_bytes_, std::min(claimed, max_body_bytes_ + 1), max_buffered_bytes_);
-    HttpResponse response;
-    bool keep_alive = false, drain = false;
-    if (!error && claimed > max_body_bytes_) error = http::error::body_limit;
-    if (!error && !budget.granted()) {
-      response = Plain(429, "server busy: request bodies in flight fill the server's " +
-                                std::to_string(max_buffered_bytes_ >> 20) + " MiB budget; retry");
-      drain = true;
-    } else {
-      if (!error) http::read(reader, buffer, parser, error);
-      if (error == asio::error::timed_out) {  // headers or body; the rest is never read
-        response = Plain(408, "request not received whole within " + FormatSeconds(request_timeout_s_) + " s");
-        drain = true;
-      } else if (error == http::error::body_limit) {
-        response = Plain(400, "request body: larger than " +
-                                  (body_limit_setting_.empty() ? "the limit" : body_limit_setting_) + " (" +
-                                  std::to_string(max_body_bytes_ >> 20) + " MiB)");
-        drain = true;
-      } else if (error) {
-        response = Plain(400, "malformed HTTP request: " + error.message());
-      } else {
-        response = Dispatch(parser.get(), client_gone, &keep_alive);
-      }
-    }
-    if (response.status == 499) break;  // the client went away: nobody to answer
-    http::response<http::string_body> out{static_cast<http::status>(response.status), 11};
-    out.set(http::field::server, "trainyard");
-    out.set(http::field::content_type, response.content_type);
-    for (const auto& [name, value] : response.headers) out.set(name, value);
-    out.keep_alive(keep_alive);
-    out.body() = std::move(response.body);
-    out.prepare_payload();
-    beast::error_code write_error;
-    http::write(writer, out, write_error);
-    if (write_error == asio::error::timed_out)
-      LogWarn(log_name_ + ": a client took none of its response for " + FormatSeconds(request_timeout_s_) +
-              " s; its connection is closed");
-    if (!write_error && drain) LingeringClose(fd);
-    if (write_error || !keep_alive) break;
-    error = {};
-  }
-  socket.shutdown(tcp::socket::shutdown_both, error);
-  socket.close(error);
-  std::lock_guard<std::mutex> lock(mutex_);
-  open_fds_.erase(fd);
-  --active_;
+  Impl* impl = impl_.get();
+  if (impl->stopping.exchange(true)) return;
+  // On the io thread: no more connections; every one ends (a handling one is only shut
+  // down, so that its handler sees the client gone and returns).
+  asio::post(impl->io, [impl] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+    impl->accept_pause.cancel();
+    std::lock_guard<std::mutex> lock(impl->mutex);
+    for (Impl::Session* s : impl->sessions) s->Close();
+  });
+  if (!impl->io_thread.joinable()) impl->io.run_for(std::chrono::seconds(1));  // never started
+  impl->pool.Stop();
+  impl->io.stop();
+  if (impl->io_thread.joinable()) impl->io_thread.join();
 }
 
 }  // namespace trainyard

@@ -1,21 +1,32 @@
-// A small HTTP/1.1 server on Boost.Beast, shared by serving's front end and the
-// coordinator's dashboard: one thread accepts, one thread per connection reads requests
-// (keep-alive) and writes the handler's responses. Beast parses; nothing here touches the
-// wire format. A thread per connection suits a server whose handlers block until a batch
-// has run, and it lets a handler ask whether its client is still connected (the socket
-// has hung up) while it waits.
+// A small HTTP/1.1 server on Boost.Beast's asynchronous model, shared by serving's front
+// end and the coordinator's dashboard.
+//
+// One thread runs an io_context that accepts, reads and writes every connection: a
+// connection costs a socket and a few KB, never a thread, so idle or slow clients cannot
+// use the server up. A request read whole is handed to a handler on a pool of threads
+// (handlers may block: serving's waits for its batch) and its response is written back
+// by the io thread. Beast parses; nothing here touches the wire format.
+//
+// The limits, each answered rather than silent:
+//   - a request's headers and body must arrive within request_timeout_s of its first
+//     byte (else 408); a connection with no request for idle_timeout_s is closed;
+//   - bodies over max_body_bytes get 400; bodies being read or handled at once share a
+//     budget of max(64 MiB, 4 x max_body_bytes), and a request that would overflow it
+//     gets 429 before its body is read;
+//   - at max_connections, or at max_connections_per_peer from one address, a new
+//     connection takes the place of the one that has waited longest without a request
+//     in hand (idle, or trickling one in); when every connection is busy it gets 503 with
+//     Retry-After and is closed;
+//   - when every handler thread is busy and max_waiting_requests wait for one, a request
+//     gets 503 with Retry-After.
 #pragma once
 
 #include <atomic>
-#include <boost/beast/http/message.hpp>
-#include <boost/beast/http/string_body.hpp>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -41,62 +52,40 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";  // an IP address, or "localhost"
   int port = 0;                    // 0: any free port; see HttpServer::port()
   size_t max_body_bytes = size_t(1) << 20;
-  size_t max_connections = 64;
-  std::string body_limit_setting;  // what the 400 for an oversized body names, e.g. "serve.max_body_mb"
-  std::string log_name = "http";   // prefixes the log line of a handler that threw
-  // A connection with no request for this long is closed (keep-alive idle timeout):
-  // with a thread per connection, idle clients must not hold the slots forever.
-  double idle_timeout_s = 60;
-  // A request must arrive whole (headers and body) this long after its first bytes, or
-  // it gets 408 and the connection is closed: a client trickling bytes (slowloris) must
-  // not hold a connection thread either. Likewise a client that takes none of its response
-  // for this long has its connection closed.
-  double request_timeout_s = 30;
+  size_t max_connections = 1024;
+  std::string body_limit_setting;       // what the 400 for an oversized body names, e.g. "serve.max_body_mb"
+  std::string log_name = "http";        // prefixes the log line of a handler that threw
+  double idle_timeout_s = 60;           // keep-alive: a connection with no request this long is closed
+  double request_timeout_s = 30;        // a request must arrive whole, and its response be taken, within this
+  size_t max_connections_per_peer = 0;  // 0: max_connections
+  size_t handler_threads = 16;          // started as needed, up to this many
+  size_t max_waiting_requests = 1024;   // read whole, waiting for a handler thread
 };
 
 class HttpServer {
  public:
   // `client_gone()` is true once the client has closed its end; handlers that wait
-  // poll it. Thread-safe handlers only: they run on many connection threads at once.
+  // poll it. Thread-safe handlers only: they run on many pool threads at once.
   using Handler = std::function<HttpResponse(const HttpRequest&, const std::function<bool()>& client_gone)>;
 
-  // Binds host:port at once. Bodies over max_body_bytes get 400 and the connection
-  // closed; connections beyond max_connections are closed at accept. Request bodies being read or handled at once
-  // share a budget of max(64 MiB, 4 x max_body_bytes): a request that would overflow it
-  // gets 429 before its body is read, so memory stays bounded whatever the clients send.
-  // Throws std::runtime_error if it cannot bind.
+  // Binds host:port at once, and raises this process's open-file limit as far as the
+  // hard limit allows toward what max_connections needs. Throws std::runtime_error if it
+  // cannot bind.
   HttpServer(const HttpServerOptions& options, Handler handler);
   ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const { return port_; }
   void Start();
-  // Stops accepting, shuts every open connection down and joins the threads.
+  // Stops accepting, ends every connection, lets running handlers finish (their
+  // client_gone() turns true) and joins every thread. Idempotent.
   void Stop();
 
  private:
   struct Impl;
-  static constexpr size_t kMinBufferedBytes = size_t(64) << 20;
-  void AcceptLoop();
-  void Serve(int fd);
-  // Waits for the next request's first bytes: false once the connection has been idle
-  // for idle_timeout_s, or the server is stopping.
-  bool AwaitRequest(int fd) const;
-  // Turns Beast's request into ours and runs the handler; exceptions become 500.
-  HttpResponse Dispatch(const boost::beast::http::request<boost::beast::http::string_body>& message,
-                        const std::function<bool()>& client_gone, bool* keep_alive);
-
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
-  size_t max_body_bytes_, max_buffered_bytes_, max_connections_;
-  std::string body_limit_setting_, log_name_;
-  double idle_timeout_s_, request_timeout_s_;
-  std::atomic<size_t> buffered_bytes_{0};
-  Handler handler_;
-  std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
-  std::mutex mutex_;
-  std::set<int> open_fds_;
-  std::atomic<size_t> active_{0};
 };
 
 }  // namespace trainyard

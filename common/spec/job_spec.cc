@@ -616,11 +616,27 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   for (const char* unused : {"data", "model", "train", "task"})
     if (root[unused].IsDefined())
       r.Fail(root[unused], unused, "not used by kind: serve (each model version in serve.repository brings its own)");
-  YAML::Node n = r.Section(
-      root, "serve",
-      {"repository", "host", "http_port", "grpc_port", "metrics_port", "access_token_file", "max_batch_size",
-       "max_batch_tokens", "preferred_batch_sizes", "max_queue_delay_ms", "max_queue", "default_timeout_ms",
-       "max_body_mb", "keep_alive_s", "request_timeout_s", "poll_s", "truncate", "length_aware", "cuda_graphs"});
+  YAML::Node n = r.Section(root, "serve",
+                           {"repository",
+                            "host",
+                            "http_port",
+                            "grpc_port",
+                            "metrics_port",
+                            "access_token_file",
+                            "max_batch_size",
+                            "max_batch_tokens",
+                            "preferred_batch_sizes",
+                            "max_queue_delay_ms",
+                            "max_queue",
+                            "default_timeout_ms",
+                            "max_body_mb",
+                            "keep_alive_s",
+                            "request_timeout_s",
+                            "max_connections",
+                            "poll_s",
+                            "truncate",
+                            "length_aware",
+                            "cuda_graphs"});
   ServeSpec& out = spec->serve;
   if (!r.ReadPath(n, "repository", "serve", &out.repository, PathKind::kFolder))
     r.Fail(n.IsDefined() ? n : root, "serve.repository", "required: a folder of <model>/<version>/ HF folders");
@@ -654,6 +670,7 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(n, "max_body_mb", "serve", &out.max_body_mb, 1, 1024);
   r.ReadDouble(n, "keep_alive_s", "serve", &out.keep_alive_s, 0.1, 3600);
   r.ReadDouble(n, "request_timeout_s", "serve", &out.request_timeout_s, 0.1, 3600);
+  r.ReadInt(n, "max_connections", "serve", &out.max_connections, 16, 1'000'000);
   r.ReadDouble(n, "poll_s", "serve", &out.poll_s, 0.0, 86'400.0);
   r.ReadBool(n, "truncate", "serve", &out.truncate);
   r.ReadBool(n, "length_aware", "serve", &out.length_aware);

@@ -196,6 +196,7 @@ struct ServeSpec {
   int max_body_mb = 16;                    // HTTP body and gRPC message cap
   double keep_alive_s = 60;                // an HTTP connection idle this long is closed
   double request_timeout_s = 30;           // an HTTP request must arrive whole, and its response be taken, within this
+  int max_connections = 4096;              // HTTP connections held; beyond: the longest idle is closed
   double poll_s = 2;                       // repository poll period for new versions (0: load requests only)
   bool truncate = true;                    // text past the model's positions: cut (true) or rejected (false)
   bool length_aware = true;                // group requests of similar length (off: arrival order)

@@ -4,6 +4,8 @@
 selenium, and prometheus_client's parser.
 
   - the API: unknown jobs and paths get 404 with a JSON error, writes get 405;
+  - 1,500 idle connections (more than the dashboard's 1,024) leave it answering, each
+    newcomer taking the place of the longest idle;
   - a running 2-rank finetune job's page: its loss curve gains points as epochs arrive,
     and ends with exactly the epochs.csv rows the coordinator wrote; the per-rank step
     breakdown has one stacked bar per rank, with the slowest rank marked as the API says;
@@ -92,6 +94,21 @@ def check_api_errors(c):
     assert status == 200 and "Chart.js v3" in script[:200], "Chart.js is served from the daemon"
 
 
+def check_crowd(c):
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    idle = [socket.create_connection(("127.0.0.1", c.http_port), timeout=10) for _ in range(1500)]
+    try:
+        answers = [c.get("/api/jobs")[0] for _ in range(20)]
+        assert answers == [200] * 20, answers
+    finally:
+        for s in idle:
+            s.close()
+    print("1,500 idle connections: the dashboard answered 20 of 20 requests meanwhile")
+
+
 def browser(artifacts):
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
@@ -128,6 +145,7 @@ benchmark:
 def case_dashboard(c, work, artifacts):
     c.start(2)
     check_api_errors(c)
+    check_crowd(c)
     job_file = write_job(work, "dash_train", epochs=8, examples=600)
     job = c.submit(job_file)
     driver = browser(artifacts)

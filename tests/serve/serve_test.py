@@ -4,7 +4,7 @@ refuse to send. Each case starts a real worker (model process + serve_frontend) 
 loopback ports and talks to it.
 
     serve_test.py --worker build/bin/worker CASE
-CASE: protocol | reload | overload | cancel | bad_input | auth
+CASE: protocol | reload | overload | cancel | bad_input | auth | crowd
 """
 import argparse
 import http.client
@@ -719,6 +719,61 @@ serve: {{repository: {repo}, host: 0.0.0.0}}
     return ok
 
 
+def crowd(worker, work):
+    """2,000 idle connections and 300 that trickle in half a request, against
+    serve.max_connections 1000: the front end closes the longest-waiting ones to make
+    room, every request of a real client (tritonclient, and fresh raw connections) is
+    served, and the front end's memory stays bounded. No connection costs a thread."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    repo = os.path.join(work, "repo")
+    hf_version(os.path.join(repo, "langid", "1"), seed=1)
+    server = Server(worker, work, repo, "  max_connections: 1000\n")
+    port = server.ep["http_port"]
+    front_end = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
+    ok = True
+    crowd_sockets = []
+    try:
+        rss_before = rss_bytes(front_end)
+        for i in range(2300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i >= 2000:  # half a request: headers that never end
+                s.sendall(b"POST /v2/models/langid/infer HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            crowd_sockets.append(s)
+        threads = int(open(f"/proc/{front_end}/status").read().split("Threads:")[1].split()[0])
+        client = thttp.InferenceServerClient(server.http_url)
+        answered = 0
+        for k in range(100):
+            r = client.infer("langid", [text_input(thttp, [DEV_TEXTS[k % 100]])])
+            answered += r.as_numpy("logits").shape == (1, len(LABELS))
+        fresh = [raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["fresh connection"]))[0]
+                 for _ in range(50)]
+        ok &= check(answered == 100 and fresh == [200] * 50,
+                    f"amid 2,300 crowding connections a real client's requests all succeed: {answered}/100 over "
+                    f"tritonclient, {fresh.count(200)}/50 on fresh connections")
+        closed = 0
+        for s in crowd_sockets:
+            s.setblocking(False)
+            try:
+                s.recv(1 << 16)  # an answer or the end: the server let it go
+                closed += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed += 1
+        ok &= check(closed >= 1300, f"{closed} of the 2,300 crowding connections were closed to make room "
+                                    "(max_connections 1000)")
+        growth = (rss_bytes(front_end) - rss_before) / 2**20
+        ok &= check(growth < 64, f"the front end's memory grew {growth:.1f} MB")
+        ok &= check(threads < 200, f"the front end ran {threads} threads while holding 1,000 connections")
+    finally:
+        for s in crowd_sockets:
+            s.close()
+        ok &= check(server.stop() == 0, "the server stops cleanly")
+    return ok
+
+
 def rss_bytes(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -822,7 +877,7 @@ def overload(worker, work):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
-    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth"])
+    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth", "crowd"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         ok = globals()[args.case](args.worker, work)

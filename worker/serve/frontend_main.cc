@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -29,7 +30,23 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
-constexpr size_t kMaxConnections = 512;
+// Connections cost a socket each, never a thread (common/http/http_server.h); requests
+// being answered hold a handler thread while their batch runs. serve.max_queue bounds
+// the requests queued for batches, so as many may wait for a handler, and up to
+// kMaxHandlerThreads of them run at once.
+constexpr int kMaxHandlerThreads = 1024;
+
+trainyard::HttpServerOptions HttpOptions(const trainyard::ServeSpec& serve, int port, size_t max_body,
+                                         const char* log_name) {
+  trainyard::HttpServerOptions http;
+  http.host = serve.host, http.port = port, http.max_body_bytes = max_body;
+  http.max_connections = size_t(serve.max_connections);
+  http.log_name = log_name;
+  http.idle_timeout_s = serve.keep_alive_s, http.request_timeout_s = serve.request_timeout_s;
+  http.handler_threads = size_t(std::clamp(serve.max_queue, 16, kMaxHandlerThreads));
+  http.max_waiting_requests = size_t(std::max(16, serve.max_queue));
+  return http;
+}
 
 struct Options {
   std::string job_file, link, endpoints_file;
@@ -48,14 +65,17 @@ int Serve(const Options& o) {
 
   trainyard::ServerCore core(spec.serve, o.link);
   trainyard::KserveHttp kserve(&core);
-  trainyard::HttpServer http(
-      {host, spec.serve.http_port, max_body, kMaxConnections, "serve.max_body_mb", "serve", spec.serve.keep_alive_s,
-       spec.serve.request_timeout_s},
-      [&](const trainyard::HttpRequest& r, const std::function<bool()>& gone) { return kserve.Handle(r, gone); });
-  trainyard::HttpServer metrics(
-      {host, spec.serve.metrics_port, 1 << 16, 64, "", "serve metrics", spec.serve.keep_alive_s,
-       spec.serve.request_timeout_s},
-      [&](const trainyard::HttpRequest& r, const std::function<bool()>&) { return kserve.HandleMetrics(r); });
+  trainyard::HttpServerOptions http_options = HttpOptions(spec.serve, spec.serve.http_port, max_body, "serve");
+  http_options.body_limit_setting = "serve.max_body_mb";
+  trainyard::HttpServer http(http_options, [&](const trainyard::HttpRequest& r, const std::function<bool()>& gone) {
+    return kserve.Handle(r, gone);
+  });
+  trainyard::HttpServerOptions metrics_options =
+      HttpOptions(spec.serve, spec.serve.metrics_port, 1 << 16, "serve metrics");
+  metrics_options.handler_threads = 4, metrics_options.max_waiting_requests = 64;
+  trainyard::HttpServer metrics(metrics_options, [&](const trainyard::HttpRequest& r, const std::function<bool()>&) {
+    return kserve.HandleMetrics(r);
+  });
   trainyard::KserveGrpc grpc_service(&core);
   int grpc_port = 0;
   auto grpc = trainyard::StartGrpcServer(&grpc_service, host, spec.serve.grpc_port, int(max_body), &grpc_port);
