@@ -14,6 +14,7 @@
 
 #include "common/module_pattern.h"
 #include "common/regular_file.h"
+#include "common/spec/yaml_budget.h"
 
 namespace trainyard {
 namespace {
@@ -54,6 +55,8 @@ constexpr int64_t kMaxThreads = 4'096;
 constexpr int64_t kMaxCount = 1'000'000;  // iterations, windows, vocabulary sizes
 constexpr size_t kMaxNameLength = 100;
 constexpr size_t kMaxJobFileBytes = size_t(16) << 20;
+// What any job file must keep to, however it arrives (ParseJobSpec).
+constexpr YamlBudget kJobFileBudget{kMaxJobFileBytes, 1'000'000, 32};
 
 // What a path read from the job file must be at load time. The checks follow symlinks.
 enum class PathKind {
@@ -724,6 +727,10 @@ std::string Located(const std::string& source, const YAML::Mark& mark) {
 // node kind) becomes a located SpecError here, whichever check it escaped: the reader
 // turns the ones it expects into better messages first.
 JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir) {
+  // yaml-cpp parses by recursive descent, a frame or more per level: no text reaches it
+  // nested deeper than the budget's 32 levels (the event stream that checks is stopped
+  // there). jobctl and the coordinator check a tighter budget of their own first.
+  CheckYamlBudget(yaml_text, source_name, kJobFileBudget);
   try {
     YAML::Node root;
     try {

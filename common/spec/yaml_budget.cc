@@ -4,6 +4,7 @@
 #include <yaml-cpp/exceptions.h>
 #include <yaml-cpp/parser.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/spec/job_spec.h"
@@ -36,11 +37,13 @@ class BudgetCounter : public YAML::EventHandler {
  private:
   void Count(const YAML::Mark& mark) {
     if (++nodes_ > budget_.max_nodes)
-      Fail(mark, "more than " + std::to_string(budget_.max_nodes) + " YAML nodes; a job file needs far fewer");
+      Fail(mark,
+           "<document>: more than " + std::to_string(budget_.max_nodes) + " YAML nodes; a job file needs far fewer");
   }
   void Open(const YAML::Mark& mark) {
     Count(mark);
-    if (++depth_ > budget_.max_depth) Fail(mark, "nested deeper than " + std::to_string(budget_.max_depth) + " levels");
+    if (++depth_ > budget_.max_depth)
+      Fail(mark, "<document>: malformed YAML: nested deeper than " + std::to_string(budget_.max_depth) + " levels");
   }
   [[noreturn]] void Fail(const YAML::Mark& mark, const std::string& what) const {
     throw SpecError(source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1) + ": " +
@@ -56,7 +59,7 @@ class BudgetCounter : public YAML::EventHandler {
 
 void CheckYamlBudget(const std::string& text, const std::string& source, const YamlBudget& budget) {
   if (text.size() > budget.max_bytes)
-    throw SpecError(source + ": the job file is " + std::to_string(text.size()) + " bytes; at most " +
+    throw SpecError(source + ":0:0: <file>: the job file is " + std::to_string(text.size()) + " bytes; at most " +
                     std::to_string(budget.max_bytes) + " are accepted");
   std::istringstream in(text);
   BudgetCounter counter(source, budget);
@@ -65,8 +68,8 @@ void CheckYamlBudget(const std::string& text, const std::string& source, const Y
     while (parser.HandleNextDocument(counter)) {
     }
   } catch (const YAML::Exception& e) {
-    throw SpecError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                    ": not valid YAML: " + e.msg);
+    throw SpecError(source + ":" + std::to_string(std::max(e.mark.line, 0) + 1) + ":" +
+                    std::to_string(std::max(e.mark.column, 0) + 1) + ": <document>: malformed YAML: " + e.msg);
   }
 }
 

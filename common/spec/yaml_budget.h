@@ -1,6 +1,9 @@
 // A size check for YAML text from an untrusted sender, made before yaml-cpp builds a
 // node tree: the tree costs a few hundred bytes a node, so a 16 MiB list would hold
-// gigabytes. The check streams the parser's events and keeps nothing.
+// gigabytes, and yaml-cpp's parser recurses once or more per level of nesting. The check
+// streams the parser's events, keeps nothing, and stops at the first level too deep, so
+// its own recursion is bounded by the budget too. ParseJobSpec applies a generous budget
+// to every job file; jobctl and the coordinator a tighter one (--max-submit-bytes).
 #pragma once
 
 #include <cstddef>

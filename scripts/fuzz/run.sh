@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/, clang with ASan and UBSan, in build-fuzz/)
-# and runs each for a while from its seeds. The invariant: every input ends in a parsed
-# value or a clean error; a crash, a sanitizer report, a leak, a hang (-timeout) or a
-# runaway allocation (-rss_limit_mb) fails the run.
+# and runs each for a while from its seeds, with its dictionary (tests/fuzz/dict/). The
+# invariant: every input ends in a parsed value or a clean error; a crash, a sanitizer
+# report, a leak, a hang (-timeout) or a runaway allocation (-rss_limit_mb) fails the
+# run. Each target runs with a 256 KiB stack: recursion that grows with its input (a
+# parser descending once per level of nesting) overflows within the input sizes fuzzed,
+# where an 8 MiB stack would hide it until an attacker's megabyte.
 #   scripts/fuzz/run.sh [--seconds N] [--jobs J] [target...]
 #     --seconds N   per target (default 600)
 #     --jobs J      targets fuzzed at once (default 2)
@@ -59,10 +62,15 @@ fuzz() {
   local target=$1 findings=$BUILD/findings/$1 corpus=$BUILD/corpus/$1
   rm -rf "$findings"
   mkdir -p "$findings" "$corpus" "tests/fuzz/corpus/$target" "tests/fuzz/regressions/$target"
+  local dict=()
+  [[ -f tests/fuzz/dict/$target.dict ]] && dict=(-dict="tests/fuzz/dict/$target.dict")
   # The first folder receives new inputs; the checked-in seeds and regressions are read only.
-  "$BUILD/bin/$target" "$corpus" "tests/fuzz/corpus/$target" "tests/fuzz/regressions/$target" \
-    -max_total_time="$SECONDS_PER_TARGET" -max_len="$(max_len "$target")" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$findings/" > "$BUILD/findings/$target.log" 2>&1
+  (
+    ulimit -s 256
+    "$BUILD/bin/$target" "$corpus" "tests/fuzz/corpus/$target" "tests/fuzz/regressions/$target" "${dict[@]}" \
+      -max_total_time="$SECONDS_PER_TARGET" -max_len="$(max_len "$target")" -timeout=10 -rss_limit_mb=2048 \
+      -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$findings/" > "$BUILD/findings/$target.log" 2>&1
+  )
 }
 
 # report TARGET RC: one summary line; returns non-zero for a failed run.
