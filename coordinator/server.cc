@@ -6,10 +6,10 @@
 #include <chrono>
 #include <climits>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/bounded_json.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
@@ -107,10 +107,7 @@ void Server::CheckRunsDir() const {
   const std::string probe = options_.runs_dir + "/.trainyard-write-check";
   try {
     fs::create_directories(options_.runs_dir);
-    std::ofstream out(probe);
-    out << "ok\n";
-    out.close();
-    if (!out) throw std::runtime_error("cannot write " + probe);
+    WriteFileAtomically(probe, "ok\n");  // a file of its own: never a FIFO found there
     fs::remove(probe);
   } catch (const std::exception& e) {
     throw ConfigError("--runs " + options_.runs_dir + " cannot be used: " + e.what());

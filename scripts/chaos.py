@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Chaos soak: a coordinator and two worker pools on 127.0.0.1 run a stream of small real
-jobs while this script kill -9s job processes, pool agents and the coordinator, SIGSTOPs
-them, and cancels jobs, for a bounded time. Then it stops the chaos, lets every job
-finish, and checks:
+"""Chaos soak: a coordinator (with its dashboard) and two worker pools on 127.0.0.1 run a
+stream of small real jobs while this script kill -9s job processes, pool agents and the
+coordinator, SIGSTOPs them (the coordinator now and then for 45 s), cancels jobs, tries
+to squat live agents' worlds with a worker key, plants FIFOs and links to /dev/zero in
+running jobs' run folders, and crowds the dashboard with idle and trickling clients, for
+a bounded time. Then it stops the chaos, lets every job finish, and checks:
 
   1. every acknowledged submission is exactly one job (idempotency keys: a submission
      retried across a coordinator kill never makes two), and it ended in a terminal state;
@@ -12,13 +14,15 @@ finish, and checks:
   4. no job outside a victim's own job FAILED. A job is a victim when one of its own
      processes (of the mpirun its lead agent started: Note [Job isolation] in
      worker/pool/job_process.h) was killed or stopped, or when one of its agents was
-     stopped past the liveness window, or when it ran on a pool whose world an agent's
-     kill tore down (the agents share one mpirun, and its jobs are requeued as
-     interrupted). A job process's death must fail nothing but its own job;
-  5. the coordinator's memory stays bounded (resident set sampled every few seconds).
+     killed, or stopped past the liveness window. Agents are independent: a killed one
+     takes only its own job with it. Pauses of the coordinator, squatters, planted files
+     and crowding clients make no victims at all;
+  5. the coordinator's memory stays bounded (resident set sampled every few seconds);
+  6. every squat attempt was refused, and every query made while FIFOs and links were
+     planted or the dashboard was crowded was answered within 5 s.
 
-Pools whose mpirun ended (a killed agent ends its world) are started again by this
-script, as an operator or a service manager would. Exit 0 when every invariant holds.
+A killed agent is replaced by one started alone (no mpirun), as a service manager would.
+Exit 0 when every invariant holds.
 Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]"""
 import argparse
 import csv
@@ -27,11 +31,14 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "worker"))
@@ -39,8 +46,56 @@ import e2e_common  # noqa: E402
 from e2e_common import MPI_ENV, free_port  # noqa: E402
 
 BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE, "build", "bin"))
+PROTOCOL_VERSION = 4  # proto/wire_version.h
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
+
+
+def varint(n):
+    out = b""
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        out += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def field(number, payload):
+    """A length-delimited protobuf field (or a varint one, for an int)."""
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    data = payload.encode() if isinstance(payload, str) else payload
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+class Squatter:
+    """A worker-key holder speaking the wire by hand (pyzmq, CURVE): a Register envelope
+    (proto/trainyard.proto) naming another agent's world, with a world token of its own."""
+
+    def __init__(self, endpoint, keys):
+        self.endpoint = endpoint
+        read = lambda name: dict(line.split(" ", 1) for line in open(os.path.join(keys, name)).read().splitlines())
+        self.mine, self.server = read("worker.key"), open(os.path.join(keys, "coordinator.pub")).read().split(" ", 1)[1]
+
+    def register(self, world):
+        import zmq
+        context = zmq.Context()
+        s = context.socket(zmq.DEALER)
+        s.curve_publickey, s.curve_secretkey = self.mine["public"].strip().encode(), self.mine["secret"].strip().encode()
+        s.curve_serverkey = self.server.strip().encode()
+        s.linger = 0
+        s.connect(self.endpoint)
+        token = os.urandom(16).hex()
+        rank = field(1, world) + field(3, 1) + field(4, "squatter") + field(5, "cpu")
+        body = field(1, rank) + field(4, token) + field(5, os.urandom(16).hex())
+        s.send(field(1, PROTOCOL_VERSION) + field(30, body))
+        reply = None
+        if s.poll(5000):
+            reply = s.recv().decode("utf-8", "replace")
+        s.close()
+        context.term()
+        return reply
 
 
 def rss_mb(pid):
@@ -65,12 +120,16 @@ class Soak:
         subprocess.run([os.path.join(BIN, "coordinator"), "--init", "--keys", self.keys], check=True,
                        capture_output=True)
         self.coordinator = None
+        self.http_port = free_port()
         self.pools = {}  # pool index -> Popen
+        self.agents = []  # replacements started alone
+        self.squats = []  # (world, refused)
+        self.probes = []  # (what, seconds to answer, answered)
         self.acknowledged = {}  # idempotency key -> job id
         self.victims = set()  # jobs a chaos action hit directly
         self.counts = {k: 0 for k in ("submitted", "job_process_kills", "job_process_stops", "agent_kills",
-                                      "agent_stops", "coordinator_kills", "coordinator_stops", "cancels",
-                                      "pool_restarts")}
+                                      "agent_stops", "coordinator_kills", "coordinator_stops", "coordinator_long_stops",
+                                      "cancels", "squats", "planted_files", "crowds", "agent_replacements")}
         self.memory = []
         self.next_job = 0
         e2e_common.subset_tsv(work, 160)
@@ -82,7 +141,7 @@ class Soak:
         self.coordinator = subprocess.Popen(
             [os.path.join(BIN, "coordinator"), "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
              "--keys", self.keys, "--heartbeat", str(HEARTBEAT), "--liveness", str(LIVENESS), "--grace", "15",
-             "--restart-backoff", "0.5"], stdout=log, stderr=subprocess.STDOUT)
+             "--restart-backoff", "0.5", "--http", f"127.0.0.1:{self.http_port}"], stdout=log, stderr=subprocess.STDOUT)
 
     def start_pool(self, index):
         log = open(os.path.join(self.work, f"pool-{index}.log"), "a")
@@ -91,11 +150,16 @@ class Soak:
              "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat", str(HEARTBEAT), "--liveness", "4"],
             stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV, start_new_session=True)
 
-    def restart_dead_pools(self):
-        for index, pool in self.pools.items():
-            if pool.poll() is not None:
-                self.counts["pool_restarts"] += 1
-                self.start_pool(index)
+    def replace_lost_agents(self):
+        """An agent killed is replaced by one started alone, as a service manager would."""
+        expected = self.args.pools * self.args.ranks
+        while expected - self.counts["agent_kills"] + self.counts["agent_replacements"] < expected:
+            log = open(os.path.join(self.work, "agents.log"), "a")
+            self.agents.append(subprocess.Popen(
+                [os.path.join(BIN, "worker"), "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat",
+                 str(HEARTBEAT), "--liveness", "4"], stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV,
+                start_new_session=True))
+            self.counts["agent_replacements"] += 1
 
     def jobctl(self, *args, timeout=3):
         try:
@@ -137,9 +201,6 @@ resources:
     # --- chaos -------------------------------------------------------------------------
     def workers(self):
         return self.jobctl("workers") or []
-
-    def pool_jobs(self, workers, world):
-        return {w["job_id"] for w in workers if w["world"] == world and w["job_id"]}
 
     def job_processes(self):
         """{pid: job id} of every running job process (`worker --pool-job ... --job-id N`)."""
@@ -186,8 +247,7 @@ resources:
         if not workers:
             return
         victim = self.rng.choice(workers)
-        # Its pool's mpirun then tears the rest of its world down, with every job it led.
-        self.victims |= self.pool_jobs(self.workers(), victim["world"]) | {victim["job_id"]}
+        self.victims.add(victim["job_id"])  # its own job only: the other agents go on
         try:
             os.kill(victim["pid"], signal.SIGKILL)
             self.counts["agent_kills"] += 1
@@ -223,6 +283,77 @@ resources:
         self.coordinator.send_signal(signal.SIGCONT)
         self.counts["coordinator_stops"] += 1
 
+    def stop_coordinator_long(self):
+        """45 s: many liveness windows, and longer than the agents' reconnect backoff."""
+        self.coordinator.send_signal(signal.SIGSTOP)
+        time.sleep(45)
+        self.coordinator.send_signal(signal.SIGCONT)
+        self.counts["coordinator_long_stops"] += 1
+
+    def squat(self):
+        """A worker-key holder registers as a live agent's world with a token of its own."""
+        workers = self.workers()
+        if not workers:
+            return
+        world = self.rng.choice(workers)["world"]
+        reply = Squatter(self.endpoint, self.keys).register(world)
+        self.squats.append((world, reply is not None and "another world token" in reply))
+        self.counts["squats"] += 1
+
+    def plant_files(self):
+        """FIFOs and links to /dev/zero where the coordinator reads a running job's files."""
+        running = [j for j in (self.jobctl("list") or []) if j["state"] == "RUNNING"]
+        if not running:
+            return
+        job = self.rng.choice(running)
+        folder = os.path.join(self.runs, str(job["id"]), job["name"])
+        os.makedirs(folder, exist_ok=True)
+        for name, plant in (("latency_heatmap.svg", "fifo"), ("endpoints.json", "fifo"),
+                            ("../summary.json", "zero")):
+            path = os.path.join(folder, name)
+            if os.path.lexists(path):
+                continue
+            if plant == "fifo":
+                os.mkfifo(path)
+            else:
+                os.symlink("/dev/zero", path)
+        self.counts["planted_files"] += 1
+        self.probe("jobctl status with planted files", lambda: self.jobctl("status", str(job["id"])))
+        self.probe("jobctl report with planted files", lambda: self.jobctl("report", str(job["id"])))
+        self.probe("dashboard job page with planted files", lambda: self.dashboard(f"/api/jobs/{job['id']}"))
+
+    def crowd_dashboard(self):
+        """300 idle and 50 trickling connections to the dashboard while it is asked."""
+        crowd = []
+        try:
+            for i in range(350):
+                s = socket.create_connection(("127.0.0.1", self.http_port), timeout=5)
+                if i >= 300:
+                    s.sendall(b"GET /api/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+                crowd.append(s)
+            for _ in range(5):
+                self.probe("dashboard amid 350 slow clients", lambda: self.dashboard("/api/jobs"))
+        except OSError:
+            pass  # the coordinator was just killed: nothing to crowd
+        finally:
+            for s in crowd:
+                s.close()
+        self.counts["crowds"] += 1
+
+    def dashboard(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def probe(self, what, ask):
+        if self.coordinator.poll() is not None:
+            return
+        start = time.time()
+        answered = bool(ask())
+        self.probes.append((what, time.time() - start, answered))
+
     def cancel_one(self):
         jobs = [j for j in (self.jobctl("list") or []) if j["state"] in ("QUEUED", "RUNNING")]
         if jobs and self.jobctl("cancel", str(self.rng.choice(jobs)["id"])):
@@ -230,8 +361,9 @@ resources:
 
     def act(self):
         action = self.rng.choices([self.kill_job_process, self.stop_job_process, self.kill_agent, self.stop_agent,
-                                   self.kill_coordinator, self.stop_coordinator, self.cancel_one],
-                                  weights=[3, 2, 1, 1, 2, 2, 2])[0]
+                                   self.kill_coordinator, self.stop_coordinator, self.stop_coordinator_long,
+                                   self.cancel_one, self.squat, self.plant_files, self.crowd_dashboard],
+                                  weights=[3, 2, 1, 1, 2, 2, 0.5, 2, 1, 1, 1])[0]
         action()
         return action.__name__
 
@@ -254,7 +386,7 @@ resources:
             if time.time() >= next_action:
                 self.act()
                 next_action = time.time() + self.rng.uniform(4, 12)
-            self.restart_dead_pools()
+            self.replace_lost_agents()
             if self.coordinator.poll() is None:
                 self.memory.append(rss_mb(self.coordinator.pid))
             if time.time() - last_report > 60:
@@ -264,18 +396,18 @@ resources:
             time.sleep(1)
         while pending:
             pending = self.submit_pending(pending)
-            self.restart_dead_pools()
+            self.replace_lost_agents()
         print("chaos over; letting every job finish", flush=True)
         drain_deadline = time.time() + self.args.drain_minutes * 60
         while time.time() < drain_deadline:
-            self.restart_dead_pools()
+            self.replace_lost_agents()
             jobs = self.jobctl("list") or []
             if jobs and all(j["state"] in TERMINAL for j in jobs):
                 break
             time.sleep(2)
 
     def stop(self):
-        for pool in self.pools.values():
+        for pool in list(self.pools.values()) + self.agents:
             if pool.poll() is None:
                 pool.send_signal(signal.SIGTERM)
                 try:
@@ -330,10 +462,18 @@ resources:
         third = max(1, len(samples) // 3)
         early, late = max(samples[:third]), max(samples[-third:])
         checks["coordinator memory stays bounded"] = late < 2 * early + 32 and max(samples) < 512
+        for world, refused in self.squats:
+            if not refused:
+                print("a squat attempt on", world, "was not refused")
+        checks["every squat attempt was refused"] = all(refused for _, refused in self.squats)
+        slow = [(what, round(seconds, 1)) for what, seconds, answered in self.probes if not answered or seconds > 5]
+        for what, seconds in slow:
+            print("a query went unanswered, or took more than 5 s:", what, seconds)
+        checks["planted files and crowding clients stalled no query"] = not slow
         summary = {"jobs": len(jobs), **{s.lower(): n for s, n in states.items() if n},
                    "attempts": sum(len(r) for r in attempts.values()),
                    "restarts": sum(max(0, len(r) - 1) for r in attempts.values()),
-                   "victim_jobs": len(self.victims), **self.counts,
+                   "victim_jobs": len(self.victims), **self.counts, "probes": len(self.probes),
                    "coordinator_rss_mb": {"early_max": round(early, 1), "late_max": round(late, 1),
                                           "max": round(max(samples), 1)}}
         print(json.dumps(summary, indent=2))
