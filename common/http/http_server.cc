@@ -30,7 +30,7 @@ using tcp = asio::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr size_t kMinBufferedBytes = size_t(64) << 20;
-constexpr size_t kHeaderLimitBytes = 64 * 1024;
+constexpr size_t kHeaderLimitBytes = size_t(64) * 1024;
 constexpr auto kLingerTime = std::chrono::seconds(3);
 constexpr char kRetryAfterSeconds[] = "1";
 
@@ -501,7 +501,12 @@ HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
   port_ = acceptor.local_endpoint().port();
 }
 
-HttpServer::~HttpServer() { Stop(); }
+HttpServer::~HttpServer() {
+  try {
+    Stop();
+  } catch (...) {  // joining a thread can throw; a destructor must not
+  }
+}
 
 void HttpServer::Start() {
   Impl* impl = impl_.get();
