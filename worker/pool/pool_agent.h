@@ -38,7 +38,8 @@ class EpochReport;
 
 struct PoolOptions {
   std::string endpoint;
-  int slot = 0;  // this agent's index among its host's slots (the GPU its job ranks use)
+  int slot = 0;               // this agent's index among its host's slots (the GPU its job ranks use)
+  bool under_mpirun = false;  // started by an mpirun (rank_supervisor.h: how it exits)
   double heartbeat_s = 1.0;
   int liveness = 3;
   std::string keys_dir;   // worker.key and coordinator.pub (proto/curve_keys.h)

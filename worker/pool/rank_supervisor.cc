@@ -94,7 +94,7 @@ void ReportExit(const PoolOptions& options, const RankIdentity& id, int status) 
   // An mpirun that only launched agents would take a non-zero status for a failed world
   // and stop every other agent with it: the death is the coordinator's to hear, above.
   // Started any other way, the status is passed on.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE")) std::_Exit(0);
+  if (options.under_mpirun) std::_Exit(0);
   std::_Exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
 }
 

@@ -114,8 +114,9 @@ int LauncherLocalRank() {
 // process however it was started.
 int RunPoolAgent(Options& o, bool slot_given) {
   if (!slot_given) o.pool.slot = LauncherLocalRank();
+  o.pool.under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   // Started as root by an mpirun: that mpirun was allowed to, and so are the job's.
-  if (::geteuid() == 0 && std::getenv("OMPI_COMM_WORLD_SIZE")) o.launch.allow_run_as_root = true;
+  if (::geteuid() == 0 && o.pool.under_mpirun) o.launch.allow_run_as_root = true;
   o.launch.worker = std::filesystem::read_symlink("/proc/self/exe").string();
   // Before any thread starts: fork() is only safe then.
   const int supervisor_fd = trainyard::ForkRankSupervisor(o.pool);
