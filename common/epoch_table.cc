@@ -64,8 +64,12 @@ std::string EpochTableRow(const std::vector<std::string>& header, const std::vec
   const auto ranks = c.Number("ranks"), slowest_rank = c.Number("slowest_rank");
   const auto slowest_ms = c.Number("slowest_ms_per_step");
   std::string slowest = "-";
-  if (ranks && *ranks > 1 && slowest_rank && slowest_ms)
-    slowest = "r" + Columns::Printf("%.0f", *slowest_rank) + " " + Columns::Printf("%.1fms", *slowest_ms);
+  // "<host>:<rank>" where the row has a slowest_host cell, else "r<rank>".
+  if (ranks && *ranks > 1 && slowest_rank && slowest_ms) {
+    const std::string rank = Columns::Printf("%.0f", *slowest_rank);
+    const auto host = c.Text("slowest_host");
+    slowest = (host ? *host + ":" + rank : "r" + rank) + " " + Columns::Printf("%.1fms", *slowest_ms);
+  }
   return Line({c.Text("epoch").value_or("-"), c.Formatted("time_s", "%.1f"), c.Text("steps").value_or("-"),
                c.Formatted("ms_per_step", "%.1f"), c.Formatted("samples_per_s", "%.1f"),
                c.Formatted("data_wait_pct", "%.1f"), c.Formatted("train_loss", "%.4f"),

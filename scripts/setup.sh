@@ -52,6 +52,7 @@ APT_PACKAGES=(
   clang libclang-rt-dev
   librsvg2-bin
   libcurl4-openssl-dev
+  openssh-server openssh-client iproute2 util-linux
   chromium chromium-driver libjs-chart.js
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )

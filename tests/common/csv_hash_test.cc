@@ -37,6 +37,10 @@ TEST(EpochTable, DrawsARowFromCsvColumnsByName) {
   EXPECT_EQ(fields, (std::vector<std::string>{"2", "12.3", "40", "25.0", "1024.6", "3.2", "0.1235", "0.2000", "0.9000",
                                               "5.00e-04", "-", "20.0", "r1", "26.0ms"}));
   EXPECT_EQ(EpochTableHeader().substr(0, 5), "epoch");
+  std::vector<std::string> with_host = header;
+  with_host.push_back("slowest_host");
+  const std::string named = EpochTableRow(with_host, SplitCsv("2,1,40,25,1,1,0.1,0.2,0.9,5e-04,,5,2,1,26.04,h2"));
+  EXPECT_NE(named.find(" h2:1 26.0ms"), std::string::npos) << named;
   EXPECT_EQ(EpochTableRow({"epoch"}, {"7"}).substr(0, 1), "7");
 }
 

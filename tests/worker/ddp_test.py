@@ -16,6 +16,7 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -163,7 +164,8 @@ def fault(args, work, sig):
     print(f"{signal.Signals(sig).name} of rank 2: job exited with {proc.returncode} {elapsed:.1f} s later "
           f"(limit {timeout_s + 5:.0f} s)")
     if sig == signal.SIGSTOP:
-        named = report and all("rank 2 did not reach it" in l and "collective #" in l for l in report)
+        host = socket.gethostname()
+        named = report and all(f"rank {host}:2 did not reach it" in l and "collective #" in l for l in report)
         return proc.returncode != 0 and elapsed <= timeout_s + 5 and bool(named)
     return proc.returncode != 0 and elapsed <= timeout_s + 5
 

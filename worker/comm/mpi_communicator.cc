@@ -7,8 +7,11 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <unistd.h>
+
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -124,7 +127,22 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_(tim
   TY_MPI_CHECK(MPI_Comm_dup(comm, &control_comm_));
   TY_MPI_CHECK(MPI_Comm_rank(data_comm_, &rank_));
   TY_MPI_CHECK(MPI_Comm_size(data_comm_, &size_));
+  GatherHosts();
   thread_ = std::thread([this] { Loop(); });
+}
+
+void MpiCommunicator::GatherHosts() {
+  constexpr int kHostChars = 256;
+  char mine[kHostChars] = {};
+  ::gethostname(mine, sizeof mine - 1);
+  std::vector<char> all(static_cast<size_t>(size_) * kHostChars);
+  TY_MPI_CHECK(MPI_Allgather(mine, kHostChars, MPI_CHAR, all.data(), kHostChars, MPI_CHAR, data_comm_));
+  for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostChars]);
+}
+
+std::string MpiCommunicator::RankName(int rank) const {
+  const std::string host = rank >= 0 && rank < size_ ? hosts_[static_cast<size_t>(rank)] : "?";
+  return host + ":" + std::to_string(rank);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -227,8 +245,8 @@ void MpiCommunicator::Execute(Operation& operation) {
       HandleDeviceFailure();
       ServeStatusRequests();
       if (Clock::now() > deadline)
-        ReportAndAbort(StrFormat("rank %d: collective #%ld (%s) timed out after %.1f s", rank_, long(operation.number),
-                                 operation.what.c_str(), timeout_.count()) +
+        ReportAndAbort(StrFormat("rank %s: collective #%ld (%s) timed out after %.1f s", RankName(rank_).c_str(),
+                                 long(operation.number), operation.what.c_str(), timeout_.count()) +
                        AttributeHang(operation.number, /*device=*/false));
     }
   }
@@ -289,14 +307,14 @@ std::string MpiCommunicator::AttributeHang(int64_t number, bool device) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     if (!answered[r]) {
-      culprits << "; rank " << r << " did not reach it (no answer: stopped, hung or dead)";
+      culprits << "; rank " << RankName(r) << " did not reach it (no answer: stopped, hung or dead)";
       MPI_Cancel(&receives[r]);
     } else {
       const int64_t reached = device ? replies[r].device_started : replies[r].started;
       const char* what = device ? replies[r].device_what : replies[r].what;
       if (reached < number)
-        culprits << "; rank " << r << " did not reach it (busy outside communication after collective #" << reached
-                 << (what[0] ? std::string(" (") + what + ")" : "") << ")";
+        culprits << "; rank " << RankName(r) << " did not reach it (busy outside communication after collective #"
+                 << reached << (what[0] ? std::string(" (") + what + ")" : "") << ")";
     }
   }
   std::string names = culprits.str();

@@ -31,7 +31,9 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "worker/comm/communicator.h"
 
@@ -39,13 +41,15 @@ namespace trainyard {
 
 class MpiCommunicator : public Communicator {
  public:
-  // Duplicates `comm` (collective over it). `timeout_s` bounds every collective.
+  // Duplicates `comm` and learns where every rank runs (collective over it). `timeout_s`
+  // bounds every collective.
   MpiCommunicator(MPI_Comm comm, double timeout_s);
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  std::string RankName(int rank) const override;
 
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;
@@ -68,6 +72,7 @@ class MpiCommunicator : public Communicator {
     int64_t hung_number = 0;
   };
 
+  void GatherHosts();
   std::shared_ptr<Work> Enqueue(std::shared_ptr<Operation> operation);
   void Loop();
   void Execute(Operation& operation);
@@ -81,6 +86,7 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm data_comm_ = MPI_COMM_NULL, control_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::vector<std::string> hosts_;  // by rank: the hostname each runs on
   std::chrono::duration<double> timeout_;
   int64_t issued_ = 0;   // collectives enqueued (caller side)
   int64_t started_ = 0;  // collectives started (comm thread)

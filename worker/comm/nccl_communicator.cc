@@ -167,13 +167,14 @@ void NcclCommunicator::Watch() {
     ncclResult_t async_error = ncclSuccess;
     ncclCommGetAsyncError(s.comm, &async_error);
     if (async_error != ncclSuccess && async_error != ncclInProgress)
-      bootstrap_.AbortForDeviceFailure(StrFormat("rank %d: NCCL error: %s", rank(), ncclGetErrorString(async_error)),
-                                       0);
+      bootstrap_.AbortForDeviceFailure(
+          StrFormat("rank %s: NCCL error: %s", RankName(rank()).c_str(), ncclGetErrorString(async_error)), 0);
     if (overdue) {
       const double seconds = std::chrono::duration<double>(s.timeout).count();
-      bootstrap_.AbortForDeviceFailure(StrFormat("rank %d: NCCL collective #%ld (%s) timed out after %.1f s", rank(),
-                                                 long(overdue->number), overdue->what.c_str(), seconds),
-                                       overdue->number);
+      bootstrap_.AbortForDeviceFailure(
+          StrFormat("rank %s: NCCL collective #%ld (%s) timed out after %.1f s", RankName(rank()).c_str(),
+                    long(overdue->number), overdue->what.c_str(), seconds),
+          overdue->number);
     }
   }
 }

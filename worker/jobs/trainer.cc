@@ -347,17 +347,25 @@ class Trainer::StepLog {
     if (t_.trace_) Trace(p, ms);
     ++totals.steps;
     totals.samples += p.examples;
-    if (log_ && p.step % t_.spec_.log.steps_every == 0)
-      log_->AddStep({{"step", p.step},
-                     {"epoch", epoch_ + 1},
-                     {"loss", loss},
-                     {"lr", p.lr},
-                     {"ms", step_ms},
-                     {"wait_ms", p.wait_ms},
-                     {"skipped", p.skipped},
-                     {"loss_scale", p.loss_scale},
-                     {"tokens", p.tokens},
-                     {"comm_ms", ms[kComm]}});
+    if (p.step % t_.spec_.log.steps_every == 0) LogStep(p, loss, step_ms, ms[kComm]);
+  }
+
+  // One steps.jsonl line. Every rank takes part: with several ranks the line names the
+  // rank whose step took longest ("<host>:<rank>"), from one small gather per logged step.
+  void LogStep(const PendingStep& p, double loss, double step_ms, double comm_ms) {
+    nlohmann::json line = {
+        {"step", p.step},     {"epoch", epoch_ + 1},  {"loss", loss},         {"lr", p.lr},
+        {"ms", step_ms},      {"wait_ms", p.wait_ms}, {"skipped", p.skipped}, {"loss_scale", p.loss_scale},
+        {"tokens", p.tokens}, {"comm_ms", comm_ms}};
+    if (t_.ranks_.comm && t_.ranks_.world > 1) {
+      const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
+      int slowest = 0;
+      for (int r = 1; r < int(all.size()); ++r)
+        if (all[r][0] > all[slowest][0]) slowest = r;
+      line["slowest"] = t_.ranks_.comm->RankName(slowest);
+      line["slowest_ms"] = all[slowest][0];
+    }
+    if (log_) log_->AddStep(line);
   }
 
   // The step's parts laid end to end from the start of its wait: exact on the CPU,
@@ -576,6 +584,10 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
     const double total = std::accumulate(all[r].begin(), all[r].begin() + kNumStepParts, 0.0);
     samples += all[r][kNumStepParts];
     if (total > row.slowest_ms_per_step) row.slowest_ms_per_step = total, row.slowest_rank = r;
+  }
+  if (ranks_.comm) {  // "<host>:<rank>"
+    const std::string name = ranks_.comm->RankName(row.slowest_rank);
+    row.slowest_host = name.substr(0, name.rfind(':'));
   }
   row.samples_per_s = samples / std::max(1e-9, elapsed_ms / 1000.0);
   row.data_wait_pct = 100.0 * mine[0] / std::max(1e-9, row.ms_per_step);

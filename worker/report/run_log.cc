@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <sstream>
@@ -26,7 +27,7 @@ std::string EpochCsvHeader() {
       "comm_ms";
   for (const char* part : kStepParts)
     header += std::string(",") + part + "_ms_min," + part + "_ms_med," + part + "_ms_max";
-  return header + ",slowest_rank,slowest_ms_per_step";
+  return header + ",slowest_rank,slowest_ms_per_step,slowest_host";
 }
 
 std::string EpochCsvLine(const EpochRow& r) {
@@ -37,7 +38,8 @@ std::string EpochCsvLine(const EpochRow& r) {
       r.eval_acc, r.lr, r.loss_scale ? fmt::format("{:g}", *r.loss_scale) : "", r.skipped_steps, r.wait_ms, r.h2d_ms,
       r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks, r.global_batch, r.comm_ms);
   for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
-  return line + fmt::format(",{},{:.3f}", r.slowest_rank, r.slowest_ms_per_step);
+  // A hostname holds no comma or quote (RFC 1123), so it needs no CSV quoting.
+  return line + fmt::format(",{},{:.3f},{}", r.slowest_rank, r.slowest_ms_per_step, r.slowest_host);
 }
 
 namespace {
@@ -60,6 +62,8 @@ EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string&
   if (get("loss_scale") > 0) r.loss_scale = get("loss_scale");
   r.comm_ms = get("comm_ms"), r.slowest_rank = static_cast<int>(get("slowest_rank"));
   r.slowest_ms_per_step = get("slowest_ms_per_step"), r.ranks = std::max(1, static_cast<int>(get("ranks")));
+  for (size_t i = 0; i < header.size(); ++i)
+    if (header[i] == "slowest_host") r.slowest_host = cells[i];
   for (int part = 0; part < kNumStepParts; ++part) {
     const std::string name = kStepParts[part];
     r.parts[part] = {get((name + "_ms_min").c_str()), get((name + "_ms_med").c_str()), get((name + "_ms_max").c_str())};
@@ -205,11 +209,13 @@ void RunLog::AddEpoch(const EpochRow& r) {
   const std::vector<std::string> header = SplitCsv(EpochCsvHeader()), cells = SplitCsv(csv_lines_.back());
   std::vector<std::pair<std::string, float>> scalars;
   std::vector<std::pair<std::string, double>> values;
-  for (size_t i = 0; i < header.size() && i < cells.size(); ++i)
-    if (header[i] != "epoch" && !cells[i].empty()) {
-      values.emplace_back("epoch/" + header[i], std::stod(cells[i]));
-      scalars.emplace_back(values.back().first, static_cast<float>(values.back().second));
-    }
+  for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
+    char* end = nullptr;
+    const double value = std::strtod(cells[i].c_str(), &end);
+    if (header[i] == "epoch" || header[i] == "slowest_host" || cells[i].empty() || *end != '\0') continue;
+    values.emplace_back("epoch/" + header[i], value);
+    scalars.emplace_back(values.back().first, static_cast<float>(value));
+  }
   AddTensorBoardScalars(end_step, scalars);
   if (sink_) sink_->LogMetrics(end_step, values);
 }

@@ -40,6 +40,7 @@ struct EpochRow {
   PartStats parts[kNumStepParts];  // indexed like kStepParts
   int slowest_rank = 0;
   double slowest_ms_per_step = 0;
+  std::string slowest_host;  // the host the slowest rank ran on
   // Each rank's mean ms per step of each part, by job rank (not in epochs.csv: the
   // coordinator's dashboard draws it).
   std::vector<std::array<double, kNumStepParts>> rank_parts;

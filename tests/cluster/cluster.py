@@ -1,0 +1,252 @@
+"""A cluster of real hosts on one machine: what the cluster tests run on, and what
+scripts/cluster.sh lets a user try.
+
+Each host is a Linux network namespace (its own interfaces, addresses and ports) with a
+UTS namespace (its own hostname) and a mount namespace in which <rig>/host is that host's
+own folder: its runs/ and its $TMPDIR live there, so no two hosts share a disk, while the
+build and the data are the machine's, read by all. Hosts are joined by veth pairs on a
+bridge that lives in a namespace of its own, with addresses from 198.18.0.0/15 (the
+benchmarking range), and resolve each other by name (/etc/hosts, per host).
+
+Open MPI reaches the other hosts as on a real cluster: each host runs a real sshd
+(Debian's openssh-server) with keys the rig makes, and mpirun's remote-launch agent is
+`ssh -F <rig>/shared/ssh_config`. (An agent that enters a host's namespaces directly
+would work too, but would test less: ssh is what users have.)
+
+`down()` kills every process in the rig's namespaces and deletes them, after a failure
+too (the context manager calls it); `leftovers()` says what a rig left behind, for a test
+to check. Needs root, iproute2, util-linux's unshare and nsenter, and sshd; `available()`
+says in one line why not."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+SUBNET = "198.18.0.0/24"
+SSHD = "/usr/sbin/sshd"
+PREFIX = "tyc"  # every namespace and link a rig makes starts with it
+
+
+def available():
+    """'' when a rig can be made here, else why not (one line)."""
+    if os.geteuid() != 0:
+        return "the cluster rig needs root (network, UTS and mount namespaces)"
+    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"the cluster rig needs {tool}"
+    if not os.path.exists(SSHD):
+        return f"the cluster rig needs {SSHD} (Debian's openssh-server)"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return "network namespaces cannot be made here: " + made.stderr.strip()
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+def leftovers(prefix=PREFIX):
+    """Namespaces and links whose names start with `prefix`, and processes in them."""
+    spaces = [line.split()[0] for line in
+              subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+              if line.startswith(prefix)]
+    links = [line.split(":")[1].strip().split("@")[0] for line in
+             subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+             if line.split(":")[1].strip().startswith(prefix)]
+    processes = [pid for space in spaces for pid in
+                 subprocess.run(["ip", "netns", "pids", space], capture_output=True, text=True).stdout.split()]
+    return {"namespaces": spaces, "links": links, "processes": processes}
+
+
+def run(argv, **kwargs):
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
+
+
+class Cluster:
+    """N hosts named h1..hN, at 198.18.0.11.. (see the module's text)."""
+
+    def __init__(self, hosts, work=None, keep=False):
+        self.count = hosts
+        self.keep = keep or work is not None
+        self.id = f"{os.getpid() % 100000:05d}{int(time.time() * 1000) % 100:02d}"
+        self.prefix = f"{PREFIX}{self.id}"
+        self.root = work or tempfile.mkdtemp(prefix="trainyard-cluster-")
+        self.shared = os.path.join(self.root, "shared")
+        self.names = [f"h{i}" for i in range(1, hosts + 1)]
+        self.init = {}  # host -> pid of the process that holds its namespaces
+        self.processes = []  # what the rig started, reaped at down()
+        self.sshd = {}
+        self.up_ = False
+
+    # --- paths and names -----------------------------------------------------------------
+    @property
+    def host_dir(self):
+        """The same path on every host, each host's own folder there."""
+        return os.path.join(self.root, "host")
+
+    def outside(self, host, path=""):
+        """Where `host`'s own folder is, seen from outside the rig."""
+        return os.path.join(self.root, "hosts", host, path)
+
+    def address(self, host):
+        return f"198.18.0.{10 + self.names.index(host) + 1}"
+
+    def namespace(self, host):
+        return f"{self.prefix}{host}"
+
+    def hostfile(self, slots):
+        """A hostfile giving each host in `slots` ({host: count}) that many slots."""
+        path = os.path.join(self.shared, f"hostfile-{'-'.join(f'{h}x{n}' for h, n in slots.items())}")
+        with open(path, "w") as f:
+            f.writelines(f"{host} slots={count}\n" for host, count in slots.items())
+        return path
+
+    def mpirun_args(self):
+        """What mpirun needs to launch across the rig's hosts: ssh as its remote agent, and
+        the rig's network for its own links and for MPI's TCP transport."""
+        return ["--mca", "plm_rsh_agent", f"ssh -F {self.shared}/ssh_config",
+                "--mca", "oob_tcp_if_include", SUBNET, "--mca", "btl_tcp_if_include", SUBNET]
+
+    def mpirun(self, slots, argv, mpirun="mpirun"):
+        """An mpirun command line, to run on one of the rig's hosts, that starts len(slots)
+        hosts' worth of `argv`: {host: ranks}, ranks dealt in that order (h1's first). As
+        root, Open MPI wants consent on every host, so it is forwarded (-x)."""
+        return [mpirun, "--hostfile", self.hostfile(slots), "-n", str(sum(slots.values())), "--bind-to", "none",
+                "--wd", self.root, "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+                *self.mpirun_args(), *argv]
+
+    def environment(self, **extra):
+        return dict(os.environ, TMPDIR=os.path.join(self.host_dir, "tmp"), OMPI_ALLOW_RUN_AS_ROOT="1",
+                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+
+    # --- running things on a host ----------------------------------------------------------
+    def enter(self, host):
+        return ["nsenter", "-t", str(self.init[host]), "-n", "-u", "-m", "--wd=" + self.root]
+
+    def run(self, host, argv, env=None, **kwargs):
+        return subprocess.run(self.enter(host) + argv, env=env or self.environment(), **kwargs)
+
+    def popen(self, host, argv, env=None, **kwargs):
+        return subprocess.Popen(self.enter(host) + argv, env=env or self.environment(), **kwargs)
+
+    # --- up and down ---------------------------------------------------------------------
+    def __enter__(self):
+        self.up()
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        self.up_ = True
+        try:
+            self.write_shared_files()
+            switch = f"{self.prefix}sw"
+            run(["ip", "netns", "add", switch])
+            run(["ip", "-n", switch, "link", "add", "br0", "type", "bridge"])
+            run(["ip", "-n", switch, "link", "set", "br0", "up"])
+            for i, host in enumerate(self.names, start=1):
+                self.add_host(i, host, switch)
+            for host in self.names:
+                self.start_sshd(host)
+            self.wait_for_ssh()
+        except BaseException:
+            self.down()
+            raise
+
+    def write_shared_files(self):
+        os.makedirs(self.shared, exist_ok=True)
+        os.makedirs(self.host_dir, exist_ok=True)
+        for name in ("host_key", "user_key"):
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"trainyard-cluster-{name}", "-f",
+                 os.path.join(self.shared, name)])
+        shutil.copy(os.path.join(self.shared, "user_key.pub"), os.path.join(self.shared, "authorized_keys"))
+        with open(os.path.join(self.shared, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n" + "".join(f"{self.address(h)} {h}\n" for h in self.names))
+        with open(os.path.join(self.shared, "ssh_config"), "w") as f:
+            f.write(f"Host {' '.join(self.names)}\n  User root\n  IdentityFile {self.shared}/user_key\n"
+                    "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+                    "  ConnectTimeout 5\n")
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation folder
+
+    def add_host(self, i, host, switch):
+        space, outer, inner = self.namespace(host), f"{self.prefix}b{i}", f"{self.prefix}v{i}"
+        for folder in ("tmp", "runs"):
+            os.makedirs(self.outside(host, folder), exist_ok=True)
+        run(["ip", "netns", "add", space])
+        run(["ip", "link", "add", inner, "type", "veth", "peer", "name", outer])
+        run(["ip", "link", "set", inner, "netns", space])
+        run(["ip", "link", "set", outer, "netns", switch])
+        run(["ip", "-n", switch, "link", "set", outer, "master", "br0", "up"])
+        run(["ip", "-n", space, "link", "set", inner, "name", "eth0"])
+        run(["ip", "-n", space, "addr", "add", f"{self.address(host)}/24", "dev", "eth0"])
+        run(["ip", "-n", space, "link", "set", "eth0", "up"])
+        run(["ip", "-n", space, "link", "set", "lo", "up"])
+        # The process holding the host's UTS and mount namespaces (and sitting in its network
+        # namespace): its pid is how everything else enters the host.
+        pid_file = os.path.join(self.shared, f"init-{host}")
+        script = (f"hostname {host} && mount --bind {self.outside(host)} {self.host_dir} && "
+                  f"mount --bind {self.shared}/hosts /etc/hosts && echo $$ > {pid_file} && exec sleep infinity")
+        self.processes.append(subprocess.Popen(
+            ["ip", "netns", "exec", space, "unshare", "--uts", "--mount", "--propagation", "private", "--fork", "sh",
+             "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.time() + 10
+        while not (os.path.exists(pid_file) and open(pid_file).read().strip()):
+            if time.time() > deadline:
+                raise RuntimeError(f"host {host} did not come up")
+            time.sleep(0.02)
+        self.init[host] = int(open(pid_file).read())
+
+    def start_sshd(self, host):
+        config = os.path.join(self.shared, f"sshd-{host}.conf")
+        with open(config, "w") as f:
+            f.write(f"ListenAddress {self.address(host)}\nHostKey {self.shared}/host_key\nPidFile none\n"
+                    f"AuthorizedKeysFile {self.shared}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                    "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                    f"PrintMotd no\nSetEnv TMPDIR={self.host_dir}/tmp\n")
+        log = open(os.path.join(self.shared, f"sshd-{host}.log"), "w")
+        self.sshd[host] = self.popen(host, [SSHD, "-D", "-e", "-f", config], stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append(self.sshd[host])
+
+    def wait_for_ssh(self):
+        first = self.names[0]
+        for host in self.names:
+            deadline = time.time() + 15
+            while True:
+                r = self.run(first, ["ssh", "-F", f"{self.shared}/ssh_config", host, "hostname"], capture_output=True,
+                             text=True, timeout=20)
+                if r.returncode == 0 and r.stdout.strip() == host:
+                    break
+                if time.time() > deadline:
+                    raise RuntimeError(f"ssh from {first} to {host} failed: {r.stderr.strip()}")
+                time.sleep(0.1)
+
+    def down(self):
+        """Kills every process in the rig's namespaces and deletes them. Idempotent."""
+        if not self.up_:
+            return
+        spaces = [s for s in leftovers(self.prefix)["namespaces"]]
+        for _ in range(50):
+            pids = [pid for space in spaces for pid in
+                    subprocess.run(["ip", "netns", "pids", space], capture_output=True, text=True).stdout.split()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for process in self.processes:
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        for space in spaces:
+            subprocess.run(["ip", "netns", "del", space], capture_output=True)
+        for link in leftovers(self.prefix)["links"]:
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        self.up_ = False
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The cluster rig itself (tests/cluster/cluster.py): three hosts, each with its own
+hostname, address and disk, that reach each other by name over ssh and by nothing from
+the machine's own network; and that leave no namespace, link or process behind, after a
+clean end and after a failure. Exit 77 (skipped) where namespaces cannot be made."""
+import os
+import subprocess
+import sys
+
+from cluster import Cluster, available, leftovers
+
+
+def check(ok, what):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    return ok
+
+
+def main():
+    why = available()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(77)
+    ok = True
+    with Cluster(3) as c:
+        prefix = c.prefix
+        names = [c.run(h, ["hostname"], capture_output=True, text=True).stdout.strip() for h in c.names]
+        ok &= check(names == ["h1", "h2", "h3"], f"each host has its own hostname: {names}")
+        hop = c.run("h1", ["ssh", "-F", f"{c.shared}/ssh_config", "h3", "hostname; echo $TMPDIR"],
+                    capture_output=True, text=True, timeout=30)
+        ok &= check(hop.stdout.split() == ["h3", os.path.join(c.host_dir, "tmp")],
+                    f"h1 reaches h3 over ssh, which gives it h3's own TMPDIR: {hop.stdout.split()} {hop.stderr.strip()}")
+        resolved = c.run("h2", ["getent", "hosts", "h3"], capture_output=True, text=True).stdout.split()
+        ok &= check(resolved[:1] == [c.address("h3")], f"h2 resolves h3 to {resolved[:1]}")
+        c.run("h1", ["sh", "-c", f"echo mine > {c.host_dir}/runs/written-on-h1"], check=True)
+        seen = {h: c.run(h, ["test", "-e", f"{c.host_dir}/runs/written-on-h1"]).returncode == 0 for h in c.names}
+        ok &= check(seen == {"h1": True, "h2": False, "h3": False},
+                    f"a file written in h1's runs folder is on h1's disk only: {seen}")
+        machine = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+        ok &= check("198.18." not in machine, "the machine's own namespace has no rig address")
+        ok &= check(sorted(leftovers(prefix)["namespaces"]) == sorted([c.namespace(h) for h in c.names] +
+                                                                       [f"{prefix}sw"]), "four namespaces while up")
+    ok &= check(leftovers(prefix) == {"namespaces": [], "links": [], "processes": []},
+                f"after a clean end, nothing left: {leftovers(prefix)}")
+    try:
+        with Cluster(2) as c:
+            prefix = c.prefix
+            raise RuntimeError("a test fails inside the rig")
+    except RuntimeError:
+        pass
+    ok &= check(leftovers(prefix) == {"namespaces": [], "links": [], "processes": []},
+                f"after a failure, nothing left: {leftovers(prefix)}")
+    print("PASS" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
