@@ -130,6 +130,34 @@ class Cluster:
     def popen(self, host, argv, env=None, **kwargs):
         return subprocess.Popen(self.enter(host) + argv, env=env or self.environment(), **kwargs)
 
+    def pids(self, host, commands=None):
+        """The processes in `host`'s network namespace (those whose command name is in
+        `commands`, if given)."""
+        out = subprocess.run(["ip", "netns", "pids", self.namespace(host)], capture_output=True, text=True).stdout
+        found = []
+        for pid in out.split():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    command = f.read().strip()
+            except OSError:
+                continue
+            if commands is None or command in commands:
+                found.append(int(pid))
+        return found
+
+    def kill(self, host, commands, timeout=10):
+        """SIGKILL to `host`'s processes named in `commands`, until none is left."""
+        deadline = time.time() + timeout
+        while pids := self.pids(host, commands):
+            if time.time() > deadline:
+                raise RuntimeError(f"{host}: {commands} still running after {timeout} s: {pids}")
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
     # --- up and down ---------------------------------------------------------------------
     def __enter__(self):
         self.up()

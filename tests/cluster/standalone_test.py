@@ -3,7 +3,7 @@
 `mpirun --hostfile` with ssh as the launch agent starts 2 hosts x 2 ranks of the worker,
 which must train exactly as 1 host x 4 ranks does (fp32, the same seed: every step's loss
 and every final weight bitwise equal), name the slowest rank `<host>:<rank>` in the epoch
-table, epochs.csv and steps.jsonl, and write its run folder on rank 0's host only.
+table, epochs.csv and steps.jsonl, and write its model and logs on rank 0's host only.
 Exit 77 (skipped) where the rig cannot be made."""
 import argparse
 import csv
@@ -74,8 +74,9 @@ def main():
                     f"epochs.csv: slowest_host {row['slowest_host']}, slowest_rank {row['slowest_rank']}")
         line = [text for text in table.splitlines() if text.split("] ", 1)[-1].split()[:1] == ["1"]]  # epoch 1
         ok &= check(line and any(w in line[0] for w in where), f"the epoch table names it: {line[:1]}")
-        ok &= check(not os.listdir(c.outside("h2", "runs")),
-                    f"h2's disk holds no run folder: {os.listdir(c.outside('h2', 'runs'))}")
+        kept = os.listdir(c.outside("h2", "runs/two_hosts"))
+        ok &= check(kept == ["checkpoints"] and os.listdir(os.path.join(across, "model")),
+                    f"the model and logs are on rank 0's host; h2's disk holds only its checkpoints: {kept}")
     print("PASS" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

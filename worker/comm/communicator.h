@@ -41,8 +41,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
-  // How logs and reports name rank `rank`: "<host>:<rank>", the host it runs on.
-  virtual std::string RankName(int rank) const = 0;
+  // The hostname rank `rank` runs on ("?" for no such rank).
+  virtual std::string Host(int rank) const = 0;
+  // How logs and reports name rank `rank`: "<host>:<rank>".
+  std::string RankName(int rank) const { return Host(rank) + ":" + std::to_string(rank); }
 
   // Starts an in-place all-reduce of a contiguous tensor. `tensor` must stay alive and
   // untouched until Wait() returns. Collectives start in call order.

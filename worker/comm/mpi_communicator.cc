@@ -140,9 +140,8 @@ void MpiCommunicator::GatherHosts() {
   for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostChars]);
 }
 
-std::string MpiCommunicator::RankName(int rank) const {
-  const std::string host = rank >= 0 && rank < size_ ? hosts_[static_cast<size_t>(rank)] : "?";
-  return host + ":" + std::to_string(rank);
+std::string MpiCommunicator::Host(int rank) const {
+  return rank >= 0 && rank < size_ ? hosts_[static_cast<size_t>(rank)] : "?";
 }
 
 MpiCommunicator::~MpiCommunicator() {

@@ -49,7 +49,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
-  std::string RankName(int rank) const override;
+  std::string Host(int rank) const override;
 
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;

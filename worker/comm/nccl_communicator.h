@@ -31,7 +31,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return bootstrap_.rank(); }
   int size() const override { return bootstrap_.size(); }
   std::string backend() const override { return "nccl"; }
-  std::string RankName(int rank) const override { return bootstrap_.RankName(rank); }
+  std::string Host(int rank) const override { return bootstrap_.Host(rank); }
 
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;

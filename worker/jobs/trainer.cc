@@ -1,5 +1,7 @@
 #include "worker/jobs/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +28,12 @@ std::vector<int32_t> LengthProxies(const TextDataset& data) {
   lengths.reserve(data.examples.size());
   for (const auto& e : data.examples) lengths.push_back(static_cast<int32_t>(e.text.size()));
   return lengths;
+}
+
+std::string LocalHostName() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
 }
 
 }  // namespace
@@ -114,6 +122,22 @@ void Trainer::BroadcastParameters() {
   for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
 }
 
+void Trainer::SettleCheckpoints() {
+  const std::string dir = run_dir() + "/checkpoints";
+  writers_ = DecideCheckpointWriters(*ranks_.comm, dir);
+  if (spec_.checkpoint.resume == "none") return;
+  const LocalResume mine{resume_from_ ? progress_.global_step : -1, !rejected_.empty()};
+  const SharedResume shared = ShareNewestCheckpoint(*ranks_.comm, *writers_, dir, mine);
+  if (shared.only_rejected) throw NoValidCheckpoint(rejected_.size());
+  if (shared.load) {
+    try {
+      LoadResumeCheckpoint(*shared.load);
+    } catch (const CheckpointError& e) {
+      throw std::runtime_error(std::string("resume: the checkpoint another host sent does not load: ") + e.what());
+    }
+  }
+}
+
 void Trainer::AgreeOnResumePoint() {
   auto steps = ranks_.comm->AllGather({double(progress_.global_step)}, "resume point");
   for (int r = 0; r < ranks_.world; ++r)
@@ -132,27 +156,41 @@ void Trainer::ResolveResume() {
   const std::vector<std::string> candidates = automatic ? ListCheckpoints(dir) : std::vector<std::string>{resume};
   for (const auto& path : candidates) {
     try {
-      const LoadedCheckpoint loaded =
-          LoadCheckpoint(path, *model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
-      progress_ = loaded.progress;
-      resume_from_ = path;
-      if (loaded.rng_ranks != ranks_.world && is_rank0())
-        LogWarn(
-            StrFormat("resume: %s holds the RNG states of %ld ranks, this job has %d: ranks without one start "
-                      "from rank 0's, and the run will not be bitwise the one an uninterrupted run makes",
-                      path.c_str(), long(loaded.rng_ranks), ranks_.world));
+      LoadResumeCheckpoint(path);
       return;
     } catch (const CheckpointError& e) {
       if (!automatic) throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
-      if (is_rank0()) LogWarn(std::string("resume: rejected ") + e.what());
+      if (FirstRankOnHost()) LogWarn(std::string("resume: rejected ") + e.what());
       rejected_.push_back(path);
     }
   }
-  if (!rejected_.empty())
-    throw InputError(spec_.Where("checkpoint.resume") + ": none of the " + std::to_string(rejected_.size()) +
-                     " checkpoints in " + dir +
-                     " is valid (see the warnings above); starting over would delete them, so the job stops. "
-                     "Move them away or set checkpoint.resume: none to train from the start");
+  // With several ranks, another host may hold a valid one (SettleCheckpoints).
+  if (!rejected_.empty() && !ranks_.comm) throw NoValidCheckpoint(rejected_.size());
+}
+
+bool Trainer::FirstRankOnHost() const {
+  if (!ranks_.comm) return true;
+  for (int r = 0; r < ranks_.rank; ++r)
+    if (ranks_.comm->Host(r) == ranks_.comm->Host(ranks_.rank)) return false;
+  return true;
+}
+
+void Trainer::LoadResumeCheckpoint(const std::string& path) {
+  const LoadedCheckpoint loaded = LoadCheckpoint(path, *model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
+  progress_ = loaded.progress;
+  resume_from_ = path;
+  if (loaded.rng_ranks != ranks_.world && is_rank0())
+    LogWarn(
+        StrFormat("resume: %s holds the RNG states of %ld ranks, this job has %d: ranks without one start "
+                  "from rank 0's, and the run will not be bitwise the one an uninterrupted run makes",
+                  path.c_str(), long(loaded.rng_ranks), ranks_.world));
+}
+
+InputError Trainer::NoValidCheckpoint(size_t rejected) const {
+  return InputError(spec_.Where("checkpoint.resume") + ": none of the " + std::to_string(rejected) +
+                    " checkpoints in " + run_dir() + "/checkpoints" + (ranks_.comm ? " on any host" : "") +
+                    " is valid (see the warnings above); starting over would delete them, so the job stops. "
+                    "Move them away or set checkpoint.resume: none to train from the start");
 }
 
 void Trainer::SetAsideRejected() {
@@ -286,7 +324,7 @@ void Trainer::CheckConsistency() {
 
 void Trainer::SaveCheckpointNow(const std::string& reason) {
   const std::vector<RngState> rng = GatherRngStates();
-  if (!is_rank0()) return;
+  if (!WritesCheckpoints()) return;
   const std::string dir = run_dir() + "/checkpoints";
   SaveCheckpoint(CheckpointPath(dir, progress_.global_step), *model_, *optimizer_, *scaler_, progress_, rng);
   PruneCheckpoints(dir, spec_.checkpoint.keep);
@@ -585,10 +623,7 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
     samples += all[r][kNumStepParts];
     if (total > row.slowest_ms_per_step) row.slowest_ms_per_step = total, row.slowest_rank = r;
   }
-  if (ranks_.comm) {  // "<host>:<rank>"
-    const std::string name = ranks_.comm->RankName(row.slowest_rank);
-    row.slowest_host = name.substr(0, name.rfind(':'));
-  }
+  if (ranks_.comm) row.slowest_host = ranks_.comm->Host(row.slowest_rank);
   row.samples_per_s = samples / std::max(1e-9, elapsed_ms / 1000.0);
   row.data_wait_pct = 100.0 * mine[0] / std::max(1e-9, row.ms_per_step);
   row.train_loss = progress_.epoch_loss_sum / double(std::max<int64_t>(1, progress_.epoch_examples));
@@ -602,6 +637,7 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
 nlohmann::json Trainer::Run() {
   const auto run_start = Clock::now();
   if (ranks_.comm) {
+    SettleCheckpoints();
     BroadcastParameters();
     AgreeOnResumePoint();
   }
@@ -612,12 +648,14 @@ nlohmann::json Trainer::Run() {
   profiler_ = std::make_unique<StepProfiler>(
       run_dir() + "/profile" + (ranks_.world > 1 ? ".rank" + std::to_string(ranks_.rank) : std::string()),
       spec_.log.profile_from_step, spec_.log.profile_steps, device_.is_cuda());
-  std::optional<RunLog> log;
-  if (is_rank0()) {
+  if (WritesCheckpoints()) {
     SetAsideRejected();
     // A fresh run must not leave an older run's checkpoints next to its own: they would
     // outrank the new ones in pruning and in `resume: auto`. Only those go.
     if (!resumed) RemoveCheckpoints(run_dir() + "/checkpoints");
+  }
+  std::optional<RunLog> log;
+  if (is_rank0()) {
     log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
     if (!spec_.log.mlflow_uri.empty()) log->AttachSink(OpenMlflow(MlflowOptionsFor()));
     LogInfo(StrFormat(
@@ -631,6 +669,10 @@ nlohmann::json Trainer::Run() {
                         ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),
                         spec_.distributed.overlap ? "on" : "off",
                         spec_.distributed.fp16_compression ? "fp16" : "none"));
+    if (writers_)
+      LogInfo(writers_->writers.size() > 1
+                  ? "checkpoints: on each host's own disk, written by " + writers_->Describe(*ranks_.comm)
+                  : std::string("checkpoints: written once, by rank 0 (every host sees its run folder)"));
     if (resumed)
       LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(), long(progress_.epoch + 1),
                         long(progress_.global_step)));
@@ -674,6 +716,9 @@ nlohmann::json Trainer::Run() {
                             {"threads", torch::get_num_threads()},
                             {"consistency_checks", consistency_checks_},
                             {"wall_time_s", MsSince(run_start) / 1000.0}};
+  // The run folder (and the model in it) is on rank 0's host, which may be another
+  // machine than the one that started the job.
+  summary["host"] = ranks_.comm ? ranks_.comm->Host(0) : LocalHostName();
   if (!log) return summary;
   std::string model_dir = run_dir() + "/model";
   if (spec_.model.lora.enabled) {

@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/reducer.h"
+#include "worker/jobs/checkpoint_sharing.h"
 #include "worker/jobs/job_setup.h"
 #include "worker/models/model.h"
 #include "worker/report/mlflow_logger.h"
@@ -42,8 +43,9 @@ class Trainer {
   ~Trainer();
 
   // Trains to the end (or to train.max_steps) and returns summary.json's content.
-  // Collective over the ranks: parameters are first broadcast from rank 0. Only rank 0
-  // writes runs/<job>/. Throws std::runtime_error for a failure mid-run.
+  // Collective over the ranks: parameters are first broadcast from rank 0. Rank 0 writes
+  // runs/<job>/; checkpoints go to every host's own disk (checkpoint_sharing.h). Throws
+  // std::runtime_error for a failure mid-run.
   nlohmann::json Run();
 
   std::string run_dir() const;
@@ -64,7 +66,15 @@ class Trainer {
   bool AgreeOnFoundInf(bool local_found_inf);
   void CheckConsistency();
   void BroadcastParameters();
+  // Collective: who writes checkpoints, and the resume point every rank takes, loading a
+  // checkpoint another host sent where its own folder lacked it (Note [Node-local
+  // checkpoints] in checkpoint_sharing.h).
+  void SettleCheckpoints();
   void AgreeOnResumePoint();
+  void LoadResumeCheckpoint(const std::string& path);
+  bool FirstRankOnHost() const;  // the lowest rank on this rank's host
+  InputError NoValidCheckpoint(size_t rejected) const;
+  bool WritesCheckpoints() const { return writers_ ? writers_->mine : is_rank0(); }
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
   void StartTrace();
   // Each rank writes its spans; after a barrier rank 0 merges them into trace.json.
@@ -77,10 +87,11 @@ class Trainer {
   static torch::Tensor NextTokenTargets(const Batch& batch);
   torch::Tensor TaskLoss(const torch::Tensor& logits, const Batch& batch,
                          torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) const;
-  // Collective: every rank calls it at the same step; rank 0 writes the file.
+  // Collective: every rank calls it at the same step; the writers (rank 0 alone, on one
+  // host or shared storage) write the file.
   void SaveCheckpointNow(const std::string& reason);
   std::vector<RngState> GatherRngStates();
-  // Rank 0, once the ranks agreed on the resume point: renames the checkpoints
+  // The writers, once the ranks agreed on the resume point: rename the checkpoints
   // ResolveResume rejected to <file>.rejected.
   void SetAsideRejected();
   double LrAt(int64_t step, int64_t total_steps) const;
@@ -101,6 +112,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<Reducer> reducer_;
+  std::optional<CheckpointWriters> writers_;  // with several ranks
   std::optional<std::string> resume_from_;
   std::vector<std::string> rejected_;  // newer checkpoints than resume_from_ that failed to load
   TrainProgress progress_;
