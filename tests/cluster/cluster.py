@@ -145,8 +145,13 @@ class Cluster:
                 found.append(int(pid))
         return found
 
+    def link(self, host, up):
+        """Takes `host`'s one network link down (as a pulled cable would) or up again."""
+        run(["ip", "-n", self.namespace(host), "link", "set", "eth0", "up" if up else "down"])
+
     def kill(self, host, commands, timeout=10):
-        """SIGKILL to `host`'s processes named in `commands`, until none is left."""
+        """SIGKILL to `host`'s processes named in `commands` (None: every process, as a
+        power cut would; the host is then gone), until none is left."""
         deadline = time.time() + timeout
         while pids := self.pids(host, commands):
             if time.time() > deadline:

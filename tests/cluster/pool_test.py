@@ -42,8 +42,8 @@ def wait_for(predicate, timeout, what):
 class Pool:
     """The coordinator on h1 and agents on the other hosts, all as real processes."""
 
-    def __init__(self, c, args):
-        self.c, self.args = c, args
+    def __init__(self, c, args, liveness=10):
+        self.c, self.args, self.liveness = c, args, liveness
         self.keys = os.path.join(c.shared, "keys")
         self.endpoint = f"tcp://{c.address('h1')}:{PORT}"
         subprocess.run([args.coordinator, "--init", "--keys", self.keys], check=True, capture_output=True)
@@ -58,7 +58,8 @@ class Pool:
         state = os.path.join(self.c.host_dir, "state.db")
         self.c.popen("h1", [self.args.coordinator, "--listen", self.endpoint, "--state", state, "--runs",
                             os.path.join(self.c.host_dir, "runs"), "--keys", self.keys, "--http", f"127.0.0.1:{HTTP}",
-                            "--heartbeat", "0.5", "--liveness", "10", "--grace", "20"],
+                            "--heartbeat", "0.5", "--liveness", str(self.liveness), "--grace", "20",
+                            "--restart-backoff", "1"],
                      stdout=self.log("coordinator"), stderr=subprocess.STDOUT)
 
     def agent_environment(self):

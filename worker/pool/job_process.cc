@@ -1,6 +1,7 @@
 #include "worker/pool/job_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <re2/re2.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include "common/log.h"
@@ -21,6 +24,7 @@ namespace {
 
 constexpr size_t kTailLines = 40;
 constexpr size_t kMaxLineBytes = 400;
+constexpr double kOutputAfterExitS = 3;  // how long the output may stay open once mpirun is gone
 
 bool StartsWith(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
@@ -86,10 +90,12 @@ RankEnd ParseMpirunReport(const std::vector<std::string>& lines) {
   static const RE2 signaled(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
   static const RE2 process(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
   static const RE2 exit_code(R"(Exit code:\s+(\d+))");
+  static const RE2 lost(R"(Remote daemon: \[\[[0-9,]+\],\d+\] on node (\S+))");
   RankEnd end;
   int rank = 0, signal = 0, code = 0;
   std::string node;
   for (const std::string& line : lines) {
+    if (end.lost_host.empty()) RE2::PartialMatch(line, lost, &end.lost_host);
     if (RE2::PartialMatch(line, signaled, &rank, &node, &signal)) {
       end.rank = rank, end.node = node, end.signal = signal;
       return end;
@@ -146,7 +152,9 @@ JobProcess::~JobProcess() {
 void JobProcess::ReadOutput(int fd) {
   std::string pending;
   char buffer[4096];
-  for (;;) {
+  while (!stop_reading_) {
+    pollfd ready{fd, POLLIN, 0};
+    if (::poll(&ready, 1, 100) == 0) continue;
     const ssize_t n = ::read(fd, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -173,9 +181,18 @@ void JobProcess::TakeLine(std::string line) {
   }
   if (after_rule_ && mpirun_message_.empty()) mpirun_message_ = line;
   after_rule_ = false;
+  // Open MPI's words (4.1) when it starts to bring a job down after a rank failed.
+  for (const char* words :
+       {"MPI_ABORT was invoked", "terminated normally, but", "exited on signal", "lost communication with"})
+    if (line.find(words) != std::string::npos && !ending_since_) ending_since_ = Clock::now();
   RememberLogLine(line);
   tail_.push_back(std::move(line));
   if (tail_.size() > kTailLines) tail_.pop_front();
+}
+
+std::optional<Clock::time_point> JobProcess::EndingSince() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ending_since_;
 }
 
 std::string JobProcess::MpirunMessage() const {
@@ -186,19 +203,42 @@ std::string JobProcess::MpirunMessage() const {
 bool JobProcess::Exited() {
   if (!exited_) {
     const pid_t done = ::waitpid(pid_, &status_, WNOHANG);
-    if (done == pid_) exited_ = true;
+    if (done == pid_) exited_ = true, reaped_at_ = Clock::now();
   }
   if (!exited_) return false;
+  if (SecondsSince(*reaped_at_) > kOutputAfterExitS) stop_reading_ = true;
   std::lock_guard<std::mutex> lock(mutex_);
   return output_done_;
 }
 
+namespace {
+
+// The children of `pid` (Linux: /proc/<pid>/task/<tid>/children of every thread).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  std::error_code error;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t child = 0; in >> child;) children.push_back(child);
+  }
+  return children;
+}
+
+}  // namespace
+
 void JobProcess::Terminate() {
-  if (!exited_) ::kill(pid_, SIGTERM);
+  if (exited_) return;
+  children_ = ChildrenOf(pid_);
+  ::kill(pid_, SIGTERM);
 }
 
 void JobProcess::Kill() {
+  // mpirun leads a process group of its own, but starts its ssh to other hosts each in
+  // a group of its own; orphaned, they would hold the output open and outlive the job.
+  ::kill(-pid_, SIGKILL);
   if (!exited_) ::kill(pid_, SIGKILL);
+  for (pid_t child : children_) ::kill(child, SIGKILL);
 }
 
 bool JobProcess::Succeeded() const { return exited_ && WIFEXITED(status_) && WEXITSTATUS(status_) == 0; }

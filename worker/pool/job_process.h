@@ -23,12 +23,16 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/clock.h"
 
 namespace trainyard {
 
@@ -57,6 +61,7 @@ std::vector<std::string> ScrubbedEnvironment(const std::vector<std::string>& env
 struct RankEnd {
   int rank = -1, signal = 0, exit_code = 0;
   std::string node;
+  std::string lost_host;  // the host whose Open MPI daemon stopped answering, if mpirun said so
 };
 RankEnd ParseMpirunReport(const std::vector<std::string>& lines);
 
@@ -71,10 +76,14 @@ class JobProcess {
   JobProcess(const JobProcess&) = delete;
   JobProcess& operator=(const JobProcess&) = delete;
 
-  // True once mpirun has exited (its output read to the end).
+  // True once mpirun has exited and its output was read to the end, or for a few
+  // seconds more was not: an ssh child of mpirun to a host that went away can hold the
+  // output open long after mpirun is gone.
   bool Exited();
-  // Asks mpirun to end the job (SIGTERM: it stops its processes and exits).
+  // Asks mpirun to end the job (SIGTERM: it stops its processes and exits). Remembers
+  // its children first, so that Kill() reaches them once they are orphans.
   void Terminate();
+  // SIGKILL to mpirun, its process group and the children Terminate() saw.
   void Kill();
   pid_t pid() const { return pid_; }
   // REQUIRES: Exited().
@@ -86,6 +95,9 @@ class JobProcess {
   // The first line of mpirun's own first message (Open MPI frames its messages between
   // lines of dashes), e.g. "mpirun has detected an attempt to run as root."; "" if none.
   std::string MpirunMessage() const;
+  // When mpirun first said it is bringing the job down after a rank failed (an abort,
+  // a non-zero exit, a signal, a lost daemon); nullopt while it has not.
+  std::optional<Clock::time_point> EndingSince() const;
 
  private:
   void ReadOutput(int fd);
@@ -98,8 +110,12 @@ class JobProcess {
   mutable std::mutex mutex_;
   std::deque<std::string> tail_;
   std::string mpirun_message_;
+  std::optional<Clock::time_point> ending_since_;
   bool after_rule_ = false;  // the last line that was not blank was a line of dashes
   bool output_done_ = false;
+  std::atomic<bool> stop_reading_{false};
+  std::optional<Clock::time_point> reaped_at_;
+  std::vector<pid_t> children_;  // mpirun's, as Terminate() saw them
 };
 
 // "SIGKILL" for 9; "signal N" when unknown.

@@ -41,7 +41,8 @@ std::string DescribeJobRank(int rank, const JobRelay& relay, const std::string& 
 }
 
 // How an attempt ended, from what its rank 0 said and what its mpirun did.
-JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked) {
+// `stuck`: the agent ended an mpirun that did not end a failed job (Lead).
+JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked, bool stuck) {
   const std::optional<JobOutcome>& said = relay.result();
   if (said && (job.Succeeded() || said->outcome != "succeeded")) return *said;
   if (stop_asked) return Outcome("cancelled", "stopped on request; its mpirun " + job.ExitText());
@@ -53,6 +54,13 @@ JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked) 
            SignalName(end.signal) + ")";
   else if (end.rank >= 0)
     what = DescribeJobRank(end.rank, relay, end.node) + " exited with code " + std::to_string(end.exit_code);
+  else if (!end.lost_host.empty())
+    what = "its mpirun lost contact with host " + end.lost_host +
+           " (Open MPI's daemon there stopped answering: the host or its link went down)";
+  else if (stuck)
+    what =
+        "its mpirun did not end the job after a rank failed (a host of the job may be unreachable), so the agent "
+        "ended it";
   else
     what = "its mpirun " + job.ExitText();
   // The job's own last error line; else what mpirun itself said first (it refused to
@@ -94,20 +102,32 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
       launch.slots.push_back(place.slot);
     }
     JobProcess job(launch);
-    bool stop_asked = false, terminated = false;
-    Clock::time_point asked_at;
+    bool stop_asked = false, terminated = false, stuck = false;
+    Clock::time_point asked_at, terminated_at;
+    auto terminate = [&](const std::string& why) {
+      LogWarn(StrFormat("job %ld: %s; ending its mpirun", long(a.job_id), why.c_str()));
+      job.Terminate(), terminated = true, terminated_at = Clock::now();
+    };
     while (!job.Exited()) {
       relay.Pump(50, a, agent_);
       if (agent_.StopRequested() && !stop_asked) stop_asked = true, asked_at = Clock::now();
       if (stop_asked) relay.Stop("the coordinator asked", a);
-      if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s) {
-        LogWarn(StrFormat("job %ld: no stop after %.0f s; ending its mpirun", long(a.job_id), options_.stop_grace_s));
-        job.Terminate(), terminated = true;
-      }
-      if (terminated && SecondsSince(asked_at) > options_.stop_grace_s + 10) job.Kill();
+      if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s)
+        terminate(StrFormat("no stop after %.0f s", options_.stop_grace_s));
+      // A failed rank aborts the job, and mpirun then stops the others through each
+      // host's daemon. It waits for an unreachable host's daemon without end (a cut
+      // link, a powered-off host), so the failure is not left waiting on it.
+      const auto ending = job.EndingSince();
+      if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s)
+        stuck = true, terminate(StrFormat(
+                          "a rank failed and its mpirun had not ended the job %.0f s later (a host of the job may "
+                          "be unreachable)",
+                          options_.abort_grace_s));
+      if (terminated && SecondsSince(terminated_at) > options_.kill_grace_s) job.Kill();
     }
-    relay.Pump(0, a, agent_);  // what it said last
-    outcome = EndOf(job, relay, stop_asked);
+    if (terminated) job.Kill();  // what mpirun left behind (its ssh to a host gone away)
+    relay.Pump(0, a, agent_);    // what it said last
+    outcome = EndOf(job, relay, stop_asked, stuck);
   } catch (const std::exception& e) {
     outcome = Outcome("failed", std::string("the pool agent could not run the job: ") + e.what());
   }

@@ -63,6 +63,16 @@ TEST(JobProcessTest, ParsesMpirunReportsOfADeadRank) {
   EXPECT_EQ(SignalName(9), "SIGKILL");
 }
 
+// Open MPI 4.1's words when a host's daemon is lost (its help-errmgr-base.txt, node-died).
+TEST(JobProcessTest, ParsesTheHostOfALostDaemon) {
+  RankEnd lost = ParseMpirunReport(
+      {"ORTE has lost communication with a remote daemon.", "  HNP daemon   : [[20416,0],0] on node h2",
+       "  Remote daemon: [[20416,0],1] on node h3", "This is usually due to either a failure of the TCP network"});
+  EXPECT_EQ(lost.lost_host, "h3");
+  EXPECT_EQ(lost.rank, -1);
+  EXPECT_EQ(ParseMpirunReport({"  HNP daemon   : [[20416,0],0] on node h2"}).lost_host, "");
+}
+
 // A fake "mpirun" (a shell script) stands in for the real one: the process runs, its
 // output is kept, and its end is reported.
 TEST(JobProcessTest, RunsTheCommandAndKeepsItsOutputAndEnd) {

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Faults on a real network, on the cluster rig (tests/cluster/cluster.py). One case a run:
+
+  stopped_rank  standalone, 2 hosts x 2 ranks: SIGSTOP of rank 3 on h2 mid-epoch; every
+                report names `h2:3`, and the job exits non-zero within timeout_s + 10 s
+  link_cut      a pool on h2, h3, h4 (coordinator on h1): a 4-rank job runs on two of
+                them; the link of the host without rank 0 goes down. Rank 0's report
+                names that host's ranks, the coordinator fails the attempt with that
+                reason, and the job resumes on the hosts left from their own disks'
+                checkpoints, each epoch reported once
+  power_off     the same, but every process of that host is killed at once (kill -9)
+  partition     the coordinator's host is cut off from the pool for 6 s (less than its
+                liveness window) while a job runs across two hosts: after the link is
+                back, the job goes on and succeeds as the same attempt
+
+Each case prints its time to recover. Exit 77 (skipped) where the rig cannot be made."""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
+
+from cluster import Cluster, available  # noqa: E402
+from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
+from pool_test import Pool, check, wait_for  # noqa: E402
+
+TIMEOUT_S = 6  # the jobs' distributed.timeout_s
+
+
+def rank_pids(c, host):
+    """{MPI rank: pid} of the worker processes on `host`."""
+    found = {}
+    for pid in c.pids(host, ("worker",)):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = pid
+        except (OSError, KeyError, ValueError):
+            pass
+    return found
+
+
+def lines_of(path):
+    try:
+        with open(path) as f:
+            return f.read().count("\n")
+    except OSError:
+        return 0
+
+
+def stopped_rank(c, args):
+    job = write(os.path.join(c.shared, "hang.yaml"), job_yaml(
+        "hang", subset_tsv(c.shared, 6000),
+        f"train:\n  batch_size: 16\n  epochs: 5\ndistributed:\n  timeout_s: {TIMEOUT_S}\n"))
+    run = c.popen("h1", c.mpirun({"h1": 2, "h2": 2}, [args.worker, job, "--runs-dir",
+                                                     os.path.join(c.host_dir, "runs")], args.mpirun),
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: lines_of(c.outside("h1", "runs/hang/steps.jsonl")) >= 20 or run.poll() is not None, 120,
+             "20 steps")
+    pids = rank_pids(c, "h2")
+    os.kill(pids[3], signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        out, _ = run.communicate(timeout=TIMEOUT_S + 40)
+    finally:
+        os.kill(pids[3], signal.SIGCONT)
+    elapsed = time.time() - stopped
+    report = [line for line in out.splitlines() if "timed out" in line]
+    for line in report[:3]:
+        print(line)
+    ok = check(report and all("rank h2:3 did not reach it" in line for line in report),
+               "every rank that reports names h2:3")
+    return ok & check(run.returncode != 0 and elapsed <= TIMEOUT_S + 10,
+                      f"the job exits {run.returncode} {elapsed:.1f} s after the stop (timeout_s {TIMEOUT_S})")
+
+
+def pool_job(c, name):
+    return write(os.path.join(c.shared, name + ".yaml"), job_yaml(
+        name, subset_tsv(c.shared, 4000),
+        f"train:\n  batch_size: 8\n  epochs: 3\ncheckpoint:\n  every_steps: 10\n"
+        f"distributed:\n  timeout_s: {TIMEOUT_S}\nresources:\n  ranks: 4\n  max_restarts: 3\n"))
+
+
+def start_pool(c, args, hosts):
+    pool = Pool(c, args, liveness=40)
+    pool.start_coordinator()
+    for host in hosts:
+        pool.start_agents(host, 2)
+    wait_for(lambda: len(pool.workers()) == 2 * len(hosts), 60, "the agents")
+    return pool
+
+
+def placement_hosts(pool, report, attempt):
+    host_of = {w["world"]: w["host"] for w in pool.known_workers}
+    return [host_of.get(agent.rsplit(":", 1)[0]) for agent in report["attempts"][attempt]["placement"].split(",")]
+
+
+def lose_a_host(c, args, how):
+    pool = start_pool(c, args, ["h2", "h3", "h4"])
+    other = None
+    try:
+        pool.known_workers = pool.workers()
+        job_id = pool.jobctl("submit", pool_job(c, "faulted"))["job_id"]
+        wait_for(lambda: pool.jobctl("report", str(job_id))["attempts"], 60, "the first attempt")
+        first = placement_hosts(pool, pool.jobctl("report", str(job_id)), 0)
+        lead, other = first[0], next(h for h in first if h != first[0])
+        wait_for(lambda: os.path.isdir(c.outside(other, "runs/1/faulted/checkpoints")) and any(
+            f.startswith("step-") for f in os.listdir(c.outside(other, "runs/1/faulted/checkpoints"))), 120,
+            f"a checkpoint on {other}")
+        if how == "link_cut":
+            c.link(other, up=False)
+        else:
+            c.kill(other, None)
+        faulted = time.time()
+        print(f"{how}: {other} (the job ran on {first}, rank 0 on {lead})")
+        second = wait_for(lambda: (lambda r: r if len(r["attempts"]) >= 2 else None)(
+            pool.jobctl("report", str(job_id))), TIMEOUT_S + 60, "a second attempt")
+        failed_at = time.time() - faulted
+        reason = second["attempts"][0]["outcome"]
+        # A cut link leaves the ranks there silent: the collective's deadline finds them. A
+        # powered-off host's sockets close at once: mpirun loses its daemon there first.
+        named = (f"rank {other}:" in reason and "did not reach it" in reason if how == "link_cut"
+                 else f"lost contact with host {other}" in reason)
+        ok = check(named, f"attempt 1 failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
+        final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
+            pool.jobctl("status", str(job_id))), 300, "the job to end")
+        recovered = time.time() - faulted
+        report = pool.jobctl("report", str(job_id))
+        last = placement_hosts(pool, report, len(report["attempts"]) - 1)
+        ok &= check(final["state"] == "SUCCEEDED" and other not in last,
+                    f"the job {final['state']} on {sorted(set(last))} after {len(report['attempts'])} attempts, "
+                    f"{recovered:.1f} s after the fault")
+        epochs = [int(e["epoch"]) for e in report["epochs"]]
+        ok &= check(epochs == [1, 2, 3], f"each epoch reported once: {epochs}")
+        print(f"recovery: failed {failed_at:.1f} s after the fault, succeeded {recovered:.1f} s after it")
+        return ok
+    except BaseException:
+        pool.dump_logs()
+        for host in ("h2", "h3", "h4"):
+            pids = ",".join(map(str, c.pids(host)))
+            if pids:
+                print(f"--- processes on {host}\n" + subprocess.run(
+                    ["ps", "-o", "pid,ppid,pgid,stat,etimes,args", "-p", pids], capture_output=True, text=True).stdout)
+        raise
+    finally:
+        if how == "link_cut" and other:
+            c.link(other, up=True)
+
+
+def partition(c, args):
+    pool = start_pool(c, args, ["h2", "h3"])
+    try:
+        job_id = pool.jobctl("submit", pool_job(c, "healed"))["job_id"]
+        wait_for(lambda: lines_of(c.outside("h2", "runs/1/healed/steps.jsonl")) +
+                 lines_of(c.outside("h3", "runs/1/healed/steps.jsonl")) >= 3, 120, "the job to train")
+        c.link("h1", up=False)
+        time.sleep(6)
+        c.link("h1", up=True)
+        healed = time.time()
+        final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
+            pool.jobctl("status", str(job_id))), 300, "the job to end")
+        report = pool.jobctl("report", str(job_id))
+        return check(final["state"] == "SUCCEEDED" and len(report["attempts"]) == 1,
+                     f"h1 cut off for 6 s: the job {final['state']} as attempt {len(report['attempts'])}, "
+                     f"{time.time() - healed:.1f} s after the link came back")
+    except BaseException:
+        pool.dump_logs()
+        raise
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--jobctl", "--worker"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("case", choices=["stopped_rank", "link_cut", "power_off", "partition"])
+    args = parser.parse_args()
+    why = available()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(77)
+    with Cluster(4 if args.case in ("link_cut", "power_off") else 3) as c:
+        if args.case == "stopped_rank":
+            ok = stopped_rank(c, args)
+        elif args.case == "partition":
+            ok = partition(c, args)
+        else:
+            ok = lose_a_host(c, args, args.case)
+    print("PASS" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
