@@ -14,7 +14,7 @@ if [[ ${1:-} == --quick ]]; then
   LABELS=(-L 'unit|reference')
   shift
 elif [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,10p' "$0"
+  sed -n '2,9p' "$0"
   exit 0
 fi
 scripts/setup.sh
