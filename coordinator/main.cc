@@ -51,8 +51,8 @@ int Main(int argc, char** argv) {
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
   app.add_option("--runs", o.runs_dir,
-                 "folder for <job id>/ (default runs); workers write checkpoints there too, so it must be\n"
-                 "reachable at the same path from every worker host");
+                 "folder for <job id>/ (default runs); a job's ranks use the same path on their own hosts\n"
+                 "(model and logs on its rank 0's host, checkpoints on each host's own disk): it need not be shared");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
   bool init = false;
   app.add_flag("--init", init,

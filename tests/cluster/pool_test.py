@@ -145,6 +145,10 @@ def main():
             ok &= check(seen == ["h2", "h3"], f"the dashboard's API shows the hosts: {seen}")
             ok &= check(len(report["epochs"]) == 2 and len(report["attempts"]) == 1,
                         f"2 epochs reported, in 1 attempt ({len(report['attempts'])})")
+            lead_host = host_of.get(placement.split(",")[0].rsplit(":", 1)[0])
+            ok &= check(report.get("summary", {}).get("host") == lead_host,
+                        f"the job's summary names its model's host: {report.get('summary', {}).get('host')} "
+                        f"({report.get('summary', {}).get('model_dir')})")
             pooled = report.get("summary", {}).get("final")
             alone = standalone_final(c, args, job)
             ok &= check(pooled == alone, f"its final losses equal a standalone 1 x 4 run's: {pooled} / {alone}")
