@@ -40,7 +40,7 @@ struct CheckpointMeta {
   bool cuda_rng = false;             // ... and rng.cuda.<r> too
 };
 
-// Upper bound of every step count in a checkpoint (the job file's bound, README).
+// Upper bound of every step count in a checkpoint (the job file's bound, docs/job-file.md).
 inline constexpr int64_t kMaxCheckpointSteps = 1'000'000'000'000;
 
 // The metadata strings of `meta` (with the format), as SaveCheckpoint stores them.

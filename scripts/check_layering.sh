@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that every C++ file includes only what its folder's layer may use, so the
-# layering of the tree (README, "Architecture") cannot erode:
+# layering of the tree (docs/architecture.md) cannot erode:
 #   - project includes ("folder/file.h") follow the allow-list below: a folder uses
 #     itself and the layers beneath it (coordinator/, common/ and data/ never include
 #     worker/; worker/models/ never includes worker/jobs/; ...);

@@ -53,6 +53,7 @@ APT_PACKAGES=(
   librsvg2-bin
   libcurl4-openssl-dev
   openssh-server openssh-client iproute2 util-linux
+  mkdocs
   chromium chromium-driver libjs-chart.js
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh
 )

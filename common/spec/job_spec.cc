@@ -44,7 +44,7 @@ const char* NameOf(const std::map<std::string, E>& names, E value) {
 
 namespace fs = std::filesystem;
 
-// Upper bounds of the integer fields (README, "Job files"): far above any real job,
+// Upper bounds of the integer fields (docs/job-file.md): far above any real job,
 // low enough that products such as batch_size x ranks or steps as doubles stay exact.
 constexpr int64_t kMaxSteps = 1'000'000'000'000;  // steps, step counts and cadences
 constexpr int64_t kMaxEpochs = 100'000;
