@@ -105,7 +105,7 @@ class Cluster:
     def mpirun_args(self):
         """What mpirun needs to launch across the rig's hosts: ssh as its remote agent, and
         the rig's network for its own links and for MPI's TCP transport."""
-        return ["--mca", "plm_rsh_agent", f"ssh -F {self.shared}/ssh_config",
+        return ["--mca", "plm", "rsh", "--mca", "plm_rsh_agent", f"ssh -F {self.shared}/ssh_config",
                 "--mca", "oob_tcp_if_include", SUBNET, "--mca", "btl_tcp_if_include", SUBNET]
 
     def mpirun(self, slots, argv, mpirun="mpirun"):

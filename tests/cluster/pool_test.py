@@ -65,7 +65,7 @@ class Pool:
     def agent_environment(self):
         """What an agent's host needs so that the job mpiruns it starts reach the other
         hosts: ssh with the rig's keys, and the rig's network for Open MPI's traffic."""
-        return self.c.environment(OMPI_MCA_plm_rsh_agent=f"ssh -F {self.c.shared}/ssh_config",
+        return self.c.environment(OMPI_MCA_plm="rsh", OMPI_MCA_plm_rsh_agent=f"ssh -F {self.c.shared}/ssh_config",
                                   OMPI_MCA_oob_tcp_if_include=SUBNET, OMPI_MCA_btl_tcp_if_include=SUBNET)
 
     def start_agents(self, host, count):
