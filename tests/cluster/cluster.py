@@ -200,7 +200,7 @@ class Cluster:
         with open(os.path.join(self.shared, "ssh_config"), "w") as f:
             f.write(f"Host {' '.join(self.names)}\n  User root\n  IdentityFile {self.shared}/user_key\n"
                     "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-                    "  ConnectTimeout 5\n")
+                    "  ConnectTimeout 30\n  ServerAliveInterval 5\n  ServerAliveCountMax 3\n")
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation folder
 
     def add_host(self, i, host, switch):

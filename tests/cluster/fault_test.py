@@ -105,27 +105,37 @@ def lose_a_host(c, args, how):
     try:
         pool.known_workers = pool.workers()
         job_id = pool.jobctl("submit", pool_job(c, "faulted"))["job_id"]
-        wait_for(lambda: pool.jobctl("report", str(job_id))["attempts"], 60, "the first attempt")
-        first = placement_hosts(pool, pool.jobctl("report", str(job_id)), 0)
+
+        def training_across_hosts():
+            """(attempt index, its hosts) once the running attempt has a checkpoint on
+            each of its hosts. On a loaded machine an attempt may fail to start (ssh
+            or Open MPI's daemons too slow) and be retried: the fault is for a running one."""
+            report = pool.jobctl("report", str(job_id))
+            if not report["attempts"] or report["attempts"][-1]["ended_at"]:
+                return None
+            index = len(report["attempts"]) - 1
+            hosts = placement_hosts(pool, report, index)
+            folders = [c.outside(h, "runs/1/faulted/checkpoints") for h in set(hosts)]
+            ready = all(os.path.isdir(f) and any(n.startswith("step-") for n in os.listdir(f)) for f in folders)
+            return (index, hosts) if ready else None
+
+        attempt, first = wait_for(training_across_hosts, 180, "an attempt training with checkpoints on its hosts")
         lead, other = first[0], next(h for h in first if h != first[0])
-        wait_for(lambda: os.path.isdir(c.outside(other, "runs/1/faulted/checkpoints")) and any(
-            f.startswith("step-") for f in os.listdir(c.outside(other, "runs/1/faulted/checkpoints"))), 120,
-            f"a checkpoint on {other}")
         if how == "link_cut":
             c.link(other, up=False)
         else:
             c.kill(other, None)
         faulted = time.time()
         print(f"{how}: {other} (the job ran on {first}, rank 0 on {lead})")
-        second = wait_for(lambda: (lambda r: r if len(r["attempts"]) >= 2 else None)(
-            pool.jobctl("report", str(job_id))), TIMEOUT_S + 60, "a second attempt")
+        second = wait_for(lambda: (lambda r: r if len(r["attempts"]) > attempt + 1 else None)(
+            pool.jobctl("report", str(job_id))), TIMEOUT_S + 60, "the next attempt")
         failed_at = time.time() - faulted
-        reason = second["attempts"][0]["outcome"]
+        reason = second["attempts"][attempt]["outcome"]
         # A cut link leaves the ranks there silent: the collective's deadline finds them. A
         # powered-off host's sockets close at once: mpirun loses its daemon there first.
         named = (f"rank {other}:" in reason and "did not reach it" in reason if how == "link_cut"
                  else f"lost contact with host {other}" in reason)
-        ok = check(named, f"attempt 1 failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
+        ok = check(named, f"attempt {attempt + 1} failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
         final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
             pool.jobctl("status", str(job_id))), 300, "the job to end")
         recovered = time.time() - faulted
