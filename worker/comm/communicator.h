@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,8 @@ class Communicator {
   }
   // Every rank's `values` (same length on all ranks), rank-major: result[r][i].
   std::vector<std::vector<double>> AllGather(const std::vector<double>& values, std::string what);
+  // Every rank's `bytes` (same length on all ranks), rank-major, exact.
+  std::vector<std::vector<uint8_t>> AllGatherBytes(const std::vector<uint8_t>& bytes, std::string what);
   // True on every rank if `flag` is true on any rank.
   bool AnyTrue(bool flag, std::string what);
 };

@@ -205,30 +205,20 @@ void Trainer::SetAsideRejected() {
   }
 }
 
-// Every rank's RngState, on every rank (Note [Resume] 1). The states travel as 32-bit
-// words in doubles, exact, through the one all-gather both backends have.
+// Every rank's RngState, on every rank (Note [Resume] 1): the CPU state's bytes, then
+// the GPU's, gathered as bytes.
 std::vector<RngState> Trainer::GatherRngStates() {
   RngState mine = CaptureRngState(*model_);
   if (!ranks_.comm) return {mine};
   const int64_t cpu_bytes = mine.cpu.numel(), cuda_bytes = mine.cuda.defined() ? mine.cuda.numel() : 0;
-  std::vector<uint8_t> bytes(static_cast<size_t>(cpu_bytes + cuda_bytes + 3) / 4 * 4, 0);
+  std::vector<uint8_t> bytes(static_cast<size_t>(cpu_bytes + cuda_bytes));
   std::memcpy(bytes.data(), mine.cpu.data_ptr(), static_cast<size_t>(cpu_bytes));
   if (cuda_bytes) std::memcpy(bytes.data() + cpu_bytes, mine.cuda.data_ptr(), static_cast<size_t>(cuda_bytes));
-  std::vector<double> words(bytes.size() / 4);
-  for (size_t i = 0; i < words.size(); ++i) {
-    uint32_t word = 0;
-    std::memcpy(&word, bytes.data() + 4 * i, 4);
-    words[i] = word;
-  }
-  const auto all = ranks_.comm->AllGather(words, StrFormat("RNG states at step %ld", long(progress_.global_step)));
+  auto all = ranks_.comm->AllGatherBytes(bytes, StrFormat("RNG states at step %ld", long(progress_.global_step)));
   std::vector<RngState> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    for (size_t i = 0; i < words.size(); ++i) {
-      const auto word = static_cast<uint32_t>(all[r][i]);
-      std::memcpy(bytes.data() + 4 * i, &word, 4);
-    }
-    out[r].cpu = torch::from_blob(bytes.data(), {cpu_bytes}, torch::kByte).clone();
-    if (cuda_bytes) out[r].cuda = torch::from_blob(bytes.data() + cpu_bytes, {cuda_bytes}, torch::kByte).clone();
+    out[r].cpu = torch::from_blob(all[r].data(), {cpu_bytes}, torch::kByte).clone();
+    if (cuda_bytes) out[r].cuda = torch::from_blob(all[r].data() + cpu_bytes, {cuda_bytes}, torch::kByte).clone();
   }
   return out;
 }

@@ -45,6 +45,18 @@ TEST(MpiCommunicator, BroadcastAllGatherAnyTrue) {
   EXPECT_FALSE(Comm().AnyTrue(false, "none"));
 }
 
+// Every byte value, from every rank, arrives as it was: the bytes RNG states are made of.
+TEST(MpiCommunicator, AllGatherBytesIsExact) {
+  std::vector<uint8_t> mine(300);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<uint8_t>((i * 7 + size_t(Comm().rank()) * 31) & 0xFF);
+  const auto all = Comm().AllGatherBytes(mine, "gather bytes");
+  ASSERT_EQ(int(all.size()), Comm().size());
+  for (int r = 0; r < Comm().size(); ++r)
+    for (size_t i = 0; i < mine.size(); ++i)
+      ASSERT_EQ(all[r][i], static_cast<uint8_t>((i * 7 + size_t(r) * 31) & 0xFF)) << "rank " << r << " byte " << i;
+  EXPECT_TRUE(Comm().AllGatherBytes({}, "no bytes")[0].empty());
+}
+
 TEST(MpiCommunicator, AsyncCollectivesCompleteInOrder) {
   std::vector<torch::Tensor> tensors;
   std::vector<std::shared_ptr<Work>> works;
