@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -27,6 +28,9 @@ struct RankContext {
   int rank = 0, world = 1, local_rank = 0;
   Communicator* comm = nullptr;
   JobHooks* hooks = nullptr;
+  // Set by the runtime, which owns the process's signal handling, for jobs that end on
+  // SIGINT or SIGTERM (kind: serve); true once one arrived.
+  const std::atomic<bool>* stop_signal = nullptr;
 };
 
 // Note [Stop agreement]

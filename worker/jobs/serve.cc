@@ -24,9 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::atomic<bool> g_stop_signal{false};
-void OnStopSignal(int) { g_stop_signal = true; }
-
 double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -205,7 +202,8 @@ void ServeRunner::ReapLoaders(bool all) {
 
 void ServeRunner::Serve(void* raw_socket) {
   zmq::socket_t& socket = *static_cast<zmq::socket_t*>(raw_socket);
-  while (!g_stop_signal && !StopAsked(ranks_)) {
+  const auto signalled = [this] { return ranks_.stop_signal && ranks_.stop_signal->load(); };
+  while (!signalled() && !StopAsked(ranks_)) {
     {
       std::lock_guard<std::mutex> lock(loads_mutex_);
       for (LoadOutcome& outcome : finished_loads_) {
@@ -292,21 +290,10 @@ nlohmann::json ServeRunner::Run() {
   zmq::socket_t socket(context, zmq::socket_type::pair);
   socket.set(zmq::sockopt::linger, 0);
   socket.bind(endpoint);
-  struct sigaction action {
-  }, old_int{}, old_term{};
-  action.sa_handler = OnStopSignal;
-  ::sigaction(SIGINT, &action, &old_int);
-  ::sigaction(SIGTERM, &action, &old_term);
   StartFrontEnd(endpoint);
   LogInfo("serve: model process " + std::to_string(::getpid()) + ", front end " + std::to_string(front_end_pid_) +
           " (endpoints in " + run_dir() + "/endpoints.json)");
-  try {
-    Serve(&socket);
-  } catch (...) {
-    ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr);
-    throw;
-  }
-  ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr);
+  Serve(&socket);
   if (front_end_pid_ > 0) {
     ::kill(front_end_pid_, SIGTERM);
     for (int i = 0; i < 500 && front_end_pid_ > 0; ++i) {

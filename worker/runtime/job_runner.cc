@@ -1,5 +1,8 @@
 #include "worker/runtime/job_runner.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <memory>
 
@@ -59,6 +62,39 @@ nlohmann::json RunKind(JobSpec spec, const RankContext& ranks) {
   return summary;
 }
 
+// SIGINT and SIGTERM set a flag while it lives, and the handlers before it come back
+// after. Only a serve job, which runs until told, ends on them gracefully; every other
+// kind keeps the default (the process ends, and mpirun with it).
+class StopSignals {
+ public:
+  StopSignals() {
+    raised_ = false;
+    struct sigaction action {};
+    action.sa_handler = [](int) { raised_ = true; };
+    ::sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &old_int_);
+    ::sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  static const std::atomic<bool>* flag() { return &raised_; }
+
+ private:
+  static inline std::atomic<bool> raised_{false};
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+nlohmann::json RunServe(JobSpec spec, RankContext ranks) {
+  StopSignals signals;
+  ranks.stop_signal = StopSignals::flag();
+  return RunKind<ServeRunner>(std::move(spec), ranks);
+}
+
 nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
   switch (spec.kind) {
     case JobKind::kFinetune:
@@ -70,7 +106,7 @@ nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
     case JobKind::kGenerate:
       return RunKind<GenerateRunner>(std::move(spec), ranks);
     case JobKind::kServe:
-      return RunKind<ServeRunner>(std::move(spec), ranks);
+      return RunServe(std::move(spec), ranks);
   }
   throw std::logic_error("unknown job kind");
 }
