@@ -132,9 +132,14 @@ def lose_a_host(c, args, how):
         failed_at = time.time() - faulted
         reason = second["attempts"][attempt]["outcome"]
         # A cut link leaves the ranks there silent: the collective's deadline finds them. A
-        # powered-off host's sockets close at once: mpirun loses its daemon there first.
-        named = (f"rank {other}:" in reason and "did not reach it" in reason if how == "link_cut"
-                 else f"lost contact with host {other}" in reason)
+        # powered-off host's sockets close at once: mpirun loses its daemon there (and
+        # names the host), or, when the ssh session to it ends first, reports that a
+        # daemon failed (without a host; the attempt still fails at once).
+        if how == "link_cut":
+            named = f"rank {other}:" in reason and "did not reach it" in reason
+        else:
+            named = (f"lost contact with host {other}" in reason or
+                     "unable to reliably start one or more daemons" in reason) and failed_at < TIMEOUT_S
         ok = check(named, f"attempt {attempt + 1} failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
         final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
             pool.jobctl("status", str(job_id))), 300, "the job to end")
@@ -147,6 +152,8 @@ def lose_a_host(c, args, how):
         epochs = [int(e["epoch"]) for e in report["epochs"]]
         ok &= check(epochs == [1, 2, 3], f"each epoch reported once: {epochs}")
         print(f"recovery: failed {failed_at:.1f} s after the fault, succeeded {recovered:.1f} s after it")
+        if not ok:
+            pool.dump_logs()
         return ok
     except BaseException:
         pool.dump_logs()
