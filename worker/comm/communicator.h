@@ -46,6 +46,12 @@ class Communicator {
   virtual std::string Host(int rank) const = 0;
   // How logs and reports name rank `rank`: "<host>:<rank>".
   std::string RankName(int rank) const { return Host(rank) + ":" + std::to_string(rank); }
+  // The lowest rank on the host rank `rank` runs on.
+  int FirstRankOnHost(int rank) const {
+    for (int r = 0; r < rank; ++r)
+      if (Host(r) == Host(rank)) return r;
+    return rank;
+  }
 
   // Starts an in-place all-reduce of a contiguous tensor. `tensor` must stay alive and
   // untouched until Wait() returns. Collectives start in call order.

@@ -33,12 +33,6 @@ double DrawToken() {
   return double(bits & ((uint64_t(1) << 48) - 1)) + 1;
 }
 
-int FirstRankOnHostOf(const Communicator& comm, int rank) {
-  for (int r = 0; r < comm.size(); ++r)
-    if (comm.Host(r) == comm.Host(rank)) return r;
-  return rank;
-}
-
 }  // namespace
 
 std::string CheckpointWriters::Describe(const Communicator& comm) const {
@@ -59,7 +53,7 @@ CheckpointWriters DecideCheckpointWriters(Communicator& comm, const std::string&
   // Rank 0 wrote the probe before any rank gets the token back.
   token = comm.AllGather({token}, "checkpoint writers: rank 0's probe")[0][0];
   bool sees_rank0 = true;
-  if (FirstRankOnHostOf(comm, me) == me && comm.Host(me) != comm.Host(0)) {
+  if (comm.FirstRankOnHost(me) == me && comm.Host(me) != comm.Host(0)) {
     std::ifstream in(dir + "/" + kProbeName);
     int64_t found = -1;
     sees_rank0 = (in >> found) && found == int64_t(token);
@@ -67,7 +61,7 @@ CheckpointWriters DecideCheckpointWriters(Communicator& comm, const std::string&
   const auto seen = comm.AllGather({sees_rank0 ? 1.0 : 0.0}, "checkpoint writers: shared folders");
   CheckpointWriters writers;
   for (int r = 0; r < n; ++r) {
-    const int first = FirstRankOnHostOf(comm, r);
+    const int first = comm.FirstRankOnHost(r);
     writers.writer_of.push_back(seen[first][0] != 0 ? 0 : first);
   }
   std::set<int> distinct(writers.writer_of.begin(), writers.writer_of.end());

@@ -160,19 +160,13 @@ void Trainer::ResolveResume() {
       return;
     } catch (const CheckpointError& e) {
       if (!automatic) throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
-      if (FirstRankOnHost()) LogWarn(std::string("resume: rejected ") + e.what());
+      if (!ranks_.comm || ranks_.comm->FirstRankOnHost(ranks_.rank) == ranks_.rank)
+        LogWarn(std::string("resume: rejected ") + e.what());
       rejected_.push_back(path);
     }
   }
   // With several ranks, another host may hold a valid one (SettleCheckpoints).
   if (!rejected_.empty() && !ranks_.comm) throw NoValidCheckpoint(rejected_.size());
-}
-
-bool Trainer::FirstRankOnHost() const {
-  if (!ranks_.comm) return true;
-  for (int r = 0; r < ranks_.rank; ++r)
-    if (ranks_.comm->Host(r) == ranks_.comm->Host(ranks_.rank)) return false;
-  return true;
 }
 
 void Trainer::LoadResumeCheckpoint(const std::string& path) {

@@ -72,7 +72,6 @@ class Trainer {
   void SettleCheckpoints();
   void AgreeOnResumePoint();
   void LoadResumeCheckpoint(const std::string& path);
-  bool FirstRankOnHost() const;  // the lowest rank on this rank's host
   InputError NoValidCheckpoint(size_t rejected) const;
   bool WritesCheckpoints() const { return writers_ ? writers_->mine : is_rank0(); }
   EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
