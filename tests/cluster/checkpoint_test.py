@@ -18,13 +18,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 
-from cluster import Cluster, available  # noqa: E402
+from cluster import Cluster, check, skip_unless_available  # noqa: E402
 from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
-
-
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    return bool(ok)
 
 
 def job(c, name):
@@ -85,10 +80,7 @@ def main():
     parser.add_argument("--worker", required=True)
     parser.add_argument("--mpirun", default="mpirun")
     args = parser.parse_args()
-    why = available()
-    if why:
-        print(f"skipped: {why}")
-        sys.exit(77)
+    skip_unless_available()
     ok = True
     with Cluster(3) as c:
         train(c, args, "ref", {"h1": 2, "h2": 2})

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -44,6 +45,20 @@ def available():
         return "network namespaces cannot be made here: " + made.stderr.strip()
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return ""
+
+
+def skip_unless_available():
+    """Exits 77 (ctest's skip) with one line where a rig cannot be made here."""
+    why = available()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(77)
+
+
+def check(ok, what):
+    """Prints one line of a test's verdict; returns ok as a bool."""
+    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
+    return bool(ok)
 
 
 def leftovers(prefix=PREFIX):

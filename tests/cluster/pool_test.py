@@ -9,34 +9,17 @@ Exit 77 (skipped) where the rig cannot be made."""
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 
-from cluster import SUBNET, Cluster, available  # noqa: E402
-from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
+from cluster import SUBNET, Cluster, check, skip_unless_available  # noqa: E402
+from e2e_common import job_yaml, subset_tsv, wait_for, write  # noqa: E402
 
 PORT = 5555
 HTTP = 8265
-
-
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    return bool(ok)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Pool:
@@ -114,10 +97,7 @@ def main():
         parser.add_argument(flag, required=True)
     parser.add_argument("--mpirun", default="mpirun")
     args = parser.parse_args()
-    why = available()
-    if why:
-        print(f"skipped: {why}")
-        sys.exit(77)
+    skip_unless_available()
     ok = True
     with Cluster(3) as c:
         pool = Pool(c, args)

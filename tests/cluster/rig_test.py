@@ -7,19 +7,11 @@ import os
 import subprocess
 import sys
 
-from cluster import Cluster, available, leftovers
-
-
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    return ok
+from cluster import Cluster, check, leftovers, skip_unless_available
 
 
 def main():
-    why = available()
-    if why:
-        print(f"skipped: {why}")
-        sys.exit(77)
+    skip_unless_available()
     ok = True
     with Cluster(3) as c:
         prefix = c.prefix

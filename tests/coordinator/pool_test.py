@@ -52,17 +52,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
 import e2e_common  # noqa: E402
-from e2e_common import LANGID, MPI_ENV, free_port  # noqa: E402
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+from e2e_common import LANGID, MPI_ENV, free_port, wait_for  # noqa: E402
 
 
 class Cluster:

@@ -54,6 +54,17 @@ log:
 {extra}"""
 
 
+def wait_for(predicate, timeout, what):
+    """predicate()'s first true value, polled every 0.25 s; AssertionError after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
