@@ -1,8 +1,10 @@
 #include "worker/pool/pool_agent.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <stdexcept>
 #include <zmq.hpp>
@@ -71,8 +73,24 @@ struct PoolAgent::Link {
   void Send(const std::string& bytes) { (void)socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
 };
 
+// The link thread, and ZeroMQ's I/O threads it starts (they inherit its mask), take no
+// asynchronous signal: the process's handlers (SIGTERM, SIGINT in pool_runtime.cc) run
+// on the main thread, which decides what a signal means, and never interrupt a poll.
+// Faults stay deliverable: blocking them is undefined.
+namespace {
+void BlockAsynchronousSignals() {
+  sigset_t signals;
+  sigfillset(&signals);
+  for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS}) sigdelset(&signals, fault);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+}  // namespace
+
 PoolAgent::PoolAgent(PoolOptions options, RankIdentity self) : options_(std::move(options)), self_(std::move(self)) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    BlockAsynchronousSignals();
+    Loop();
+  });
 }
 
 PoolAgent::~PoolAgent() {
