@@ -4,7 +4,10 @@ namespace trainyard {
 
 bool LogLimiter::Allow(const std::string& kind, double now_s, int64_t* left_out) {
   Window& w = windows_[kind];
-  if (now_s - w.start >= window_s_) w.start = now_s, w.written = 0;
+  if (now_s - w.start >= window_s_) {
+    w.start = now_s;
+    w.written = 0;
+  }
   if (w.written >= burst_) {
     ++w.left_out;
     return false;

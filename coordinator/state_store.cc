@@ -54,11 +54,22 @@ constexpr const char* kJobColumns =
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
-  j.id = s.Int(0), j.name = s.Text(1), j.idempotency_key = s.Text(2), j.spec_yaml = s.Text(3);
-  j.source = s.Text(4), j.state = JobStateFromString(s.Text(5)), j.priority = int(s.Int(6));
-  j.ranks = int(s.Int(7)), j.max_restarts = int(s.Int(8)), j.attempts = int(s.Int(9)), j.device = s.Text(10);
-  j.reason = s.Text(11), j.submitted_at = s.Real(12), j.not_before = s.Real(13);
-  j.base_dir = s.Text(14), j.estimate_s = s.Real(15);
+  j.id = s.Int(0);
+  j.name = s.Text(1);
+  j.idempotency_key = s.Text(2);
+  j.spec_yaml = s.Text(3);
+  j.source = s.Text(4);
+  j.state = JobStateFromString(s.Text(5));
+  j.priority = int(s.Int(6));
+  j.ranks = int(s.Int(7));
+  j.max_restarts = int(s.Int(8));
+  j.attempts = int(s.Int(9));
+  j.device = s.Text(10);
+  j.reason = s.Text(11);
+  j.submitted_at = s.Real(12);
+  j.not_before = s.Real(13);
+  j.base_dir = s.Text(14);
+  j.estimate_s = s.Real(15);
   return j;
 }
 

@@ -28,7 +28,8 @@ bool SubmitParser::Post(std::string identity, wire::SubmitRequest request) {
     if (in_flight_ >= max_pending_) return false;
     ++in_flight_;
     ParsedSubmission item;
-    item.identity = std::move(identity), item.request = std::move(request);
+    item.identity = std::move(identity);
+    item.request = std::move(request);
     todo_.push_back(std::move(item));
   }
   posted_.notify_one();

@@ -44,15 +44,20 @@ void ZapHandler::Answer(zmq::socket_t& socket) {
   std::string status = "400", text = "no key", user;
   std::string address, mechanism;
   if (frames.size() >= 6) {
-    address = frames[3].to_string(), mechanism = frames[5].to_string();
+    address = frames[3].to_string();
+    mechanism = frames[5].to_string();
   }
   if (frames.size() >= 7 && mechanism == "CURVE" && frames[6].size() == 32) {
     char z85[41] = {};
     zmq_z85_encode(z85, static_cast<const uint8_t*>(frames[6].data()), 32);
     if (keys_.workers.count(z85)) {
-      status = "200", text = "OK", user = ToString(WireRole::kWorker);
+      status = "200";
+      text = "OK";
+      user = ToString(WireRole::kWorker);
     } else if (keys_.clients.count(z85)) {
-      status = "200", text = "OK", user = ToString(WireRole::kClient);
+      status = "200";
+      text = "OK";
+      user = ToString(WireRole::kClient);
     } else {
       text = "key not allowed";
     }

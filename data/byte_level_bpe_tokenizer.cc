@@ -205,7 +205,8 @@ void ByteLevelBpeTokenizer::ChooseTemplate(const std::string& vocab_path, Templa
     if (s < 0 || end_s < 0)
       throw std::runtime_error(vocab_path + ": the roberta template needs <s> and </s>; the vocabulary has no " +
                                (s < 0 ? "<s>" : "</s>"));
-    bos_id_ = s, eos_id_ = end_s;
+    bos_id_ = s;
+    eos_id_ = end_s;
     specials = {{"<s>", false}, {"</s>", false}, {"<unk>", false}, {"<pad>", false}, {"<mask>", true}};
   } else {
     bos_id_ = eos_id_ = IdOf("<|endoftext|>");

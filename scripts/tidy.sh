@@ -43,6 +43,8 @@ for c in commands:
 json.dump(commands, open(sys.argv[2], "w"))
 PY
 echo "tidy: ${#FILES[@]} file(s): ${FILES[*]}"
+# -Wcomma (reported as clang-diagnostic-comma): statements are not chained with the comma
+# operator, which reads as one statement and is not one under an unbraced if.
 printf '%s\n' "${FILES[@]}" | xargs -P "${TRAINYARD_BUILD_JOBS:-2}" -n 1 clang-tidy -p "$BUILD/tidy" --quiet \
-  --header-filter="^$PWD/(common|data|coordinator|proto|worker)/"
+  --extra-arg=-Wcomma --header-filter="^$PWD/(common|data|coordinator|proto|worker)/"
 echo "tidy: clean"

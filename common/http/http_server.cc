@@ -212,7 +212,10 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
-  void Enter(State state) { state_ = state, since_ = SteadyClock::now(); }
+  void Enter(State state) {
+    state_ = state;
+    since_ = SteadyClock::now();
+  }
 
   // From now until Disarm() or the next Arm(), the pending operation ends at `after`.
   void Arm(SteadyClock::duration after) {

@@ -24,7 +24,11 @@ class StateStoreTest : public ::testing::Test {
 
   static NewJob Job(const std::string& key) {
     NewJob j;
-    j.name = "langid", j.idempotency_key = key, j.spec_yaml = "name: langid\n", j.source = "job.yaml", j.ranks = 2;
+    j.name = "langid";
+    j.idempotency_key = key;
+    j.spec_yaml = "name: langid\n";
+    j.source = "job.yaml";
+    j.ranks = 2;
     return j;
   }
 

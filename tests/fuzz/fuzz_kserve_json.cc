@@ -18,7 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     trainyard::InferCall call = trainyard::DecodeJsonInfer(body, header);
     trainyard::VersionMeta meta;
-    meta.model = "m", meta.version = 1, meta.labels = {"a", "b"};
+    meta.model = "m";
+    meta.version = 1;
+    meta.labels = {"a", "b"};
     std::vector<float> logits;
     for (const auto& input_tensor : call.inputs) logits.resize(2 * input_tensor.ints.size() % 64, 0.5f);
     trainyard::EncodeJsonAnswer(call, meta, trainyard::MakeOutputs(call, meta, logits));

@@ -47,8 +47,13 @@ const std::string& SeededStore() {
     auto* template_path = new std::string(ScratchFolder() + "/seeded.db");
     StateStore store(*template_path, /*start_fresh=*/true);
     NewJob job;
-    job.name = "seeded", job.idempotency_key = "seeded", job.spec_yaml = "name: seeded\n";
-    job.source = "seeded.yaml", job.base_dir = ScratchFolder(), job.ranks = 2, job.max_restarts = 1;
+    job.name = "seeded";
+    job.idempotency_key = "seeded";
+    job.spec_yaml = "name: seeded\n";
+    job.source = "seeded.yaml";
+    job.base_dir = ScratchFolder();
+    job.ranks = 2;
+    job.max_restarts = 1;
     bool created = false;
     if (store.Submit(job, WallNow(), &created).id != kJob) std::abort();
     store.SetState(kJob, JobState::kRunning, "");

@@ -64,7 +64,10 @@ TEST_F(DevicePipelineTest, PinnedSideStreamCopiesKeepTheDataWaitUnderTwoPercent)
   double wait_ms = 0;
   Clock::time_point steady_start;
   for (int step = 0; step < kBatches; ++step) {
-    if (step == kWarmup) steady_start = Clock::now(), wait_ms = 0;
+    if (step == kWarmup) {
+      steady_start = Clock::now();
+      wait_ms = 0;
+    }
     auto before = Clock::now();
     std::optional<Batch> host = pipeline.Next();
     wait_ms += MsSince(before);

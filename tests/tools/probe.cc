@@ -346,7 +346,9 @@ int Gemv(int argc, char** argv) {
         ours ? RowsTimesWeight(x, weights[i], biases[i]) : torch::addmm(biases[i], x, weights[i]);
       }
     };
-    pass(true), pass(false);  // first touches
+    // first touches
+    pass(true);
+    pass(false);
     const double ours = MedianMs(9, [&] { pass(true); }), addmm = MedianMs(9, [&] { pass(false); });
     report.push_back({{"rows", rows}, {"ours_ms", ours}, {"addmm_ms", addmm}});
   }
@@ -377,7 +379,9 @@ int Gemm(int argc, char** argv) {
     PackedLinear packed;
     auto ours = [&] { packed.Forward(x, {w}, {torch::Tensor()}); };
     auto aten = [&] { torch::linear(x, w); };
-    ours(), aten();  // the reorder, first touches
+    // the reorder, first touches
+    ours();
+    aten();
     const double ours_ms = MedianMs(9, ours), aten_ms = MedianMs(9, aten);
     report.push_back(
         {{"product", p.name}, {"m", tokens}, {"k", p.in}, {"n", p.out}, {"onednn_ms", ours_ms}, {"mkl_ms", aten_ms}});

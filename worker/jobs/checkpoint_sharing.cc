@@ -79,7 +79,10 @@ SharedResume ShareNewestCheckpoint(Communicator& comm, const CheckpointWriters& 
   int holder = -1;
   bool rejected = false;
   for (int r = 0; r < n; ++r) {
-    if (all[r][0] > double(out.step)) out.step = int64_t(all[r][0]), holder = r;
+    if (all[r][0] > double(out.step)) {
+      out.step = int64_t(all[r][0]);
+      holder = r;
+    }
     rejected = rejected || all[r][1] != 0;
   }
   if (out.step < 0) {

@@ -210,7 +210,8 @@ void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out
   torch::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(a_->weight, std::sqrt(5.0));
   b_->weight.zero_();
-  scaling_ = scaling, dropout_ = dropout;
+  scaling_ = scaling;
+  dropout_ = dropout;
 }
 
 torch::Tensor LoraSlot::AddTo(const torch::Tensor& y, const torch::Tensor& x, bool training) const {

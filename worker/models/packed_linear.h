@@ -55,7 +55,8 @@ class PackedLinear {
   PackedLinear() = default;
   // A copy starts empty: reorders belong to the parameters they were made from.
   PackedLinear(const PackedLinear&) {}
-  PackedLinear& operator=(const PackedLinear&) { return *this; }
+  // Assignment keeps this object's own reorders: it copies nothing, so self-assignment is safe.
+  PackedLinear& operator=(const PackedLinear&) { return *this; }  // NOLINT(bugprone-unhandled-self-assignment)
 
   // Whether x times the weight made of `weights` (see Forward) may run here:
   // OneDnnLinearInUse(); x, every weight and every defined bias fp32 on the CPU; the

@@ -66,7 +66,10 @@ std::vector<std::string> MpirunCommand(const JobLaunch& launch) {
   for (const std::string& host : order) {
     int count = 0;
     for (size_t i = 0; i < launch.hosts.size(); ++i)
-      if (launch.hosts[i] == host) ++count, slots.push_back(launch.slots[i]);
+      if (launch.hosts[i] == host) {
+        ++count;
+        slots.push_back(launch.slots[i]);
+      }
     host_list += (host_list.empty() ? "" : ",") + host + ":" + std::to_string(count);
   }
   std::vector<std::string> argv{launch.mpirun};
@@ -97,7 +100,9 @@ RankEnd ParseMpirunReport(const std::vector<std::string>& lines) {
   for (const std::string& line : lines) {
     if (end.lost_host.empty()) RE2::PartialMatch(line, lost, &end.lost_host);
     if (RE2::PartialMatch(line, signaled, &rank, &node, &signal)) {
-      end.rank = rank, end.node = node, end.signal = signal;
+      end.rank = rank;
+      end.node = node;
+      end.signal = signal;
       return end;
     }
     if (RE2::PartialMatch(line, process, &rank)) end.rank = rank;
@@ -114,21 +119,24 @@ JobProcess::JobProcess(const JobLaunch& launch) {
   std::vector<char*> argv, envp;
   for (const auto& a : argv_text) argv.push_back(const_cast<char*>(a.c_str()));
   for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
-  argv.push_back(nullptr), envp.push_back(nullptr);
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
 
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ < 0) {
-    ::close(fds[0]), ::close(fds[1]);
+    ::close(fds[0]);
+    ::close(fds[1]);
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid_ == 0) {  // only async-signal-safe calls from here to exec
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
     ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the agent, which decides
-    ::dup2(fds[1], 1), ::dup2(fds[1], 2);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
     ::close_range(3, ~0U, 0);
     ::execvpe(argv[0], argv.data(), envp.data());
     const char message[] = "error: cannot run mpirun for the job\n";
@@ -164,7 +172,10 @@ void JobProcess::ReadOutput(int fd) {
     for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1))
       TakeLine(pending.substr(0, std::min<size_t>(end, kMaxLineBytes)));
     // A job that writes megabytes without a newline gets them cut into lines, not kept.
-    if (pending.size() > kMaxLineBytes) TakeLine(pending.substr(0, kMaxLineBytes)), pending.clear();
+    if (pending.size() > kMaxLineBytes) {
+      TakeLine(pending.substr(0, kMaxLineBytes));
+      pending.clear();
+    }
   }
   ::close(fd);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -203,7 +214,10 @@ std::string JobProcess::MpirunMessage() const {
 bool JobProcess::Exited() {
   if (!exited_) {
     const pid_t done = ::waitpid(pid_, &status_, WNOHANG);
-    if (done == pid_) exited_ = true, reaped_at_ = Clock::now();
+    if (done == pid_) {
+      exited_ = true;
+      reaped_at_ = Clock::now();
+    }
   }
   if (!exited_) return false;
   if (SecondsSince(*reaped_at_) > kOutputAfterExitS) stop_reading_ = true;

@@ -16,7 +16,8 @@ namespace {
 
 JobOutcome Outcome(const std::string& outcome, const std::string& message) {
   JobOutcome o;
-  o.outcome = outcome, o.message = message;
+  o.outcome = outcome;
+  o.message = message;
   return o;
 }
 
@@ -106,11 +107,16 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
     Clock::time_point asked_at, terminated_at;
     auto terminate = [&](const std::string& why) {
       LogWarn(StrFormat("job %ld: %s; ending its mpirun", long(a.job_id), why.c_str()));
-      job.Terminate(), terminated = true, terminated_at = Clock::now();
+      job.Terminate();
+      terminated = true;
+      terminated_at = Clock::now();
     };
     while (!job.Exited()) {
       relay.Pump(50, a, agent_);
-      if (agent_.StopRequested() && !stop_asked) stop_asked = true, asked_at = Clock::now();
+      if (agent_.StopRequested() && !stop_asked) {
+        stop_asked = true;
+        asked_at = Clock::now();
+      }
       if (stop_asked) relay.Stop("the coordinator asked", a);
       if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s)
         terminate(StrFormat("no stop after %.0f s", options_.stop_grace_s));
@@ -118,11 +124,13 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
       // host's daemon. It waits for an unreachable host's daemon without end (a cut
       // link, a powered-off host), so the failure is not left waiting on it.
       const auto ending = job.EndingSince();
-      if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s)
-        stuck = true, terminate(StrFormat(
-                          "a rank failed and its mpirun had not ended the job %.0f s later (a host of the job may "
-                          "be unreachable)",
-                          options_.abort_grace_s));
+      if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s) {
+        stuck = true;
+        terminate(
+            StrFormat("a rank failed and its mpirun had not ended the job %.0f s later (a host of the job may "
+                      "be unreachable)",
+                      options_.abort_grace_s));
+      }
       if (terminated && SecondsSince(terminated_at) > options_.kill_grace_s) job.Kill();
     }
     if (terminated) job.Kill();  // what mpirun left behind (its ssh to a host gone away)

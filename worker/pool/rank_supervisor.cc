@@ -43,7 +43,9 @@ RankIdentity ReadIdentity(int fd) {
   if (std::getline(in, id.world, '\t') && std::getline(in, rank, '\t') && std::getline(in, size, '\t') &&
       std::getline(in, id.host, '\t') && std::getline(in, id.device, '\t') && std::getline(in, pid, '\t') &&
       std::getline(in, id.rank_token)) {
-    id.rank = std::atoi(rank.c_str()), id.world_size = std::atoi(size.c_str()), id.pid = std::atoll(pid.c_str());
+    id.rank = std::atoi(rank.c_str());
+    id.world_size = std::atoi(size.c_str());
+    id.pid = std::atoll(pid.c_str());
   }
   return id;
 }
@@ -54,8 +56,12 @@ void ReportExit(const PoolOptions& options, const RankIdentity& id, int status) 
   e.set_version(kProtocolVersion);
   wire::RankExit* exit = e.mutable_rank_exit();
   wire::RankInfo* info = exit->mutable_rank();
-  info->set_world(id.world), info->set_rank(id.rank), info->set_world_size(id.world_size);
-  info->set_host(id.host), info->set_device(id.device), info->set_pid(id.pid);
+  info->set_world(id.world);
+  info->set_rank(id.rank);
+  info->set_world_size(id.world_size);
+  info->set_host(id.host);
+  info->set_device(id.device);
+  info->set_pid(id.pid);
   exit->set_rank_token(id.rank_token);
   if (WIFSIGNALED(status)) {
     exit->set_signal(WTERMSIG(status));

@@ -99,8 +99,12 @@ std::string Heatmap(const std::vector<BenchCell>& cells) {
     std::set<int> batches, seqs;
     double lo = 1e30, hi = 0;
     for (const BenchCell* c : group) {
-      batches.insert(c->batch), seqs.insert(c->seq);
-      if (c->status == "ok") lo = std::min(lo, c->mean_ms), hi = std::max(hi, c->mean_ms);
+      batches.insert(c->batch);
+      seqs.insert(c->seq);
+      if (c->status == "ok") {
+        lo = std::min(lo, c->mean_ms);
+        hi = std::max(hi, c->mean_ms);
+      }
     }
     const bool generation = IsGeneration(group.front()->mode);
     const std::string heading = title + (generation ? ": ms per decode step (rows: batch size, columns: prompt length)"

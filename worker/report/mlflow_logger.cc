@@ -84,7 +84,10 @@ class MlflowLogger::Http {
       auth_header_ = std::string("Authorization: Bearer ") + token;
     const char* user = std::getenv("MLFLOW_TRACKING_USERNAME");
     const char* password = std::getenv("MLFLOW_TRACKING_PASSWORD");
-    if (user && *user) user_ = user, password_ = password ? password : "";
+    if (user && *user) {
+      user_ = user;
+      password_ = password ? password : "";
+    }
   }
   ~Http() {
     if (curl_) curl_easy_cleanup(curl_);

@@ -56,12 +56,20 @@ EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string&
   };
   EpochRow r;
   r.epoch = static_cast<int64_t>(get("epoch"));
-  r.time_s = get("time_s"), r.steps = static_cast<int64_t>(get("steps")), r.ms_per_step = get("ms_per_step");
-  r.samples_per_s = get("samples_per_s"), r.data_wait_pct = get("data_wait_pct");
-  r.train_loss = get("train_loss"), r.eval_loss = get("eval_loss"), r.eval_acc = get("eval_acc"), r.lr = get("lr");
+  r.time_s = get("time_s");
+  r.steps = static_cast<int64_t>(get("steps"));
+  r.ms_per_step = get("ms_per_step");
+  r.samples_per_s = get("samples_per_s");
+  r.data_wait_pct = get("data_wait_pct");
+  r.train_loss = get("train_loss");
+  r.eval_loss = get("eval_loss");
+  r.eval_acc = get("eval_acc");
+  r.lr = get("lr");
   if (get("loss_scale") > 0) r.loss_scale = get("loss_scale");
-  r.comm_ms = get("comm_ms"), r.slowest_rank = static_cast<int>(get("slowest_rank"));
-  r.slowest_ms_per_step = get("slowest_ms_per_step"), r.ranks = std::max(1, static_cast<int>(get("ranks")));
+  r.comm_ms = get("comm_ms");
+  r.slowest_rank = static_cast<int>(get("slowest_rank"));
+  r.slowest_ms_per_step = get("slowest_ms_per_step");
+  r.ranks = std::max(1, static_cast<int>(get("ranks")));
   for (size_t i = 0; i < header.size(); ++i)
     if (header[i] == "slowest_host") r.slowest_host = cells[i];
   for (int part = 0; part < kNumStepParts; ++part) {

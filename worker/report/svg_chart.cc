@@ -20,18 +20,25 @@ std::string HslToHex(double hue, double saturation, double lightness) {
   const double h = std::fmod(hue, 360.0) / 60.0;
   const double x = c * (1 - std::abs(std::fmod(h, 2.0) - 1));
   double r = 0, g = 0, b = 0;
-  if (h < 1)
-    r = c, g = x;
-  else if (h < 2)
-    r = x, g = c;
-  else if (h < 3)
-    g = c, b = x;
-  else if (h < 4)
-    g = x, b = c;
-  else if (h < 5)
-    r = x, b = c;
-  else
-    r = c, b = x;
+  if (h < 1) {
+    r = c;
+    g = x;
+  } else if (h < 2) {
+    r = x;
+    g = c;
+  } else if (h < 3) {
+    g = c;
+    b = x;
+  } else if (h < 4) {
+    g = x;
+    b = c;
+  } else if (h < 5) {
+    r = x;
+    b = c;
+  } else {
+    r = c;
+    b = x;
+  }
   const double m = lightness - c / 2;
   auto byte = [&](double v) { return static_cast<int>(std::lround(std::clamp(v + m, 0.0, 1.0) * 255)); };
   return fmt::format("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b));
@@ -69,13 +76,16 @@ Axis MakeAxis(const std::vector<double>& values, AxisScale scale, const std::vec
   hi = std::max(hi, *std::max_element(axis.ticks.begin(), axis.ticks.end()));
   if (!(hi > lo)) {  // one value: centre it
     if (axis.log) {
-      lo /= 2, hi *= 2;
+      lo /= 2;
+      hi *= 2;
     } else {
       const double pad = lo == 0 ? 1.0 : std::abs(lo) * 0.5;
-      lo -= pad, hi += pad;
+      lo -= pad;
+      hi += pad;
     }
   }
-  axis.lo = lo, axis.hi = hi;
+  axis.lo = lo;
+  axis.hi = hi;
   return axis;
 }
 
@@ -151,7 +161,10 @@ std::string DrawSeries(const Frame& f, const Axis& x, const Axis& y, const Chart
 std::string DrawPanel(const ChartPanel& panel, int top, int width, int height) {
   std::vector<double> xs, ys;
   for (const auto& s : panel.series)
-    for (const auto& [x, y] : s.points) xs.push_back(x), ys.push_back(y);
+    for (const auto& [x, y] : s.points) {
+      xs.push_back(x);
+      ys.push_back(y);
+    }
   const Axis x = MakeAxis(xs, panel.x_scale, panel.x_ticks);
   const Axis y = MakeAxis(ys, panel.y_scale, {});
   const Frame f{double(kLeft), double(width - kRight), double(top + kTop), double(top + height - kBottom)};
@@ -166,7 +179,8 @@ std::vector<double> LinearTicks(double lo, double hi, int target) {
   if (!std::isfinite(lo) || !std::isfinite(hi)) return {0, 1};
   if (!(hi > lo)) {
     const double pad = lo == 0 ? 1.0 : std::abs(lo) * 0.1;
-    lo -= pad, hi += pad;
+    lo -= pad;
+    hi += pad;
   }
   const double raw = (hi - lo) / std::max(1, target);
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
@@ -191,7 +205,10 @@ std::vector<double> LogTicks(double lo, double hi) {
   for (int e = first; e <= last; ++e) {
     const double power = std::pow(10.0, e);
     ticks.push_back(power);
-    if (fine && e < last) ticks.push_back(2 * power), ticks.push_back(5 * power);
+    if (fine && e < last) {
+      ticks.push_back(2 * power);
+      ticks.push_back(5 * power);
+    }
   }
   return ticks;
 }
@@ -202,7 +219,9 @@ AxisScale ScaleFor(const std::vector<double>& values) {
   for (double v : values) {
     if (!std::isfinite(v)) continue;
     if (v <= 0) return AxisScale::kLinear;
-    lo = seen ? std::min(lo, v) : v, hi = seen ? std::max(hi, v) : v, seen = true;
+    lo = seen ? std::min(lo, v) : v;
+    hi = seen ? std::max(hi, v) : v;
+    seen = true;
   }
   return seen && hi > 10 * lo ? AxisScale::kLog : AxisScale::kLinear;
 }

@@ -113,7 +113,9 @@ nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
 
 RankResult Failed(int code, const std::string& outcome, const std::string& message) {
   RankResult r;
-  r.exit_code = code, r.outcome.outcome = outcome, r.outcome.message = message;
+  r.exit_code = code;
+  r.outcome.outcome = outcome;
+  r.outcome.message = message;
   return r;
 }
 

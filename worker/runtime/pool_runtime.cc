@@ -47,7 +47,8 @@ void ChooseWorld(RankIdentity* self) {
   std::random_device random;
   char id[kHostChars + 32] = {};
   std::snprintf(id, sizeof id, "%s-%d-%04x", Hostname().c_str(), int(::getpid()), random() & 0xffff);
-  self->world = id, self->world_token = NewSecretToken();
+  self->world = id;
+  self->world_token = NewSecretToken();
 }
 
 // Job rank 0 learns every job rank's pid and host, for the agent's failure reports.
@@ -84,7 +85,9 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
     if (a.resume) spec.checkpoint.resume = "auto";
     result = RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks);
   } catch (const SpecError& e) {  // the coordinator checked it; its files may have changed since
-    result.exit_code = 2, result.outcome.outcome = "bad_input", result.outcome.message = e.what();
+    result.exit_code = 2;
+    result.outcome.outcome = "bad_input";
+    result.outcome.message = e.what();
   }
   return result;
 }
@@ -95,8 +98,11 @@ int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_
   RankIdentity self;
   ChooseWorld(&self);
   self.rank_token = NewSecretToken();
-  self.rank = 0, self.world_size = 1, self.slot = options.slot;
-  self.host = Hostname(), self.pid = ::getpid();
+  self.rank = 0;
+  self.world_size = 1;
+  self.slot = options.slot;
+  self.host = Hostname();
+  self.pid = ::getpid();
   self.device = torch::cuda::is_available() ? "cuda" : "cpu";
   TellSupervisor(supervisor_fd, self);
   std::signal(SIGTERM, OnPoolSignal);

@@ -91,13 +91,19 @@ std::vector<Batcher::Entry> Batcher::Grow(Entry anchor, bool* full) {
     const int next_rows = rows + static_cast<int>((*e)->rows().size());
     const int next_seq = std::max(seq, (*e)->longest());
     if (!Fits(next_rows, next_seq)) return false;
-    members.push_back(e), rows = next_rows, seq = next_seq;
+    members.push_back(e);
+    rows = next_rows;
+    seq = next_seq;
     return true;
   };
   if (!policy_.length_aware) {
     std::stable_sort(candidates.begin(), candidates.end(), [](Entry a, Entry b) { return RunsBefore(*a, *b); });
-    for (Entry e : candidates)
-      if (!try_add(e)) return *full = true, members;
+    for (Entry e : candidates) {
+      if (!try_add(e)) {
+        *full = true;
+        return members;
+      }
+    }
     *full = rows >= policy_.max_rows;
     return members;
   }
@@ -114,7 +120,10 @@ std::vector<Batcher::Entry> Batcher::Grow(Entry anchor, bool* full) {
         below == candidates.rend() || (above != candidates.end() && std::abs((**above)->longest() - anchor_len) <=
                                                                         std::abs((**below)->longest() - anchor_len));
     Entry e = take_above ? *above : *below;
-    if (!try_add(e)) return *full = true, members;
+    if (!try_add(e)) {
+      *full = true;
+      return members;
+    }
     if (take_above)
       ++above;
     else

@@ -39,10 +39,13 @@ constexpr int kMaxHandlerThreads = 1024;
 trainyard::HttpServerOptions HttpOptions(const trainyard::ServeSpec& serve, int port, size_t max_body,
                                          const char* log_name) {
   trainyard::HttpServerOptions http;
-  http.host = serve.host, http.port = port, http.max_body_bytes = max_body;
+  http.host = serve.host;
+  http.port = port;
+  http.max_body_bytes = max_body;
   http.max_connections = size_t(serve.max_connections);
   http.log_name = log_name;
-  http.idle_timeout_s = serve.keep_alive_s, http.request_timeout_s = serve.request_timeout_s;
+  http.idle_timeout_s = serve.keep_alive_s;
+  http.request_timeout_s = serve.request_timeout_s;
   http.handler_threads = size_t(std::clamp(serve.max_queue, 16, kMaxHandlerThreads));
   http.max_waiting_requests = size_t(std::max(16, serve.max_queue));
   return http;
@@ -72,7 +75,8 @@ int Serve(const Options& o) {
   });
   trainyard::HttpServerOptions metrics_options =
       HttpOptions(spec.serve, spec.serve.metrics_port, 1 << 16, "serve metrics");
-  metrics_options.handler_threads = 4, metrics_options.max_waiting_requests = 64;
+  metrics_options.handler_threads = 4;
+  metrics_options.max_waiting_requests = 64;
   trainyard::HttpServer metrics(metrics_options, [&](const trainyard::HttpRequest& r, const std::function<bool()>&) {
     return kserve.HandleMetrics(r);
   });

@@ -32,7 +32,8 @@ grpc::Status StatusOf(InferStatus status, const std::string& message) {
 // An input's elements from its contents, or from its raw_input_contents entry.
 TensorIn DecodeInput(const inference::ModelInferRequest::InferInputTensor& input, const std::string* raw) {
   TensorIn t;
-  t.name = input.name(), t.datatype = input.datatype();
+  t.name = input.name();
+  t.datatype = input.datatype();
   t.shape.assign(input.shape().begin(), input.shape().end());
   ElementCount(t.shape, t.name);  // throws for a negative or huge shape
   const bool bytes = t.datatype == "BYTES";
@@ -52,7 +53,9 @@ TensorIn DecodeInput(const inference::ModelInferRequest::InferInputTensor& input
 
 InferCall DecodeCall(const inference::ModelInferRequest& request) {
   InferCall call;
-  call.model = request.model_name(), call.version = request.model_version(), call.id = request.id();
+  call.model = request.model_name();
+  call.version = request.model_version();
+  call.id = request.id();
   const bool raw = request.raw_input_contents_size() > 0;
   if (raw && request.raw_input_contents_size() != request.inputs_size())
     throw InferInputError("raw_input_contents: " + std::to_string(request.raw_input_contents_size()) + " entries for " +
@@ -169,7 +172,8 @@ grpc::Status KserveGrpc::ModelInfer(grpc::ServerContext* context, const inferenc
   response->set_id(call.id);
   for (const TensorOut& out : MakeOutputs(call, *meta, pending->logits())) {
     auto* o = response->add_outputs();
-    o->set_name(out.name), o->set_datatype(out.datatype);
+    o->set_name(out.name);
+    o->set_datatype(out.datatype);
     for (int64_t d : out.shape) o->add_shape(d);
     response->add_raw_output_contents(RawBytes(out));
   }
@@ -181,7 +185,9 @@ grpc::Status KserveGrpc::RepositoryIndex(grpc::ServerContext* context, const inf
   if (auto s = Authorize(context); !s.ok()) return s;
   for (const IndexEntry& e : core_->Index(request->ready())) {
     auto* m = response->add_models();
-    m->set_name(e.model), m->set_version(std::to_string(e.version)), m->set_state(StateName(e.state));
+    m->set_name(e.model);
+    m->set_version(std::to_string(e.version));
+    m->set_state(StateName(e.state));
     m->set_reason(e.reason);
   }
   return grpc::Status::OK;

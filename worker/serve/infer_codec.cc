@@ -186,11 +186,15 @@ std::vector<TensorOut> MakeOutputs(const InferCall& call, const VersionMeta& met
   std::vector<TensorOut> outputs;
   for (const OutputWanted& w : wanted) {
     TensorOut out;
-    out.name = w.name, out.binary = w.binary;
+    out.name = w.name;
+    out.binary = w.binary;
     if (w.name == "logits") {
-      out.datatype = "FP32", out.shape = {rows, classes}, out.fp32 = logits;
+      out.datatype = "FP32";
+      out.shape = {rows, classes};
+      out.fp32 = logits;
     } else if (w.name == "label") {
-      out.datatype = "BYTES", out.shape = {rows};
+      out.datatype = "BYTES";
+      out.shape = {rows};
       for (int64_t r = 0; r < rows; ++r) {
         auto row = logits.begin() + r * classes;
         out.bytes.push_back(meta.labels[std::max_element(row, row + classes) - row]);

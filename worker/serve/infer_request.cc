@@ -72,14 +72,18 @@ void InferRequest::Finish(InferStatus status, std::string message, std::vector<f
     std::lock_guard<std::mutex> lock(mutex_);
     if (finished_) return;
     finished_ = true;
-    status_ = status, message_ = std::move(message), logits_ = std::move(logits);
+    status_ = status;
+    message_ = std::move(message);
+    logits_ = std::move(logits);
   }
   finished_cv_.notify_all();
 }
 
 void InferRequest::SetTimings(double queue_ms, double compute_ms, int batch_rows) {
   std::lock_guard<std::mutex> lock(mutex_);
-  queue_ms_ = queue_ms, compute_ms_ = compute_ms, batch_rows_ = batch_rows;
+  queue_ms_ = queue_ms;
+  compute_ms_ = compute_ms;
+  batch_rows_ = batch_rows;
 }
 
 void InferRequest::Wait() {

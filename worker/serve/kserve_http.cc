@@ -48,8 +48,10 @@ std::optional<ModelRoute> ModelPath(const std::vector<std::string>& parts) {
   if (parts.size() < 3 || parts[0] != "v2" || parts[1] != "models" || parts[2].empty()) return std::nullopt;
   ModelRoute route{parts[2], "", ""};
   size_t next = 3;
-  if (parts.size() >= next + 2 && parts[next] == "versions" && !parts[next + 1].empty())
-    route.version = parts[next + 1], next += 2;
+  if (parts.size() >= next + 2 && parts[next] == "versions" && !parts[next + 1].empty()) {
+    route.version = parts[next + 1];
+    next += 2;
+  }
   if (parts.size() == next + 1) {
     route.action = parts[next];
     if (route.action != "ready" && route.action != "infer" && route.action != "stats" && route.action != "config")

@@ -39,8 +39,10 @@ void ModelLink::SendRun(uint64_t id, const Batch& batch) {
   size_t row = 0;
   for (const auto& request : batch.requests)
     for (const auto& tokens : request->rows()) {
-      for (size_t t = 0; t < tokens.size(); ++t)
-        id_data[row * batch.seq + t] = tokens[t], mask_data[row * batch.seq + t] = 1;
+      for (size_t t = 0; t < tokens.size(); ++t) {
+        id_data[row * batch.seq + t] = tokens[t];
+        mask_data[row * batch.seq + t] = 1;
+      }
       ++row;
     }
   std::vector<zmq::message_t> frames;

@@ -123,7 +123,9 @@ VersionMeta ReadVersion(const RepositoryEntry& entry) {
   const nlohmann::json config = ReadJsonFile(folder / "config.json");
   if (!config.is_object()) throw std::runtime_error("config.json: expected a JSON object");
   VersionMeta meta;
-  meta.model = entry.model, meta.version = entry.version, meta.path = entry.path;
+  meta.model = entry.model;
+  meta.version = entry.version;
+  meta.path = entry.path;
   meta.family = config.value("model_type", "");
   if (meta.family != "bert" && meta.family != "roberta" && meta.family != "distilbert" && meta.family != "gpt2")
     throw std::runtime_error("config.json: field 'model_type': '" + meta.family +

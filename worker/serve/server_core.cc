@@ -228,7 +228,8 @@ std::shared_ptr<const VersionMeta> ServerCore::Resolve(const std::string& model,
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = models_.find(model);
   if (it == models_.end()) {
-    *status = InferStatus::kNotFound, *message = "unknown model '" + model + "'";
+    *status = InferStatus::kNotFound;
+    *message = "unknown model '" + model + "'";
     return nullptr;
   }
   int64_t number = ServingVersion(it->second);
@@ -238,7 +239,8 @@ std::shared_ptr<const VersionMeta> ServerCore::Resolve(const std::string& model,
       number = std::stoll(version, &used);
       if (used != version.size()) throw std::invalid_argument(version);
     } catch (const std::exception&) {
-      *status = InferStatus::kNotFound, *message = "model '" + model + "': version '" + version + "' is not a number";
+      *status = InferStatus::kNotFound;
+      *message = "model '" + model + "': version '" + version + "' is not a number";
       return nullptr;
     }
   }
@@ -324,7 +326,10 @@ InferStatus ServerCore::Unload(const std::string& model, std::string* message) {
   }
   it->second.unloaded = true;
   for (auto& [number, v] : it->second.versions)
-    if (v.state == VersionState::kReady && !v.retiring) v.retiring = true, v.reason = "unloaded by request";
+    if (v.state == VersionState::kReady && !v.retiring) {
+      v.retiring = true;
+      v.reason = "unloaded by request";
+    }
   wake_.notify_all();
   return InferStatus::kOk;
 }
@@ -412,12 +417,14 @@ std::vector<VersionStatistics> ServerCore::Statistics(const std::string& model, 
         if (version.empty() || std::to_string(entry.first) == version) wanted.emplace_back(name, entry.first);
     }
     if (!model.empty() && !models_.count(model)) {
-      *status = InferStatus::kNotFound, *message = "unknown model '" + model + "'";
+      *status = InferStatus::kNotFound;
+      *message = "unknown model '" + model + "'";
       return {};
     }
   }
   if (wanted.empty() && !version.empty()) {
-    *status = InferStatus::kNotFound, *message = "model '" + model + "' has no version '" + version + "'";
+    *status = InferStatus::kNotFound;
+    *message = "model '" + model + "' has no version '" + version + "'";
     return {};
   }
   std::vector<VersionStatistics> out;
@@ -557,8 +564,10 @@ void ServerCore::FinishBatch(const LinkReply& reply) {
     const std::string error =
         reply.ok ? std::string("the model process answered a batch of the wrong size") : reply.error;
     LogError("serve: batch of " + model + " version " + version + " failed: " + error);
-    for (const RequestPtr& r : batch.requests)
-      r->Finish(InferStatus::kFailed, error), Finished(*r, InferStatus::kFailed);
+    for (const RequestPtr& r : batch.requests) {
+      r->Finish(InferStatus::kFailed, error);
+      Finished(*r, InferStatus::kFailed);
+    }
     return;
   }
   const double compute_ms = reply.compute_ms;
@@ -619,11 +628,16 @@ void ServerCore::FinishLoad(const LinkReply& reply) {
     metrics_.Set("trainyard_serve_model_ready", {{"model", model}, {"version", std::to_string(number)}}, 1);
     // The newest ready version serves; the ones it replaces retire (this one too, if a
     // newer one finished loading first).
-    if (m->second.unloaded) v.retiring = true, v.reason = "unloaded by request";
+    if (m->second.unloaded) {
+      v.retiring = true;
+      v.reason = "unloaded by request";
+    }
     const int64_t serving = ServingVersion(m->second);
     for (auto& [other, slot] : m->second.versions)
-      if (other < serving && slot.state == VersionState::kReady && !slot.retiring)
-        slot.retiring = true, slot.reason = "replaced by version " + std::to_string(serving);
+      if (other < serving && slot.state == VersionState::kReady && !slot.retiring) {
+        slot.retiring = true;
+        slot.reason = "replaced by version " + std::to_string(serving);
+      }
     LogInfo("serve: " + name + " ready (warm-up " + reply.warm_ms + " ms)");
   }
   load_done_.notify_all();

@@ -19,8 +19,14 @@ constexpr int64_t kVocab = 300, kPositions = 64;
 inline Model TinyClassifier(ModelFamily family, const torch::Device& device) {
   torch::manual_seed(3);
   PresetArgs args;
-  args.vocab_size = kVocab, args.max_sequence = kPositions, args.labels = {"a", "b", "c"};
-  if (family == ModelFamily::kRoberta) args.pad_id = 1, args.bos_id = 0, args.eos_id = 2;
+  args.vocab_size = kVocab;
+  args.max_sequence = kPositions;
+  args.labels = {"a", "b", "c"};
+  if (family == ModelFamily::kRoberta) {
+    args.pad_id = 1;
+    args.bos_id = 0;
+    args.eos_id = 2;
+  }
   nlohmann::json config = PresetConfig(family, ModelTask::kSequenceClassification, "tiny", args);
   Model model = CreateModel(config, ModelTask::kSequenceClassification);
   model->to(device);

@@ -23,7 +23,8 @@ class MemoryCapTest : public ::testing::Test {
     if (!at::hasMKLDNN()) GTEST_SKIP() << "this libtorch was built without oneDNN";
     SetCpuGemm(CpuGemm::kOneDnn);
     torch::manual_seed(3);
-    w_ = torch::randn({kN, kK}), b_ = torch::randn({kN});
+    w_ = torch::randn({kN, kK});
+    b_ = torch::randn({kN});
     torch::NoGradGuard no_grad;
     packed_.Forward(torch::randn({2, kK}), {w_}, {b_});  // the weight's reorder, made uncapped
   }

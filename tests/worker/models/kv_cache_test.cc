@@ -17,7 +17,8 @@ constexpr int64_t kVocab = 200, kPrompt = 7, kSteps = 6, kCapacity = kPrompt + k
 TEST(KvCache, WriteSlotStepsGiveTheGrowingStepsLogits) {
   torch::manual_seed(5);
   PresetArgs args;
-  args.vocab_size = kVocab, args.max_sequence = 32;
+  args.vocab_size = kVocab;
+  args.max_sequence = 32;
   auto model = std::dynamic_pointer_cast<CausalLmImpl>(
       CreateModel(PresetConfig(ModelFamily::kGpt2, ModelTask::kCausalLm, "tiny", args), ModelTask::kCausalLm));
   ASSERT_TRUE(model);

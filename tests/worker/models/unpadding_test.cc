@@ -37,7 +37,11 @@ nlohmann::json TinyConfig(ModelFamily family) {
   PresetArgs args;
   args.vocab_size = kVocab;
   args.max_sequence = kSeq;
-  if (family == ModelFamily::kRoberta) args.pad_id = 1, args.bos_id = 0, args.eos_id = 2;
+  if (family == ModelFamily::kRoberta) {
+    args.pad_id = 1;
+    args.bos_id = 0;
+    args.eos_id = 2;
+  }
   args.labels = {"a", "b", "c"};
   nlohmann::json config = PresetConfig(family, ModelTask::kSequenceClassification, "tiny", args);
   SetDropout(&config, 0.0);  // dropout masks are drawn per element, so their layout differs

@@ -19,8 +19,10 @@ namespace {
 
 TEST(JobProcessTest, MpirunCommandGroupsRanksByHostWithJobRankZeroFirst) {
   JobLaunch launch;
-  launch.worker = "/bin/worker", launch.relay = "ipc:///tmp/x/relay";
-  launch.hosts = {"b", "a", "b"}, launch.slots = {2, 0, 3};
+  launch.worker = "/bin/worker";
+  launch.relay = "ipc:///tmp/x/relay";
+  launch.hosts = {"b", "a", "b"};
+  launch.slots = {2, 0, 3};
   launch.extra_args = {"--log-level", "info"};
   const std::vector<std::string> argv = MpirunCommand(launch);
   const std::vector<std::string> expected{
@@ -85,7 +87,11 @@ TEST(JobProcessTest, RunsTheCommandAndKeepsItsOutputAndEnd) {
   ::chmod(script.c_str(), 0700);
   ::setenv("OMPI_COMM_WORLD_RANK", "7", 1);
   JobLaunch launch;
-  launch.mpirun = script, launch.worker = "w", launch.relay = "r", launch.hosts = {"h"}, launch.slots = {0};
+  launch.mpirun = script;
+  launch.worker = "w";
+  launch.relay = "r";
+  launch.hosts = {"h"};
+  launch.slots = {0};
   JobProcess job(launch);
   const auto start = std::chrono::steady_clock::now();
   while (!job.Exited()) {
@@ -114,7 +120,11 @@ TEST(JobProcessTest, KeepsMpirunsOwnFirstMessage) {
   }
   ::chmod(script.c_str(), 0700);
   JobLaunch launch;
-  launch.mpirun = script, launch.worker = "w", launch.relay = "r", launch.hosts = {"h"}, launch.slots = {0};
+  launch.mpirun = script;
+  launch.worker = "w";
+  launch.relay = "r";
+  launch.hosts = {"h"};
+  launch.slots = {0};
   launch.allow_run_as_root = true;
   EXPECT_EQ(MpirunCommand(launch)[1], "--allow-run-as-root");
   JobProcess job(launch);
@@ -137,7 +147,11 @@ TEST(JobProcessTest, TerminateEndsARunningJob) {
   }
   ::chmod(script.c_str(), 0700);
   JobLaunch launch;
-  launch.mpirun = script, launch.worker = "w", launch.relay = "r", launch.hosts = {"h"}, launch.slots = {0};
+  launch.mpirun = script;
+  launch.worker = "w";
+  launch.relay = "r";
+  launch.hosts = {"h"};
+  launch.slots = {0};
   JobProcess job(launch);
   EXPECT_FALSE(job.Exited());
   job.Terminate();
@@ -153,9 +167,11 @@ TEST(JobProcessTest, TerminateEndsARunningJob) {
 // The relay, both ends in one process; the agent is one with no coordinator to reach.
 TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   PoolOptions options;
-  options.endpoint = "tcp://127.0.0.1:1", options.insecure = true;
+  options.endpoint = "tcp://127.0.0.1:1";
+  options.insecure = true;
   RankIdentity self;
-  self.world = "w", self.rank = 0;
+  self.world = "w";
+  self.rank = 0;
   PoolAgent agent(options, self);
   Assignment assignment{42,  2, "name: x\n", "x.yaml", "/base", "/runs/42", {{"w", 0, "h0", 0}, {"v", 0, "h1", 1}},
                         true};
@@ -170,7 +186,8 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
     while (!client.StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     stopped = true;
     JobOutcome outcome;
-    outcome.outcome = "cancelled", outcome.message = "stopped on request";
+    outcome.outcome = "cancelled";
+    outcome.message = "stopped on request";
     confirmed = client.SendResult(outcome, 10);
     done = true;
   });

@@ -52,13 +52,19 @@ TEST(PoolAgentTest, SignalsAimedAtItsThreadsRunOnTheMainThreadAndTheLinkKeepsHea
   router.bind("tcp://127.0.0.1:*");
   PoolOptions options;
   options.endpoint = router.get(zmq::sockopt::last_endpoint);
-  options.insecure = true, options.heartbeat_s = 0.05;
+  options.insecure = true;
+  options.heartbeat_s = 0.05;
   RankIdentity self;
-  self.world = "w", self.host = "h", self.device = "cpu", self.pid = ::getpid();
-  self.world_token = "t", self.rank_token = "r";
+  self.world = "w";
+  self.host = "h";
+  self.device = "cpu";
+  self.pid = ::getpid();
+  self.world_token = "t";
+  self.rank_token = "r";
 
   g_main_thread = pthread_self();
-  struct sigaction action {}, previous{};
+  struct sigaction action {
+  }, previous{};
   action.sa_handler = RecordHandlingThread;  // no SA_RESTART: a poll it interrupts fails with EINTR
   ::sigaction(SIGUSR1, &action, &previous);
   const std::set<pid_t> before = ThreadIds();

@@ -84,8 +84,13 @@ TEST(BenchReport, ThroughputHasOnePanelPerPrecisionAndMode) {
       for (int batch : {1, 2, 4, 8})
         for (int seq : {8, 128, 512}) {
           BenchCell c;
-          c.model = "tiny", c.batch = batch, c.seq = seq, c.precision = precision, c.mode = mode;
-          c.mean_ms = 0.01 * batch * seq, c.seqs_per_s = 1000.0 * batch / (0.01 * batch * seq);
+          c.model = "tiny";
+          c.batch = batch;
+          c.seq = seq;
+          c.precision = precision;
+          c.mode = mode;
+          c.mean_ms = 0.01 * batch * seq;
+          c.seqs_per_s = 1000.0 * batch / (0.01 * batch * seq);
           cells.push_back(c);
         }
   const auto dir = std::filesystem::temp_directory_path() / ("ty_bench_report_" + std::to_string(::getpid()));

@@ -43,7 +43,10 @@ class BatchPipelineTest : public ::testing::Test {
     double wait_ms = 0, total_ms = 0;
     Clock::time_point steady_start;
     for (int step = 0; step < kBatches; ++step) {
-      if (step == 3) steady_start = Clock::now(), wait_ms = 0;  // skip the pipeline's fill
+      if (step == 3) {  // skip the pipeline's fill
+        steady_start = Clock::now();
+        wait_ms = 0;
+      }
       auto before = Clock::now();
       EXPECT_TRUE(pipeline.Next().has_value());
       wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - before).count();

@@ -81,12 +81,20 @@ TEST(AdamW, EqualsLibtorchAdamWWithDecayOnMatricesOnly) {
 TEST(AdamW, RestoredStateContinuesTheSameRun) {
   Problem straight = MakeProblem(9), resumed = MakeProblem(9);
   AdamW a(Named(straight), AdamWOptions{});
-  for (int step = 0; step < 10; ++step) Backward(straight, step), a.Step(1e-3), a.ZeroGrad();
+  for (int step = 0; step < 10; ++step) {
+    Backward(straight, step);
+    a.Step(1e-3);
+    a.ZeroGrad();
+  }
   // The second run restores the first's state after step 5, as a checkpoint would.
   AdamW b(Named(resumed), AdamWOptions{});
   Problem warm = MakeProblem(9);
   AdamW w(Named(warm), AdamWOptions{});
-  for (int step = 0; step < 5; ++step) Backward(warm, step), w.Step(1e-3), w.ZeroGrad();
+  for (int step = 0; step < 5; ++step) {
+    Backward(warm, step);
+    w.Step(1e-3);
+    w.ZeroGrad();
+  }
   std::map<std::string, torch::Tensor> state;
   for (auto& [name, t] : w.StateTensors()) state[name] = t.clone();
   {
@@ -94,7 +102,11 @@ TEST(AdamW, RestoredStateContinuesTheSameRun) {
     for (size_t i = 0; i < warm.params.size(); ++i) resumed.params[i].copy_(warm.params[i]);
   }
   b.RestoreState(state, w.step_count());
-  for (int step = 5; step < 10; ++step) Backward(resumed, step), b.Step(1e-3), b.ZeroGrad();
+  for (int step = 5; step < 10; ++step) {
+    Backward(resumed, step);
+    b.Step(1e-3);
+    b.ZeroGrad();
+  }
   EXPECT_EQ(MaxDiff(straight.params, resumed.params), 0.0);
   state.erase("exp_avg.p1");
   EXPECT_THROW(b.RestoreState(state, 5), std::runtime_error);
