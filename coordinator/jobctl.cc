@@ -27,6 +27,7 @@
 #include "common/spec/job_spec.h"
 #include "common/spec/yaml_budget.h"
 #include "proto/curve_keys.h"
+#include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -150,10 +151,17 @@ std::string NewKey() {
   return out.str();
 }
 
+// "failed: <reason>", "succeeded"; "running" while the attempt runs.
+std::string DescribeEnd(const wire::AttemptInfo& a) {
+  if (a.end() == wire::OUTCOME_UNSPECIFIED) return "running";
+  std::string text = trainyard::OutcomeName(a.end());
+  return a.end_reason().empty() ? text : text + ": " + a.end_reason();
+}
+
 nlohmann::json ToJson(const wire::JobInfo& j) {
   nlohmann::json out = {{"id", j.id()},
                         {"name", j.name()},
-                        {"state", j.state()},
+                        {"state", trainyard::JobStateName(j.job_state())},
                         {"priority", j.priority()},
                         {"ranks", j.ranks()},
                         {"device", j.device()},
@@ -169,8 +177,9 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
   std::printf("%-6s %-24s %-10s %5s %5s %-5s %8s  %s\n", "id", "name", "state", "prio", "ranks", "dev", "attempts",
               "reason");
   for (const auto& j : jobs)
-    std::printf("%-6ld %-24s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(), j.state().c_str(),
-                j.priority(), j.ranks(), j.device().c_str(), j.attempts(), j.reason().c_str());
+    std::printf("%-6ld %-24s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(),
+                trainyard::JobStateName(j.job_state()), j.priority(), j.ranks(), j.device().c_str(), j.attempts(),
+                j.reason().c_str());
 }
 
 int Submit(const Options& o, const std::string& path, const std::string& key) {
@@ -220,10 +229,11 @@ int Show(const Options& o, const std::string& what, int64_t id) {
 
 // How `logs -f` ends: the job's final state on stderr (stdout holds the CSV), and an
 // exit status a script can test.
-int FinalState(int64_t id, const std::string& state, const std::string& reason) {
+int FinalState(int64_t id, wire::JobState state, const std::string& reason) {
   std::cout.flush();
-  std::fprintf(stderr, "job %ld %s%s%s\n", long(id), state.c_str(), reason.empty() ? "" : ": ", reason.c_str());
-  return state == "SUCCEEDED" ? 0 : 1;
+  std::fprintf(stderr, "job %ld %s%s%s\n", long(id), trainyard::JobStateName(state), reason.empty() ? "" : ": ",
+               reason.c_str());
+  return state == wire::JOB_SUCCEEDED ? 0 : 1;
 }
 
 // The rows as the worker prints them (common/epoch_table.h), or as CSV with --csv.
@@ -240,9 +250,10 @@ int Logs(const Options& o, int64_t id, bool follow, bool csv) {
     for (const auto& line : reply.log_rows().csv_lines())
       std::cout << (csv ? line : trainyard::EpochTableRow(columns, SplitCsv(line))) << "\n";
     seen += reply.log_rows().csv_lines_size();
-    const std::string state = reply.log_rows().state();
+    const wire::JobState state = reply.log_rows().job_state();
     if (!follow) return 0;
-    if (state != "QUEUED" && state != "RUNNING") return FinalState(id, state, reply.log_rows().reason());
+    if (state != wire::JOB_QUEUED && state != wire::JOB_RUNNING)
+      return FinalState(id, state, reply.log_rows().reason());
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
@@ -293,7 +304,7 @@ int Report(const Options& o, int64_t id) {
                                  {"placement", a.placement()},
                                  {"started_at", a.started_at()},
                                  {"ended_at", a.ended_at()},
-                                 {"outcome", a.outcome()}});
+                                 {"outcome", a.end() == wire::OUTCOME_UNSPECIFIED ? "" : DescribeEnd(a)}});
     out["epochs"] = nlohmann::json::array();
     const std::vector<std::string> header = SplitCsv(r.csv_header());
     for (int i = 0; i < r.csv_lines_size(); ++i) {
@@ -307,14 +318,14 @@ int Report(const Options& o, int64_t id) {
     return 0;
   }
   const wire::JobInfo& j = r.job();
-  std::printf("job %ld '%s': %s, %d ranks (%s), priority %d\n", long(j.id()), j.name().c_str(), j.state().c_str(),
-              j.ranks(), j.device().c_str(), j.priority());
+  std::printf("job %ld '%s': %s, %d ranks (%s), priority %d\n", long(j.id()), j.name().c_str(),
+              trainyard::JobStateName(j.job_state()), j.ranks(), j.device().c_str(), j.priority());
   if (!j.reason().empty()) std::printf("reason: %s\n", j.reason().c_str());
   std::printf("\nattempts:\n  %-3s %-28s %-19s %8s  %s\n", "#", "placement", "started", "seconds", "outcome");
   for (const auto& a : r.attempts())
     std::printf("  %-3d %-28s %-19s %8s  %s\n", a.attempt(), a.placement().c_str(), FormatTime(a.started_at()).c_str(),
                 a.ended_at() > 0 ? std::to_string(int(a.ended_at() - a.started_at())).c_str() : "-",
-                a.outcome().empty() ? "running" : a.outcome().c_str());
+                DescribeEnd(a).c_str());
   if (r.csv_lines_size() > 0) {
     std::printf("\nepochs (step parts: median ms per step across ranks):\n");
     PrintEpochTable(r);
@@ -373,6 +384,15 @@ CLI::Validator FiniteRange(double low, double high) {
       "FLOAT in [" + std::to_string(low) + " - " + std::to_string(high) + "]");
 }
 
+// The subcommands' arguments.
+struct CommandArgs {
+  std::string job_file, key;
+  int64_t id = 0;
+  bool follow = false, csv = false;
+};
+
+int RunCommand(Options& o, const std::string& command, const CommandArgs& args);
+
 int Main(int argc, char** argv) {
   CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
   Options o;
@@ -386,31 +406,29 @@ int Main(int argc, char** argv) {
                  "else ./keys");
   app.add_flag("--insecure", o.insecure, "development only: talk to a coordinator started with --insecure");
   app.require_subcommand(1);
-  std::string job_file, key;
-  int64_t id = 0;
-  bool follow = false;
+  CommandArgs args;
   auto* submit = app.add_subcommand("submit", "queue a job file; prints the job id");
-  submit->add_option("job", job_file, "job YAML file")->required()->check(CLI::ExistingFile);
-  submit->add_option("--key", key, "idempotency key (default: random); a resend with the same key makes no new job");
+  submit->add_option("job", args.job_file, "job YAML file")->required()->check(CLI::ExistingFile);
+  submit->add_option("--key", args.key,
+                     "idempotency key (default: random); a resend with the same key makes no new job");
   app.add_subcommand("list", "all jobs");
   for (const char* name : {"status", "cancel"})
     app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
                                                            : "cancel a job; a running one stops on all its ranks")
-        ->add_option("id", id, "job id")
+        ->add_option("id", args.id, "job id")
         ->required()
         ->check(CLI::PositiveNumber);
   app.add_subcommand("report",
                      "one job: attempts and their outcomes, epoch timings with the step breakdown, "
                      "summary and events")
-      ->add_option("id", id, "job id")
+      ->add_option("id", args.id, "job id")
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_subcommand("workers", "the registered worker ranks and what each runs");
   auto* logs = app.add_subcommand("logs", "the job's epoch rows, as the worker's epoch table (or CSV with --csv)");
-  logs->add_option("id", id, "job id")->required()->check(CLI::PositiveNumber);
-  bool csv = false;
-  logs->add_flag("--csv", csv, "print epochs.csv's header and lines instead of the table");
-  logs->add_flag("-f,--follow", follow,
+  logs->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
+  logs->add_flag("--csv", args.csv, "print epochs.csv's header and lines instead of the table");
+  logs->add_flag("-f,--follow", args.follow,
                  "keep printing rows until the job ends, then print its final state to stderr and exit 0 if it\n"
                  "succeeded, 1 if it failed or was cancelled");
   try {
@@ -418,14 +436,18 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  const std::string command = app.get_subcommands().front()->get_name();
+  return RunCommand(o, app.get_subcommands().front()->get_name(), args);
+}
+
+// Runs `command`; exit code 2 for what the user must fix, 1 for other failures.
+int RunCommand(Options& o, const std::string& command, const CommandArgs& args) {
   try {
     if (!o.insecure) o.keys = trainyard::LoadPeerKeys(o.keys_dir, trainyard::WireRole::kClient);
-    if (command == "submit") return Submit(o, job_file, key);
-    if (command == "logs") return Logs(o, id, follow, csv);
-    if (command == "report") return Report(o, id);
+    if (command == "submit") return Submit(o, args.job_file, args.key);
+    if (command == "logs") return Logs(o, args.id, args.follow, args.csv);
+    if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);
-    return Show(o, command, id);
+    return Show(o, command, args.id);
   } catch (const trainyard::SpecError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -15,14 +15,39 @@
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "common/spec/job_spec.h"
+#include "proto/wire_names.h"
 
 namespace trainyard {
 namespace {
 
+wire::JobState ToWire(JobState state) {
+  switch (state) {
+    case JobState::kQueued:
+      return wire::JOB_QUEUED;
+    case JobState::kRunning:
+      return wire::JOB_RUNNING;
+    case JobState::kSucceeded:
+      return wire::JOB_SUCCEEDED;
+    case JobState::kFailed:
+      return wire::JOB_FAILED;
+    case JobState::kCancelled:
+      return wire::JOB_CANCELLED;
+  }
+  return wire::JOB_STATE_UNSPECIFIED;
+}
+
+// An attempt's outcome as the store keeps it ("failed: <reason>", "succeeded") on the
+// wire: the outcome and its reason apart.
+void FillEnd(const std::string& stored, wire::AttemptInfo* info) {
+  const size_t colon = stored.find(": ");
+  info->set_end(OutcomeFromName(stored.substr(0, colon)));
+  if (colon != std::string::npos) info->set_end_reason(stored.substr(colon + 2));
+}
+
 void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_id(j.id);
   info->set_name(j.name);
-  info->set_state(ToString(j.state));
+  info->set_job_state(ToWire(j.state));
   info->set_priority(j.priority);
   info->set_ranks(j.ranks);
   info->set_device(j.device);
@@ -316,10 +341,16 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   const JobSpec& spec = *parsed.spec;
   const wire::SubmitRequest& request = parsed.request;
   NewJob job;
-  job.name = spec.name, job.idempotency_key = request.idempotency_key(), job.spec_yaml = request.yaml();
-  job.source = request.source(), job.device = spec.resources.device, job.priority = spec.resources.priority;
-  job.ranks = spec.resources.ranks, job.max_restarts = spec.resources.max_restarts;
-  job.base_dir = request.base_dir(), job.estimate_s = spec.resources.estimate_minutes * 60.0;
+  job.name = spec.name;
+  job.idempotency_key = request.idempotency_key();
+  job.spec_yaml = request.yaml();
+  job.source = request.source();
+  job.device = spec.resources.device;
+  job.priority = spec.resources.priority;
+  job.ranks = spec.resources.ranks;
+  job.max_restarts = spec.resources.max_restarts;
+  job.base_dir = request.base_dir();
+  job.estimate_s = spec.resources.estimate_minutes * 60.0;
   bool created = false;
   JobRecord record = store_->Submit(job, WallNow(), &created);  // committed before the reply
   schedule_due_ = schedule_due_ || created;
@@ -389,8 +420,11 @@ wire::Envelope Server::Report(int64_t id) {
   *report->mutable_job() = status.job();
   for (const AttemptRecord& a : store_->Attempts(id)) {
     wire::AttemptInfo* info = report->add_attempts();
-    info->set_attempt(a.attempt), info->set_placement(a.placement), info->set_started_at(a.started_at);
-    info->set_ended_at(a.ended_at), info->set_outcome(a.outcome);
+    info->set_attempt(a.attempt);
+    info->set_placement(a.placement);
+    info->set_started_at(a.started_at);
+    info->set_ended_at(a.ended_at);
+    FillEnd(a.outcome, info);
   }
   for (const EpochRecord& row : store_->EpochRows(id)) {
     if (report->csv_header().empty()) report->set_csv_header(row.csv_header);
@@ -409,8 +443,10 @@ wire::Envelope Server::Workers() {
   for (const auto& [key, entry] : ranks_) {
     wire::WorkerInfo* info = list->add_workers();
     *info->mutable_rank() = entry.info;
-    info->set_job_id(entry.job), info->set_attempt(entry.attempt);
-    info->set_seen_ago_s(listened_ - entry.last_seen), info->set_last_log_line(entry.last_log_line);
+    info->set_job_id(entry.job);
+    info->set_attempt(entry.attempt);
+    info->set_seen_ago_s(listened_ - entry.last_seen);
+    info->set_last_log_line(entry.last_log_line);
   }
   return reply;
 }
@@ -425,7 +461,7 @@ wire::Envelope Server::Logs(const wire::LogsRequest& request) {
   for (size_t i = static_cast<size_t>(std::max(0, request.after())); i < rows.size(); ++i)
     reply.mutable_log_rows()->add_csv_lines(rows[i].csv_line);
   if (!rows.empty()) reply.mutable_log_rows()->set_csv_header(rows.front().csv_header);
-  reply.mutable_log_rows()->set_state(ToString(job->state));
+  reply.mutable_log_rows()->set_job_state(ToWire(job->state));
   reply.mutable_log_rows()->set_reason(job->reason);
   return reply;
 }

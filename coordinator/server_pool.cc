@@ -82,7 +82,10 @@ nlohmann::json BreakdownJson(const wire::StepBreakdown& b) {
 wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epoch = 0, int world_rank = 0) {
   wire::Envelope e;
   wire::Ack* ack = e.mutable_ack();
-  ack->set_job_id(job), ack->set_attempt(attempt), ack->set_what(what), ack->set_epoch(epoch);
+  ack->set_job_id(job);
+  ack->set_attempt(attempt);
+  ack->set_what(what);
+  ack->set_epoch(epoch);
   ack->set_world_rank(world_rank);
   return e;
 }
@@ -132,7 +135,9 @@ void Server::ReloadRunningAttempts() {
       transaction.Commit();
       continue;
     }
-    attempt.job = open.job, attempt.attempt = open.attempt, attempt.started_at = open.started_at;
+    attempt.job = open.job;
+    attempt.attempt = open.attempt;
+    attempt.started_at = open.started_at;
     attempt.started_listening = listened_;
     attempt.adopted = false;
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
@@ -227,8 +232,12 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   }
   const bool known = held != ranks_.end() && held->second.token == message.rank_token();
   RankEntry& entry = ranks_[key];
-  entry.info = rank, entry.token = message.rank_token(), entry.identity = identity, entry.last_seen = listened_;
-  entry.job = message.job_id(), entry.attempt = message.attempt();
+  entry.info = rank;
+  entry.token = message.rank_token();
+  entry.identity = identity;
+  entry.last_seen = listened_;
+  entry.job = message.job_id();
+  entry.attempt = message.attempt();
   if (!known)
     spdlog::info("{} registered (slot {} on {}, {}, pid {}{})", DescribeRank(key), entry.info.slot(), entry.info.host(),
                  entry.info.device(), entry.info.pid(), entry.job ? ", running job " + std::to_string(entry.job) : "");
@@ -256,8 +265,10 @@ void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& mes
   RankEntry* entry = Authenticated(identity, message.world(), message.rank(), message.rank_token(), "a heartbeat");
   if (!entry) return;
   const bool freed = entry->job != 0 && message.job_id() == 0;
-  entry->identity = identity, entry->last_seen = listened_;
-  entry->job = message.job_id(), entry->attempt = message.attempt();
+  entry->identity = identity;
+  entry->last_seen = listened_;
+  entry->job = message.job_id();
+  entry->attempt = message.attempt();
   if (!message.last_log_line().empty()) entry->last_log_line = message.last_log_line();
   SendStopIfStale(*entry);
   if (freed) schedule_due_ = true;
@@ -317,7 +328,10 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   if (!rank) return;
   Send(identity, AckFor(message.job_id(), message.attempt(), "result", 0, message.world_rank()));
   // A rank sends its result after it has gone idle: free it now, not at its next heartbeat.
-  if (rank->job == message.job_id() && rank->attempt == message.attempt()) rank->job = 0, rank->attempt = 0;
+  if (rank->job == message.job_id() && rank->attempt == message.attempt()) {
+    rank->job = 0;
+    rank->attempt = 0;
+  }
   auto it = running_.find(message.job_id());
   if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
   RunningAttempt& attempt = it->second;
@@ -329,11 +343,11 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
   // it; another slot's result only says that it is free again.
   if (from != attempt.slots.front()) return;
-  if (message.outcome() != "succeeded") {
+  if (message.end() != wire::OUTCOME_SUCCEEDED) {
+    const bool bad_input = message.end() == wire::OUTCOME_BAD_INPUT;
     const std::string reason = "the job led by " + DescribeRank(from) + " " +
-                               (message.outcome() == "bad_input" ? "rejected its input: " : "failed: ") +
-                               message.message();
-    FailAttempt(message.job_id(), reason, message.outcome() == "bad_input" ? Retry::kNever : Retry::kCounted);
+                               (bad_input ? "rejected its input: " : "failed: ") + message.message();
+    FailAttempt(message.job_id(), reason, bad_input ? Retry::kNever : Retry::kCounted);
     return;
   }
   attempt.finished.insert(from);
@@ -443,10 +457,12 @@ void Server::ScheduleQueued(double now) {
   std::vector<WorkerRank> workers;
   for (const auto& [key, entry] : ranks_) {
     WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
-    if (const RunningAttempt* attempt = AttemptAwaiting(key))
-      w.job = std::to_string(attempt->job), w.estimated_end = attempt->estimated_end;
-    else if (entry.job != 0)
+    if (const RunningAttempt* attempt = AttemptAwaiting(key)) {
+      w.job = std::to_string(attempt->job);
+      w.estimated_end = attempt->estimated_end;
+    } else if (entry.job != 0) {
       w.job = std::to_string(entry.job);
+    }
     workers.push_back(w);
   }
   ScheduleResult result = scheduler_.Schedule(queue, workers, now);
@@ -479,8 +495,10 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
     return;
   }
   RunningAttempt attempt;
-  attempt.job = job.id, attempt.slots = slots;
-  attempt.started_at = now, attempt.started_listening = listened_;
+  attempt.job = job.id;
+  attempt.slots = slots;
+  attempt.started_at = now;
+  attempt.started_listening = listened_;
   if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
   StateStore::Transaction transaction(*store_);
   attempt.attempt = store_->StartAttempt(job.id, where, now);
@@ -498,12 +516,17 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
 void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) {
   wire::Envelope e;
   wire::Assign* assign = e.mutable_assign();
-  assign->set_job_id(job.id), assign->set_attempt(attempt.attempt);
-  assign->set_yaml(job.spec_yaml), assign->set_source(job.source), assign->set_base_dir(job.base_dir);
+  assign->set_job_id(job.id);
+  assign->set_attempt(attempt.attempt);
+  assign->set_yaml(job.spec_yaml);
+  assign->set_source(job.source);
+  assign->set_base_dir(job.base_dir);
   for (const RankKey& slot : attempt.slots) {
     const wire::RankInfo& info = ranks_.at(slot).info;
     wire::JobPlace* place = assign->add_places();
-    place->set_world(slot.first), place->set_rank(slot.second), place->set_host(info.host());
+    place->set_world(slot.first);
+    place->set_rank(slot.second);
+    place->set_host(info.host());
     place->set_slot(info.slot());
   }
   assign->set_runs_dir(JobRunsDir(job.id));

@@ -10,6 +10,7 @@ namespace trainyard {
 // 3: a job runs as its own mpirun; its lead agent's result speaks for the gang.
 // 4: agents are independent processes; Assign places each job rank on a slot of any
 //    agent (JobPlace), and RankInfo names the slot's index on its host.
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: job states and outcomes are enums (JobState, Outcome), no longer strings.
+inline constexpr uint32_t kProtocolVersion = 5;
 
 }  // namespace trainyard

@@ -15,6 +15,7 @@
 #include <zmq_addon.hpp>
 
 #include "proto/curve_keys.h"
+#include "proto/wire_names.h"
 
 namespace trainyard {
 namespace {
@@ -49,36 +50,49 @@ class ScriptedRank {
     e.mutable_register_()->mutable_rank()->set_device("cpu");
     e.mutable_register_()->mutable_rank()->set_host("h");
     e.mutable_register_()->mutable_rank()->set_slot(rank_);
-    e.mutable_register_()->set_job_id(job), e.mutable_register_()->set_attempt(attempt);
-    e.mutable_register_()->set_world_token(world_token_), e.mutable_register_()->set_rank_token(rank_token_);
+    e.mutable_register_()->set_job_id(job);
+    e.mutable_register_()->set_attempt(attempt);
+    e.mutable_register_()->set_world_token(world_token_);
+    e.mutable_register_()->set_rank_token(rank_token_);
     Send(e);
   }
   wire::Envelope HeartbeatMessage(int64_t job, int attempt) const {
     wire::Envelope e;
-    e.mutable_heartbeat()->set_world("w"), e.mutable_heartbeat()->set_rank(rank_);
-    e.mutable_heartbeat()->set_job_id(job), e.mutable_heartbeat()->set_attempt(attempt);
+    e.mutable_heartbeat()->set_world("w");
+    e.mutable_heartbeat()->set_rank(rank_);
+    e.mutable_heartbeat()->set_job_id(job);
+    e.mutable_heartbeat()->set_attempt(attempt);
     e.mutable_heartbeat()->set_rank_token(rank_token_);
     return e;
   }
   wire::Envelope Result(int64_t job, int attempt, const std::string& outcome = "succeeded") const {
     wire::Envelope result;
-    result.mutable_result()->set_job_id(job), result.mutable_result()->set_attempt(attempt);
-    result.mutable_result()->set_world("w"), result.mutable_result()->set_outcome(outcome);
-    result.mutable_result()->set_world_rank(rank_), result.mutable_result()->set_rank_token(rank_token_);
+    result.mutable_result()->set_job_id(job);
+    result.mutable_result()->set_attempt(attempt);
+    result.mutable_result()->set_world("w");
+    result.mutable_result()->set_end(OutcomeFromName(outcome));
+    result.mutable_result()->set_world_rank(rank_);
+    result.mutable_result()->set_rank_token(rank_token_);
     return result;
   }
   wire::Envelope Epoch(int64_t job, int attempt, int epoch, const std::string& line) const {
     wire::Envelope e;
-    e.mutable_epoch()->set_job_id(job), e.mutable_epoch()->set_attempt(attempt), e.mutable_epoch()->set_epoch(epoch);
-    e.mutable_epoch()->set_csv_header("epoch,loss"), e.mutable_epoch()->set_csv_line(line);
-    e.mutable_epoch()->set_world("w"), e.mutable_epoch()->set_world_rank(rank_);
+    e.mutable_epoch()->set_job_id(job);
+    e.mutable_epoch()->set_attempt(attempt);
+    e.mutable_epoch()->set_epoch(epoch);
+    e.mutable_epoch()->set_csv_header("epoch,loss");
+    e.mutable_epoch()->set_csv_line(line);
+    e.mutable_epoch()->set_world("w");
+    e.mutable_epoch()->set_world_rank(rank_);
     e.mutable_epoch()->set_rank_token(rank_token_);
     return e;
   }
   wire::Envelope Exit(int signal) const {
     wire::Envelope e;
-    e.mutable_rank_exit()->mutable_rank()->set_world("w"), e.mutable_rank_exit()->mutable_rank()->set_rank(rank_);
-    e.mutable_rank_exit()->set_signal(signal), e.mutable_rank_exit()->set_rank_token(rank_token_);
+    e.mutable_rank_exit()->mutable_rank()->set_world("w");
+    e.mutable_rank_exit()->mutable_rank()->set_rank(rank_);
+    e.mutable_rank_exit()->set_signal(signal);
+    e.mutable_rank_exit()->set_rank_token(rank_token_);
     return e;
   }
   // The next message that is not a pulse, waiting up to `timeout_ms` while heartbeating
@@ -170,7 +184,8 @@ class ServerTest : public ::testing::Test {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
       auto reply = Send(client, {status.SerializeAsString()});
-      if (!reply || (reply->has_job() && reply->job().state() == state) || std::chrono::steady_clock::now() > deadline)
+      if (!reply || (reply->has_job() && JobStateName(reply->job().job_state()) == state) ||
+          std::chrono::steady_clock::now() > deadline)
         return reply;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
     }
@@ -195,7 +210,8 @@ class ServerTest : public ::testing::Test {
   // stops (and the ranks' sockets close). Returns the job id, or 0.
   int64_t StartAttemptOneThenStop() {
     ScriptedRank r0 = Rank(0), r1 = Rank(1);
-    r0.Register(), r1.Register();
+    r0.Register();
+    r1.Register();
     zmq::socket_t client = Connect();
     const int64_t job = SubmitTwoRankJob(client);
     auto a0 = r0.Next(3000), a1 = r1.Next(3000);
@@ -297,7 +313,8 @@ TEST_F(ServerTest, OversizedAndNodeHeavySubmissionsAreRefusedWithoutStallingTheL
   auto submit = [&](const std::string& yaml) {
     wire::Envelope e;
     e.set_version(kProtocolVersion);
-    e.mutable_submit()->set_yaml(yaml), e.mutable_submit()->set_source("job.yaml");
+    e.mutable_submit()->set_yaml(yaml);
+    e.mutable_submit()->set_source("job.yaml");
     return Send(s, {e.SerializeAsString()});
   };
   std::string flat_list = "name: x\ndata: [";
@@ -320,12 +337,17 @@ TEST_F(ServerTest, OversizedAndNodeHeavySubmissionsAreRefusedWithoutStallingTheL
 
 TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
   zmq::socket_t s = Connect();
-  wire::Envelope e;
-  e.set_version(99);
-  e.mutable_list();
-  auto reply = Send(s, {e.SerializeAsString()});
-  ASSERT_TRUE(reply && reply->has_error());
-  EXPECT_NE(reply->error().message().find("version 99"), std::string::npos);
+  // A newer peer, and one from before job states and outcomes were enums (version 4).
+  for (uint32_t version : {99U, kProtocolVersion - 1}) {
+    wire::Envelope e;
+    e.set_version(version);
+    e.mutable_list();
+    auto reply = Send(s, {e.SerializeAsString()});
+    ASSERT_TRUE(reply && reply->has_error());
+    EXPECT_NE(reply->error().message().find("version " + std::to_string(version) + " is not supported"),
+              std::string::npos)
+        << reply->error().message();
+  }
 }
 
 wire::Envelope StatusRequest(int64_t job) {
@@ -337,7 +359,8 @@ wire::Envelope StatusRequest(int64_t job) {
 
 TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
-  r0.Register(), r1.Register();
+  r0.Register();
+  r1.Register();
   zmq::socket_t client = Connect();
   const int64_t job = SubmitTwoRankJob(client);
   ASSERT_GT(job, 0);
@@ -355,11 +378,12 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   // Silent for longer than heartbeat x liveness (1 s): the coordinator gives them up.
   auto requeued = WaitForState(client, job, "QUEUED", 10000);
   ASSERT_TRUE(requeued && requeued->has_job());
-  EXPECT_EQ(requeued->job().state(), "QUEUED");
+  EXPECT_EQ(requeued->job().job_state(), wire::JOB_QUEUED);
   EXPECT_NE(requeued->job().reason().find("stopped heartbeating"), std::string::npos) << requeued->job().reason();
 
   // The ranks come back: attempt 2 resumes; a resent epoch report is stored once.
-  r0.Register(), r1.Register();
+  r0.Register();
+  r1.Register();
   auto next_assign = [](ScriptedRank& r) {  // skipping attempt 1's stop orders
     auto e = r.Next(3000);
     while (e && e->has_stop() && e->stop().attempt() == 1) e = r.Next(3000);
@@ -392,7 +416,7 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   ASSERT_TRUE(released && released->has_ack());
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
-  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().job_state(), wire::JOB_SUCCEEDED);
   EXPECT_EQ(done->job().attempts(), 2);
   std::ifstream csv(dir_ / "runs" / std::to_string(job) / "attempt-2" / "epochs.csv");
   std::stringstream text;
@@ -405,7 +429,8 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
 // attempt and epoch row, both ranks alive, and 404 for what does not exist.
 TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
-  r0.Register(), r1.Register();
+  r0.Register();
+  r1.Register();
   zmq::socket_t client = Connect();
   const int64_t job = SubmitTwoRankJob(client);
   ASSERT_GT(job, 0);
@@ -467,7 +492,8 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
 // written through the link, and the job goes on.
 TEST_F(ServerTest, FifosAndLinksInARunFolderNeverStallTheLoop) {
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
-  r0.Register(), r1.Register();
+  r0.Register();
+  r1.Register();
   zmq::socket_t client = Connect();
   const int64_t job = SubmitTwoRankJob(client);
   ASSERT_GT(job, 0);
@@ -506,7 +532,7 @@ TEST_F(ServerTest, FifosAndLinksInARunFolderNeverStallTheLoop) {
   ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
   auto done = WaitForState(client, job, "SUCCEEDED", 3000);
   ASSERT_TRUE(done && done->has_job());
-  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().job_state(), wire::JOB_SUCCEEDED);
   EXPECT_FALSE(fs::exists(dir_ / "elsewhere" / "summary.json"));
 }
 
@@ -548,7 +574,8 @@ TEST_F(ServerTest, ASilentWorldCannotBeSquatted) {
 // with an error, and the real ranks finish the job as attempt 1 with their own rows.
 TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
-  r0.Register(), r1.Register();
+  r0.Register();
+  r1.Register();
   zmq::socket_t client = Connect();
   const int64_t job = SubmitTwoRankJob(client);
   ASSERT_GT(job, 0);
@@ -594,14 +621,14 @@ TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
 
   auto still = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(still && still->has_job());
-  EXPECT_EQ(still->job().state(), "RUNNING");
+  EXPECT_EQ(still->job().job_state(), wire::JOB_RUNNING);
   EXPECT_EQ(still->job().attempts(), 1);
   // A real rank that is not the job's lead cannot end the attempt either.
   r1.Send(r1.Result(job, 1));
   ASSERT_TRUE(r1.Next(2000).value_or(wire::Envelope()).has_ack());
   auto member_said = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(member_said && member_said->has_job());
-  EXPECT_EQ(member_said->job().state(), "RUNNING");
+  EXPECT_EQ(member_said->job().job_state(), wire::JOB_RUNNING);
   // The lead finishes: its row, its result, attempt 1.
   r0.Send(r0.Epoch(job, 1, 1, "1,0.5"));
   ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
@@ -609,7 +636,7 @@ TEST_F(ServerTest, ForgedWorkerMessagesAreRefusedAndTheJobIsUnaffected) {
   ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
-  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().job_state(), wire::JOB_SUCCEEDED);
   EXPECT_EQ(done->job().attempts(), 1);
   std::ifstream csv(dir_ / "runs" / std::to_string(job) / "epochs.csv");
   std::stringstream text;
@@ -663,7 +690,7 @@ TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
   zmq::socket_t client = Connect();
   auto done = Send(client, {StatusRequest(job).SerializeAsString()});
   ASSERT_TRUE(done && done->has_job());
-  EXPECT_EQ(done->job().state(), "SUCCEEDED");
+  EXPECT_EQ(done->job().job_state(), wire::JOB_SUCCEEDED);
   EXPECT_EQ(done->job().attempts(), 1);
   const auto& events = done->job().events();
   EXPECT_TRUE(std::any_of(events.begin(), events.end(),
@@ -680,7 +707,7 @@ TEST_F(ServerTest, RestartRequeuesAJobWhoseRanksNeverComeBack) {
   zmq::socket_t client = Connect();
   auto status = WaitForState(client, job, "QUEUED", 10000);
   ASSERT_TRUE(status && status->has_job());
-  EXPECT_EQ(status->job().state(), "QUEUED");
+  EXPECT_EQ(status->job().job_state(), wire::JOB_QUEUED);
   EXPECT_NE(status->job().reason().find("interrupted"), std::string::npos) << status->job().reason();
   EXPECT_NE(status->job().reason().find("did not come back"), std::string::npos) << status->job().reason();
 }

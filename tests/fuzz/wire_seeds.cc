@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "tests/fuzz/wire_script.h"
 #include "trainyard.pb.h"
@@ -26,34 +27,52 @@ Frame FrameOf(int peer, const Fill& fill) {
 }
 
 void FillRank(wire::RankInfo* r, int rank) {
-  r->set_world(kWorld), r->set_rank(rank), r->set_world_size(2), r->set_host("localhost"), r->set_device("cpu");
+  r->set_world(kWorld);
+  r->set_rank(rank);
+  r->set_world_size(2);
+  r->set_host("localhost");
+  r->set_device("cpu");
   r->set_pid(1000 + rank);
 }
 
 Frame Register(int rank) {
   return FrameOf(rank, [rank](wire::Envelope* e) {
     FillRank(e->mutable_register_()->mutable_rank(), rank);
-    e->mutable_register_()->set_job_id(kJob), e->mutable_register_()->set_attempt(kAttempt);
-    e->mutable_register_()->set_world_token(kWorldToken), e->mutable_register_()->set_rank_token(kRankTokens[rank]);
+    e->mutable_register_()->set_job_id(kJob);
+    e->mutable_register_()->set_attempt(kAttempt);
+    e->mutable_register_()->set_world_token(kWorldToken);
+    e->mutable_register_()->set_rank_token(kRankTokens[rank]);
   });
 }
 
 Frame Heartbeat(int rank) {
   return FrameOf(rank, [rank](wire::Envelope* e) {
     wire::Heartbeat* h = e->mutable_heartbeat();
-    h->set_world(kWorld), h->set_rank(rank), h->set_job_id(kJob), h->set_attempt(kAttempt);
-    h->set_last_log_line("epoch 1 step 10"), h->set_rank_token(kRankTokens[rank]);
+    h->set_world(kWorld);
+    h->set_rank(rank);
+    h->set_job_id(kJob);
+    h->set_attempt(kAttempt);
+    h->set_last_log_line("epoch 1 step 10");
+    h->set_rank_token(kRankTokens[rank]);
   });
 }
 
 Frame Epoch(int epoch) {
   return FrameOf(0, [epoch](wire::Envelope* e) {
     wire::EpochReport* r = e->mutable_epoch();
-    r->set_job_id(kJob), r->set_attempt(kAttempt), r->set_epoch(epoch);
-    r->set_csv_header("epoch,loss,accuracy"), r->set_csv_line(std::to_string(epoch) + ",0.5,0.9");
-    r->set_world(kWorld), r->set_world_rank(0), r->set_rank_token(kRankTokens[0]);
+    r->set_job_id(kJob);
+    r->set_attempt(kAttempt);
+    r->set_epoch(epoch);
+    r->set_csv_header("epoch,loss,accuracy");
+    r->set_csv_line(std::to_string(epoch) + ",0.5,0.9");
+    r->set_world(kWorld);
+    r->set_world_rank(0);
+    r->set_rank_token(kRankTokens[0]);
     wire::StepPart* part = r->mutable_breakdown()->add_parts();
-    part->set_name("forward"), part->set_min_ms(1), part->set_median_ms(2), part->set_max_ms(3);
+    part->set_name("forward");
+    part->set_min_ms(1);
+    part->set_median_ms(2);
+    part->set_max_ms(3);
     r->mutable_breakdown()->set_slowest_rank(1), r->mutable_breakdown()->set_slowest_ms_per_step(9);
   });
 }
@@ -63,7 +82,8 @@ Frame Result(int rank, const std::string& outcome) {
     wire::JobResult* r = e->mutable_result();
     r->set_job_id(kJob), r->set_attempt(kAttempt), r->set_world_rank(rank), r->set_world(kWorld);
     r->set_rank_token(kRankTokens[rank]);
-    r->set_outcome(outcome), r->set_message("done");
+    r->set_end(OutcomeFromName(outcome));
+    r->set_message("done");
     if (rank == 0) r->set_summary_json(R"({"accuracy": 0.9})");
   });
 }

@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -88,7 +89,7 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
     } else if (in.has_epoch()) {
       agent.ReportEpoch(in.epoch());
     } else if (in.has_result()) {
-      result_ = JobOutcome{in.result().outcome(), in.result().message(), in.result().summary_json()};
+      result_ = JobOutcome{OutcomeName(in.result().end()), in.result().message(), in.result().summary_json()};
       wire::Envelope ack;
       ack.mutable_ack()->set_what("result");
       socket_->socket.send(zmq::buffer(Serialize(ack)), zmq::send_flags::dontwait);
@@ -132,7 +133,9 @@ std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, dou
   wire::Envelope hello;
   for (size_t i = 0; i < processes.size(); ++i) {
     wire::RankInfo* rank = hello.mutable_started()->add_ranks();
-    rank->set_rank(static_cast<int>(i)), rank->set_pid(processes[i].pid), rank->set_host(processes[i].host);
+    rank->set_rank(static_cast<int>(i));
+    rank->set_pid(processes[i].pid);
+    rank->set_host(processes[i].host);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(hello)), zmq::send_flags::none);
@@ -146,12 +149,15 @@ void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, 
   wire::Envelope e;
   wire::EpochReport* report = e.mutable_epoch();
   report->set_epoch(static_cast<int32_t>(row.epoch));
-  report->set_csv_header(csv_header), report->set_csv_line(csv_line);
+  report->set_csv_header(csv_header);
+  report->set_csv_line(csv_line);
   wire::StepBreakdown* breakdown = report->mutable_breakdown();
   for (int i = 0; i < kNumStepParts; ++i) {
     wire::StepPart* part = breakdown->add_parts();
     part->set_name(kStepParts[i]);
-    part->set_min_ms(row.parts[i].min), part->set_median_ms(row.parts[i].median), part->set_max_ms(row.parts[i].max);
+    part->set_min_ms(row.parts[i].min);
+    part->set_median_ms(row.parts[i].median);
+    part->set_max_ms(row.parts[i].max);
   }
   breakdown->set_slowest_rank(row.slowest_rank);
   breakdown->set_slowest_ms_per_step(row.slowest_ms_per_step);
@@ -172,7 +178,8 @@ bool RelayClient::StopRequested() const {
 bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
   wire::Envelope e;
   wire::JobResult* result = e.mutable_result();
-  result->set_outcome(outcome.outcome), result->set_message(outcome.message);
+  result->set_end(OutcomeFromName(outcome.outcome));
+  result->set_message(outcome.message);
   result->set_summary_json(outcome.summary_json);
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);

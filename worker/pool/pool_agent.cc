@@ -4,13 +4,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <stdexcept>
 #include <zmq.hpp>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
 
@@ -42,12 +43,19 @@ Assignment AssignmentFrom(const wire::Assign& a) {
 }
 
 void ToWire(const Assignment& a, wire::Assign* out) {
-  out->set_job_id(a.job_id), out->set_attempt(a.attempt);
-  out->set_yaml(a.yaml), out->set_source(a.source), out->set_base_dir(a.base_dir);
-  out->set_runs_dir(a.runs_dir), out->set_resume(a.resume);
+  out->set_job_id(a.job_id);
+  out->set_attempt(a.attempt);
+  out->set_yaml(a.yaml);
+  out->set_source(a.source);
+  out->set_base_dir(a.base_dir);
+  out->set_runs_dir(a.runs_dir);
+  out->set_resume(a.resume);
   for (const JobPlace& p : a.places) {
     wire::JobPlace* place = out->add_places();
-    place->set_world(p.world), place->set_rank(p.rank), place->set_host(p.host), place->set_slot(p.slot);
+    place->set_world(p.world);
+    place->set_rank(p.rank);
+    place->set_host(p.host);
+    place->set_slot(p.slot);
   }
 }
 
@@ -111,7 +119,8 @@ std::optional<Assignment> PoolAgent::WaitForAssignment(const std::atomic<bool>& 
 
 void PoolAgent::Begin(const Assignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
-  job_id_ = assignment.job_id, attempt_ = assignment.attempt;
+  job_id_ = assignment.job_id;
+  attempt_ = assignment.attempt;
   stop_requested_ = false;
 }
 
@@ -122,12 +131,17 @@ void PoolAgent::Finish(const JobOutcome& outcome) {
   int attempt = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job = job_id_, attempt = attempt_;
-    job_id_ = 0, attempt_ = 0;
+    job = job_id_;
+    attempt = attempt_;
+    job_id_ = 0;
+    attempt_ = 0;
   }
-  result->set_job_id(job), result->set_attempt(attempt);
-  result->set_world_rank(self_.rank), result->set_world(self_.world);
-  result->set_outcome(outcome.outcome), result->set_message(outcome.message);
+  result->set_job_id(job);
+  result->set_attempt(attempt);
+  result->set_world_rank(self_.rank);
+  result->set_world(self_.world);
+  result->set_end(OutcomeFromName(outcome.outcome));
+  result->set_message(outcome.message);
   result->set_summary_json(outcome.summary_json);
   result->set_rank_token(self_.rank_token);
   Queue(ResultKey(job, attempt), Serialize(e));
@@ -139,9 +153,12 @@ void PoolAgent::ReportEpoch(const wire::EpochReport& report) {
   *out = report;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    out->set_job_id(job_id_), out->set_attempt(attempt_);
+    out->set_job_id(job_id_);
+    out->set_attempt(attempt_);
   }
-  out->set_world(self_.world), out->set_world_rank(self_.rank), out->set_rank_token(self_.rank_token);
+  out->set_world(self_.world);
+  out->set_world_rank(self_.rank);
+  out->set_rank_token(self_.rank_token);
   Queue(EpochKey(out->job_id(), out->attempt(), out->epoch()), Serialize(e));
 }
 
@@ -186,7 +203,8 @@ void PoolAgent::Round(Link& link) {
   zmq::poll(items, 1, std::chrono::milliseconds(20));
   for (zmq::message_t frame; link.socket->recv(frame, zmq::recv_flags::dontwait);) {
     link.last_heard = Clock::now();
-    link.backoff_s = 0.5, link.reconnect_at.reset();
+    link.backoff_s = 0.5;
+    link.reconnect_at.reset();
     wire::Envelope in;
     if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
   }
@@ -220,11 +238,18 @@ void PoolAgent::Register(Link& link) {
   wire::Envelope e;
   wire::Register* reg = e.mutable_register_();
   wire::RankInfo* info = reg->mutable_rank();
-  info->set_world(self_.world), info->set_rank(self_.rank), info->set_world_size(self_.world_size);
-  info->set_host(self_.host), info->set_device(self_.device), info->set_pid(self_.pid), info->set_slot(self_.slot);
-  reg->set_world_token(self_.world_token), reg->set_rank_token(self_.rank_token);
+  info->set_world(self_.world);
+  info->set_rank(self_.rank);
+  info->set_world_size(self_.world_size);
+  info->set_host(self_.host);
+  info->set_device(self_.device);
+  info->set_pid(self_.pid);
+  info->set_slot(self_.slot);
+  reg->set_world_token(self_.world_token);
+  reg->set_rank_token(self_.rank_token);
   std::lock_guard<std::mutex> lock(mutex_);
-  reg->set_job_id(job_id_), reg->set_attempt(attempt_);
+  reg->set_job_id(job_id_);
+  reg->set_attempt(attempt_);
   link.Send(Serialize(e));
   for (const auto& [key, bytes] : unacked_) link.Send(bytes);
 }
@@ -269,11 +294,14 @@ void PoolAgent::Heartbeat(Link& link) {
   link.last_beat = Clock::now();
   wire::Envelope e;
   wire::Heartbeat* beat = e.mutable_heartbeat();
-  beat->set_world(self_.world), beat->set_rank(self_.rank), beat->set_last_log_line(LastLogLine());
+  beat->set_world(self_.world);
+  beat->set_rank(self_.rank);
+  beat->set_last_log_line(LastLogLine());
   beat->set_rank_token(self_.rank_token);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    beat->set_job_id(job_id_), beat->set_attempt(attempt_);
+    beat->set_job_id(job_id_);
+    beat->set_attempt(attempt_);
   }
   link.Send(Serialize(e));
 }
