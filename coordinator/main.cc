@@ -38,29 +38,29 @@ int InitKeys(const std::string& dir) {
   return 0;
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app{
-      "Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
-      "Once: coordinator --init (makes the CURVE keys in keys/ beside the state file).\n"
-      "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT --keys KEYS\n"
-      "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
-      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/.\n"
-      "With --http 127.0.0.1:8265 it also serves a web dashboard, its read-only JSON API (GET /api)\n"
-      "and Prometheus metrics (GET /metrics)."};
-  trainyard::ServerOptions o;
+// What the command line says beyond the server's own options.
+struct CommandLine {
+  trainyard::ServerOptions server;
+  bool init = false;
+  CLI::Option* keys = nullptr;
+  std::string http_address;
+  std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
+};
+
+void AddOptions(CLI::App& app, CommandLine* c) {
+  trainyard::ServerOptions& o = c->server;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
   app.add_option("--state", o.state_path, "SQLite state database (created if missing; default trainyard.db)");
   app.add_option("--runs", o.runs_dir,
                  "folder for <job id>/ (default runs); a job's ranks use the same path on their own hosts\n"
                  "(model and logs on its rank 0's host, checkpoints on each host's own disk): it need not be shared");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
-  bool init = false;
-  app.add_flag("--init", init,
+  app.add_flag("--init", c->init,
                "make the CURVE keys in the --keys folder (0700, secrets 0600) and exit; workers and jobctl\n"
                "use the same folder (their --keys, or $TRAINYARD_KEYS)");
-  auto* keys = app.add_option("--keys", o.keys_dir,
-                              "key folder: coordinator.key, workers.allow, clients.allow (default: $TRAINYARD_KEYS,\n"
-                              "else keys/ beside the --state file)");
+  c->keys = app.add_option("--keys", o.keys_dir,
+                           "key folder: coordinator.key, workers.allow, clients.allow (default: $TRAINYARD_KEYS,\n"
+                           "else keys/ beside the --state file)");
   app.add_flag("--insecure", o.insecure,
                "development only: no encryption and no authentication; anyone who can reach --listen can\n"
                "submit jobs and forge worker messages");
@@ -79,31 +79,20 @@ int Main(int argc, char** argv) {
   app.add_option("--restart-backoff", o.restart_backoff_s,
                  "seconds before the first retry of a failed job; doubles per retry, at most 60 (default 2)")
       ->check(CLI::Range(0.0, 60.0));
-  std::string http_address;
-  std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
-  app.add_option("--http", http_address,
+  app.add_option("--http", c->http_address,
                  "serve the web dashboard, its JSON API (/api) and Prometheus metrics (/metrics) on\n"
                  "[HOST:]PORT, e.g. 127.0.0.1:8265 (HOST defaults to 127.0.0.1; default: no dashboard).\n"
                  "The dashboard is read-only but has no authentication: keep it on loopback");
-  app.add_option("--chartjs", chartjs, "Chart.js for the dashboard's charts (default: Debian's libjs-chart.js)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (keys->count() == 0) {  // $TRAINYARD_KEYS, else keys/ beside the state file
-    const char* env_keys = std::getenv("TRAINYARD_KEYS");
-    o.keys_dir = env_keys && *env_keys ? std::string(env_keys)
-                                       : (std::filesystem::path(o.state_path).parent_path() / "keys").string();
-  }
-  if (init) return InitKeys(o.keys_dir);
-  spdlog::set_pattern("[%H:%M:%S] %v");
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGPIPE, SIG_IGN);
+  app.add_option("--chartjs", c->chartjs, "Chart.js for the dashboard's charts (default: Debian's libjs-chart.js)");
+}
+
+// Runs the coordinator until SIGINT or SIGTERM; exit code 2 for what the user must fix.
+int Serve(const CommandLine& c) {
+  const trainyard::ServerOptions& o = c.server;
+  const std::string& http_address = c.http_address;
 #ifdef TRAINYARD_HAVE_DASHBOARD
   trainyard::DashboardOptions dashboard_options;
-  dashboard_options.chartjs_path = chartjs;
+  dashboard_options.chartjs_path = c.chartjs;
   if (!http_address.empty()) {
     try {
       trainyard::ParseHttpAddress(http_address, &dashboard_options);
@@ -152,6 +141,36 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "error: cannot listen on %s: %s\n", o.listen.c_str(), e.what());
     return 2;
   }
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
+      "Once: coordinator --init (makes the CURVE keys in keys/ beside the state file).\n"
+      "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT --keys KEYS\n"
+      "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
+      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/.\n"
+      "With --http 127.0.0.1:8265 it also serves a web dashboard, its read-only JSON API (GET /api)\n"
+      "and Prometheus metrics (GET /metrics)."};
+  CommandLine c;
+  AddOptions(app, &c);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (c.keys->count() == 0) {  // $TRAINYARD_KEYS, else keys/ beside the state file
+    const char* env_keys = std::getenv("TRAINYARD_KEYS");
+    c.server.keys_dir = env_keys && *env_keys
+                            ? std::string(env_keys)
+                            : (std::filesystem::path(c.server.state_path).parent_path() / "keys").string();
+  }
+  if (c.init) return InitKeys(c.server.keys_dir);
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGPIPE, SIG_IGN);
+  return Serve(c);
 }
 
 }  // namespace

@@ -29,11 +29,11 @@ const std::map<std::string, JobKind> kJobKindNames = {{"finetune", JobKind::kFin
                                                       {"serve", JobKind::kServe}};
 const std::map<std::string, TaskKind> kTaskNames = {{"classification", TaskKind::kClassification},
                                                     {"causal_lm", TaskKind::kCausalLm}};
-const std::map<std::string, BenchMode> kBenchModeNames = {{"eager", BenchMode::kEager},
-                                                          {"torchscript", BenchMode::kTorchScript},
-                                                          {"cuda_graph", BenchMode::kCudaGraph},
-                                                          {"int8", BenchMode::kInt8},
-                                                          {"aoti", BenchMode::kAoti}};
+const std::map<std::string, ForwardMode> kForwardModeNames = {{"eager", ForwardMode::kEager},
+                                                              {"torchscript", ForwardMode::kTorchScript},
+                                                              {"cuda_graph", ForwardMode::kCudaGraph},
+                                                              {"int8", ForwardMode::kInt8},
+                                                              {"aoti", ForwardMode::kAoti}};
 
 template <typename E>
 const char* NameOf(const std::map<std::string, E>& names, E value) {
@@ -554,12 +554,12 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   r.ReadList(b, "precisions", "benchmark", &out.precisions,
              [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kPrecisionNames); });
   r.ReadList(b, "modes", "benchmark", &out.modes,
-             [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kBenchModeNames); });
+             [&](const YAML::Node& n, const std::string& path) { return r.Choice(n, path, kForwardModeNames); });
   bool wants_script = false;
-  for (BenchMode m : out.modes) wants_script = wants_script || m == BenchMode::kTorchScript;
+  for (ForwardMode m : out.modes) wants_script = wants_script || m == ForwardMode::kTorchScript;
   if (!r.ReadPath(b, "torchscript", "benchmark", &out.torchscript, PathKind::kFile) && wants_script)
     r.Fail(b["modes"], "benchmark.torchscript", "required by the torchscript mode: a .pt file");
-  const bool wants_aoti = std::count(out.modes.begin(), out.modes.end(), BenchMode::kAoti) > 0;
+  const bool wants_aoti = std::count(out.modes.begin(), out.modes.end(), ForwardMode::kAoti) > 0;
   if (!r.ReadPath(b, "aoti", "benchmark", &out.aoti, PathKind::kFile) && wants_aoti)
     r.Fail(b["modes"], "benchmark.aoti", "required by the aoti mode: a .pt2 package (scripts/export_aoti.py)");
   r.ReadInt(b, "warmup", "benchmark", &out.warmup, 0, kMaxCount);
@@ -570,8 +570,8 @@ void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   r.ReadInt(b, "train_steps", "benchmark", &out.train_steps, 2, kMaxCount);
   r.ReadInt(b, "new_tokens", "benchmark", &out.new_tokens, 2, kMaxSeqLen);
   if (generates)
-    for (BenchMode m : out.modes)
-      if (m != BenchMode::kEager && m != BenchMode::kCudaGraph)
+    for (ForwardMode m : out.modes)
+      if (m != ForwardMode::kEager && m != ForwardMode::kCudaGraph)
         r.Fail(b["modes"], "benchmark.modes",
                std::string("mode: generate runs eager or cuda_graph, not ") + ToString(m));
 }
@@ -587,9 +587,11 @@ void ParseInference(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
              std::map<std::string, std::string>{{"true", "true"}, {"false", "false"}, {"both", "both"}},
              &out.sort_by_length);
   r.ReadEnum(n, "mode", "inference",
-             std::map<std::string, std::string>{{"eager", "eager"}, {"int8", "int8"}, {"aoti", "aoti"}}, &out.mode);
+             std::map<std::string, ForwardMode>{
+                 {"eager", ForwardMode::kEager}, {"int8", ForwardMode::kInt8}, {"aoti", ForwardMode::kAoti}},
+             &out.mode);
   const bool has_package = r.ReadPath(n, "aoti", "inference", &out.aoti, PathKind::kFile);
-  if (out.mode == "aoti" && !has_package)
+  if (out.mode == ForwardMode::kAoti && !has_package)
     r.Fail(n, "inference.aoti", "required with mode: aoti: the .pt2 package (scripts/export_aoti.py)");
 }
 
@@ -615,6 +617,21 @@ void ParseGenerate(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 
 // kind: serve reads its models (weights, tokenizer, labels) from the repository, so it
 // has no data, model or train section.
+// serve.access_token_file's first line, required for a listener off loopback.
+void ReadServeAccessToken(const SpecReader& r, const YAML::Node& n, ServeSpec* out) {
+  std::string token_file;
+  if (r.ReadPath(n, "access_token_file", "serve", &token_file, PathKind::kFile)) {
+    std::ifstream in(token_file);
+    std::getline(in, out->access_token);
+    if (out->access_token.size() < 16)
+      r.Fail(n["access_token_file"], "serve.access_token_file",
+             "expected a token of at least 16 characters on its first line");
+  }
+  const bool loopback = out->host == "127.0.0.1" || out->host == "::1" || out->host == "localhost";
+  if (!loopback && out->access_token.empty())
+    r.Fail(n["host"], "serve.host", "a listener off loopback needs serve.access_token_file");
+}
+
 void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   for (const char* unused : {"data", "model", "train", "task"})
     if (root[unused].IsDefined())
@@ -647,17 +664,7 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(n, "http_port", "serve", &out.http_port, 0, 65535);
   r.ReadInt(n, "grpc_port", "serve", &out.grpc_port, 0, 65535);
   r.ReadInt(n, "metrics_port", "serve", &out.metrics_port, 0, 65535);
-  std::string token_file;
-  if (r.ReadPath(n, "access_token_file", "serve", &token_file, PathKind::kFile)) {
-    std::ifstream in(token_file);
-    std::getline(in, out.access_token);
-    if (out.access_token.size() < 16)
-      r.Fail(n["access_token_file"], "serve.access_token_file",
-             "expected a token of at least 16 characters on its first line");
-  }
-  const bool loopback = out.host == "127.0.0.1" || out.host == "::1" || out.host == "localhost";
-  if (!loopback && out.access_token.empty())
-    r.Fail(n["host"], "serve.host", "a listener off loopback needs serve.access_token_file");
+  ReadServeAccessToken(r, n, &out);
   r.ReadInt(n, "max_batch_size", "serve", &out.max_batch_size, 1, kMaxBatch);
   r.ReadInt(n, "max_batch_tokens", "serve", &out.max_batch_tokens, 1, 1 << 24);
   r.ReadList(n, "preferred_batch_sizes", "serve", &out.preferred_batch_sizes,
@@ -781,7 +788,7 @@ std::string JobSpec::Where(const std::string& key_path) const {
 }
 
 const char* ToString(Precision p) { return NameOf(kPrecisionNames, p); }
-const char* ToString(BenchMode m) { return NameOf(kBenchModeNames, m); }
+const char* ToString(ForwardMode m) { return NameOf(kForwardModeNames, m); }
 const char* ToString(JobKind k) { return NameOf(kJobKindNames, k); }
 
 }  // namespace trainyard

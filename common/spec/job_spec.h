@@ -134,7 +134,10 @@ struct DistributedSpec {
   bool check_consistency = false;  // compare a parameter hash across ranks every step
 };
 
-enum class BenchMode { kEager, kTorchScript, kCudaGraph, kInt8, kAoti };
+// How a model's forward runs: libtorch eagerly, a TorchScript file, a captured CUDA
+// graph, int8 Linear layers, or an AOTInductor package (benchmark.modes; inference.mode
+// takes eager, int8 and aoti).
+enum class ForwardMode { kEager, kTorchScript, kCudaGraph, kInt8, kAoti };
 
 // sweep: forward passes over batch x seq_len cells; train_step: training steps;
 // generate: a causal LM generating new_tokens after prompts of seq_len tokens.
@@ -145,7 +148,7 @@ struct BenchmarkSpec {
   std::vector<int> batch_sizes = {1, 2, 4, 8};
   std::vector<int> seq_lens = {8, 64, 128};
   std::vector<Precision> precisions = {Precision::kFp32};
-  std::vector<BenchMode> modes = {BenchMode::kEager};
+  std::vector<ForwardMode> modes = {ForwardMode::kEager};
   std::string torchscript;  // .pt file for the torchscript mode
   std::string aoti;         // .pt2 package for the aoti mode (scripts/export_aoti.py)
   int warmup = 3, iters = 10;
@@ -160,9 +163,9 @@ struct InferenceSpec {
   std::string input;   // dataset file to predict over
   std::string output;  // predictions TSV; default runs/<name>/predictions.tsv
   int batch_size = 64;
-  std::string sort_by_length = "true";  // true | false | both (both: runs each, compares)
-  std::string mode = "eager";           // eager | int8 (dynamic int8 Linear layers, CPU) | aoti
-  std::string aoti;                     // the aoti mode's .pt2 package (scripts/export_aoti.py)
+  std::string sort_by_length = "true";     // true | false | both (both: runs each, compares)
+  ForwardMode mode = ForwardMode::kEager;  // eager | int8 (dynamic int8 Linear layers, CPU) | aoti
+  std::string aoti;                        // the aoti mode's .pt2 package (scripts/export_aoti.py)
 };
 
 // kind: generate. Prompts are a text file, one prompt a line (\t \n \\ escapes).
@@ -267,6 +270,6 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
 
 const char* ToString(Precision p);
 const char* ToString(JobKind k);
-const char* ToString(BenchMode m);
+const char* ToString(ForwardMode m);
 
 }  // namespace trainyard

@@ -14,9 +14,9 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "worker/jobs/forward_modes.h"
 #include "worker/jobs/memory_cap.h"
 #include "worker/models/generation.h"
-#include "worker/models/quantize.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -56,7 +56,9 @@ void FillStats(std::vector<double> ms, BenchCell* cell) {
   double var = 0;
   for (double v : ms) var += (v - mean) * (v - mean);
   cell->mean_ms = mean;
-  cell->p50_ms = Percentile(ms, 0.5), cell->p90_ms = Percentile(ms, 0.9), cell->p99_ms = Percentile(ms, 0.99);
+  cell->p50_ms = Percentile(ms, 0.5);
+  cell->p90_ms = Percentile(ms, 0.9);
+  cell->p99_ms = Percentile(ms, 0.99);
   cell->cv = ms.size() > 1 ? std::sqrt(var / (ms.size() - 1)) / mean : 0.0;
   cell->seqs_per_s = cell->batch * 1000.0 / mean;
   cell->tokens_per_s = double(cell->batch) * cell->seq * 1000.0 / mean;
@@ -81,8 +83,8 @@ uint64_t FileHash(const std::string& path) {
 
 BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
     : spec_(std::move(spec)), ranks_(ranks), device_(PrepareRuntime(spec_, ranks_)) {
-  for (BenchMode m : spec_.benchmark.modes)
-    if (m == BenchMode::kCudaGraph && !device_.is_cuda())
+  for (ForwardMode m : spec_.benchmark.modes)
+    if (m == ForwardMode::kCudaGraph && !device_.is_cuda())
       throw InputError(spec_.Where("benchmark.modes") + ": cuda_graph needs a CUDA device; this job runs on " +
                        device_.str());
   LabelSet labels = LoadLabels(spec_);
@@ -93,23 +95,15 @@ BenchmarkRunner::BenchmarkRunner(JobSpec spec, RankContext ranks)
   if (spec_.benchmark.run != BenchmarkRun::kTrainStep) Freeze(*model_);  // the others only infer
   if (spec_.benchmark.run == BenchmarkRun::kGenerate && !dynamic_cast<CausalLmImpl*>(model_.get()))
     throw InputError(spec_.Where("benchmark.mode") + ": generate needs a causal LM");
-  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), BenchMode::kInt8)) {
-    if (!device_.is_cpu())
+  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), ForwardMode::kInt8)) {
+    if (!device_.is_cpu())  // before building a second model
       throw InputError(spec_.Where("benchmark.modes") + ": int8 runs on the CPU; this job runs on " + device_.str());
     int8_model_ = BuildModel(spec_, *tokenizer_, labels.names(), kMaxPositions);
     CopyWeights(*model_, *int8_model_);
-    const Int8Summary q = QuantizeLinearsInt8(*int8_model_);
-    LogInfo(StrFormat("int8 mode: %d Linear layers quantized (%.1f MB of fp32 weights as %.1f MB of int8)", q.layers,
-                      q.fp32_mb, q.int8_mb));
+    QuantizeForInt8(spec_, "benchmark.modes", *int8_model_, device_);
   }
-  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), BenchMode::kAoti)) {
-    try {
-      aoti_ = std::make_unique<AotiPackage>(spec_.benchmark.aoti, device_);
-    } catch (const std::invalid_argument& e) {
-      throw InputError(spec_.Where("benchmark.aoti") + ": " + e.what());
-    }
-    LogInfo("aoti mode: " + spec_.benchmark.aoti + " (" + aoti_->Describe() + ")");
-  }
+  if (std::count(spec_.benchmark.modes.begin(), spec_.benchmark.modes.end(), ForwardMode::kAoti))
+    aoti_ = OpenAotiPackage(spec_, "benchmark.aoti", spec_.benchmark.aoti, device_);
   model_name_ = spec_.model.init.empty() ? spec_.model.preset : fs::path(spec_.model.init).filename().string();
   if (!spec_.benchmark.torchscript.empty()) {
     try {
@@ -160,7 +154,7 @@ torch::Tensor BenchmarkRunner::Inputs(int batch, int seq) const {
 std::vector<BenchmarkRunner::CellPlan> BenchmarkRunner::PlanCells() const {
   std::vector<CellPlan> cells;
   for (Precision p : spec_.benchmark.precisions)
-    for (BenchMode m : spec_.benchmark.modes)
+    for (ForwardMode m : spec_.benchmark.modes)
       for (int b : spec_.benchmark.batch_sizes)
         for (int s : spec_.benchmark.seq_lens) cells.push_back({b, s, p, m});
   return cells;
@@ -172,7 +166,10 @@ std::vector<double> BenchmarkRunner::TimeIterations(const std::function<void()>&
 #ifdef TRAINYARD_WITH_CUDA
   if (device_.is_cuda()) {
     std::vector<at::cuda::CUDAEvent> starts, ends;
-    for (int i = 0; i < iters; ++i) starts.emplace_back(cudaEventDefault), ends.emplace_back(cudaEventDefault);
+    for (int i = 0; i < iters; ++i) {
+      starts.emplace_back(cudaEventDefault);
+      ends.emplace_back(cudaEventDefault);
+    }
     c10::cuda::device_synchronize();
     for (int i = 0; i < iters; ++i) {
       starts[i].record();
@@ -195,7 +192,7 @@ std::vector<double> BenchmarkRunner::TimeIterations(const std::function<void()>&
 std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan, const torch::Tensor& ids,
                                                             const torch::Tensor& mask) {
   const Precision precision = plan.precision;
-  if (plan.mode == BenchMode::kTorchScript) {
+  if (plan.mode == ForwardMode::kTorchScript) {
     return [this, ids, mask, precision] {
       AutocastScope autocast(device_.type(), precision);
       torch::IValue out = script_->forward({ids, mask});
@@ -204,51 +201,60 @@ std::function<torch::Tensor()> BenchmarkRunner::MakeForward(const CellPlan& plan
       return out.toTensor();
     };
   }
-  if (plan.mode == BenchMode::kInt8) return [this, ids, mask] { return int8_model_->forward(ids, mask); };
-  if (plan.mode == BenchMode::kAoti) return [this, ids, mask] { return aoti_->Forward(ids, mask); };
+  if (plan.mode == ForwardMode::kInt8) return [this, ids, mask] { return int8_model_->forward(ids, mask); };
+  if (plan.mode == ForwardMode::kAoti) return [this, ids, mask] { return aoti_->Forward(ids, mask); };
   auto eager = [this, ids, mask, precision] {
     AutocastScope autocast(device_.type(), precision);
     return model_->forward(ids, mask);
   };
 #ifdef TRAINYARD_WITH_CUDA
-  if (plan.mode == BenchMode::kCudaGraph) return CaptureCudaGraph(eager, device_);
+  if (plan.mode == ForwardMode::kCudaGraph) return CaptureCudaGraph(eager, device_);
 #endif
   return eager;
 }
 
 BenchCell BenchmarkRunner::NewCell(const CellPlan& plan) const {
   BenchCell cell;
-  cell.model = model_name_, cell.batch = plan.batch, cell.seq = plan.seq;
-  cell.precision = ToString(plan.precision), cell.mode = CellMode(plan.mode), cell.rank = ranks_.rank;
+  cell.model = model_name_;
+  cell.batch = plan.batch;
+  cell.seq = plan.seq;
+  cell.precision = ToString(plan.precision);
+  cell.mode = CellMode(plan.mode);
+  cell.rank = ranks_.rank;
   return cell;
 }
 
-std::string BenchmarkRunner::CellMode(BenchMode mode) const {
+std::string BenchmarkRunner::CellMode(ForwardMode mode) const {
   if (spec_.benchmark.run != BenchmarkRun::kGenerate) return ToString(mode);
-  return mode == BenchMode::kCudaGraph ? "generate_cuda_graph" : "generate";
+  return mode == ForwardMode::kCudaGraph ? "generate_cuda_graph" : "generate";
 }
 
 BenchCell BenchmarkRunner::Measure(const CellPlan& plan) {
   BenchCell cell = NewCell(plan);
   const int64_t max_positions = model_->info().max_sequence;
   if (plan.seq > max_positions) {
-    cell.status = "N/A", cell.note = "seq_len exceeds max_position_embeddings " + std::to_string(max_positions);
+    cell.status = "N/A";
+    cell.note = "seq_len exceeds max_position_embeddings " + std::to_string(max_positions);
     return cell;
   }
-  if (plan.mode == BenchMode::kInt8 && plan.precision != Precision::kFp32) {
-    cell.status = "N/A", cell.note = "int8 takes fp32 activations";
+  if (plan.mode == ForwardMode::kInt8 && plan.precision != Precision::kFp32) {
+    cell.status = "N/A";
+    cell.note = "int8 takes fp32 activations";
     return cell;
   }
-  if (plan.mode == BenchMode::kAoti && plan.precision != Precision::kFp32) {
-    cell.status = "N/A", cell.note = "an aoti package runs in the precision it was exported in (fp32)";
+  if (plan.mode == ForwardMode::kAoti && plan.precision != Precision::kFp32) {
+    cell.status = "N/A";
+    cell.note = "an aoti package runs in the precision it was exported in (fp32)";
     return cell;
   }
-  if (plan.mode == BenchMode::kAoti && (plan.batch > aoti_->max_batch() || plan.seq > aoti_->max_seq())) {
-    cell.status = "N/A", cell.note = "beyond the package's " + aoti_->Describe();
+  if (plan.mode == ForwardMode::kAoti && (plan.batch > aoti_->max_batch() || plan.seq > aoti_->max_seq())) {
+    cell.status = "N/A";
+    cell.note = "beyond the package's " + aoti_->Describe();
     return cell;
   }
   if (plan.precision == Precision::kFp16 && !device_.is_cuda()) {
-    cell.status = "N/A", cell.note = "fp16 needs CUDA";
+    cell.status = "N/A";
+    cell.note = "fp16 needs CUDA";
     return cell;
   }
   return MeasureWithin(cell, [&](BenchCell* measured) {
@@ -271,16 +277,20 @@ BenchCell BenchmarkRunner::MeasureGeneration(const CellPlan& plan) {
   BenchCell cell = NewCell(plan);
   const int64_t new_tokens = spec_.benchmark.new_tokens;
   if (plan.seq + new_tokens > model_->info().max_sequence) {
-    cell.status = "N/A", cell.note = kPromptTooLongNote;
+    cell.status = "N/A";
+    cell.note = kPromptTooLongNote;
     return cell;
   }
   if (plan.precision == Precision::kFp16 && !device_.is_cuda()) {
-    cell.status = "N/A", cell.note = "fp16 needs CUDA";
+    cell.status = "N/A";
+    cell.note = "fp16 needs CUDA";
     return cell;
   }
   GenerationOptions options;
-  options.max_new_tokens = new_tokens, options.ignore_stop = true, options.pad_id = tokenizer_->pad_id();
-  options.decode = plan.mode == BenchMode::kCudaGraph ? DecodeMode::kCudaGraph : DecodeMode::kGrowing;
+  options.max_new_tokens = new_tokens;
+  options.ignore_stop = true;
+  options.pad_id = tokenizer_->pad_id();
+  options.decode = plan.mode == ForwardMode::kCudaGraph ? DecodeMode::kCudaGraph : DecodeMode::kGrowing;
   auto& lm = dynamic_cast<CausalLmImpl&>(*model_);
   const std::vector<std::vector<int64_t>> prompts = PromptRows(plan.batch, plan.seq);
   auto generate = [&] {
@@ -364,18 +374,25 @@ BenchCell BenchmarkRunner::MeasureWithin(BenchCell cell, const std::function<voi
 
 BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
   BenchCell cell;
-  cell.model = model_name_, cell.batch = spec_.train.batch_size, cell.seq = spec_.data.max_seq_len;
-  cell.precision = ToString(precision), cell.mode = "train_step", cell.rank = ranks_.rank;
+  cell.model = model_name_;
+  cell.batch = spec_.train.batch_size;
+  cell.seq = spec_.data.max_seq_len;
+  cell.precision = ToString(precision);
+  cell.mode = "train_step";
+  cell.rank = ranks_.rank;
   if (precision == Precision::kFp16 && !device_.is_cuda()) {
-    cell.status = "N/A", cell.note = "fp16 needs CUDA";
+    cell.status = "N/A";
+    cell.note = "fp16 needs CUDA";
     return cell;
   }
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;
   std::vector<torch::Tensor> params;
-  for (const auto& item : model_->named_parameters())
-    if (item.value().requires_grad())  // all of them, or LoRA's adapters and saved modules
-      named.emplace_back(item.key(), item.value()), params.push_back(item.value());
+  for (const auto& item : model_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;  // trained: all of them, or LoRA's adapters and saved modules
+    named.emplace_back(item.key(), item.value());
+    params.push_back(item.value());
+  }
   AdamW optimizer(named, AdamWOptions{});
   GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16);
   torch::Tensor ids = Inputs(cell.batch, cell.seq), mask = torch::ones_like(ids);
@@ -439,11 +456,15 @@ std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size
     BenchCell c;
     c.model = model_name_;
     if (spec_.benchmark.run == BenchmarkRun::kTrainStep) {
-      c.batch = spec_.train.batch_size, c.seq = spec_.data.max_seq_len;
-      c.precision = ToString(spec_.benchmark.precisions[i]), c.mode = "train_step";
+      c.batch = spec_.train.batch_size;
+      c.seq = spec_.data.max_seq_len;
+      c.precision = ToString(spec_.benchmark.precisions[i]);
+      c.mode = "train_step";
     } else {
-      c.batch = plans[i].batch, c.seq = plans[i].seq;
-      c.precision = ToString(plans[i].precision), c.mode = CellMode(plans[i].mode);
+      c.batch = plans[i].batch;
+      c.seq = plans[i].seq;
+      c.precision = ToString(plans[i].precision);
+      c.mode = CellMode(plans[i].mode);
     }
     c.status = v(0) == 0 ? "ok" : v(0) == 1 ? "OOM" : "N/A";
     const int note = static_cast<int>(v(1));
@@ -452,8 +473,17 @@ std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size
              : note == kSeqTooLong    ? "seq_len exceeds max_position_embeddings"
              : note == kPromptTooLong ? kPromptTooLongNote
                                       : "";
-    c.mean_ms = v(2), c.p50_ms = v(3), c.p90_ms = v(4), c.p99_ms = v(5), c.cv = v(6), c.seqs_per_s = v(7);
-    c.tokens_per_s = v(8), c.peak_mb = v(9), c.measurements = int(v(10)), c.unstable = v(11) != 0, c.rank = int(v(12));
+    c.mean_ms = v(2);
+    c.p50_ms = v(3);
+    c.p90_ms = v(4);
+    c.p99_ms = v(5);
+    c.cv = v(6);
+    c.seqs_per_s = v(7);
+    c.tokens_per_s = v(8);
+    c.peak_mb = v(9);
+    c.measurements = int(v(10));
+    c.unstable = v(11) != 0;
+    c.rank = int(v(12));
     c.first_token_ms = v(13);
     all.push_back(c);
   }
@@ -519,9 +549,16 @@ nlohmann::json BenchmarkRunner::Run() {
   nlohmann::json env = Environment();
   WriteFileAtomically(run_dir() + "/env.json", env.dump(2) + "\n");
   int ok = 0, oom = 0, na = 0, noisy = 0;
-  for (const auto& c : cells)
-    ok += c.status == "ok", oom += c.status == "OOM", na += c.status == "N/A", noisy += c.unstable;
-  summary["ok"] = ok, summary["oom"] = oom, summary["not_applicable"] = na, summary["noisy"] = noisy;
+  for (const auto& c : cells) {
+    ok += c.status == "ok";
+    oom += c.status == "OOM";
+    na += c.status == "N/A";
+    noisy += c.unstable;
+  }
+  summary["ok"] = ok;
+  summary["oom"] = oom;
+  summary["not_applicable"] = na;
+  summary["noisy"] = noisy;
   summary["status"] = "succeeded";
   WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
   LogInfo(StrFormat("%zu cells: %d measured (%d noisy), %d OOM, %d N/A -> %s/benchmark.{csv,md}", cells.size(), ok,

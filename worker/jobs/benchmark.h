@@ -40,12 +40,12 @@ class BenchmarkRunner {
   struct CellPlan {
     int batch, seq;
     Precision precision;
-    BenchMode mode;
+    ForwardMode mode;
   };
 
   std::vector<CellPlan> PlanCells() const;
   BenchCell NewCell(const CellPlan& plan) const;
-  std::string CellMode(BenchMode mode) const;
+  std::string CellMode(ForwardMode mode) const;
   BenchCell Measure(const CellPlan& plan);
   BenchCell MeasureGeneration(const CellPlan& plan);
   BenchCell MeasureTrainStep(Precision precision);

@@ -109,66 +109,82 @@ void GenerateRunner::WarmUp(GenerationOptions options, torch::ScalarType cache_d
                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()));
 }
 
-nlohmann::json GenerateRunner::Run() {
+GenerationOptions GenerateRunner::Options() const {
   const GenerateSpec& g = spec_.generate;
   GenerationOptions options;
-  options.max_new_tokens = g.max_new_tokens, options.sample = g.sample, options.temperature = g.temperature;
-  options.top_k = g.top_k, options.top_p = g.top_p, options.seed = spec_.seed, options.stop_ids = stop_ids_;
-  options.ignore_stop = g.ignore_stop, options.pad_id = tokenizer_->pad_id();
+  options.max_new_tokens = g.max_new_tokens;
+  options.sample = g.sample;
+  options.temperature = g.temperature;
+  options.top_k = g.top_k;
+  options.top_p = g.top_p;
+  options.seed = spec_.seed;
+  options.stop_ids = stop_ids_;
+  options.ignore_stop = g.ignore_stop;
+  options.pad_id = tokenizer_->pad_id();
   options.decode = g.cuda_graph ? DecodeMode::kCudaGraph : DecodeMode::kGrowing;
+  return options;
+}
+
+std::string GenerateRunner::GenerateBatch(size_t begin, size_t end, const GenerationOptions& options,
+                                          torch::ScalarType cache_dtype, GenerateStats* stats) {
+  std::vector<std::vector<int64_t>> batch(prompt_ids_.begin() + long(begin), prompt_ids_.begin() + long(end));
+  GenerationResult result;
+  {
+    AutocastScope autocast(device_.type(), spec_.train.precision);
+    result = Generate(*lm_, batch, options, cache_dtype);
+  }
+  stats->first_token_ms.push_back(result.first_token_ms);
+  stats->decode_ms += result.decode_ms;
+  stats->capture_ms += result.capture_ms;
+  stats->decode_tokens += double(result.tokens.size(0) * std::max<int64_t>(0, result.tokens.size(1) - 1));
+  std::string lines;
+  for (int64_t row = 0; row < result.tokens.size(0); ++row) {
+    torch::Tensor t = result.tokens[row].contiguous();
+    std::vector<int64_t> tokens(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    bool stopped = false;
+    const std::string text = Completion(tokens, &stopped);
+    stats->new_tokens += int64_t(tokens.size());
+    lines += nlohmann::json{{"index", begin + size_t(row)},
+                            {"prompt", prompts_[begin + size_t(row)]},
+                            {"completion", text},
+                            {"tokens", tokens},
+                            {"stopped", stopped}}
+                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+             "\n";
+  }
+  LogInfo(StrFormat("generate: prompts %zu-%zu of %zu: first token %.1f ms, %ld new tokens", begin + 1, end,
+                    prompt_ids_.size(), result.first_token_ms, long(result.tokens.size(1))));
+  return lines;
+}
+
+nlohmann::json GenerateRunner::Run() {
+  const GenerateSpec& g = spec_.generate;
+  const GenerationOptions options = Options();
   const torch::ScalarType cache_dtype = ComputeDtype(spec_.train.precision);
   WarmUp(options, cache_dtype);
   std::string lines;
-  std::vector<double> first_token_ms;
-  double decode_ms = 0, decode_tokens = 0, capture_ms = 0;
-  int64_t new_tokens = 0;
-  for (size_t begin = 0; begin < prompt_ids_.size() && !StopAsked(ranks_); begin += size_t(g.batch_size)) {
-    const size_t end = std::min(prompt_ids_.size(), begin + size_t(g.batch_size));
-    std::vector<std::vector<int64_t>> batch(prompt_ids_.begin() + long(begin), prompt_ids_.begin() + long(end));
-    GenerationResult result;
-    {
-      AutocastScope autocast(device_.type(), spec_.train.precision);
-      result = Generate(*lm_, batch, options, cache_dtype);
-    }
-    first_token_ms.push_back(result.first_token_ms);
-    decode_ms += result.decode_ms;
-    capture_ms += result.capture_ms;
-    decode_tokens += double(result.tokens.size(0) * std::max<int64_t>(0, result.tokens.size(1) - 1));
-    for (int64_t row = 0; row < result.tokens.size(0); ++row) {
-      torch::Tensor t = result.tokens[row].contiguous();
-      std::vector<int64_t> tokens(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-      bool stopped = false;
-      const std::string text = Completion(tokens, &stopped);
-      new_tokens += int64_t(tokens.size());
-      lines += nlohmann::json{{"index", begin + size_t(row)},
-                              {"prompt", prompts_[begin + size_t(row)]},
-                              {"completion", text},
-                              {"tokens", tokens},
-                              {"stopped", stopped}}
-                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-               "\n";
-    }
-    LogInfo(StrFormat("generate: prompts %zu-%zu of %zu: first token %.1f ms, %ld new tokens", begin + 1, end,
-                      prompt_ids_.size(), result.first_token_ms, long(result.tokens.size(1))));
-  }
+  GenerateStats stats;
+  for (size_t begin = 0; begin < prompt_ids_.size() && !StopAsked(ranks_); begin += size_t(g.batch_size))
+    lines +=
+        GenerateBatch(begin, std::min(prompt_ids_.size(), begin + size_t(g.batch_size)), options, cache_dtype, &stats);
   AgreeOnStop(ranks_, [] { return std::string("during generation"); });
   const std::string path = g.output.empty() ? run_dir() + "/generations.jsonl" : g.output;
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
   WriteFileAtomically(path, lines);
-  const double tokens_per_s = decode_tokens / std::max(1e-9, decode_ms / 1000.0);
+  const double tokens_per_s = stats.decode_tokens / std::max(1e-9, stats.decode_ms / 1000.0);
   LogInfo(
       StrFormat("generate: %zu prompts, batch %d: time to first token %.1f ms (median of batches), "
                 "decoding %.1f tokens/s; wrote %s",
-                prompts_.size(), g.batch_size, Median(first_token_ms), tokens_per_s, path.c_str()));
+                prompts_.size(), g.batch_size, Median(stats.first_token_ms), tokens_per_s, path.c_str()));
   nlohmann::json summary = {{"job", spec_.name},
                             {"kind", "generate"},
                             {"prompts", prompts_.size()},
                             {"batch_size", g.batch_size},
                             {"max_new_tokens", g.max_new_tokens},
-                            {"new_tokens", new_tokens},
-                            {"first_token_ms_median", Median(first_token_ms)},
+                            {"new_tokens", stats.new_tokens},
+                            {"first_token_ms_median", Median(stats.first_token_ms)},
                             {"decode_tokens_per_s", tokens_per_s},
-                            {"cuda_graph_capture_ms", capture_ms},
+                            {"cuda_graph_capture_ms", stats.capture_ms},
                             {"output", path}};
   WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
   return summary;

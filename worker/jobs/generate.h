@@ -31,6 +31,16 @@ class GenerateRunner {
   void ChooseStopTokens();
   std::string Completion(const std::vector<int64_t>& tokens, bool* stopped) const;
   void WarmUp(GenerationOptions options, torch::ScalarType cache_dtype);
+  GenerationOptions Options() const;
+  // Sums over the batches, for the summary.
+  struct GenerateStats {
+    std::vector<double> first_token_ms;  // one per batch
+    double decode_ms = 0, decode_tokens = 0, capture_ms = 0;
+    int64_t new_tokens = 0;
+  };
+  // Generates for prompts [begin, end): their generations.jsonl lines.
+  std::string GenerateBatch(size_t begin, size_t end, const GenerationOptions& options, torch::ScalarType cache_dtype,
+                            GenerateStats* stats);
 
   JobSpec spec_;
   RankContext ranks_;

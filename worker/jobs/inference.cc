@@ -7,10 +7,9 @@
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "worker/models/aoti_package.h"
+#include "worker/jobs/forward_modes.h"
 #include "worker/models/config_fields.h"
 #include "worker/models/hf_checkpoint.h"
-#include "worker/models/quantize.h"
 #include "worker/train/amp.h"
 #include "worker/train/batch_pipeline.h"
 #include "worker/train/device_transfer.h"
@@ -40,12 +39,8 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
   model_->to(device_);
   model_->eval();
   Freeze(*model_);
-  if (spec_.inference.mode == "aoti") {
-    try {
-      aoti_ = std::make_unique<AotiPackage>(spec_.inference.aoti, device_);
-    } catch (const std::invalid_argument& e) {
-      throw InputError(spec_.Where("inference.aoti") + ": " + e.what());
-    }
+  if (spec_.inference.mode == ForwardMode::kAoti) {
+    aoti_ = OpenAotiPackage(spec_, "inference.aoti", spec_.inference.aoti, device_);
     if (spec_.train.precision != Precision::kFp32)
       throw InputError(spec_.Where("inference.mode") +
                        ": an aoti package runs in the precision it was exported in; "
@@ -55,17 +50,12 @@ InferenceRunner::InferenceRunner(JobSpec spec, RankContext ranks)
                        std::to_string(spec_.inference.batch_size) + " x data.max_seq_len " +
                        std::to_string(spec_.data.max_seq_len) + " do not fit the package (" + aoti_->Describe() +
                        "); export it with larger --max-batch/--max-seq or lower these");
-    LogInfo("aoti: " + spec_.inference.aoti + " (" + aoti_->Describe() + ")");
   }
-  if (spec_.inference.mode == "int8") {
-    if (!device_.is_cpu())
-      throw InputError(spec_.Where("inference.mode") + ": int8 runs on the CPU; this job runs on " + device_.str());
-    if (spec_.train.precision != Precision::kFp32)
+  if (spec_.inference.mode == ForwardMode::kInt8) {
+    if (device_.is_cpu() && spec_.train.precision != Precision::kFp32)  // elsewhere the device is refused below
       throw InputError(spec_.Where("inference.mode") + ": int8 takes fp32 activations; train.precision is " +
                        ToString(spec_.train.precision));
-    const Int8Summary q = QuantizeLinearsInt8(*model_);
-    LogInfo(StrFormat("int8: %d Linear layers quantized (%.1f MB of fp32 weights as %.1f MB of int8)", q.layers,
-                      q.fp32_mb, q.int8_mb));
+    QuantizeForInt8(spec_, "inference.mode", *model_, device_);
   }
   if (spec_.model.init.empty())
     LogWarn("inference with a freshly initialised '" + spec_.model.preset +

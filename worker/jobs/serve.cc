@@ -49,7 +49,12 @@ void SendJson(zmq::socket_t& socket, const nlohmann::json& header, zmq::message_
 void FitCost(const std::vector<std::pair<double, double>>& points, nlohmann::json* reply) {
   if (points.size() < 2) return;
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [x, y] : points) sx += x, sy += y, sxx += x * x, sxy += x * y;
+  for (const auto& [x, y] : points) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
   const double n = double(points.size()), denominator = n * sxx - sx * sx;
   if (denominator <= 0) return;
   const double slope = (n * sxy - sx * sy) / denominator;
@@ -200,74 +205,100 @@ void ServeRunner::ReapLoaders(bool all) {
   }
 }
 
+namespace {
+
+// Waits up to `timeout` for a message; a signal ends the wait early (the caller's
+// loop condition sees it).
+bool PollFor(zmq::socket_t& socket, std::chrono::milliseconds timeout) {
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  try {
+    return zmq::poll(&item, 1, timeout) > 0;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
+    throw;
+  }
+}
+
+std::vector<zmq::message_t> ReceiveFrames(zmq::socket_t& socket) {
+  std::vector<zmq::message_t> frames;
+  do {
+    frames.emplace_back();
+    (void)socket.recv(frames.back());
+  } while (socket.get(zmq::sockopt::rcvmore));
+  return frames;
+}
+
+}  // namespace
+
 void ServeRunner::Serve(void* raw_socket) {
   zmq::socket_t& socket = *static_cast<zmq::socket_t*>(raw_socket);
   const auto signalled = [this] { return ranks_.stop_signal && ranks_.stop_signal->load(); };
   while (!signalled() && !StopAsked(ranks_)) {
-    {
-      std::lock_guard<std::mutex> lock(loads_mutex_);
-      for (LoadOutcome& outcome : finished_loads_) {
-        if (outcome.loaded.model) models_[outcome.key] = std::move(outcome.loaded);
-        SendJson(socket, outcome.reply);
-      }
-      finished_loads_.clear();
-    }
+    DeliverFinishedLoads(raw_socket);
     ReapLoaders(/*all=*/false);
-    int status = 0;
-    if (::waitpid(front_end_pid_, &status, WNOHANG) == front_end_pid_) {
-      front_end_pid_ = -1;
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (code == 2) throw InputError("serve_frontend refused the job (see its message above)");
-      if (code != 0) throw std::runtime_error("serve_frontend ended with code " + std::to_string(code));
-      return;
-    }
-    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(20)) == 0) continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;  // a stop signal: the loop condition sees it
-      throw;
-    }
-    std::vector<zmq::message_t> frames;
-    do {
-      frames.emplace_back();
-      (void)socket.recv(frames.back());
-    } while (socket.get(zmq::sockopt::rcvmore));
+    if (FrontEndEnded()) return;
+    if (!PollFor(socket, std::chrono::milliseconds(20))) continue;
+    std::vector<zmq::message_t> frames = ReceiveFrames(socket);
     const nlohmann::json header = nlohmann::json::parse(frames[0].to_string_view());
     const std::string op = header.value("op", "");
     if (op == "stop") return;
     if (op == "load") Load(header);
     if (op == "unload") models_.erase(Key(header));
-    if (op != "run") continue;
-    nlohmann::json reply = {{"op", "result"}, {"id", header.value("id", uint64_t(0))}};
-    try {
-      auto it = models_.find(Key(header));
-      if (it == models_.end()) throw std::runtime_error(Key(header) + " is not loaded");
-      const int64_t rows = header.at("rows"), seq = header.at("seq");
-      if (frames.size() != 3 || frames[1].size() != size_t(rows * seq * 8) || frames[2].size() != frames[1].size())
-        throw std::runtime_error("a run message with the wrong frames");
-      auto ids = torch::from_blob(frames[1].data(), {rows, seq}, torch::kLong);
-      auto mask = torch::from_blob(frames[2].data(), {rows, seq}, torch::kLong);
-      torch::NoGradGuard no_grad;
-      const auto start = Clock::now();
-      torch::Tensor logits;
-      if (it->second.bucketed) {
-        logits = it->second.bucketed->Forward(ids, mask);
-      } else {
-        AutocastScope autocast(device_.type(), spec_.train.precision);
-        logits = it->second.model->forward(ids.to(device_), mask.to(device_)).to(torch::kFloat).cpu().contiguous();
-      }
-      TrimLooseHeap();
-      reply["compute_ms"] = MsSince(start);
-      reply["ok"] = true;
-      zmq::message_t payload(logits.data_ptr<float>(), size_t(logits.numel()) * sizeof(float));
-      SendJson(socket, reply, &payload);
-      ++batches_, rows_ += rows;
-    } catch (const std::exception& e) {
-      reply["ok"] = false;
-      reply["error"] = e.what();
-      SendJson(socket, reply);
+    if (op == "run") AnswerRun(raw_socket, header, frames);
+  }
+}
+
+void ServeRunner::DeliverFinishedLoads(void* raw_socket) {
+  zmq::socket_t& socket = *static_cast<zmq::socket_t*>(raw_socket);
+  std::lock_guard<std::mutex> lock(loads_mutex_);
+  for (LoadOutcome& outcome : finished_loads_) {
+    if (outcome.loaded.model) models_[outcome.key] = std::move(outcome.loaded);
+    SendJson(socket, outcome.reply);
+  }
+  finished_loads_.clear();
+}
+
+bool ServeRunner::FrontEndEnded() {
+  int status = 0;
+  if (::waitpid(front_end_pid_, &status, WNOHANG) != front_end_pid_) return false;
+  front_end_pid_ = -1;
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code == 2) throw InputError("serve_frontend refused the job (see its message above)");
+  if (code != 0) throw std::runtime_error("serve_frontend ended with code " + std::to_string(code));
+  return true;
+}
+
+void ServeRunner::AnswerRun(void* raw_socket, const nlohmann::json& header, std::vector<zmq::message_t>& frames) {
+  zmq::socket_t& socket = *static_cast<zmq::socket_t*>(raw_socket);
+  nlohmann::json reply = {{"op", "result"}, {"id", header.value("id", uint64_t(0))}};
+  try {
+    auto it = models_.find(Key(header));
+    if (it == models_.end()) throw std::runtime_error(Key(header) + " is not loaded");
+    const int64_t rows = header.at("rows"), seq = header.at("seq");
+    if (frames.size() != 3 || frames[1].size() != size_t(rows * seq * 8) || frames[2].size() != frames[1].size())
+      throw std::runtime_error("a run message with the wrong frames");
+    auto ids = torch::from_blob(frames[1].data(), {rows, seq}, torch::kLong);
+    auto mask = torch::from_blob(frames[2].data(), {rows, seq}, torch::kLong);
+    torch::NoGradGuard no_grad;
+    const auto start = Clock::now();
+    torch::Tensor logits;
+    if (it->second.bucketed) {
+      logits = it->second.bucketed->Forward(ids, mask);
+    } else {
+      AutocastScope autocast(device_.type(), spec_.train.precision);
+      logits = it->second.model->forward(ids.to(device_), mask.to(device_)).to(torch::kFloat).cpu().contiguous();
     }
+    TrimLooseHeap();
+    reply["compute_ms"] = MsSince(start);
+    reply["ok"] = true;
+    zmq::message_t payload(logits.data_ptr<float>(), size_t(logits.numel()) * sizeof(float));
+    SendJson(socket, reply, &payload);
+    ++batches_;
+    rows_ += rows;
+  } catch (const std::exception& e) {
+    reply["ok"] = false;
+    reply["error"] = e.what();
+    SendJson(socket, reply);
   }
 }
 

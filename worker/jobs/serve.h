@@ -19,6 +19,10 @@
 #include "worker/jobs/bucketed_forward.h"
 #include "worker/jobs/job_setup.h"
 
+namespace zmq {
+class message_t;
+}  // namespace zmq
+
 namespace trainyard {
 
 class ServeRunner {
@@ -42,7 +46,15 @@ class ServeRunner {
   };
 
   void StartFrontEnd(const std::string& endpoint);
+  // The loop over the front end's messages on `socket` (a zmq::socket_t), until a stop
+  // signal, a pool's stop, a "stop" message, or the front end's end.
   void Serve(void* socket);
+  // Sends the replies of loads finished since the last call; their models join models_.
+  void DeliverFinishedLoads(void* socket);
+  // True once the front end exited cleanly; throws if it failed (InputError for exit 2).
+  bool FrontEndEnded();
+  // Answers a "run" message (header, ids, mask) with the batch's logits or an error.
+  void AnswerRun(void* socket, const nlohmann::json& header, std::vector<zmq::message_t>& frames);
   void Load(const nlohmann::json& request);
   nlohmann::json LoadAndWarm(const nlohmann::json& request, Loaded* loaded) const;
   static std::string Key(const nlohmann::json& header);

@@ -1,28 +1,18 @@
 #include "worker/jobs/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <numeric>
 
-#include "common/atomic_file.h"
 #include "common/clock.h"
-#include "common/hash.h"
 #include "common/log.h"
-#include "common/safetensors.h"
-#include "worker/models/hf_checkpoint.h"
+#include "worker/jobs/trainer_parts.h"
 #include "worker/train/batch_pipeline.h"
 #include "worker/train/device_transfer.h"
 
 namespace trainyard {
 namespace {
 
-namespace fs = std::filesystem;
 std::vector<int32_t> LengthProxies(const TextDataset& data) {
   std::vector<int32_t> lengths;
   lengths.reserve(data.examples.size());
@@ -30,36 +20,7 @@ std::vector<int32_t> LengthProxies(const TextDataset& data) {
   return lengths;
 }
 
-std::string LocalHostName() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 }  // namespace
-
-// The parts of a step that StepTimer measures (device time on CUDA), in order; the
-// data wait before them is host time.
-enum TimedPart { kH2d, kForward, kBackward, kComm, kOptimizer, kNumTimedParts };
-static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are the data wait and the timed parts");
-
-// A step whose loss and timings may still be on the device. Read in FlushSteps.
-struct Trainer::PendingStep {
-  int64_t step = 0;  // global step, 1-based
-  int64_t examples = 0, tokens = 0;
-  double lr = 0, wait_ms = 0, loss_scale = 0;
-  bool skipped = false;
-  torch::Tensor loss;    // scalar, detached
-  int64_t begin_us = 0;  // when its wait for data began (the trace's clock)
-};
-
-// Sums over the steps of the epoch in progress in this process (timings are not
-// carried across a resume; losses are, through TrainProgress).
-struct Trainer::EpochTotals {
-  double wait = 0, parts[kNumTimedParts] = {};
-  int64_t steps = 0, samples = 0;
-  Clock::time_point start = Clock::now();
-};
 
 Trainer::Trainer(JobSpec spec, RankContext ranks)
     : spec_(std::move(spec)), ranks_(ranks), totals_(std::make_unique<EpochTotals>()) {
@@ -114,107 +75,6 @@ void Trainer::BuildModel() {
     options.fp16_compression = spec_.distributed.fp16_compression;
     reducer_ = std::make_unique<Reducer>(named, *ranks_.comm, options);
   }
-}
-
-void Trainer::BroadcastParameters() {
-  torch::NoGradGuard no_grad;
-  for (auto& item : model_->named_parameters()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
-  for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
-}
-
-void Trainer::SettleCheckpoints() {
-  const std::string dir = run_dir() + "/checkpoints";
-  writers_ = DecideCheckpointWriters(*ranks_.comm, dir);
-  if (spec_.checkpoint.resume == "none") return;
-  const LocalResume mine{resume_from_ ? progress_.global_step : -1, !rejected_.empty()};
-  const SharedResume shared = ShareNewestCheckpoint(*ranks_.comm, *writers_, dir, mine);
-  if (shared.only_rejected) throw NoValidCheckpoint(rejected_.size());
-  if (shared.load) {
-    try {
-      LoadResumeCheckpoint(*shared.load);
-    } catch (const CheckpointError& e) {
-      throw std::runtime_error(std::string("resume: the checkpoint another host sent does not load: ") + e.what());
-    }
-  }
-}
-
-void Trainer::AgreeOnResumePoint() {
-  auto steps = ranks_.comm->AllGather({double(progress_.global_step)}, "resume point");
-  for (int r = 0; r < ranks_.world; ++r)
-    if (steps[r][0] != steps[0][0])
-      throw std::runtime_error(StrFormat("ranks disagree on the resume point: rank 0 at step %.0f, rank %d at %.0f",
-                                         steps[0][0], r, steps[r][0]));
-}
-
-// Note [Resume] 2: the newest checkpoint that loads, or exit 2 when there are some and
-// none does (an explicit file must load). LoadCheckpoint changes nothing when it throws.
-void Trainer::ResolveResume() {
-  const std::string& resume = spec_.checkpoint.resume;
-  if (resume == "none") return;
-  const bool automatic = resume == "auto";
-  const std::string dir = run_dir() + "/checkpoints";
-  const std::vector<std::string> candidates = automatic ? ListCheckpoints(dir) : std::vector<std::string>{resume};
-  for (const auto& path : candidates) {
-    try {
-      LoadResumeCheckpoint(path);
-      return;
-    } catch (const CheckpointError& e) {
-      if (!automatic) throw InputError(spec_.Where("checkpoint.resume") + ": " + e.what());
-      if (!ranks_.comm || ranks_.comm->FirstRankOnHost(ranks_.rank) == ranks_.rank)
-        LogWarn(std::string("resume: rejected ") + e.what());
-      rejected_.push_back(path);
-    }
-  }
-  // With several ranks, another host may hold a valid one (SettleCheckpoints).
-  if (!rejected_.empty() && !ranks_.comm) throw NoValidCheckpoint(rejected_.size());
-}
-
-void Trainer::LoadResumeCheckpoint(const std::string& path) {
-  const LoadedCheckpoint loaded = LoadCheckpoint(path, *model_, *optimizer_, *scaler_, ranks_.rank, steps_per_epoch_);
-  progress_ = loaded.progress;
-  resume_from_ = path;
-  if (loaded.rng_ranks != ranks_.world && is_rank0())
-    LogWarn(
-        StrFormat("resume: %s holds the RNG states of %ld ranks, this job has %d: ranks without one start "
-                  "from rank 0's, and the run will not be bitwise the one an uninterrupted run makes",
-                  path.c_str(), long(loaded.rng_ranks), ranks_.world));
-}
-
-InputError Trainer::NoValidCheckpoint(size_t rejected) const {
-  return InputError(spec_.Where("checkpoint.resume") + ": none of the " + std::to_string(rejected) +
-                    " checkpoints in " + run_dir() + "/checkpoints" + (ranks_.comm ? " on any host" : "") +
-                    " is valid (see the warnings above); starting over would delete them, so the job stops. "
-                    "Move them away or set checkpoint.resume: none to train from the start");
-}
-
-void Trainer::SetAsideRejected() {
-  for (const auto& path : rejected_) {
-    std::error_code error;
-    const std::string aside = path + ".rejected";
-    std::filesystem::rename(path, aside, error);
-    if (error)
-      LogWarn("resume: could not rename rejected " + path + ": " + error.message());
-    else
-      LogWarn("resume: kept the rejected checkpoint as " + aside);
-  }
-}
-
-// Every rank's RngState, on every rank (Note [Resume] 1): the CPU state's bytes, then
-// the GPU's, gathered as bytes.
-std::vector<RngState> Trainer::GatherRngStates() {
-  RngState mine = CaptureRngState(*model_);
-  if (!ranks_.comm) return {mine};
-  const int64_t cpu_bytes = mine.cpu.numel(), cuda_bytes = mine.cuda.defined() ? mine.cuda.numel() : 0;
-  std::vector<uint8_t> bytes(static_cast<size_t>(cpu_bytes + cuda_bytes));
-  std::memcpy(bytes.data(), mine.cpu.data_ptr(), static_cast<size_t>(cpu_bytes));
-  if (cuda_bytes) std::memcpy(bytes.data() + cpu_bytes, mine.cuda.data_ptr(), static_cast<size_t>(cuda_bytes));
-  auto all = ranks_.comm->AllGatherBytes(bytes, StrFormat("RNG states at step %ld", long(progress_.global_step)));
-  std::vector<RngState> out(all.size());
-  for (size_t r = 0; r < all.size(); ++r) {
-    out[r].cpu = torch::from_blob(all[r].data(), {cpu_bytes}, torch::kByte).clone();
-    if (cuda_bytes) out[r].cuda = torch::from_blob(all[r].data() + cpu_bytes, {cuda_bytes}, torch::kByte).clone();
-  }
-  return out;
 }
 
 double Trainer::LrAt(int64_t step, int64_t total_steps) const {
@@ -285,36 +145,6 @@ void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& 
   if (spec_.distributed.check_consistency && ranks_.comm) CheckConsistency();
 }
 
-bool Trainer::AgreeOnFoundInf(bool local_found_inf) {
-  if (!scaler_->enabled() || !ranks_.comm) return local_found_inf;
-  // Every rank must step or skip together, or their weights and scales drift apart.
-  return ranks_.comm->AnyTrue(local_found_inf, StrFormat("found_inf of step %ld", long(progress_.global_step + 1)));
-}
-
-void Trainer::CheckConsistency() {
-  uint64_t hash = kFnv1aOffset;
-  for (const auto& p : params_) {
-    torch::Tensor cpu = p.detach().to(torch::kCPU).contiguous();
-    hash = Fnv1a(cpu.data_ptr(), cpu.numel() * cpu.element_size(), hash);
-  }
-  auto all = ranks_.comm->AllGather({double(hash >> 32), double(hash & 0xFFFFFFFFULL)},
-                                    StrFormat("consistency check of step %ld", long(progress_.global_step + 1)));
-  for (int r = 1; r < ranks_.world; ++r)
-    if (all[r] != all[0])
-      throw std::runtime_error(StrFormat("parameters diverged after step %ld: rank %d differs from rank 0",
-                                         long(progress_.global_step + 1), r));
-  ++consistency_checks_;
-}
-
-void Trainer::SaveCheckpointNow(const std::string& reason) {
-  const std::vector<RngState> rng = GatherRngStates();
-  if (!WritesCheckpoints()) return;
-  const std::string dir = run_dir() + "/checkpoints";
-  SaveCheckpoint(CheckpointPath(dir, progress_.global_step), *model_, *optimizer_, *scaler_, progress_, rng);
-  PruneCheckpoints(dir, spec_.checkpoint.keep);
-  LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
-}
-
 // The progress line, steps.jsonl and the epoch sums see a step only once its loss and
 // timings have been read from the device, which happens in batches (see StepTimer).
 class Trainer::StepLog {
@@ -365,7 +195,10 @@ class Trainer::StepLog {
     EpochTotals& totals = *t_.totals_;
     totals.wait += p.wait_ms;
     double step_ms = p.wait_ms;
-    for (int part = 0; part < kNumTimedParts; ++part) totals.parts[part] += ms[part], step_ms += ms[part];
+    for (int part = 0; part < kNumTimedParts; ++part) {
+      totals.parts[part] += ms[part];
+      step_ms += ms[part];
+    }
     if (t_.trace_) Trace(p, ms);
     ++totals.steps;
     totals.samples += p.examples;
@@ -515,109 +348,6 @@ std::pair<double, double> Trainer::Evaluate() {
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
 }
 
-void Trainer::StartTrace() {
-  if (!spec_.log.trace) return;
-  // A step's spans: wait and the five timed parts, and one all-reduce per bucket.
-  const size_t spans_per_step = 1 + kNumTimedParts + (reducer_ ? reducer_->num_buckets() : 0) + 2;
-  trace_ = std::make_unique<TraceRecorder>(spec_.log.trace_steps, spans_per_step);
-  if (reducer_) reducer_->set_trace(trace_.get());
-  trace_->SetOrigin(TraceRecorder::NowUs());
-}
-
-// A trace that cannot be written costs a warning, never the run: the model is saved
-// after this. Every rank reaches the barrier whatever happened to its own file.
-void Trainer::WriteTrace() {
-  if (!trace_) return;
-  auto rank_file = [&](int rank) { return StrFormat("%s/trace.rank%d.json", run_dir().c_str(), rank); };
-  try {
-    WriteFileAtomically(rank_file(ranks_.rank), trace_->EventsJson(ranks_.rank));
-  } catch (const std::exception& e) {
-    LogWarn(std::string("log.trace: this rank's spans were not written: ") + e.what());
-  }
-  if (ranks_.comm) ranks_.comm->AnyTrue(false, "the trace files are written");  // a barrier
-  if (!is_rank0()) return;
-  try {
-    std::vector<std::string> events;
-    for (int r = 0; r < ranks_.world; ++r) {
-      std::ifstream in(rank_file(r));
-      if (!in) throw std::runtime_error("rank " + std::to_string(r) + " wrote no " + rank_file(r));
-      events.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    WriteFileAtomically(run_dir() + "/trace.json", ChromeTraceJson(events));
-    for (int r = 0; r < ranks_.world; ++r) fs::remove(rank_file(r));
-  } catch (const std::exception& e) {
-    LogWarn(std::string("log.trace: no trace.json (the run goes on): ") + e.what());
-    return;
-  }
-  LogInfo(StrFormat("trace of the last %ld steps of %d rank(s): %s/trace.json (open it in https://ui.perfetto.dev)",
-                    long(trace_->kept_steps()), ranks_.world, run_dir().c_str()));
-}
-
-// The job file's settings as the user wrote them, and what they resolved to here.
-MlflowOptions Trainer::MlflowOptionsFor() const {
-  MlflowOptions o;
-  o.uri = spec_.log.mlflow_uri;
-  o.experiment = spec_.log.mlflow_experiment;
-  o.run_name = spec_.log.mlflow_run_name.empty() ? spec_.name : spec_.log.mlflow_run_name;
-  o.run_dir = run_dir();
-  for (const auto& [key, value] : spec_.values)
-    if (key.rfind("log.mlflow.", 0) != 0) o.params[key] = value;
-  o.params["job"] = spec_.name;
-  o.params["ranks"] = std::to_string(ranks_.world);
-  o.params["global_batch"] = std::to_string(spec_.train.batch_size * ranks_.world);
-  o.params["device"] = device_.str();
-  o.params["precision"] = ToString(spec_.train.precision);
-  o.params["threads_per_rank"] = std::to_string(torch::get_num_threads());
-  return o;
-}
-
-EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps) {
-  const EpochTotals& t = *totals_;
-  const double elapsed_ms = MsSince(t.start);
-  const double steps = std::max<int64_t>(1, t.steps);
-  // In kStepParts order: the host's data wait, then the timed parts.
-  std::vector<double> mine = {t.wait / steps};
-  for (double part : t.parts) mine.push_back(part / steps);
-  mine.push_back(double(t.samples));
-  std::vector<std::vector<double>> all = {mine};
-  if (ranks_.comm) all = ranks_.comm->AllGather(mine, StrFormat("step breakdown of epoch %ld", long(epoch + 1)));
-  EpochRow row;
-  row.epoch = epoch + 1;
-  row.ranks = ranks_.world;
-  row.global_batch = int64_t(spec_.train.batch_size) * ranks_.world;
-  row.time_s = elapsed_ms / 1000.0;
-  row.steps = progress_.epoch_steps;
-  row.skipped_steps = progress_.epoch_skipped;
-  row.wait_ms = mine[0], row.h2d_ms = mine[1], row.forward_ms = mine[2], row.backward_ms = mine[3];
-  row.comm_ms = mine[4], row.optimizer_ms = mine[5];
-  row.ms_per_step = mine[0] + mine[1] + mine[2] + mine[3] + mine[4] + mine[5];
-  double samples = 0;
-  for (int part = 0; part < kNumStepParts; ++part) {
-    std::vector<double> values;
-    values.reserve(all.size());
-    for (const auto& r : all) values.push_back(r[part]);
-    std::sort(values.begin(), values.end());
-    row.parts[part] = {values.front(), values[values.size() / 2], values.back()};
-  }
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    std::array<double, kNumStepParts> parts{};
-    std::copy(all[r].begin(), all[r].begin() + kNumStepParts, parts.begin());
-    row.rank_parts.push_back(parts);
-    const double total = std::accumulate(all[r].begin(), all[r].begin() + kNumStepParts, 0.0);
-    samples += all[r][kNumStepParts];
-    if (total > row.slowest_ms_per_step) row.slowest_ms_per_step = total, row.slowest_rank = r;
-  }
-  if (ranks_.comm) row.slowest_host = ranks_.comm->Host(row.slowest_rank);
-  row.samples_per_s = samples / std::max(1e-9, elapsed_ms / 1000.0);
-  row.data_wait_pct = 100.0 * mine[0] / std::max(1e-9, row.ms_per_step);
-  row.train_loss = progress_.epoch_loss_sum / double(std::max<int64_t>(1, progress_.epoch_examples));
-  row.eval_loss = eval_loss;
-  row.eval_acc = eval_acc;
-  row.lr = LrAt(std::max<int64_t>(0, progress_.global_step - 1), total_steps);
-  if (scaler_->enabled()) row.loss_scale = scaler_->scale();
-  return row;
-}
-
 nlohmann::json Trainer::Run() {
   const auto run_start = Clock::now();
   if (ranks_.comm) {
@@ -626,107 +356,48 @@ nlohmann::json Trainer::Run() {
     AgreeOnResumePoint();
   }
   StartTrace();  // right after the collectives above: the ranks' time zeros line up
-  int64_t total_steps = steps_per_epoch_ * spec_.train.epochs;
-  if (spec_.train.max_steps > 0) total_steps = std::min(total_steps, spec_.train.max_steps);
-  const bool resumed = resume_from_.has_value();
+  const int64_t total_steps = TotalSteps();
   profiler_ = std::make_unique<StepProfiler>(
       run_dir() + "/profile" + (ranks_.world > 1 ? ".rank" + std::to_string(ranks_.rank) : std::string()),
       spec_.log.profile_from_step, spec_.log.profile_steps, device_.is_cuda());
-  if (WritesCheckpoints()) {
-    SetAsideRejected();
-    // A fresh run must not leave an older run's checkpoints next to its own: they would
-    // outrank the new ones in pruning and in `resume: auto`. Only those go.
-    if (!resumed) RemoveCheckpoints(run_dir() + "/checkpoints");
-  }
+  if (WritesCheckpoints()) PrepareCheckpointFolder();
   std::optional<RunLog> log;
   if (is_rank0()) {
-    log.emplace(run_dir(), resumed ? progress_.epoch + 1 : 0, progress_.global_step);
-    if (!spec_.log.mlflow_uri.empty()) log->AttachSink(OpenMlflow(MlflowOptionsFor()));
-    LogInfo(StrFormat(
-        "job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
-        "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
-        spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(), tokenizer_->vocab_size(),
-        long(steps_per_epoch_), spec_.train.batch_size, ranks_.world, spec_.train.batch_size * ranks_.world,
-        ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
-    if (reducer_)
-      LogInfo(StrFormat("gradient all-reduce over %s: %zu buckets (%s), overlap %s, compression %s",
-                        ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),
-                        spec_.distributed.overlap ? "on" : "off",
-                        spec_.distributed.fp16_compression ? "fp16" : "none"));
-    if (writers_)
-      LogInfo(writers_->writers.size() > 1
-                  ? "checkpoints: on each host's own disk, written by " + writers_->Describe(*ranks_.comm)
-                  : std::string("checkpoints: written once, by rank 0 (every host sees its run folder)"));
-    if (resumed)
-      LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(), long(progress_.epoch + 1),
-                        long(progress_.global_step)));
-    log->PrintHeader();
-    for (const auto& row : log->rows()) log->PrintRow(row);  // epochs done before the resume
-    if (ranks_.hooks)  // a later attempt: the pool keeps only the epochs it has not seen
-      for (size_t i = 0; i < log->rows().size(); ++i)
-        ranks_.hooks->EpochDone(log->rows()[i], EpochCsvHeader(), log->csv_lines()[i]);
-    if (progress_.epoch >= spec_.train.epochs || progress_.global_step >= total_steps)
-      LogInfo("the job had already finished; use --resume none to train it again");
+    log.emplace(run_dir(), resume_from_ ? progress_.epoch + 1 : 0, progress_.global_step);
+    OpenRunLog(*log, total_steps);
   }
-  while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps) {
-    const int64_t epoch = progress_.epoch;
-    TrainEpoch(epoch, total_steps, log ? &*log : nullptr);
-    // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
-    // the place there: a resume goes on from the epoch's next batch, and the row below is
-    // replaced once the epoch is whole.
-    const bool whole_epoch = progress_.next_batch >= steps_per_epoch_;
-    if (!whole_epoch) SaveCheckpointNow("max_steps, inside the epoch");  // collective
-    auto [eval_loss, eval_acc] = Evaluate();
-    EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
-    if (log) log->AddEpoch(row);
-    if (log && causal_lm() && !dev_.examples.empty())
-      LogInfo(StrFormat("epoch %ld: dev perplexity %.2f, next-token accuracy %.2f%%", long(epoch + 1),
-                        std::exp(eval_loss), 100.0 * eval_acc));
-    if (whole_epoch) {
-      progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
-      SaveCheckpointNow("end of epoch");  // collective
-    }
-    if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
-  }
+  while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps)
+    TrainAndEvaluateEpoch(total_steps, log ? &*log : nullptr);
   WriteTrace();
-  nlohmann::json summary = {{"job", spec_.name},
-                            {"job_file", spec_.source_file},
-                            {"status", "succeeded"},
-                            {"global_step", progress_.global_step},
-                            {"ranks", ranks_.world},
-                            {"global_batch", spec_.train.batch_size * ranks_.world},
-                            {"precision", ToString(spec_.train.precision)},
-                            {"device", device_.str()},
-                            {"threads", torch::get_num_threads()},
-                            {"consistency_checks", consistency_checks_},
-                            {"wall_time_s", MsSince(run_start) / 1000.0}};
-  // The run folder (and the model in it) is on rank 0's host, which may be another
-  // machine than the one that started the job.
-  summary["host"] = ranks_.comm ? ranks_.comm->Host(0) : LocalHostName();
-  if (!log) return summary;
-  std::string model_dir = run_dir() + "/model";
-  if (spec_.model.lora.enabled) {
-    const std::string adapter_dir = run_dir() + "/adapter";
-    SaveAdapter(adapter_dir, *model_, lora_.options, spec_.model.init);
-    summary["adapter_dir"] = adapter_dir;
-    if (spec_.model.lora.merge)
-      SaveMergedModel(model_dir, *model_);
-    else
-      model_dir = adapter_dir;
-  } else {
-    SaveHfModel(model_dir, *model_);
-  }
-  if (model_dir != run_dir() + "/adapter") SaveTokenizerFiles(model_dir, spec_.data.tokenizer);
-  summary["model_dir"] = model_dir;
-  log->AddArtifacts(model_dir, "model");
-  summary["epochs"] = log->rows().size();
-  if (!log->rows().empty()) {
-    const EpochRow& last = log->rows().back();
-    summary["final"] = {{"train_loss", last.train_loss}, {"eval_loss", last.eval_loss}, {"eval_acc", last.eval_acc}};
-    if (causal_lm()) summary["final"]["eval_perplexity"] = std::exp(last.eval_loss);
-  }
-  log->WriteSummary(summary);
+  nlohmann::json summary = Summary(run_start);
+  if (log) SaveResults(*log, &summary);
   return summary;
+}
+
+int64_t Trainer::TotalSteps() const {
+  const int64_t all = steps_per_epoch_ * spec_.train.epochs;
+  return spec_.train.max_steps > 0 ? std::min(all, spec_.train.max_steps) : all;
+}
+
+void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {
+  const int64_t epoch = progress_.epoch;
+  TrainEpoch(epoch, total_steps, log);
+  // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
+  // the place there: a resume goes on from the epoch's next batch, and the row below is
+  // replaced once the epoch is whole.
+  const bool whole_epoch = progress_.next_batch >= steps_per_epoch_;
+  if (!whole_epoch) SaveCheckpointNow("max_steps, inside the epoch");  // collective
+  auto [eval_loss, eval_acc] = Evaluate();
+  EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
+  if (log) log->AddEpoch(row);
+  if (log && causal_lm() && !dev_.examples.empty())
+    LogInfo(StrFormat("epoch %ld: dev perplexity %.2f, next-token accuracy %.2f%%", long(epoch + 1),
+                      std::exp(eval_loss), 100.0 * eval_acc));
+  if (whole_epoch) {
+    progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
+    SaveCheckpointNow("end of epoch");  // collective
+  }
+  if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());
 }
 
 }  // namespace trainyard

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "common/trace_recorder.h"
 #include "data/length_bucket_sampler.h"
@@ -57,27 +58,14 @@ class Trainer {
   struct EpochTotals;
   class StepLog;
 
+  // trainer.cc: inputs, model, the loop.
   void LoadData();
   void BuildModel();
-  void ResolveResume();
-  MlflowOptions MlflowOptionsFor() const;
+  int64_t TotalSteps() const;
+  // One epoch's training, evaluation, epoch row and checkpoint.
+  void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
   void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
-  bool AgreeOnFoundInf(bool local_found_inf);
-  void CheckConsistency();
-  void BroadcastParameters();
-  // Collective: who writes checkpoints, and the resume point every rank takes, loading a
-  // checkpoint another host sent where its own folder lacked it (Note [Node-local
-  // checkpoints] in checkpoint_sharing.h).
-  void SettleCheckpoints();
-  void AgreeOnResumePoint();
-  void LoadResumeCheckpoint(const std::string& path);
-  InputError NoValidCheckpoint(size_t rejected) const;
-  bool WritesCheckpoints() const { return writers_ ? writers_->mine : is_rank0(); }
-  EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
-  void StartTrace();
-  // Each rank writes its spans; after a barrier rank 0 merges them into trace.json.
-  void WriteTrace();
   // Mean loss and accuracy over the dev set: per example for a classifier, per
   // predicted token for a causal LM.
   std::pair<double, double> Evaluate();
@@ -86,14 +74,48 @@ class Trainer {
   static torch::Tensor NextTokenTargets(const Batch& batch);
   torch::Tensor TaskLoss(const torch::Tensor& logits, const Batch& batch,
                          torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) const;
+  double LrAt(int64_t step, int64_t total_steps) const;
+
+  // trainer_consistency.cc: the ranks in step.
+  bool AgreeOnFoundInf(bool local_found_inf);
+  void CheckConsistency();
+  void BroadcastParameters();
+
+  // trainer_resume.cc: checkpoints and resume.
+  void ResolveResume();
+  // Collective: who writes checkpoints, and the resume point every rank takes, loading a
+  // checkpoint another host sent where its own folder lacked it (Note [Node-local
+  // checkpoints] in checkpoint_sharing.h).
+  void SettleCheckpoints();
+  void AgreeOnResumePoint();
+  void LoadResumeCheckpoint(const std::string& path);
+  InputError NoValidCheckpoint(size_t rejected) const;
+  bool WritesCheckpoints() const { return writers_ ? writers_->mine : is_rank0(); }
   // Collective: every rank calls it at the same step; the writers (rank 0 alone, on one
   // host or shared storage) write the file.
   void SaveCheckpointNow(const std::string& reason);
+  // Every rank's RNG states, on every rank, as bytes (Note [Resume] 1).
   std::vector<RngState> GatherRngStates();
   // The writers, once the ranks agreed on the resume point: rename the checkpoints
   // ResolveResume rejected to <file>.rejected.
   void SetAsideRejected();
-  double LrAt(int64_t step, int64_t total_steps) const;
+  // The writers, before the first step: SetAsideRejected, and a fresh run removes an
+  // older run's checkpoints.
+  void PrepareCheckpointFolder();
+
+  // trainer_outputs.cc: what the run leaves behind.
+  EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
+  void StartTrace();
+  // Each rank writes its spans; after a barrier rank 0 merges them into trace.json.
+  void WriteTrace();
+  MlflowOptions MlflowOptionsFor() const;
+  // Rank 0: MLflow, the opening lines, and the epoch rows of the attempts before this one.
+  void OpenRunLog(RunLog& log, int64_t total_steps);
+  void LogRunStart() const;
+  nlohmann::json Summary(Clock::time_point run_start) const;
+  // Rank 0: the model (or adapter), and summary.json.
+  std::string SaveModel(nlohmann::json* summary);
+  void SaveResults(RunLog& log, nlohmann::json* summary);
 
   JobSpec spec_;
   RankContext ranks_;

@@ -123,6 +123,24 @@ int RunPoolAgent(Options& o, bool slot_given) {
   return trainyard::RunPool(o.pool, o.launch, supervisor_fd);
 }
 
+// The pool's endpoint, keys and mpirun, checked; false (after saying why) if one is unusable.
+bool ResolvePoolOptions(Options& o) {
+  try {
+    trainyard::CheckEndpoint(o.pool.endpoint);
+    if (o.pool.keys_dir.empty()) o.pool.keys_dir = trainyard::DefaultKeyDir();
+    if (!o.pool.insecure) o.pool.keys = trainyard::LoadPeerKeys(o.pool.keys_dir, trainyard::WireRole::kWorker);
+    o.launch.mpirun = FindExecutable(o.launch.mpirun, "--mpirun");
+    return true;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const trainyard::KeyError& e) {
+    std::fprintf(stderr, "error: %s (or --insecure, if the coordinator runs with it)\n", e.what());
+  }
+  return false;
+}
+
+int RunUnderMpi(int argc, char** argv, const Options& o, bool job_mode);
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "Trainyard worker: runs a finetune, benchmark, inference, generate or serve job described by a YAML file.\n"
@@ -154,26 +172,18 @@ int Main(int argc, char** argv) {
                  app.help().c_str());
     return 2;
   }
-  if (pool) {
-    try {
-      trainyard::CheckEndpoint(o.pool.endpoint);
-      if (o.pool.keys_dir.empty()) o.pool.keys_dir = trainyard::DefaultKeyDir();
-      if (!o.pool.insecure) o.pool.keys = trainyard::LoadPeerKeys(o.pool.keys_dir, trainyard::WireRole::kWorker);
-      o.launch.mpirun = FindExecutable(o.launch.mpirun, "--mpirun");
-    } catch (const std::invalid_argument& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 2;
-    } catch (const trainyard::KeyError& e) {
-      std::fprintf(stderr, "error: %s (or --insecure, if the coordinator runs with it)\n", e.what());
-      return 2;
-    }
-  }
+  if (pool && !ResolvePoolOptions(o)) return 2;
   trainyard::LogSetup(o.log_level);
   o.launch.job_args = {"--log-level", o.log_level};
   if (pool) return RunPoolAgent(o, app.count("--slot") > 0);
   // A job's process dies with the mpirun that started it (Note [Job isolation]).
   if (job_mode) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
 
+  return RunUnderMpi(argc, argv, o, job_mode);
+}
+
+// A standalone job, or one pool job's rank (job_mode), as a rank of the world mpirun started.
+int RunUnderMpi(int argc, char** argv, const Options& o, bool job_mode) {
   // The comm thread makes every MPI call after start-up, never two threads at once.
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);

@@ -321,10 +321,10 @@ TEST_F(JobSpecTest, ExportModesNeedTheirPackage) {
   std::ofstream(dir_ / "data/model.pt2") << "x";
   const std::string infer = "kind: inference\ninference: {input: data/train.tsv";
   JobSpec spec = Parse(Valid() + infer + ", mode: aoti, aoti: data/model.pt2}\n");
-  EXPECT_EQ(spec.inference.mode, "aoti");
+  EXPECT_EQ(spec.inference.mode, ForwardMode::kAoti);
   EXPECT_EQ(spec.inference.aoti, (dir_ / "data/model.pt2").string());
-  EXPECT_EQ(Parse(Valid() + infer + ", mode: int8}\n").inference.mode, "int8");
-  EXPECT_EQ(Parse(Valid() + infer + "}\n").inference.mode, "eager");
+  EXPECT_EQ(Parse(Valid() + infer + ", mode: int8}\n").inference.mode, ForwardMode::kInt8);
+  EXPECT_EQ(Parse(Valid() + infer + "}\n").inference.mode, ForwardMode::kEager);
   EXPECT_NE(ErrorOf(Valid() + infer + ", mode: aoti}\n").find("inference.aoti: required with mode: aoti"),
             std::string::npos);
   EXPECT_NE(ErrorOf(Valid() + infer + ", mode: onnx}\n").find("inference.mode"), std::string::npos);
@@ -332,7 +332,8 @@ TEST_F(JobSpecTest, ExportModesNeedTheirPackage) {
             std::string::npos);
   const std::string bench = "kind: benchmark\nbenchmark: {modes: [eager, int8, aoti]";
   spec = Parse(Valid() + bench + ", aoti: data/model.pt2}\n");
-  EXPECT_EQ(spec.benchmark.modes, (std::vector<BenchMode>{BenchMode::kEager, BenchMode::kInt8, BenchMode::kAoti}));
+  EXPECT_EQ(spec.benchmark.modes,
+            (std::vector<ForwardMode>{ForwardMode::kEager, ForwardMode::kInt8, ForwardMode::kAoti}));
   EXPECT_NE(ErrorOf(Valid() + bench + "}\n").find("benchmark.aoti: required by the aoti mode"), std::string::npos);
 }
 

@@ -1,0 +1,38 @@
+// The Trainer's private step records, shared by its files (trainer.cc runs the loop,
+// trainer_outputs.cc turns the records into epoch rows and traces). Not for other code.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "common/clock.h"
+#include "worker/jobs/trainer.h"
+#include "worker/report/run_log.h"
+
+namespace trainyard {
+
+// The parts of a step that StepTimer measures (device time on CUDA), in order; the
+// data wait before them is host time.
+enum TimedPart { kH2d, kForward, kBackward, kComm, kOptimizer, kNumTimedParts };
+static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are the data wait and the timed parts");
+
+// A step whose loss and timings may still be on the device. Read in FlushSteps.
+struct Trainer::PendingStep {
+  int64_t step = 0;  // global step, 1-based
+  int64_t examples = 0, tokens = 0;
+  double lr = 0, wait_ms = 0, loss_scale = 0;
+  bool skipped = false;
+  torch::Tensor loss;    // scalar, detached
+  int64_t begin_us = 0;  // when its wait for data began (the trace's clock)
+};
+
+// Sums over the steps of the epoch in progress in this process (timings are not
+// carried across a resume; losses are, through TrainProgress).
+struct Trainer::EpochTotals {
+  double wait = 0, parts[kNumTimedParts] = {};
+  int64_t steps = 0, samples = 0;
+  Clock::time_point start = Clock::now();
+};
+
+}  // namespace trainyard
