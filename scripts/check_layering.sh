@@ -37,8 +37,8 @@ declare -A MAY_USE=(
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
 TORCH_FOLDERS="worker/models/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
-WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ tests/coordinator/ tests/fuzz/ tests/serve/"
-ZMQ_FOLDERS="$WIRE_FOLDERS worker/jobs/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ tests/coordinator/ tests/fuzz/ tests/worker/serve/"
+ZMQ_FOLDERS="$WIRE_FOLDERS worker/jobs/ tests/worker/pool/"
 
 folder_of() {  # the MAY_USE key that is the longest prefix of $1
   local file=$1 best="" key

@@ -23,7 +23,7 @@ a bounded time. Then it stops the chaos, lets every job finish, and checks:
 
 A killed agent is replaced by one started alone (no mpirun), as a service manager would.
 Exit 0 when every invariant holds.
-Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]"""
+Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]; ctest runs it for 2 minutes (chaos_soak)."""
 import argparse
 import csv
 import json
@@ -40,13 +40,22 @@ import time
 import urllib.error
 import urllib.request
 
-SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "worker"))
 import e2e_common  # noqa: E402
 from e2e_common import MPI_ENV, free_port  # noqa: E402
 
 BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE, "build", "bin"))
-PROTOCOL_VERSION = 4  # proto/wire_version.h
+def protocol_version():
+    """kProtocolVersion, read from proto/wire_version.h so the squatter speaks the current wire."""
+    with open(os.path.join(SOURCE, "proto", "wire_version.h")) as header:
+        for line in header:
+            if "kProtocolVersion =" in line:
+                return int(line.split("=")[1].strip(" ;\n"))
+    raise RuntimeError("no kProtocolVersion in proto/wire_version.h")
+
+
+PROTOCOL_VERSION = protocol_version()
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
 
@@ -490,7 +499,10 @@ def main():
     p.add_argument("--ranks", type=int, default=2, help="ranks per pool")
     p.add_argument("--seed", type=int, default=int(time.time()))
     p.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, state, runs)")
+    p.add_argument("--bin", default=BIN, help="folder of worker, coordinator and jobctl (default: $TRAINYARD_BIN, "
+                   "else build/bin)")
     a = p.parse_args()
+    globals()["BIN"] = a.bin
     print(f"chaos soak: {a.minutes} min, {a.pools} pools of {a.ranks} ranks, seed {a.seed}", flush=True)
     work = tempfile.mkdtemp(prefix="trainyard-chaos-")
     soak = Soak(a, work)

@@ -14,7 +14,9 @@ using std::chrono::milliseconds;
 
 std::shared_ptr<const VersionMeta> Meta(const std::string& model = "m") {
   auto meta = std::make_shared<VersionMeta>();
-  meta->model = model, meta->version = 1, meta->max_tokens = 512;
+  meta->model = model;
+  meta->version = 1;
+  meta->max_tokens = 512;
   return meta;
 }
 
@@ -155,7 +157,10 @@ TEST(Batcher, SweepGoneAsksABoundedNumberOfClientsRoundTheQueue) {
   std::vector<RequestPtr> requests;
   for (int i = 0; i < 5; ++i) {
     requests.push_back(Request(meta, 5));
-    requests.back()->SetClientGone([&asked, i] { return ++asked[i], i == 3; });  // client 3 has hung up
+    requests.back()->SetClientGone([&asked, i] {
+      ++asked[i];
+      return i == 3;
+    });  // client 3 has hung up
     batcher.Push(requests.back());
   }
   batcher.SweepGone(2);

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from e2e_common import LANGID, job_yaml, run_worker, subset_tsv, write  # noqa: E402
 
 import tritonclient.grpc as tgrpc  # noqa: E402

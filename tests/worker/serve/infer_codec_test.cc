@@ -17,7 +17,9 @@ namespace {
 
 VersionMeta LangidMeta(int max_tokens) {
   VersionMeta meta;
-  meta.model = "langid", meta.version = 1, meta.max_tokens = max_tokens;
+  meta.model = "langid";
+  meta.version = 1;
+  meta.max_tokens = max_tokens;
   meta.labels = {"de", "en", "it"};
   meta.tokenizer = std::make_shared<WordPieceTokenizer>(TRAINYARD_SOURCE_DIR "/data/prepared/langid/vocab.txt", true);
   meta.vocab_size = meta.tokenizer->vocab_size();
@@ -26,7 +28,8 @@ VersionMeta LangidMeta(int max_tokens) {
 
 TensorIn Text(std::vector<std::string> texts, std::vector<int64_t> shape = {}) {
   TensorIn t;
-  t.name = "TEXT", t.datatype = "BYTES";
+  t.name = "TEXT";
+  t.datatype = "BYTES";
   t.shape = shape.empty() ? std::vector<int64_t>{int64_t(texts.size())} : shape;
   t.bytes = std::move(texts);
   return t;
