@@ -86,7 +86,11 @@ def pool_job(c, name, timeout_s=TIMEOUT_S):
 
 
 def start_pool(c, args, hosts):
-    pool = Pool(c, args, liveness=40)
+    # Heartbeats every 0.5 s, and 80 of them missed (40 s) before an agent counts as lost:
+    # behind a cut link the job's own report must come first, and it takes the collective's
+    # deadline (TIMEOUT_S), the agent's abort grace (5 s) and kill grace (10 s) for mpirun,
+    # which waits on the unreachable host's daemon, plus whatever a loaded machine adds.
+    pool = Pool(c, args, liveness=80)
     pool.start_coordinator()
     for host in hosts:
         pool.start_agents(host, 2)
