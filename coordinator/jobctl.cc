@@ -23,10 +23,10 @@
 
 #include "common/bounded_json.h"
 #include "common/csv.h"
+#include "common/curve/curve_keys.h"
 #include "common/epoch_table.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/yaml_budget.h"
-#include "proto/curve_keys.h"
 #include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"

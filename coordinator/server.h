@@ -1,7 +1,7 @@
 // The coordinator daemon: one ZeroMQ ROUTER socket serving jobctl and worker ranks
 // with protobuf Envelopes, over the SQLite state store.
 //
-// Who may say what (proto/curve_keys.h): the socket is a CURVE server, and the ZAP
+// Who may say what (common/curve/curve_keys.h): the socket is a CURVE server, and the ZAP
 // handler admits only allowed keys, tagged worker or client. Client requests need the
 // client role and worker messages the worker role; a worker message also needs the
 // rank token its (world, rank) registered with, and results, epoch reports and exits

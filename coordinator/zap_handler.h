@@ -15,8 +15,8 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/curve/curve_keys.h"
 #include "common/log_limiter.h"
-#include "proto/curve_keys.h"
 
 namespace trainyard {
 

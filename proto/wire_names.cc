@@ -20,12 +20,18 @@ constexpr std::array<std::pair<wire::Outcome, const char*>, 7> kOutcomeNames = {
 
 const char* JobStateName(wire::JobState state) {
   switch (state) {
-    case wire::JOB_QUEUED: return "QUEUED";
-    case wire::JOB_RUNNING: return "RUNNING";
-    case wire::JOB_SUCCEEDED: return "SUCCEEDED";
-    case wire::JOB_FAILED: return "FAILED";
-    case wire::JOB_CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
+    case wire::JOB_QUEUED:
+      return "QUEUED";
+    case wire::JOB_RUNNING:
+      return "RUNNING";
+    case wire::JOB_SUCCEEDED:
+      return "SUCCEEDED";
+    case wire::JOB_FAILED:
+      return "FAILED";
+    case wire::JOB_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNKNOWN";
   }
 }
 

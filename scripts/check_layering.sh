@@ -5,10 +5,11 @@
 #     itself and the layers beneath it (coordinator/, common/ and data/ never include
 #     worker/; worker/models/ never includes worker/jobs/; ...);
 #   - libtorch (<torch/...>, <ATen/...>, <c10/...>) only in the torch folders of worker/;
-#   - protobuf and gRPC only in proto/, coordinator/, worker/pool/, worker/serve/ and their tests
+#   - protobuf and gRPC only in proto/, coordinator/, worker/pool/, worker/serve/ and their tests,
+#     and in the TensorBoard event writer (worker/report/event_file.cc)
 #     (libtorch and Debian's libsentencepiece carry protobuf runtimes of their own); ZeroMQ
 #     there too, and in worker/jobs/ (the serve job's model process speaks the serving link,
-#     which carries no protobuf);
+#     which carries no protobuf) and common/curve/ (CURVE keys);
 #   - spdlog and {fmt} never in a torch folder (libtorch bundles another {fmt});
 #   - no <regex> outside tests: libstdc++'s matcher backtracks and recurses per input
 #     byte, so text from a user or a client could hang or crash it (RE2 instead).
@@ -17,28 +18,32 @@
 #   scripts/check_layering.sh --self-test      plants bad includes in a copy; expects each caught
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-usage() { sed -n '2,13p' "$0"; }
+usage() { sed -n '2,18p' "$0"; }
 
 # folder (longest prefix wins) -> the project folders its files may include
 declare -A MAY_USE=(
   [common/]="common/"
   [common/spec/]="common/"
+  [common/curve/]="common/"
   [proto/]="proto/ common/"
   [data/]="data/ common/"
   [coordinator/]="coordinator/ proto/ common/"
-  [worker/report/]="worker/report/ proto/ common/"
+  [worker/report/]="worker/report/ common/"
   [worker/pool/]="worker/pool/ worker/report/ proto/ common/"
   [worker/serve/]="worker/serve/ data/ common/"
-  [worker/models/]="worker/models/ common/"
+  [worker/kernels/]="worker/kernels/ common/"
+  [worker/models/]="worker/models/ worker/kernels/ common/"
+  [worker/compiled/]="worker/compiled/ common/"
+  [worker/generation/]="worker/generation/ worker/models/ worker/kernels/ worker/compiled/ common/"
   [worker/comm/]="worker/comm/ common/"
-  [worker/train/]="worker/train/ worker/models/ data/ common/"
-  [worker/jobs/]="worker/jobs/ worker/train/ worker/comm/ worker/models/ worker/report/ data/ common/"
-  [worker/runtime/]="worker/runtime/ worker/jobs/ worker/pool/ worker/train/ worker/comm/ worker/models/ worker/report/ data/ common/"
+  [worker/train/]="worker/train/ worker/models/ worker/kernels/ data/ common/"
+  [worker/jobs/]="worker/jobs/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
+  [worker/runtime/]="worker/runtime/ worker/jobs/ worker/pool/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
-TORCH_FOLDERS="worker/models/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
-WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ tests/coordinator/ tests/fuzz/ tests/worker/serve/"
-ZMQ_FOLDERS="$WIRE_FOLDERS worker/jobs/ tests/worker/pool/"
+TORCH_FOLDERS="worker/kernels/ worker/models/ worker/compiled/ worker/generation/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ worker/report/event_file.cc tests/coordinator/ tests/fuzz/ tests/worker/serve/"
+ZMQ_FOLDERS="$WIRE_FOLDERS common/curve/ worker/jobs/ tests/worker/pool/"
 
 folder_of() {  # the MAY_USE key that is the longest prefix of $1
   local file=$1 best="" key

@@ -1,4 +1,4 @@
-#include "proto/curve_keys.h"
+#include "common/curve/curve_keys.h"
 
 #include <sys/stat.h>
 #include <zmq.h>

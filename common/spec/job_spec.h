@@ -107,10 +107,10 @@ struct RuntimeSpec {
   int threads = 0;    // intra-op threads per rank; 0 = libtorch's default
   bool tf32 = false;  // CUDA fp32 matrix products on TF32 tensor cores
   // auto | mkl | onednn: the library of fp32 CPU products on frozen weights
-  // (worker/models/packed_linear.h).
+  // (worker/kernels/packed_linear.h).
   std::string cpu_gemm = "auto";
   // Free CPU blocks of 256 KiB or more kept for reuse, at most this many MiB
-  // (worker/models/cpu_block_cache.h); 0 leaves large buffers to glibc.
+  // (worker/kernels/cpu_block_cache.h); 0 leaves large buffers to glibc.
   int64_t cpu_block_cache_mb = 512;
 };
 

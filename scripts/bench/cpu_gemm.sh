@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The products of one BERT layer of width --hidden over --tokens rows, forward and
-# backward (dL/dx), through worker/models/packed_linear.h (oneDNN on a weight
+# backward (dL/dx), through worker/kernels/packed_linear.h (oneDNN on a weight
 # reordered once: what runtime.cpu_gemm: onednn runs) and through torch::linear (ATen's
 # MKL sgemm: runtime.cpu_gemm: mkl), the same inputs and threads, in one process per
 # run. Prints ms per product, medians of --runs runs, the ratio and GFLOP/s: which

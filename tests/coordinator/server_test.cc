@@ -14,7 +14,7 @@
 #include <thread>
 #include <zmq_addon.hpp>
 
-#include "proto/curve_keys.h"
+#include "common/curve/curve_keys.h"
 #include "proto/wire_names.h"
 
 namespace trainyard {

@@ -17,9 +17,9 @@
 #include <iterator>
 #include <string>
 
+#include "common/curve/curve_keys.h"
 #include "coordinator/server.h"
 #include "coordinator/state_store.h"
-#include "proto/curve_keys.h"
 #include "tests/fuzz/fuzz_folder.h"
 #include "tests/fuzz/wire_script.h"
 

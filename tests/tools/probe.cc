@@ -37,14 +37,14 @@
 #include "data/wordpiece_tokenizer.h"
 #include "worker/train/amp.h"
 #ifdef TRAINYARD_WITH_CUDA
-#include "worker/models/cuda_graph.h"
+#include "worker/compiled/cuda_graph.h"
 #endif
-#include "worker/models/aoti_package.h"
-#include "worker/models/gemv.h"
-#include "worker/models/generation.h"
+#include "worker/compiled/aoti_package.h"
+#include "worker/generation/generation.h"
+#include "worker/kernels/gemv.h"
+#include "worker/kernels/packed_linear.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
-#include "worker/models/packed_linear.h"
 #include "worker/models/quantize.h"
 #include "worker/train/optimizer.h"
 

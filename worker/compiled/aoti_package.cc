@@ -1,4 +1,4 @@
-#include "worker/models/aoti_package.h"
+#include "worker/compiled/aoti_package.h"
 
 #include <ATen/Version.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>

@@ -1,4 +1,4 @@
-#include "worker/models/cuda_graph.h"
+#include "worker/compiled/cuda_graph.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,4 +1,4 @@
-#include "worker/models/generation.h"
+#include "worker/generation/generation.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -13,7 +13,7 @@
 #ifdef TRAINYARD_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "worker/models/cuda_graph.h"
+#include "worker/compiled/cuda_graph.h"
 #endif
 
 namespace trainyard {

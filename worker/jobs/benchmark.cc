@@ -14,9 +14,9 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "worker/generation/generation.h"
 #include "worker/jobs/forward_modes.h"
 #include "worker/jobs/memory_cap.h"
-#include "worker/models/generation.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -27,7 +27,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
-#include "worker/models/cuda_graph.h"
+#include "worker/compiled/cuda_graph.h"
 #endif
 
 #ifndef TRAINYARD_GIT_COMMIT
@@ -417,74 +417,89 @@ BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
   return cell;
 }
 
+namespace {
+
+// A cell's numbers as one row of Gather's table; text travels as codes.
+constexpr int kCellFields = 14;
+std::vector<double> CellRow(const BenchCell& c) {
+  const double status = c.status == "ok" ? 0 : c.status == "OOM" ? 1 : 2;
+  const double note = c.status == "OOM"              ? kOutOfMemory
+                      : c.note == "fp16 needs CUDA"  ? kFp16NeedsCuda
+                      : c.note == kPromptTooLongNote ? kPromptTooLong
+                      : c.status == "N/A"            ? kSeqTooLong
+                                                     : kNoNote;
+  return {status,
+          note,
+          c.mean_ms,
+          c.p50_ms,
+          c.p90_ms,
+          c.p99_ms,
+          c.cv,
+          c.seqs_per_s,
+          c.tokens_per_s,
+          c.peak_mb,
+          double(c.measurements),
+          double(c.unstable),
+          double(c.rank),
+          c.first_token_ms};
+}
+
+// The inverse of CellRow for the measured parts of a cell.
+void ReadCellRow(const torch::Tensor& row, BenchCell* c) {
+  auto v = [&](int k) { return row[k].item<double>(); };
+  c->status = v(0) == 0 ? "ok" : v(0) == 1 ? "OOM" : "N/A";
+  const int note = static_cast<int>(v(1));
+  c->note = note == kOutOfMemory     ? "out of memory"
+            : note == kFp16NeedsCuda ? "fp16 needs CUDA"
+            : note == kSeqTooLong    ? "seq_len exceeds max_position_embeddings"
+            : note == kPromptTooLong ? kPromptTooLongNote
+                                     : "";
+  c->mean_ms = v(2);
+  c->p50_ms = v(3);
+  c->p90_ms = v(4);
+  c->p99_ms = v(5);
+  c->cv = v(6);
+  c->seqs_per_s = v(7);
+  c->tokens_per_s = v(8);
+  c->peak_mb = v(9);
+  c->measurements = int(v(10));
+  c->unstable = v(11) != 0;
+  c->rank = int(v(12));
+  c->first_token_ms = v(13);
+}
+
+}  // namespace
+
+BenchCell BenchmarkRunner::CellAt(size_t i, const std::vector<CellPlan>& plans) const {
+  BenchCell c;
+  c.model = model_name_;
+  if (spec_.benchmark.run == BenchmarkRun::kTrainStep) {
+    c.batch = spec_.train.batch_size;
+    c.seq = spec_.data.max_seq_len;
+    c.precision = ToString(spec_.benchmark.precisions[i]);
+    c.mode = "train_step";
+  } else {
+    c.batch = plans[i].batch;
+    c.seq = plans[i].seq;
+    c.precision = ToString(plans[i].precision);
+    c.mode = CellMode(plans[i].mode);
+  }
+  return c;
+}
+
 std::vector<BenchCell> BenchmarkRunner::Gather(std::vector<BenchCell> mine, size_t total) const {
   if (!ranks_.comm) return mine;
   // Numbers travel in one table (a row per cell); text is rebuilt from codes.
-  constexpr int kFields = 14;
-  torch::Tensor table = torch::zeros({int64_t(total), kFields}, torch::kDouble);
-  for (size_t i = 0; i < total; ++i) {
-    if (static_cast<int>(i % ranks_.world) != ranks_.rank) continue;
-    const BenchCell& c = mine[i / ranks_.world];
-    const double status = c.status == "ok" ? 0 : c.status == "OOM" ? 1 : 2;
-    const double note = c.status == "OOM"              ? kOutOfMemory
-                        : c.note == "fp16 needs CUDA"  ? kFp16NeedsCuda
-                        : c.note == kPromptTooLongNote ? kPromptTooLong
-                        : c.status == "N/A"            ? kSeqTooLong
-                                                       : kNoNote;
-    std::vector<double> row = {status,
-                               note,
-                               c.mean_ms,
-                               c.p50_ms,
-                               c.p90_ms,
-                               c.p99_ms,
-                               c.cv,
-                               c.seqs_per_s,
-                               c.tokens_per_s,
-                               c.peak_mb,
-                               double(c.measurements),
-                               double(c.unstable),
-                               double(c.rank),
-                               c.first_token_ms};
-    table[int64_t(i)].copy_(torch::tensor(row, torch::kDouble));
-  }
+  torch::Tensor table = torch::zeros({int64_t(total), kCellFields}, torch::kDouble);
+  for (size_t i = 0; i < total; ++i)
+    if (static_cast<int>(i % ranks_.world) == ranks_.rank)
+      table[int64_t(i)].copy_(torch::tensor(CellRow(mine[i / ranks_.world]), torch::kDouble));
   ranks_.comm->AllReduce(table, ReduceOp::kSum, "benchmark results");
   std::vector<BenchCell> all;
-  std::vector<CellPlan> plans = PlanCells();
+  const std::vector<CellPlan> plans = PlanCells();
   for (size_t i = 0; i < total; ++i) {
-    auto t = table[int64_t(i)];
-    auto v = [&](int k) { return t[k].item<double>(); };
-    BenchCell c;
-    c.model = model_name_;
-    if (spec_.benchmark.run == BenchmarkRun::kTrainStep) {
-      c.batch = spec_.train.batch_size;
-      c.seq = spec_.data.max_seq_len;
-      c.precision = ToString(spec_.benchmark.precisions[i]);
-      c.mode = "train_step";
-    } else {
-      c.batch = plans[i].batch;
-      c.seq = plans[i].seq;
-      c.precision = ToString(plans[i].precision);
-      c.mode = CellMode(plans[i].mode);
-    }
-    c.status = v(0) == 0 ? "ok" : v(0) == 1 ? "OOM" : "N/A";
-    const int note = static_cast<int>(v(1));
-    c.note = note == kOutOfMemory     ? "out of memory"
-             : note == kFp16NeedsCuda ? "fp16 needs CUDA"
-             : note == kSeqTooLong    ? "seq_len exceeds max_position_embeddings"
-             : note == kPromptTooLong ? kPromptTooLongNote
-                                      : "";
-    c.mean_ms = v(2);
-    c.p50_ms = v(3);
-    c.p90_ms = v(4);
-    c.p99_ms = v(5);
-    c.cv = v(6);
-    c.seqs_per_s = v(7);
-    c.tokens_per_s = v(8);
-    c.peak_mb = v(9);
-    c.measurements = int(v(10));
-    c.unstable = v(11) != 0;
-    c.rank = int(v(12));
-    c.first_token_ms = v(13);
+    BenchCell c = CellAt(i, plans);
+    ReadCellRow(table[int64_t(i)], &c);
     all.push_back(c);
   }
   return all;
@@ -560,7 +575,7 @@ nlohmann::json BenchmarkRunner::Run() {
   summary["not_applicable"] = na;
   summary["noisy"] = noisy;
   summary["status"] = "succeeded";
-  WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
+  WriteJobSummary(spec_, summary);
   LogInfo(StrFormat("%zu cells: %d measured (%d noisy), %d OOM, %d N/A -> %s/benchmark.{csv,md}", cells.size(), ok,
                     noisy, oom, na, run_dir().c_str()));
   return summary;

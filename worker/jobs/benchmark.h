@@ -23,8 +23,8 @@
 #include <optional>
 
 #include "data/tokenizer.h"
+#include "worker/compiled/aoti_package.h"
 #include "worker/jobs/job_setup.h"
-#include "worker/models/aoti_package.h"
 #include "worker/report/bench_report.h"
 
 namespace trainyard {
@@ -59,6 +59,8 @@ class BenchmarkRunner {
   std::vector<double> TimeIterations(const std::function<void()>& step, int warmup, int iters);
   torch::Tensor Inputs(int batch, int seq) const;
   std::vector<std::vector<int64_t>> PromptRows(int batch, int seq) const;  // generate's prompts
+  // Cell i's description (model, shape, precision, mode) without its measurements.
+  BenchCell CellAt(size_t i, const std::vector<CellPlan>& plans) const;
   std::vector<BenchCell> Gather(std::vector<BenchCell> mine, size_t total) const;
   nlohmann::json Environment() const;
 

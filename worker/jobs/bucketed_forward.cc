@@ -14,7 +14,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "worker/models/cuda_graph.h"
+#include "worker/compiled/cuda_graph.h"
 #endif
 
 namespace trainyard {

@@ -21,8 +21,7 @@ std::unique_ptr<AotiPackage> OpenAotiPackage(const JobSpec& spec, const std::str
 }
 
 void QuantizeForInt8(const JobSpec& spec, const std::string& key, ModelImpl& model, const torch::Device& device) {
-  if (!device.is_cpu())
-    throw InputError(spec.Where(key) + ": int8 runs on the CPU; this job runs on " + device.str());
+  if (!device.is_cpu()) throw InputError(spec.Where(key) + ": int8 runs on the CPU; this job runs on " + device.str());
   const Int8Summary q = QuantizeLinearsInt8(model);
   LogInfo(StrFormat("int8: %d Linear layers quantized (%.1f MB of fp32 weights as %.1f MB of int8)", q.layers,
                     q.fp32_mb, q.int8_mb));

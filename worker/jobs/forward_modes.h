@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/spec/job_spec.h"
-#include "worker/models/aoti_package.h"
+#include "worker/compiled/aoti_package.h"
 #include "worker/models/model.h"
 
 namespace trainyard {

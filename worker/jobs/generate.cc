@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "data/byte_level_bpe_tokenizer.h"
 #include "data/text_dataset.h"
-#include "worker/models/generation.h"
+#include "worker/generation/generation.h"
 #include "worker/train/amp.h"
 
 namespace trainyard {
@@ -186,7 +186,7 @@ nlohmann::json GenerateRunner::Run() {
                             {"decode_tokens_per_s", tokens_per_s},
                             {"cuda_graph_capture_ms", stats.capture_ms},
                             {"output", path}};
-  WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
+  WriteJobSummary(spec_, summary);
   return summary;
 }
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "worker/generation/generation.h"
 #include "worker/jobs/job_setup.h"
-#include "worker/models/generation.h"
 
 namespace trainyard {
 

@@ -181,7 +181,7 @@ nlohmann::json InferenceRunner::Run() {
   }
   if (known > 0) summary["accuracy"] = double(correct) / double(known);
   summary["status"] = "succeeded";
-  WriteFileAtomically(run_dir() + "/summary.json", summary.dump(2) + "\n");
+  WriteJobSummary(spec_, summary);
   LogInfo(StrFormat(
       "%zu predictions -> %s%s", input_.examples.size(),
       (spec_.inference.output.empty() ? run_dir() + "/predictions.tsv" : spec_.inference.output).c_str(),

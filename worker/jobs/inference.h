@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "worker/compiled/aoti_package.h"
 #include "worker/jobs/job_setup.h"
-#include "worker/models/aoti_package.h"
 
 namespace trainyard {
 

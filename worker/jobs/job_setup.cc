@@ -6,9 +6,9 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
-#include "worker/models/cpu_block_cache.h"
+#include "worker/kernels/cpu_block_cache.h"
+#include "worker/kernels/packed_linear.h"
 #include "worker/models/hf_checkpoint.h"
-#include "worker/models/packed_linear.h"
 #include "worker/report/mlflow_logger.h"
 #include "worker/train/amp.h"
 
@@ -30,6 +30,10 @@ std::pair<size_t, size_t> RankShard(size_t n, int rank, int world) {
   const size_t r = static_cast<size_t>(rank), w = static_cast<size_t>(world);
   const size_t begin = r * (n / w) + std::min(r, n % w);
   return {begin, begin + n / w + (r < n % w ? 1 : 0)};
+}
+
+void WriteJobSummary(const JobSpec& spec, const nlohmann::json& summary) {
+  WriteFileAtomically(RunDir(spec) + "/summary.json", summary.dump(2) + "\n");
 }
 
 std::string RunDir(const JobSpec& spec) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -65,6 +66,9 @@ std::pair<size_t, size_t> RankShard(size_t n, int rank, int world);
 
 // <log.runs_dir or ./runs>/<job name>: where rank 0 writes the job's outputs.
 std::string RunDir(const JobSpec& spec);
+
+// Rank 0's last word on a job: `summary` as RunDir(spec)/summary.json, written atomically.
+void WriteJobSummary(const JobSpec& spec, const nlohmann::json& summary);
 
 // The input pipeline's options for this job (pinned memory on CUDA).
 PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "worker/models/cpu_block_cache.h"
+#include "worker/kernels/cpu_block_cache.h"
 
 namespace trainyard {
 namespace {

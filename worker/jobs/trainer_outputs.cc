@@ -150,12 +150,12 @@ void Trainer::OpenRunLog(RunLog& log, int64_t total_steps) {
 }
 
 void Trainer::LogRunStart() const {
-  LogInfo(StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
-                    "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
-                    spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(),
-                    tokenizer_->vocab_size(), long(steps_per_epoch_), spec_.train.batch_size, ranks_.world,
-                    spec_.train.batch_size * ranks_.world, ToString(spec_.train.precision), device_.str().c_str(),
-                    torch::get_num_threads()));
+  LogInfo(StrFormat(
+      "job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
+      "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
+      spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(), tokenizer_->vocab_size(),
+      long(steps_per_epoch_), spec_.train.batch_size, ranks_.world, spec_.train.batch_size * ranks_.world,
+      ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
   if (reducer_)
     LogInfo(StrFormat("gradient all-reduce over %s: %zu buckets (%s), overlap %s, compression %s",
                       ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),

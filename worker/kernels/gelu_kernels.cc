@@ -1,4 +1,4 @@
-#include "worker/models/gelu_kernels.h"
+#include "worker/kernels/gelu_kernels.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "worker/models/gemv.h"
+#include "worker/kernels/gemv.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "worker/models/gemv_kernels.h"
-#include "worker/models/parallel_slices.h"
+#include "worker/kernels/gemv_kernels.h"
+#include "worker/kernels/parallel_slices.h"
 
 namespace trainyard {
 namespace {

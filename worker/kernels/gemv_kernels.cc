@@ -1,4 +1,4 @@
-#include "worker/models/gemv_kernels.h"
+#include "worker/kernels/gemv_kernels.h"
 
 namespace trainyard::gemv {
 namespace {

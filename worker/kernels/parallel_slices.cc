@@ -1,4 +1,4 @@
-#include "worker/models/parallel_slices.h"
+#include "worker/kernels/parallel_slices.h"
 
 #ifdef _OPENMP
 #include <omp.h>

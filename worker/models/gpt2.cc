@@ -2,8 +2,8 @@
 
 #include <cmath>
 
+#include "worker/kernels/gemv.h"
 #include "worker/models/config_fields.h"
-#include "worker/models/gemv.h"
 
 namespace trainyard {
 namespace {

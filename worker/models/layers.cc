@@ -13,9 +13,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "worker/models/gelu_kernels.h"
-#include "worker/models/gemv.h"
-#include "worker/models/parallel_slices.h"
+#include "worker/kernels/gelu_kernels.h"
+#include "worker/kernels/gemv.h"
+#include "worker/kernels/parallel_slices.h"
 #include "worker/models/quantize.h"
 
 namespace trainyard {

@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "worker/kernels/packed_linear.h"
 #include "worker/models/low_rank_update.h"
-#include "worker/models/packed_linear.h"
 
 namespace trainyard {
 

@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "proto/curve_keys.h"
+#include "common/curve/curve_keys.h"
 
 namespace trainyard {
 namespace wire {
@@ -42,7 +42,7 @@ struct PoolOptions {
   bool under_mpirun = false;  // started by an mpirun (rank_supervisor.h: how it exits)
   double heartbeat_s = 1.0;
   int liveness = 3;
-  std::string keys_dir;   // worker.key and coordinator.pub (proto/curve_keys.h)
+  std::string keys_dir;   // worker.key and coordinator.pub (common/curve/curve_keys.h)
   bool insecure = false;  // no CURVE: for a coordinator started with --insecure
   PeerKeys keys;          // loaded from keys_dir unless insecure
 };

@@ -1,4 +1,4 @@
-#include "proto/event_file.h"
+#include "worker/report/event_file.h"
 
 #include <unistd.h>
 

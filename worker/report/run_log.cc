@@ -15,7 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/csv.h"
 #include "common/epoch_table.h"
-#include "proto/event_file.h"
+#include "worker/report/event_file.h"
 #include "worker/report/svg_chart.h"
 
 namespace trainyard {

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "worker/models/packed_linear.h"
+#include "worker/kernels/packed_linear.h"
 
 namespace trainyard {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/models/cpu_block_cache.h"
+#include "worker/kernels/cpu_block_cache.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "worker/models/gemv.h"
+#include "worker/kernels/gemv.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "worker/models/parallel_slices.h"
+#include "worker/kernels/parallel_slices.h"
 
 namespace trainyard {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/models/packed_linear.h"
+#include "worker/kernels/packed_linear.h"
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>

@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "proto/event_file.h"
 #include "worker/report/bench_report.h"
+#include "worker/report/event_file.h"
 
 namespace trainyard {
 namespace {
