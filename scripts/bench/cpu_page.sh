@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Measures this machine for docs/performance-cpu.md: runs the CPU benchmark scripts (each
+# ours next to its reference in the same run), keeps their JSON in --out, and writes the
+# page from it with scripts/bench/cpu_page.py (machine, date, command and commit named on
+# the page). Takes about 45 minutes on two cores with the defaults; keep the machine
+# otherwise idle meanwhile.
+#   scripts/bench/cpu_page.sh [--out docs/measurements/cpu] [--runs 3] [--tasks langid]
+# --tasks goes to finetune_vs_hf_trainer.sh (langid,topics adds about 75 minutes).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=docs/measurements/cpu RUNS=3 TASKS=langid
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT=$2; shift 2 ;; --runs) RUNS=$2; shift 2 ;; --tasks) TASKS=$2; shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+COMMAND="scripts/bench/cpu_page.sh $*"
+source scripts/bench/common.sh
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/*.json
+
+step() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+step "machine"
+"$PY" - "$OUT/env.json" "$COMMAND" "$RUNS" <<'PY'
+import datetime, json, os, platform, re, subprocess, sys
+import torch
+cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+field = lambda name: next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith(name + ":")), "")
+flags = field("Flags").split()
+memory_kb = int(re.search(r"MemTotal:\s+(\d+)", open("/proc/meminfo").read()).group(1))
+commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+json.dump({"date": datetime.datetime.utcnow().strftime("%Y-%m-%d"), "cpu": field("Model name"),
+           "cores": os.cpu_count(), "memory_gib": round(memory_kb / 2**20), "amx": "amx_tile" in flags,
+           "avx512_bf16": "avx512_bf16" in flags, "kernel": platform.release(), "torch": torch.__version__,
+           "commit": commit, "command": sys.argv[2], "runs": int(sys.argv[3])},
+          open(sys.argv[1], "w"), indent=1)
+PY
+for R in $(seq "$RUNS"); do
+  step "inference, run $R of $RUNS"
+  scripts/bench/inference_vs_pytorch.sh --json "$OUT/inference_$R.json" > /dev/null
+done
+step "generation"
+scripts/bench/generate_vs_hf.sh --repeats "$RUNS" --json "$OUT/generate.json" > /dev/null
+step "the decode-step product"
+scripts/bench/gemv_vs_mkl.sh --json "$OUT/gemv.json" > /dev/null
+step "precisions"
+LANGID=$PWD/data/prepared/langid
+cat > "$WORK/precision.yaml" <<YAML
+name: precision
+kind: benchmark
+data:
+  train: $LANGID/train.tsv
+  tokenizer: {vocab: $LANGID/vocab.txt}
+model: {preset: mini}
+benchmark: {batch_sizes: [8], seq_lens: [128], precisions: [fp32, bf16], warmup: 3, iters: 20}
+runtime: {device: cpu, threads: 2}
+YAML
+for R in $(seq "$RUNS"); do
+  "$WORKER" "$WORK/precision.yaml" --runs-dir "$WORK/runs_$R" > "$WORK/precision.log" 2>&1 ||
+    { cat "$WORK/precision.log"; exit 1; }
+done
+"$PY" - "$WORK" "$OUT/precision.json" <<'PY'
+import csv, glob, json, statistics, sys
+runs = [list(csv.DictReader(open(p))) for p in sorted(glob.glob(sys.argv[1] + "/runs_*/precision/benchmark.csv"))]
+ms = {p: statistics.median(float(c["mean_ms"]) for r in runs for c in r if c["precision"] == p) for p in ("fp32", "bf16")}
+json.dump({"preset": "mini", "batch": 8, "seq": 128, "threads": 2, "runs": len(runs), "mean_ms": ms},
+          open(sys.argv[2], "w"), indent=1)
+PY
+step "fine-tuning against HF Trainer ($TASKS)"
+scripts/bench/finetune_vs_hf_trainer.sh --tasks "$TASKS" --runs "$RUNS" --json "$OUT/finetune.json" > /dev/null
+"$PY" scripts/bench/cpu_page.py --measurements "$OUT" --out docs/performance-cpu.md
+step "wrote docs/performance-cpu.md from $OUT"
