@@ -27,7 +27,7 @@ if [[ ${#FILES[@]} -eq 0 ]]; then
   mapfile -t FILES < <(git diff --name-only --diff-filter=ACMR "$BASE" -- '*.cc' | grep -v '^tests/' || true)
 fi
 if [[ $TORCH_FREE == true && ${#FILES[@]} -gt 0 ]]; then
-  mapfile -t FILES < <(printf '%s\n' "${FILES[@]}" | grep -Ev '^worker/(models|comm|train|jobs|runtime)/' || true)
+  mapfile -t FILES < <(printf '%s\n' "${FILES[@]}" | grep -Ev '^worker/(kernels|models|compiled|generation|comm|train|jobs|runtime)/' || true)
 fi
 if [[ ${#FILES[@]} -eq 0 ]]; then
   echo "tidy: no changed C++ files since $BASE"
