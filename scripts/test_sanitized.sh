@@ -6,8 +6,8 @@
 # --torch builds and runs the torch-linked unit suites instead (kernels and the CPU block
 # cache, models, the input pipeline and its prefetch, the optimizer, the link order, the
 # comm thread and reducer under 1, 2 and 4 MPI ranks, memory caps), our code instrumented
-# and libtorch not (about 12 minutes on two cores from an empty cache). docs/testing.md
-# says what the torch run cannot see.
+# and libtorch not (about 12 minutes on two cores from an empty cache; CI runs only the
+# torch-free part). docs/testing.md says what the torch run cannot see.
 #   scripts/test_sanitized.sh [--torch] [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
