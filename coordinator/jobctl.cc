@@ -178,8 +178,8 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
               "reason");
   for (const auto& j : jobs)
     std::printf("%-6ld %-24s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(),
-                trainyard::JobStateName(j.job_state()), j.priority(), j.ranks(), j.device().c_str(), j.attempts(),
-                j.reason().c_str());
+                trainyard::JobStateName(j.job_state()).c_str(), j.priority(), j.ranks(), j.device().c_str(),
+                j.attempts(), j.reason().c_str());
 }
 
 int Submit(const Options& o, const std::string& path, const std::string& key) {
@@ -231,7 +231,7 @@ int Show(const Options& o, const std::string& what, int64_t id) {
 // exit status a script can test.
 int FinalState(int64_t id, wire::JobState state, const std::string& reason) {
   std::cout.flush();
-  std::fprintf(stderr, "job %ld %s%s%s\n", long(id), trainyard::JobStateName(state), reason.empty() ? "" : ": ",
+  std::fprintf(stderr, "job %ld %s%s%s\n", long(id), trainyard::JobStateName(state).c_str(), reason.empty() ? "" : ": ",
                reason.c_str());
   return state == wire::JOB_SUCCEEDED ? 0 : 1;
 }
@@ -319,7 +319,7 @@ int Report(const Options& o, int64_t id) {
   }
   const wire::JobInfo& j = r.job();
   std::printf("job %ld '%s': %s, %d ranks (%s), priority %d\n", long(j.id()), j.name().c_str(),
-              trainyard::JobStateName(j.job_state()), j.ranks(), j.device().c_str(), j.priority());
+              trainyard::JobStateName(j.job_state()).c_str(), j.ranks(), j.device().c_str(), j.priority());
   if (!j.reason().empty()) std::printf("reason: %s\n", j.reason().c_str());
   std::printf("\nattempts:\n  %-3s %-28s %-19s %8s  %s\n", "#", "placement", "started", "seconds", "outcome");
   for (const auto& a : r.attempts())

@@ -1,51 +1,37 @@
 #include "proto/wire_names.h"
 
-#include <array>
-#include <utility>
+#include <cctype>
 
 namespace trainyard {
 namespace {
 
-constexpr std::array<std::pair<wire::Outcome, const char*>, 7> kOutcomeNames = {{
-    {wire::OUTCOME_SUCCEEDED, "succeeded"},
-    {wire::OUTCOME_FAILED, "failed"},
-    {wire::OUTCOME_BAD_INPUT, "bad_input"},
-    {wire::OUTCOME_CANCELLED, "cancelled"},
-    {wire::OUTCOME_RELEASED, "released"},
-    {wire::OUTCOME_INTERRUPTED, "interrupted"},
-    {wire::OUTCOME_ABANDONED, "abandoned"},
-}};
+constexpr std::string_view kJobPrefix = "JOB_";
+constexpr std::string_view kOutcomePrefix = "OUTCOME_";
 
 }  // namespace
 
-const char* JobStateName(wire::JobState state) {
-  switch (state) {
-    case wire::JOB_QUEUED:
-      return "QUEUED";
-    case wire::JOB_RUNNING:
-      return "RUNNING";
-    case wire::JOB_SUCCEEDED:
-      return "SUCCEEDED";
-    case wire::JOB_FAILED:
-      return "FAILED";
-    case wire::JOB_CANCELLED:
-      return "CANCELLED";
-    default:
-      return "UNKNOWN";
-  }
+std::string JobStateName(wire::JobState state) {
+  const std::string& name = wire::JobState_Name(state);
+  if (state == wire::JOB_STATE_UNSPECIFIED || name.rfind(kJobPrefix, 0) != 0) return "UNKNOWN";
+  return name.substr(kJobPrefix.size());
 }
 
-const char* OutcomeName(wire::Outcome outcome) {
+std::string OutcomeName(wire::Outcome outcome) {
   if (outcome == wire::OUTCOME_UNSPECIFIED) return "";
-  for (const auto& [value, name] : kOutcomeNames)
-    if (value == outcome) return name;
-  return "unknown";
+  std::string name = wire::Outcome_Name(outcome);
+  if (name.rfind(kOutcomePrefix, 0) != 0) return "unknown";
+  name.erase(0, kOutcomePrefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
 }
 
 wire::Outcome OutcomeFromName(std::string_view name) {
-  for (const auto& [value, text] : kOutcomeNames)
-    if (name == text) return value;
-  return wire::OUTCOME_UNSPECIFIED;
+  std::string value(kOutcomePrefix);
+  for (char c : name) value += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  wire::Outcome outcome = wire::OUTCOME_UNSPECIFIED;
+  // Only the lower-case names OutcomeName gives map back ("FAILED" is not a name).
+  if (!wire::Outcome_Parse(value, &outcome) || OutcomeName(outcome) != name) return wire::OUTCOME_UNSPECIFIED;
+  return outcome;
 }
 
 }  // namespace trainyard
