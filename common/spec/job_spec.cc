@@ -50,6 +50,7 @@ constexpr int64_t kMaxSteps = 1'000'000'000'000;  // steps, step counts and cade
 constexpr int64_t kMaxEpochs = 100'000;
 constexpr int64_t kMaxBatch = 65'536;   // examples per rank in one batch
 constexpr int64_t kMaxSeqLen = 32'768;  // tokens
+constexpr int kMaxPadBuckets = 64;
 constexpr int64_t kMaxRanks = 65'536;
 constexpr int64_t kMaxThreads = 4'096;
 constexpr int64_t kMaxCount = 1'000'000;  // iterations, windows, vocabulary sizes
@@ -343,7 +344,7 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   if (!d.IsDefined() || d.IsNull()) r.Fail(root, "data", "required: a data mapping");
   r.CheckKeys(d, "data",
               {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer", "max_seq_len",
-               "bucket_batches", "prefetch_batches", "loader_threads"});
+               "bucket_batches", "pad_buckets", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
   const bool needs_train = spec->kind != JobKind::kInference && spec->kind != JobKind::kGenerate;
   if (!r.ReadPath(d, "train", "data", &out.train, PathKind::kFile) && needs_train)
@@ -368,6 +369,7 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadString(d, "label_field", "data", &out.label_field);
   r.ReadInt(d, "max_seq_len", "data", &out.max_seq_len, 8, kMaxSeqLen);
   r.ReadInt(d, "bucket_batches", "data", &out.bucket_batches, 1, kMaxCount);
+  r.ReadInt(d, "pad_buckets", "data", &out.pad_buckets, 0, kMaxPadBuckets);
   r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0, 1024);
   r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1, 256);
   ParseTokenizer(r, d, &out);
@@ -431,7 +433,7 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node t = r.Section(root, "train",
                            {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
-                            "adam_beta1", "adam_beta2", "adam_eps", "precision", "loss_scale"});
+                            "adam_beta1", "adam_beta2", "adam_eps", "precision", "loss_scale", "cuda_graph"});
   TrainSpec& out = spec->train;
   r.ReadInt(t, "epochs", "train", &out.epochs, 1, kMaxEpochs);
   r.ReadInt(t, "batch_size", "train", &out.batch_size, 1, kMaxBatch);
@@ -444,6 +446,14 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadDouble(t, "adam_beta2", "train", &out.adam_beta2, 0.0, 0.999999);
   r.ReadDouble(t, "adam_eps", "train", &out.adam_eps, 1e-12, 1.0);
   r.ReadEnum(t, "precision", "train", kPrecisionNames, &out.precision);
+  r.ReadEnum(t, "cuda_graph", "train",
+             std::map<std::string, GraphMode>{
+                 {"auto", GraphMode::kAuto}, {"true", GraphMode::kOn}, {"false", GraphMode::kOff}},
+             &out.cuda_graph);
+  // A captured step cannot look at its batch on the host, which unpadding's choice does.
+  if (out.cuda_graph == GraphMode::kOn && spec->model.unpad == "always")
+    r.Fail(t["cuda_graph"], "train.cuda_graph",
+           "a CUDA-graphed step runs padded batches; it cannot be combined with model.unpad: always");
   YAML::Node ls = t["loss_scale"];
   if (ls.IsDefined() && !ls.IsNull()) {
     const std::string p = "train.loss_scale";

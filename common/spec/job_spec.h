@@ -49,7 +49,10 @@ struct DataSpec {
   std::string text_field = "text", label_field = "label";  // JSONL keys
   TokenizerSpec tokenizer;
   int max_seq_len = 128;
-  int bucket_batches = 50;   // batches per length-sorted window of the sampler
+  int bucket_batches = 50;  // batches per length-sorted window of the sampler
+  // Each batch padded up to one of this many lengths, spaced evenly up to max_seq_len and
+  // rounded up to multiples of 8 (PadBucketLengths); 0 pads to the batch's longest text.
+  int pad_buckets = 0;
   int prefetch_batches = 8;  // 0 turns the background pipeline off
   int loader_threads = 2;
 };
@@ -86,6 +89,8 @@ struct LossScaleSpec {
   int growth_interval = 2000;
 };
 
+enum class GraphMode { kOff, kAuto, kOn };
+
 struct TrainSpec {
   int epochs = 3;
   int batch_size = 32;    // per rank
@@ -94,6 +99,10 @@ struct TrainSpec {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   Precision precision = Precision::kFp32;
   LossScaleSpec loss_scale;
+  // Whole-step CUDA graphs (worker/jobs/graphed_steps.h): kAuto where the device and the
+  // communicator allow them (CUDA, one rank or NCCL), kOn insists (an error where they
+  // cannot run), kOff steps eagerly.
+  GraphMode cuda_graph = GraphMode::kOff;
 };
 
 struct CheckpointSpec {

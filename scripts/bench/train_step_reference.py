@@ -7,7 +7,8 @@ the steps after warm-up, and the model's non-embedding parameter count (for MFU)
 On CUDA each step is timed with CUDA events recorded around it, read once at the end,
 as the worker times its steps; --precision bf16/fp16 runs under autocast (fp16 with
 torch.amp.GradScaler), --tf32 allows TF32 matrix products, --compile wraps the model
-in torch.compile (compilation happens in the warm-up steps, which are not timed).
+in torch.compile, in --compile-mode (compilation happens in the warm-up steps, which are
+not timed).
 --init loads the model from an HF folder instead of a fresh preset, and --lora-r R wraps
 it in PEFT's LoRA (r = alpha = R on query and value, the classifier trained in full, as
 the worker's model.lora does), so only the adapters are optimised and clipped."""
@@ -51,6 +52,7 @@ def main():
     p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", default="default", help="torch.compile's mode (reduce-overhead: CUDA graphs)")
     p.add_argument("--init", default="")
     p.add_argument("--lora-r", type=int, default=0)
     a = p.parse_args()
@@ -72,7 +74,7 @@ def main():
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=a.lora_r, lora_alpha=a.lora_r,
                                                  target_modules=["query", "value"])).train()
-    forward = torch.compile(model) if a.compile else model
+    forward = torch.compile(model, mode=a.compile_mode) if a.compile else model
     trained = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trained if p.dim() >= 2]
     no_decay = [p for p in trained if p.dim() < 2]

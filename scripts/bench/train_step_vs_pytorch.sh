@@ -6,9 +6,11 @@
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
 #     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
-#     [--tf32] [--compile] [--json FILE] [--profile DIR]
+#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--json FILE] [--profile DIR]
 # --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
-# run under torch.compile. On CUDA both sides time each step with CUDA events and the
+# run under torch.compile (--compile-mode: its mode, e.g. reduce-overhead, which
+# replays CUDA graphs; default torch's default). --cuda-graph runs the worker's steps
+# as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). On CUDA both sides time each step with CUDA events and the
 # worker reads them once per 10 steps (its logging interval), so the figures are
 # medians over the logged steps; on CPU they are means over every step after warm-up.
 # --json writes the figures (and the model's non-embedding parameter count) to FILE.
@@ -18,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON="" PROFILE_DIR=""
+COMPILE_MODE=default GRAPH=false
 WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -25,12 +28,14 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;; --precision) PRECISION=$2; shift 2 ;;
     --device) DEVICE=$2; shift 2 ;; --tf32) TF32=true; shift ;; --compile) COMPILE=true; shift ;;
     --json) JSON=$2; shift 2 ;; --profile) PROFILE_DIR=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --compile-mode) COMPILE=true COMPILE_MODE=$2; shift 2 ;; --cuda-graph) GRAPH=true; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 case "$DEVICE" in cpu|cuda) ;; *) echo "error: --device $DEVICE: expected cpu or cuda" >&2; exit 2 ;; esac
 case "$PRECISION" in fp32|bf16|fp16) ;; *) echo "error: --precision $PRECISION: expected fp32, bf16 or fp16" >&2; exit 2 ;; esac
+if [[ $GRAPH == true && $DEVICE != cuda ]]; then echo "error: --cuda-graph needs --device cuda" >&2; exit 2; fi
 if [[ $DEVICE == cuda ]]; then WARMUP=10 STEPS_EVERY=10; else STEPS_EVERY=1; fi
 if (( STEPS <= WARMUP )); then
   echo "error: --steps $STEPS: must be above the $WARMUP warm-up steps, which are not timed" >&2; exit 2
@@ -48,7 +53,7 @@ data:
   loader_threads: 1
   tokenizer: {vocab: $PWD/$TOPICS/vocab.txt}
 model: {preset: $PRESET}
-train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION}
+train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION, cuda_graph: $GRAPH}
 runtime: {device: $DEVICE, threads: $THREADS, tf32: $TF32}
 log: {steps_every: $STEPS_EVERY, progress: false}
 YAML
@@ -61,7 +66,7 @@ reference() {
     $([[ $TF32 == true ]] && echo --tf32) "$@"
 }
 reference > "$WORK/ref.json"
-if [[ $COMPILE == true ]]; then reference --compile > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
+if [[ $COMPILE == true ]]; then reference --compile --compile-mode "$COMPILE_MODE" > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
 if [[ -n $PROFILE_DIR ]]; then  # a separate run, so the profiler's cost stays out of the timings
   sed 's/^log: {/log: {profile_steps: '"$(( STEPS - WARMUP < 5 ? STEPS - WARMUP : 5 ))"', profile_from_step: '"$((WARMUP + 1))"', /' \
     "$WORK/job.yaml" > "$WORK/profile.yaml"
@@ -78,15 +83,15 @@ cuda = "$DEVICE" == "cuda"
 ours = statistics.median(ms) if cuda else sum(ms) / len(ms)
 ref, compiled = json.load(open(ref_file)), json.load(open(compiled_file))
 key = "median_ms" if cuda else "ms_per_step"
-print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, "
+print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, cuda_graph $GRAPH, "
       f"$THREADS threads, steps {warmup + 1}..$STEPS ({'median' if cuda else 'mean'})")
 print(f"  trainyard worker (C++)     {ours:8.2f} ms/step")
 print(f"  PyTorch + HF (Python)      {ref[key]:8.2f} ms/step   ratio ours / pytorch {ours / ref[key]:6.3f}")
 if compiled:
-    print(f"  PyTorch + torch.compile    {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
+    print(f"  PyTorch + torch.compile ($COMPILE_MODE) {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
 if out:
     json.dump({"preset": "$PRESET", "batch": $BATCH, "seq": $SEQ, "precision": "$PRECISION", "tf32": "$TF32" == "true",
-               "device": "$DEVICE", "ours_ms": ours, "pytorch_ms": ref[key],
+               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "pytorch_ms": ref[key],
                "compiled_ms": compiled.get(key), "non_embedding_params": ref["non_embedding_params"]},
               open(out, "w"))
 PY

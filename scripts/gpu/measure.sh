@@ -6,7 +6,9 @@
 #   scripts/gpu/measure.sh [SECTION...]
 # Sections (default: all, in this order; each fits one 10-minute call on an H100):
 #   finetune   bert-base train step, seq 128, batch 32 and 64, fp32 (TF32 off/on),
-#              bf16, fp16: ours vs HF + PyTorch eager and torch.compile, with MFU
+#              bf16, fp16: ours vs HF + PyTorch eager and torch.compile, with MFU; and
+#              bf16 with whole-step CUDA graphs (train.cuda_graph) against
+#              torch.compile(mode="reduce-overhead")
 #   datawait   data wait as a share of the step, topics tokenized on the fly (bf16, b64)
 #   inference  bert-base grid batch [1,2,4,8] x seq [8..512] x fp32/bf16/fp16 x
 #              eager/cuda_graph, next to PyTorch eager; batch-1 latency at seq 128
@@ -61,13 +63,16 @@ PY
 finetune() {
   local batch config compile
   for batch in ${BATCHES:-32 64}; do
-    for config in fp32 fp32_tf32 bf16 fp16; do
+    for config in fp32 fp32_tf32 bf16 fp16 bf16_graph; do
+      local precision=${config%_tf32}
+      precision=${precision%_graph}
       local args=(--device cuda --preset base --seq 128 --batch "$batch" --steps 60 --threads 4
-                  --precision "${config%_tf32}" --json "$WORK/ft.json")
+                  --precision "$precision" --json "$WORK/ft.json")
       [[ $config == *_tf32 ]] && args+=(--tf32)
       compile=false
       [[ " ${COMPILE:-bf16 fp32_tf32} " == *" $config "* || ${COMPILE:-} == all ]] && compile=true
       [[ $compile == true ]] && args+=(--compile)
+      [[ $config == *_graph ]] && args+=(--cuda-graph --compile-mode reduce-overhead)
       echo "+ scripts/bench/train_step_vs_pytorch.sh ${args[*]}"
       scripts/bench/train_step_vs_pytorch.sh "${args[@]}"
       record "finetune_b${batch}_${config}" "$WORK/ft.json"

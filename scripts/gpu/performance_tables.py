@@ -13,7 +13,8 @@ PEAKS = {
     "H200": {"fp32": 66.9, "fp32_tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
 }
 LABELS = {"fp32": "fp32 (TF32 off)", "fp32_tf32": "fp32 (TF32 on)", "bf16": "bf16 autocast",
-          "fp16": "fp16 autocast + loss scaling"}
+          "fp16": "fp16 autocast + loss scaling",
+          "bf16_graph": "bf16, whole-step CUDA graphs (compiled: reduce-overhead)"}
 
 
 def peaks_for(gpu):
@@ -32,12 +33,13 @@ def finetune(results, gpu):
            "| batch | precision | ours ms | PyTorch eager ms | ours / eager | torch.compile ms | ours / compiled "
            "| MFU ours | MFU eager |", "|---|---|---|---|---|---|---|---|---|"]
     for batch in (32, 64):
-        for config in ("fp32", "fp32_tf32", "bf16", "fp16"):
+        for config in ("fp32", "fp32_tf32", "bf16", "fp16", "bf16_graph"):
             r = results.get(f"finetune_b{batch}_{config}")
             if not r:
                 continue
             flops = 6 * r["non_embedding_params"] * r["batch"] * r["seq"]
-            mfu = (lambda ms: f"{100 * flops / (ms / 1e3) / (peaks[config] * 1e12):.1f}%") if peaks else (lambda ms: "-")
+            peak = peaks[config.replace("_graph", "")] if peaks else None
+            mfu = (lambda ms: f"{100 * flops / (ms / 1e3) / (peak * 1e12):.1f}%") if peaks else (lambda ms: "-")
             compiled = r.get("compiled_ms")
             compiled_ms = f"{compiled:.2f}" if compiled else "-"
             compiled_ratio = f"{r['ours_ms'] / compiled:.3f}" if compiled else "-"
@@ -46,7 +48,7 @@ def finetune(results, gpu):
                        f"{mfu(r['ours_ms'])} | {mfu(r['pytorch_ms'])} |")
     if peaks:
         out += ["", f"MFU against the {name} datasheet's dense peaks (TFLOP/s): " +
-                ", ".join(f"{LABELS[k]} {v}" for k, v in peaks.items()) + "."]
+                ", ".join(f"{LABELS[k]} {v}" for k, v in peaks.items() if k in LABELS) + "."]
     return out
 
 

@@ -11,6 +11,17 @@ case exits 77 (ctest: skipped), saying so, where torch sees no CUDA device.
           scaling) each train langid to > 0.9 dev accuracy; fp16 reports its scale
   graph   CUDA-graph replays give the eager logits within 1e-5 (fp32), and a benchmark
           job's cuda_graph cells in fp32/bf16/fp16 are all measured
+  graph_train  whole-step CUDA graphs (train.cuda_graph: true) against eager steps of the
+          same job, fp32 with TF32 off and dropout off, under loss scaling with an inf
+          planted at step 7: over 20 steps the losses and the final weights agree within
+          1e-6, step 7 is skipped in both, the loss-scale sequence is
+          torch.amp.GradScaler's for the same skips, and the graphed evaluation's loss
+          and accuracy are the eager one's within 1e-6
+  graph_memory  200 graphed steps over batches padded to 4 lengths: at least 3 shapes are
+          captured, and the allocator's memory in use does not move after the last capture
+  graph_nccl  one rank on the data-parallel path (distributed.backend: nccl, so the
+          gradient all-reduce and the found_inf agreement are inside the graph): its 20
+          graphed steps' losses equal the eager single-process run's within 1e-6
   generate  greedy GPT-2 generation on CUDA gives HF generate's token ids on the same GPU
           (batch 1, and 4 left-padded), and decoding through a captured CUDA graph gives
           the same ids as the growing decode steps; a benchmark job's generate cells,
@@ -115,6 +126,111 @@ def train(args, work):
     return ok
 
 
+GRAPH_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.0e-3\n  cuda_graph: {graph}\n"
+               "  loss_scale: {{init_scale: 1024, growth_interval: 3}}\n"
+               "debug:\n  force_loss_scaling: true\n  plant_inf_step: 7\n")
+
+
+def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0):
+    train = subset_tsv(work, train_count)
+    job_text = job_yaml(name, train, text, device="cuda").replace("  dropout: 0.1", "  dropout: 0.0")
+    job_text = job_text.replace("  max_seq_len: 64\n", "  max_seq_len: 64\n  pad_buckets: 4\n")
+    job = write(os.path.join(work, name + ".yaml"), job_text)
+    runs = os.path.join(work, "runs")
+    command = [args.worker, job, "--runs-dir", runs]
+    env = dict(os.environ)
+    if mpirun_ranks:
+        command = [args.mpirun, "-n", str(mpirun_ranks), "--bind-to", "none"] + command
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        raise SystemExit(f"{name} failed with exit code {result.returncode}")
+    with open(os.path.join(runs, name, "summary.json")) as f:
+        summary = json.load(f)
+    return os.path.join(runs, name), summary
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+def torch_scales(skipped, init_scale=1024.0, growth_interval=3):
+    """torch.amp.GradScaler's scale after each step, for the same pattern of skipped steps."""
+    import torch
+    w = torch.ones(2, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.0)
+    scaler = torch.amp.GradScaler("cuda", init_scale=init_scale, growth_interval=growth_interval)
+    scales = []
+    for skip in skipped:
+        scaler.scale((w * w).sum()).backward()
+        if skip:
+            with torch.no_grad():
+                w.grad[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def close(a, b, limit=1e-6):
+    return all(abs(x - y) <= limit * max(1.0, abs(y)) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def graph_train(args, work):
+    eager, _ = run_graph_job(args, work, "eager", GRAPH_STEPS.format(graph="false"), 1000)
+    graphed, summary = run_graph_job(args, work, "graphed", GRAPH_STEPS.format(graph="true"), 1000)
+    a, b = steps(eager), steps(graphed)
+    worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+    ew, gw = weights(eager), weights(graphed)
+    wdiff = max((ew[k].float() - gw[k].float()).abs().max().item() for k in ew)
+    skipped = [s["skipped"] for s in b]
+    expected = torch_scales(skipped)
+    print(f"graphed vs eager over {len(b)} steps ({summary['cuda_graphs']} graphs): worst |loss diff| {worst:.2e}, "
+          f"max |weight diff| {wdiff:.2e} (limits 1e-6); skipped steps {[s['step'] for s in b if s['skipped']]}")
+    print("our scales:  ", [s["loss_scale"] for s in b])
+    print("torch scales:", expected)
+    ea, ga = epochs(eager)[-1], epochs(graphed)[-1]
+    evals = [float(ga[k]) for k in ("eval_loss", "eval_acc")], [float(ea[k]) for k in ("eval_loss", "eval_acc")]
+    print(f"evaluation: graphed {evals[0]}, eager {evals[1]}")
+    return (close([s["loss"] for s in b], [s["loss"] for s in a]) and wdiff <= 1e-6 and len(b) == 20
+            and close(*evals)
+            and skipped == [s["skipped"] for s in a] and skipped[6] and sum(skipped) == 1
+            and [s["loss_scale"] for s in b] == expected and summary["cuda_graphs"] >= 1)
+
+
+def graph_memory(args, work):
+    text = "train:\n  batch_size: 16\n  max_steps: 200\n  epochs: 1\n  cuda_graph: true\n"
+    run, summary = run_graph_job(args, work, "memory", text, 6000)
+    rows = steps(run)
+    seen, captured_at = {}, {}
+    for row in rows:
+        seen[row["padded_len"]] = seen.get(row["padded_len"], 0) + 1
+        if seen[row["padded_len"]] == 2:
+            captured_at[row["padded_len"]] = row["step"]
+    last_capture = max(captured_at.values())
+    after = [r["cuda_allocated_mb"] for r in rows if r["step"] >= last_capture]
+    spread = max(after) - min(after)
+    print(f"{summary['cuda_graphs']} graphs for padded lengths {sorted(captured_at)}; last captured at step "
+          f"{last_capture}; memory in use after it: {min(after):.1f} to {max(after):.1f} MB over {len(after)} steps")
+    return len(rows) == 200 and summary["cuda_graphs"] >= 3 and len(after) >= 20 and spread <= 1.0
+
+
+def graph_nccl(args, work):
+    if not args.mpirun:
+        raise SystemExit("graph_nccl needs --mpirun")
+    eager, _ = run_graph_job(args, work, "eager", GRAPH_STEPS.format(graph="false"), 1000)
+    text = GRAPH_STEPS.format(graph="true") + "distributed:\n  backend: nccl\n"
+    graphed, summary = run_graph_job(args, work, "nccl", text, 1000, mpirun_ranks=1)
+    a, b = steps(eager), steps(graphed)
+    worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+    print(f"one NCCL rank, graphed, vs eager without a communicator over {len(b)} steps "
+          f"({summary['cuda_graphs']} graphs): worst |loss diff| {worst:.2e} (limit 1e-6)")
+    return close([s["loss"] for s in b], [s["loss"] for s in a]) and summary["cuda_graphs"] >= 1 and len(b) == 20
+
+
 def run_benchmark(args, work, name, text):
     """Runs the benchmark job `text` (named `name`); its benchmark.csv rows, or None if it failed."""
     job = write(os.path.join(work, name + ".yaml"), text)
@@ -214,13 +330,15 @@ benchmark:
     return ok and len(cells) == 24 and all(c["status"] == "ok" for c in cells)
 
 
-CASES = {"parity": parity, "train": train, "graph": graph, "generate": generate}
+CASES = {"parity": parity, "train": train, "graph": graph, "generate": generate, "graph_train": graph_train,
+         "graph_memory": graph_memory, "graph_nccl": graph_nccl}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--probe", required=True)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", help="Open MPI's mpirun (graph_nccl)")
     parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     require_cuda()

@@ -53,7 +53,9 @@ def main():
     ok = ours["scales"] == scales and ours["skipped"] == skipped
     wdiff = max(abs(a - b) for a, b in zip(weights, ours["weights"]))
     print(f"max |weight diff| after {len(PATTERN)} steps: {wdiff:.3e}")
-    if not ok or wdiff > 1e-6 or not any(skipped):
+    taken = len(PATTERN) - sum(skipped)
+    print(f"optimizer steps taken: torch {taken}, ours {ours['optimizer_steps']}")
+    if not ok or wdiff > 1e-6 or not any(skipped) or ours["optimizer_steps"] != taken:
         sys.exit(1)
 
 

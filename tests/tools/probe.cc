@@ -168,7 +168,8 @@ int Graph(int argc, char** argv) {
 }
 
 // Replays a pattern of steps ('1' = plant an inf in the gradients) through
-// GradScaler + AdamW on one parameter, printing what torch.amp.GradScaler reports.
+// GradScaler + AdamW on one parameter, printing what torch.amp.GradScaler reports, and
+// the optimizer's count of the steps it did not skip.
 int Scaler(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string pattern = argv[2];
@@ -176,7 +177,7 @@ int Scaler(int argc, char** argv) {
   spec.init_scale = std::stod(argv[3]);
   spec.growth_interval = std::stoi(argv[4]);
   const torch::Device device(Option(argc, argv, 5, "--device", "cpu"));
-  GradScaler scaler(spec, true);
+  GradScaler scaler(spec, true, device);
   torch::Tensor w = torch::ones({4}, torch::TensorOptions().device(device).requires_grad(true));
   AdamW optimizer({{"w", w}}, AdamWOptions{});
   nlohmann::json scales = nlohmann::json::array(), skipped = nlohmann::json::array();
@@ -187,16 +188,22 @@ int Scaler(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       w.mutable_grad()[1] = std::numeric_limits<float>::infinity();
     }
-    bool found_inf = scaler.UnscaleAndCheck({w});
-    if (!found_inf) optimizer.Step(1e-3);
+    // The trainer's step: the skip is decided on the device, inside the optimizer's kernel.
+    const torch::Tensor found_inf = scaler.UnscaleAndCheck({w});
+    optimizer.Step(1e-3, found_inf);
     scaler.Update(found_inf);
     optimizer.ZeroGrad();
     scales.push_back(scaler.scale());
-    skipped.push_back(found_inf);
+    skipped.push_back(found_inf.item<float>() != 0.0f);
   }
   torch::Tensor final_w = w.detach().cpu();
   std::vector<float> weights(final_w.data_ptr<float>(), final_w.data_ptr<float>() + 4);
-  std::cout << nlohmann::json{{"scales", scales}, {"skipped", skipped}, {"weights", weights}}.dump() << "\n";
+  std::cout << nlohmann::json{{"scales", scales},
+                              {"skipped", skipped},
+                              {"weights", weights},
+                              {"optimizer_steps", optimizer.step_count()}}
+                   .dump()
+            << "\n";
   return 0;
 }
 

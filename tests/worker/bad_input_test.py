@@ -109,6 +109,8 @@ def cases(work, train, checkpoints):
                             r"train\.batch_size: expected an integer in \[1, 65536\], got 4294967297"),
         "huge checkpoint.keep": (good + "checkpoint:\n  keep: 4294967296\n",
                                  r"checkpoint\.keep: expected an integer in \[1, 10000\], got 4294967296"),
+        "CUDA graphs on a CPU": (good + "train:\n  cuda_graph: true\n",
+                                 r"train\.cuda_graph: CUDA graphs need a CUDA device; this job runs on cpu"),
         "NaN lr": (good + "train:\n  lr: .nan\n", r"train\.lr: expected a finite number, got '\.nan'"),
         "name ..": (good.replace("name: bad", "name: .."), r"name: expected one path component"),
         "name with a newline": (good.replace("name: bad", 'name: "bad\\nname"'), r"name: expected one path component"),

@@ -1,6 +1,7 @@
 #include "worker/comm/nccl_communicator.h"
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -194,7 +195,9 @@ std::shared_ptr<Work> NcclCommunicator::Launch(torch::Tensor tensor, bool broadc
   if (!tensor.is_contiguous()) throw std::invalid_argument("collective on a non-contiguous tensor");
   c10::cuda::CUDAGuard guard(tensor.device());
   State& s = *state_;
-  // The NCCL stream waits for the producer of `tensor` on the caller's stream.
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  // The NCCL stream waits for the producer of `tensor` on the caller's stream (under
+  // capture this joins the NCCL stream to the capture).
   at::cuda::CUDAEvent ready;
   ready.record(c10::cuda::getCurrentCUDAStream(tensor.device().index()));
   ready.block(s.stream);
@@ -207,6 +210,10 @@ std::shared_ptr<Work> NcclCommunicator::Launch(torch::Tensor tensor, bool broadc
   c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), s.stream);
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(s.stream);
+  // Captured into a CUDA graph (a graphed training step), the collective runs at each
+  // replay, not now: its event is a dependency inside the graph, not one the watchdog
+  // may query, and it counts as issued on no rank.
+  if (capturing) return std::make_shared<NcclWork>(state_, std::move(tensor), std::move(done));
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     const int64_t number = ++s.issued;

@@ -11,6 +11,8 @@
 // the bootstrap MPI communicator, which asks every rank how many NCCL collectives it
 // has issued (each rank reports it through SetDeviceProgress), logs the ranks that
 // never issued this one, and aborts the job, as for a timed-out MPI collective.
+// Collectives captured into a CUDA graph (train.cuda_graph) run at its replays and are
+// not watched here.
 #pragma once
 
 #include <memory>

@@ -63,6 +63,20 @@ std::string Reducer::Describe() const {
 }
 
 void Reducer::PrepareForBackward(bool stop_vote) {
+  PrepareBuckets();
+  torch::NoGradGuard no_grad;
+  VoteSlot().fill_(stop_vote ? 1.0 : 0.0);
+}
+
+void Reducer::PrepareForBackward(const torch::Tensor& stop_vote) {
+  PrepareBuckets();
+  torch::NoGradGuard no_grad;
+  VoteSlot().copy_(stop_vote.reshape({1}));
+}
+
+torch::Tensor Reducer::VoteSlot() const { return buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1); }
+
+void Reducer::PrepareBuckets() {
   if (in_step_) throw std::logic_error("Reducer: PrepareForBackward() twice without FinishBackward()");
   in_step_ = true;
   ++step_;
@@ -73,7 +87,6 @@ void Reducer::PrepareForBackward(bool stop_vote) {
     b.pending = b.params.size();
     b.work.reset();
   }
-  buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1).fill_(stop_vote ? 1.0 : 0.0);
   for (size_t k = 0; k < params_.size(); ++k) {
     torch::Tensor& grad = params_[k].mutable_grad();
     if (!grad.defined() || !grad.is_same(views_[k])) grad = views_[k];
@@ -128,6 +141,6 @@ void Reducer::FinishBackward() {
   in_step_ = false;
 }
 
-torch::Tensor Reducer::StopVotes() const { return buckets_.front().buffer.narrow(0, buckets_.front().grad_numel, 1); }
+torch::Tensor Reducer::StopVotes() const { return VoteSlot(); }
 
 }  // namespace trainyard

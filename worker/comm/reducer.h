@@ -51,6 +51,9 @@ class Reducer {
   // Call before each backward pass: zeroes the buckets, points every .grad at its
   // view and records this rank's stop vote. REQUIRES: the previous step finished.
   void PrepareForBackward(bool stop_vote = false);
+  // The same with the vote in a one-element tensor on the gradients' device (nonzero:
+  // stop), copied on the device: a CUDA graph holding the step reads whatever it holds.
+  void PrepareForBackward(const torch::Tensor& stop_vote);
   // With a recorder, each bucket's all-reduce of the steps that follow becomes a span
   // from its launch to the end of its wait in FinishBackward (its completion is known
   // no earlier), named by the global step set with set_trace_step.
@@ -80,6 +83,8 @@ class Reducer {
     int64_t launched_us = 0;  // for the trace
   };
 
+  void PrepareBuckets();
+  torch::Tensor VoteSlot() const;
   void OnGradientAccumulated(size_t param);
   void LaunchReady(bool force);
   void Launch(Bucket& b);

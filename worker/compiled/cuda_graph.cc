@@ -30,15 +30,13 @@ class AutocastCacheOff {
 // ended (and dropped) before the exception goes on: a stream left capturing would turn
 // every later use of it into an error, and the allocator would go on routing memory to
 // the capture's pool.
-torch::Tensor CaptureOneCall(at::cuda::CUDAGraph& graph, const std::function<torch::Tensor()>& forward,
-                             at::cuda::MempoolId_t pool) {
+void CaptureOneCall(at::cuda::CUDAGraph& graph, const std::function<void()>& call, at::cuda::MempoolId_t pool) {
   AutocastCacheOff cache_off;
   // Thread-local: other threads may go on using CUDA meanwhile (a serving model
   // process captures a new version's graphs while the old version serves).
   graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-  torch::Tensor output;
   try {
-    output = forward();
+    call();
   } catch (...) {
     try {
       graph.capture_end();
@@ -47,7 +45,6 @@ torch::Tensor CaptureOneCall(at::cuda::CUDAGraph& graph, const std::function<tor
     throw;
   }
   graph.capture_end();
-  return output;
 }
 
 }  // namespace
@@ -66,13 +63,29 @@ std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tenso
     c10::cuda::CUDAStreamGuard guard(side);
     for (int i = 0; i < 3; ++i) forward();
     side.synchronize();
-    output = CaptureOneCall(*graph, forward, pool);
+    CaptureOneCall(
+        *graph, [&] { output = forward(); }, pool);
   }
   side.synchronize();
   return [graph, output] {
     graph->replay();
     return output;
   };
+}
+
+std::shared_ptr<at::cuda::CUDAGraph> CaptureWithoutRunning(const std::function<void()>& step,
+                                                           at::cuda::MempoolId_t pool, c10::cuda::CUDAStream stream) {
+  auto graph = std::make_shared<at::cuda::CUDAGraph>();
+  c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(stream.device_index());
+  // Work queued before on the caller's stream (the inputs' copies) comes first.
+  at::cuda::CUDAEvent before;
+  before.record(caller);
+  before.block(stream);
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    CaptureOneCall(*graph, step, pool);
+  }
+  return graph;
 }
 
 }  // namespace trainyard

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 
 namespace trainyard {
@@ -31,5 +32,15 @@ namespace trainyard {
 std::function<torch::Tensor()> CaptureCudaGraph(const std::function<torch::Tensor()>& forward,
                                                 const torch::Device& device, at::cuda::MempoolId_t pool = {0, 0},
                                                 std::optional<c10::cuda::CUDAStream> capture_stream = std::nullopt);
+
+// Captures one call of `step` into a graph on `stream`, from `pool`, without running
+// it: nothing it captures has happened until the graph is replayed. For a training
+// step, whose every run changes the weights, so that it cannot be warmed up as a
+// forward pass is: the caller runs `step` eagerly on `stream` at least once before
+// (lazy initialisation and the allocator's first blocks stay out of the graph), and
+// replays the graph for the step itself. Host-side effects of `step` (bookkeeping,
+// .grad pointers) do happen during the capture. Ends the capture if `step` throws.
+std::shared_ptr<at::cuda::CUDAGraph> CaptureWithoutRunning(const std::function<void()>& step,
+                                                           at::cuda::MempoolId_t pool, c10::cuda::CUDAStream stream);
 
 }  // namespace trainyard

@@ -394,7 +394,7 @@ BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
     params.push_back(item.value());
   }
   AdamW optimizer(named, AdamWOptions{});
-  GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16);
+  GradScaler scaler(spec_.train.loss_scale, precision == Precision::kFp16, device_);
   torch::Tensor ids = Inputs(cell.batch, cell.seq), mask = torch::ones_like(ids);
   torch::Tensor labels =
       torch::arange(cell.batch, torch::kLong).remainder(int64_t(model_->info().labels.size())).to(device_);
@@ -405,9 +405,9 @@ BenchCell BenchmarkRunner::MeasureTrainStep(Precision precision) {
       loss = torch::nn::functional::cross_entropy(model_->forward(ids, mask).to(torch::kFloat), labels);
     }
     scaler.Scale(loss).backward();
-    const bool skip = scaler.UnscaleAndCheck(params);
-    if (!skip) optimizer.Step(1e-5);
-    scaler.Update(skip);
+    const torch::Tensor found_inf = scaler.UnscaleAndCheck(params);
+    optimizer.Step(1e-5, found_inf);
+    scaler.Update(found_inf);
     optimizer.ZeroGrad();
   };
   std::vector<double> ms = TimeIterations(step, 0, spec_.benchmark.train_steps);

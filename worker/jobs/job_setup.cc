@@ -48,6 +48,7 @@ PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& dev
   options.threads = spec.data.loader_threads;
   options.pin_memory = device.is_cuda();
   options.max_len = spec.data.max_seq_len;
+  options.pad_lengths = PadBucketLengths(spec.data.pad_buckets, spec.data.max_seq_len);
   return options;
 }
 

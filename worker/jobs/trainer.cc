@@ -4,6 +4,11 @@
 #include <limits>
 #include <numeric>
 
+#ifdef TRAINYARD_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/jobs/trainer_parts.h"
@@ -12,6 +17,22 @@
 
 namespace trainyard {
 namespace {
+
+// Bytes the caching allocator has handed out on `device` now: a host-side counter.
+double CudaAllocatedMb(const torch::Device& device) {
+#ifdef TRAINYARD_WITH_CUDA
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  return double(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current) /
+         1048576.0;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+// With graphed steps and no data.pad_buckets, batches are padded to this many lengths.
+constexpr int kGraphPadBuckets = 4;
 
 std::vector<int32_t> LengthProxies(const TextDataset& data) {
   std::vector<int32_t> lengths;
@@ -66,8 +87,8 @@ void Trainer::BuildModel() {
   }
   const TrainSpec& t = spec_.train;
   optimizer_ = std::make_unique<AdamW>(named, AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
-  scaler_ =
-      std::make_unique<GradScaler>(t.loss_scale, t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling);
+  scaler_ = std::make_unique<GradScaler>(t.loss_scale,
+                                         t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling, device_);
   if (ranks_.comm) {
     ReducerOptions options;
     options.bucket_bytes = static_cast<int64_t>(spec_.distributed.bucket_mb * 1048576.0);
@@ -75,6 +96,31 @@ void Trainer::BuildModel() {
     options.fp16_compression = spec_.distributed.fp16_compression;
     reducer_ = std::make_unique<Reducer>(named, *ranks_.comm, options);
   }
+  if (WantsGraphs()) {
+    graphs_ = std::make_unique<GraphedSteps>(device_);
+    // Unpadding decides on the host, from the batch's mask, whether to pack it.
+    model_->set_unpadding(Unpadding::kNever);
+  }
+}
+
+bool Trainer::WantsGraphs() const {
+  const GraphMode mode = spec_.train.cuda_graph;
+  if (mode == GraphMode::kOff) return false;
+  const bool insist = mode == GraphMode::kOn;
+  if (!device_.is_cuda()) {
+    if (insist)
+      throw InputError(spec_.Where("train.cuda_graph") + ": CUDA graphs need a CUDA device; this job runs on " +
+                       device_.str() + " (use auto or false)");
+    return false;
+  }
+  // MPI's collectives wait on the host, which no graph can hold.
+  if (ranks_.comm && ranks_.comm->backend() != "nccl") {
+    if (insist)
+      throw InputError(spec_.Where("train.cuda_graph") + ": a graphed step needs the NCCL backend, not " +
+                       ranks_.comm->backend() + " (distributed.backend: nccl, or cuda_graph: auto or false)");
+    return false;
+  }
+  return true;
 }
 
 double Trainer::LrAt(int64_t step, int64_t total_steps) const {
@@ -105,44 +151,88 @@ torch::Tensor Trainer::TaskLoss(const torch::Tensor& logits, const Batch& batch,
 }
 
 void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step) {
-  if (reducer_) reducer_->PrepareForBackward(StopAsked(ranks_));
+  StepControls controls;
+  controls.lr = lr;
+  controls.loss_weight = loss_weight;
+  controls.stop_vote = reducer_ && StopAsked(ranks_);
+  controls.plant_inf =
+      progress_.global_step + 1 == spec_.debug.plant_inf_step && ranks_.rank == spec_.debug.plant_inf_rank;
+  if (controls.plant_inf)
+    LogWarn(StrFormat("debug: planted an inf in rank %d's gradients at step %ld", ranks_.rank,
+                      long(progress_.global_step + 1)));
+  StepResult result;
+  if (graphs_ && batch.size() > 0) {
+    // One replay: its device time is the forward part's; the other parts read zero.
+    result = graphs_->Run(batch, controls, [this](Batch& b, const StepControls& c) { return StepBody(b, c, nullptr); });
+    for (int part = kForward; part < kNumTimedParts; ++part) timer.Mark();
+  } else {
+    result = StepBody(batch, controls, &timer);
+  }
+  step->loss = result.loss.detach();
+  step->found_inf = result.found_inf;
+  if (scaler_->enabled()) step->scale = scaler_->scale_tensor().clone();
+  if (spec_.distributed.check_consistency && ranks_.comm) CheckConsistency();
+}
+
+// The step's device work, with no wait for the device anywhere in it, so that a CUDA
+// graph can hold it whole (graphed_steps.h): the stop vote, forward, the scaled
+// backward, the gradient all-reduce, unscaling and the ranks' agreement on found_inf,
+// clipping, AdamW (which skips itself on found_inf) and the scaler's update. `timer`
+// marks the parts; null under capture.
+StepResult Trainer::StepBody(Batch& batch, const StepControls& c, StepTimer* timer) {
+  auto mark = [timer] {
+    if (timer) timer->Mark();
+  };
+  if (reducer_) {
+    if (c.graphed())
+      reducer_->PrepareForBackward(c.device.stop_vote);
+    else
+      reducer_->PrepareForBackward(c.stop_vote);
+  }
   torch::Tensor loss;
   if (batch.size() > 0) {
     {
       AutocastScope autocast(device_.type(), spec_.train.precision);
       loss = TaskLoss(model_->forward(batch.input_ids, batch.attention_mask), batch, torch::kMean);
     }
-    timer.Mark();  // forward
+    mark();  // forward
     // loss_weight makes the average over ranks the mean over the global batch, also
     // when the ranks' shards differ in size.
-    scaler_->Scale(loss * loss_weight).backward();
+    torch::Tensor weighted = c.graphed() ? loss * c.device.loss_weight : loss * c.loss_weight;
+    scaler_->Scale(weighted).backward();
   } else {
     loss = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
-    timer.Mark();
+    mark();
     reducer_->ContributeZeros();
   }
-  timer.Mark();  // backward
+  mark();  // backward
   if (reducer_) reducer_->FinishBackward();
-  timer.Mark();  // exposed communication
-  if (progress_.global_step + 1 == spec_.debug.plant_inf_step && ranks_.rank == spec_.debug.plant_inf_rank) {
-    torch::NoGradGuard no_grad;
-    params_.front().mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
-    LogWarn(StrFormat("debug: planted an inf in rank %d's gradients at step %ld", ranks_.rank,
-                      long(progress_.global_step + 1)));
-  }
-  // Under loss scaling this reads found_inf on the host, as torch.amp.GradScaler does;
-  // without it nothing in the step waits for the device.
-  step->skipped = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
-  if (!step->skipped) {
-    if (spec_.train.max_grad_norm > 0) ClipGradNorm(params_, spec_.train.max_grad_norm);
-    optimizer_->Step(lr);
-  }
-  scaler_->Update(step->skipped);
-  step->loss_scale = scaler_->scale();
+  mark();  // exposed communication
+  PlantDebugInf(c);
+  const torch::Tensor found_inf = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
+  if (spec_.train.max_grad_norm > 0) ClipGradNorm(params_, spec_.train.max_grad_norm);
+  if (c.graphed())
+    optimizer_->Step(c.device.lr, found_inf);
+  else
+    optimizer_->Step(c.lr, found_inf);
+  scaler_->Update(found_inf);
   optimizer_->ZeroGrad();
-  timer.Mark();  // optimizer
-  step->loss = loss.detach();
-  if (spec_.distributed.check_consistency && ranks_.comm) CheckConsistency();
+  mark();  // optimizer
+  return {loss.detach(), found_inf};
+}
+
+// debug.plant_inf_step: an inf in the first gradient, to test the skip. A graphed step
+// holds the plant whenever the job asks for one, and reads whether to plant from the
+// device, so that the same graph serves every step.
+void Trainer::PlantDebugInf(const StepControls& c) {
+  if (spec_.debug.plant_inf_step <= 0 || !params_.front().grad().defined()) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor first = params_.front().mutable_grad().view({-1}).narrow(0, 0, 1);
+  if (!c.graphed()) {
+    if (c.plant_inf) first.fill_(std::numeric_limits<float>::infinity());
+    return;
+  }
+  first.copy_(torch::where(c.device.plant_inf > 0, std::numeric_limits<double>::infinity(), first));
 }
 
 // The progress line, steps.jsonl and the epoch sums see a step only once its loss and
@@ -165,14 +255,26 @@ class Trainer::StepLog {
   // rank voted to stop.
   void Flush() {
     if (pending_.empty()) return;
+    // Per step: its loss and, under loss scaling, its found_inf and scale; then the votes.
+    const bool scaled = t_.scaler_->enabled();
+    const size_t per_step = scaled ? 3 : 1;
     std::vector<torch::Tensor> values;
-    for (const auto& p : pending_) values.push_back(p.loss.to(torch::kFloat));
+    for (const auto& p : pending_) {
+      values.push_back(p.loss.to(torch::kFloat).reshape({}));
+      if (scaled) {
+        values.push_back(p.found_inf.reshape({}));
+        values.push_back(p.scale.reshape({}));
+      }
+    }
     const bool votes = t_.reducer_ && t_.ranks_.hooks;
     if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
     torch::Tensor host = torch::stack(values).to(torch::kCPU);
     std::vector<std::vector<double>> times = timer_.Collect();
     const float* read = host.data_ptr<float>();
-    for (size_t i = 0; i < pending_.size(); ++i) Account(pending_[i], read[i], times[i]);
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const float* step = read + i * per_step;
+      Account(pending_[i], StepValues{step[0], scaled && step[1] != 0.0f, scaled ? double(step[2]) : 0.0}, times[i]);
+    }
     line_.Update(t_.progress_.next_batch,
                  StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
                            t_.progress_.epoch_loss_sum / double(std::max<int64_t>(1, t_.progress_.epoch_examples)),
@@ -190,8 +292,16 @@ class Trainer::StepLog {
   }
 
  private:
-  void Account(const PendingStep& p, double loss, const std::vector<double>& ms) {
-    t_.progress_.epoch_loss_sum += loss * double(p.examples);
+  // What a step's record held on the device, read.
+  struct StepValues {
+    double loss;
+    bool skipped;
+    double loss_scale;  // 0 without loss scaling
+  };
+
+  void Account(const PendingStep& p, const StepValues& v, const std::vector<double>& ms) {
+    t_.progress_.epoch_loss_sum += v.loss * double(p.examples);
+    t_.progress_.epoch_skipped += v.skipped;
     EpochTotals& totals = *t_.totals_;
     totals.wait += p.wait_ms;
     double step_ms = p.wait_ms;
@@ -202,16 +312,17 @@ class Trainer::StepLog {
     if (t_.trace_) Trace(p, ms);
     ++totals.steps;
     totals.samples += p.examples;
-    if (p.step % t_.spec_.log.steps_every == 0) LogStep(p, loss, step_ms, ms[kComm]);
+    if (p.step % t_.spec_.log.steps_every == 0) LogStep(p, v, step_ms, ms[kComm]);
   }
 
   // One steps.jsonl line. Every rank takes part: with several ranks the line names the
   // rank whose step took longest ("<host>:<rank>"), from one small gather per logged step.
-  void LogStep(const PendingStep& p, double loss, double step_ms, double comm_ms) {
+  void LogStep(const PendingStep& p, const StepValues& v, double step_ms, double comm_ms) {
     nlohmann::json line = {
-        {"step", p.step},     {"epoch", epoch_ + 1},  {"loss", loss},         {"lr", p.lr},
-        {"ms", step_ms},      {"wait_ms", p.wait_ms}, {"skipped", p.skipped}, {"loss_scale", p.loss_scale},
-        {"tokens", p.tokens}, {"comm_ms", comm_ms}};
+        {"step", p.step},     {"epoch", epoch_ + 1},        {"loss", v.loss},       {"lr", p.lr},
+        {"ms", step_ms},      {"wait_ms", p.wait_ms},       {"skipped", v.skipped}, {"loss_scale", v.loss_scale},
+        {"tokens", p.tokens}, {"padded_len", p.padded_len}, {"comm_ms", comm_ms}};
+    if (t_.device_.is_cuda()) line["cuda_allocated_mb"] = CudaAllocatedMb(t_.device_);
     if (t_.ranks_.comm && t_.ranks_.world > 1) {
       const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
       int slowest = 0;
@@ -259,6 +370,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   }
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   options.cache = train_tokens_.get();
+  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
   BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
   DeviceTransfer transfer(device_);
   StepLog steps(*this, epoch, log);
@@ -292,9 +404,9 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     step.step = ++progress_.global_step;
     step.examples = batch.size();
     step.tokens = batch.real_tokens;
+    step.padded_len = batch.input_ids.dim() == 2 ? batch.input_ids.size(1) : 0;
     ++progress_.next_batch;
     ++progress_.epoch_steps;
-    progress_.epoch_skipped += step.skipped;
     progress_.epoch_examples += batch.size();
     steps.Add(std::move(step));
     profiler_->AfterStep(progress_.global_step);
@@ -321,6 +433,7 @@ std::pair<double, double> Trainer::Evaluate() {
       batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   options.cache = dev_tokens_.get();
+  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
   BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
   DeviceTransfer transfer(device_);
   // Loss sum, correct predictions and their count (examples, or predicted tokens for a
@@ -328,24 +441,29 @@ std::pair<double, double> Trainer::Evaluate() {
   torch::Tensor sums = torch::zeros({3}, torch::TensorOptions(torch::kDouble).device(device_));
   while (auto host = pipeline.Next()) {
     Batch batch = transfer.ToDevice(std::move(*host));
-    AutocastScope autocast(device_.type(), spec_.train.precision);
-    torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
-    sums[0] += TaskLoss(logits, batch, torch::kSum).to(torch::kDouble);
-    if (causal_lm()) {
-      torch::Tensor targets = NextTokenTargets(batch);
-      torch::Tensor counted = targets.ne(kIgnoredTarget);
-      sums[1] += logits.narrow(1, 0, logits.size(1) - 1).argmax(2).eq(targets).logical_and(counted).sum();
-      sums[2] += counted.sum();
-    } else {
-      sums[1] += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
-      sums[2] += double(batch.size());
-    }
+    sums += graphs_ ? graphs_->Evaluate(batch, [this](Batch& b) { return EvaluationSums(b); }) : EvaluationSums(batch);
   }
   if (ranks_.comm) ranks_.comm->AllReduce(sums, ReduceOp::kSum, "evaluation sums");
   model_->train();
   sums = sums.to(torch::kCPU);
   const double n = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / n, sums[1].item<double>() / n};
+}
+
+// One evaluation batch's loss sum, correct predictions and their count, as doubles on
+// the device. No host waits: a CUDA graph can hold it.
+torch::Tensor Trainer::EvaluationSums(const Batch& batch) {
+  AutocastScope autocast(device_.type(), spec_.train.precision);
+  torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
+  torch::Tensor loss = TaskLoss(logits, batch, torch::kSum).to(torch::kDouble);
+  if (causal_lm()) {
+    torch::Tensor targets = NextTokenTargets(batch);
+    torch::Tensor counted = targets.ne(kIgnoredTarget);
+    torch::Tensor correct = logits.narrow(1, 0, logits.size(1) - 1).argmax(2).eq(targets).logical_and(counted).sum();
+    return torch::stack({loss, correct.to(torch::kDouble), counted.sum().to(torch::kDouble)});
+  }
+  torch::Tensor correct = logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
+  return torch::stack({loss, correct, torch::full({}, double(batch.size()), loss.options())});
 }
 
 nlohmann::json Trainer::Run() {

@@ -23,6 +23,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/reducer.h"
 #include "worker/jobs/checkpoint_sharing.h"
+#include "worker/jobs/graphed_steps.h"
 #include "worker/jobs/job_setup.h"
 #include "worker/models/model.h"
 #include "worker/report/mlflow_logger.h"
@@ -66,9 +67,15 @@ class Trainer {
   void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
   void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
+  StepResult StepBody(Batch& batch, const StepControls& controls, StepTimer* timer);
+  void PlantDebugInf(const StepControls& controls);
+  // train.cuda_graph against the device and the communicator: whether steps are graphed.
+  // Throws InputError where `true` cannot be honoured.
+  bool WantsGraphs() const;
   // Mean loss and accuracy over the dev set: per example for a classifier, per
   // predicted token for a causal LM.
   std::pair<double, double> Evaluate();
+  torch::Tensor EvaluationSums(const Batch& batch);
   bool causal_lm() const;
   static constexpr int64_t kIgnoredTarget = -100;
   static torch::Tensor NextTokenTargets(const Batch& batch);
@@ -77,7 +84,8 @@ class Trainer {
   double LrAt(int64_t step, int64_t total_steps) const;
 
   // trainer_consistency.cc: the ranks in step.
-  bool AgreeOnFoundInf(bool local_found_inf);
+  // The ranks' maximum of found_inf, on the device (MAX-reduced where there are ranks).
+  torch::Tensor AgreeOnFoundInf(torch::Tensor local_found_inf);
   void CheckConsistency();
   void BroadcastParameters();
 
@@ -133,6 +141,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<GraphedSteps> graphs_;      // train.cuda_graph, where it applies
   std::optional<CheckpointWriters> writers_;  // with several ranks
   std::optional<std::string> resume_from_;
   std::vector<std::string> rejected_;  // newer checkpoints than resume_from_ that failed to load

@@ -12,10 +12,13 @@ void Trainer::BroadcastParameters() {
   for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
 }
 
-bool Trainer::AgreeOnFoundInf(bool local_found_inf) {
-  if (!scaler_->enabled() || !ranks_.comm) return local_found_inf;
-  // Every rank must step or skip together, or their weights and scales drift apart.
-  return ranks_.comm->AnyTrue(local_found_inf, StrFormat("found_inf of step %ld", long(progress_.global_step + 1)));
+torch::Tensor Trainer::AgreeOnFoundInf(torch::Tensor local_found_inf) {
+  if (!local_found_inf.defined() || !ranks_.comm) return local_found_inf;
+  // Every rank must step or skip together, or their weights and scales drift apart. On
+  // the device, so that no rank waits for its own flag (and a graph can hold it).
+  ranks_.comm->AllReduce(local_found_inf, ReduceOp::kMax,
+                         StrFormat("found_inf of step %ld", long(progress_.global_step + 1)));
+  return local_found_inf;
 }
 
 void Trainer::CheckConsistency() {

@@ -184,6 +184,8 @@ nlohmann::json Trainer::Summary(Clock::time_point run_start) const {
   // The run folder (and the model in it) is on rank 0's host, which may be another
   // machine than the one that started the job.
   summary["host"] = ranks_.comm ? ranks_.comm->Host(0) : LocalHostName();
+  // train.cuda_graph: the batch shapes whose step was captured (0 when steps ran eagerly).
+  summary["cuda_graphs"] = graphs_ ? graphs_->graphs() : 0;
   return summary;
 }
 

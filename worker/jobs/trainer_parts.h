@@ -20,11 +20,12 @@ static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are 
 // A step whose loss and timings may still be on the device. Read in FlushSteps.
 struct Trainer::PendingStep {
   int64_t step = 0;  // global step, 1-based
-  int64_t examples = 0, tokens = 0;
-  double lr = 0, wait_ms = 0, loss_scale = 0;
-  bool skipped = false;
-  torch::Tensor loss;    // scalar, detached
-  int64_t begin_us = 0;  // when its wait for data began (the trace's clock)
+  int64_t examples = 0, tokens = 0, padded_len = 0;
+  double lr = 0, wait_ms = 0;
+  torch::Tensor loss;       // scalar, detached
+  torch::Tensor found_inf;  // [1], under loss scaling: nonzero when the step was skipped
+  torch::Tensor scale;      // [1], under loss scaling: the scale after the step
+  int64_t begin_us = 0;     // when its wait for data began (the trace's clock)
 };
 
 // Sums over the steps of the epoch in progress in this process (timings are not

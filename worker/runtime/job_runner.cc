@@ -138,9 +138,12 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
   std::unique_ptr<Communicator> nccl;
   try {
     const bool use_nccl = ChooseNccl(spec);
-    if (world > 1) mpi = std::make_unique<MpiCommunicator>(comm, spec.distributed.timeout_s);
+    // One rank has no communicator, unless the job names NCCL: then it runs the
+    // data-parallel path (reducer and NCCL) alone, as one rank of a larger job would.
+    const bool data_parallel = world > 1 || (use_nccl && spec.distributed.backend == CommBackend::kNccl);
+    if (data_parallel) mpi = std::make_unique<MpiCommunicator>(comm, spec.distributed.timeout_s);
 #ifdef TRAINYARD_WITH_NCCL
-    if (world > 1 && use_nccl)
+    if (data_parallel && use_nccl)
       nccl = std::make_unique<NcclCommunicator>(*mpi, local_rank % VisibleGpus(), spec.distributed.timeout_s);
 #else
     (void)use_nccl;

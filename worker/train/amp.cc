@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 
+#include <algorithm>
+
 namespace trainyard {
 
 torch::ScalarType ComputeDtype(Precision precision) {
@@ -44,42 +46,44 @@ std::string CpuBf16Caveat() {
          "kind: benchmark grid)";
 }
 
-GradScaler::GradScaler(const LossScaleSpec& spec, bool enabled)
-    : spec_(spec), enabled_(enabled), scale_(static_cast<float>(spec.init_scale)) {}
+GradScaler::GradScaler(const LossScaleSpec& spec, bool enabled, torch::Device device)
+    : spec_(spec),
+      enabled_(enabled),
+      scale_(torch::full({1}, static_cast<float>(spec.init_scale), torch::TensorOptions(torch::kFloat).device(device))),
+      growth_tracker_(torch::zeros({1}, torch::TensorOptions(torch::kInt).device(device))) {}
 
 torch::Tensor GradScaler::Scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
 
-bool GradScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
-  if (!enabled_) return false;
+torch::Tensor GradScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
+  if (!enabled_) return {};
+  torch::NoGradGuard no_grad;
+  torch::Tensor found_inf = torch::zeros({1}, scale_.options());
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return false;
-  auto options = torch::TensorOptions().dtype(torch::kFloat).device(grads.front().device());
-  torch::Tensor found_inf = torch::zeros({1}, options);
+  if (grads.empty()) return found_inf;
   // Like torch: the reciprocal is taken in double, then rounded to float.
-  torch::Tensor inv_scale = torch::full({1}, static_cast<float>(1.0 / double(scale_)), options);
+  torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
   at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-  return found_inf.item<float>() != 0.0f;
+  return found_inf;
 }
 
-void GradScaler::Update(bool found_inf) {
+void GradScaler::Update(const torch::Tensor& found_inf) {
   if (!enabled_) return;
-  if (found_inf) {
-    scale_ = scale_ * static_cast<float>(spec_.backoff_factor);
-    growth_tracker_ = 0;
-    return;
-  }
-  // >=, not ==: a checkpoint of a job with a longer growth_interval may resume here.
-  if (++growth_tracker_ >= spec_.growth_interval) {
-    scale_ = scale_ * static_cast<float>(spec_.growth_factor);
-    growth_tracker_ = 0;
-  }
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, spec_.growth_factor, spec_.backoff_factor,
+                         spec_.growth_interval);
 }
+
+float GradScaler::scale() const { return scale_.to(torch::kCPU).item<float>(); }
+
+int64_t GradScaler::growth_tracker() const { return growth_tracker_.to(torch::kCPU).item<int64_t>(); }
 
 void GradScaler::Restore(float scale, int64_t growth_tracker) {
-  scale_ = scale;
-  growth_tracker_ = growth_tracker;
+  scale_.fill_(scale);
+  // A checkpoint of a job with a longer growth_interval may carry a count past this
+  // job's; torch's update grows only on reaching the interval exactly, so such a count
+  // is taken as one short of it: the next clean step grows the scale.
+  growth_tracker_.fill_(std::min<int64_t>(growth_tracker, std::max<int64_t>(0, spec_.growth_interval - 1)));
 }
 
 }  // namespace trainyard

@@ -36,34 +36,42 @@ torch::ScalarType ComputeDtype(Precision precision);
 // With AMX (amx_bf16) its tile kernels do several times fp32's work per cycle.
 std::string CpuBf16Caveat();
 
-// Dynamic loss scaling. Each step:
+// Dynamic loss scaling with the semantics, and the kernels, of torch.amp.GradScaler. The
+// scale and its growth count live on the device, so a step under loss scaling never
+// waits for it: the step, and its skip, can be replayed from a CUDA graph. Each step:
 //   loss = Scale(loss); loss.backward();
-//   bool found_inf = UnscaleAndCheck(params);   // grads divided by the scale
-//   (data-parallel: OR found_inf across ranks here, so every rank decides alike)
-//   if (!found_inf) optimizer step;
+//   found_inf = UnscaleAndCheck(params);   // grads divided by the scale; a device flag
+//   (data-parallel: MAX-reduce found_inf across ranks here, so every rank decides alike)
+//   optimizer step given found_inf (it leaves everything alone when the flag is set);
 //   Update(found_inf);
 // Update: an inf/NaN multiplies the scale by backoff_factor and restarts the growth
-// count; growth_interval clean steps in a row multiply it by growth_factor. The scale
-// is kept as a float, like the fp32 tensor torch keeps, so the sequences match.
+// count; growth_interval clean steps in a row multiply it by growth_factor.
 class GradScaler {
  public:
-  GradScaler(const LossScaleSpec& spec, bool enabled);
+  // REQUIRES: `device` is where the gradients will be.
+  GradScaler(const LossScaleSpec& spec, bool enabled, torch::Device device = torch::kCPU);
 
   bool enabled() const { return enabled_; }
+  // The loss times the scale (a one-element tensor, as torch's); the loss itself when off.
   torch::Tensor Scale(const torch::Tensor& loss) const;
-  // Multiplies every defined gradient by 1/scale; true if any value is inf or NaN.
-  bool UnscaleAndCheck(const std::vector<torch::Tensor>& params) const;
-  void Update(bool found_inf);
+  // Multiplies every defined gradient by 1/scale and returns a one-element float tensor
+  // on the device: 1 if any value was inf or NaN, else 0. Undefined when scaling is off.
+  torch::Tensor UnscaleAndCheck(const std::vector<torch::Tensor>& params) const;
+  // `found_inf` as UnscaleAndCheck returned it (or the ranks' maximum of it). On the device.
+  void Update(const torch::Tensor& found_inf);
 
-  float scale() const { return scale_; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  // Read from the device (a wait on CUDA): for logs and checkpoints, not for every step.
+  float scale() const;
+  int64_t growth_tracker() const;
+  // The scale where it lives, for a step record to read later with others.
+  const torch::Tensor& scale_tensor() const { return scale_; }
   void Restore(float scale, int64_t growth_tracker);
 
  private:
   LossScaleSpec spec_;
   bool enabled_;
-  float scale_;
-  int64_t growth_tracker_ = 0;
+  torch::Tensor scale_;           // float [1]
+  torch::Tensor growth_tracker_;  // int32 [1]
 };
 
 }  // namespace trainyard

@@ -32,8 +32,18 @@ std::vector<int32_t> TokenCache::Ids(int32_t example) {
   return encoded ? fresh : tokenizer_.Encode(data_.examples.at(i).text, max_len_);
 }
 
+std::vector<int> PadBucketLengths(int count, int max_len) {
+  std::vector<int> lengths;
+  for (int i = 1; i <= count; ++i) {
+    const int64_t even = (int64_t(i) * max_len + count - 1) / count;
+    const int length = static_cast<int>(std::min<int64_t>(max_len, (even + 7) / 8 * 8));
+    if (lengths.empty() || length > lengths.back()) lengths.push_back(length);
+  }
+  return lengths;
+}
+
 Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices, int max_len,
-                   bool pin_memory, TokenCache* cache) {
+                   bool pin_memory, TokenCache* cache, const std::vector<int>& pad_lengths) {
   std::vector<std::vector<int32_t>> encoded;
   encoded.reserve(indices.size());
   size_t longest = 1;
@@ -41,6 +51,11 @@ Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const Ba
     encoded.push_back(cache ? cache->Ids(i) : tokenizer.Encode(data.examples.at(i).text, max_len));
     longest = std::max(longest, encoded.back().size());
   }
+  for (int padded : pad_lengths)
+    if (static_cast<size_t>(padded) >= longest) {
+      longest = static_cast<size_t>(padded);
+      break;
+    }
   const auto batch = static_cast<int64_t>(indices.size());
   const auto length = static_cast<int64_t>(longest);
   auto options = torch::TensorOptions().dtype(torch::kLong).pinned_memory(pin_memory);
@@ -68,7 +83,8 @@ BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer
     : batches_(std::move(batches)) {
   auto produce = [this, &data, &tokenizer, options](size_t i) {
     if (options.before_collate) options.before_collate(i);
-    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory, options.cache);
+    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory, options.cache,
+                        options.pad_lengths);
   };
   queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads, options.prefetch_batches);
 }

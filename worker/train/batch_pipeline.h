@@ -57,16 +57,25 @@ class TokenCache {
 };
 
 // Tokenizes and pads the examples of one batch, through `cache` when given (it must be
-// the cache of `data` and `tokenizer` at `max_len`). Thread-safe.
+// the cache of `data` and `tokenizer` at `max_len`). The batch is padded to its longest
+// text, or, with `pad_lengths` (ascending, the last >= every text), up to the first of
+// them that holds it. Thread-safe.
 Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const BatchIndices& indices, int max_len,
-                   bool pin_memory, TokenCache* cache = nullptr);
+                   bool pin_memory, TokenCache* cache = nullptr, const std::vector<int>& pad_lengths = {});
+
+// `count` padded lengths spaced evenly up to `max_len`, each rounded up to a multiple of 8
+// (tensor-core tiles) and the last exactly `max_len`; empty for count 0. A CUDA-graphed
+// step needs a graph per batch shape, so batches padded to a few lengths keep the graphs
+// few, at the cost of at most max_len/count padding tokens a row.
+std::vector<int> PadBucketLengths(int count, int max_len);
 
 struct PipelineOptions {
   size_t prefetch_batches = 8;  // 0: collate on the trainer's thread when asked
   size_t threads = 2;
   bool pin_memory = false;  // page-locked host tensors for async H2D copies
   int max_len = 128;
-  TokenCache* cache = nullptr;  // optional; must outlive the pipeline
+  TokenCache* cache = nullptr;   // optional; must outlive the pipeline
+  std::vector<int> pad_lengths;  // see CollateBatch; empty: each batch to its longest text
   // Called on the loader thread before batch `i` is collated. Lets tests slow the reader.
   std::function<void(size_t)> before_collate;
 };

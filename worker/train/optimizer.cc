@@ -1,6 +1,7 @@
 #include "worker/train/optimizer.h"
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
 namespace trainyard {
@@ -14,12 +15,15 @@ AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, A
   step_ = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device));
 }
 
-void AdamW::Step(double lr) {
+template <typename Lr>
+void AdamW::StepWith(const Lr& lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
-  ++step_count_;
   // Every slot shares one step tensor, which the kernel only reads: a parameter without
-  // a gradient this step keeps the global count for its bias correction next time.
-  step_.fill_(double(step_count_));
+  // a gradient this step keeps the global count for its bias correction next time. As
+  // in torch, the count goes up before the kernel and back down after a skipped step.
+  step_.add_(1);
+  std::optional<torch::Tensor> skip;
+  if (found_inf.defined()) skip = found_inf;
   for (bool decay : {true, false}) {
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     for (auto& s : slots_) {
@@ -33,9 +37,16 @@ void AdamW::Step(double lr) {
     if (params.empty()) continue;
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
                       options_.beta2, decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
-                      /*maximize=*/false);
+                      /*maximize=*/false, /*grad_scale=*/std::nullopt, skip);
   }
+  if (skip) step_.sub_(found_inf.reshape({}));
 }
+
+void AdamW::Step(double lr, const torch::Tensor& found_inf) { StepWith(lr, found_inf); }
+
+void AdamW::Step(const torch::Tensor& lr, const torch::Tensor& found_inf) { StepWith(lr, found_inf); }
+
+int64_t AdamW::step_count() const { return static_cast<int64_t>(step_.to(torch::kCPU).item<double>()); }
 
 void AdamW::ZeroGrad() {
   for (auto& s : slots_)
@@ -63,7 +74,7 @@ void AdamW::RestoreState(const std::map<std::string, torch::Tensor>& tensors, in
     restore("exp_avg." + s.name, s.exp_avg);
     restore("exp_avg_sq." + s.name, s.exp_avg_sq);
   }
-  step_count_ = step_count;
+  step_.fill_(double(step_count));
 }
 
 void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {

@@ -25,9 +25,17 @@ class AdamW {
   // must all be on one device.
   AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, AdamWOptions options);
 
-  void Step(double lr);
+  // One update at learning rate `lr`. With `found_inf` (a one-element float tensor on
+  // the parameters' device, as GradScaler::UnscaleAndCheck returns) the kernel leaves
+  // parameters and moments alone where it is nonzero, and the step count stays, as
+  // torch's fused AdamW does under a GradScaler: a skipped step needs no host decision.
+  void Step(double lr, const torch::Tensor& found_inf = {});
+  // The same with the rate in a one-element float tensor on the parameters' device, so a
+  // CUDA graph that holds the step replays it at whatever rate the tensor holds then.
+  void Step(const torch::Tensor& lr, const torch::Tensor& found_inf = {});
   void ZeroGrad();
-  int64_t step_count() const { return step_count_; }
+  // Updates made (skipped ones not counted). Read from the device: a wait on CUDA.
+  int64_t step_count() const;
 
   // State for checkpoints: "exp_avg.<name>", "exp_avg_sq.<name>".
   std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
@@ -40,10 +48,13 @@ class AdamW {
     torch::Tensor param, exp_avg, exp_avg_sq;
     bool decay;
   };
+  // Counts the step on the device and runs the fused kernel once per weight-decay group.
+  template <typename Lr>
+  void StepWith(const Lr& lr, const torch::Tensor& found_inf);
+
   std::vector<Slot> slots_;
   torch::Tensor step_;  // float scalar on the parameters' device: the kernel's step count
   AdamWOptions options_;
-  int64_t step_count_ = 0;
 };
 
 // Scales the gradients so that their joint L2 norm is at most `max_norm`, with the

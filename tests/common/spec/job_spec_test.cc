@@ -283,6 +283,23 @@ TEST_F(JobSpecTest, UnpadIsAutoUnlessSetToAlwaysOrNever) {
       << error;
 }
 
+TEST_F(JobSpecTest, CudaGraphIsOffUnlessAskedAndRefusesUnpaddingAlways) {
+  EXPECT_EQ(Parse(Valid()).train.cuda_graph, GraphMode::kOff);
+  EXPECT_EQ(Parse(Valid("  cuda_graph: auto\n")).train.cuda_graph, GraphMode::kAuto);
+  EXPECT_EQ(Parse(Valid("  cuda_graph: true\n")).train.cuda_graph, GraphMode::kOn);
+  std::string error = ErrorOf(Valid("  cuda_graph: sometimes\n"));
+  EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
+  EXPECT_NE(error.find("train.cuda_graph: expected one of auto, false, true, got 'sometimes'"), std::string::npos)
+      << error;
+  error = ErrorOf("model: {unpad: always}\n" + Valid("  cuda_graph: true\n"));
+  EXPECT_NE(error.find("train.cuda_graph: a CUDA-graphed step runs padded batches"), std::string::npos) << error;
+  EXPECT_EQ(Parse(Valid()).data.pad_buckets, 0);
+  std::string padded = Valid();
+  padded.replace(padded.find("  tokenizer:"), 0, "  pad_buckets: 65\n");
+  error = ErrorOf(padded);
+  EXPECT_NE(error.find("data.pad_buckets"), std::string::npos) << error;
+}
+
 TEST_F(JobSpecTest, GenerateJobImpliesCausalLmAndNeedsPrompts) {
   const std::string tokenizer = "data:\n  tokenizer: {vocab: data/vocab.txt}\n";
   JobSpec spec = Parse("name: g\nkind: generate\n" + tokenizer +

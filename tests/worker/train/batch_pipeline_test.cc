@@ -69,6 +69,25 @@ TEST_F(BatchPipelineTest, CollatePadsToTheLongestAndMasks) {
   EXPECT_EQ(batch.real_tokens, 12);
 }
 
+TEST_F(BatchPipelineTest, CollatePadsUpToTheFirstBucketLengthThatHoldsTheBatch) {
+  WordPieceTokenizer tokenizer(vocab_.string(), true);
+  const Batch longest = CollateBatch(data_, tokenizer, {0, 1}, 64, false);
+  const Batch bucketed = CollateBatch(data_, tokenizer, {0, 1}, 64, false, nullptr, {4, 16, 32});
+  ASSERT_EQ(bucketed.input_ids.sizes(), torch::IntArrayRef({2, 16}));  // 8 tokens: the 16 bucket
+  EXPECT_TRUE(bucketed.input_ids.narrow(1, 0, 8).equal(longest.input_ids));
+  EXPECT_EQ(bucketed.attention_mask.sum().item<int64_t>(), longest.attention_mask.sum().item<int64_t>());
+  EXPECT_EQ(bucketed.input_ids.narrow(1, 8, 8).ne(0).sum().item<int64_t>(), 0);  // [PAD] after
+  EXPECT_EQ(bucketed.real_tokens, longest.real_tokens);
+}
+
+TEST(PadBucketLengths, EvenlySpacedMultiplesOfEightEndingAtTheMaximum) {
+  EXPECT_EQ(PadBucketLengths(0, 128), std::vector<int>{});
+  EXPECT_EQ(PadBucketLengths(4, 128), (std::vector<int>{32, 64, 96, 128}));
+  EXPECT_EQ(PadBucketLengths(4, 100), (std::vector<int>{32, 56, 80, 100}));
+  EXPECT_EQ(PadBucketLengths(3, 64), (std::vector<int>{24, 48, 64}));
+  EXPECT_EQ(PadBucketLengths(64, 8), std::vector<int>{8});  // more buckets than multiples of 8
+}
+
 // A tokenizer that counts its calls, to see what the cache saves.
 class CountingTokenizer : public WordPieceTokenizer {
  public:

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "worker/train/amp.h"
 #include "worker/train/step_profiler.h"
 
 namespace trainyard {
@@ -110,6 +112,78 @@ TEST(AdamW, RestoredStateContinuesTheSameRun) {
   EXPECT_EQ(MaxDiff(straight.params, resumed.params), 0.0);
   state.erase("exp_avg.p1");
   EXPECT_THROW(b.RestoreState(state, 5), std::runtime_error);
+}
+
+// The step a CUDA graph can hold decides the skip on the device: a set found_inf leaves
+// every weight, moment and the step count as they were; a clear one is the plain step,
+// bit for bit; and a rate given as a tensor is the rate given as a number.
+TEST(AdamW, FoundInfOnTheDeviceSkipsTheStepAndAClearOneIsThePlainStep) {
+  Problem plain = MakeProblem(5), flagged = MakeProblem(5);
+  AdamW a(Named(plain), AdamWOptions{}), b(Named(flagged), AdamWOptions{});
+  const torch::Tensor clear = torch::zeros({1}), set = torch::ones({1});
+  const torch::Tensor lr = torch::full({1}, 1e-3, torch::kDouble);
+  for (int step = 0; step < 6; ++step) {
+    Backward(plain, step);
+    Backward(flagged, step);
+    a.Step(1e-3);
+    if (step == 3) {
+      // The skipped step: nothing moves, then the same gradients again, taken.
+      std::vector<torch::Tensor> before;
+      for (const auto& t : flagged.params) before.push_back(t.detach().clone());
+      const auto moments = b.StateTensors();
+      std::vector<torch::Tensor> moments_before;
+      for (const auto& [name, t] : moments) moments_before.push_back(t.clone());
+      b.Step(lr, set);
+      EXPECT_EQ(MaxDiff(before, flagged.params), 0.0);
+      for (size_t i = 0; i < moments.size(); ++i) EXPECT_TRUE(moments[i].second.equal(moments_before[i]));
+      EXPECT_EQ(b.step_count(), 3);
+    }
+    b.Step(lr, clear);
+    a.ZeroGrad();
+    b.ZeroGrad();
+    EXPECT_EQ(MaxDiff(plain.params, flagged.params), 0.0) << "step " << step;
+  }
+  EXPECT_EQ(b.step_count(), 6);
+}
+
+// The scaler's state lives on the device; its sequence follows torch.amp.GradScaler's
+// rules (the reference comparison is tests/reference/scaler_parity.py).
+TEST(GradScaler, DeviceStateBacksOffOnInfAndGrowsAfterTheInterval) {
+  LossScaleSpec spec;
+  spec.init_scale = 1024;
+  spec.growth_interval = 2;
+  GradScaler scaler(spec, true);
+  torch::Tensor w = torch::ones({3}, torch::requires_grad());
+  auto step = [&](bool inf) {
+    scaler.Scale((w * w).sum()).backward();
+    if (inf) {
+      torch::NoGradGuard no_grad;
+      w.mutable_grad()[0] = std::numeric_limits<float>::infinity();
+    }
+    torch::Tensor found_inf = scaler.UnscaleAndCheck({w});
+    scaler.Update(found_inf);
+    const bool skipped = found_inf.item<float>() != 0.0f;
+    if (!inf) {
+      EXPECT_TRUE(w.grad().equal(torch::full({3}, 2.0f)));  // unscaled: d(w.w)/dw = 2w
+    }
+    w.mutable_grad() = torch::Tensor();
+    return skipped;
+  };
+  EXPECT_FALSE(step(false));
+  EXPECT_EQ(scaler.scale(), 1024.0f);
+  EXPECT_FALSE(step(false));
+  EXPECT_EQ(scaler.scale(), 2048.0f);  // two clean steps: grown
+  EXPECT_TRUE(step(true));
+  EXPECT_EQ(scaler.scale(), 1024.0f);  // backed off
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+  EXPECT_FALSE(step(false));
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+  // A count from a job with a longer interval grows at the next clean step.
+  scaler.Restore(512.0f, 7);
+  EXPECT_FALSE(step(false));
+  EXPECT_EQ(scaler.scale(), 1024.0f);
+  GradScaler off(spec, false);
+  EXPECT_FALSE(off.UnscaleAndCheck({w}).defined());
 }
 
 TEST(ClipGradNorm, EqualsLibtorchClipGradNorm) {

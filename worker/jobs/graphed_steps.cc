@@ -1,0 +1,171 @@
+#include "worker/jobs/graphed_steps.h"
+
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include "common/log.h"
+
+#ifdef TRAINYARD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "worker/compiled/cuda_graph.h"
+#endif
+
+namespace trainyard {
+
+#ifdef TRAINYARD_WITH_CUDA
+
+namespace {
+
+// What is queued on `from` so far comes before what is queued on `to` next.
+void Order(c10::cuda::CUDAStream from, c10::cuda::CUDAStream to) {
+  at::cuda::CUDAEvent event;
+  event.record(from);
+  event.block(to);
+}
+
+StepResult Copied(const StepResult& result) {
+  return {result.loss.clone(), result.found_inf.defined() ? result.found_inf.clone() : torch::Tensor()};
+}
+
+}  // namespace
+
+struct GraphedSteps::Impl {
+  struct Shape {
+    int runs = 0;
+    Batch inputs;  // static: the graph reads these tensors
+    std::shared_ptr<at::cuda::CUDAGraph> graph;
+    StepResult outputs;  // in the pool: valid until the next replay of any shape
+  };
+
+  explicit Impl(torch::Device d)
+      : device(d), stream(c10::cuda::getStreamFromPool(false, d.index())), pool(at::cuda::graph_pool_handle()) {
+    const auto options = torch::TensorOptions(torch::kFloat).device(d);
+    controls.device = {torch::zeros({1}, options), torch::ones({1}, options), torch::zeros({1}, options),
+                       torch::zeros({1}, options)};
+  }
+
+  // The host's values into the static tensors, on the caller's stream: each fill_ takes
+  // its value as a kernel argument, so nothing host-side must outlive the launch.
+  void SetControls(const StepControls& host) {
+    controls.lr = host.lr;
+    controls.loss_weight = host.loss_weight;
+    controls.stop_vote = host.stop_vote;
+    controls.plant_inf = host.plant_inf;
+    controls.device.lr.fill_(host.lr);
+    controls.device.loss_weight.fill_(host.loss_weight);
+    controls.device.stop_vote.fill_(host.stop_vote ? 1.0 : 0.0);
+    controls.device.plant_inf.fill_(host.plant_inf ? 1.0 : 0.0);
+  }
+
+  Shape& ShapeOf(const Batch& batch) { return FillInputs(shapes[KeyOf(batch)], batch); }
+
+  static std::pair<int64_t, int64_t> KeyOf(const Batch& batch) {
+    return {batch.input_ids.size(0), batch.input_ids.size(1)};
+  }
+
+  // The batch into the shape's static inputs (made on its first use), on the caller's stream.
+  static Shape& FillInputs(Shape& shape, const Batch& batch) {
+    if (!shape.inputs.input_ids.defined())
+      shape.inputs = {torch::empty_like(batch.input_ids), torch::empty_like(batch.attention_mask),
+                      torch::empty_like(batch.labels), 0};
+    shape.inputs.input_ids.copy_(batch.input_ids);
+    shape.inputs.attention_mask.copy_(batch.attention_mask);
+    shape.inputs.labels.copy_(batch.labels);
+    shape.inputs.real_tokens = batch.real_tokens;
+    return shape;
+  }
+
+  // The shape's first step: eager, on the capture stream, so that what the step sets up
+  // on first use is in place (and its memory out of the pool) before the capture.
+  StepResult RunEagerly(Shape& shape, const Step& step) {
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+    Order(caller, stream);
+    StepResult result;
+    {
+      c10::cuda::CUDAStreamGuard guard(stream);
+      result = step(shape.inputs, controls);
+    }
+    Order(stream, caller);
+    return Copied(result);
+  }
+
+  void Capture(Shape& shape, const Step& step) {
+    try {
+      shape.graph = CaptureWithoutRunning([&] { shape.outputs = step(shape.inputs, controls); }, pool, stream);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(
+          StrFormat("capturing the training step of batch shape %ldx%ld as a CUDA graph failed "
+                    "(train.cuda_graph: false steps eagerly): %s",
+                    long(shape.inputs.input_ids.size(0)), long(shape.inputs.input_ids.size(1)), e.what()));
+    }
+  }
+
+  torch::Device device;
+  c10::cuda::CUDAStream stream;  // every capture (and first run) is on it, so the graphs share the pool
+  at::cuda::MempoolId_t pool;
+  StepControls controls;  // with the static device tensors
+  std::map<std::pair<int64_t, int64_t>, Shape> shapes;
+  // Evaluation: per shape, its static inputs and the replay of its pass.
+  std::map<std::pair<int64_t, int64_t>, std::pair<Shape, std::function<torch::Tensor()>>> passes;
+};
+
+GraphedSteps::GraphedSteps(torch::Device device) {
+  if (!device.is_cuda()) throw std::runtime_error("GraphedSteps: CUDA graphs need a CUDA device, not " + device.str());
+  impl_ = std::make_unique<Impl>(device);
+}
+
+StepResult GraphedSteps::Run(Batch& batch, const StepControls& controls, const Step& step) {
+  Impl& m = *impl_;
+  m.SetControls(controls);
+  Impl::Shape& shape = m.ShapeOf(batch);
+  if (++shape.runs == 1) return m.RunEagerly(shape, step);
+  if (!shape.graph) m.Capture(shape, step);
+  shape.graph->replay();
+  return Copied(shape.outputs);
+}
+
+torch::Tensor GraphedSteps::Evaluate(Batch& batch, const Pass& pass) {
+  Impl& m = *impl_;
+  auto& [shape, replay] = m.passes[Impl::KeyOf(batch)];
+  Impl::FillInputs(shape, batch);
+  if (!replay) {
+    Batch* inputs = &shape.inputs;  // std::map keeps it in place
+    replay = CaptureCudaGraph([inputs, pass] { return pass(*inputs); }, m.device, m.pool, m.stream);
+  }
+  return replay().clone();
+}
+
+size_t GraphedSteps::graphs() const {
+  size_t n = 0;
+  for (const auto& [key, shape] : impl_->shapes) n += shape.graph ? 1 : 0;
+  return n;
+}
+
+#else  // without CUDA
+
+struct GraphedSteps::Impl {};
+
+GraphedSteps::GraphedSteps(torch::Device device) {
+  throw std::runtime_error("GraphedSteps: this build has no CUDA code paths (device " + device.str() + ")");
+}
+
+StepResult GraphedSteps::Run(Batch&, const StepControls&, const Step&) {
+  throw std::logic_error("GraphedSteps::Run without CUDA");
+}
+
+torch::Tensor GraphedSteps::Evaluate(Batch&, const Pass&) {
+  throw std::logic_error("GraphedSteps::Evaluate without CUDA");
+}
+
+size_t GraphedSteps::graphs() const { return 0; }
+
+#endif
+
+GraphedSteps::~GraphedSteps() = default;
+
+}  // namespace trainyard
