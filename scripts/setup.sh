@@ -6,7 +6,9 @@
 #     (Beast: serving's HTTP), clang-format and
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), rsvg-convert
 #     (tests render the SVG plots), libcurl (MLflow tracking), chromium with its
-#     driver and Chart.js (the dashboard and its browser test), and the fortunes data.
+#     driver and Chart.js (the dashboard and its browser test), Slurm's daemons, client
+#     and munge (the Slurm tests run a real Slurm on the cluster rig; installing them
+#     starts no service), and the fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links), Hugging Face transformers and peft (the independent references in tests),
 #     the serving tests' independent clients (tritonclient, prometheus_client), pyzmq (the
@@ -53,6 +55,7 @@ APT_PACKAGES=(
   librsvg2-bin
   libcurl4-openssl-dev
   openssh-server openssh-client iproute2 util-linux
+  slurmctld slurmd slurm-client munge libpmix2 libpmix-dev
   mkdocs
   chromium chromium-driver libjs-chart.js
   fortunes fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru fortunes-cs fortunes-eo fortunes-zh

@@ -15,6 +15,10 @@
               ends bitwise equal to the uninterrupted run
   none_valid  when every checkpoint is corrupt, `resume: auto` exits 2 and deletes and
               writes nothing
+  signal      a run sent SIGTERM (one rank) mid-epoch stops after a step, writes a
+              checkpoint there and exits 3; rerun, it ends bitwise equal to an
+              uninterrupted run (weights, epoch rows, every step's loss, each once)
+  signal_two_ranks  the same with SIGUSR1 to mpirun, which passes it to both ranks
 """
 import argparse
 import csv
@@ -218,7 +222,34 @@ def none_valid(args, work):
     return result.returncode == 2 and said and untouched
 
 
-CASES = {"single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
+def signalled_then_resumed(args, work, ranks, sig):
+    name = f"signal_{ranks}"
+    job = write(os.path.join(work, "job.yaml"), job_yaml(name, subset_tsv(work, 1200), EXTRA))
+    straight = run(args, ranks, job, os.path.join(work, "straight"))
+    if straight.returncode != 0:
+        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    runs = os.path.join(work, "signalled")
+    proc = subprocess.Popen(command(args, ranks, job, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=MPI_ENV, text=True)
+    steps_file = os.path.join(runs, name, "steps.jsonl")
+    deadline = time.time() + 300
+    while not (os.path.exists(steps_file) and sum(1 for _ in open(steps_file)) >= 90):  # inside epoch 2
+        if proc.poll() is not None or time.time() > deadline:
+            sys.exit(f"worker ended before step 90:\n{proc.stdout.read()}")
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=300)
+    at = re.search(r"checkpoint of step (\d+) written", out)
+    print(f"{signal.Signals(sig).name} after step 90 or so: exit {proc.returncode}, "
+          f"{at.group(0) if at else 'no checkpoint line'}")
+    resumed = run(args, ranks, job, runs)
+    print(resumed.stdout[-600:], resumed.stderr[-600:])
+    return (proc.returncode == 3 and at is not None and 90 <= int(at.group(1)) < 225 and resumed.returncode == 0
+            and compare(os.path.join(work, "straight", name), os.path.join(runs, name), 3))
+
+
+CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
+         "signal_two_ranks": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1),"single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
          "fallback": fallback, "none_valid": none_valid}
 
 

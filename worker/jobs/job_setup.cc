@@ -15,8 +15,8 @@
 namespace trainyard {
 
 void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where) {
-  if (!ranks.hooks) return;
-  bool stop = ranks.hooks->StopRequested();
+  if (!ranks.hooks && !ranks.stop_signal) return;
+  bool stop = StopAsked(ranks);
   if (ranks.comm) stop = ranks.comm->AnyTrue(stop, "stop request");
   if (stop) throw JobStopped("stopped on request " + where());
 }

@@ -29,8 +29,9 @@ struct RankContext {
   int rank = 0, world = 1, local_rank = 0;
   Communicator* comm = nullptr;
   JobHooks* hooks = nullptr;
-  // Set by the runtime, which owns the process's signal handling, for jobs that end on
-  // SIGINT or SIGTERM (kind: serve); true once one arrived.
+  // Set by the runtime, which owns the process's signal handling, for jobs that end on a
+  // signal: kind: serve (SIGINT, SIGTERM), and a standalone finetune job (SIGTERM, a
+  // scheduler's preemption; SIGUSR1, a time limit ahead). True once one arrived.
   const std::atomic<bool>* stop_signal = nullptr;
 };
 
@@ -45,9 +46,13 @@ struct RankContext {
 // first gradient bucket (see Reducer), and every rank reads the summed votes at the
 // same steps (each step on CPU, each logging interval on CUDA) and stops there.
 // Benchmark jobs agree after their cells, inference after its batches.
-// Pool mode only (no-ops standalone); `where` (for the message) is only called when
+// A standalone finetune job takes a stop signal (RankContext::stop_signal) as a request
+// in the same way, and writes a checkpoint where its ranks stopped (JobPreempted).
+// No-ops for a standalone job without one; `where` (for the message) is only called when
 // stopping.
-inline bool StopAsked(const RankContext& ranks) { return ranks.hooks && ranks.hooks->StopRequested(); }
+inline bool StopAsked(const RankContext& ranks) {
+  return (ranks.hooks && ranks.hooks->StopRequested()) || (ranks.stop_signal && ranks.stop_signal->load());
+}
 void AgreeOnStop(const RankContext& ranks, const std::function<std::string()>& where);
 
 // A problem with what the user gave us (exit code 2). what() is one line naming the

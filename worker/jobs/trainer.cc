@@ -266,7 +266,7 @@ class Trainer::StepLog {
         values.push_back(p.scale.reshape({}));
       }
     }
-    const bool votes = t_.reducer_ && t_.ranks_.hooks;
+    const bool votes = t_.reducer_ && (t_.ranks_.hooks || t_.ranks_.stop_signal);
     if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
     torch::Tensor host = torch::stack(values).to(torch::kCPU);
     std::vector<std::vector<double>> times = timer_.Collect();
@@ -383,11 +383,14 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   model_->train();
   *totals_ = EpochTotals{};
   while (progress_.global_step < total_steps) {
-    // Without a reducer to carry the stop votes (a single rank), look at the request here.
-    if (!reducer_)
+    // Without a reducer to carry the stop votes (a single rank), look at the request here,
+    // with every step before it read (the epoch sums a checkpoint keeps).
+    if (!reducer_ && StopAsked(ranks_)) {
+      steps.Flush();
       AgreeOnStop(ranks_, [&] {
         return StrFormat("at step %ld of epoch %ld", long(progress_.global_step), long(progress_.epoch + 1));
       });
+    }
     profiler_->BeforeStep(progress_.global_step + 1);
     PendingStep step;
     if (trace_) step.begin_us = TraceRecorder::NowUs();
@@ -499,7 +502,17 @@ int64_t Trainer::TotalSteps() const {
 
 void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {
   const int64_t epoch = progress_.epoch;
-  TrainEpoch(epoch, total_steps, log);
+  try {
+    TrainEpoch(epoch, total_steps, log);
+  } catch (const JobStopped& stopped) {
+    if (!ranks_.stop_signal) throw;
+    // A scheduler's signal (standalone): keep the place, as max_steps does inside an
+    // epoch, so that a rerun with checkpoint.resume: auto goes on from the next batch.
+    SaveCheckpointNow("stopped by a signal");  // collective: every rank stopped at this step
+    throw JobPreempted(std::string(stopped.what()) + StrFormat(" (a signal); checkpoint of step %ld written, a rerun "
+                                                               "with checkpoint.resume: auto resumes there",
+                                                               long(progress_.global_step)));
+  }
   // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
   // the place there: a resume goes on from the epoch's next batch, and the row below is
   // replaced once the epoch is whole.

@@ -28,4 +28,12 @@ class JobStopped : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown instead by a standalone fine-tune job stopped by a scheduler's signal (SIGTERM:
+// preemption; SIGUSR1: a time limit ahead, Slurm's --signal) once it has written the
+// checkpoint a rerun resumes from.
+class JobPreempted : public JobStopped {
+ public:
+  using JobStopped::JobStopped;
+};
+
 }  // namespace trainyard

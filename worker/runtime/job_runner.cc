@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "worker/comm/mpi_communicator.h"
@@ -62,22 +64,20 @@ nlohmann::json RunKind(JobSpec spec, const RankContext& ranks) {
   return summary;
 }
 
-// SIGINT and SIGTERM set a flag while it lives, and the handlers before it come back
-// after. Only a serve job, which runs until told, ends on them gracefully; every other
-// kind keeps the default (the process ends, and mpirun with it).
+// The given signals set a flag while it lives, and the handlers before it come back
+// after. Only the jobs that stop gracefully on a signal take them (RunKindOf); every
+// other job keeps the defaults (the process ends, and mpirun with it).
 class StopSignals {
  public:
-  StopSignals() {
+  explicit StopSignals(std::vector<int> signals) : signals_(std::move(signals)), old_(signals_.size()) {
     raised_ = false;
     struct sigaction action {};
     action.sa_handler = [](int) { raised_ = true; };
     ::sigemptyset(&action.sa_mask);
-    ::sigaction(SIGINT, &action, &old_int_);
-    ::sigaction(SIGTERM, &action, &old_term_);
+    for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &action, &old_[i]);
   }
   ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -85,20 +85,32 @@ class StopSignals {
 
  private:
   static inline std::atomic<bool> raised_{false};
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
+  std::vector<int> signals_;
+  std::vector<struct sigaction> old_;
 };
 
+// A serve job serves until SIGINT or SIGTERM.
 nlohmann::json RunServe(JobSpec spec, RankContext ranks) {
-  StopSignals signals;
+  StopSignals signals({SIGINT, SIGTERM});
   ranks.stop_signal = StopSignals::flag();
   return RunKind<ServeRunner>(std::move(spec), ranks);
+}
+
+// A standalone fine-tune job stops after the step in progress on SIGTERM (a scheduler's
+// preemption: Slurm sends it before SIGKILL) or SIGUSR1 (a warning ahead of a time
+// limit: sbatch --signal), writes a checkpoint there and exits as preempted. In a pool
+// the pool owns the signals, and the coordinator's stop comes through the hooks.
+nlohmann::json RunFinetune(JobSpec spec, RankContext ranks) {
+  if (ranks.hooks) return RunKind<Trainer>(std::move(spec), ranks);
+  StopSignals signals({SIGTERM, SIGUSR1});
+  ranks.stop_signal = StopSignals::flag();
+  return RunKind<Trainer>(std::move(spec), ranks);
 }
 
 nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
   switch (spec.kind) {
     case JobKind::kFinetune:
-      return RunKind<Trainer>(std::move(spec), ranks);
+      return RunFinetune(std::move(spec), ranks);
     case JobKind::kBenchmark:
       return RunKind<BenchmarkRunner>(std::move(spec), ranks);
     case JobKind::kInference:
@@ -162,6 +174,9 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
   } catch (const InputError& e) {
     if (*e.what()) std::fprintf(stderr, "error: %s\n", e.what());
     return Failed(2, "bad_input", *e.what() ? e.what() : "another rank of the job rejected its input");
+  } catch (const JobPreempted& e) {
+    LogInfo(e.what());
+    return Failed(kPreemptedExitCode, "preempted", e.what());
   } catch (const JobStopped& e) {
     LogInfo(e.what());
     return Failed(1, "cancelled", e.what());

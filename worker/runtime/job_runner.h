@@ -11,9 +11,13 @@
 
 namespace trainyard {
 
+// A standalone finetune job stopped by a signal after writing its checkpoint (rerun it
+// with checkpoint.resume: auto to go on).
+constexpr int kPreemptedExitCode = 3;
+
 // How a job ended on this rank.
 struct RankResult {
-  int exit_code = 0;  // 0 ok, 1 failure, 2 bad input
+  int exit_code = 0;  // 0 ok, 1 failure, 2 bad input, 3 preempted
   JobOutcome outcome;
   // A failure mid-run, after which the job's other ranks may wait inside a collective
   // forever: the caller aborts the job's MPI world, which is the job's own (Note [Job

@@ -6,7 +6,8 @@
 // mpirun of this binary with --pool-job over the slots it was given, on any hosts (Note
 // [Job isolation] in worker/pool/job_process.h).
 // Exit codes: 0 success, 1 failure while running, 2 bad input (job file, datasets,
-// checkpoints) reported as one line naming the file, line and key. A pool rank exits 0
+// checkpoints) reported as one line naming the file, line and key, 3 a standalone
+// finetune job stopped by SIGTERM or SIGUSR1 after writing its checkpoint. A pool rank exits 0
 // when stopped (SIGTERM, SIGINT) while idle; the outcome of each job goes to the
 // coordinator instead.
 #include <mpi.h>
@@ -157,7 +158,10 @@ int Main(int argc, char** argv) {
       "benchmark {benchmark.csv,benchmark.md,*.svg,env.json},\n"
       "inference {predictions.tsv,summary.json},"
       " generate {generations.jsonl,summary.json},\n"
-      "serve {endpoints.json} (it serves until SIGINT/SIGTERM)."};
+      "serve {endpoints.json} (it serves until SIGINT/SIGTERM).\n"
+      "A standalone finetune job stopped by SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit\n"
+      "warning) stops after the step in progress, writes a checkpoint and exits 3; rerun it with\n"
+      "checkpoint.resume: auto to go on. Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped so."};
   Options o;
   AddOptions(app, o);
   try {
