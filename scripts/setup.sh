@@ -7,8 +7,9 @@
 #     clang-tidy, clang with its libFuzzer runtime (scripts/fuzz/run.sh), rsvg-convert
 #     (tests render the SVG plots), libcurl (MLflow tracking), chromium with its
 #     driver and Chart.js (the dashboard and its browser test), Slurm's daemons, client
-#     and munge (the Slurm tests run a real Slurm on the cluster rig; installing them
-#     starts no service), and the fortunes data.
+#     and munge (the Slurm tests run their own Slurm on the cluster rig, with their own
+#     configuration and munge keys; Debian's Slurm services do not start without
+#     /etc/slurm/slurm.conf), and the fortunes data.
 #   - A Python virtual environment with the torch wheel (its libtorch is what the C++
 #     build links), Hugging Face transformers and peft (the independent references in tests),
 #     the serving tests' independent clients (tritonclient, prometheus_client), pyzmq (the
