@@ -16,11 +16,9 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
               (Restarts=1), and the second allocation resumes from the checkpoint; every
               step's loss and every final weight equal an uninterrupted run's, each step
               and the epoch logged once."""
-import re
-import time
 import argparse
-import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 
 import slurm  # noqa: E402
 from cluster import SUBNET, Cluster, check, skip_unless_available  # noqa: E402
-from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
+from e2e_common import job_yaml, steps, subset_tsv, wait_for, weights, write  # noqa: E402
 
 # Open MPI's links and MPI's TCP transport on the rig's network, for ranks started by
 # srun (which passes the environment on) and by mpirun inside an allocation alike.
@@ -53,16 +51,6 @@ def launch(s, name, argv, host="h1"):
         if os.path.exists(os.path.join(folder, "summary.json")):
             return folder, h
     sys.exit(f"{name}: no host has its run folder")
-
-
-def steps(run_dir):
-    with open(os.path.join(run_dir, "steps.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def weights(run_dir):
-    from safetensors.torch import load_file
-    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
 
 
 def standalone(c, s, args):
@@ -117,16 +105,6 @@ def job_state(s, job):
     return fields.get("JobState", "?"), int(fields.get("Restarts", "0") or 0)
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"timed out after {timeout} s waiting for {what}")
-
-
 def preempt(c, s, args):
     runs = os.path.join(c.host_dir, "runs")
     worker = os.path.abspath(args.worker)
@@ -140,10 +118,10 @@ def preempt(c, s, args):
     jid = submitted.stdout.strip().split(";")[0]
     steps_file = c.outside("h2", "runs/requeued/steps.jsonl")
     count = lambda: sum(1 for _ in open(steps_file)) if os.path.exists(steps_file) else 0  # noqa: E731
-    wait_until(lambda: count() >= 5, 120, "5 steps of the first allocation")
+    wait_for(lambda: count() >= 5, 120, "5 steps of the first allocation")
     s.client(["scancel", "--batch", "--signal=USR1", jid])
-    wait_until(lambda: job_state(s, jid)[1] >= 1, 120, "the job to be requeued")
-    wait_until(lambda: job_state(s, jid)[0] == "COMPLETED", 150, "the requeued job to complete")
+    wait_for(lambda: job_state(s, jid)[1] >= 1, 120, "the job to be requeued")
+    wait_for(lambda: job_state(s, jid)[0] == "COMPLETED", 150, "the requeued job to complete")
     with open(os.path.join(c.shared, f"requeued-{jid}.out")) as f:
         output = f.read()
     straight, _ = launch(s, "straight", ["srun", "-N2", "-n4", worker, job_file(c, "straight", steps=20),

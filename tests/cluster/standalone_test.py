@@ -7,7 +7,6 @@ table, epochs.csv and steps.jsonl, and write its model and logs on rank 0's host
 Exit 77 (skipped) where the rig cannot be made."""
 import argparse
 import csv
-import json
 import os
 import sys
 
@@ -15,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 
 from cluster import Cluster, check, skip_unless_available  # noqa: E402
-from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
+from e2e_common import job_yaml, steps, subset_tsv, weights, write  # noqa: E402
 
 
 def train(c, args, name, slots):
@@ -28,16 +27,6 @@ def train(c, args, name, slots):
         sys.exit(f"{name} on {slots} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n"
                  f"{result.stderr[-3000:]}")
     return c.outside("h1", os.path.join("runs", name)), result.stdout + result.stderr
-
-
-def steps(run_dir):
-    with open(os.path.join(run_dir, "steps.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def weights(run_dir):
-    from safetensors.torch import load_file
-    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
 
 
 def main():

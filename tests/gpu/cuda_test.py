@@ -38,7 +38,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
-from e2e_common import LANGID, job_yaml, require_cuda, subset_tsv, write  # noqa: E402
+from e2e_common import LANGID, job_yaml, require_cuda, steps, subset_tsv, weights, write  # noqa: E402
 
 
 def relative_l2(a, b):
@@ -83,11 +83,6 @@ def parity(args, work):
 def epochs(run_dir):
     with open(os.path.join(run_dir, "epochs.csv")) as f:
         return list(csv.DictReader(f))
-
-
-def steps(run_dir):
-    with open(os.path.join(run_dir, "steps.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def run_job(args, work, name, device, extra, train_count):
@@ -149,11 +144,6 @@ def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0):
     with open(os.path.join(runs, name, "summary.json")) as f:
         summary = json.load(f)
     return os.path.join(runs, name), summary
-
-
-def weights(run_dir):
-    from safetensors.torch import load_file
-    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
 
 
 def torch_scales(skipped, init_scale=1024.0, growth_interval=3):

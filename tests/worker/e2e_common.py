@@ -54,6 +54,18 @@ log:
 {extra}"""
 
 
+def steps(run_dir):
+    """A run's steps.jsonl, one dict a line."""
+    with open(os.path.join(run_dir, "steps.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(run_dir):
+    """A run's final weights (model/model.safetensors), by name."""
+    from safetensors.torch import load_file
+    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
+
+
 def wait_for(predicate, timeout, what):
     """predicate()'s first true value, polled every 0.25 s; AssertionError after `timeout` s."""
     deadline = time.time() + timeout
