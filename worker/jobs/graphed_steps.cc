@@ -62,22 +62,25 @@ struct GraphedSteps::Impl {
     controls.device.plant_inf.fill_(host.plant_inf ? 1.0 : 0.0);
   }
 
-  Shape& ShapeOf(const Batch& batch) { return FillInputs(shapes[KeyOf(batch)], batch); }
+  Shape& ShapeOf(const Batch& batch) {
+    Shape& shape = shapes[KeyOf(batch)];
+    FillInputs(shape.inputs, batch);
+    return shape;
+  }
 
   static std::pair<int64_t, int64_t> KeyOf(const Batch& batch) {
     return {batch.input_ids.size(0), batch.input_ids.size(1)};
   }
 
-  // The batch into the shape's static inputs (made on its first use), on the caller's stream.
-  static Shape& FillInputs(Shape& shape, const Batch& batch) {
-    if (!shape.inputs.input_ids.defined())
-      shape.inputs = {torch::empty_like(batch.input_ids), torch::empty_like(batch.attention_mask),
-                      torch::empty_like(batch.labels), 0};
-    shape.inputs.input_ids.copy_(batch.input_ids);
-    shape.inputs.attention_mask.copy_(batch.attention_mask);
-    shape.inputs.labels.copy_(batch.labels);
-    shape.inputs.real_tokens = batch.real_tokens;
-    return shape;
+  // The batch into a shape's static inputs (made on first use), on the caller's stream.
+  static void FillInputs(Batch& inputs, const Batch& batch) {
+    if (!inputs.input_ids.defined())
+      inputs = {torch::empty_like(batch.input_ids), torch::empty_like(batch.attention_mask),
+                torch::empty_like(batch.labels), 0};
+    inputs.input_ids.copy_(batch.input_ids);
+    inputs.attention_mask.copy_(batch.attention_mask);
+    inputs.labels.copy_(batch.labels);
+    inputs.real_tokens = batch.real_tokens;
   }
 
   // The shape's first step: eager, on the capture stream, so that what the step sets up
@@ -111,7 +114,11 @@ struct GraphedSteps::Impl {
   StepControls controls;  // with the static device tensors
   std::map<std::pair<int64_t, int64_t>, Shape> shapes;
   // Evaluation: per shape, its static inputs and the replay of its pass.
-  std::map<std::pair<int64_t, int64_t>, std::pair<Shape, std::function<torch::Tensor()>>> passes;
+  struct Pass {
+    Batch inputs;
+    std::function<torch::Tensor()> replay;
+  };
+  std::map<std::pair<int64_t, int64_t>, Pass> passes;
 };
 
 GraphedSteps::GraphedSteps(torch::Device device) {
@@ -131,10 +138,10 @@ StepResult GraphedSteps::Run(Batch& batch, const StepControls& controls, const S
 
 torch::Tensor GraphedSteps::Evaluate(Batch& batch, const Pass& pass) {
   Impl& m = *impl_;
-  auto& [shape, replay] = m.passes[Impl::KeyOf(batch)];
-  Impl::FillInputs(shape, batch);
+  auto& [inputs_in_place, replay] = m.passes[Impl::KeyOf(batch)];
+  Impl::FillInputs(inputs_in_place, batch);
   if (!replay) {
-    Batch* inputs = &shape.inputs;  // std::map keeps it in place
+    Batch* inputs = &inputs_in_place;  // std::map keeps it in place
     replay = CaptureCudaGraph([inputs, pass] { return pass(*inputs); }, m.device, m.pool, m.stream);
   }
   return replay().clone();
