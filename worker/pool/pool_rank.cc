@@ -1,5 +1,6 @@
 #include "worker/pool/pool_rank.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -71,6 +72,11 @@ JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked, 
   return Outcome("failed", why.empty() ? what : what + ": " + why);
 }
 
+std::optional<Clock::time_point> Earliest(std::optional<Clock::time_point> a, std::optional<Clock::time_point> b) {
+  if (a && b) return std::min(*a, *b);
+  return a ? a : b;
+}
+
 }  // namespace
 
 PoolRank::PoolRank(PoolAgent& agent, JobLaunchOptions options) : agent_(agent), options_(std::move(options)) {}
@@ -105,6 +111,7 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
     JobProcess job(launch);
     bool stop_asked = false, terminated = false, stuck = false;
     Clock::time_point asked_at, terminated_at;
+    std::optional<Clock::time_point> failure_said;
     auto terminate = [&](const std::string& why) {
       LogWarn(StrFormat("job %ld: %s; ending its mpirun", long(a.job_id), why.c_str()));
       job.Terminate();
@@ -122,8 +129,12 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
         terminate(StrFormat("no stop after %.0f s", options_.stop_grace_s));
       // A failed rank aborts the job, and mpirun then stops the others through each
       // host's daemon. It waits for an unreachable host's daemon without end (a cut
-      // link, a powered-off host), so the failure is not left waiting on it.
-      const auto ending = job.EndingSince();
+      // link, a powered-off host), so the failure is not left waiting on it. The ending
+      // starts when mpirun says a rank failed or when rank 0 says the job failed,
+      // whichever comes first: mpirun's own words may never come (its help text can fail
+      // to print while a host is unreachable).
+      if (!failure_said && relay.result() && relay.result()->outcome == "failed") failure_said = Clock::now();
+      const auto ending = Earliest(job.EndingSince(), failure_said);
       if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s) {
         stuck = true;
         terminate(

@@ -17,7 +17,8 @@ struct JobLaunchOptions {
   std::string worker;                 // this binary
   std::vector<std::string> job_args;  // passed on to every job's workers
   double stop_grace_s = 30;           // after a relayed stop, before mpirun is told to end the job
-  double abort_grace_s = 5;           // after mpirun began to end a failed job, before it is told to
+  double abort_grace_s = 5;           // after a rank failed (mpirun or rank 0 says so), before mpirun is told
+                                      // to end the job
   double kill_grace_s = 10;           // after mpirun was told, before its process group is killed
   bool allow_run_as_root = false;     // pass --allow-run-as-root to each job's mpirun
 };
