@@ -170,6 +170,7 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
                         {"submitted_at", j.submitted_at()}};
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
   if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
+  if (!j.slurm().empty()) out["slurm"] = j.slurm();
   return out;
 }
 
@@ -221,6 +222,7 @@ int Show(const Options& o, const std::string& what, int64_t id) {
   }
   PrintTable(jobs);
   for (const auto& j : jobs) {
+    if (!j.slurm().empty()) std::printf("  slurm: %s\n", j.slurm().c_str());
     for (const auto& e : j.endpoints()) std::printf("  endpoint: %s\n", e.c_str());
     for (const auto& e : j.events()) std::printf("  event: %s\n", e.c_str());
   }

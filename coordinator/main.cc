@@ -1,8 +1,8 @@
 // coordinator: the Trainyard daemon. Queues jobs durably in SQLite, answers jobctl, and
 // gang-schedules them onto registered worker ranks.
 // Exit codes: 0 after SIGINT/SIGTERM (and after --init), 2 for bad options, missing or
-// unusable keys, a corrupt or read-only state database, or a runs folder that cannot be
-// written.
+// unusable keys, a corrupt or read-only state database, a runs folder that cannot be
+// written, or (--slurm) a slurmctld that does not answer.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +47,34 @@ struct CommandLine {
   std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
 };
 
+void AddSlurmOptions(CLI::App& app, CommandLine* c) {
+  trainyard::SlurmOptions& s = c->server.slurm;
+  auto* slurm = app.add_flag("--slurm", s.enabled,
+                             "run each attempt as a Slurm batch job (sbatch) instead of on pool agents: Slurm\n"
+                             "decides where and when; the script is kept as <runs>/<id>/attempt-<n>/job.sbatch.\n"
+                             "Needs Slurm's client commands here and slurmctld answering (else exit 2)");
+  app.add_option("--slurm-partition", s.partition, "--slurm: the partition to submit to (default: Slurm's)")
+      ->needs(slurm);
+  app.add_option("--slurm-account", s.account, "--slurm: the account to charge (default: Slurm's)")->needs(slurm);
+  app.add_option("--slurm-time", s.time_limit_minutes,
+                 "--slurm: each attempt's time limit in minutes (default 0: the partition's)")
+      ->check(CLI::Range(0, 525600))
+      ->needs(slurm);
+  app.add_option("--slurm-signal", s.signal_lead_s,
+                 "--slurm: seconds before the time limit at which Slurm sends the ranks SIGUSR1, so they\n"
+                 "stop after a step with a checkpoint and the job is requeued without counting a restart\n"
+                 "(default 60; 0: no signal)")
+      ->check(CLI::Range(0, 65535))
+      ->needs(slurm);
+  app.add_option("--slurm-worker", s.worker,
+                 "--slurm: the worker binary, at the same path on every node (default: the worker beside\n"
+                 "this coordinator)")
+      ->needs(slurm);
+  app.add_option("--advertise", s.endpoint,
+                 "--slurm: the endpoint the Slurm jobs' ranks reach this coordinator at (default: --listen)")
+      ->needs(slurm);
+}
+
 void AddOptions(CLI::App& app, CommandLine* c) {
   trainyard::ServerOptions& o = c->server;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
@@ -84,6 +112,7 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                  "[HOST:]PORT, e.g. 127.0.0.1:8265 (HOST defaults to 127.0.0.1; default: no dashboard).\n"
                  "The dashboard is read-only but has no authentication: keep it on loopback");
   app.add_option("--chartjs", c->chartjs, "Chart.js for the dashboard's charts (default: Debian's libjs-chart.js)");
+  AddSlurmOptions(app, c);
 }
 
 // Runs the coordinator until SIGINT or SIGTERM; exit code 2 for what the user must fix.
@@ -151,7 +180,8 @@ int Main(int argc, char** argv) {
       "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
       "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/.\n"
       "With --http 127.0.0.1:8265 it also serves a web dashboard, its read-only JSON API (GET /api)\n"
-      "and Prometheus metrics (GET /metrics)."};
+      "and Prometheus metrics (GET /metrics).\n"
+      "With --slurm each attempt runs as a Slurm batch job (srun of the worker) instead of on pool agents."};
   CommandLine c;
   AddOptions(app, &c);
   try {
@@ -166,6 +196,8 @@ int Main(int argc, char** argv) {
                             : (std::filesystem::path(c.server.state_path).parent_path() / "keys").string();
   }
   if (c.init) return InitKeys(c.server.keys_dir);
+  if (c.server.slurm.enabled && c.server.slurm.worker.empty())
+    c.server.slurm.worker = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "worker").string();
   spdlog::set_pattern("[%H:%M:%S] %v");
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);

@@ -92,6 +92,14 @@ Server::Server(ServerOptions options)
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).lexically_normal().string();
   if (options_.runs_dir.size() > 1 && options_.runs_dir.back() == '/') options_.runs_dir.pop_back();
   CheckRunsDir();
+  if (options_.slurm.enabled) {  // before anything is bound or started: a clear exit 2 without Slurm
+    const std::string why = SlurmUnreachable();
+    if (!why.empty()) throw ConfigError("--slurm: " + why);
+    if (options_.slurm.endpoint.empty()) options_.slurm.endpoint = options_.listen;
+    if (options_.slurm.keys_dir.empty())
+      options_.slurm.keys_dir = std::filesystem::absolute(options_.keys_dir).lexically_normal().string();
+    options_.slurm.insecure = options_.insecure;
+  }
   if (options_.insecure) {
     spdlog::warn(
         "INSECURE MODE (--insecure): no encryption and no authentication; anyone who can reach {} can submit "
@@ -121,6 +129,7 @@ Server::Server(ServerOptions options)
   world_tokens_ = store_->WorldTokens();
   RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
+  if (options_.slurm.enabled) slurm_ = std::make_unique<SlurmClient>(options_.slurm);
 }
 
 Server::~Server() = default;
@@ -377,6 +386,7 @@ wire::Envelope Server::Status(int64_t id) {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   Fill(*job, reply.mutable_job());
+  reply.mutable_job()->set_slurm(SlurmText(id));
   for (const auto& event : store_->Events(id)) reply.mutable_job()->add_events(event);
   if (job->state == JobState::kRunning)
     for (const std::string& endpoint :
@@ -404,6 +414,7 @@ wire::Envelope Server::Cancel(int64_t id) {
     transaction.Commit();
     if (running != running_.end()) {
       StopRanks(running->second, "cancelled by the user");
+      if (slurm_ && !running->second.slurm_job.empty()) slurm_->Cancel(running->second.slurm_job);
       running_.erase(running);
     }
     spdlog::info("job {} cancelled while running", id);

@@ -71,6 +71,7 @@
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/slurm.h"
 #include "coordinator/state_store.h"
 #include "coordinator/submit_parser.h"
 #include "coordinator/zap_handler.h"
@@ -93,6 +94,7 @@ struct ServerOptions {
   bool insecure = false;          // no CURVE, no roles: development only
   YamlBudget submit_budget;       // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
+  SlurmOptions slurm;  // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
 };
 
 // Options that cannot work (a runs folder that cannot be written): found at start.
@@ -133,6 +135,18 @@ struct RunningAttempt {
   std::set<RankKey> present;                 // slots seen running it (re-adoption)
   bool adopted = true;                       // false after a restart until every slot is back
   std::string summary_json;
+  // --slurm (Note [Attempts as Slurm jobs]): its Slurm job, what squeue last said of it,
+  // and whether it has started (the start grace counts from then).
+  std::string slurm_job;
+  SlurmJobState slurm_state;
+  bool slurm_started = false;
+  // What its rank 0 reported, when not a success: the attempt ends once Slurm says how
+  // its job ended (FollowSlurmJobs), which names the cause (NODE_FAIL, TIMEOUT) and tells
+  // a preemption or time limit (requeued free) from an scancel (counted).
+  wire::Outcome reported = wire::OUTCOME_UNSPECIFIED;
+  std::string reported_reason;
+  double reported_at = 0;  // on the listening clock; a Slurm job not ended `grace_s` later is cancelled
+  bool cancel_sent = false;
 };
 
 // A warning the dashboard shows (a squat attempt: Note [Worlds cannot be squatted]).
@@ -232,6 +246,19 @@ class Server {
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
+  // Records a new attempt of `job` on `slots` (one transaction) and keeps it running.
+  RunningAttempt& OpenAttempt(const JobRecord& job, const std::vector<RankKey>& slots, const std::string& how,
+                              double now);
+  // Creates the folder of `job`'s next attempt; false (the job failed, said why) if it cannot be.
+  bool MakeAttemptFolder(const JobRecord& job, double now);
+  // --slurm (server_slurm.cc, Note [Attempts as Slurm jobs]).
+  void ScheduleOnSlurm(double now);
+  void SubmitToSlurm(const JobRecord& job, double now);
+  void TakeSlurmSubmissions(double now);
+  void FollowSlurmJobs();
+  void AssignSlurmLead(const RankKey& key);
+  // "job <id>: <state> (<reason>)" for a running Slurm attempt of job `id`; "" otherwise.
+  std::string SlurmText(int64_t id) const;
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);
   void SucceedAttempt(RunningAttempt attempt);
   // How an ended attempt counts against resources.max_restarts.
@@ -277,6 +304,8 @@ class Server {
   bool schedule_due_ = true;
   double last_pulse_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;
+  std::unique_ptr<SlurmClient> slurm_;           // --slurm only
+  std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token
 };
 
 // An Envelope holding an ErrorReply.

@@ -140,6 +140,7 @@ void Server::ReloadRunningAttempts() {
     attempt.started_at = open.started_at;
     attempt.started_listening = listened_;
     attempt.adopted = false;
+    attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     running_[open.job] = attempt;
     spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
@@ -246,6 +247,7 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
       std::count(running->second.slots.begin(), running->second.slots.end(), key))
     NoteAdoption(&running->second, key);
   SendStopIfStale(entry);
+  if (slurm_ && entry.job == 0) AssignSlurmLead(key);
   Send(identity, [] {
     wire::Envelope e;
     e.mutable_pulse();
@@ -345,9 +347,20 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   if (from != attempt.slots.front()) return;
   if (message.end() != wire::OUTCOME_SUCCEEDED) {
     const bool bad_input = message.end() == wire::OUTCOME_BAD_INPUT;
+    const bool preempted = message.end() == wire::OUTCOME_PREEMPTED;
     const std::string reason = "the job led by " + DescribeRank(from) + " " +
-                               (bad_input ? "rejected its input: " : "failed: ") + message.message();
-    FailAttempt(message.job_id(), reason, bad_input ? Retry::kNever : Retry::kCounted);
+                               (bad_input   ? "rejected its input: "
+                                : preempted ? "was preempted: "
+                                            : "failed: ") +
+                               message.message();
+    if (!attempt.slurm_job.empty()) {  // its Slurm job's end decides (FollowSlurmJobs)
+      attempt.finished.insert(from);
+      attempt.reported = message.end();
+      attempt.reported_reason = reason;
+      attempt.reported_at = listened_;
+      return;
+    }
+    FailAttempt(message.job_id(), reason, bad_input ? Retry::kNever : preempted ? Retry::kFree : Retry::kCounted);
     return;
   }
   attempt.finished.insert(from);
@@ -385,6 +398,10 @@ void Server::Tick() {
     ExpireSilentRanks();
     CheckAttemptsStarted();
   }
+  if (slurm_) {
+    TakeSlurmSubmissions(now);
+    FollowSlurmJobs();
+  }
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }
 
@@ -400,6 +417,10 @@ void Server::ExpireSilentRanks() {
   for (auto it = ranks_.begin(); it != ranks_.end();) {
     if (listened_ - it->second.last_seen <= limit) {
       ++it;
+      continue;
+    }
+    if (!SlurmJobOfWorld(it->first.first).empty() && !AttemptAwaiting(it->first)) {
+      it = ranks_.erase(it);  // a Slurm job's rank 0 after its attempt ended: gone with its job
       continue;
     }
     const std::string who = DescribeRank(it->first);
@@ -420,6 +441,7 @@ void Server::ExpireSilentRanks() {
 void Server::CheckAttemptsStarted() {
   std::vector<std::pair<int64_t, std::string>> failed, abandoned;
   for (auto& [id, attempt] : running_) {
+    if (!attempt.slurm_job.empty() && !attempt.slurm_started) continue;  // Slurm has not started it
     if (listened_ - attempt.started_listening < options_.grace_s) continue;
     if (!attempt.adopted) {
       abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
@@ -443,6 +465,7 @@ void Server::CheckAttemptsStarted() {
 void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
+  if (slurm_) return ScheduleOnSlurm(now);
   if (ranks_.empty()) return;
   std::vector<QueuedJob> queue;
   std::map<std::string, JobRecord> records;
@@ -456,6 +479,7 @@ void Server::ScheduleQueued(double now) {
   // name a job (one being cancelled, or given up on).
   std::vector<WorkerRank> workers;
   for (const auto& [key, entry] : ranks_) {
+    if (!SlurmJobOfWorld(key.first).empty()) continue;  // a Slurm job's rank 0, never a pool slot
     WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
     if (const RunningAttempt* attempt = AttemptAwaiting(key)) {
       w.job = std::to_string(attempt->job);
@@ -478,13 +502,10 @@ void Server::ScheduleQueued(double now) {
   }
 }
 
-void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
-  std::vector<RankKey> slots;
-  for (const SlotRef& slot : placement.slots) slots.emplace_back(slot.world, slot.rank);
-  const std::string where = PlacementText(slots);
-  const int next = job.attempts + 1;
+bool Server::MakeAttemptFolder(const JobRecord& job, double now) {
   try {
-    MakeFoldersBeneath(options_.runs_dir, std::to_string(job.id) + "/attempt-" + std::to_string(next));
+    MakeFoldersBeneath(options_.runs_dir, std::to_string(job.id) + "/attempt-" + std::to_string(job.attempts + 1));
+    return true;
   } catch (const std::exception& e) {  // the job cannot run here; the daemon goes on
     const std::string reason = "the coordinator cannot create its runs folder: " + std::string(e.what());
     StateStore::Transaction transaction(*store_);
@@ -492,8 +513,12 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
     store_->AddEvent(job.id, reason, now);
     transaction.Commit();
     spdlog::error("job {} failed: {}", job.id, reason);
-    return;
+    return false;
   }
+}
+
+RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<RankKey>& slots, const std::string& how,
+                                    double now) {
   RunningAttempt attempt;
   attempt.job = job.id;
   attempt.slots = slots;
@@ -501,16 +526,21 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
   attempt.started_listening = listened_;
   if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
   StateStore::Transaction transaction(*store_);
-  attempt.attempt = store_->StartAttempt(job.id, where, now);
-  store_->AddEvent(job.id,
-                   "attempt " + std::to_string(attempt.attempt) + " started on " + where +
-                       (placement.backfilled ? " (backfilled)" : ""),
-                   now);
+  attempt.attempt = store_->StartAttempt(job.id, PlacementText(slots), now);
+  store_->AddEvent(job.id, "attempt " + std::to_string(attempt.attempt) + " " + how, now);
   transaction.Commit();
-  running_[job.id] = attempt;
   reported_unplaceable_.erase(job.id);
+  spdlog::info("job {} '{}' attempt {} {}", job.id, job.name, attempt.attempt, how);
+  return running_[job.id] = attempt;
+}
+
+void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
+  std::vector<RankKey> slots;
+  for (const SlotRef& slot : placement.slots) slots.emplace_back(slot.world, slot.rank);
+  if (!MakeAttemptFolder(job, now)) return;
+  const RunningAttempt& attempt = OpenAttempt(
+      job, slots, "started on " + PlacementText(slots) + (placement.backfilled ? " (backfilled)" : ""), now);
   for (const RankKey& slot : slots) SendAssign(job, attempt, slot);
-  spdlog::info("job {} '{}' attempt {} started on {}", job.id, job.name, attempt.attempt, where);
 }
 
 void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) {
@@ -585,6 +615,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   transaction.Commit();  // the outcome is durable before anyone is told
   running_.erase(id);
   StopRanks(attempt, "attempt ended: " + reason);
+  if (slurm_ && !attempt.slurm_job.empty()) slurm_->Cancel(attempt.slurm_job);  // its allocation, if any is left
   spdlog::warn("job {}: {}", id, event);
   schedule_due_ = true;
 }

@@ -103,6 +103,7 @@ WebReply Server::ApiJobs() {
   json jobs = json::array();
   for (const JobRecord& j : store_->Jobs()) {
     json job = JobJson(j);
+    job["slurm"] = SlurmText(j.id);
     const json latest = LatestEpoch(store_->EpochRows(j.id));
     job["epochs"] = latest.is_null() ? 0 : NumberOr(latest, "epoch", 0);
     job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
@@ -115,6 +116,7 @@ WebReply Server::ApiJob(int64_t id) {
   const auto record = store_->Find(id);
   if (!record) return NotFound("no job " + std::to_string(id));
   json job = JobJson(*record);
+  job["slurm"] = SlurmText(id);
   json attempts = json::array(), events = json::array(), epochs = json::array(), breakdowns = json::array();
   for (const AttemptRecord& a : store_->Attempts(id))
     attempts.push_back({{"attempt", a.attempt},
@@ -201,6 +203,8 @@ std::string Server::MetricsText() {
   m.DeclareGauge("trainyard_worker_heartbeat_age_seconds", "Listening time since a rank's last message.");
   m.DeclareGauge("trainyard_job_ms_per_step", "A running job's mean ms per step in its latest epoch.");
   m.DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
+  m.DeclareGauge("trainyard_slurm_job",
+                 "Under --slurm: 1 per running attempt, labelled with its Slurm job id, state and reason.");
   m.DeclareCounter("trainyard_squat_attempts_total",
                    "Registrations refused since start for claiming another agent's world id with another token.");
 
@@ -226,6 +230,14 @@ std::string Server::MetricsText() {
     m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
   m.Set("trainyard_running_attempts", {}, double(running_.size()));
   m.Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
+  for (const auto& [id, attempt] : running_)
+    if (!attempt.slurm_job.empty())
+      m.Set("trainyard_slurm_job",
+            {{"job", std::to_string(id)},
+             {"slurm_job", attempt.slurm_job},
+             {"state", attempt.slurm_state.state.empty() ? "SUBMITTED" : attempt.slurm_state.state},
+             {"reason", attempt.slurm_state.reason}},
+            1);
   const double lost_after = options_.heartbeat_s * options_.liveness;
   for (const auto& [key, entry] : ranks_) {
     const MetricLabels labels = {

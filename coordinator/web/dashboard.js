@@ -56,7 +56,7 @@ function jobRow(job) {
   state.append(stateBadge(job.state));
   tr.append(id, el("td", job.name), state, el("td", job.ranks, "num"), el("td", job.device),
             el("td", job.attempts, "num"), el("td", job.epochs, "num"), el("td", fixed(job.ms_per_step, 1), "num"),
-            el("td", when(job.submitted_at)), el("td", job.reason));
+            el("td", when(job.submitted_at)), el("td", job.slurm ? `Slurm ${job.slurm}` : job.reason));
   return tr;
 }
 
@@ -197,7 +197,7 @@ async function refreshJob(id) {
   state.className = `state ${job.state}`;
   document.getElementById("job-facts").textContent =
       `${job.ranks} rank(s) on ${job.device}; attempt ${job.attempts} of at most ${job.max_restarts + 1}; ` +
-      `submitted ${when(job.submitted_at)}`;
+      `submitted ${when(job.submitted_at)}` + (job.slurm ? `; Slurm ${job.slurm}` : "");
   document.getElementById("job-reason").textContent = job.reason;
   updateCurves(job.epochs);
   updateBreakdown(job);

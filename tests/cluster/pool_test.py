@@ -25,10 +25,12 @@ HTTP = 8265
 class Pool:
     """The coordinator on h1 and agents on the other hosts, all as real processes."""
 
-    def __init__(self, c, args, liveness=10):
-        self.c, self.args, self.liveness = c, args, liveness
-        self.keys = os.path.join(c.shared, "keys")
-        self.endpoint = f"tcp://{c.address('h1')}:{PORT}"
+    def __init__(self, c, args, liveness=10, port=PORT, http=HTTP, tag=""):
+        """`tag` tells a second coordinator's keys, state and runs folder from the first's."""
+        self.c, self.args, self.liveness, self.http, self.tag = c, args, liveness, http, tag
+        self.keys = os.path.join(c.shared, "keys" + tag)
+        self.runs = "runs" + tag  # in each host's own folder
+        self.endpoint = f"tcp://{c.address('h1')}:{port}"
         subprocess.run([args.coordinator, "--init", "--keys", self.keys], check=True, capture_output=True)
         self.logs = []
 
@@ -37,13 +39,16 @@ class Pool:
         self.logs.append(f.name)
         return f
 
+    def coordinator_command(self, extra=()):
+        state = os.path.join(self.c.host_dir, f"state{self.tag}.db")
+        return [self.args.coordinator, "--listen", self.endpoint, "--state", state, "--runs",
+                os.path.join(self.c.host_dir, self.runs), "--keys", self.keys, "--http", f"127.0.0.1:{self.http}",
+                "--heartbeat", "0.5", "--liveness", str(self.liveness), "--grace", "20", "--restart-backoff", "1",
+                *extra]
+
     def start_coordinator(self):
-        state = os.path.join(self.c.host_dir, "state.db")
-        self.c.popen("h1", [self.args.coordinator, "--listen", self.endpoint, "--state", state, "--runs",
-                            os.path.join(self.c.host_dir, "runs"), "--keys", self.keys, "--http", f"127.0.0.1:{HTTP}",
-                            "--heartbeat", "0.5", "--liveness", str(self.liveness), "--grace", "20",
-                            "--restart-backoff", "1"],
-                     stdout=self.log("coordinator"), stderr=subprocess.STDOUT)
+        self.c.popen("h1", self.coordinator_command(), stdout=self.log("coordinator" + self.tag),
+                     stderr=subprocess.STDOUT)
 
     def agent_environment(self):
         """What an agent's host needs so that the job mpiruns it starts reach the other
@@ -55,7 +60,8 @@ class Pool:
         self.c.popen(host, [self.args.mpirun, "-n", str(count), "--bind-to", "none", "--oversubscribe",
                             self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys,
                             "--allow-run-as-root", "--heartbeat", "0.5", "--liveness", "4"],
-                     env=self.agent_environment(), stdout=self.log(f"agents-{host}"), stderr=subprocess.STDOUT)
+                     env=self.agent_environment(), stdout=self.log(f"agents{self.tag}-{host}"),
+                     stderr=subprocess.STDOUT)
 
     def jobctl(self, *argv):
         r = self.c.run("h1", [self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.keys, "--timeout", "3",
@@ -70,10 +76,15 @@ class Pool:
         except AssertionError:
             return []
 
-    def api(self, path):
-        fetch = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{HTTP}{path}').read().decode())"
+    def http_text(self, path):
+        """GET `path` of the dashboard, from h1; None when it does not answer."""
+        fetch = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{self.http}{path}').read().decode())"
         r = self.c.run("h1", [sys.executable, "-c", fetch], capture_output=True, text=True, timeout=30)
-        return json.loads(r.stdout) if r.returncode == 0 else None
+        return r.stdout if r.returncode == 0 else None
+
+    def api(self, path):
+        text = self.http_text(path)
+        return json.loads(text) if text is not None else None
 
     def dump_logs(self):
         for name in self.logs:

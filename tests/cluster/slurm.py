@@ -49,12 +49,16 @@ class Slurm:
         self.nodes = nodes or [h for h in cluster.names if h != controller]
         self.cpus = cpus
         self.etc = os.path.join(cluster.shared, "etc-slurm")
+        self.configured = False
 
     def state(self, host, path=""):
         """`host`'s Slurm folder (logs, spool), seen from outside the rig."""
         return self.c.outside(host, os.path.join("slurm", path))
 
-    def up(self, timeout=30):
+    def configure(self):
+        """The configuration, each host's folders and its /etc/slurm, without a daemon."""
+        if self.configured:
+            return self
         self.write_configuration()
         for host in self.c.names:
             for folder in ("slurm/d", "slurm/ctld", "munge", "tmp"):
@@ -62,6 +66,11 @@ class Slurm:
             os.chmod(self.c.outside(host, "munge"), 0o755)
             subprocess.run(["nsenter", "-t", str(self.c.init[host]), "-m", "mount", "--bind", self.etc, "/etc/slurm"],
                            check=True, capture_output=True, text=True)
+        self.configured = True
+        return self
+
+    def up(self, timeout=30):
+        self.configure()
         for host in self.c.names:
             self.start(host, ["munged", "-F", "-f", f"--key-file={self.c.shared}/munge.key",
                               f"--socket={self.c.host_dir}/munge/munge.socket.2",

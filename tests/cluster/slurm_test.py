@@ -19,7 +19,9 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
 import argparse
 import os
 import re
+import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 import slurm  # noqa: E402
 from cluster import SUBNET, Cluster, check, skip_unless_available  # noqa: E402
 from e2e_common import job_yaml, steps, subset_tsv, wait_for, weights, write  # noqa: E402
+from pool_test import Pool  # noqa: E402
 
 # Open MPI's links and MPI's TCP transport on the rig's network, for ranks started by
 # srun (which passes the environment on) and by mpirun inside an allocation alike.
@@ -148,11 +151,249 @@ def preempt(c, s, args):
     return ok
 
 
-CASES = {"standalone": standalone, "preempt": preempt}
+def start_up_without_slurmctld(c, s, pool):
+    """`coordinator --slurm` where Slurm is configured but slurmctld does not run."""
+    started = time.time()
+    r = c.run("h1", pool.coordinator_command(["--slurm"]), capture_output=True, text=True, timeout=60)
+    line = r.stderr.strip().splitlines()[-1:] or [""]
+    return check(r.returncode == 2 and "slurmctld is not reachable" in line[0],
+                 f"without slurmctld, coordinator --slurm exits {r.returncode} in {time.time() - started:.1f} s: "
+                 f"{line[0]}")
+
+
+def first_step_after(c, submitted, job_id, name, runs="runs"):
+    """Seconds from `submitted` to the first line of the job's steps.jsonl, on any host."""
+    def first_step():
+        for h in c.names:
+            path = c.outside(h, f"{runs}/{job_id}/{name}/steps.jsonl")
+            if os.path.exists(path) and os.path.getsize(path) > 0:
+                return time.time()
+        return None
+    return wait_for(first_step, 120, f"job {job_id}'s first step") - submitted
+
+
+def queue(c, s, args):
+    pool = Pool(c, args)
+    ok = start_up_without_slurmctld(c, s.configure(), pool)
+    s.up()
+    coordinator = slurm_coordinator(c, pool)
+    try:
+        jobs = {}
+        submitted = time.time()
+        for name, ranks in (("two_a", 2), ("four", 4), ("two_b", 2)):
+            path = job_file(c, name, steps=12, extra=f"resources:\n  ranks: {ranks}\n  max_restarts: 0\n")
+            jobs[name] = (pool.jobctl("submit", path)["job_id"], ranks, path)
+        latency = first_step_after(c, submitted, jobs["two_a"][0], "two_a")
+        ok &= slurm_shown(pool, jobs["four"][0])
+        finals = {name: wait_for(lambda j=job_id: (lambda r: r if r["state"] in ("SUCCEEDED", "FAILED") else None)(
+            pool.jobctl("status", str(j))), 150, f"job {name} to end") for name, (job_id, _, _) in jobs.items()}
+        for name, (job_id, ranks, _) in jobs.items():
+            report = pool.jobctl("report", str(job_id))
+            attempts = report["attempts"]
+            slurm_job = attempts[0]["placement"].removeprefix("slurm-").removesuffix(":0") if attempts else "?"
+            ok &= check(finals[name]["state"] == "SUCCEEDED" and len(attempts) == 1,
+                        f"{name} ({ranks} ranks): {finals[name]['state']} in {len(attempts)} attempt(s), as Slurm "
+                        f"job {slurm_job}: {finals[name]['reason']}")
+            epochs = [int(e["epoch"]) for e in report["epochs"]]
+            ok &= check(epochs == [1], f"{name}: each epoch logged once: {epochs}")
+            script = c.outside("h1", f"runs/{job_id}/attempt-1/job.sbatch")
+            text = open(script).read() if os.path.exists(script) else ""
+            ok &= check(f"#SBATCH --ntasks={ranks}" in text and "TRAINYARD_WORLD_TOKEN=" not in text,
+                        f"{name}: its generated script is in its folder, without a secret: {script}")
+            logs = [c.outside(h, f"runs/{job_id}/attempt-1/slurm-{slurm_job}.out") for h in c.names]
+            said = "".join(open(p).read() for p in logs if os.path.exists(p))
+            nodes = re.findall(r"tasks on (\S+)", said)
+            ok &= check(nodes and (ranks < 4 or nodes[0] == "h[2-3]"),
+                        f"{name}: Slurm placed its {ranks} tasks on {nodes[:1]}")
+            events = [e for e in finals[name].get("events", []) if "Slurm job" in e]
+            print(f"     {name}'s Slurm events: {events}")
+        waited = [e for e in finals["four"].get("events", []) if "PENDING (" in e]
+        ok &= check(waited, f"the 4-rank job waited in Slurm's queue, with Slurm's reason: {waited[:1]}")
+        # The 4-rank job over two nodes against srun's own 4 ranks of the same job file.
+        straight, _ = launch(s, "four", ["srun", "-N2", "-n4", os.path.abspath(args.worker), jobs["four"][2],
+                                         "--runs-dir", os.path.join(c.host_dir, "runs")])
+        through = [x["loss"] for h in c.names for x in steps_if(c.outside(h, f"runs/{jobs['four'][0]}/four"))]
+        ok &= check(through and through == [x["loss"] for x in steps(straight)],
+                    f"the 4-rank job's {len(through)} losses equal srun -N2 -n4 of its file, bit for bit")
+        pool_latency = pool_start_latency(c, args)
+        print(f"submit to first step, 2 ranks: {latency:.1f} s through Slurm (sched_interval=2), "
+              f"{pool_latency:.1f} s on a pool's agents")
+    except BaseException:
+        pool.dump_logs()
+        print(s.logs())
+        raise
+    finally:
+        coordinator.terminate()
+    if not ok:
+        pool.dump_logs()
+    return ok
+
+
+def slurm_coordinator(c, pool, extra=()):
+    """coordinator --slurm on h1, answering; sbatch passes its environment (the rig's
+    network for MPI) on to the jobs."""
+    process = c.popen("h1", pool.coordinator_command(["--slurm", *extra]), env=c.environment(**RIG_NETWORK),
+                      stdout=pool.log("coordinator"), stderr=subprocess.STDOUT)
+    wait_for(lambda: answering(pool), 30, "the coordinator")
+    return process
+
+
+def long_job(c, name, ranks, steps, extra=""):
+    """A job of `ranks` ranks and `steps` steps (4000 examples, 250 steps an epoch at 2 ranks)."""
+    epochs = -(-steps * 8 * ranks // 4000)
+    return write(os.path.join(c.shared, name + ".yaml"), job_yaml(
+        name, subset_tsv(c.shared, 4000),
+        f"train:\n  batch_size: 8\n  epochs: {epochs}\n  max_steps: {steps}\ncheckpoint:\n  every_steps: 50\n"
+        f"resources:\n  ranks: {ranks}\n{extra}"))
+
+
+def all_steps(c, run):
+    """Every host's steps.jsonl of `run` (rank 0's host may change between attempts), by step."""
+    found = [x for h in c.names for x in steps_if(c.outside(h, run))]
+    return sorted(found, key=lambda x: x["step"])
+
+
+def ended(pool, job_id, timeout, what):
+    return wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None)(
+        pool.jobctl("status", str(job_id))), timeout, what)
+
+
+def time_limit(c, s, args):
+    """Each attempt has a 1-minute limit and SIGUSR1 60 s ahead of it: Slurm signals the
+    ranks at its first time-limit check (within 30 s of the start). The job needs more
+    than that, so attempts are preempted, requeued free (max_restarts 0) and resumed
+    until it is done."""
+    pool = Pool(c, args)
+    coordinator = slurm_coordinator(c, pool, ["--slurm-time", "1", "--slurm-signal", "60"])
+    try:
+        path = long_job(c, "limited", 2, 1800, "  max_restarts: 0\n")
+        job_id = pool.jobctl("submit", path)["job_id"]
+        final = ended(pool, job_id, 170, "the job to end")
+        report = pool.jobctl("report", str(job_id))
+        attempts = report["attempts"]
+        outcomes = [a["outcome"] for a in attempts]
+        ok = check(final["state"] == "SUCCEEDED" and len(attempts) >= 2 and outcomes[-1] == "succeeded" and all(
+            o.startswith("interrupted: ") and "was preempted" in o for o in outcomes[:-1]),
+                   f"the job {final['state']} after {len(attempts)} attempts, each before the last preempted by "
+                   f"the time limit's signal and requeued without a restart (max_restarts 0): "
+                   f"{[o[:300] for o in outcomes[:-1]][:2]}")
+        got = all_steps(c, f"runs/{job_id}/limited")
+        ok &= check([x["step"] for x in got] == list(range(1, 1801)),
+                    f"each of the 1800 steps logged once ({len(got)} lines)")
+        epochs = [int(e["epoch"]) for e in report["epochs"]]
+        ok &= check(epochs == [1, 2, 3, 4, 5, 6, 7, 8], f"each epoch reported once: {epochs}")
+        straight, _ = launch(s, "limited", ["srun", "-n2", os.path.abspath(args.worker), path,
+                                            "--runs-dir", os.path.join(c.host_dir, "runs")])
+        ok &= check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],
+                    "every step's loss bitwise equal to an uninterrupted srun -n2 of the job file")
+    except BaseException:
+        pool.dump_logs()
+        raise
+    finally:
+        coordinator.terminate()
+    if not ok:
+        pool.dump_logs()
+    return ok
+
+
+def training(c, pool, job_id, name, at_least=20):
+    """The Slurm job of `job_id`'s running attempt, once it has logged `at_least` steps."""
+    def ready():
+        attempts = pool.jobctl("report", str(job_id))["attempts"]
+        if not attempts or attempts[-1]["ended_at"] or len(all_steps(c, f"runs/{job_id}/{name}")) < at_least:
+            return None
+        return attempts[-1]["placement"].removeprefix("slurm-").removesuffix(":0")
+    return wait_for(ready, 120, f"{name} to train")
+
+
+def external(c, s, args):
+    """An scancel from outside, and a node lost, each mid-run: the attempt ends with
+    Slurm's state, and the job is retried or fails as its max_restarts says."""
+    pool = Pool(c, args)
+    coordinator = slurm_coordinator(c, pool)
+    try:
+        cancelled = pool.jobctl("submit", long_job(c, "cancelled", 2, 5000, "  max_restarts: 1\n"))["job_id"]
+        first = training(c, pool, cancelled, "cancelled")
+        s.client(["scancel", first])
+        second = wait_for(lambda: (lambda a: a if len(a) >= 2 else None)(
+            pool.jobctl("report", str(cancelled))["attempts"]), 60, "the next attempt")
+        ok = check(second[0]["outcome"].startswith(f"failed: its Slurm job {first} ended CANCELLED"),
+                   f"scancel {first}: attempt 1 failed with Slurm's word, and the job was retried "
+                   f"(restart 1 of 1): {second[0]['outcome'][:300]}")
+        again = training(c, pool, cancelled, "cancelled", at_least=1)
+        pool.jobctl("cancel", str(cancelled))
+        gone = wait_for(lambda: (lambda st: st if st in ("CANCELLED", "COMPLETED") else None)(
+            job_state(s, again)[0]), 30, "jobctl cancel to reach Slurm")
+        ok &= check(gone == "CANCELLED", f"jobctl cancel ends the running Slurm job {again}: {gone}")
+
+        lost = pool.jobctl("submit", long_job(c, "lost", 4, 5000, "  max_restarts: 0\n"
+                                              "distributed:\n  timeout_s: 120\n"))["job_id"]
+        slurm_job = training(c, pool, lost, "lost")
+        c.kill("h3", None)  # every process of the host: its slurmd, its ranks
+        final = ended(pool, lost, 90, "the job to end after losing h3")
+        reason = pool.jobctl("report", str(lost))["attempts"][0]["outcome"]
+        ok &= check(final["state"] == "FAILED" and re.search(rf"Slurm job {slurm_job} ended (NODE_FAIL|FAILED)", reason),
+                    f"h3 lost mid-run: the job FAILED (max_restarts 0) with Slurm's state: {reason[:300]}")
+    except BaseException:
+        pool.dump_logs()
+        print(s.logs())
+        raise
+    finally:
+        coordinator.terminate()
+    if not ok:
+        pool.dump_logs()
+    return ok
+
+
+def slurm_shown(pool, job_id):
+    """While the job waits in Slurm's queue, jobctl, the dashboard's API and /metrics
+    (read with prometheus_client) show its Slurm job, state and reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+    status = wait_for(lambda: (lambda j: j if "PENDING" in j.get("slurm", "") or j["state"] not in (
+        "QUEUED", "RUNNING") else None)(pool.jobctl("status", str(job_id))), 60, "the job pending in Slurm")
+    api = next((j for j in (pool.api("/api/jobs") or {}).get("jobs", []) if j["id"] == job_id), {})
+    metrics = pool.http_text("/metrics") or ""
+    series = [s.labels for f in text_string_to_metric_families(metrics) if f.name == "trainyard_slurm_job"
+              for s in f.samples if s.labels.get("job") == str(job_id)]
+    shown = status.get("slurm", "")
+    return check(shown.startswith("job ") and "PENDING (" in shown and "PENDING" in api.get("slurm", "") and series
+                 and series[0]["slurm_job"] == shown.split()[1].rstrip(":") and series[0]["reason"],
+                 f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', /metrics "
+                 f"{series[:1]}")
+
+
+def pool_start_latency(c, args):
+    """Submit to first step of the same 2-rank job on a pool of two agents on h2 (a second
+    coordinator, with a state and runs folder of its own)."""
+    pool = Pool(c, args, port=5556, http=8266, tag="-pool")
+    pool.start_coordinator()
+    pool.start_agents("h2", 2)
+    wait_for(lambda: len(pool.workers()) == 2, 60, "the pool's agents")
+    path = job_file(c, "pooled", steps=12, extra="resources:\n  ranks: 2\n")
+    submitted = time.time()
+    job_id = pool.jobctl("submit", path)["job_id"]
+    return first_step_after(c, submitted, job_id, "pooled", runs=pool.runs)
+
+
+def answering(pool):
+    try:
+        return pool.jobctl("list") is not None
+    except AssertionError:
+        return None
+
+
+def steps_if(run):
+    return steps(run) if os.path.exists(os.path.join(run, "steps.jsonl")) else []
+
+
+CASES = {"standalone": standalone, "preempt": preempt, "queue": queue, "time_limit": time_limit,
+         "external": external}
 
 
 def main():
     parser = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--jobctl"):
+        parser.add_argument(flag)
     parser.add_argument("--worker", required=True)
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("case", choices=sorted(CASES))
@@ -163,8 +404,8 @@ def main():
         print(f"skipped: {why}")
         sys.exit(77)
     with Cluster(3) as c:
-        s = slurm.Slurm(c, controller="h1", nodes=["h2", "h3"]).up()
-        ok = CASES[args.case](c, s, args)
+        s = slurm.Slurm(c, controller="h1", nodes=["h2", "h3"])
+        ok = CASES[args.case](c, s if args.case == "queue" else s.up(), args)
     print("PASS" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

@@ -145,9 +145,10 @@ std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, dou
                            std::to_string(int(timeout_s)) + " s");
 }
 
-void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
-  wire::Envelope e;
-  wire::EpochReport* report = e.mutable_epoch();
+namespace {
+
+void FillEpochReport(const EpochRow& row, const std::string& csv_header, const std::string& csv_line,
+                     wire::EpochReport* report) {
   report->set_epoch(static_cast<int32_t>(row.epoch));
   report->set_csv_header(csv_header);
   report->set_csv_line(csv_line);
@@ -165,8 +166,21 @@ void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, 
     wire::RankParts* rank = breakdown->add_ranks();
     for (double ms : parts) rank->add_ms(ms);
   }
+}
+
+}  // namespace
+
+void RelayClient::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
+  wire::Envelope e;
+  FillEpochReport(row, csv_header, csv_line, e.mutable_epoch());
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
+}
+
+void AgentHooks::EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) {
+  wire::EpochReport report;
+  FillEpochReport(row, csv_header, csv_line, &report);
+  agent_.ReportEpoch(report);
 }
 
 bool RelayClient::StopRequested() const {
@@ -184,6 +198,12 @@ bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
   std::lock_guard<std::mutex> lock(mutex_);
   socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::none);
   return AwaitLocked(timeout_s, [](const wire::Envelope& in) { return in.has_ack(); }).has_value();
+}
+
+std::string AssignmentBytes(const Assignment& assignment) {
+  wire::Assign a;
+  ToWire(assignment, &a);
+  return a.SerializeAsString();
 }
 
 Assignment ParseAssignment(const std::string& bytes) {

@@ -94,13 +94,35 @@ class RelayClient : public JobHooks {
 // The bytes RelayClient::Start returns, back into an Assignment. Throws
 // std::invalid_argument when they are not one.
 Assignment ParseAssignment(const std::string& bytes);
+// An Assignment as such bytes (for a job rank 0 that got it itself, to pass on).
+std::string AssignmentBytes(const Assignment& assignment);
+
+// The hooks of a job whose rank 0 is itself the coordinator's rank, with no agent in
+// between (an attempt run as a Slurm job: Note [Attempts as Slurm jobs] in
+// coordinator/slurm.h): epoch rows go to `agent`, its stop requests come in.
+class AgentHooks : public JobHooks {
+ public:
+  explicit AgentHooks(PoolAgent& agent) : agent_(agent) {}
+  void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
+  bool StopRequested() const override { return agent_.StopRequested(); }
+  bool StopsOnSchedulerSignals() const override { return true; }
+
+ private:
+  PoolAgent& agent_;
+};
 
 // Hooks for the job's other ranks: no reports, no stop requests of their own (rank 0's
 // vote carries the agent's; Note [Stop agreement] in job_setup.h).
 class SilentHooks : public JobHooks {
  public:
+  // `scheduler_signals`: as the job's rank 0 does (every rank must, for the stop to agree).
+  explicit SilentHooks(bool scheduler_signals = false) : scheduler_signals_(scheduler_signals) {}
   void EpochDone(const EpochRow&, const std::string&, const std::string&) override {}
   bool StopRequested() const override { return false; }
+  bool StopsOnSchedulerSignals() const override { return scheduler_signals_; }
+
+ private:
+  bool scheduler_signals_;
 };
 
 }  // namespace trainyard

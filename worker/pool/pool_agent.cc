@@ -106,10 +106,11 @@ PoolAgent::~PoolAgent() {
   thread_.join();
 }
 
-std::optional<Assignment> PoolAgent::WaitForAssignment(const std::atomic<bool>& stop) {
+std::optional<Assignment> PoolAgent::WaitForAssignment(const std::atomic<bool>& stop, double timeout_s) {
+  const Clock::time_point since = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   while (assignments_.empty()) {
-    if (stop) return std::nullopt;
+    if (stop || SecondsSince(since) > timeout_s) return std::nullopt;
     assigned_.wait_for(lock, std::chrono::milliseconds(200));
   }
   Assignment next = std::move(assignments_.front());

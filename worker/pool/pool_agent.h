@@ -93,8 +93,9 @@ class PoolAgent {
   PoolAgent(const PoolAgent&) = delete;
   PoolAgent& operator=(const PoolAgent&) = delete;
 
-  // Blocks until the coordinator assigns a job, or `stop` becomes true (nullopt).
-  std::optional<Assignment> WaitForAssignment(const std::atomic<bool>& stop);
+  // Blocks until the coordinator assigns a job, or `stop` becomes true or `timeout_s`
+  // passes (nullopt).
+  std::optional<Assignment> WaitForAssignment(const std::atomic<bool>& stop, double timeout_s = 1e9);
   // Heartbeats name `assignment` from now on.
   void Begin(const Assignment& assignment);
   // Queues this rank's result (kept until acknowledged); heartbeats say idle again.

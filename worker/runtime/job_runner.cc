@@ -70,11 +70,13 @@ nlohmann::json RunKind(JobSpec spec, const RankContext& ranks) {
 class StopSignals {
  public:
   explicit StopSignals(std::vector<int> signals) : signals_(std::move(signals)), old_(signals_.size()) {
-    raised_ = false;
-    struct sigaction action {};
-    action.sa_handler = [](int) { raised_ = true; };
-    ::sigemptyset(&action.sa_mask);
-    for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &action, &old_[i]);
+    if (!kept_from_start_) raised_ = false;
+    for (size_t i = 0; i < signals_.size(); ++i) Catch(signals_[i], &old_[i]);
+  }
+  // KeepSchedulerSignalsFromNow: caught for good, and a signal already caught stays raised.
+  static void KeepFromNow(const std::vector<int>& signals) {
+    kept_from_start_ = true;
+    for (int signal : signals) Catch(signal, nullptr);
   }
   ~StopSignals() {
     for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &old_[i], nullptr);
@@ -84,7 +86,15 @@ class StopSignals {
   static const std::atomic<bool>* flag() { return &raised_; }
 
  private:
+  static void Catch(int signal, struct sigaction* old) {
+    struct sigaction action {};
+    action.sa_handler = [](int) { raised_ = true; };
+    ::sigemptyset(&action.sa_mask);
+    ::sigaction(signal, &action, old);
+  }
+
   static inline std::atomic<bool> raised_{false};
+  static inline bool kept_from_start_ = false;
   std::vector<int> signals_;
   std::vector<struct sigaction> old_;
 };
@@ -98,10 +108,11 @@ nlohmann::json RunServe(JobSpec spec, RankContext ranks) {
 
 // A standalone fine-tune job stops after the step in progress on SIGTERM (a scheduler's
 // preemption: Slurm sends it before SIGKILL) or SIGUSR1 (a warning ahead of a time
-// limit: sbatch --signal), writes a checkpoint there and exits as preempted. In a pool
-// the pool owns the signals, and the coordinator's stop comes through the hooks.
+// limit: sbatch --signal), writes a checkpoint there and exits as preempted; so does an
+// attempt run as a Slurm job. In a pool the pool owns the signals, and the coordinator's
+// stop comes through the hooks.
 nlohmann::json RunFinetune(JobSpec spec, RankContext ranks) {
-  if (ranks.hooks) return RunKind<Trainer>(std::move(spec), ranks);
+  if (ranks.hooks && !ranks.hooks->StopsOnSchedulerSignals()) return RunKind<Trainer>(std::move(spec), ranks);
   StopSignals signals({SIGTERM, SIGUSR1});
   ranks.stop_signal = StopSignals::flag();
   return RunKind<Trainer>(std::move(spec), ranks);
@@ -122,6 +133,12 @@ nlohmann::json RunKindOf(JobSpec spec, const RankContext& ranks) {
   }
   throw std::logic_error("unknown job kind");
 }
+
+}  // namespace
+
+void KeepSchedulerSignalsFromNow() { StopSignals::KeepFromNow({SIGTERM, SIGUSR1}); }
+
+namespace {
 
 RankResult Failed(int code, const std::string& outcome, const std::string& message) {
   RankResult r;

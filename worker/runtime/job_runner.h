@@ -32,4 +32,10 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
 // This process's rank among the ranks of MPI_COMM_WORLD on its node (picks its GPU).
 int LocalRank();
 
+// From now on, for the life of the process, SIGTERM and SIGUSR1 are kept as a stop request
+// for the finetune job it will run, instead of ending it: a scheduler's signal that comes
+// while MPI and the model start up is not lost (a rank of an attempt run as a Slurm job).
+// Other job kinds never read it: they end when the scheduler's SIGKILL follows.
+void KeepSchedulerSignalsFromNow();
+
 }  // namespace trainyard

@@ -1,5 +1,8 @@
 // The worker: `worker JOB.yaml` runs one job standalone over MPI_COMM_WORLD, one rank
 // per process (`mpirun -n 4 worker JOB.yaml` trains data-parallel over 4 ranks).
+// `srun worker --coordinator ENDPOINT --keys KEYS --slurm` is one rank of an attempt that
+// `coordinator --slurm` submitted as a Slurm job (Note [Attempts as Slurm jobs] in
+// coordinator/slurm.h); its rank 0 stands for the attempt in the coordinator's pool.
 // `worker --coordinator ENDPOINT --keys KEYS` is a pool agent instead: one slot of the
 // coordinator's pool, an independent process with no MPI of its own (started alone, by
 // a service manager, or several at once by `mpirun -n 4`). Each job runs as its own
@@ -25,6 +28,7 @@
 #include "common/log.h"
 #include "worker/pool/pool_agent.h"
 #include "worker/pool/rank_supervisor.h"
+#include "worker/runtime/job_runner.h"
 #include "worker/runtime/pool_runtime.h"
 #include "worker/runtime/standalone_runtime.h"
 
@@ -38,6 +42,7 @@ struct Options {
   std::vector<int> job_slots;
   int64_t job_id = 0;
   std::string log_level = "info";
+  bool slurm = false;  // with --coordinator: a rank of one attempt's Slurm job
 };
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -63,6 +68,11 @@ void AddOptions(CLI::App& app, Options& o) {
                "agent itself was started by an mpirun that allowed it");
   app.add_option("--mpirun", o.launch.mpirun,
                  "pool: the mpirun that starts each job as its own MPI world (default: mpirun on PATH)");
+  app.add_flag("--slurm", o.slurm,
+               "with --coordinator: this process is one of the ranks srun started for an attempt that\n"
+               "`coordinator --slurm` submitted (its generated sbatch script passes this); rank 0 registers\n"
+               "with the world token of the job's environment and leads the attempt")
+      ->needs(pool);
   // Job mode, for the pool's own use: a lead agent starts each job with these.
   auto* pool_job = app.add_option("--pool-job", o.pool_job)->group("");
   app.add_option("--job-slots", o.job_slots)->group("")->delimiter(',')->needs(pool_job);
@@ -130,7 +140,7 @@ bool ResolvePoolOptions(Options& o) {
     trainyard::CheckEndpoint(o.pool.endpoint);
     if (o.pool.keys_dir.empty()) o.pool.keys_dir = trainyard::DefaultKeyDir();
     if (!o.pool.insecure) o.pool.keys = trainyard::LoadPeerKeys(o.pool.keys_dir, trainyard::WireRole::kWorker);
-    o.launch.mpirun = FindExecutable(o.launch.mpirun, "--mpirun");
+    if (!o.slurm) o.launch.mpirun = FindExecutable(o.launch.mpirun, "--mpirun");
     return true;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -179,9 +189,10 @@ int Main(int argc, char** argv) {
   if (pool && !ResolvePoolOptions(o)) return 2;
   trainyard::LogSetup(o.log_level);
   o.launch.job_args = {"--log-level", o.log_level};
-  if (pool) return RunPoolAgent(o, app.count("--slot") > 0);
+  if (pool && !o.slurm) return RunPoolAgent(o, app.count("--slot") > 0);
   // A job's process dies with the mpirun that started it (Note [Job isolation]).
   if (job_mode) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (o.slurm) trainyard::KeepSchedulerSignalsFromNow();  // before MPI starts: no signal is lost
 
   return RunUnderMpi(argc, argv, o, job_mode);
 }
@@ -198,7 +209,9 @@ int RunUnderMpi(int argc, char** argv, const Options& o, bool job_mode) {
     MPI_Finalize();
     return 1;
   }
-  const int code = job_mode ? trainyard::RunPoolJob(o.pool_job, o.job_slots) : trainyard::RunStandalone(o.standalone);
+  const int code = job_mode  ? trainyard::RunPoolJob(o.pool_job, o.job_slots)
+                   : o.slurm ? trainyard::RunSlurmAttempt(o.pool)
+                             : trainyard::RunStandalone(o.standalone);
   MPI_Finalize();
   return code;
 }

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "common/log.h"
@@ -20,6 +22,9 @@ namespace {
 
 constexpr int kHostChars = 256;
 constexpr double kAssignmentWaitS = 60;
+// A Slurm job's rank 0 may register before the coordinator has read sbatch's answer, or
+// while it restarts.
+constexpr double kSlurmAssignmentWaitS = 120;
 
 std::atomic<bool> g_pool_stop{false};
 std::atomic<bool> g_pool_busy{false};
@@ -92,7 +97,62 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
   return result;
 }
 
+// Job rank 0 of a Slurm attempt: the world the coordinator bound to this Slurm job, and
+// its token from the job's environment (Note [Attempts as Slurm jobs]).
+RankIdentity SlurmLead() {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* token = std::getenv("TRAINYARD_WORLD_TOKEN");
+  if (!job || !*job || !token || !*token)
+    throw std::runtime_error(
+        "--slurm: SLURM_JOB_ID and TRAINYARD_WORLD_TOKEN must be set (run it through the sbatch script "
+        "`coordinator --slurm` generates)");
+  RankIdentity self;
+  self.world = std::string("slurm-") + job;
+  self.world_token = token;
+  self.rank_token = NewSecretToken();
+  self.host = Hostname();
+  self.pid = ::getpid();
+  self.device = torch::cuda::is_available() ? "cuda" : "cpu";
+  return self;
+}
+
 }  // namespace
+
+int RunSlurmAttempt(const PoolOptions& options) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::unique_ptr<PoolAgent> agent;
+  std::optional<Assignment> assignment;
+  if (rank == 0) {
+    try {
+      const RankIdentity self = SlurmLead();
+      agent = std::make_unique<PoolAgent>(options, self);
+      LogInfo(StrFormat("Slurm job rank 0 on %s registering as world %s with the coordinator at %s", self.host.c_str(),
+                        self.world.c_str(), options.endpoint.c_str()));
+      const std::atomic<bool> never{false};
+      assignment = agent->WaitForAssignment(never, kSlurmAssignmentWaitS);
+      if (!assignment) LogError(StrFormat("the coordinator sent no assignment within %.0f s", kSlurmAssignmentWaitS));
+    } catch (const std::exception& e) {
+      LogError(e.what());
+    }
+  }
+  ::unsetenv("TRAINYARD_WORLD_TOKEN");  // nothing the job starts needs it
+  const std::string bytes = Broadcast(assignment ? AssignmentBytes(*assignment) : "", rank);
+  if (bytes.empty()) return 1;
+  const Assignment a = ParseAssignment(bytes);
+  if (agent) agent->Begin(a);
+  SilentHooks silent(/*scheduler_signals=*/true);
+  std::unique_ptr<AgentHooks> hooks = agent ? std::make_unique<AgentHooks>(*agent) : nullptr;
+  RankResult result = RunAssignment(a, LocalRank(), hooks ? static_cast<JobHooks*>(hooks.get()) : &silent);
+  if (agent) {
+    agent->Finish(result.outcome);
+    if (!agent->Drain(5)) LogWarn("the coordinator did not confirm this attempt's result");
+  }
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (result.abort_world && world > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the others may be inside a collective
+  return result.exit_code;
+}
 
 int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_fd) {
   RankIdentity self;

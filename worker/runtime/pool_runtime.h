@@ -23,4 +23,10 @@ int RunPool(const PoolOptions& options, JobLaunchOptions launch, int supervisor_
 // world only.
 int RunPoolJob(const std::string& relay, const std::vector<int>& slots);
 
+// One attempt that `coordinator --slurm` submitted as a Slurm job, over MPI_COMM_WORLD (the
+// ranks srun started): rank 0 registers as the Slurm job's world with the token in its
+// environment, gets the assignment, and reports epochs and the result itself (Note
+// [Attempts as Slurm jobs] in coordinator/slurm.h). Returns the exit code.
+int RunSlurmAttempt(const PoolOptions& options);
+
 }  // namespace trainyard

@@ -1,0 +1,142 @@
+// The Slurm half of the coordinator (--slurm): each attempt is one Slurm batch job.
+// See Note [Attempts as Slurm jobs] in slurm.h for the protocol.
+#include <spdlog/spdlog.h>
+
+#include <tuple>
+
+#include "common/curve/curve_keys.h"
+#include "coordinator/server.h"
+
+namespace trainyard {
+
+// Every due job goes to Slurm at once: Slurm, not the coordinator, decides when and
+// where each runs (priority and backfill included).
+void Server::ScheduleOnSlurm(double now) {
+  for (const JobRecord& job : store_->JobsIn(JobState::kQueued))
+    if (job.not_before <= now && !slurm_tokens_.count(job.id)) SubmitToSlurm(job, now);
+}
+
+void Server::SubmitToSlurm(const JobRecord& job, double now) {
+  if (!MakeAttemptFolder(job, now)) return;
+  SlurmSubmission s;
+  s.job = job.id;
+  s.attempt = job.attempts + 1;
+  s.name = job.name;
+  s.ranks = job.ranks;
+  s.gpus = job.device == "cuda";
+  s.folder = AttemptDir(job.id, s.attempt);
+  WriteJobFile(s.folder, "job.sbatch", SbatchScript(options_.slurm, s), job.id);
+  const std::string token = NewSecretToken();
+  slurm_tokens_[job.id] = token;
+  slurm_->Submit(s, s.folder + "/job.sbatch", token);
+}
+
+void Server::TakeSlurmSubmissions(double now) {
+  for (const SlurmClient::Submitted& done : slurm_->TakeSubmitted()) {
+    const auto token = slurm_tokens_.find(done.job);
+    if (token == slurm_tokens_.end()) continue;
+    const std::string world_token = token->second;
+    slurm_tokens_.erase(token);
+    const auto job = store_->Find(done.job);
+    if (!job || job->state != JobState::kQueued) {  // cancelled while sbatch ran
+      if (!done.slurm_job.empty()) slurm_->Cancel(done.slurm_job);
+      continue;
+    }
+    if (done.slurm_job.empty()) {
+      // sbatch refused it (more tasks than the partition has, a bad account): asking
+      // again cannot help. The job fails with what Slurm said.
+      const std::string reason = "Slurm did not accept the job: " + done.error;
+      StateStore::Transaction transaction(*store_);
+      store_->SetState(done.job, JobState::kFailed, reason);
+      store_->AddEvent(done.job, reason, now);
+      transaction.Commit();
+      spdlog::error("job {} failed: {}", done.job, reason);
+      continue;
+    }
+    // The Slurm job's rank 0 registers as this world, with this token (Note [Worlds
+    // cannot be squatted]): bound before anyone can register as it.
+    const std::string world = SlurmWorld(done.slurm_job);
+    if (!world_tokens_.count(world)) {
+      store_->KeepWorldToken(world, world_token, now);
+      world_tokens_[world] = world_token;
+    }
+    RunningAttempt& attempt = OpenAttempt(*job, {{world, 0}}, "submitted to Slurm as job " + done.slurm_job, now);
+    attempt.slurm_job = done.slurm_job;
+    const auto rank = ranks_.find({world, 0});
+    if (rank != ranks_.end() && rank->second.job == 0) AssignSlurmLead(rank->first);  // it was quicker
+  }
+}
+
+// Once the Slurm job's rank 0 has registered (idle), it gets the Assign; from then on
+// the attempt runs as a pool attempt whose one slot leads all the ranks srun started.
+void Server::AssignSlurmLead(const RankKey& key) {
+  RunningAttempt* attempt = AttemptAwaiting(key);
+  if (!attempt || attempt->slots.front() != key || attempt->slurm_job.empty()) return;
+  const auto job = store_->Find(attempt->job);
+  if (!job) return;
+  attempt->adopted = true;  // after a coordinator restart, a rank that had not started yet
+  if (!attempt->slurm_started) attempt->started_listening = listened_;
+  attempt->slurm_started = true;
+  SendAssign(*job, *attempt, key);
+}
+
+// squeue's view of each running attempt's Slurm job: state changes become events, and
+// a Slurm job that ended while its attempt awaits a result fails the attempt with
+// Slurm's words (a result that came first has already ended it).
+void Server::FollowSlurmJobs() {
+  std::set<std::string> watched;
+  for (const auto& [id, attempt] : running_)
+    if (!attempt.slurm_job.empty()) watched.insert(attempt.slurm_job);
+  slurm_->Watch(watched);
+  const std::map<std::string, SlurmJobState> states = slurm_->States();
+  std::vector<std::tuple<int64_t, std::string, Retry>> ended;
+  for (auto& [id, attempt] : running_) {
+    const auto it = states.find(attempt.slurm_job);
+    if (attempt.slurm_job.empty() || it == states.end()) continue;
+    const SlurmJobState& now = it->second;
+    if (now.state != attempt.slurm_state.state || now.reason != attempt.slurm_state.reason) {
+      store_->AddEvent(id,
+                       "attempt " + std::to_string(attempt.attempt) + ": Slurm job " + attempt.slurm_job + " " +
+                           now.Describe(),
+                       WallNow());
+      attempt.slurm_state = now;
+    }
+    if (now.started() && !attempt.slurm_started) {
+      attempt.slurm_started = true;
+      attempt.started_listening = listened_;  // the start grace counts from here
+    }
+    if (!now.ended()) {
+      // Its ranks have said how it ended: a Slurm job that lingers (a step stuck on an
+      // unreachable node) is ended for them.
+      if (attempt.reported != wire::OUTCOME_UNSPECIFIED && !attempt.cancel_sent &&
+          listened_ - attempt.reported_at > options_.grace_s) {
+        attempt.cancel_sent = true;
+        slurm_->Cancel(attempt.slurm_job);
+      }
+      continue;
+    }
+    const std::string slurm_job = "its Slurm job " + attempt.slurm_job + " ended " + now.Describe();
+    const std::string& said = attempt.reported_reason;
+    if (now.state == "CANCELLED" && !attempt.cancel_sent)  // an scancel from outside (SIGTERM, as a preemption sends)
+      ended.emplace_back(id, slurm_job + ", cancelled outside the coordinator" + (said.empty() ? "" : "; " + said),
+                         Retry::kCounted);
+    else if (attempt.reported == wire::OUTCOME_PREEMPTED)  // a time limit ahead, or Slurm's preemption
+      ended.emplace_back(id, said + " (" + slurm_job + ")", Retry::kFree);
+    else if (attempt.reported == wire::OUTCOME_BAD_INPUT)
+      ended.emplace_back(id, said, Retry::kNever);
+    else
+      ended.emplace_back(
+          id, slurm_job + (said.empty() ? " before the job's rank 0 reported a result" : "; " + said),
+          Retry::kCounted);
+  }
+  for (const auto& [id, reason, retry] : ended) FailAttempt(id, reason, retry);
+}
+
+std::string Server::SlurmText(int64_t id) const {
+  const auto it = running_.find(id);
+  if (it == running_.end() || it->second.slurm_job.empty()) return "";
+  const std::string& state = it->second.slurm_state.state;
+  return "job " + it->second.slurm_job + ": " + (state.empty() ? "submitted" : it->second.slurm_state.Describe());
+}
+
+}  // namespace trainyard
