@@ -106,8 +106,8 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const CommandOpti
   std::vector<std::string> args = argv, env = Environment(options.env);
   std::vector<char*> arg_pointers = Pointers(args), env_pointers = Pointers(env);
   pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, args[0].c_str(), &actions, &attributes, arg_pointers.data(),
-                                     env_pointers.data());
+  const int spawned =
+      ::posix_spawnp(&pid, args[0].c_str(), &actions, &attributes, arg_pointers.data(), env_pointers.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   ::close(out_pipe[1]);
@@ -120,9 +120,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const CommandOpti
   }
   result.started = true;
   const Clock::time_point started = Clock::now();
-  auto left_ms = [&] {
-    return static_cast<int>(std::max(0.0, (options.timeout_s - SecondsSince(started)) * 1000));
-  };
+  auto left_ms = [&] { return static_cast<int>(std::max(0.0, (options.timeout_s - SecondsSince(started)) * 1000)); };
   pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
   int open = 2;
   while (open > 0 && left_ms() > 0) {

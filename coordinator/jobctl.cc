@@ -6,6 +6,7 @@
 // Exit codes: 0 ok, 2 bad input (the job file, an unknown job, bad options, a message
 // too large for the coordinator), 1 failure (and `logs -f` of a job that failed or was
 // cancelled).
+#include <pwd.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -167,6 +168,7 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
                         {"device", j.device()},
                         {"attempts", j.attempts()},
                         {"reason", j.reason()},
+                        {"user", j.user()},
                         {"submitted_at", j.submitted_at()}};
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
   if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
@@ -183,6 +185,13 @@ void PrintTable(const std::vector<wire::JobInfo>& jobs) {
                 j.attempts(), j.reason().c_str());
 }
 
+// The login name this process runs as, for a submission (Note [Usage] in
+// coordinator/state_store.h); "" when the system has none for its uid.
+std::string LoginName() {
+  const passwd* entry = ::getpwuid(::geteuid());
+  return entry && entry->pw_name ? entry->pw_name : "";
+}
+
 int Submit(const Options& o, const std::string& path, const std::string& key) {
   // The same checks, and errors, as the coordinator and worker; the budget first, so a
   // huge file is refused before yaml-cpp spends memory on it.
@@ -196,6 +205,7 @@ int Submit(const Options& o, const std::string& path, const std::string& key) {
   submit->set_source(path);
   submit->set_base_dir(base_dir);
   submit->set_idempotency_key(key.empty() ? NewKey() : key);
+  submit->set_user(LoginName());
   const auto reply = Expect(Request(o, request));
   if (o.json)
     std::cout << nlohmann::json{{"job_id", reply.submitted().job_id()}, {"created", reply.submitted().created()}}
@@ -306,6 +316,8 @@ int Report(const Options& o, int64_t id) {
                                  {"placement", a.placement()},
                                  {"started_at", a.started_at()},
                                  {"ended_at", a.ended_at()},
+                                 {"rank_seconds", a.rank_seconds()},
+                                 {"gpu_seconds", a.gpu_seconds()},
                                  {"outcome", a.end() == wire::OUTCOME_UNSPECIFIED ? "" : DescribeEnd(a)}});
     out["epochs"] = nlohmann::json::array();
     const std::vector<std::string> header = SplitCsv(r.csv_header());
@@ -390,8 +402,30 @@ CLI::Validator FiniteRange(double low, double high) {
 struct CommandArgs {
   std::string job_file, key;
   int64_t id = 0;
-  bool follow = false, csv = false;
+  bool follow = false, csv = false, per_user = false;
 };
+
+int UsageCommand(const Options& o, bool per_user) {
+  wire::Envelope request;
+  request.mutable_usage()->set_per_user(per_user);
+  const auto reply = Expect(Request(o, request));
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : reply.usage_rows().rows())
+      out.push_back({{"user", r.user()},
+                     {"jobs", r.jobs()},
+                     {"attempts", r.attempts()},
+                     {"rank_seconds", r.rank_seconds()},
+                     {"gpu_seconds", r.gpu_seconds()}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-16s %6s %8s %14s %14s\n", "user", "jobs", "attempts", "rank-hours", "gpu-hours");
+  for (const auto& r : reply.usage_rows().rows())
+    std::printf("%-16s %6ld %8ld %14.3f %14.3f\n", per_user ? (r.user().empty() ? "-" : r.user().c_str()) : "all",
+                long(r.jobs()), long(r.attempts()), r.rank_seconds() / 3600, r.gpu_seconds() / 3600);
+  return 0;
+}
 
 int RunCommand(Options& o, const std::string& command, const CommandArgs& args);
 
@@ -427,6 +461,10 @@ int Main(int argc, char** argv) {
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_subcommand("workers", "the registered worker ranks and what each runs");
+  app.add_subcommand("usage",
+                     "rank-hours and GPU-hours used by every attempt that ran (running ones until now), from\n"
+                     "when its ranks started to when it ended")
+      ->add_flag("--user", args.per_user, "one row per user who submitted (as jobctl said), instead of a total");
   auto* logs = app.add_subcommand("logs", "the job's epoch rows, as the worker's epoch table (or CSV with --csv)");
   logs->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
   logs->add_flag("--csv", args.csv, "print epochs.csv's header and lines instead of the table");
@@ -449,6 +487,7 @@ int RunCommand(Options& o, const std::string& command, const CommandArgs& args) 
     if (command == "logs") return Logs(o, args.id, args.follow, args.csv);
     if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);
+    if (command == "usage") return UsageCommand(o, args.per_user);
     return Show(o, command, args.id);
   } catch (const trainyard::SpecError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -54,6 +55,16 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_attempts(j.attempts);
   info->set_reason(j.reason);
   info->set_submitted_at(j.submitted_at);
+  info->set_user(j.user);
+}
+
+// A submission's user (Note [Usage]) as kept: login-name characters only, each other
+// byte as '?', and at most kMaxUserBytes.
+std::string PlainUser(const std::string& user) {
+  std::string out = user.substr(0, kMaxUserBytes);
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '@') c = '?';
+  return out;
 }
 
 // The listeners a running serve job wrote to its endpoints.json (serve_frontend does, once
@@ -319,6 +330,8 @@ wire::Envelope Server::Handle(const wire::Envelope& request) {
       return Report(request.report().job_id());
     case wire::Envelope::kWorkers:
       return Workers();
+    case wire::Envelope::kUsage:
+      return UsageReport(request.usage().per_user());
     default:
       return ErrorEnvelope(2, "this coordinator does not accept that message");
   }
@@ -360,6 +373,7 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.max_restarts = spec.resources.max_restarts;
   job.base_dir = request.base_dir();
   job.estimate_s = spec.resources.estimate_minutes * 60.0;
+  job.user = PlainUser(request.user());
   bool created = false;
   JobRecord record = store_->Submit(job, WallNow(), &created);  // committed before the reply
   schedule_due_ = schedule_due_ || created;
@@ -435,6 +449,8 @@ wire::Envelope Server::Report(int64_t id) {
     info->set_placement(a.placement);
     info->set_started_at(a.started_at);
     info->set_ended_at(a.ended_at);
+    info->set_rank_seconds(a.RankSeconds(WallNow()));
+    info->set_gpu_seconds(a.GpuSeconds(WallNow()));
     FillEnd(a.outcome, info);
   }
   for (const EpochRecord& row : store_->EpochRows(id)) {
@@ -444,6 +460,21 @@ wire::Envelope Server::Report(int64_t id) {
   }
   const FileRead summary = ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/summary.json", kMaxSummaryBytes);
   if (summary.ok()) report->set_summary_json(summary.bytes);
+  return reply;
+}
+
+wire::Envelope Server::UsageReport(bool per_user) {
+  wire::Envelope reply;
+  reply.set_version(kProtocolVersion);
+  wire::UsageReply* rows = reply.mutable_usage_rows();  // set even when empty: it is the reply's body
+  for (const Usage& u : store_->UsageBy(per_user, WallNow())) {
+    wire::UsageRow* row = rows->add_rows();
+    row->set_user(u.user);
+    row->set_jobs(u.jobs);
+    row->set_attempts(u.attempts);
+    row->set_rank_seconds(u.rank_seconds);
+    row->set_gpu_seconds(u.gpu_seconds);
+  }
   return reply;
 }
 

@@ -166,6 +166,7 @@ inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
 inline constexpr int64_t kWireMarginBytes = 64 << 10;
 inline constexpr double kWorldTokenDays = 30;
 inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
+inline constexpr size_t kMaxUserBytes = 256;  // of the user a submission names
 
 class Server {
  public:
@@ -219,6 +220,7 @@ class Server {
   wire::Envelope Logs(const wire::LogsRequest& request);
   wire::Envelope Report(int64_t id);
   wire::Envelope Workers();
+  wire::Envelope UsageReport(bool per_user);
   void Reply(const zmq::message_t& identity, const wire::Envelope& reply);
 
   // The dashboard's API (server_web.cc).
@@ -257,6 +259,7 @@ class Server {
   void TakeSlurmSubmissions(double now);
   void FollowSlurmJobs();
   void AssignSlurmLead(const RankKey& key);
+  void NoteSlurmStart(RunningAttempt* attempt);
   // "job <id>: <state> (<reason>)" for a running Slurm attempt of job `id`; "" otherwise.
   std::string SlurmText(int64_t id) const;
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);

@@ -540,6 +540,9 @@ void Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
   if (!MakeAttemptFolder(job, now)) return;
   const RunningAttempt& attempt = OpenAttempt(
       job, slots, "started on " + PlacementText(slots) + (placement.backfilled ? " (backfilled)" : ""), now);
+  const auto gpus = std::count_if(slots.begin(), slots.end(),
+                                  [this](const RankKey& slot) { return ranks_.at(slot).info.device() == "cuda"; });
+  store_->StartUsage(job.id, attempt.attempt, now, static_cast<int>(slots.size()), static_cast<int>(gpus));
   for (const RankKey& slot : slots) SendAssign(job, attempt, slot);
 }
 

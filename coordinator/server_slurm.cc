@@ -54,12 +54,24 @@ void Server::TakeSlurmSubmissions(double now) {
       continue;
     }
     // The Slurm job's rank 0 registers as this world, with this token (Note [Worlds
-    // cannot be squatted]): bound before anyone can register as it.
+    // cannot be squatted]), bound here unless its rank 0 was quicker. Slurm's job ids are
+    // easy to guess: a world bound to another token was claimed ahead by another worker
+    // key's holder, so this Slurm job is given up and the job submitted again, under a
+    // new id.
     const std::string world = SlurmWorld(done.slurm_job);
-    if (!world_tokens_.count(world)) {
-      store_->KeepWorldToken(world, world_token, now);
-      world_tokens_[world] = world_token;
+    if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end() && bound->second != world_token) {
+      ++squat_attempts_;
+      squat_warnings_.push_back({WallNow(), "the world of Slurm job " + done.slurm_job +
+                                                " was registered before the job was submitted; the job is "
+                                                "submitted again"});
+      if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
+      spdlog::warn("job {}: {}", done.job, squat_warnings_.back().text);
+      slurm_->Cancel(done.slurm_job);
+      ranks_.erase({world, 0});
+      continue;
     }
+    store_->KeepWorldToken(world, world_token, now);  // ignored where it is bound already
+    world_tokens_[world] = world_token;
     RunningAttempt& attempt = OpenAttempt(*job, {{world, 0}}, "submitted to Slurm as job " + done.slurm_job, now);
     attempt.slurm_job = done.slurm_job;
     const auto rank = ranks_.find({world, 0});
@@ -75,8 +87,7 @@ void Server::AssignSlurmLead(const RankKey& key) {
   const auto job = store_->Find(attempt->job);
   if (!job) return;
   attempt->adopted = true;  // after a coordinator restart, a rank that had not started yet
-  if (!attempt->slurm_started) attempt->started_listening = listened_;
-  attempt->slurm_started = true;
+  NoteSlurmStart(attempt);
   SendAssign(*job, *attempt, key);
 }
 
@@ -95,16 +106,12 @@ void Server::FollowSlurmJobs() {
     if (attempt.slurm_job.empty() || it == states.end()) continue;
     const SlurmJobState& now = it->second;
     if (now.state != attempt.slurm_state.state || now.reason != attempt.slurm_state.reason) {
-      store_->AddEvent(id,
-                       "attempt " + std::to_string(attempt.attempt) + ": Slurm job " + attempt.slurm_job + " " +
-                           now.Describe(),
-                       WallNow());
+      store_->AddEvent(
+          id, "attempt " + std::to_string(attempt.attempt) + ": Slurm job " + attempt.slurm_job + " " + now.Describe(),
+          WallNow());
       attempt.slurm_state = now;
     }
-    if (now.started() && !attempt.slurm_started) {
-      attempt.slurm_started = true;
-      attempt.started_listening = listened_;  // the start grace counts from here
-    }
+    if (now.started()) NoteSlurmStart(&attempt);
     if (!now.ended()) {
       // Its ranks have said how it ended: a Slurm job that lingers (a step stuck on an
       // unreachable node) is ended for them.
@@ -125,11 +132,20 @@ void Server::FollowSlurmJobs() {
     else if (attempt.reported == wire::OUTCOME_BAD_INPUT)
       ended.emplace_back(id, said, Retry::kNever);
     else
-      ended.emplace_back(
-          id, slurm_job + (said.empty() ? " before the job's rank 0 reported a result" : "; " + said),
-          Retry::kCounted);
+      ended.emplace_back(id, slurm_job + (said.empty() ? " before the job's rank 0 reported a result" : "; " + said),
+                         Retry::kCounted);
   }
   for (const auto& [id, reason, retry] : ended) FailAttempt(id, reason, retry);
+}
+
+// The first sign that Slurm started the attempt's job: squeue's state, or its rank 0's
+// registration, whichever the coordinator sees first.
+void Server::NoteSlurmStart(RunningAttempt* attempt) {
+  if (attempt->slurm_started) return;
+  attempt->slurm_started = true;
+  attempt->started_listening = listened_;  // the start grace counts from here
+  if (const auto job = store_->Find(attempt->job))
+    store_->StartUsage(job->id, attempt->attempt, WallNow(), job->ranks, job->device == "cuda" ? job->ranks : 0);
 }
 
 std::string Server::SlurmText(int64_t id) const {

@@ -34,16 +34,9 @@ std::optional<int64_t> ParseJobId(const std::string& text) {
 }
 
 json JobJson(const JobRecord& j) {
-  return {{"id", j.id},
-          {"name", j.name},
-          {"state", ToString(j.state)},
-          {"priority", j.priority},
-          {"ranks", j.ranks},
-          {"device", j.device},
-          {"attempts", j.attempts},
-          {"max_restarts", j.max_restarts},
-          {"reason", j.reason},
-          {"submitted_at", j.submitted_at}};
+  return {{"id", j.id},         {"name", j.name},     {"state", ToString(j.state)},    {"priority", j.priority},
+          {"ranks", j.ranks},   {"device", j.device}, {"attempts", j.attempts},        {"max_restarts", j.max_restarts},
+          {"reason", j.reason}, {"user", j.user},     {"submitted_at", j.submitted_at}};
 }
 
 // One epochs.csv row as {column: value}: numbers as numbers, empty cells as null.
@@ -123,7 +116,9 @@ WebReply Server::ApiJob(int64_t id) {
                         {"placement", a.placement},
                         {"outcome", a.outcome},
                         {"started_at", a.started_at},
-                        {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)}});
+                        {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)},
+                        {"rank_seconds", a.RankSeconds(WallNow())},
+                        {"gpu_seconds", a.GpuSeconds(WallNow())}});
   for (const EventRecord& e : store_->TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
   for (const EpochRecord& row : store_->EpochRows(id)) {
     epochs.push_back(EpochJson(SplitCsv(row.csv_header), row));
@@ -205,6 +200,10 @@ std::string Server::MetricsText() {
   m.DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
   m.DeclareGauge("trainyard_slurm_job",
                  "Under --slurm: 1 per running attempt, labelled with its Slurm job id, state and reason.");
+  m.DeclareCounter("trainyard_rank_seconds_total",
+                   "Rank-seconds used by every attempt that ran, per user (running ones until now).");
+  m.DeclareCounter("trainyard_gpu_seconds_total",
+                   "GPU-seconds used by every attempt that ran, per user (running ones until now).");
   m.DeclareCounter("trainyard_squat_attempts_total",
                    "Registrations refused since start for claiming another agent's world id with another token.");
 
@@ -230,6 +229,10 @@ std::string Server::MetricsText() {
     m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
   m.Set("trainyard_running_attempts", {}, double(running_.size()));
   m.Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
+  for (const Usage& u : store_->UsageBy(/*per_user=*/true, WallNow())) {
+    m.Add("trainyard_rank_seconds_total", {{"user", u.user}}, u.rank_seconds);
+    m.Add("trainyard_gpu_seconds_total", {{"user", u.user}}, u.gpu_seconds);
+  }
   for (const auto& [id, attempt] : running_)
     if (!attempt.slurm_job.empty())
       m.Set("trainyard_slurm_job",

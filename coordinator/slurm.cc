@@ -76,9 +76,8 @@ std::string SbatchScript(const SlurmOptions& o, const SlurmSubmission& s) {
 
 bool SlurmJobState::ended() const {
   if (state.empty()) return true;  // Slurm no longer lists it
-  static const char* const kEnded[] = {"COMPLETED", "CANCELLED",     "FAILED",   "TIMEOUT", "NODE_FAIL",
-                                       "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED",
-                                       "SPECIAL_EXIT"};
+  static const char* const kEnded[] = {"COMPLETED",     "CANCELLED", "FAILED",   "TIMEOUT", "NODE_FAIL",   "PREEMPTED",
+                                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"};
   return std::find(std::begin(kEnded), std::end(kEnded), state) != std::end(kEnded);
 }
 
@@ -168,8 +167,7 @@ void SlurmClient::Loop() {
       if (!r.ok()) spdlog::warn("scancel {}: {}", request->cancel, r.Describe());
     } else if (request) {
       const CommandResult r =
-          RunCommand({"sbatch", "--parsable", request->script},
-                     Deadline({{"TRAINYARD_WORLD_TOKEN", request->token}}));
+          RunCommand({"sbatch", "--parsable", request->script}, Deadline({{"TRAINYARD_WORLD_TOKEN", request->token}}));
       Submitted done{request->submission.job, request->submission.attempt, "", ""};
       // --parsable: "<id>" or "<id>;<cluster>".
       const std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
@@ -196,8 +194,8 @@ void SlurmClient::Poll() {
   if (watched.empty()) return;
   // Every job of this user, ended ones too (Slurm lists them for MinJobAge after): one
   // call, and no error for an id Slurm has forgotten.
-  const CommandResult r = RunCommand({"squeue", "-h", "-t", "all", "-u", std::to_string(::getuid()), "-o", "%i|%T|%r"},
-                                     Deadline());
+  const CommandResult r =
+      RunCommand({"squeue", "-h", "-t", "all", "-u", std::to_string(::getuid()), "-o", "%i|%T|%r"}, Deadline());
   if (!r.ok()) {
     spdlog::warn("squeue: {}", r.Describe());
     return;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -50,7 +51,7 @@ class Statement {
 
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
-    "reason, submitted_at, not_before, base_dir, estimate_s";
+    "reason, submitted_at, not_before, base_dir, estimate_s, user";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -70,6 +71,7 @@ JobRecord ReadJob(const Statement& s) {
   j.not_before = s.Real(13);
   j.base_dir = s.Text(14);
   j.estimate_s = s.Real(15);
+  j.user = s.Text(16);
   return j;
 }
 
@@ -224,10 +226,11 @@ void StateStore::CreateSchema() {
       ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
       device TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', submitted_at REAL NOT NULL,
       not_before REAL NOT NULL DEFAULT 0, base_dir TEXT NOT NULL DEFAULT '',
-      estimate_s REAL NOT NULL DEFAULT 0);
+      estimate_s REAL NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '');
     CREATE TABLE IF NOT EXISTS attempts(
       job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
-      started_at REAL NOT NULL, ended_at REAL, outcome TEXT, PRIMARY KEY(job, attempt));
+      started_at REAL NOT NULL, ended_at REAL, outcome TEXT, ran_from REAL NOT NULL DEFAULT 0,
+      ranks INTEGER NOT NULL DEFAULT 0, gpus INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job, attempt));
     CREATE TABLE IF NOT EXISTS epochs(
       job INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, attempt INTEGER NOT NULL,
       csv_line TEXT NOT NULL, csv_header TEXT NOT NULL DEFAULT '', breakdown_json TEXT NOT NULL DEFAULT '',
@@ -236,6 +239,19 @@ void StateStore::CreateSchema() {
       job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS worlds(
       world TEXT PRIMARY KEY, token TEXT NOT NULL, registered_at REAL NOT NULL);)");
+  AddColumnIfMissing("jobs", "user", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("attempts", "ran_from", "REAL NOT NULL DEFAULT 0");
+  AddColumnIfMissing("attempts", "ranks", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
+}
+
+void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
+                                    const std::string& declaration) {
+  Statement columns(db_, "SELECT name FROM pragma_table_info(?)");
+  columns.Bind(1, table);
+  while (columns.Step())
+    if (columns.Text(0) == column) return;
+  Exec("ALTER TABLE " + table + " ADD COLUMN " + column + " " + declaration);
 }
 
 void StateStore::KeepWorldToken(const std::string& world, const std::string& token, double now) {
@@ -274,11 +290,11 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   }
   Statement insert(db_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                   "max_restarts, device, submitted_at, base_dir, estimate_s) "
-                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?)");
+                   "max_restarts, device, submitted_at, base_dir, estimate_s, user) "
+                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
-  insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s);
+  insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
   insert.Step();
   *created = true;
   return *Find(sqlite3_last_insert_rowid(db_));
@@ -331,6 +347,34 @@ void StateStore::EndAttempt(int64_t id, int attempt, const std::string& outcome,
   s.Step();
 }
 
+void StateStore::StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus) {
+  Statement s(db_,
+              "UPDATE attempts SET ran_from = ?, ranks = ?, gpus = ? WHERE job = ? AND attempt = ? AND ran_from = 0");
+  s.Bind(1, ran_from).Bind(2, int64_t(ranks)).Bind(3, int64_t(gpus)).Bind(4, id).Bind(5, int64_t(attempt));
+  s.Step();
+}
+
+std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
+  const std::string user = per_user ? "j.user" : "''";
+  Statement s(db_, "SELECT " + user +
+                       ", COUNT(DISTINCT a.job), COUNT(*), "
+                       "SUM(a.ranks * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)), "
+                       "SUM(a.gpus * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)) "
+                       "FROM attempts a JOIN jobs j ON j.id = a.job WHERE a.ran_from > 0 GROUP BY 1 ORDER BY 1");
+  s.Bind(1, now);
+  std::vector<Usage> out;
+  while (s.Step()) out.push_back({s.Text(0), s.Int(1), s.Int(2), s.Real(3), s.Real(4)});
+  return out;
+}
+
+double AttemptRecord::RankSeconds(double now) const {
+  return ran_from > 0 ? ranks * std::max(0.0, (ended_at > 0 ? ended_at : now) - ran_from) : 0;
+}
+
+double AttemptRecord::GpuSeconds(double now) const {
+  return ran_from > 0 ? gpus * std::max(0.0, (ended_at > 0 ? ended_at : now) - ran_from) : 0;
+}
+
 void StateStore::Requeue(int64_t id, const std::string& reason, double not_before) {
   Statement s(db_, "UPDATE jobs SET state = 'QUEUED', reason = ?, not_before = ? WHERE id = ?");
   s.Bind(1, reason).Bind(2, not_before).Bind(3, id);
@@ -339,20 +383,24 @@ void StateStore::Requeue(int64_t id, const std::string& reason, double not_befor
 
 std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
   Statement s(db_,
-              "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0) "
-              "FROM attempts WHERE job = ? ORDER BY attempt");
+              "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0), ran_from, "
+              "ranks, gpus FROM attempts WHERE job = ? ORDER BY attempt");
   s.Bind(1, id);
   std::vector<AttemptRecord> out;
-  while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
+  while (s.Step())
+    out.push_back(
+        {s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)), int(s.Int(8))});
   return out;
 }
 
 std::vector<AttemptRecord> StateStore::OpenAttempts() const {
   Statement s(db_,
-              "SELECT job, attempt, placement, '', started_at, 0 FROM attempts WHERE ended_at IS NULL "
-              "ORDER BY job, attempt");
+              "SELECT job, attempt, placement, '', started_at, 0, ran_from, ranks, gpus FROM attempts WHERE "
+              "ended_at IS NULL ORDER BY job, attempt");
   std::vector<AttemptRecord> out;
-  while (s.Step()) out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5)});
+  while (s.Step())
+    out.push_back(
+        {s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)), int(s.Int(8))});
   return out;
 }
 

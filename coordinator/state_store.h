@@ -28,6 +28,7 @@ JobState JobStateFromString(const std::string& text);
 struct JobRecord {
   int64_t id = 0;  // also the submission order
   std::string name, idempotency_key, spec_yaml, source, base_dir;
+  std::string user;  // who submitted it, as jobctl says (Note [Usage])
   JobState state = JobState::kQueued;
   int priority = 0, ranks = 1, max_restarts = 0, attempts = 0;
   std::string device = "any";
@@ -37,7 +38,7 @@ struct JobRecord {
 };
 
 struct NewJob {
-  std::string name, idempotency_key, spec_yaml, source, base_dir, device = "any";
+  std::string name, idempotency_key, spec_yaml, source, base_dir, device = "any", user;
   int priority = 0, ranks = 1, max_restarts = 0;
   double estimate_s = 0;
 };
@@ -57,6 +58,26 @@ struct AttemptRecord {
   int attempt = 0;
   std::string placement, outcome;  // outcome: empty while it runs
   double started_at = 0, ended_at = 0;
+  // Note [Usage]: when its ranks began to run (0: not yet), how many, and of them on a GPU.
+  double ran_from = 0;
+  int ranks = 0, gpus = 0;
+  // Rank-seconds and GPU-seconds it used, until `now` while it runs.
+  double RankSeconds(double now) const;
+  double GpuSeconds(double now) const;
+};
+
+// Note [Usage]
+// Each attempt records when its ranks began to run (a pool attempt: when it was assigned;
+// an attempt run as a Slurm job: when Slurm started it, as the coordinator saw it first,
+// through squeue or its rank 0's registration), how many ranks it had and how many of
+// them had a GPU. It used ranks x (end - start) rank-seconds and gpus x (end - start)
+// GPU-seconds; time spent waiting in a queue (ours or Slurm's) is not counted. A job's
+// user is the login name jobctl ran as when it submitted the job, as jobctl says: the
+// client key, not the user, is what the coordinator authenticates.
+struct Usage {
+  std::string user;  // empty in a total over every user
+  int64_t jobs = 0, attempts = 0;
+  double rank_seconds = 0, gpu_seconds = 0;
 };
 
 class StateStore {
@@ -98,6 +119,10 @@ class StateStore {
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
   void EndAttempt(int64_t id, int attempt, const std::string& outcome, double now);
+  // Note [Usage]: the attempt's ranks run from `ran_from` on (set once; later calls do nothing).
+  void StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus);
+  // The usage of every attempt that has run, up to `now`: one total, or one per user.
+  std::vector<Usage> UsageBy(bool per_user, double now) const;
   std::vector<AttemptRecord> Attempts(int64_t id) const;
   // Attempts not ended yet, of every job: what a restarted coordinator re-adopts.
   std::vector<AttemptRecord> OpenAttempts() const;
@@ -135,6 +160,9 @@ class StateStore {
   // folder the journal cannot be created in): found at start, not at the first change.
   void CheckWritable(const std::string& path) const;
   void CreateSchema();
+  // Adds `column` (with its SQL declaration) to `table` of a database made by a version
+  // that did not have it.
+  void AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& declaration);
 
   sqlite3* db_ = nullptr;
   int lock_fd_ = -1;

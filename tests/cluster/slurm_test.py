@@ -18,6 +18,7 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
               and the epoch logged once."""
 import argparse
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -215,6 +216,7 @@ def queue(c, s, args):
         through = [x["loss"] for h in c.names for x in steps_if(c.outside(h, f"runs/{jobs['four'][0]}/four"))]
         ok &= check(through and through == [x["loss"] for x in steps(straight)],
                     f"the 4-rank job's {len(through)} losses equal srun -N2 -n4 of its file, bit for bit")
+        ok &= usage_matches_slurm(c, s, pool, {name: job_id for name, (job_id, _, _) in jobs.items()})
         pool_latency = pool_start_latency(c, args)
         print(f"submit to first step, 2 ranks: {latency:.1f} s through Slurm (sched_interval=2), "
               f"{pool_latency:.1f} s on a pool's agents")
@@ -360,6 +362,49 @@ def slurm_shown(pool, job_id):
                  and series[0]["slurm_job"] == shown.split()[1].rstrip(":") and series[0]["reason"],
                  f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', /metrics "
                  f"{series[:1]}")
+
+
+def slurm_elapsed(s, slurm_jobs):
+    """{Slurm job id: (elapsed seconds, allocated CPUs)} from Slurm's own records (sacct -c:
+    the rig keeps jobcomp/filetxt, not slurmdbd)."""
+    out = s.client(["sacct", "-c", "-n", "-P", "-o", "JobID,Elapsed,AllocCPUS", "-j", ",".join(slurm_jobs)]).stdout
+    found = {}
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) == 3 and fields[0] in slurm_jobs:
+            h, m, sec = (int(x) for x in fields[1].split("-")[-1].split(":"))
+            found[fields[0]] = (3600 * h + 60 * m + sec, int(fields[2]))
+    return found
+
+
+def usage_matches_slurm(c, s, pool, jobs):
+    """jobctl usage --user and /metrics sum each attempt's rank-seconds; each job's is what
+    Slurm's records say (elapsed x CPUs, one CPU a rank) less its start-up before rank 0
+    reached the coordinator and its exit after the result: within 4 s a rank."""
+    from prometheus_client.parser import text_string_to_metric_families
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    ours, slurm_of = {}, {}
+    for name, job_id in jobs.items():
+        attempt = pool.jobctl("report", str(job_id))["attempts"][0]
+        ours[name] = attempt["rank_seconds"]
+        slurm_of[name] = attempt["placement"].removeprefix("slurm-").removesuffix(":0")
+    rows = pool.jobctl("usage", "--user")
+    mine = next((r for r in rows if r["user"] == user), {})
+    metrics = pool.http_text("/metrics") or ""
+    counted = [x.value for f in text_string_to_metric_families(metrics) if f.name == "trainyard_rank_seconds"
+               for x in f.samples if x.name.endswith("_total") and x.labels.get("user") == user]
+    ok = check(mine.get("jobs") == len(jobs) and abs(mine.get("rank_seconds", 0) - sum(ours.values())) < 1e-6 and
+               counted and abs(counted[0] - sum(ours.values())) < 1e-6,
+               f"jobctl usage --user and /metrics: {user} used {sum(ours.values()):.1f} rank-seconds in "
+               f"{mine.get('jobs')} jobs, the sum of their attempts' ({ {k: round(v, 1) for k, v in ours.items()} })")
+    theirs = wait_for(lambda: (lambda f: f if len(f) == len(jobs) else None)(slurm_elapsed(s, slurm_of.values())),
+                      30, "Slurm's records of the jobs")
+    for name, ranks_seconds in ours.items():
+        elapsed, cpus = theirs[slurm_of[name]]
+        ok &= check(0 < ranks_seconds <= elapsed * cpus + cpus and elapsed * cpus - ranks_seconds <= 4 * cpus,
+                    f"{name}: {ranks_seconds:.1f} rank-seconds here, {elapsed} s x {cpus} CPUs = {elapsed * cpus} "
+                    f"CPU-seconds in Slurm's records (sacct -c)")
+    return ok
 
 
 def pool_start_latency(c, args):

@@ -36,12 +36,12 @@ TEST(SbatchScript, AsksForTheRanksLimitsAndSignalAndQuotesEveryPath) {
   const std::string srun =
       "srun --kill-on-bad-exit=1 '/opt/trainyard/bin/worker' --coordinator 'tcp://10.0.0.1:5555' --keys "
       "'/home/it'\\''s/keys' --slurm\n";
-  for (const std::string& line : {std::string("#!/bin/bash\n"), std::string("#SBATCH --job-name=trainyard-7\n"),
-                                  std::string("#SBATCH --ntasks=4\n"), std::string("#SBATCH --partition=gpu\n"),
-                                  std::string("#SBATCH --account=ml\n"), std::string("#SBATCH --time=90\n"),
-                                  std::string("#SBATCH --gpus-per-task=1\n"), std::string("#SBATCH --signal=USR1@120\n"),
-                                  std::string("#SBATCH --no-requeue\n"), std::string("mkdir -p '/runs/7/attempt-2'\n"),
-                                  srun})
+  for (const std::string& line :
+       {std::string("#!/bin/bash\n"), std::string("#SBATCH --job-name=trainyard-7\n"),
+        std::string("#SBATCH --ntasks=4\n"), std::string("#SBATCH --partition=gpu\n"),
+        std::string("#SBATCH --account=ml\n"), std::string("#SBATCH --time=90\n"),
+        std::string("#SBATCH --gpus-per-task=1\n"), std::string("#SBATCH --signal=USR1@120\n"),
+        std::string("#SBATCH --no-requeue\n"), std::string("mkdir -p '/runs/7/attempt-2'\n"), srun})
     EXPECT_NE(script.find(line), std::string::npos) << line << "\nnot in:\n" << script;
   EXPECT_EQ(script.find("TOKEN="), std::string::npos);
 }

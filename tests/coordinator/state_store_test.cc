@@ -140,6 +140,72 @@ TEST_F(StateStoreTest, RequeueAndFailureKeepTheReason) {
   EXPECT_EQ(store.Events(1), std::vector<std::string>{"requeued"});
 }
 
+TEST_F(StateStoreTest, UsageCountsRankAndGpuSecondsFromWhenTheRanksRanPerUser) {
+  StateStore store(path_, false);
+  bool created = false;
+  NewJob a = Job("a"), b = Job("b"), c = Job("c");
+  a.user = "ada";
+  b.user = "bob";
+  c.user = "ada";
+  const int64_t ja = store.Submit(a, 0, &created).id, jb = store.Submit(b, 0, &created).id;
+  store.Submit(c, 0, &created);  // never runs: no usage
+  store.StartAttempt(ja, "w:0,w:1", 10);
+  store.StartUsage(ja, 1, 12, 2, 0);  // queued from 10 to 12 (Slurm's queue): not counted
+  store.StartUsage(ja, 1, 50, 2, 0);  // only the first start counts
+  store.EndAttempt(ja, 1, "failed: x", 22);
+  store.StartAttempt(ja, "w:0,w:1", 30);
+  store.StartUsage(ja, 2, 30, 2, 2);
+  store.EndAttempt(ja, 2, "succeeded", 40);
+  store.StartAttempt(jb, "v:0", 100);
+  store.StartUsage(jb, 1, 100, 4, 4);  // still running at 105
+  EXPECT_DOUBLE_EQ(store.Attempts(ja)[0].RankSeconds(105), 20);
+  EXPECT_DOUBLE_EQ(store.Attempts(ja)[1].GpuSeconds(105), 20);
+  EXPECT_DOUBLE_EQ(store.Attempts(jb)[0].RankSeconds(105), 20);
+
+  const std::vector<Usage> total = store.UsageBy(false, 105);
+  ASSERT_EQ(total.size(), 1u);
+  EXPECT_EQ(total[0].jobs, 2);
+  EXPECT_EQ(total[0].attempts, 3);
+  EXPECT_DOUBLE_EQ(total[0].rank_seconds, 20 + 20 + 20);
+  EXPECT_DOUBLE_EQ(total[0].gpu_seconds, 20 + 20);
+  const std::vector<Usage> per_user = store.UsageBy(true, 105);
+  ASSERT_EQ(per_user.size(), 2u);
+  EXPECT_EQ(per_user[0].user, "ada");
+  EXPECT_DOUBLE_EQ(per_user[0].rank_seconds, 40);
+  EXPECT_EQ(per_user[1].user, "bob");
+  EXPECT_DOUBLE_EQ(per_user[1].gpu_seconds, 20);
+}
+
+TEST_F(StateStoreTest, ADatabaseWithoutTheUsageColumnsGetsThemAndKeepsItsJobs) {
+  {  // the tables as a store without usage made them
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE jobs(id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+                           "idempotency_key TEXT UNIQUE, spec_yaml TEXT NOT NULL, source TEXT NOT NULL, state TEXT "
+                           "NOT NULL, priority INTEGER NOT NULL, ranks INTEGER NOT NULL, max_restarts INTEGER NOT "
+                           "NULL, attempts INTEGER NOT NULL DEFAULT 0, device TEXT NOT NULL, reason TEXT NOT NULL "
+                           "DEFAULT '', submitted_at REAL NOT NULL, not_before REAL NOT NULL DEFAULT 0, base_dir "
+                           "TEXT NOT NULL DEFAULT '', estimate_s REAL NOT NULL DEFAULT 0);"
+                           "CREATE TABLE attempts(job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, "
+                           "placement TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL, outcome TEXT, "
+                           "PRIMARY KEY(job, attempt));"
+                           "INSERT INTO jobs(name, spec_yaml, source, state, priority, ranks, max_restarts, attempts, "
+                           "device, submitted_at) VALUES('old', 'name: old', 'old.yaml', 'SUCCEEDED', 0, 1, 0, 1, "
+                           "'cpu', 1);"
+                           "INSERT INTO attempts VALUES(1, 1, 'w:0', 1, 2, 'succeeded');",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  StateStore store(path_, false);
+  ASSERT_EQ(store.Jobs().size(), 1u);
+  EXPECT_EQ(store.Jobs()[0].name, "old");
+  EXPECT_EQ(store.Jobs()[0].user, "");
+  EXPECT_EQ(store.Attempts(1).at(0).ran_from, 0);  // its usage is unknown: not counted
+  EXPECT_TRUE(store.UsageBy(false, 10).empty());
+}
+
 TEST_F(StateStoreTest, CorruptDatabaseIsRefusedUnlessStartingFresh) {
   std::ofstream(path_) << std::string(8192, 'x');
   try {
