@@ -105,7 +105,6 @@ class AgentHooks : public JobHooks {
   explicit AgentHooks(PoolAgent& agent) : agent_(agent) {}
   void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
   bool StopRequested() const override { return agent_.StopRequested(); }
-  bool StopsOnSchedulerSignals() const override { return true; }
 
  private:
   PoolAgent& agent_;
@@ -115,14 +114,8 @@ class AgentHooks : public JobHooks {
 // vote carries the agent's; Note [Stop agreement] in job_setup.h).
 class SilentHooks : public JobHooks {
  public:
-  // `scheduler_signals`: as the job's rank 0 does (every rank must, for the stop to agree).
-  explicit SilentHooks(bool scheduler_signals = false) : scheduler_signals_(scheduler_signals) {}
   void EpochDone(const EpochRow&, const std::string&, const std::string&) override {}
   bool StopRequested() const override { return false; }
-  bool StopsOnSchedulerSignals() const override { return scheduler_signals_; }
-
- private:
-  bool scheduler_signals_;
 };
 
 }  // namespace trainyard

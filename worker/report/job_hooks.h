@@ -20,10 +20,6 @@ class JobHooks {
   // True once this rank was told to stop the job. Runners agree on it across ranks
   // before acting, so every rank stops at the same step.
   virtual bool StopRequested() const = 0;
-  // True where a scheduler's SIGTERM or SIGUSR1 should stop a fine-tune job as it stops
-  // a standalone one (after a step, with a checkpoint, as preempted): the ranks of an
-  // attempt run as a Slurm job. A pool's own job ranks leave signals to the pool.
-  virtual bool StopsOnSchedulerSignals() const { return false; }
 };
 
 // Thrown by a runner that stopped because its ranks agreed on a stop request.

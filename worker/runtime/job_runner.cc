@@ -84,6 +84,7 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   static const std::atomic<bool>* flag() { return &raised_; }
+  static bool kept_from_start() { return kept_from_start_; }
 
  private:
   static void Catch(int signal, struct sigaction* old) {
@@ -108,11 +109,12 @@ nlohmann::json RunServe(JobSpec spec, RankContext ranks) {
 
 // A standalone fine-tune job stops after the step in progress on SIGTERM (a scheduler's
 // preemption: Slurm sends it before SIGKILL) or SIGUSR1 (a warning ahead of a time
-// limit: sbatch --signal), writes a checkpoint there and exits as preempted; so does an
-// attempt run as a Slurm job. In a pool the pool owns the signals, and the coordinator's
-// stop comes through the hooks.
+// limit: sbatch --signal), writes a checkpoint there and exits as preempted; so does
+// every rank of an attempt run as a Slurm job (KeepSchedulerSignalsFromNow, on each rank
+// alike, so that the stop agrees). In a pool the pool owns the signals, and the
+// coordinator's stop comes through the hooks.
 nlohmann::json RunFinetune(JobSpec spec, RankContext ranks) {
-  if (ranks.hooks && !ranks.hooks->StopsOnSchedulerSignals()) return RunKind<Trainer>(std::move(spec), ranks);
+  if (ranks.hooks && !StopSignals::kept_from_start()) return RunKind<Trainer>(std::move(spec), ranks);
   StopSignals signals({SIGTERM, SIGUSR1});
   ranks.stop_signal = StopSignals::flag();
   return RunKind<Trainer>(std::move(spec), ranks);

@@ -141,7 +141,7 @@ int RunSlurmAttempt(const PoolOptions& options) {
   if (bytes.empty()) return 1;
   const Assignment a = ParseAssignment(bytes);
   if (agent) agent->Begin(a);
-  SilentHooks silent(/*scheduler_signals=*/true);
+  SilentHooks silent;
   std::unique_ptr<AgentHooks> hooks = agent ? std::make_unique<AgentHooks>(*agent) : nullptr;
   RankResult result = RunAssignment(a, LocalRank(), hooks ? static_cast<JobHooks*>(hooks.get()) : &silent);
   if (agent) {
