@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -53,9 +55,21 @@ void AddSlurmOptions(CLI::App& app, CommandLine* c) {
                              "run each attempt as a Slurm batch job (sbatch) instead of on pool agents: Slurm\n"
                              "decides where and when; the script is kept as <runs>/<id>/attempt-<n>/job.sbatch.\n"
                              "Needs Slurm's client commands here and slurmctld answering (else exit 2)");
+  // They become #SBATCH lines of every script: a name, nothing that could end the line.
+  const CLI::Validator slurm_name(
+      [](const std::string& v) {
+        const bool plain = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == ',';
+        });
+        return plain ? std::string() : "expected a Slurm name: letters, digits, '.', '_', '-' and ','";
+      },
+      "NAME");
   app.add_option("--slurm-partition", s.partition, "--slurm: the partition to submit to (default: Slurm's)")
+      ->check(slurm_name)
       ->needs(slurm);
-  app.add_option("--slurm-account", s.account, "--slurm: the account to charge (default: Slurm's)")->needs(slurm);
+  app.add_option("--slurm-account", s.account, "--slurm: the account to charge (default: Slurm's)")
+      ->check(slurm_name)
+      ->needs(slurm);
   app.add_option("--slurm-time", s.time_limit_minutes,
                  "--slurm: each attempt's time limit in minutes (default 0: the partition's)")
       ->check(CLI::Range(0, 525600))
