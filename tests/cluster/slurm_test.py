@@ -180,10 +180,11 @@ def first_step_after(c, submitted, job_id, name, runs="runs"):
 
 def queue(c, s, args):
     pool = Pool(c, args)
-    ok = start_up_without_slurmctld(c, s.configure(), pool)
+    started = start_up_without_slurmctld(c, s.configure(), pool)
     s.up()
-    coordinator = slurm_coordinator(c, pool)
-    try:
+
+    def body(pool):
+        ok = True
         jobs = {}
         submitted = time.time()
         for name, ranks in (("two_a", 2), ("four", 4), ("two_b", 2)):
@@ -225,24 +226,29 @@ def queue(c, s, args):
         pool_latency = pool_start_latency(c, args)
         print(f"submit to first step, 2 ranks: {latency:.1f} s through Slurm (sched_interval=2), "
               f"{pool_latency:.1f} s on a pool's agents")
+        return ok
+
+    return with_slurm_coordinator(c, s, pool, body) & started
+
+
+def with_slurm_coordinator(c, s, pool, body, extra=()):
+    """body(pool)'s verdict, run while coordinator --slurm (with `extra`) serves `pool` on
+    h1; sbatch passes its environment (the rig's network for MPI) on to the jobs. The
+    coordinator's logs are printed when body fails, Slurm's too when it raises."""
+    process = c.popen("h1", pool.coordinator_command(["--slurm", *extra]), env=c.environment(**RIG_NETWORK),
+                      stdout=pool.log("coordinator"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: answering(pool), 30, "the coordinator")
+        ok = body(pool)
     except BaseException:
         pool.dump_logs()
         print(s.logs())
         raise
     finally:
-        coordinator.terminate()
+        process.terminate()
     if not ok:
         pool.dump_logs()
     return ok
-
-
-def slurm_coordinator(c, pool, extra=()):
-    """coordinator --slurm on h1, answering; sbatch passes its environment (the rig's
-    network for MPI) on to the jobs."""
-    process = c.popen("h1", pool.coordinator_command(["--slurm", *extra]), env=c.environment(**RIG_NETWORK),
-                      stdout=pool.log("coordinator"), stderr=subprocess.STDOUT)
-    wait_for(lambda: answering(pool), 30, "the coordinator")
-    return process
 
 
 def long_job(c, name, ranks, steps, extra=""):
@@ -270,9 +276,7 @@ def time_limit(c, s, args):
     ranks at its first time-limit check (within 30 s of the start). The job needs more
     than that, so attempts are preempted, requeued free (max_restarts 0) and resumed
     until it is done."""
-    pool = Pool(c, args)
-    coordinator = slurm_coordinator(c, pool, ["--slurm-time", "1", "--slurm-signal", "60"])
-    try:
+    def body(pool):
         path = long_job(c, "limited", 2, 1800, "  max_restarts: 0\n")
         job_id = pool.jobctl("submit", path)["job_id"]
         final = ended(pool, job_id, 170, "the job to end")
@@ -293,14 +297,9 @@ def time_limit(c, s, args):
                                             "--runs-dir", os.path.join(c.host_dir, "runs")])
         ok &= check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],
                     "every step's loss bitwise equal to an uninterrupted srun -n2 of the job file")
-    except BaseException:
-        pool.dump_logs()
-        raise
-    finally:
-        coordinator.terminate()
-    if not ok:
-        pool.dump_logs()
-    return ok
+        return ok
+
+    return with_slurm_coordinator(c, s, Pool(c, args), body, ["--slurm-time", "1", "--slurm-signal", "60"])
 
 
 def training(c, pool, job_id, name, at_least=20):
@@ -316,9 +315,7 @@ def training(c, pool, job_id, name, at_least=20):
 def external(c, s, args):
     """An scancel from outside, and a node lost, each mid-run: the attempt ends with
     Slurm's state, and the job is retried or fails as its max_restarts says."""
-    pool = Pool(c, args)
-    coordinator = slurm_coordinator(c, pool)
-    try:
+    def body(pool):
         cancelled = pool.jobctl("submit", long_job(c, "cancelled", 2, 5000, "  max_restarts: 1\n"))["job_id"]
         first = training(c, pool, cancelled, "cancelled")
         s.client(["scancel", first])
@@ -341,15 +338,9 @@ def external(c, s, args):
         reason = pool.jobctl("report", str(lost))["attempts"][0]["outcome"]
         ok &= check(final["state"] == "FAILED" and re.search(rf"Slurm job {slurm_job} ended (NODE_FAIL|FAILED)", reason),
                     f"h3 lost mid-run: the job FAILED (max_restarts 0) with Slurm's state: {reason[:300]}")
-    except BaseException:
-        pool.dump_logs()
-        print(s.logs())
-        raise
-    finally:
-        coordinator.terminate()
-    if not ok:
-        pool.dump_logs()
-    return ok
+        return ok
+
+    return with_slurm_coordinator(c, s, Pool(c, args), body)
 
 
 def slurm_shown(pool, job_id):
