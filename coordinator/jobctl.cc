@@ -169,7 +169,9 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
                         {"attempts", j.attempts()},
                         {"reason", j.reason()},
                         {"user", j.user()},
+                        {"preemptible", j.preemptible()},
                         {"submitted_at", j.submitted_at()}};
+  if (!j.waiting().empty()) out["waiting"] = j.waiting();
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
   if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
   if (!j.slurm().empty()) out["slurm"] = j.slurm();
@@ -177,12 +179,12 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
 }
 
 void PrintTable(const std::vector<wire::JobInfo>& jobs) {
-  std::printf("%-6s %-24s %-10s %5s %5s %-5s %8s  %s\n", "id", "name", "state", "prio", "ranks", "dev", "attempts",
-              "reason");
+  std::printf("%-6s %-24s %-12s %-10s %5s %5s %-5s %8s  %s\n", "id", "name", "user", "state", "prio", "ranks", "dev",
+              "attempts", "reason");
   for (const auto& j : jobs)
-    std::printf("%-6ld %-24s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(),
-                trainyard::JobStateName(j.job_state()).c_str(), j.priority(), j.ranks(), j.device().c_str(),
-                j.attempts(), j.reason().c_str());
+    std::printf("%-6ld %-24s %-12s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(),
+                j.user().empty() ? "-" : j.user().c_str(), trainyard::JobStateName(j.job_state()).c_str(), j.priority(),
+                j.ranks(), j.device().c_str(), j.attempts(), (j.reason().empty() ? j.waiting() : j.reason()).c_str());
 }
 
 // The login name this process runs as, for a submission (Note [Usage] in
@@ -233,6 +235,7 @@ int Show(const Options& o, const std::string& what, int64_t id) {
   PrintTable(jobs);
   for (const auto& j : jobs) {
     if (!j.slurm().empty()) std::printf("  slurm: %s\n", j.slurm().c_str());
+    if (what != "list" && !j.waiting().empty()) std::printf("  waiting: %s\n", j.waiting().c_str());
     for (const auto& e : j.endpoints()) std::printf("  endpoint: %s\n", e.c_str());
     for (const auto& e : j.events()) std::printf("  event: %s\n", e.c_str());
   }
@@ -416,14 +419,20 @@ int UsageCommand(const Options& o, bool per_user) {
                      {"jobs", r.jobs()},
                      {"attempts", r.attempts()},
                      {"rank_seconds", r.rank_seconds()},
-                     {"gpu_seconds", r.gpu_seconds()}});
+                     {"gpu_seconds", r.gpu_seconds()},
+                     {"fairshare_rank_seconds", r.fairshare_rank_seconds()},
+                     {"running_ranks", r.running_ranks()},
+                     {"queued_jobs", r.queued_jobs()}});
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-16s %6s %8s %14s %14s\n", "user", "jobs", "attempts", "rank-hours", "gpu-hours");
+  std::printf("%-16s %6s %8s %14s %14s %14s %8s %7s\n", "user", "jobs", "attempts", "rank-hours", "gpu-hours",
+              "fairshare-h", "running", "queued");
   for (const auto& r : reply.usage_rows().rows())
-    std::printf("%-16s %6ld %8ld %14.3f %14.3f\n", per_user ? (r.user().empty() ? "-" : r.user().c_str()) : "all",
-                long(r.jobs()), long(r.attempts()), r.rank_seconds() / 3600, r.gpu_seconds() / 3600);
+    std::printf("%-16s %6ld %8ld %14.3f %14.3f %14.3f %8d %7d\n",
+                per_user ? (r.user().empty() ? "-" : r.user().c_str()) : "all", long(r.jobs()), long(r.attempts()),
+                r.rank_seconds() / 3600, r.gpu_seconds() / 3600, r.fairshare_rank_seconds() / 3600, r.running_ranks(),
+                r.queued_jobs());
   return 0;
 }
 
@@ -464,7 +473,7 @@ int Main(int argc, char** argv) {
   app.add_subcommand("usage",
                      "rank-hours and GPU-hours used by every attempt that ran (running ones until now), from\n"
                      "when its ranks started to when it ended")
-      ->add_flag("--user", args.per_user, "one row per user who submitted (as jobctl said), instead of a total");
+      ->add_flag("--user", args.per_user, "one row per job owner, instead of a total");
   auto* logs = app.add_subcommand("logs", "the job's epoch rows, as the worker's epoch table (or CSV with --csv)");
   logs->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
   logs->add_flag("--csv", args.csv, "print epochs.csv's header and lines instead of the table");

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "coordinator/server.h"
@@ -40,10 +41,28 @@ int InitKeys(const std::string& dir) {
   return 0;
 }
 
+// --add-client: a named client key (Note [Client keys name users] in common/curve/curve_keys.h).
+int AddClient(const std::string& keys_dir, const std::string& user, const std::string& role, std::string out_dir) {
+  if (out_dir.empty()) out_dir = (std::filesystem::path(keys_dir) / "clients" / user).string();
+  try {
+    trainyard::AddClientKey(keys_dir, user, role, out_dir);
+  } catch (const trainyard::KeyError& e) {
+    std::fprintf(stderr, "error: --add-client: %s\n", e.what());
+    return 2;
+  }
+  std::printf(
+      "client key for %s (%s) made in %s and added to %s/clients.allow\n"
+      "  jobctl:   jobctl --keys %s ...\n"
+      "A running coordinator reads clients.allow at start: restart it to admit the key.\n",
+      user.c_str(), role.c_str(), out_dir.c_str(), keys_dir.c_str(), out_dir.c_str());
+  return 0;
+}
+
 // What the command line says beyond the server's own options.
 struct CommandLine {
   trainyard::ServerOptions server;
   bool init = false;
+  std::string add_client, client_role = "user", client_dir;
   CLI::Option* keys = nullptr;
   std::string http_address;
   std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
@@ -89,6 +108,48 @@ void AddSlurmOptions(CLI::App& app, CommandLine* c) {
       ->needs(slurm);
 }
 
+void AddKeyOptions(CLI::App& app, CommandLine* c) {
+  app.add_flag("--init", c->init,
+               "make the CURVE keys in the --keys folder (0700, secrets 0600) and exit; workers and jobctl\n"
+               "use the same folder (their --keys, or $TRAINYARD_KEYS)");
+  auto* add = app.add_option("--add-client", c->add_client,
+                             "make a client key pair for the user NAME, add it to clients.allow and exit: jobs it\n"
+                             "submits belong to NAME, and it may cancel only those unless --client-role is admin");
+  app.add_option("--client-role", c->client_role, "--add-client: user (default) or admin")
+      ->check(CLI::IsMember({"user", "admin"}))
+      ->needs(add);
+  app.add_option("--client-dir", c->client_dir,
+                 "--add-client: where to write its client.key and coordinator.pub, the folder jobctl --keys\n"
+                 "takes (default: <keys>/clients/NAME)")
+      ->needs(add);
+  c->keys = app.add_option("--keys", c->server.keys_dir,
+                           "key folder: coordinator.key, workers.allow, clients.allow (default: $TRAINYARD_KEYS,\n"
+                           "else keys/ beside the --state file)");
+}
+
+void AddSchedulingOptions(CLI::App& app, CommandLine* c) {
+  trainyard::SchedulingPolicy& p = c->server.policy;
+  app.add_option("--preemption", p.preemption,
+                 "on: a queued job that cannot be placed stops the fewest running preemptible jobs of lower\n"
+                 "priority, which checkpoint after their step in progress and are requeued without counting a\n"
+                 "restart (default off)")
+      ->transform(CLI::IsMember(std::map<std::string, bool>{{"on", true}, {"off", false}}));
+  app.add_option("--preempt-grace", p.preempt_grace_s,
+                 "seconds a preempted job has to stop before its ranks are killed; it then resumes from its\n"
+                 "last checkpoint (default 60)")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--fairshare-half-life", p.fairshare_half_life_h,
+                 "hours over which a user's past usage counts half as much, for fair share among jobs of equal\n"
+                 "priority (default 168, a week, as Slurm's PriorityDecayHalfLife; 0: never decays)")
+      ->check(CLI::Range(0.0, 87600.0));
+  app.add_option("--user-max-ranks", p.user_max_ranks,
+                 "most ranks one user's jobs may run at once; their other jobs wait (default 0: no limit)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--user-max-queued", p.user_max_queued,
+                 "most jobs one user may have queued; a submission past it is refused (default 0: no limit)")
+      ->check(CLI::Range(0, 1000000));
+}
+
 void AddOptions(CLI::App& app, CommandLine* c) {
   trainyard::ServerOptions& o = c->server;
   app.add_option("--listen", o.listen, "ZeroMQ endpoint to bind (default tcp://127.0.0.1:5555: loopback only)");
@@ -97,12 +158,7 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                  "folder for <job id>/ (default runs); a job's ranks use the same path on their own hosts\n"
                  "(model and logs on its rank 0's host, checkpoints on each host's own disk): it need not be shared");
   app.add_flag("--fresh", o.fresh, "set a corrupt state database aside (<state>.corrupt) and start empty");
-  app.add_flag("--init", c->init,
-               "make the CURVE keys in the --keys folder (0700, secrets 0600) and exit; workers and jobctl\n"
-               "use the same folder (their --keys, or $TRAINYARD_KEYS)");
-  c->keys = app.add_option("--keys", o.keys_dir,
-                           "key folder: coordinator.key, workers.allow, clients.allow (default: $TRAINYARD_KEYS,\n"
-                           "else keys/ beside the --state file)");
+  AddKeyOptions(app, c);
   app.add_flag("--insecure", o.insecure,
                "development only: no encryption and no authentication; anyone who can reach --listen can\n"
                "submit jobs and forge worker messages");
@@ -126,6 +182,7 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                  "[HOST:]PORT, e.g. 127.0.0.1:8265 (HOST defaults to 127.0.0.1; default: no dashboard).\n"
                  "The dashboard is read-only but has no authentication: keep it on loopback");
   app.add_option("--chartjs", c->chartjs, "Chart.js for the dashboard's charts (default: Debian's libjs-chart.js)");
+  AddSchedulingOptions(app, c);
   AddSlurmOptions(app, c);
 }
 
@@ -210,6 +267,7 @@ int Main(int argc, char** argv) {
                             : (std::filesystem::path(c.server.state_path).parent_path() / "keys").string();
   }
   if (c.init) return InitKeys(c.server.keys_dir);
+  if (!c.add_client.empty()) return AddClient(c.server.keys_dir, c.add_client, c.client_role, c.client_dir);
   if (c.server.slurm.enabled && c.server.slurm.worker.empty())
     c.server.slurm.worker = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "worker").string();
   spdlog::set_pattern("[%H:%M:%S] %v");

@@ -72,57 +72,217 @@ Placement Take(const QueuedJob& job, Pool& p, bool backfilled) {
   return placement;
 }
 
-}  // namespace
+std::string SlotsText(int ranks, const std::string& device) {
+  return std::to_string(ranks) + " " + (device == "any" ? "" : device + " ") + (ranks == 1 ? "slot" : "slots");
+}
 
-ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots,
-                                   double now) const {
-  std::stable_sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
-    return a.priority != b.priority ? a.priority > b.priority : a.order < b.order;
-  });
-  std::map<std::string, Pool> pools = Pools(slots, now);
-  ScheduleResult result;
-  for (const QueuedJob& job : queue) {
-    bool fits_somewhere = false;
-    for (const auto& [device, p] : pools)
-      fits_somewhere = fits_somewhere || (Matches(job, device) && p.total >= job.ranks);
-    if (!fits_somewhere) {
-      result.unplaceable.push_back(job.id);
-      continue;
-    }
-    if (!result.reservation) {
-      // Still in strict order: start the job if a pool has room, else it becomes the head.
-      auto it = std::find_if(pools.begin(), pools.end(), [&](const auto& item) {
-        return Matches(job, item.first) && static_cast<int>(item.second.free_count) >= job.ranks;
-      });
-      if (it != pools.end()) {
-        result.start.push_back(Take(job, it->second, false));
-        continue;
-      }
-      Reservation best{job.id, "", kNever};
-      for (const auto& [device, p] : pools)
-        if (Matches(job, device) && p.total >= job.ranks) {
-          const double t = ShadowTime(p, job.ranks, now);
-          if (best.device.empty() || t < best.start) best = {job.id, device, t};
-        }
-      result.reservation = best;
-      continue;
-    }
-    // Backfill behind the head's reservation.
-    const Reservation& head = *result.reservation;
-    const int head_ranks =
-        std::find_if(queue.begin(), queue.end(), [&](const QueuedJob& q) { return q.id == head.job; })->ranks;
-    for (auto& [device, p] : pools) {
-      if (!Matches(job, device) || static_cast<int>(p.free_count) < job.ranks) continue;
-      const bool ends_in_time = job.estimate > 0 && now + job.estimate <= head.start;
-      // Slots the head will have at its start if this job is still running then.
-      const bool leaves_room = device != head.device || ShadowTime(p, head_ranks + job.ranks, now) <= head.start;
-      if (ends_in_time || leaves_room) {
-        result.start.push_back(Take(job, p, true));
-        break;
-      }
+std::string WhenText(double start, double now) {
+  if (start == kNever) return "when is unknown (a running job has no estimate)";
+  const int seconds = static_cast<int>(std::max(0.0, start - now));
+  return "expected in " + (seconds < 120 ? std::to_string(seconds) + " s" : std::to_string(seconds / 60) + " min");
+}
+
+// One call of Schedule: the pools as they fill, and what each user runs.
+class Pass {
+ public:
+  Pass(const std::vector<QueuedJob>& queue, const std::vector<WorkerRank>& slots, double now,
+       const std::vector<RunningJob>& running, const SchedulerPolicy& policy)
+      : queue_(queue), now_(now), policy_(policy), pools_(Pools(slots, now)) {
+    for (const RunningJob& r : running) running_[r.id] = r;
+    for (const WorkerRank& slot : slots) {
+      if (slot.job.empty()) continue;
+      ++job_slots_[slot.job];
+      job_device_[slot.job] = slot.device;
+      auto it = running_.find(slot.job);
+      if (it != running_.end()) ++user_ranks_[it->second.user];
     }
   }
-  return result;
+
+  ScheduleResult Run() {
+    for (const QueuedJob& job : queue_) Consider(job);
+    return std::move(result_);
+  }
+
+ private:
+  void Consider(const QueuedJob& job) {
+    if (!FitsSomewhere(job)) {
+      result_.unplaceable.push_back(job.id);
+      result_.waiting[job.id] =
+          "Unplaceable: the pool has fewer than " + SlotsText(job.ranks, job.device) + " of one device kind";
+      return;
+    }
+    if (policy_.user_max_ranks > 0 && user_ranks_[job.user] + job.ranks > policy_.user_max_ranks) {
+      result_.waiting[job.id] = "QuotaRanks: " + (job.user.empty() ? std::string("its user") : job.user) + " runs " +
+                                std::to_string(user_ranks_[job.user]) + " ranks and this job needs " +
+                                std::to_string(job.ranks) + " (--user-max-ranks " +
+                                std::to_string(policy_.user_max_ranks) + ")";
+      return;
+    }
+    if (!result_.reservation) return ConsiderInOrder(job);
+    ConsiderBackfill(job);
+  }
+
+  bool FitsSomewhere(const QueuedJob& job) const {
+    for (const auto& [device, p] : pools_)
+      if (Matches(job, device) && p.total >= job.ranks) return true;
+    return false;
+  }
+
+  void Start(const QueuedJob& job, Pool& pool, bool backfilled) {
+    result_.start.push_back(Take(job, pool, backfilled));
+    user_ranks_[job.user] += job.ranks;
+  }
+
+  // Still in strict order: start the job if a pool has room, else it becomes the head.
+  void ConsiderInOrder(const QueuedJob& job) {
+    auto it = std::find_if(pools_.begin(), pools_.end(), [&](const auto& item) {
+      return Matches(job, item.first) && static_cast<int>(item.second.free_count) >= job.ranks;
+    });
+    if (it != pools_.end()) return Start(job, it->second, false);
+    Reservation best{job.id, "", kNever};
+    int free = 0;
+    for (const auto& [device, p] : pools_)
+      if (Matches(job, device) && p.total >= job.ranks) {
+        const double t = ShadowTime(p, job.ranks, now_);
+        if (best.device.empty() || t < best.start) {
+          best = {job.id, device, t};
+          free = static_cast<int>(p.free_count);
+        }
+      }
+    result_.reservation = best;
+    head_ = job;
+    result_.waiting[job.id] = "Resources: needs " + SlotsText(job.ranks, job.device) + ", " + std::to_string(free) +
+                              " free; first in line, " + WhenText(best.start, now_);
+    if (policy_.preemption) Preempt(job);
+  }
+
+  // Rule 5.
+  void Preempt(const QueuedJob& head) {
+    std::vector<std::string> best;
+    std::string best_device;
+    bool found = false, already_stopping = false;
+    for (const auto& [device, p] : pools_) {
+      if (!Matches(head, device) || p.total < head.ranks) continue;
+      int available = static_cast<int>(p.free_count);
+      std::vector<const RunningJob*> candidates;
+      for (const auto& [id, count] : job_slots_) {
+        if (job_device_[id] != device) continue;
+        auto it = running_.find(id);
+        if (it == running_.end()) continue;
+        if (it->second.stopping)
+          available += count;
+        else if (it->second.preemptible && it->second.priority < head.priority)
+          candidates.push_back(&it->second);
+      }
+      if (available >= head.ranks) {
+        already_stopping = true;
+        best_device = device;
+        break;
+      }
+      const std::vector<std::string> victims = Victims(std::move(candidates), head.ranks - available);
+      for (const std::string& id : victims) available += job_slots_[id];
+      if (available >= head.ranks && (!found || victims.size() < best.size())) {
+        best = victims;
+        best_device = device;
+        found = true;
+      }
+    }
+    if (already_stopping || found) {
+      // The head starts as soon as its victims stop: no backfill may take the free slots
+      // it counts on (rule 4, with the reservation at now on that kind, lets none in).
+      result_.reservation->device = best_device;
+      result_.reservation->start = now_;
+    }
+    if (already_stopping) {
+      result_.waiting[head.id] = "Preempting: waiting for preempted jobs to stop and free their slots";
+      return;
+    }
+    if (!found) return;
+    for (const std::string& id : best) running_[id].stopping = true;
+    result_.preempt.insert(result_.preempt.end(), best.begin(), best.end());
+    std::string names;
+    for (const std::string& id : best) names += (names.empty() ? "job " : ", job ") + id;
+    result_.waiting[head.id] = "Preempting: stopping " + names + " (lower priority) to make room";
+  }
+
+  // Rule 5's choice within one device kind: the largest candidates until one more
+  // suffices, and of those that suffice the lowest priority, then the smallest, then the
+  // most recently started. As few jobs as any choice, sparing large jobs where a small
+  // one makes room. Empty if all of them together free fewer than `needed` slots.
+  std::vector<std::string> Victims(std::vector<const RunningJob*> candidates, int needed) {
+    std::vector<std::string> victims;
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](const RunningJob* a, const RunningJob* b) { return job_slots_[a->id] > job_slots_[b->id]; });
+    while (needed > 0 && !candidates.empty()) {
+      const RunningJob* last = nullptr;
+      for (const RunningJob* c : candidates) {
+        if (job_slots_[c->id] < needed) continue;
+        if (!last || c->priority < last->priority ||
+            (c->priority == last->priority &&
+             (job_slots_[c->id] < job_slots_[last->id] ||
+              (job_slots_[c->id] == job_slots_[last->id] && c->started > last->started))))
+          last = c;
+      }
+      const RunningJob* pick = last ? last : candidates.front();
+      victims.push_back(pick->id);
+      needed -= job_slots_[pick->id];
+      candidates.erase(std::find(candidates.begin(), candidates.end(), pick));
+    }
+    if (needed > 0) victims.clear();
+    return victims;
+  }
+
+  // Backfill behind the head's reservation.
+  void ConsiderBackfill(const QueuedJob& job) {
+    const Reservation& head = *result_.reservation;
+    bool fits_now = false;
+    for (auto& [device, p] : pools_) {
+      if (!Matches(job, device) || static_cast<int>(p.free_count) < job.ranks) continue;
+      fits_now = true;
+      const bool ends_in_time = job.estimate > 0 && now_ + job.estimate <= head.start;
+      // Slots the head will have at its start if this job is still running then.
+      const bool leaves_room = device != head.device || ShadowTime(p, head_.ranks + job.ranks, now_) <= head.start;
+      if (ends_in_time || leaves_room) return Start(job, p, true);
+    }
+    result_.waiting[job.id] = WhyBehindHead(job, fits_now);
+  }
+
+  std::string WhyBehindHead(const QueuedJob& job, bool fits_now) const {
+    const std::string head = "job " + head_.id;
+    if (head_.priority > job.priority)
+      return "Priority: behind " + head + " (priority " + std::to_string(head_.priority) + "), which is first in line";
+    if (head_.user != job.user && head_.usage < job.usage)
+      return "FairShare: behind " + head + " of " + head_.user + ", whose recent usage is lower than " +
+             (job.user.empty() ? std::string("its user's") : job.user + "'s");
+    if (fits_now)
+      return "Reservation: it fits now but would delay " + head +
+             ", which is first in line (give the job "
+             "resources.estimate_minutes to let it backfill)";
+    return "Resources: needs " + SlotsText(job.ranks, job.device) + "; behind " + head + ", which was submitted first";
+  }
+
+  const std::vector<QueuedJob>& queue_;
+  const double now_;
+  const SchedulerPolicy& policy_;
+  std::map<std::string, Pool> pools_;
+  std::map<std::string, RunningJob> running_;
+  std::map<std::string, int> job_slots_;           // running job -> slots it holds
+  std::map<std::string, std::string> job_device_;  // running job -> its device kind
+  std::map<std::string, int> user_ranks_;          // user -> ranks running (and started in this pass)
+  QueuedJob head_;
+  ScheduleResult result_;
+};
+
+}  // namespace
+
+ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots, double now,
+                                   const std::vector<RunningJob>& running, const SchedulerPolicy& policy) const {
+  std::stable_sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    if (a.usage != b.usage) return a.usage < b.usage;
+    return a.order < b.order;
+  });
+  return Pass(queue, slots, now, running, policy).Run();
 }
 
 }  // namespace trainyard

@@ -6,7 +6,10 @@
 // are on: each job is its own mpirun over the hosts of its slots.
 //
 // The rules, in order:
-//   1. Jobs are considered by priority (higher first), then submission order.
+//   1. Jobs are considered by priority (higher first), then fair share (the user with
+//      less decayed usage first: Note [Fair share] in state_store.h), then submission
+//      order. A job whose user already runs --user-max-ranks ranks (with it, more) is
+//      passed over without blocking anyone.
 //   2. Gang placement: a job needing k ranks starts only when k free slots of the device
 //      kind it asks for (one kind, for "any") are available. It gets them from as few
 //      hosts as can hold it: hosts with the most free slots first, then by name, and on
@@ -18,6 +21,20 @@
 //      slots now and does not delay the head: it is estimated to end by the reservation
 //      time, or it runs on another device kind, or the reserved kind keeps enough slots
 //      for the head even with it running. A job without an estimate never delays a head.
+//   5. Preemption (when on): a head that cannot start now stops the fewest running
+//      preemptible jobs of strictly lower priority whose slots, with the free ones, let
+//      it start. Of the device kinds it may run on, the one needing the fewest victims
+//      wins (then the first by name). Within a kind, victims are taken largest first
+//      (most ranks) until one more job suffices; of the jobs that suffice, the last
+//      victim is the one of lowest priority, then fewest ranks, then most recently
+//      started. So as few jobs stop as any choice allows, and a large job is spared
+//      where a small one makes room. Jobs already stopping
+//      for an earlier preemption count as freed: nothing more is stopped while they make
+//      room. Only strictly lower priority is preempted, and fair share never preempts,
+//      so two jobs can never preempt each other back and forth.
+// Every queued job that does not start gets a reason, in the manner of squeue's reason
+// column: "<Code>: <detail>", Code one of Resources, Priority, FairShare, Reservation,
+// QuotaRanks, Unplaceable, Preempting.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +69,23 @@ struct QueuedJob {
   int ranks = 1;
   std::string device = "any";  // "cpu" | "cuda" | "any"
   double estimate = 0;         // expected run time; 0 = unknown
+  std::string user;            // its owner
+  double usage = 0;            // its owner's decayed rank-seconds (fair share)
+};
+
+// A running job, as preemption and quotas need it.
+struct RunningJob {
+  std::string id;
+  int priority = 0;
+  std::string user;
+  bool preemptible = true;
+  bool stopping = false;  // told to stop by an earlier preemption, not yet stopped
+  int64_t started = 0;    // start order: larger is more recent
+};
+
+struct SchedulerPolicy {
+  bool preemption = false;
+  int user_max_ranks = 0;  // 0: no limit
 };
 
 struct Placement {
@@ -68,12 +102,17 @@ struct Reservation {
 struct ScheduleResult {
   std::vector<Placement> start;
   std::optional<Reservation> reservation;
-  std::vector<std::string> unplaceable;  // need more slots than the matching kind has
+  std::vector<std::string> unplaceable;        // need more slots than the matching kind has
+  std::vector<std::string> preempt;            // running jobs to stop (rule 5)
+  std::map<std::string, std::string> waiting;  // why each queued job that does not start waits
 };
 
 class Scheduler {
  public:
-  ScheduleResult Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots, double now) const;
+  // `running` describes the jobs the slots name (any not listed: priority 0, not
+  // preemptible, no user).
+  ScheduleResult Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots, double now,
+                          const std::vector<RunningJob>& running = {}, const SchedulerPolicy& policy = {}) const;
 };
 
 }  // namespace trainyard

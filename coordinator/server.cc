@@ -56,6 +56,12 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_reason(j.reason);
   info->set_submitted_at(j.submitted_at);
   info->set_user(j.user);
+  info->set_preemptible(j.preemptible);
+}
+
+// Who a request's key acts as, in events: its user, or the role of a key with no name.
+std::string Who(const ClientIdentity& client) {
+  return client.user.empty() ? std::string("an admin key") : client.user;
 }
 
 // A submission's user (Note [Usage]) as kept: login-name characters only, each other
@@ -111,6 +117,8 @@ Server::Server(ServerOptions options)
       options_.slurm.keys_dir = std::filesystem::absolute(options_.keys_dir).lexically_normal().string();
     options_.slurm.insecure = options_.insecure;
   }
+  if (options_.slurm.enabled && options_.policy.preemption)
+    throw ConfigError("--preemption on is for pools; under --slurm, Slurm's own preemption (PreemptMode) applies");
   if (options_.insecure) {
     spdlog::warn(
         "INSECURE MODE (--insecure): no encryption and no authentication; anyone who can reach {} can submit "
@@ -249,13 +257,16 @@ void Server::HandleFrame(const std::string& identity, const std::string& role, c
                               " is not supported (this coordinator speaks " + std::to_string(kProtocolVersion) + ")"));
     return;
   }
-  const std::string refusal = RoleRefusal(role, request);
+  std::string wire_role;
+  ClientIdentity client;  // without CURVE (--insecure) everyone is an admin
+  ParseZapUserId(role, &wire_role, &client);
+  const std::string refusal = RoleRefusal(wire_role, request);
   if (!refusal.empty()) {
     Refuse(identity, refusal);
     return;
   }
   try {
-    if (auto reply = Dispatch(identity, request)) Send(identity, *reply);
+    if (auto reply = Dispatch(identity, client, request)) Send(identity, *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
     if (int64_t left_out = 0; log_limiter_.Allow("failed", SteadySeconds(), &left_out))
       spdlog::error("request failed: {}{}", e.what(), LeftOutNote(left_out));
@@ -292,7 +303,8 @@ void Server::Send(const std::string& identity, const wire::Envelope& message) {
   socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
 }
 
-std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, const wire::Envelope& request) {
+std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, const ClientIdentity& client,
+                                               const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kRegister:
       OnRegister(identity, request.register_());
@@ -310,20 +322,20 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
       OnRankExit(identity, request.rank_exit());
       return std::nullopt;
     case wire::Envelope::kSubmit:
-      return Submit(identity, request.submit());
+      return Submit(identity, client, request.submit());
     default:
-      return Handle(request);
+      return Handle(client, request);
   }
 }
 
-wire::Envelope Server::Handle(const wire::Envelope& request) {
+wire::Envelope Server::Handle(const ClientIdentity& client, const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kList:
       return List();
     case wire::Envelope::kStatus:
       return Status(request.status().job_id());
     case wire::Envelope::kCancel:
-      return Cancel(request.cancel().job_id());
+      return Cancel(request.cancel().job_id(), client);
     case wire::Envelope::kLogs:
       return Logs(request.logs());
     case wire::Envelope::kReport:
@@ -337,9 +349,13 @@ wire::Envelope Server::Handle(const wire::Envelope& request) {
   }
 }
 
-// Parsed on the SubmitParser's thread; answered by FinishSubmission.
-std::optional<wire::Envelope> Server::Submit(const std::string& identity, const wire::SubmitRequest& request) {
-  if (parser_->Post(identity, request)) return std::nullopt;
+// Parsed on the SubmitParser's thread; answered by FinishSubmission. A named key's jobs
+// are its user's, whatever jobctl said (Note [Client keys name users]).
+std::optional<wire::Envelope> Server::Submit(const std::string& identity, const ClientIdentity& client,
+                                             const wire::SubmitRequest& request) {
+  wire::SubmitRequest owned = request;
+  if (!client.user.empty()) owned.set_user(client.user);
+  if (parser_->Post(identity, owned)) return std::nullopt;
   return ErrorEnvelope(1, "the coordinator is busy: " + std::to_string(options_.max_pending_submits) +
                               " submissions are being checked; retry shortly");
 }
@@ -374,8 +390,22 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.base_dir = request.base_dir();
   job.estimate_s = spec.resources.estimate_minutes * 60.0;
   job.user = PlainUser(request.user());
+  job.preemptible = spec.resources.preemptible;
+  const std::string over_quota = QueuedQuotaRefusal(job.user);
   bool created = false;
-  JobRecord record = store_->Submit(job, WallNow(), &created);  // committed before the reply
+  StateStore::Transaction transaction(*store_);
+  JobRecord record = store_->Submit(job, WallNow(), &created);
+  if (created && !over_quota.empty()) {  // rolled back: a refused submission changes nothing
+    Send(parsed.identity, ErrorEnvelope(2, "refused: " + over_quota));
+    return;
+  }
+  if (created)
+    store_->AddEvent(record.id,
+                     "submitted by " + (record.user.empty() ? std::string("an unnamed user") : record.user) +
+                         " (priority " + std::to_string(record.priority) + ", " + std::to_string(record.ranks) +
+                         " ranks" + (record.preemptible ? "" : ", not preemptible") + ")",
+                     record.submitted_at);
+  transaction.Commit();  // before the reply
   schedule_due_ = schedule_due_ || created;
   if (created)
     spdlog::info("job {} '{}' queued ({} ranks, priority {})", record.id, record.name, record.ranks, record.priority);
@@ -386,11 +416,33 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   Send(parsed.identity, reply);
 }
 
+std::string Server::QueuedQuotaRefusal(const std::string& user) const {
+  const int limit = options_.policy.user_max_queued;
+  if (limit <= 0) return "";
+  const auto queued = store_->JobsIn(JobState::kQueued);
+  const auto mine = std::count_if(queued.begin(), queued.end(), [&](const JobRecord& j) { return j.user == user; });
+  if (mine < limit) return "";
+  return "user " + (user.empty() ? std::string("''") : user) + " has " + std::to_string(mine) +
+         " jobs queued, the most --user-max-queued allows (" + std::to_string(limit) + ")";
+}
+
+std::string Server::WaitingText(const JobRecord& job) const {
+  if (job.state != JobState::kQueued) return "";
+  auto it = waiting_.find(job.id);
+  return it != waiting_.end() ? it->second : "Pending: not yet considered by the scheduler";
+}
+
+void Server::FillWaiting(const JobRecord& job, wire::JobInfo* info) const { info->set_waiting(WaitingText(job)); }
+
 wire::Envelope Server::List() {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   wire::ListReply* jobs = reply.mutable_jobs();  // set even when empty: it is the reply's body
-  for (const JobRecord& j : store_->Jobs()) Fill(j, jobs->add_jobs());
+  for (const JobRecord& j : store_->Jobs()) {
+    wire::JobInfo* info = jobs->add_jobs();
+    Fill(j, info);
+    FillWaiting(j, info);
+  }
   return reply;
 }
 
@@ -400,6 +452,7 @@ wire::Envelope Server::Status(int64_t id) {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   Fill(*job, reply.mutable_job());
+  FillWaiting(*job, reply.mutable_job());
   reply.mutable_job()->set_slurm(SlurmText(id));
   for (const auto& event : store_->Events(id)) reply.mutable_job()->add_events(event);
   if (job->state == JobState::kRunning)
@@ -409,22 +462,28 @@ wire::Envelope Server::Status(int64_t id) {
   return reply;
 }
 
-wire::Envelope Server::Cancel(int64_t id) {
+wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
   auto job = store_->Find(id);
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
+  if (!client.admin && job->user != client.user)
+    return ErrorEnvelope(2, "refused: job " + std::to_string(id) + " belongs to " +
+                                (job->user.empty() ? std::string("no named user") : job->user) +
+                                "; only its owner "
+                                "or an admin may cancel it, and " +
+                                client.user + " is neither");
   const double now = WallNow();
   if (job->state == JobState::kQueued) {
     StateStore::Transaction transaction(*store_);
-    store_->SetState(id, JobState::kCancelled, "cancelled while queued");
-    store_->AddEvent(id, "cancelled while queued", now);
+    store_->SetState(id, JobState::kCancelled, "cancelled while queued by " + Who(client));
+    store_->AddEvent(id, "cancelled while queued by " + Who(client), now);
     transaction.Commit();
     spdlog::info("job {} cancelled", id);
   } else if (job->state == JobState::kRunning) {
     auto running = running_.find(id);
     StateStore::Transaction transaction(*store_);
     if (running != running_.end()) store_->EndAttempt(id, running->second.attempt, "cancelled", now);
-    store_->SetState(id, JobState::kCancelled, "cancelled while running");
-    store_->AddEvent(id, "cancelled while running; its ranks were told to stop", now);
+    store_->SetState(id, JobState::kCancelled, "cancelled while running by " + Who(client));
+    store_->AddEvent(id, "cancelled while running by " + Who(client) + "; its ranks were told to stop", now);
     transaction.Commit();
     if (running != running_.end()) {
       StopRanks(running->second, "cancelled by the user");
@@ -467,13 +526,24 @@ wire::Envelope Server::UsageReport(bool per_user) {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   wire::UsageReply* rows = reply.mutable_usage_rows();  // set even when empty: it is the reply's body
-  for (const Usage& u : store_->UsageBy(per_user, WallNow())) {
+  const double now = WallNow();
+  const std::map<std::string, double> decayed =
+      store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
+  std::map<std::string, int> running_ranks, queued;
+  for (const auto& [id, attempt] : running_) running_ranks[per_user ? attempt.user : ""] += int(attempt.slots.size());
+  for (const JobRecord& j : store_->JobsIn(JobState::kQueued)) ++queued[per_user ? j.user : ""];
+  for (const Usage& u : store_->UsageBy(per_user, now)) {
     wire::UsageRow* row = rows->add_rows();
     row->set_user(u.user);
     row->set_jobs(u.jobs);
     row->set_attempts(u.attempts);
     row->set_rank_seconds(u.rank_seconds);
     row->set_gpu_seconds(u.gpu_seconds);
+    double fairshare = 0;
+    for (const auto& [user, seconds] : decayed) fairshare += (!per_user || user == u.user) ? seconds : 0;
+    row->set_fairshare_rank_seconds(fairshare);
+    row->set_running_ranks(running_ranks[u.user]);
+    row->set_queued_jobs(queued[u.user]);
   }
   return reply;
 }

@@ -25,7 +25,9 @@
 // which answer with a "released" result and are free again. It fails on a failing result,
 // a RankExit from a rank's supervisor (naming the exit code or signal), a lost rank,
 // or ranks that never start it; a failed job is requeued (resuming from its last
-// checkpoint) after a backoff, until resources.max_restarts is spent.
+// checkpoint) after a backoff, until resources.max_restarts is spent. A preempted
+// attempt (Note [Preemption] in server_pool.cc) ends as interrupted and is requeued at
+// once, without using a restart.
 //
 // After a restart the running attempts are reloaded from the store and wait up to
 // `grace_s` for their ranks to re-register naming them; reports resent by the workers
@@ -80,6 +82,15 @@
 
 namespace trainyard {
 
+// How the pool is shared (coordinator/scheduler.h, Note [Preemption]).
+struct SchedulingPolicy {
+  bool preemption = false;             // --preemption on
+  double preempt_grace_s = 60;         // a victim not stopped by then has its mpirun ended
+  double fairshare_half_life_h = 168;  // Note [Fair share]; 0: no decay
+  int user_max_ranks = 0;              // 0: no limit
+  int user_max_queued = 0;             // 0: no limit
+};
+
 struct ServerOptions {
   std::string listen = "tcp://127.0.0.1:5555";
   std::string state_path = "trainyard.db";
@@ -95,6 +106,7 @@ struct ServerOptions {
   YamlBudget submit_budget;       // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
   SlurmOptions slurm;  // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
+  SchedulingPolicy policy;
 };
 
 // Options that cannot work (a runs folder that cannot be written): found at start.
@@ -128,6 +140,13 @@ using RankKey = std::pair<std::string, int>;
 struct RunningAttempt {
   int64_t job = 0;
   int attempt = 0;
+  // Of its job, for preemption and quotas.
+  int priority = 0;
+  std::string user;
+  bool preemptible = true;
+  // Note [Preemption]: the job it was stopped for, and when (on the listening clock).
+  int64_t preempted_by = 0;
+  double preempt_asked = 0;
   std::vector<RankKey> slots;                // job rank order; slots[0] leads the job
   double started_at = 0, estimated_end = 0;  // wall clock
   double started_listening = 0;              // on the listening clock
@@ -203,7 +222,8 @@ class Server {
   void FinishSubmission(const ParsedSubmission& parsed);
   void RequeueRunningWithoutAttempt();
   // nullopt: the message needs no reply (worker traffic answers itself).
-  std::optional<wire::Envelope> Dispatch(const std::string& identity, const wire::Envelope& request);
+  std::optional<wire::Envelope> Dispatch(const std::string& identity, const ClientIdentity& client,
+                                         const wire::Envelope& request);
   // Why `role` (the ZAP user id; empty without CURVE) may not send `request`, or "".
   std::string RoleRefusal(const std::string& role, const wire::Envelope& request) const;
   // The registered rank (world, rank) if `token` is its token; otherwise null, with the
@@ -212,11 +232,18 @@ class Server {
                            const char* what);
   void Refuse(const std::string& identity, const std::string& why);
   void RefuseSquat(const std::string& identity, const RankKey& key);
-  wire::Envelope Handle(const wire::Envelope& request);
-  std::optional<wire::Envelope> Submit(const std::string& identity, const wire::SubmitRequest& request);
+  wire::Envelope Handle(const ClientIdentity& client, const wire::Envelope& request);
+  std::optional<wire::Envelope> Submit(const std::string& identity, const ClientIdentity& client,
+                                       const wire::SubmitRequest& request);
+  // Why `user` may not queue one more job (--user-max-queued), or "".
+  std::string QueuedQuotaRefusal(const std::string& user) const;
   wire::Envelope List();
   wire::Envelope Status(int64_t id);
-  wire::Envelope Cancel(int64_t id);
+  void FillWaiting(const JobRecord& job, wire::JobInfo* info) const;
+  // Why a queued job waits ("<Code>: <detail>"); "" for a job not queued.
+  std::string WaitingText(const JobRecord& job) const;
+  // Only the job's owner or an admin may cancel it (Note [Client keys name users]).
+  wire::Envelope Cancel(int64_t id, const ClientIdentity& client);
   wire::Envelope Logs(const wire::LogsRequest& request);
   wire::Envelope Report(int64_t id);
   wire::Envelope Workers();
@@ -247,6 +274,12 @@ class Server {
   void ExpireSilentRanks();
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
+  // The queue and the running jobs as the scheduler takes them.
+  std::vector<QueuedJob> QueueForScheduler(double now, std::map<std::string, JobRecord>* records);
+  std::vector<RunningJob> RunningForScheduler() const;
+  // Note [Preemption].
+  void Preempt(int64_t victim, const std::string& head);
+  void CheckPreemptions();
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
   // Records a new attempt of `job` on `slots` (one transaction) and keeps it running.
   RunningAttempt& OpenAttempt(const JobRecord& job, const std::vector<RankKey>& slots, const std::string& how,
@@ -304,6 +337,8 @@ class Server {
   std::map<RankKey, RankEntry> ranks_;
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;
+  std::map<int64_t, std::string> waiting_;  // why each queued job waits, as of the last pass
+  int64_t preemptions_ = 0;
   bool schedule_due_ = true;
   double last_pulse_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;

@@ -140,6 +140,9 @@ void Server::ReloadRunningAttempts() {
     attempt.started_at = open.started_at;
     attempt.started_listening = listened_;
     attempt.adopted = false;
+    attempt.priority = job->priority;
+    attempt.user = job->user;
+    attempt.preemptible = job->preemptible;
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     running_[open.job] = attempt;
@@ -345,6 +348,16 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
   // it; another slot's result only says that it is free again.
   if (from != attempt.slots.front()) return;
+  if (message.end() != wire::OUTCOME_SUCCEEDED && attempt.preempted_by != 0) {
+    FailAttempt(
+        message.job_id(),
+        "preempted by job " + std::to_string(attempt.preempted_by) + ": " +
+            (message.end() == wire::OUTCOME_PREEMPTED ? message.message()
+                                                      : "it did not stop with a checkpoint (" + message.message() +
+                                                            "); it resumes from its last checkpoint"),
+        Retry::kFree);
+    return;
+  }
   if (message.end() != wire::OUTCOME_SUCCEEDED) {
     const bool bad_input = message.end() == wire::OUTCOME_BAD_INPUT;
     const bool preempted = message.end() == wire::OUTCOME_PREEMPTED;
@@ -397,6 +410,7 @@ void Server::Tick() {
     PulseRanks(now);
     ExpireSilentRanks();
     CheckAttemptsStarted();
+    CheckPreemptions();
   }
   if (slurm_) {
     TakeSlurmSubmissions(now);
@@ -466,15 +480,9 @@ void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
   if (slurm_) return ScheduleOnSlurm(now);
-  if (ranks_.empty()) return;
-  std::vector<QueuedJob> queue;
   std::map<std::string, JobRecord> records;
-  for (JobRecord& job : store_->JobsIn(JobState::kQueued)) {
-    if (job.not_before > now) continue;
-    queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s});
-    records.emplace(std::to_string(job.id), std::move(job));
-  }
-  if (queue.empty()) return;
+  std::vector<QueuedJob> queue = QueueForScheduler(now, &records);
+  if (queue.empty() || ranks_.empty()) return;
   // A rank is busy while an attempt awaits its result, and while its heartbeats still
   // name a job (one being cancelled, or given up on).
   std::vector<WorkerRank> workers;
@@ -489,17 +497,102 @@ void Server::ScheduleQueued(double now) {
     }
     workers.push_back(w);
   }
-  ScheduleResult result = scheduler_.Schedule(queue, workers, now);
-  for (const Placement& placement : result.start) StartAttempt(records.at(placement.job), placement, now);
+  const SchedulerPolicy policy{options_.policy.preemption, options_.policy.user_max_ranks};
+  ScheduleResult result = scheduler_.Schedule(queue, workers, now, RunningForScheduler(), policy);
+  for (const auto& [id, why] : result.waiting) waiting_[std::stoll(id)] = why;
+  for (const Placement& placement : result.start) {
+    waiting_.erase(std::stoll(placement.job));
+    StartAttempt(records.at(placement.job), placement, now);
+  }
+  for (const std::string& victim : result.preempt) Preempt(std::stoll(victim), result.reservation->job);
   for (const std::string& id : result.unplaceable) {
     const int64_t job = std::stoll(id);
-    if (!reported_unplaceable_.insert(job).second) continue;
-    store_->AddEvent(job,
-                     "waiting: the pool has fewer than " + std::to_string(records.at(id).ranks) + " " +
-                         (records.at(id).device == "any" ? "" : records.at(id).device + " ") +
-                         "slots of one device kind",
-                     now);
+    if (reported_unplaceable_.insert(job).second) store_->AddEvent(job, "waiting: " + result.waiting.at(id), now);
   }
+}
+
+// The queued jobs the scheduler may start now, with their owners' fair-share usage
+// (Note [Fair share]); the others say why they wait.
+std::vector<QueuedJob> Server::QueueForScheduler(double now, std::map<std::string, JobRecord>* records) {
+  std::vector<JobRecord> queued = store_->JobsIn(JobState::kQueued);
+  std::vector<QueuedJob> queue;
+  waiting_.clear();
+  if (queued.empty()) return queue;
+  const std::map<std::string, double> usage =
+      store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
+  for (JobRecord& job : queued) {
+    if (job.not_before > now) {
+      waiting_[job.id] = "Backoff: requeued after a failed attempt; eligible again in " + Seconds(job.not_before - now);
+      continue;
+    }
+    waiting_[job.id] = ranks_.empty() ? "Resources: no pool agent is registered" : "Pending";
+    auto used = usage.find(job.user);
+    queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s, job.user,
+                     used == usage.end() ? 0.0 : used->second});
+    records->emplace(std::to_string(job.id), std::move(job));
+  }
+  return queue;
+}
+
+std::vector<RunningJob> Server::RunningForScheduler() const {
+  std::vector<RunningJob> running;
+  for (const auto& [id, attempt] : running_)
+    running.push_back({std::to_string(id), attempt.priority, attempt.user,
+                       attempt.preemptible && attempt.slurm_job.empty(), attempt.preempted_by != 0,
+                       static_cast<int64_t>(attempt.started_at * 1000)});
+  return running;
+}
+
+// Note [Preemption]
+// The scheduler names the victims (rule 5 in coordinator/scheduler.h). Each gets a StopJob
+// with `preempt` set, to its lead only: the lead agent relays it to the job's rank 0, the
+// ranks agree to stop after the step in progress (Note [Stop agreement] in
+// worker/jobs/job_setup.h), a fine-tune job writes a checkpoint of that step, and rank 0's
+// result says OUTCOME_PREEMPTED. The other slots hold on until the attempt ends, so the
+// head never starts beside a victim's ranks. Whatever the lead reports then ends the
+// attempt as interrupted: requeued at once, resuming from its newest checkpoint, not
+// counted as a restart. The StopJob carries --preempt-grace: a job still running that
+// long after it has its mpirun ended by the lead agent (then killed 10 s later), and
+// resumes from the checkpoint before. A lead that reports nothing within the grace and
+// another 30 s (it died with its host) ends the attempt from here.
+void Server::Preempt(int64_t victim, const std::string& head) {
+  auto it = running_.find(victim);
+  if (it == running_.end()) return;
+  RunningAttempt& attempt = it->second;
+  auto head_job = store_->Find(std::stoll(head));
+  attempt.preempted_by = std::stoll(head);
+  attempt.preempt_asked = listened_;
+  ++preemptions_;
+  const std::string event = "preempted by job " + head + " (priority " +
+                            std::to_string(head_job ? head_job->priority : 0) +
+                            "): asked to stop after its step in progress, checkpoint and requeue within " +
+                            Seconds(options_.policy.preempt_grace_s);
+  store_->AddEvent(victim, event, WallNow());
+  spdlog::info("job {}: {}", victim, event);
+  wire::Envelope e;
+  wire::StopJob* stop = e.mutable_stop();
+  stop->set_job_id(victim);
+  stop->set_attempt(attempt.attempt);
+  stop->set_reason("preempted by job " + head);
+  stop->set_preempt(true);
+  stop->set_grace_s(options_.policy.preempt_grace_s);
+  auto lead = ranks_.find(attempt.slots.front());
+  if (lead != ranks_.end()) Send(lead->second.identity, e);
+}
+
+void Server::CheckPreemptions() {
+  constexpr double kReportMarginS = 30;  // past the grace: the lead's kill grace and its report
+  std::vector<RunningAttempt> overdue;
+  for (const auto& [id, attempt] : running_)
+    if (attempt.preempted_by != 0 &&
+        listened_ - attempt.preempt_asked > options_.policy.preempt_grace_s + kReportMarginS)
+      overdue.push_back(attempt);
+  for (const RunningAttempt& attempt : overdue)
+    FailAttempt(attempt.job,
+                "preempted by job " + std::to_string(attempt.preempted_by) + "; its lead " +
+                    DescribeRank(attempt.slots.front()) + " reported no end within " +
+                    Seconds(options_.policy.preempt_grace_s + kReportMarginS),
+                Retry::kFree);
 }
 
 bool Server::MakeAttemptFolder(const JobRecord& job, double now) {
@@ -521,6 +614,9 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
                                     double now) {
   RunningAttempt attempt;
   attempt.job = job.id;
+  attempt.priority = job.priority;
+  attempt.user = job.user;
+  attempt.preemptible = job.preemptible;
   attempt.slots = slots;
   attempt.started_at = now;
   attempt.started_listening = listened_;

@@ -34,9 +34,10 @@ std::optional<int64_t> ParseJobId(const std::string& text) {
 }
 
 json JobJson(const JobRecord& j) {
-  return {{"id", j.id},         {"name", j.name},     {"state", ToString(j.state)},    {"priority", j.priority},
-          {"ranks", j.ranks},   {"device", j.device}, {"attempts", j.attempts},        {"max_restarts", j.max_restarts},
-          {"reason", j.reason}, {"user", j.user},     {"submitted_at", j.submitted_at}};
+  return {
+      {"id", j.id},         {"name", j.name},     {"state", ToString(j.state)},     {"priority", j.priority},
+      {"ranks", j.ranks},   {"device", j.device}, {"attempts", j.attempts},         {"max_restarts", j.max_restarts},
+      {"reason", j.reason}, {"user", j.user},     {"submitted_at", j.submitted_at}, {"preemptible", j.preemptible}};
 }
 
 // One epochs.csv row as {column: value}: numbers as numbers, empty cells as null.
@@ -97,6 +98,7 @@ WebReply Server::ApiJobs() {
   for (const JobRecord& j : store_->Jobs()) {
     json job = JobJson(j);
     job["slurm"] = SlurmText(j.id);
+    job["waiting"] = WaitingText(j);
     const json latest = LatestEpoch(store_->EpochRows(j.id));
     job["epochs"] = latest.is_null() ? 0 : NumberOr(latest, "epoch", 0);
     job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
@@ -110,6 +112,7 @@ WebReply Server::ApiJob(int64_t id) {
   if (!record) return NotFound("no job " + std::to_string(id));
   json job = JobJson(*record);
   job["slurm"] = SlurmText(id);
+  job["waiting"] = WaitingText(*record);
   json attempts = json::array(), events = json::array(), epochs = json::array(), breakdowns = json::array();
   for (const AttemptRecord& a : store_->Attempts(id))
     attempts.push_back({{"attempt", a.attempt},
@@ -204,6 +207,9 @@ std::string Server::MetricsText() {
                    "Rank-seconds used by every attempt that ran, per user (running ones until now).");
   m.DeclareCounter("trainyard_gpu_seconds_total",
                    "GPU-seconds used by every attempt that ran, per user (running ones until now).");
+  m.DeclareGauge("trainyard_user_jobs", "Jobs by owner and state.");
+  m.DeclareCounter("trainyard_preemptions_total",
+                   "Running jobs asked to stop for a job of higher priority since start.");
   m.DeclareCounter("trainyard_squat_attempts_total",
                    "Registrations refused since start for claiming another agent's world id with another token.");
 
@@ -211,20 +217,25 @@ std::string Server::MetricsText() {
   for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) by_state[state] = 0;
   const std::vector<JobRecord> jobs = store_->Jobs();
   const std::map<int64_t, double> first_starts = store_->FirstAttemptStarts();
+  std::map<std::pair<std::string, std::string>, int64_t> by_user;
   for (const JobRecord& j : jobs) {
     ++by_state[ToString(j.state)];
+    ++by_user[{j.user, ToString(j.state)}];
     const auto start = first_starts.find(j.id);
     if (start != first_starts.end())
       m.Observe("trainyard_submit_to_running_seconds", {}, std::max(0.0, start->second - j.submitted_at));
     if (j.state != JobState::kRunning) continue;
     const json latest = LatestEpoch(store_->EpochRows(j.id));
     if (latest.is_null()) continue;
-    const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}};
+    const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}, {"user", j.user}};
     m.Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
     m.Set("trainyard_job_data_wait_ms", labels, NumberOr(latest, "wait_ms", 0));
   }
   for (const auto& [state, count] : by_state) m.Set("trainyard_jobs", {{"state", state}}, double(count));
   m.Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
+  for (const auto& [user_state, count] : by_user)
+    m.Set("trainyard_user_jobs", {{"user", user_state.first}, {"state", user_state.second}}, double(count));
+  m.Add("trainyard_preemptions_total", {}, double(preemptions_));
   for (const auto& [outcome, count] : store_->AttemptOutcomes())
     m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
   m.Set("trainyard_running_attempts", {}, double(running_.size()));

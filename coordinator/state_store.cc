@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -51,7 +52,7 @@ class Statement {
 
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
-    "reason, submitted_at, not_before, base_dir, estimate_s, user";
+    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -72,6 +73,7 @@ JobRecord ReadJob(const Statement& s) {
   j.base_dir = s.Text(14);
   j.estimate_s = s.Real(15);
   j.user = s.Text(16);
+  j.preemptible = s.Int(17) != 0;
   return j;
 }
 
@@ -226,7 +228,8 @@ void StateStore::CreateSchema() {
       ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
       device TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', submitted_at REAL NOT NULL,
       not_before REAL NOT NULL DEFAULT 0, base_dir TEXT NOT NULL DEFAULT '',
-      estimate_s REAL NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '');
+      estimate_s REAL NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '',
+      preemptible INTEGER NOT NULL DEFAULT 1);
     CREATE TABLE IF NOT EXISTS attempts(
       job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
       started_at REAL NOT NULL, ended_at REAL, outcome TEXT, ran_from REAL NOT NULL DEFAULT 0,
@@ -243,6 +246,7 @@ void StateStore::CreateSchema() {
   AddColumnIfMissing("attempts", "ran_from", "REAL NOT NULL DEFAULT 0");
   AddColumnIfMissing("attempts", "ranks", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1");
 }
 
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
@@ -290,11 +294,12 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   }
   Statement insert(db_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                   "max_restarts, device, submitted_at, base_dir, estimate_s, user) "
-                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?)");
+                   "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible) "
+                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
+  insert.Bind(13, int64_t(job.preemptible ? 1 : 0));
   insert.Step();
   *created = true;
   return *Find(sqlite3_last_insert_rowid(db_));
@@ -365,6 +370,24 @@ std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
   std::vector<Usage> out;
   while (s.Step()) out.push_back({s.Text(0), s.Int(1), s.Int(2), s.Real(3), s.Real(4)});
   return out;
+}
+
+std::map<std::string, double> StateStore::DecayedRankSeconds(double now, double half_life_s) const {
+  Statement s(db_,
+              "SELECT j.user, a.ranks, a.ran_from, IFNULL(a.ended_at, 0) FROM attempts a JOIN jobs j ON j.id = a.job "
+              "WHERE a.ran_from > 0");
+  std::map<std::string, double> usage;
+  while (s.Step()) {
+    const double ranks = double(s.Int(1)), from = s.Real(2), to = s.Real(3) > 0 ? s.Real(3) : now;
+    if (to <= from) continue;
+    double seconds = to - from;
+    if (half_life_s > 0) {
+      const double decay = std::log(2.0) / half_life_s;
+      seconds = (std::exp(-decay * std::max(0.0, now - to)) - std::exp(-decay * std::max(0.0, now - from))) / decay;
+    }
+    usage[s.Text(0)] += ranks * seconds;
+  }
+  return usage;
 }
 
 double AttemptRecord::RankSeconds(double now) const {

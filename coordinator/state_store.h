@@ -35,12 +35,14 @@ struct JobRecord {
   std::string reason;                       // why it failed or was cancelled
   double submitted_at = 0, not_before = 0;  // not_before: requeue backoff
   double estimate_s = 0;                    // resources.estimate_minutes; 0 = unknown
+  bool preemptible = true;                  // resources.preemptible
 };
 
 struct NewJob {
   std::string name, idempotency_key, spec_yaml, source, base_dir, device = "any", user;
   int priority = 0, ranks = 1, max_restarts = 0;
   double estimate_s = 0;
+  bool preemptible = true;
 };
 
 struct EpochRecord {
@@ -72,8 +74,16 @@ struct AttemptRecord {
 // through squeue or its rank 0's registration), how many ranks it had and how many of
 // them had a GPU. It used ranks x (end - start) rank-seconds and gpus x (end - start)
 // GPU-seconds; time spent waiting in a queue (ours or Slurm's) is not counted. A job's
-// user is the login name jobctl ran as when it submitted the job, as jobctl says: the
-// client key, not the user, is what the coordinator authenticates.
+// user is its owner: the name of the client key that submitted it, or, for a key with
+// no name, the login name jobctl reports (Note [Client keys name users] in
+// common/curve/curve_keys.h).
+//
+// Note [Fair share]
+// For fair share, a user's usage is decayed as Slurm's PriorityDecayHalfLife does: a
+// rank-second used `age` seconds ago counts 2^(-age / half_life). An attempt's ranks
+// that ran from t0 to t1 thus count ranks x H/ln 2 x (2^(-(now-t1)/H) - 2^(-(now-t0)/H)),
+// with H the half-life, computed from the store at each pass, so a restarted
+// coordinator orders the queue as the one before it did. A half-life of 0 does not decay.
 struct Usage {
   std::string user;  // empty in a total over every user
   int64_t jobs = 0, attempts = 0;
@@ -123,6 +133,8 @@ class StateStore {
   void StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus);
   // The usage of every attempt that has run, up to `now`: one total, or one per user.
   std::vector<Usage> UsageBy(bool per_user, double now) const;
+  // Note [Fair share]: each user's decayed rank-seconds at `now`.
+  std::map<std::string, double> DecayedRankSeconds(double now, double half_life_s) const;
   std::vector<AttemptRecord> Attempts(int64_t id) const;
   // Attempts not ended yet, of every job: what a restarted coordinator re-adopts.
   std::vector<AttemptRecord> OpenAttempts() const;

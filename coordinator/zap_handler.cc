@@ -54,10 +54,10 @@ void ZapHandler::Answer(zmq::socket_t& socket) {
       status = "200";
       text = "OK";
       user = ToString(WireRole::kWorker);
-    } else if (keys_.clients.count(z85)) {
+    } else if (auto client = keys_.clients.find(z85); client != keys_.clients.end()) {
       status = "200";
       text = "OK";
-      user = ToString(WireRole::kClient);
+      user = ZapUserId(WireRole::kClient, client->second);
     } else {
       text = "key not allowed";
     }

@@ -2,8 +2,9 @@
 //
 // libzmq asks it, over inproc://zeromq.zap.01 in the coordinator's context, whether a
 // peer that completed the CURVE handshake may connect. It admits a peer whose public
-// key is on the worker or the client allowlist and names the role as the ZAP "user
-// id", which libzmq then attaches to every message from that peer (the "User-Id"
+// key is on the worker or the client allowlist and names the role (and, for a client
+// key with a name, the user it acts as: ZapUserId) as the ZAP "user id", which libzmq
+// then attaches to every message from that peer (the "User-Id"
 // property the coordinator reads). Any other key is refused during the handshake, so
 // its frames never reach the coordinator's loop and nothing it sends is stored.
 // One thread of its own; the allowlists are fixed at start.

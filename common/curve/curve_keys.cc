@@ -3,12 +3,15 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <vector>
 
 namespace trainyard {
 namespace {
@@ -63,20 +66,54 @@ CurveKeyPair ReadKeyFile(const fs::path& path, bool need_secret) {
   return pair;
 }
 
-std::set<std::string> ReadAllowlist(const fs::path& path) {
+// Each line's first word is a key; `read_rest` is given the line's other words.
+template <typename ReadRest>
+void ForEachAllowed(const fs::path& path, ReadRest read_rest) {
   std::ifstream in(path);
   if (!in) throw KeyError(path.string() + ": cannot be read; make the keys with `coordinator --init`");
-  std::set<std::string> keys;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     std::istringstream words(line);
     std::string key;
     words >> key;
     if (key.empty() || key[0] == '#') continue;
-    if (!IsZ85Key(key))
-      throw KeyError(path.string() + ":" + std::to_string(number) + ": expected a 40-character Z85 public key");
-    keys.insert(key);
+    const std::string where = path.string() + ":" + std::to_string(number);
+    if (!IsZ85Key(key)) throw KeyError(where + ": expected a 40-character Z85 public key");
+    std::vector<std::string> rest;
+    for (std::string word; words >> word;) rest.push_back(word);
+    read_rest(where, key, rest);
   }
+}
+
+std::set<std::string> ReadWorkerAllowlist(const fs::path& path) {
+  std::set<std::string> keys;
+  ForEachAllowed(path, [&](const std::string& where, const std::string& key, const std::vector<std::string>& rest) {
+    if (!rest.empty()) throw KeyError(where + ": expected only a public key (worker keys have no user)");
+    keys.insert(key);
+  });
+  return keys;
+}
+
+// "<key> [<name> [user|admin]]" lines (Note [Client keys name users]).
+std::map<std::string, ClientIdentity> ReadClientAllowlist(const fs::path& path) {
+  std::map<std::string, ClientIdentity> keys;
+  ForEachAllowed(path, [&](const std::string& where, const std::string& key, const std::vector<std::string>& rest) {
+    if (rest.size() > 2) throw KeyError(where + ": expected '<key> [<user name> [user|admin]]'");
+    ClientIdentity who;
+    if (!rest.empty()) {
+      if (!PlausibleUserName(rest[0]))
+        throw KeyError(where + ": user name '" + rest[0] + "': expected 1 to 64 letters, digits, '.', '_', '-' or '@'");
+      who.user = rest[0];
+      who.admin = false;
+    }
+    if (rest.size() == 2) {
+      if (rest[1] != "user" && rest[1] != "admin")
+        throw KeyError(where + ": role '" + rest[1] + "': expected user or admin");
+      who.admin = rest[1] == "admin";
+    }
+    if (keys.count(key)) throw KeyError(where + ": key " + key + " is listed twice");
+    keys[key] = who;
+  });
   return keys;
 }
 
@@ -88,6 +125,27 @@ void SetKey(zmq::socket_t& socket, int option, const std::string& z85) {
 }  // namespace
 
 const char* ToString(WireRole role) { return role == WireRole::kWorker ? "worker" : "client"; }
+
+bool PlausibleUserName(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '@';
+  });
+}
+
+std::string ZapUserId(WireRole role, const ClientIdentity& client) {
+  if (role == WireRole::kWorker || client.user.empty()) return ToString(role);
+  return std::string(ToString(role)) + ":" + client.user + ":" + (client.admin ? "admin" : "user");
+}
+
+void ParseZapUserId(const std::string& text, std::string* role, ClientIdentity* client) {
+  const size_t first = text.find(':');
+  *role = text.substr(0, first);
+  *client = ClientIdentity{};
+  if (first == std::string::npos) return;
+  const size_t second = text.find(':', first + 1);
+  client->user = text.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+  client->admin = second != std::string::npos && text.substr(second + 1) == "admin";
+}
 
 CurveKeyPair NewCurveKeyPair() {
   char public_key[kZ85KeyLength + 1], secret_key[kZ85KeyLength + 1];
@@ -117,12 +175,35 @@ ServerKeys LoadServerKeys(const std::string& dir) {
   const fs::path root(dir);
   ServerKeys keys;
   keys.own = ReadKeyFile(root / "coordinator.key", true);
-  keys.workers = ReadAllowlist(root / "workers.allow");
-  keys.clients = ReadAllowlist(root / "clients.allow");
+  keys.workers = ReadWorkerAllowlist(root / "workers.allow");
+  keys.clients = ReadClientAllowlist(root / "clients.allow");
   for (const std::string& key : keys.workers)
     if (keys.clients.count(key))
       throw KeyError(dir + ": key " + key + " is in both workers.allow and clients.allow; a key has one role");
   return keys;
+}
+
+void AddClientKey(const std::string& dir, const std::string& user, const std::string& role,
+                  const std::string& out_dir) {
+  if (!PlausibleUserName(user))
+    throw KeyError("user name '" + user + "': expected 1 to 64 letters, digits, '.', '_', '-' or '@'");
+  if (role != "user" && role != "admin") throw KeyError("role '" + role + "': expected user or admin");
+  const fs::path root(dir), out(out_dir);
+  const std::map<std::string, ClientIdentity> listed = ReadClientAllowlist(root / "clients.allow");
+  for (const auto& [key, who] : listed)
+    if (who.user == user) throw KeyError(dir + "/clients.allow already has a key for user '" + user + "'");
+  const std::string coordinator_public = ReadKeyFile(root / "coordinator.pub", false).public_key;
+  std::error_code error;
+  fs::create_directories(out, error);
+  if (error) throw KeyError("cannot create " + out_dir + ": " + error.message());
+  ::chmod(out.c_str(), 0700);
+  const CurveKeyPair pair = NewCurveKeyPair();
+  WriteNewFile(out / "client.key", PairText(pair), 0600);
+  WriteNewFile(out / "coordinator.pub", "public " + coordinator_public + "\n", 0644);
+  std::ofstream allow(root / "clients.allow", std::ios::app);
+  allow << pair.public_key << " " << user << " " << role << "\n";
+  allow.close();
+  if (!allow) throw KeyError("cannot append to " + (root / "clients.allow").string());
 }
 
 PeerKeys LoadPeerKeys(const std::string& dir, WireRole role) {

@@ -506,7 +506,8 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, std::string>{{"auto", "auto"}, {"mkl", "mkl"}, {"onednn", "onednn"}},
              &spec->runtime.cpu_gemm);
   r.ReadInt(rt, "cpu_block_cache_mb", "runtime", &spec->runtime.cpu_block_cache_mb, 0, int64_t(1) << 20);
-  YAML::Node rs = r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes"});
+  YAML::Node rs =
+      r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes", "preemptible"});
   r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1, kMaxRanks);
   r.ReadEnum(rs, "device", "resources",
              std::map<std::string, std::string>{{"cpu", "cpu"}, {"cuda", "cuda"}, {"any", "any"}},
@@ -514,6 +515,7 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(rs, "priority", "resources", &spec->resources.priority, -1'000'000, 1'000'000);
   r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0, 1'000);
   r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
+  r.ReadBool(rs, "preemptible", "resources", &spec->resources.preemptible);
   YAML::Node ds = r.Section(root, "distributed",
                             {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency"});
   DistributedSpec& dist = spec->distributed;

@@ -130,6 +130,7 @@ struct ResourcesSpec {
   int priority = 0;             // higher runs first
   int max_restarts = 2;         // requeues after a failed attempt, resuming from checkpoints
   double estimate_minutes = 0;  // expected run time; lets the job backfill (0 = unknown)
+  bool preemptible = true;      // coordinator --preemption on may stop it for a higher priority
 };
 
 enum class CommBackend { kAuto, kMpi, kNccl };

@@ -54,9 +54,12 @@ function jobRow(job) {
   id.append(link);
   const state = el("td");
   state.append(stateBadge(job.state));
-  tr.append(id, el("td", job.name), state, el("td", job.ranks, "num"), el("td", job.device),
-            el("td", job.attempts, "num"), el("td", job.epochs, "num"), el("td", fixed(job.ms_per_step, 1), "num"),
-            el("td", when(job.submitted_at)), el("td", job.slurm ? `Slurm ${job.slurm}` : job.reason));
+  // Why it waits (a queued job), else why it ended.
+  const why = job.slurm ? `Slurm ${job.slurm}` : (job.waiting || job.reason);
+  tr.append(id, el("td", job.name), el("td", job.user || "-"), state, el("td", job.priority, "num"),
+            el("td", job.ranks, "num"), el("td", job.device), el("td", job.attempts, "num"),
+            el("td", job.epochs, "num"), el("td", fixed(job.ms_per_step, 1), "num"), el("td", when(job.submitted_at)),
+            el("td", why));
   return tr;
 }
 
@@ -197,8 +200,9 @@ async function refreshJob(id) {
   state.className = `state ${job.state}`;
   document.getElementById("job-facts").textContent =
       `${job.ranks} rank(s) on ${job.device}; attempt ${job.attempts} of at most ${job.max_restarts + 1}; ` +
+      `owner ${job.user || "-"}, priority ${job.priority}${job.preemptible ? "" : ", not preemptible"}; ` +
       `submitted ${when(job.submitted_at)}` + (job.slurm ? `; Slurm ${job.slurm}` : "");
-  document.getElementById("job-reason").textContent = job.reason;
+  document.getElementById("job-reason").textContent = job.waiting ? `waiting: ${job.waiting}` : job.reason;
   updateCurves(job.epochs);
   updateBreakdown(job);
   updateJobTables(job);

@@ -155,7 +155,8 @@ def case_dashboard(c, work, artifacts):
         first = wait_for(lambda: chart_points(driver, "chart-loss") >= 1 and chart_points(driver, "chart-loss"), 180,
                          "the first epoch on the job's loss chart")
         running = c.job(job)["state"] == "RUNNING"
-        ms_metric = value(c.metrics(), "trainyard_job_ms_per_step", job=str(job), name="dash_train")
+        ms_metric = value(c.metrics(), "trainyard_job_ms_per_step", job=str(job), name="dash_train",
+                          user=c.job(job)["user"])
         assert running, f"job {job} ended before the test saw its curve grow; make it longer"
         assert ms_metric and ms_metric > 0, f"a running job's ms/step in /metrics: {ms_metric}"
         wait_for(lambda: chart_points(driver, "chart-loss") > first, 180, "the loss chart to gain a point")
@@ -202,6 +203,9 @@ def case_dashboard(c, work, artifacts):
             "return Object.fromEntries([...document.querySelectorAll('#jobs-table tbody tr')]"
             ".map(r => [r.dataset.job, r.querySelector('.state').textContent]));")
         assert states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states
+        owners = driver.execute_script(
+            "return [...document.querySelectorAll('#jobs-table tbody tr')].map(r => r.cells[2].textContent);")
+        assert owners == [c.job(job)["user"] or "-"] * 2, owners
         alive = driver.execute_script(
             "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[8].textContent);")
         assert alive == ["yes", "yes"], alive

@@ -8,6 +8,7 @@ namespace {
 // `count` single-slot agents on `host`, named <host>-<i>.
 std::vector<WorkerRank> Agents(const std::string& host, int count, const std::string& device = "cpu") {
   std::vector<WorkerRank> slots;
+  slots.reserve(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) slots.push_back({host + "-" + std::to_string(i), 0, host, device, "", 0});
   return slots;
 }
@@ -19,7 +20,7 @@ std::vector<WorkerRank> Join(std::vector<WorkerRank> a, const std::vector<Worker
 
 QueuedJob Job(const std::string& id, int ranks, int64_t order, int priority = 0, double estimate = 0,
               const std::string& device = "any") {
-  return {id, priority, order, ranks, device, estimate};
+  return {id, priority, order, ranks, device, estimate, "", 0};
 }
 
 std::vector<std::string> Started(const ScheduleResult& r) {
@@ -125,6 +126,139 @@ TEST_F(Backfill, AJobOfAnotherDeviceKindNeverDelaysTheHead) {
   auto slots = Join(slots_, Agents("g", 1, "cuda"));
   ScheduleResult r = s_.Schedule({Job("head", 4, 1, 0, 0, "cpu"), Job("gpu", 1, 2, 0, 0, "cuda")}, slots, 0);
   ASSERT_EQ(Started(r), std::vector<std::string>{"gpu"});
+}
+
+QueuedJob Owned(const std::string& id, int ranks, int64_t order, const std::string& user, double usage,
+                int priority = 0) {
+  QueuedJob job = Job(id, ranks, order, priority);
+  job.user = user;
+  job.usage = usage;
+  return job;
+}
+
+// Four slots, each pair running a job: "low" (priority 0) and "mid" (priority 5).
+class Preemption : public ::testing::Test {
+ protected:
+  std::vector<WorkerRank> slots_ = [] {
+    auto r = Agents("h", 4);
+    r[0].job = r[1].job = "low";
+    r[2].job = r[3].job = "mid";
+    return r;
+  }();
+  std::vector<RunningJob> running_ = {{"low", 0, "a", true, false, 1}, {"mid", 5, "b", true, false, 2}};
+  SchedulerPolicy on_{true, 0};
+  Scheduler s_;
+};
+
+TEST_F(Preemption, OffByDefault) {
+  ScheduleResult r = s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_);
+  EXPECT_TRUE(r.preempt.empty());
+  EXPECT_EQ(r.waiting.at("urgent").rfind("Resources:", 0), 0u) << r.waiting.at("urgent");
+}
+
+TEST_F(Preemption, TheFewestJobsOfLowerPriorityTheLowestFirst) {
+  ScheduleResult r = s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_, on_);
+  EXPECT_EQ(r.preempt, std::vector<std::string>{"low"});
+  EXPECT_TRUE(r.start.empty());  // it starts once the victim's slots are free
+  EXPECT_EQ(r.waiting.at("urgent"), "Preempting: stopping job low (lower priority) to make room");
+  // Four ranks take both.
+  r = s_.Schedule({Job("all", 4, 9, 10)}, slots_, 0, running_, on_);
+  EXPECT_EQ(r.preempt, (std::vector<std::string>{"low", "mid"}));
+}
+
+// The free slot the head counts on, beside its victim's, is not backfilled meanwhile.
+TEST_F(Preemption, NoBackfillIntoTheSlotsTheHeadWaitsFor) {
+  auto slots = Agents("h", 3);
+  slots[0].job = slots[1].job = "low";
+  ScheduleResult r = s_.Schedule({Job("urgent", 3, 9, 10), Job("small", 1, 10, 0, 1)}, slots, 0, running_, on_);
+  EXPECT_EQ(r.preempt, std::vector<std::string>{"low"});
+  EXPECT_TRUE(r.start.empty());
+  EXPECT_EQ(r.waiting.at("small").rfind("Priority: behind job urgent", 0), 0u) << r.waiting.at("small");
+}
+
+TEST_F(Preemption, OneLargeVictimRatherThanTwoSmallOnes) {
+  auto slots = Agents("h", 6);
+  slots[0].job = slots[1].job = slots[2].job = slots[3].job = "big";
+  slots[4].job = "s1";
+  slots[5].job = "s2";
+  std::vector<RunningJob> running = {
+      {"big", 3, "a", true, false, 1}, {"s1", 0, "a", true, false, 2}, {"s2", 0, "a", true, false, 3}};
+  ScheduleResult r = s_.Schedule({Job("urgent", 2, 9, 10)}, slots, 0, running, on_);
+  EXPECT_EQ(r.preempt, std::vector<std::string>{"big"});
+  // Equal sizes: the lower priority, then the most recently started.
+  running[0].priority = 0;
+  slots[0].job = slots[1].job = "big";
+  slots[2].job = slots[3].job = "";
+  r = s_.Schedule({Job("urgent", 4, 9, 10)}, slots, 0, running, on_);
+  EXPECT_EQ(r.preempt, (std::vector<std::string>{"big"}));
+  r = s_.Schedule({Job("urgent", 3, 9, 10)}, slots, 0, running, on_);
+  EXPECT_EQ(r.preempt, std::vector<std::string>{"s2"});
+}
+
+TEST_F(Preemption, NeverEqualOrHigherPriorityNorJobsThatOptedOut) {
+  EXPECT_TRUE(s_.Schedule({Job("peer", 2, 9, 5)}, slots_, 0, running_, on_).preempt.empty() == false);
+  // Priority 5 may stop "low" (0) but never "mid" (5): a 4-rank job at 5 preempts nothing.
+  EXPECT_TRUE(s_.Schedule({Job("peer", 4, 9, 5)}, slots_, 0, running_, on_).preempt.empty());
+  EXPECT_TRUE(s_.Schedule({Job("equal", 2, 9, 0)}, slots_, 0, running_, on_).preempt.empty());
+  running_[0].preemptible = false;
+  EXPECT_EQ(s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_, on_).preempt, std::vector<std::string>{"mid"});
+}
+
+// Two jobs of equal priority never take turns stopping each other, however fair share
+// orders them; and while a victim stops, nothing more is stopped.
+TEST_F(Preemption, NoPingPongAndNoSecondVictimWhileTheFirstStops) {
+  std::vector<RunningJob> equal = {{"low", 5, "a", true, false, 1}, {"mid", 5, "b", true, false, 2}};
+  EXPECT_TRUE(s_.Schedule({Owned("b2", 2, 9, "c", 0, 5)}, slots_, 0, equal, on_).preempt.empty());
+  running_[0].stopping = true;
+  ScheduleResult r = s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_, on_);
+  EXPECT_TRUE(r.preempt.empty());
+  EXPECT_EQ(r.waiting.at("urgent").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("urgent");
+}
+
+TEST(Scheduler, FairShareOrdersEqualPriorityByUsageThenSubmission) {
+  Scheduler s;
+  auto slot = Agents("h", 1);
+  // a used 10x more than b: b's later job starts first.
+  ScheduleResult r = s.Schedule({Owned("a1", 1, 1, "a", 1000), Owned("b1", 1, 2, "b", 100)}, slot, 0);
+  EXPECT_EQ(Started(r), std::vector<std::string>{"b1"});
+  // While the slot is busy, a's job says it waits for fair share.
+  slot[0].job = "other";
+  r = s.Schedule({Owned("a1", 1, 1, "a", 1000), Owned("b1", 1, 2, "b", 100)}, slot, 0);
+  EXPECT_EQ(r.waiting.at("a1").rfind("FairShare: behind job b1 of b", 0), 0u) << r.waiting.at("a1");
+  // Priority still comes first.
+  slot[0].job = "";
+  r = s.Schedule({Owned("a1", 1, 1, "a", 1000, 1), Owned("b1", 1, 2, "b", 100)}, slot, 0);
+  EXPECT_EQ(Started(r), std::vector<std::string>{"a1"});
+}
+
+TEST(Scheduler, AUserAtTheRankQuotaWaitsWithoutBlockingOthers) {
+  Scheduler s;
+  auto slots = Agents("h", 4);
+  slots[0].job = slots[1].job = "a-running";
+  std::vector<RunningJob> running = {{"a-running", 0, "a", true, false, 1}};
+  ScheduleResult r =
+      s.Schedule({Owned("a2", 2, 2, "a", 0), Owned("b1", 1, 3, "b", 50)}, slots, 0, running, SchedulerPolicy{false, 3});
+  EXPECT_EQ(Started(r), std::vector<std::string>{"b1"});
+  EXPECT_EQ(r.waiting.at("a2"), "QuotaRanks: a runs 2 ranks and this job needs 2 (--user-max-ranks 3)");
+  // Jobs started in the same pass count too.
+  r = s.Schedule({Owned("b1", 2, 1, "b", 0), Owned("b2", 2, 2, "b", 0)}, Agents("h", 4), 0, {},
+                 SchedulerPolicy{false, 3});
+  EXPECT_EQ(Started(r), std::vector<std::string>{"b1"});
+  EXPECT_EQ(r.waiting.at("b2").rfind("QuotaRanks: b runs 2 ranks", 0), 0u);
+}
+
+TEST(Scheduler, EveryWaitingJobSaysWhy) {
+  Scheduler s;
+  auto slots = Agents("h", 2);
+  slots[0].job = "running";
+  ScheduleResult r =
+      s.Schedule({Job("head", 2, 1, 5), Job("later", 2, 2), Job("same", 2, 3, 5), Job("huge", 9, 4)}, slots, 0);
+  EXPECT_EQ(r.waiting.at("head"),
+            "Resources: needs 2 slots, 1 free; first in line, when is unknown (a running job "
+            "has no estimate)");
+  EXPECT_EQ(r.waiting.at("later"), "Priority: behind job head (priority 5), which is first in line");
+  EXPECT_EQ(r.waiting.at("same"), "Resources: needs 2 slots; behind job head, which was submitted first");
+  EXPECT_EQ(r.waiting.at("huge"), "Unplaceable: the pool has fewer than 9 slots of one device kind");
 }
 
 }  // namespace

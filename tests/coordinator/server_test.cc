@@ -126,7 +126,7 @@ class ServerTest : public ::testing::Test {
     fs::create_directories(dir_);
     options_.listen = "tcp://127.0.0.1:*";
     options_.state_path = (dir_ / "state.db").string();
-    options_.max_message_bytes = 64 * 1024;
+    options_.max_message_bytes = int64_t(64) * 1024;
     options_.runs_dir = (dir_ / "runs").string();
     options_.heartbeat_s = 0.1;
     options_.liveness = 10;
@@ -277,7 +277,7 @@ TEST_F(ServerTest, GarbageTruncatedAndWrongFrameCountsAreAnsweredWithErrors) {
 TEST_F(ServerTest, OversizedMessageIsRefusedAndOthersAreStillServed) {
   zmq::socket_t big = Connect();
   big.set(zmq::sockopt::rcvtimeo, 500);
-  EXPECT_FALSE(Send(big, {std::string(200 * 1024, 'x')}).has_value());  // ZeroMQ drops that peer
+  EXPECT_FALSE(Send(big, {std::string(size_t(200) * 1024, 'x')}).has_value());  // ZeroMQ drops that peer
   // Just over the limit: refused with the reason. Just under it: served (a List with
   // padding in an unknown field, which protobuf keeps and ignores).
   zmq::socket_t over = Connect();
@@ -474,7 +474,7 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
   for (const std::string& line :
        {std::string("trainyard_jobs{state=\"RUNNING\"} 1"), std::string("trainyard_queue_depth 0"),
         std::string("trainyard_submit_to_running_seconds_count 1"), std::string("trainyard_running_attempts 1"),
-        "trainyard_job_ms_per_step{job=\"" + std::to_string(job) + "\",name=\"proto\"} 0"})
+        "trainyard_job_ms_per_step{job=\"" + std::to_string(job) + "\",name=\"proto\",user=\"\"} 0"})
     EXPECT_NE(metrics.find(line + "\n"), std::string::npos) << line << " in\n" << metrics;
 
   for (const char* missing : {"/api/jobs/9999", "/api/jobs/abc", "/api/jobs/1/other", "/api/nothing", "/metricsx"}) {
@@ -710,6 +710,99 @@ TEST_F(ServerTest, RestartRequeuesAJobWhoseRanksNeverComeBack) {
   EXPECT_EQ(status->job().job_state(), wire::JOB_QUEUED);
   EXPECT_NE(status->job().reason().find("interrupted"), std::string::npos) << status->job().reason();
   EXPECT_NE(status->job().reason().find("did not come back"), std::string::npos) << status->job().reason();
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+// Note [Client keys name users]: names and roles on clients.allow, checked line by line.
+TEST(ClientKeys, NamesAndRolesAreReadAndBadLinesNameTheirFileAndLine) {
+  const fs::path dir = fs::temp_directory_path() / ("ty_keys_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  InitKeyDir(dir.string());
+  AddClientKey(dir.string(), "alice", "user", (dir / "alice").string());
+  AddClientKey(dir.string(), "root", "admin", (dir / "root").string());
+  EXPECT_THROW(AddClientKey(dir.string(), "alice", "user", (dir / "again").string()), KeyError);
+  EXPECT_THROW(AddClientKey(dir.string(), "bad name", "user", (dir / "bad").string()), KeyError);
+  const ServerKeys keys = LoadServerKeys(dir.string());
+  ASSERT_EQ(keys.clients.size(), 3u);
+  const std::string alice = LoadPeerKeys((dir / "alice").string(), WireRole::kClient).own.public_key;
+  EXPECT_EQ(keys.clients.at(alice).user, "alice");
+  EXPECT_FALSE(keys.clients.at(alice).admin);
+  EXPECT_EQ(ZapUserId(WireRole::kClient, keys.clients.at(alice)), "client:alice:user");
+  const std::string legacy = LoadPeerKeys(dir.string(), WireRole::kClient).own.public_key;
+  EXPECT_TRUE(keys.clients.at(legacy).admin);  // a key with no name is an admin
+  EXPECT_EQ(ZapUserId(WireRole::kClient, keys.clients.at(legacy)), "client");
+  std::string role;
+  ClientIdentity who;
+  ParseZapUserId("client:root:admin", &role, &who);
+  EXPECT_EQ(role, "client");
+  EXPECT_EQ(who.user, "root");
+  EXPECT_TRUE(who.admin);
+
+  std::ofstream(dir / "clients.allow", std::ios::app) << legacy.substr(0, 39) + "x carol superuser\n";
+  try {
+    LoadServerKeys(dir.string());
+    ADD_FAILURE() << "a bad role was accepted";
+  } catch (const KeyError& e) {
+    EXPECT_NE(std::string(e.what()).find("clients.allow:5: role 'superuser': expected user or admin"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// Owners: a named key's jobs are its user's whatever jobctl says; another user cannot
+// cancel them (and nothing changes), an admin can; a submission past --user-max-queued
+// is refused and leaves no job behind.
+TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
+  Stop();
+  AddClientKey(options_.keys_dir, "alice", "user", (dir_ / "alice").string());
+  AddClientKey(options_.keys_dir, "bob", "user", (dir_ / "bob").string());
+  AddClientKey(options_.keys_dir, "root", "admin", (dir_ / "root").string());
+  options_.policy.user_max_queued = 1;
+  Start();
+  auto as = [&](const std::string& user) {
+    zmq::socket_t s(context_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 3000);
+    MakeCurveClient(s, LoadPeerKeys((dir_ / user).string(), WireRole::kClient));
+    s.connect(endpoint_);
+    return s;
+  };
+  zmq::socket_t alice = as("alice"), bob = as("bob"), root = as("root");
+  const int64_t job = SubmitTwoRankJob(alice);
+  ASSERT_GT(job, 0);
+  auto status = Send(alice, {StatusRequest(job).SerializeAsString()});
+  ASSERT_TRUE(status && status->has_job());
+  EXPECT_EQ(status->job().user(), "alice");
+  EXPECT_EQ(status->job().events(0), "submitted by alice (priority 0, 2 ranks)");
+  EXPECT_EQ(status->job().waiting(), "Resources: no pool agent is registered");
+
+  EXPECT_EQ(SubmitTwoRankJob(alice), 0);  // over the queued quota
+  auto list = Send(bob, {ListRequest()});
+  ASSERT_TRUE(list && list->has_jobs());
+  EXPECT_EQ(list->jobs().jobs_size(), 1);
+
+  wire::Envelope cancel;
+  cancel.set_version(kProtocolVersion);
+  cancel.mutable_cancel()->set_job_id(job);
+  auto refused = Send(bob, {cancel.SerializeAsString()});
+  ASSERT_TRUE(refused && refused->has_error());
+  EXPECT_EQ(refused->error().code(), 2);
+  EXPECT_EQ(refused->error().message(),
+            "refused: job " + std::to_string(job) +
+                " belongs to alice; only its owner or an admin may cancel it, and bob is neither");
+  status = Send(bob, {StatusRequest(job).SerializeAsString()});
+  EXPECT_EQ(JobStateName(status->job().job_state()), "QUEUED");
+
+  auto done = Send(root, {cancel.SerializeAsString()});
+  ASSERT_TRUE(done && done->has_job()) << (done && done->has_error() ? done->error().message() : "");
+  EXPECT_EQ(JobStateName(done->job().job_state()), "CANCELLED");
+  EXPECT_EQ(done->job().reason(), "cancelled while queued by root");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -174,6 +175,16 @@ TEST_F(StateStoreTest, UsageCountsRankAndGpuSecondsFromWhenTheRanksRanPerUser) {
   EXPECT_DOUBLE_EQ(per_user[0].rank_seconds, 40);
   EXPECT_EQ(per_user[1].user, "bob");
   EXPECT_DOUBLE_EQ(per_user[1].gpu_seconds, 20);
+
+  // Note [Fair share]: without decay, the rank-seconds; with a half-life of 10 s, ada's
+  // 2 ranks from 30 to 40 count as 2 x 10/ln 2 x (2^(-65/10) - 2^(-75/10)) at 105, and
+  // so on for each attempt.
+  EXPECT_DOUBLE_EQ(store.DecayedRankSeconds(105, 0).at("ada"), 40);
+  const double h = 10, ln2 = std::log(2.0);
+  const double ada =
+      2 * h / ln2 * (std::exp2(-83 / h) - std::exp2(-93 / h)) + 2 * h / ln2 * (std::exp2(-65 / h) - std::exp2(-75 / h));
+  EXPECT_NEAR(store.DecayedRankSeconds(105, h).at("ada"), ada, 1e-9);
+  EXPECT_NEAR(store.DecayedRankSeconds(105, h).at("bob"), 4 * h / ln2 * (1 - std::exp2(-5 / h)), 1e-9);
 }
 
 TEST_F(StateStoreTest, ADatabaseWithoutTheUsageColumnsGetsThemAndKeepsItsJobs) {

@@ -47,7 +47,9 @@ struct RankContext {
 // same steps (each step on CPU, each logging interval on CUDA) and stops there.
 // Benchmark jobs agree after their cells, inference after its batches.
 // A standalone finetune job takes a stop signal (RankContext::stop_signal) as a request
-// in the same way, and writes a checkpoint where its ranks stopped (JobPreempted).
+// in the same way, and writes a checkpoint where its ranks stopped (JobPreempted); so
+// does a pool job whose stop is a preemption (JobHooks::PreemptRequested, which rank 0
+// then broadcasts, since only it hears the agent).
 // No-ops for a standalone job without one; `where` (for the message) is only called when
 // stopping.
 inline bool StopAsked(const RankContext& ranks) {

@@ -505,13 +505,14 @@ void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {
   try {
     TrainEpoch(epoch, total_steps, log);
   } catch (const JobStopped& stopped) {
-    if (!ranks_.stop_signal) throw;
-    // A scheduler's signal (standalone): keep the place, as max_steps does inside an
-    // epoch, so that a rerun with checkpoint.resume: auto goes on from the next batch.
-    SaveCheckpointNow("stopped by a signal");  // collective: every rank stopped at this step
-    throw JobPreempted(std::string(stopped.what()) + StrFormat(" (a signal); checkpoint of step %ld written, a rerun "
-                                                               "with checkpoint.resume: auto resumes there",
-                                                               long(progress_.global_step)));
+    if (!StopIsPreemption()) throw;
+    // A scheduler's signal, or a coordinator's preemption: keep the place, as max_steps
+    // does inside an epoch, so that a rerun resuming from the checkpoint goes on from
+    // the next batch.
+    SaveCheckpointNow("preempted");  // collective: every rank stopped at this step
+    throw JobPreempted(std::string(stopped.what()) +
+                       StrFormat(" (%s); checkpoint of step %ld written, a rerun resuming from it goes on there",
+                                 ranks_.stop_signal ? "a signal" : "a preemption", long(progress_.global_step)));
   }
   // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
   // the place there: a resume goes on from the epoch's next batch, and the row below is

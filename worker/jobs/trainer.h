@@ -102,6 +102,9 @@ class Trainer {
   // Collective: every rank calls it at the same step; the writers (rank 0 alone, on one
   // host or shared storage) write the file.
   void SaveCheckpointNow(const std::string& reason);
+  // After the ranks agreed to stop: whether the stop is a preemption (they then
+  // checkpoint). Collective in a pool.
+  bool StopIsPreemption();
   // Every rank's RNG states, on every rank, as bytes (Note [Resume] 1).
   std::vector<RngState> GatherRngStates();
   // The writers, once the ranks agreed on the resume point: rename the checkpoints

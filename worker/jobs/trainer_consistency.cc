@@ -12,6 +12,16 @@ void Trainer::BroadcastParameters() {
   for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
 }
 
+bool Trainer::StopIsPreemption() {
+  if (ranks_.stop_signal) return true;  // a scheduler's signal reaches every rank
+  // A coordinator's preemption reaches rank 0 only (Note [Stop agreement]): it tells the others.
+  const bool mine = ranks_.hooks && ranks_.hooks->PreemptRequested();
+  if (!ranks_.comm) return mine;
+  torch::Tensor flag = torch::full({1}, mine ? 1.0f : 0.0f, torch::TensorOptions().device(device_));
+  ranks_.comm->Broadcast(flag, 0, "whether the stop is a preemption");
+  return flag.item<float>() > 0;
+}
+
 torch::Tensor Trainer::AgreeOnFoundInf(torch::Tensor local_found_inf) {
   if (!local_found_inf.defined() || !ranks_.comm) return local_found_inf;
   // Every rank must step or skip together, or their weights and scales drift apart. On

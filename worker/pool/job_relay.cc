@@ -97,12 +97,13 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
   }
 }
 
-void JobRelay::Stop(const std::string& reason, const Assignment& assignment) {
+void JobRelay::Stop(const std::string& reason, const Assignment& assignment, bool preempt) {
   if (stop_sent_) return;
   wire::Envelope e;
   e.mutable_stop()->set_job_id(assignment.job_id);
   e.mutable_stop()->set_attempt(assignment.attempt);
   e.mutable_stop()->set_reason(reason);
+  e.mutable_stop()->set_preempt(preempt);
   // Fails (EAGAIN) until the job's rank 0 has connected; the caller asks again.
   stop_sent_ = socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait).has_value();
 }
@@ -121,7 +122,10 @@ std::optional<wire::Envelope> RelayClient::AwaitLocked(double timeout_s, bool (*
     for (zmq::message_t frame; socket_->socket.recv(frame, zmq::recv_flags::dontwait);) {
       wire::Envelope in;
       if (!in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
-      if (in.has_stop()) stop_requested_ = true;
+      if (in.has_stop()) {
+        stop_requested_ = true;
+        preempt_requested_ = preempt_requested_ || in.stop().preempt();
+      }
       if (wanted && wanted(in)) return in;
     }
     if (SecondsSince(start) >= timeout_s) return std::nullopt;
@@ -187,6 +191,12 @@ bool RelayClient::StopRequested() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stop_requested_) AwaitLocked(0, nullptr);
   return stop_requested_;
+}
+
+bool RelayClient::PreemptRequested() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!stop_requested_) AwaitLocked(0, nullptr);
+  return preempt_requested_;
 }
 
 bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {

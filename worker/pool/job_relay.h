@@ -48,7 +48,7 @@ class JobRelay {
   void Pump(int timeout_ms, const Assignment& assignment, PoolAgent& agent);
   // Relays a stop request to the job, once it is connected; call again until it is
   // (later calls after the first delivery do nothing).
-  void Stop(const std::string& reason, const Assignment& assignment);
+  void Stop(const std::string& reason, const Assignment& assignment, bool preempt);
 
   const std::vector<JobRankProcess>& processes() const { return processes_; }
   const std::optional<JobOutcome>& result() const { return result_; }
@@ -77,6 +77,7 @@ class RelayClient : public JobHooks {
   std::string Start(const std::vector<JobRankProcess>& processes, double timeout_s);
   void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
   bool StopRequested() const override;
+  bool PreemptRequested() const override;
   // Sends rank 0's outcome and waits up to `timeout_s` for the agent to have it.
   bool SendResult(const JobOutcome& outcome, double timeout_s);
 
@@ -85,6 +86,7 @@ class RelayClient : public JobHooks {
   std::unique_ptr<Socket> socket_;
   mutable std::mutex mutex_;
   mutable bool stop_requested_ = false;
+  mutable bool preempt_requested_ = false;
   // Reads what the agent sent, noting stop requests, until a message `wanted` accepts
   // (returned) or `timeout_s` has passed (nullopt; 0: what has arrived, no waiting).
   // REQUIRES: mutex_ held.
@@ -105,6 +107,7 @@ class AgentHooks : public JobHooks {
   explicit AgentHooks(PoolAgent& agent) : agent_(agent) {}
   void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
   bool StopRequested() const override { return agent_.StopRequested(); }
+  bool PreemptRequested() const override { return agent_.StopRequested() && agent_.StopIsPreemption(); }
 
  private:
   PoolAgent& agent_;

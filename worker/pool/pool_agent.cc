@@ -122,6 +122,8 @@ void PoolAgent::Begin(const Assignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
   job_id_ = assignment.job_id;
   attempt_ = assignment.attempt;
+  stop_preempt_ = false;
+  stop_grace_s_ = 0;
   stop_requested_ = false;
 }
 
@@ -268,6 +270,8 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
   } else if (in.has_stop()) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in.stop().job_id() == job_id_ && in.stop().attempt() == attempt_ && !stop_requested_) {
+      stop_preempt_ = in.stop().preempt();
+      stop_grace_s_ = std::max(0.0, in.stop().grace_s());
       stop_requested_ = true;
       LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
     }

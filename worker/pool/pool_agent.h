@@ -107,6 +107,10 @@ class PoolAgent {
   void ReportEpoch(const wire::EpochReport& report);
   // True once the coordinator asked to stop the running attempt (or released its slot).
   bool StopRequested() const { return stop_requested_; }
+  // Once StopRequested: whether the stop is a preemption (the job checkpoints), and
+  // how many seconds the coordinator gives the job to stop (0: the agent's own grace).
+  bool StopIsPreemption() const { return stop_preempt_; }
+  double StopGrace() const { return stop_grace_s_; }
   const RankIdentity& self() const { return self_; }
 
  private:
@@ -136,6 +140,8 @@ class PoolAgent {
   std::vector<std::pair<std::string, std::string>> unacked_;
   std::vector<std::pair<std::string, std::string>> outbox_;  // not yet sent once
   std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> stop_preempt_{false};
+  std::atomic<double> stop_grace_s_{0};
   std::atomic<bool> quitting_{false};
   std::thread thread_;
 };

@@ -124,9 +124,10 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
         stop_asked = true;
         asked_at = Clock::now();
       }
-      if (stop_asked) relay.Stop("the coordinator asked", a);
-      if (stop_asked && !terminated && SecondsSince(asked_at) > options_.stop_grace_s)
-        terminate(StrFormat("no stop after %.0f s", options_.stop_grace_s));
+      if (stop_asked) relay.Stop("the coordinator asked", a, agent_.StopIsPreemption());
+      const double stop_grace = agent_.StopGrace() > 0 ? agent_.StopGrace() : options_.stop_grace_s;
+      if (stop_asked && !terminated && SecondsSince(asked_at) > stop_grace)
+        terminate(StrFormat("no stop after %.0f s", stop_grace));
       // A failed rank aborts the job, and mpirun then stops the others through each
       // host's daemon. It waits for an unreachable host's daemon without end (a cut
       // link, a powered-off host), so the failure is not left waiting on it. The ending

@@ -20,6 +20,9 @@ class JobHooks {
   // True once this rank was told to stop the job. Runners agree on it across ranks
   // before acting, so every rank stops at the same step.
   virtual bool StopRequested() const = 0;
+  // True when the stop requested is a preemption: a fine-tune job then checkpoints where
+  // its ranks stopped and ends as preempted (requeued without counting a restart).
+  virtual bool PreemptRequested() const { return false; }
 };
 
 // Thrown by a runner that stopped because its ranks agreed on a stop request.
@@ -28,9 +31,9 @@ class JobStopped : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Thrown instead by a standalone fine-tune job stopped by a scheduler's signal (SIGTERM:
-// preemption; SIGUSR1: a time limit ahead, Slurm's --signal) once it has written the
-// checkpoint a rerun resumes from.
+// Thrown instead by a fine-tune job stopped by a scheduler's signal (SIGTERM: preemption;
+// SIGUSR1: a time limit ahead, Slurm's --signal) or by a coordinator's preemption
+// (JobHooks::PreemptRequested), once it has written the checkpoint a rerun resumes from.
 class JobPreempted : public JobStopped {
  public:
   using JobStopped::JobStopped;

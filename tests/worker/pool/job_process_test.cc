@@ -194,7 +194,7 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   const auto start = std::chrono::steady_clock::now();
   while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
     relay.Pump(20, assignment, agent);
-    if (relay.processes().size() == 2) relay.Stop("test", assignment);
+    if (relay.processes().size() == 2) relay.Stop("test", assignment, false);
   }
   job.join();
   relay.Pump(0, assignment, agent);
