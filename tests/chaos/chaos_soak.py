@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Chaos soak: a coordinator (with its dashboard) and two worker pools on 127.0.0.1 run a
-stream of small real jobs while this script kill -9s job processes, pool agents and the
-coordinator, SIGSTOPs them (the coordinator now and then for 45 s), cancels jobs, tries
-to squat live agents' worlds with a worker key, plants FIFOs and links to /dev/zero in
-running jobs' run folders, and crowds the dashboard with idle and trickling clients, for
-a bounded time. Then it stops the chaos, lets every job finish, and checks:
+"""Chaos soak: a coordinator (with its dashboard, and --preemption on) and two worker pools
+on 127.0.0.1 run a stream of small real jobs, submitted by two users (alice and bob, each
+with a named client key) at priority 0 or 5, so that urgent jobs preempt others, while
+this script kill -9s job processes, pool agents and the coordinator, SIGSTOPs them (the
+coordinator now and then for 45 s), cancels jobs (as an admin, and as the user who does
+not own them), tries to squat live agents' worlds with a worker key, plants FIFOs and
+links to /dev/zero in running jobs' run folders, and crowds the dashboard with idle and
+trickling clients, for a bounded time. Then it stops the chaos, lets every job finish,
+and checks:
 
   1. every acknowledged submission is exactly one job (idempotency keys: a submission
      retried across a coordinator kill never makes two), and it ended in a terminal state;
@@ -19,7 +22,11 @@ a bounded time. Then it stops the chaos, lets every job finish, and checks:
      and crowding clients make no victims at all;
   5. the coordinator's memory stays bounded (resident set sampled every few seconds);
   6. every squat attempt was refused, and every query made while FIFOs and links were
-     planted or the dashboard was crowded was answered within 5 s.
+     planted or the dashboard was crowded was answered within 5 s;
+  7. every job belongs to the user who submitted it, every cancel by the user who does
+     not own the job was refused, and no job was cancelled but by an admin.
+Preemption makes no victims: a preempted job is requeued without using a restart, so
+invariants 3 and 4 cover it.
 
 A killed agent is replaced by one started alone (no mpirun), as a service manager would.
 Exit 0 when every invariant holds.
@@ -57,6 +64,7 @@ def protocol_version():
 
 PROTOCOL_VERSION = protocol_version()
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+USERS = ["alice", "bob"]
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
 
 
@@ -128,6 +136,11 @@ class Soak:
         self.keys = os.path.join(work, "keys")
         subprocess.run([os.path.join(BIN, "coordinator"), "--init", "--keys", self.keys], check=True,
                        capture_output=True)
+        for user in USERS:
+            subprocess.run([os.path.join(BIN, "coordinator"), "--keys", self.keys, "--add-client", user],
+                           check=True, capture_output=True)
+        self.owners = {}  # job id -> the user who submitted it
+        self.foreign_cancels = []  # (job, refused)
         self.coordinator = None
         self.http_port = free_port()
         self.pools = {}  # pool index -> Popen
@@ -136,7 +149,7 @@ class Soak:
         self.probes = []  # (what, seconds to answer, answered)
         self.acknowledged = {}  # idempotency key -> job id
         self.victims = set()  # jobs a chaos action hit directly
-        self.counts = {k: 0 for k in ("submitted", "job_process_kills", "job_process_stops", "agent_kills",
+        self.counts = {k: 0 for k in ("submitted", "foreign_cancels", "job_process_kills", "job_process_stops", "agent_kills",
                                       "agent_stops", "coordinator_kills", "coordinator_stops", "coordinator_long_stops",
                                       "cancels", "squats", "planted_files", "crowds", "agent_replacements")}
         self.memory = []
@@ -150,7 +163,8 @@ class Soak:
         self.coordinator = subprocess.Popen(
             [os.path.join(BIN, "coordinator"), "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
              "--keys", self.keys, "--heartbeat", str(HEARTBEAT), "--liveness", str(LIVENESS), "--grace", "15",
-             "--restart-backoff", "0.5", "--http", f"127.0.0.1:{self.http_port}"], stdout=log, stderr=subprocess.STDOUT)
+             "--restart-backoff", "0.5", "--http", f"127.0.0.1:{self.http_port}", "--preemption", "on",
+             "--preempt-grace", "10"], stdout=log, stderr=subprocess.STDOUT)
 
     def start_pool(self, index):
         log = open(os.path.join(self.work, f"pool-{index}.log"), "a")
@@ -170,14 +184,19 @@ class Soak:
                 start_new_session=True))
             self.counts["agent_replacements"] += 1
 
-    def jobctl(self, *args, timeout=3):
+    def run_jobctl(self, *args, timeout=3, user=None):
+        """jobctl's CompletedProcess, as `user` (else with the admin key --init made); None on a hang."""
+        keys = os.path.join(self.keys, "clients", user) if user else self.keys
         try:
-            r = subprocess.run([os.path.join(BIN, "jobctl"), "--coordinator", self.endpoint, "--keys", self.keys,
-                                "--timeout", str(timeout), "--retries", "1", "--json", *args],
-                               capture_output=True, text=True, timeout=60)
+            return subprocess.run([os.path.join(BIN, "jobctl"), "--coordinator", self.endpoint, "--keys", keys,
+                                   "--timeout", str(timeout), "--retries", "1", "--json", *args],
+                                  capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
             return None
-        return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+
+    def jobctl(self, *args, timeout=3, user=None):
+        r = self.run_jobctl(*args, timeout=timeout, user=user)
+        return json.loads(r.stdout) if r and r.returncode == 0 and r.stdout.strip() else None
 
     # --- the job stream ----------------------------------------------------------------
     def job_file(self):
@@ -192,6 +211,7 @@ checkpoint:
 resources:
   ranks: {ranks}
   max_restarts: 3
+  priority: {self.rng.choice([0, 0, 5])}
 """
         path = os.path.join(self.work, "jobs", f"{name}.yaml")
         return name, e2e_common.write(path, e2e_common.job_yaml(name, self.train, extra))
@@ -199,12 +219,13 @@ resources:
     def submit_pending(self, pending):
         """Submits (or resubmits, same key) until acknowledged; keeps the unacknowledged."""
         still = []
-        for key, path in pending:
-            reply = self.jobctl("submit", path, "--key", key)
+        for key, path, user in pending:
+            reply = self.jobctl("submit", path, "--key", key, user=user)
             if reply:
                 self.acknowledged[key] = reply["job_id"]
+                self.owners[reply["job_id"]] = user
             else:
-                still.append((key, path))
+                still.append((key, path, user))
         return still
 
     # --- chaos -------------------------------------------------------------------------
@@ -368,11 +389,25 @@ resources:
         if jobs and self.jobctl("cancel", str(self.rng.choice(jobs)["id"])):
             self.counts["cancels"] += 1
 
+    def cancel_foreign(self):
+        """The user who does not own a job tries to cancel it: refused with exit 2."""
+        jobs = [j for j in (self.jobctl("list") or []) if j["state"] in ("QUEUED", "RUNNING") and j["user"] in USERS]
+        if not jobs:
+            return
+        job = self.rng.choice(jobs)
+        other = USERS[1 - USERS.index(job["user"])]
+        r = self.run_jobctl("cancel", str(job["id"]), user=other)
+        if r is None or "refused" not in r.stderr and r.returncode != 0:
+            return  # the coordinator was down: no answer either way
+        self.foreign_cancels.append((job["id"], r.returncode == 2 and "belongs to" in r.stderr))
+        self.counts["foreign_cancels"] += 1
+
     def act(self):
         action = self.rng.choices([self.kill_job_process, self.stop_job_process, self.kill_agent, self.stop_agent,
                                    self.kill_coordinator, self.stop_coordinator, self.stop_coordinator_long,
-                                   self.cancel_one, self.squat, self.plant_files, self.crowd_dashboard],
-                                  weights=[3, 2, 1, 1, 2, 2, 0.5, 2, 1, 1, 1])[0]
+                                   self.cancel_one, self.cancel_foreign, self.squat, self.plant_files,
+                                   self.crowd_dashboard],
+                                  weights=[3, 2, 1, 1, 2, 2, 0.5, 2, 1, 1, 1, 1])[0]
         action()
         return action.__name__
 
@@ -389,7 +424,7 @@ resources:
             queued = sum(1 for j in (self.jobctl("list") or []) if j["state"] == "QUEUED")
             if queued < 4 and len(pending) < 4:
                 name, path = self.job_file()
-                pending.append((f"soak-{name}", path))
+                pending.append((f"soak-{name}", path, self.rng.choice(USERS)))
                 self.counts["submitted"] += 1
             pending = self.submit_pending(pending)
             if time.time() >= next_action:
@@ -430,7 +465,7 @@ resources:
     # --- invariants --------------------------------------------------------------------
     def check(self):
         db = sqlite3.connect(f"file:{self.state}?mode=ro", uri=True)
-        jobs = {row[0]: row for row in db.execute("SELECT id, state, idempotency_key, reason FROM jobs")}
+        jobs = {row[0]: row for row in db.execute("SELECT id, state, idempotency_key, reason, user FROM jobs")}
         attempts = {}
         for job, attempt, outcome, ended_at in db.execute("SELECT job, attempt, outcome, ended_at FROM attempts"):
             attempts.setdefault(job, []).append((attempt, outcome or "", ended_at or 0))
@@ -479,10 +514,24 @@ resources:
         for what, seconds in slow:
             print("a query went unanswered, or took more than 5 s:", what, seconds)
         checks["planted files and crowding clients stalled no query"] = not slow
+        misowned = [(j, row[4], self.owners[j]) for j, row in jobs.items() if j in self.owners and
+                    row[4] != self.owners[j]]
+        for job, stored, submitter in misowned:
+            print("job", job, "belongs to", stored, "but", submitter, "submitted it")
+        by_user = [(j, row[3]) for j, row in jobs.items() if row[1] == "CANCELLED" and "by an admin key" not in row[3]]
+        for job, reason in by_user:
+            print("job", job, "was cancelled but not by an admin:", reason)
+        accepted = [job for job, refused in self.foreign_cancels if not refused]
+        for job in accepted:
+            print("a cancel of job", job, "by the user who does not own it was not refused")
+        checks["jobs belong to their submitters, and only an admin cancelled any"] = not (misowned or by_user or
+                                                                                         accepted)
+        preemptions = db.execute("SELECT COUNT(*) FROM events WHERE text LIKE 'preempted by job %'").fetchone()[0]
         summary = {"jobs": len(jobs), **{s.lower(): n for s, n in states.items() if n},
                    "attempts": sum(len(r) for r in attempts.values()),
                    "restarts": sum(max(0, len(r) - 1) for r in attempts.values()),
-                   "victim_jobs": len(self.victims), **self.counts, "probes": len(self.probes),
+                   "victim_jobs": len(self.victims), "preemptions": preemptions, **self.counts,
+                   "probes": len(self.probes),
                    "coordinator_rss_mb": {"early_max": round(early, 1), "late_max": round(late, 1),
                                           "max": round(max(samples), 1)}}
         print(json.dumps(summary, indent=2))
