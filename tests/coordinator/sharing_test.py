@@ -10,6 +10,9 @@ Cases:
                final losses equal to an uninterrupted standalone run's; no restart is
                counted (max_restarts is 0), each epoch is logged once, and the victim,
                requeued at priority 0, never preempts the job that preempted it;
+  last_step    the victim is asked to stop before the only step of its only epoch: it
+               stops after that step with its epoch not yet closed, and the resumed
+               attempt closes it (one epoch row, the standalone run's losses);
   grace        the victim's ranks are frozen (SIGSTOP: a planted hang that cannot heed
                the stop); after --preempt-grace its lead agent ends its mpirun, and the
                victim resumes from the checkpoint of its last whole epoch, with the same
@@ -131,6 +134,23 @@ def case_preempt(c, work):
     assert not any("preempted" in e for e in events(c, urgent)), events(c, urgent)
     c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 300)
     check_resumed_like_uninterrupted(c, work, victim, victim_file, "victim", 3)
+
+
+def case_last_step(c, work):
+    """A stop that lands on the last step of the last epoch: a one-step job asked to stop
+    before its first step ends with that step checkpointed but its epoch not yet closed;
+    the resumed attempt must still close it (evaluate, log, save), not skip to the end."""
+    c.start(2)
+    victim_file = write_job(work, "victim", epochs=1, examples=32)  # 32 = one step of 16 on each of 2 ranks
+    victim = c.as_user("alice", "submit", victim_file)["job_id"]
+    c.wait_state(victim, {"RUNNING"}, 60)
+    urgent = c.as_user("bob", "submit", write_job(work, "urgent", epochs=1, priority=10))["job_id"]
+    c.wait_state(urgent, {"SUCCEEDED", "FAILED"}, 240)
+    c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 240)
+    interrupted = [e for e in events(c, victim) if "interrupted: preempted" in e]
+    print("last_step: " + (interrupted[0] if interrupted else "the victim ended before the preemption reached it"))
+    assert interrupted, events(c, victim)
+    check_resumed_like_uninterrupted(c, work, victim, victim_file, "victim", 1)
 
 
 def case_grace(c, work):
@@ -261,6 +281,7 @@ def case_owners(c, work):
 CASES = {
     "preempt": ["--preemption", "on", "--preempt-grace", "30"],
     "grace": ["--preemption", "on", "--preempt-grace", "8"],
+    "last_step": ["--preemption", "on"],
     "equal": ["--preemption", "on"],
     "fairshare": [],
     "quota": ["--user-max-ranks", "2"],

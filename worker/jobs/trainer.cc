@@ -487,7 +487,12 @@ nlohmann::json Trainer::Run() {
     log.emplace(run_dir(), resume_from_ ? progress_.epoch + 1 : 0, progress_.global_step);
     OpenRunLog(*log, total_steps);
   }
-  while (progress_.epoch < spec_.train.epochs && progress_.global_step < total_steps)
+  // An epoch whose steps are all done but which has no row yet (a stop after its last
+  // step, with a checkpoint there) is still closed: evaluated, logged and checkpointed.
+  auto epoch_open = [&] {
+    return progress_.global_step < total_steps || (steps_per_epoch_ > 0 && progress_.next_batch >= steps_per_epoch_);
+  };
+  while (progress_.epoch < spec_.train.epochs && epoch_open())
     TrainAndEvaluateEpoch(total_steps, log ? &*log : nullptr);
   WriteTrace();
   nlohmann::json summary = Summary(run_start);
