@@ -391,7 +391,7 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.estimate_s = spec.resources.estimate_minutes * 60.0;
   job.user = PlainUser(request.user());
   job.preemptible = spec.resources.preemptible;
-  const std::string over_quota = QueuedQuotaRefusal(job.user);
+  const std::string over_quota = QuotaRefusal(job.user, job.ranks);
   bool created = false;
   StateStore::Transaction transaction(*store_);
   JobRecord record = store_->Submit(job, WallNow(), &created);
@@ -416,7 +416,11 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   Send(parsed.identity, reply);
 }
 
-std::string Server::QueuedQuotaRefusal(const std::string& user) const {
+std::string Server::QuotaRefusal(const std::string& user, int ranks) const {
+  const int max_ranks = options_.policy.user_max_ranks;
+  if (max_ranks > 0 && ranks > max_ranks)
+    return "the job needs " + std::to_string(ranks) + " ranks, more than one user may run at once (--user-max-ranks " +
+           std::to_string(max_ranks) + ")";
   const int limit = options_.policy.user_max_queued;
   if (limit <= 0) return "";
   const auto queued = store_->JobsIn(JobState::kQueued);

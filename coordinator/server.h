@@ -235,8 +235,9 @@ class Server {
   wire::Envelope Handle(const ClientIdentity& client, const wire::Envelope& request);
   std::optional<wire::Envelope> Submit(const std::string& identity, const ClientIdentity& client,
                                        const wire::SubmitRequest& request);
-  // Why `user` may not queue one more job (--user-max-queued), or "".
-  std::string QueuedQuotaRefusal(const std::string& user) const;
+  // Why `user` may not queue one more job of `ranks` ranks, or "": past --user-max-queued,
+  // or more ranks than --user-max-ranks lets one user run (it could never start).
+  std::string QuotaRefusal(const std::string& user, int ranks) const;
   wire::Envelope List();
   wire::Envelope Status(int64_t id);
   void FillWaiting(const JobRecord& job, wire::JobInfo* info) const;

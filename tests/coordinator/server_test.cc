@@ -756,8 +756,8 @@ TEST(ClientKeys, NamesAndRolesAreReadAndBadLinesNameTheirFileAndLine) {
 }
 
 // Owners: a named key's jobs are its user's whatever jobctl says; another user cannot
-// cancel them (and nothing changes), an admin can; a submission past --user-max-queued
-// is refused and leaves no job behind.
+// cancel them (and nothing changes), an admin can; a submission past --user-max-queued,
+// or of more ranks than --user-max-ranks, is refused and leaves no job behind.
 TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   Stop();
   AddClientKey(options_.keys_dir, "alice", "user", (dir_ / "alice").string());
@@ -803,6 +803,16 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   ASSERT_TRUE(done && done->has_job()) << (done && done->has_error() ? done->error().message() : "");
   EXPECT_EQ(JobStateName(done->job().job_state()), "CANCELLED");
   EXPECT_EQ(done->job().reason(), "cancelled while queued by root");
+
+  Stop();  // a job larger than one user may run is refused at submission: it could never start
+  options_.policy.user_max_queued = 0;
+  options_.policy.user_max_ranks = 1;
+  Start();
+  zmq::socket_t bob_again = as("bob");
+  EXPECT_EQ(SubmitTwoRankJob(bob_again), 0);
+  list = Send(bob_again, {ListRequest()});
+  ASSERT_TRUE(list && list->has_jobs());
+  EXPECT_EQ(list->jobs().jobs_size(), 1);
 }
 
 }  // namespace
