@@ -492,8 +492,10 @@ resources:
                 continue
             stored = [e for (e,) in db.execute("SELECT epoch FROM epochs WHERE job = ? ORDER BY epoch", (job,))]
             path = os.path.join(self.runs, str(job), "epochs.csv")
-            with open(path) as f:
-                logged = [int(r["epoch"]) for r in csv.DictReader(f)]
+            logged = []
+            if os.path.exists(path):
+                with open(path) as f:
+                    logged = [int(r["epoch"]) for r in csv.DictReader(f)]
             if logged != stored or logged != list(range(1, len(logged) + 1)) or not logged:
                 print("epochs of job", job, "logged", logged, "stored", stored)
                 epochs_ok = False
