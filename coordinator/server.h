@@ -280,6 +280,7 @@ class Server {
   std::vector<RunningJob> RunningForScheduler() const;
   // Note [Preemption].
   void Preempt(int64_t victim, const std::string& head);
+  void SendPreemptStop(const RunningAttempt& attempt);
   void CheckPreemptions();
   void StartAttempt(const JobRecord& job, const Placement& placement, double now);
   // Records a new attempt of `job` on `slots` (one transaction) and keeps it running.

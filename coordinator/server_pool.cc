@@ -143,6 +143,8 @@ void Server::ReloadRunningAttempts() {
     attempt.priority = job->priority;
     attempt.user = job->user;
     attempt.preemptible = job->preemptible;
+    attempt.preempted_by = open.preempted_by;  // its stop was sent; its grace starts again
+    attempt.preempt_asked = listened_;
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     running_[open.job] = attempt;
@@ -177,6 +179,7 @@ void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
                    "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart",
                    WallNow());
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
+  if (attempt->preempted_by != 0) SendPreemptStop(*attempt);  // the stop may not have reached it
 }
 
 RankEntry* Server::Authenticated(const std::string& identity, const std::string& world, int rank,
@@ -549,12 +552,13 @@ std::vector<RunningJob> Server::RunningForScheduler() const {
 // ranks agree to stop after the step in progress (Note [Stop agreement] in
 // worker/jobs/job_setup.h), a fine-tune job writes a checkpoint of that step, and rank 0's
 // result says OUTCOME_PREEMPTED. The other slots hold on until the attempt ends, so the
-// head never starts beside a victim's ranks. Whatever the lead reports then ends the
-// attempt as interrupted: requeued at once, resuming from its newest checkpoint, not
-// counted as a restart. The StopJob carries --preempt-grace: a job still running that
-// long after it has its mpirun ended by the lead agent (then killed 10 s later), and
-// resumes from the checkpoint before. A lead that reports nothing within the grace and
-// another 30 s (it died with its host) ends the attempt from here.
+// head never starts beside a victim's ranks. The preemption is stored with the attempt
+// before the stop is sent, so a restarted coordinator still counts the victim's slots as
+// freeing and tells its re-adopted lead again (a stop is idempotent on the agent). Whatever the lead reports then ends
+// the attempt as interrupted: requeued at once, resuming from its newest checkpoint, not counted as a restart. The
+// StopJob carries --preempt-grace: a job still running that long after it has its mpirun ended by the lead agent (then
+// killed 10 s later), and resumes from the checkpoint before. A lead that reports nothing within the grace and another
+// 30 s (it died with its host) ends the attempt from here.
 void Server::Preempt(int64_t victim, const std::string& head) {
   auto it = running_.find(victim);
   if (it == running_.end()) return;
@@ -567,13 +571,20 @@ void Server::Preempt(int64_t victim, const std::string& head) {
                             std::to_string(head_job ? head_job->priority : 0) +
                             "): asked to stop after its step in progress, checkpoint and requeue within " +
                             Seconds(options_.policy.preempt_grace_s);
+  StateStore::Transaction transaction(*store_);
+  store_->MarkPreempted(victim, attempt.attempt, attempt.preempted_by);
   store_->AddEvent(victim, event, WallNow());
+  transaction.Commit();  // before the stop is sent
   spdlog::info("job {}: {}", victim, event);
+  SendPreemptStop(attempt);
+}
+
+void Server::SendPreemptStop(const RunningAttempt& attempt) {
   wire::Envelope e;
   wire::StopJob* stop = e.mutable_stop();
-  stop->set_job_id(victim);
+  stop->set_job_id(attempt.job);
   stop->set_attempt(attempt.attempt);
-  stop->set_reason("preempted by job " + head);
+  stop->set_reason("preempted by job " + std::to_string(attempt.preempted_by));
   stop->set_preempt(true);
   stop->set_grace_s(options_.policy.preempt_grace_s);
   auto lead = ranks_.find(attempt.slots.front());

@@ -247,6 +247,7 @@ void StateStore::CreateSchema() {
   AddColumnIfMissing("attempts", "ranks", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1");
+  AddColumnIfMissing("attempts", "preempted_by", "INTEGER NOT NULL DEFAULT 0");
 }
 
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
@@ -359,6 +360,12 @@ void StateStore::StartUsage(int64_t id, int attempt, double ran_from, int ranks,
   s.Step();
 }
 
+void StateStore::MarkPreempted(int64_t id, int attempt, int64_t by) {
+  Statement s(db_, "UPDATE attempts SET preempted_by = ? WHERE job = ? AND attempt = ?");
+  s.Bind(1, by).Bind(2, id).Bind(3, int64_t(attempt));
+  s.Step();
+}
+
 std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
   const std::string user = per_user ? "j.user" : "''";
   Statement s(db_, "SELECT " + user +
@@ -407,23 +414,23 @@ void StateStore::Requeue(int64_t id, const std::string& reason, double not_befor
 std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
   Statement s(db_,
               "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0), ran_from, "
-              "ranks, gpus FROM attempts WHERE job = ? ORDER BY attempt");
+              "ranks, gpus, preempted_by FROM attempts WHERE job = ? ORDER BY attempt");
   s.Bind(1, id);
   std::vector<AttemptRecord> out;
   while (s.Step())
-    out.push_back(
-        {s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)), int(s.Int(8))});
+    out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)),
+                   int(s.Int(8)), s.Int(9)});
   return out;
 }
 
 std::vector<AttemptRecord> StateStore::OpenAttempts() const {
   Statement s(db_,
-              "SELECT job, attempt, placement, '', started_at, 0, ran_from, ranks, gpus FROM attempts WHERE "
-              "ended_at IS NULL ORDER BY job, attempt");
+              "SELECT job, attempt, placement, '', started_at, 0, ran_from, ranks, gpus, preempted_by FROM attempts "
+              "WHERE ended_at IS NULL ORDER BY job, attempt");
   std::vector<AttemptRecord> out;
   while (s.Step())
-    out.push_back(
-        {s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)), int(s.Int(8))});
+    out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)),
+                   int(s.Int(8)), s.Int(9)});
   return out;
 }
 

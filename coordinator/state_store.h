@@ -63,6 +63,7 @@ struct AttemptRecord {
   // Note [Usage]: when its ranks began to run (0: not yet), how many, and of them on a GPU.
   double ran_from = 0;
   int ranks = 0, gpus = 0;
+  int64_t preempted_by = 0;  // the job it was asked to stop for (Note [Preemption]); 0: none
   // Rank-seconds and GPU-seconds it used, until `now` while it runs.
   double RankSeconds(double now) const;
   double GpuSeconds(double now) const;
@@ -131,6 +132,9 @@ class StateStore {
   void EndAttempt(int64_t id, int attempt, const std::string& outcome, double now);
   // Note [Usage]: the attempt's ranks run from `ran_from` on (set once; later calls do nothing).
   void StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus);
+  // Records that the attempt was asked to stop for job `by` (Note [Preemption]), so that a
+  // restarted coordinator still counts its slots as freeing.
+  void MarkPreempted(int64_t id, int attempt, int64_t by);
   // The usage of every attempt that has run, up to `now`: one total, or one per user.
   std::vector<Usage> UsageBy(bool per_user, double now) const;
   // Note [Fair share]: each user's decayed rank-seconds at `now`.

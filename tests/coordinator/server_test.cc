@@ -192,14 +192,15 @@ class ServerTest : public ::testing::Test {
   }
 
   // A valid 2-rank job (its files in dir_); returns its id, or 0.
-  int64_t SubmitTwoRankJob(zmq::socket_t& client) {
+  int64_t SubmitTwoRankJob(zmq::socket_t& client, int priority = 0) {
     std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
     std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
     wire::Envelope submit;
     submit.set_version(kProtocolVersion);
     submit.mutable_submit()->set_yaml(
         "name: proto\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
-        "resources:\n  ranks: 2\n  max_restarts: 1\n");
+        "resources:\n  ranks: 2\n  max_restarts: 1\n  priority: " +
+        std::to_string(priority) + "\n");
     submit.mutable_submit()->set_source("job.yaml");
     submit.mutable_submit()->set_base_dir(dir_.string());
     auto submitted = Send(client, {submit.SerializeAsString()});
@@ -695,6 +696,62 @@ TEST_F(ServerTest, RestartReadoptsAJobThatFinishedDuringTheOutage) {
   const auto& events = done->job().events();
   EXPECT_TRUE(std::any_of(events.begin(), events.end(),
                           [](const std::string& e) { return e.find("re-adopted") != std::string::npos; }));
+}
+
+// Note [Preemption] across a restart: the victim's lead alone is told to stop with a
+// checkpoint; a coordinator restarted meanwhile still knows the attempt was preempted,
+// tells the re-adopted lead again, and requeues the victim without a restart when it
+// reports, before the urgent job takes the slots.
+TEST_F(ServerTest, APreemptionSurvivesACoordinatorRestart) {
+  Stop();
+  options_.policy.preemption = true;
+  Start();
+  zmq::socket_t client = Connect();
+  int64_t low = 0, urgent = 0;
+  {
+    ScriptedRank r0 = Rank(0), r1 = Rank(1);
+    r0.Register();
+    r1.Register();
+    low = SubmitTwoRankJob(client);
+    ASSERT_TRUE(r0.Next(3000).value_or(wire::Envelope()).has_assign());
+    ASSERT_TRUE(r1.Next(3000).value_or(wire::Envelope()).has_assign());
+    urgent = SubmitTwoRankJob(client, 10);
+    auto stop = r0.Next(3000, low, 1);
+    ASSERT_TRUE(stop && stop->has_stop());
+    EXPECT_TRUE(stop->stop().preempt());
+    EXPECT_EQ(stop->stop().grace_s(), 60);
+    EXPECT_FALSE(r1.Next(500, low, 1).has_value());  // the gang's other slot holds on
+    Stop();
+  }
+  Start();  // same state database, new port
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(low, 1);
+  r1.Register(low, 1);
+  auto again = r0.Next(3000, low, 1);
+  ASSERT_TRUE(again && again->has_stop()) << again.value_or(wire::Envelope()).DebugString();
+  EXPECT_TRUE(again->stop().preempt());
+  r0.Send(r0.Result(low, 1, "preempted"));
+  ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
+  auto released = r1.Next(3000, low, 1);
+  ASSERT_TRUE(released && released->has_stop());
+  r1.Send(r1.Result(low, 1, "released"));
+  auto assign = r0.Next(3000);  // after the stop that ends the attempt on every slot
+  while (assign && assign->has_stop()) assign = r0.Next(3000);
+  ASSERT_TRUE(assign && assign->has_assign()) << assign.value_or(wire::Envelope()).DebugString();
+  EXPECT_EQ(assign->assign().job_id(), urgent);
+  client = Connect();
+  auto status = Send(client, {StatusRequest(low).SerializeAsString()});
+  ASSERT_TRUE(status && status->has_job());
+  EXPECT_EQ(status->job().job_state(), wire::JOB_QUEUED);
+  wire::Envelope report;
+  report.set_version(kProtocolVersion);
+  report.mutable_report()->set_job_id(low);
+  auto attempts = Send(client, {report.SerializeAsString()});
+  ASSERT_TRUE(attempts && attempts->has_job_report());
+  ASSERT_EQ(attempts->job_report().attempts_size(), 1);
+  EXPECT_EQ(attempts->job_report().attempts(0).end(), wire::OUTCOME_INTERRUPTED);
+  EXPECT_EQ(attempts->job_report().attempts(0).end_reason().rfind("preempted by job " + std::to_string(urgent), 0), 0u)
+      << attempts->job_report().attempts(0).end_reason();
 }
 
 // Ranks that never come back after a restart: after the grace period the attempt is
