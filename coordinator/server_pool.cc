@@ -79,6 +79,18 @@ nlohmann::json BreakdownJson(const wire::StepBreakdown& b) {
           {"ranks", ranks}};
 }
 
+// A StopJob for `attempt` of `job` (Note [Stop agreement]; `preempt`: Note [Preemption]).
+wire::Envelope StopFor(int64_t job, int attempt, const std::string& reason, bool preempt = false, double grace_s = 0) {
+  wire::Envelope e;
+  wire::StopJob* stop = e.mutable_stop();
+  stop->set_job_id(job);
+  stop->set_attempt(attempt);
+  stop->set_reason(reason);
+  stop->set_preempt(preempt);
+  stop->set_grace_s(grace_s);
+  return e;
+}
+
 wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epoch = 0, int world_rank = 0) {
   wire::Envelope e;
   wire::Ack* ack = e.mutable_ack();
@@ -288,11 +300,7 @@ void Server::SendStopIfStale(const RankEntry& rank) {
   if (rank.job == 0) return;
   auto running = running_.find(rank.job);
   if (running != running_.end() && running->second.attempt == rank.attempt) return;
-  wire::Envelope e;
-  e.mutable_stop()->set_job_id(rank.job);
-  e.mutable_stop()->set_attempt(rank.attempt);
-  e.mutable_stop()->set_reason("the coordinator no longer runs this attempt");
-  Send(rank.identity, e);
+  Send(rank.identity, StopFor(rank.job, rank.attempt, "the coordinator no longer runs this attempt"));
 }
 
 // Epoch reports come from the attempt's job rank 0 only, authenticated; the attempt
@@ -580,15 +588,11 @@ void Server::Preempt(int64_t victim, const std::string& head) {
 }
 
 void Server::SendPreemptStop(const RunningAttempt& attempt) {
-  wire::Envelope e;
-  wire::StopJob* stop = e.mutable_stop();
-  stop->set_job_id(attempt.job);
-  stop->set_attempt(attempt.attempt);
-  stop->set_reason("preempted by job " + std::to_string(attempt.preempted_by));
-  stop->set_preempt(true);
-  stop->set_grace_s(options_.policy.preempt_grace_s);
   auto lead = ranks_.find(attempt.slots.front());
-  if (lead != ranks_.end()) Send(lead->second.identity, e);
+  if (lead != ranks_.end())
+    Send(lead->second.identity,
+         StopFor(attempt.job, attempt.attempt, "preempted by job " + std::to_string(attempt.preempted_by), true,
+                 options_.policy.preempt_grace_s));
 }
 
 void Server::CheckPreemptions() {
@@ -731,10 +735,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
 }
 
 void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason) {
-  wire::Envelope e;
-  e.mutable_stop()->set_job_id(attempt.job);
-  e.mutable_stop()->set_attempt(attempt.attempt);
-  e.mutable_stop()->set_reason(reason);
+  const wire::Envelope e = StopFor(attempt.job, attempt.attempt, reason);
   for (const RankKey& slot : attempt.slots) {
     auto entry = ranks_.find(slot);
     if (entry != ranks_.end()) Send(entry->second.identity, e);

@@ -154,11 +154,12 @@ class ServerTest : public ::testing::Test {
     server_.reset();
   }
 
-  zmq::socket_t Connect() {
+  // A client socket, with the --init client key unless `keys` names another.
+  zmq::socket_t Connect(const PeerKeys* keys = nullptr) {
     zmq::socket_t s(context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::rcvtimeo, 3000);
-    MakeCurveClient(s, client_keys_);
+    MakeCurveClient(s, keys ? *keys : client_keys_);
     s.connect(endpoint_);
     return s;
   }
@@ -823,12 +824,8 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   options_.policy.user_max_queued = 1;
   Start();
   auto as = [&](const std::string& user) {
-    zmq::socket_t s(context_, zmq::socket_type::dealer);
-    s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::rcvtimeo, 3000);
-    MakeCurveClient(s, LoadPeerKeys((dir_ / user).string(), WireRole::kClient));
-    s.connect(endpoint_);
-    return s;
+    const PeerKeys keys = LoadPeerKeys((dir_ / user).string(), WireRole::kClient);
+    return Connect(&keys);
   };
   zmq::socket_t alice = as("alice"), bob = as("bob"), root = as("root");
   const int64_t job = SubmitTwoRankJob(alice);

@@ -99,6 +99,15 @@ def final_losses(c, job):
         return json.load(f)["final"]
 
 
+def start_victim(c, work, **job):
+    """A 2-rank pool running alice's priority-0 job `victim`; its file and id."""
+    c.start(2)
+    victim_file = write_job(work, "victim", **job)
+    victim = c.as_user("alice", "submit", victim_file)["job_id"]
+    c.wait_state(victim, {"RUNNING"}, 60)
+    return victim_file, victim
+
+
 def check_resumed_like_uninterrupted(c, work, victim, job_file, name, epochs):
     report = c.jobctl("report", str(victim))
     assert report["state"] == "SUCCEEDED", report
@@ -112,10 +121,7 @@ def check_resumed_like_uninterrupted(c, work, victim, job_file, name, epochs):
 
 
 def case_preempt(c, work):
-    c.start(2)
-    victim_file = write_job(work, "victim", epochs=3)
-    victim = c.as_user("alice", "submit", victim_file)["job_id"]
-    c.wait_state(victim, {"RUNNING"}, 60)
+    victim_file, victim = start_victim(c, work, epochs=3)
     wait_for(lambda: c.epochs_done(victim) >= 1, 120, "the victim's first epoch")
     urgent = c.as_user("bob", "submit", write_job(work, "urgent", epochs=1, priority=10))["job_id"]
     asked = time.time()
@@ -140,10 +146,7 @@ def case_last_step(c, work):
     """A stop that lands on the last step of the last epoch: a one-step job asked to stop
     before its first step ends with that step checkpointed but its epoch not yet closed;
     the resumed attempt must still close it (evaluate, log, save), not skip to the end."""
-    c.start(2)
-    victim_file = write_job(work, "victim", epochs=1, examples=32)  # 32 = one step of 16 on each of 2 ranks
-    victim = c.as_user("alice", "submit", victim_file)["job_id"]
-    c.wait_state(victim, {"RUNNING"}, 60)
+    victim_file, victim = start_victim(c, work, epochs=1, examples=32)  # one step of 16 on each of 2 ranks
     urgent = c.as_user("bob", "submit", write_job(work, "urgent", epochs=1, priority=10))["job_id"]
     c.wait_state(urgent, {"SUCCEEDED", "FAILED"}, 240)
     c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 240)
@@ -154,10 +157,7 @@ def case_last_step(c, work):
 
 
 def case_grace(c, work):
-    c.start(2)
-    victim_file = write_job(work, "victim", epochs=3)
-    victim = c.as_user("alice", "submit", victim_file)["job_id"]
-    c.wait_state(victim, {"RUNNING"}, 60)
+    victim_file, victim = start_victim(c, work, epochs=3)
     wait_for(lambda: c.epochs_done(victim) >= 1, 120, "the victim's first epoch")
     ranks = wait_for(lambda: (lambda d: d if len(d) == 2 else None)(job_processes(c.args.worker, c.pool.pid)), 30,
                      "the victim's ranks")
