@@ -27,6 +27,7 @@
 #include "common/curve/curve_keys.h"
 #include "common/epoch_table.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/search_spec.h"
 #include "common/spec/yaml_budget.h"
 #include "proto/wire_names.h"
 #include "proto/wire_version.h"
@@ -175,7 +176,76 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
   if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
   if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
   if (!j.slurm().empty()) out["slurm"] = j.slurm();
+  if (j.is_search()) out["kind"] = "search";
+  if (j.search_id() != 0) out["search"] = j.search_id();
   return out;
+}
+
+nlohmann::json Number(double value) { return std::isnan(value) ? nlohmann::json(nullptr) : nlohmann::json(value); }
+
+nlohmann::json SearchJson(const wire::SearchReport& s) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const wire::TrialInfo& t : s.trials()) {
+    nlohmann::json curve = nlohmann::json::array();
+    for (double v : t.curve()) curve.push_back(Number(v));
+    trials.push_back({{"trial", t.trial()},
+                      {"job", t.job_id()},
+                      {"name", t.name()},
+                      {"state", t.job_id() ? trainyard::JobStateName(t.job_state()) : "PENDING"},
+                      {"params", std::vector<std::string>(t.params().begin(), t.params().end())},
+                      {"curve", curve},
+                      {"best", Number(t.best())},
+                      {"stopped_at", t.stopped_at()},
+                      {"rank_seconds", t.rank_seconds()},
+                      {"model_dir", t.model_dir()}});
+  }
+  return {{"method", s.method()},
+          {"metric", s.metric()},
+          {"mode", s.maximize() ? "max" : "min"},
+          {"rungs", std::vector<int>(s.rungs().begin(), s.rungs().end())},
+          {"max_epochs", s.max_epochs()},
+          {"max_concurrent", s.max_concurrent()},
+          {"best_trial", s.best_trial()},
+          {"trials", trials}};
+}
+
+// The trials as a leaderboard: best metric first, trials without one last.
+void PrintSearchReport(const wire::SearchReport& s) {
+  std::vector<const wire::TrialInfo*> order;
+  double total = 0;
+  for (const wire::TrialInfo& t : s.trials()) {
+    order.push_back(&t);
+    total += t.rank_seconds();
+  }
+  std::stable_sort(order.begin(), order.end(), [&](const wire::TrialInfo* a, const wire::TrialInfo* b) {
+    if (std::isnan(b->best())) return !std::isnan(a->best());
+    if (std::isnan(a->best())) return false;
+    return s.maximize() ? a->best() > b->best() : a->best() < b->best();
+  });
+  std::string rungs;
+  for (int r : s.rungs()) rungs += (rungs.empty() ? "" : ", ") + std::to_string(r);
+  std::printf("\nsearch: %s on %s (%s), %d trials, at most %d at once", s.method().c_str(), s.metric().c_str(),
+              s.maximize() ? "max" : "min", s.trials_size(), s.max_concurrent());
+  if (!rungs.empty()) std::printf(", judged at epochs %s of %d", rungs.c_str(), s.max_epochs());
+  std::printf("\n  %-4s %-5s %-6s %-10s %6s %7s %12s %9s  %s\n", "rank", "trial", "job", "state", "epochs", "stopped",
+              ("best " + s.metric()).c_str(), "rank-s", "params");
+  int rank = 0;
+  for (const wire::TrialInfo* t : order) {
+    std::string params;
+    for (const std::string& p : t->params()) params += (params.empty() ? "" : " ") + p;
+    const std::string best = std::isnan(t->best()) ? "-" : std::to_string(t->best());
+    std::printf("  %-4d %-5d %-6s %-10s %6d %7s %12s %9.1f  %s\n", ++rank, t->trial(),
+                t->job_id() ? std::to_string(t->job_id()).c_str() : "-",
+                t->job_id() ? trainyard::JobStateName(t->job_state()).c_str() : "PENDING", t->curve_size(),
+                t->stopped_at() ? std::to_string(t->stopped_at()).c_str() : "-", best.c_str(), t->rank_seconds(),
+                params.c_str());
+  }
+  if (s.best_trial() > 0) {
+    const wire::TrialInfo& best = s.trials(s.best_trial() - 1);
+    std::printf("best: trial %d (job %ld), %s %f; model: %s\n", best.trial(), long(best.job_id()), s.metric().c_str(),
+                best.best(), best.model_dir().empty() ? "-" : best.model_dir().c_str());
+  }
+  std::printf("rank-seconds of every trial: %.1f\n", total);
 }
 
 void PrintTable(const std::vector<wire::JobInfo>& jobs) {
@@ -200,9 +270,15 @@ int Submit(const Options& o, const std::string& path, const std::string& key) {
   const std::string text = trainyard::ReadJobFile(path);
   trainyard::CheckYamlBudget(text, path, trainyard::YamlBudget{});
   const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
-  trainyard::ParseJobSpec(text, path, base_dir);
+  trainyard::SearchSpec search;
+  if (trainyard::IsSearchFile(text))
+    search = trainyard::ParseSearchSpec(text, path, base_dir);
+  else
+    trainyard::ParseJobSpec(text, path, base_dir);
   wire::Envelope request;
   auto* submit = request.mutable_submit();
+  submit->set_search_base_path(search.base_path);  // jobctl reads a search's base file, not the coordinator
+  submit->set_search_base_yaml(search.base_text);
   submit->set_yaml(text);
   submit->set_source(path);
   submit->set_base_dir(base_dir);
@@ -331,6 +407,7 @@ int Report(const Options& o, int64_t id) {
       out["epochs"].push_back(row);
     }
     if (!r.summary_json().empty()) out["summary"] = trainyard::ParseBoundedJsonOrDiscarded(r.summary_json());
+    if (r.job().is_search()) out["search"] = SearchJson(r.search());
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -348,6 +425,7 @@ int Report(const Options& o, int64_t id) {
     PrintEpochTable(r);
   }
   if (!r.summary_json().empty()) std::printf("\nsummary: %s\n", r.summary_json().c_str());
+  if (j.is_search()) PrintSearchReport(r.search());
   if (j.events_size() > 0) std::printf("\nevents:\n");
   for (const auto& e : j.events()) std::printf("  %s\n", e.c_str());
   return 0;

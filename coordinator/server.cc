@@ -21,22 +21,6 @@
 namespace trainyard {
 namespace {
 
-wire::JobState ToWire(JobState state) {
-  switch (state) {
-    case JobState::kQueued:
-      return wire::JOB_QUEUED;
-    case JobState::kRunning:
-      return wire::JOB_RUNNING;
-    case JobState::kSucceeded:
-      return wire::JOB_SUCCEEDED;
-    case JobState::kFailed:
-      return wire::JOB_FAILED;
-    case JobState::kCancelled:
-      return wire::JOB_CANCELLED;
-  }
-  return wire::JOB_STATE_UNSPECIFIED;
-}
-
 // An attempt's outcome as the store keeps it ("failed: <reason>", "succeeded") on the
 // wire: the outcome and its reason apart.
 void FillEnd(const std::string& stored, wire::AttemptInfo* info) {
@@ -57,6 +41,28 @@ void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_submitted_at(j.submitted_at);
   info->set_user(j.user);
   info->set_preemptible(j.preemptible);
+  info->set_is_search(j.is_search);
+  info->set_search_id(j.search);
+}
+
+}  // namespace
+
+wire::JobState ToWire(JobState state) {
+  switch (state) {
+    case JobState::kQueued:
+      return wire::JOB_QUEUED;
+    case JobState::kRunning:
+      return wire::JOB_RUNNING;
+    case JobState::kSucceeded:
+      return wire::JOB_SUCCEEDED;
+    case JobState::kFailed:
+      return wire::JOB_FAILED;
+    case JobState::kCancelled:
+      return wire::JOB_CANCELLED;
+    case JobState::kStopped:
+      return wire::JOB_STOPPED;
+  }
+  return wire::JOB_STATE_UNSPECIFIED;
 }
 
 // Who a request's key acts as, in events: its user, or the role of a key with no name.
@@ -87,8 +93,6 @@ std::vector<std::string> ServeEndpoints(const std::string& runs_dir, const std::
       out.push_back(std::string(kind) + " " + endpoints[kind].get<std::string>());
   return out;
 }
-
-}  // namespace
 
 double WallNow() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
@@ -372,6 +376,7 @@ void Server::FinishSubmissions() {
 }
 
 void Server::FinishSubmission(const ParsedSubmission& parsed) {
+  if (parsed.search) return FinishSearchSubmission(parsed);
   if (!parsed.spec) {
     Send(parsed.identity, ErrorEnvelope(2, parsed.error));  // rejected before anything is written
     return;
@@ -475,6 +480,7 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
                                 "; only its owner "
                                 "or an admin may cancel it, and " +
                                 client.user + " is neither");
+  if (job->is_search) return CancelSearch(*job, client);
   const double now = WallNow();
   if (job->state == JobState::kQueued) {
     StateStore::Transaction transaction(*store_);
@@ -496,6 +502,7 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
     }
     spdlog::info("job {} cancelled while running", id);
   }
+  search_due_ = search_due_ || job->search != 0;
   return Status(id);
 }
 
@@ -523,6 +530,7 @@ wire::Envelope Server::Report(int64_t id) {
   }
   const FileRead summary = ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/summary.json", kMaxSummaryBytes);
   if (summary.ok()) report->set_summary_json(summary.bytes);
+  if (status.job().is_search()) FillSearchReport(id, report->mutable_search());
   return reply;
 }
 

@@ -147,6 +147,8 @@ struct RunningAttempt {
   // Note [Preemption]: the job it was stopped for, and when (on the listening clock).
   int64_t preempted_by = 0;
   double preempt_asked = 0;
+  // Note [ASHA] in coordinator/search.h: the rung epoch its search stopped this trial at; 0: none.
+  int search_stop_at = 0;
   std::vector<RankKey> slots;                // job rank order; slots[0] leads the job
   double started_at = 0, estimated_end = 0;  // wall clock
   double started_listening = 0;              // on the listening clock
@@ -288,6 +290,23 @@ class Server {
                               double now);
   // Creates the folder of `job`'s next attempt; false (the job failed, said why) if it cannot be.
   bool MakeAttemptFolder(const JobRecord& job, double now);
+  // Searches (server_search.cc, Note [Search life cycle] in coordinator/search.h).
+  void FinishSearchSubmission(const ParsedSubmission& parsed);
+  void AdvanceSearches(double now);
+  void AdvanceSearch(const JobRecord& search, double now);
+  void SubmitTrial(const JobRecord& search, const TrialRecord& trial, double now);
+  void FinishSearch(const JobRecord& search, double now);
+  // Judges a trial's epoch row (Note [ASHA]) inside the caller's transaction. Returns the
+  // rung epoch the trial was stopped at, now or before; 0 while it goes on.
+  int JudgeTrialEpoch(int64_t job, int epoch, const std::string& csv_header, const std::string& csv_line, double now);
+  // Acts on a stop decision: a running trial is told to stop, a queued one ends at once.
+  void StopTrial(int64_t job, int attempt, int epoch);
+  void SendSearchStop(const RunningAttempt& attempt);
+  // Ends a trial its search stopped at `epoch`: STOPPED, with its running attempt ended.
+  void EndStoppedTrial(int64_t job, int epoch);
+  wire::Envelope CancelSearch(const JobRecord& search, const ClientIdentity& client);
+  void FillSearchReport(int64_t search, wire::SearchReport* out) const;
+  void WriteSearchCsv(int64_t search);
   // --slurm (server_slurm.cc, Note [Attempts as Slurm jobs]).
   void ScheduleOnSlurm(double now);
   void SubmitToSlurm(const JobRecord& job, double now);
@@ -342,11 +361,20 @@ class Server {
   std::map<int64_t, std::string> waiting_;  // why each queued job waits, as of the last pass
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
+  bool search_due_ = true;  // a search may submit trials, or end
   double last_pulse_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only
   std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token
 };
+
+// A job state on the wire.
+wire::JobState ToWire(JobState state);
+// Who a request's key acts as, in events: its user, or the role of a key with no name.
+std::string Who(const ClientIdentity& client);
+// A submission's user (Note [Usage]) as kept: login-name characters only, each other
+// byte as '?', and at most kMaxUserBytes.
+std::string PlainUser(const std::string& user);
 
 // An Envelope holding an ErrorReply.
 wire::Envelope ErrorEnvelope(int code, const std::string& message);

@@ -159,6 +159,7 @@ void Server::ReloadRunningAttempts() {
     attempt.preempt_asked = listened_;
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
+    if (const auto trial = store_->TrialOfJob(open.job)) attempt.search_stop_at = trial->stopped_at;
     running_[open.job] = attempt;
     spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
                  open.placement, options_.grace_s);
@@ -171,7 +172,7 @@ void Server::RequeueRunningWithoutAttempt() {
   std::set<int64_t> open;
   for (const AttemptRecord& a : store_->OpenAttempts()) open.insert(a.job);
   for (const JobRecord& job : store_->JobsIn(JobState::kRunning)) {
-    if (open.count(job.id)) continue;
+    if (open.count(job.id) || job.is_search) continue;  // a search runs no attempt of its own
     const std::string what = "found RUNNING without an open attempt at coordinator start; requeued";
     StateStore::Transaction transaction(*store_);
     store_->Requeue(job.id, what, started_at_);
@@ -192,6 +193,7 @@ void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
                    WallNow());
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
   if (attempt->preempted_by != 0) SendPreemptStop(*attempt);  // the stop may not have reached it
+  if (attempt->search_stop_at != 0) SendSearchStop(*attempt);
 }
 
 RankEntry* Server::Authenticated(const std::string& identity, const std::string& world, int rank,
@@ -318,8 +320,16 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
                                 std::to_string(message.attempt()) + " from a rank that is not its job rank 0");
   EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),
                   BreakdownJson(message.breakdown()).dump()};
-  if (store_->AddEpochRow(message.job_id(), row)) WriteEpochFiles(message.job_id());  // committed first
+  // A trial's row and its search's verdict on it (Note [ASHA]) commit together.
+  StateStore::Transaction transaction(*store_);
+  const bool added = store_->AddEpochRow(message.job_id(), row);
+  const int stop_at =
+      JudgeTrialEpoch(message.job_id(), message.epoch(), message.csv_header(), message.csv_line(), WallNow());
+  transaction.Commit();
+  if (added) WriteEpochFiles(message.job_id());  // committed first
   Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
+  if (stop_at > 0) StopTrial(message.job_id(), message.attempt(), stop_at);
+  if (const auto trial = store_->TrialOfJob(message.job_id())) WriteSearchCsv(trial->search);
 }
 
 void Server::WriteEpochFiles(int64_t job) {
@@ -359,6 +369,8 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
   // it; another slot's result only says that it is free again.
   if (from != attempt.slots.front()) return;
+  if (message.end() != wire::OUTCOME_SUCCEEDED && attempt.search_stop_at != 0)
+    return EndStoppedTrial(message.job_id(), attempt.search_stop_at);
   if (message.end() != wire::OUTCOME_SUCCEEDED && attempt.preempted_by != 0) {
     FailAttempt(
         message.job_id(),
@@ -427,6 +439,7 @@ void Server::Tick() {
     TakeSlurmSubmissions(now);
     FollowSlurmJobs();
   }
+  AdvanceSearches(now);
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }
 
@@ -694,11 +707,14 @@ void Server::SucceedAttempt(RunningAttempt attempt) {
   }
   spdlog::info("job {} succeeded (attempt {})", attempt.job, attempt.attempt);
   schedule_due_ = true;
+  search_due_ = true;
 }
 
 void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   auto it = running_.find(id);
   if (it == running_.end()) return;
+  // A trial its search stopped is never retried, however its ranks ended.
+  if (it->second.search_stop_at != 0) return EndStoppedTrial(id, it->second.search_stop_at);
   const RunningAttempt attempt = it->second;
   const double now = WallNow();
   const bool free = retry == Retry::kFree;
@@ -732,6 +748,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   if (slurm_ && !attempt.slurm_job.empty()) slurm_->Cancel(attempt.slurm_job);  // its allocation, if any is left
   spdlog::warn("job {}: {}", id, event);
   schedule_due_ = true;
+  search_due_ = true;
 }
 
 void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason) {

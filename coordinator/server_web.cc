@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "common/regular_file.h"
 #include "coordinator/server.h"
+#include "proto/wire_names.h"
 
 namespace trainyard {
 namespace {
@@ -34,10 +35,20 @@ std::optional<int64_t> ParseJobId(const std::string& text) {
 }
 
 json JobJson(const JobRecord& j) {
-  return {
-      {"id", j.id},         {"name", j.name},     {"state", ToString(j.state)},     {"priority", j.priority},
-      {"ranks", j.ranks},   {"device", j.device}, {"attempts", j.attempts},         {"max_restarts", j.max_restarts},
-      {"reason", j.reason}, {"user", j.user},     {"submitted_at", j.submitted_at}, {"preemptible", j.preemptible}};
+  return {{"id", j.id},
+          {"name", j.name},
+          {"state", ToString(j.state)},
+          {"priority", j.priority},
+          {"ranks", j.ranks},
+          {"device", j.device},
+          {"attempts", j.attempts},
+          {"max_restarts", j.max_restarts},
+          {"reason", j.reason},
+          {"user", j.user},
+          {"submitted_at", j.submitted_at},
+          {"preemptible", j.preemptible},
+          {"kind", j.is_search ? "search" : "job"},
+          {"search", j.search}};
 }
 
 // One epochs.csv row as {column: value}: numbers as numbers, empty cells as null.
@@ -67,6 +78,35 @@ json LatestEpoch(const std::vector<EpochRecord>& rows) {
 double NumberOr(const json& object, const char* key, double fallback) {
   if (!object.is_object() || !object.contains(key) || !object[key].is_number()) return fallback;
   return object[key].get<double>();
+}
+
+json NumberOrNull(double value) { return std::isnan(value) ? json(nullptr) : json(value); }
+
+// A search's trials for its job page (coordinator/web/dashboard.js draws them).
+json SearchJson(const wire::SearchReport& s) {
+  json trials = json::array();
+  for (const wire::TrialInfo& t : s.trials()) {
+    json curve = json::array();
+    for (double v : t.curve()) curve.push_back(NumberOrNull(v));
+    trials.push_back({{"trial", t.trial()},
+                      {"job", t.job_id()},
+                      {"name", t.name()},
+                      {"state", t.job_id() ? JobStateName(t.job_state()) : "PENDING"},
+                      {"params", std::vector<std::string>(t.params().begin(), t.params().end())},
+                      {"curve", curve},
+                      {"best", NumberOrNull(t.best())},
+                      {"stopped_at", t.stopped_at()},
+                      {"rank_seconds", t.rank_seconds()},
+                      {"model_dir", t.model_dir()}});
+  }
+  return {{"method", s.method()},
+          {"metric", s.metric()},
+          {"mode", s.maximize() ? "max" : "min"},
+          {"rungs", std::vector<int>(s.rungs().begin(), s.rungs().end())},
+          {"max_epochs", s.max_epochs()},
+          {"max_concurrent", s.max_concurrent()},
+          {"best_trial", s.best_trial()},
+          {"trials", trials}};
 }
 
 }  // namespace
@@ -139,6 +179,11 @@ WebReply Server::ApiJob(int64_t id) {
   job["step_parts"] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
   const bool heatmap = HeatmapFile(id, record->name).ok();
   job["heatmap"] = heatmap ? json("/api/jobs/" + std::to_string(id) + "/heatmap.svg") : json(nullptr);
+  if (record->is_search) {
+    wire::SearchReport search;
+    FillSearchReport(id, &search);
+    job["search"] = SearchJson(search);
+  }
   return JsonReply(200, job);
 }
 
@@ -214,7 +259,7 @@ std::string Server::MetricsText() {
                    "Registrations refused since start for claiming another agent's world id with another token.");
 
   std::map<std::string, int64_t> by_state;
-  for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) by_state[state] = 0;
+  for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"}) by_state[state] = 0;
   const std::vector<JobRecord> jobs = store_->Jobs();
   const std::map<int64_t, double> first_starts = store_->FirstAttemptStarts();
   std::map<std::pair<std::string, std::string>, int64_t> by_user;

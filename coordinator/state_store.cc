@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
+#include <sstream>
 
 namespace trainyard {
 namespace {
@@ -36,6 +38,7 @@ class Statement {
   }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
   double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
   std::string Text(int col) const {
     const auto* text = sqlite3_column_text(stmt_, col);
     return text ? reinterpret_cast<const char*>(text) : "";
@@ -52,7 +55,7 @@ class Statement {
 
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
-    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible";
+    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -74,6 +77,8 @@ JobRecord ReadJob(const Statement& s) {
   j.estimate_s = s.Real(15);
   j.user = s.Text(16);
   j.preemptible = s.Int(17) != 0;
+  j.search = s.Int(18);
+  j.is_search = s.Text(19) == "search";
   return j;
 }
 
@@ -91,13 +96,15 @@ const char* ToString(JobState state) {
       return "FAILED";
     case JobState::kCancelled:
       return "CANCELLED";
+    case JobState::kStopped:
+      return "STOPPED";
   }
   return "?";
 }
 
 JobState JobStateFromString(const std::string& text) {
-  for (JobState s :
-       {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled})
+  for (JobState s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                     JobState::kCancelled, JobState::kStopped})
     if (text == ToString(s)) return s;
   throw StoreError("unknown job state '" + text + "' in the database");
 }
@@ -248,6 +255,21 @@ void StateStore::CreateSchema() {
   AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1");
   AddColumnIfMissing("attempts", "preempted_by", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("jobs", "search", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("jobs", "kind", "TEXT NOT NULL DEFAULT ''");
+  Exec(R"(CREATE TABLE IF NOT EXISTS searches(
+      job INTEGER PRIMARY KEY REFERENCES jobs(id), method TEXT NOT NULL, metric TEXT NOT NULL,
+      maximize INTEGER NOT NULL, eta INTEGER NOT NULL, max_epochs INTEGER NOT NULL,
+      max_concurrent INTEGER NOT NULL, rungs TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS trials(
+      search INTEGER NOT NULL REFERENCES jobs(id), trial INTEGER NOT NULL, name TEXT NOT NULL,
+      params_json TEXT NOT NULL, yaml TEXT NOT NULL, base_dir TEXT NOT NULL, source TEXT NOT NULL,
+      priority INTEGER NOT NULL, ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, device TEXT NOT NULL,
+      estimate_s REAL NOT NULL, preemptible INTEGER NOT NULL, job INTEGER NOT NULL DEFAULT 0,
+      stopped_at INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(search, trial));
+    CREATE TABLE IF NOT EXISTS rung_results(
+      search INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, trial INTEGER NOT NULL,
+      value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));)");
 }
 
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
@@ -295,12 +317,13 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   }
   Statement insert(db_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                   "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible) "
-                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                   "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible, search, kind) "
+                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
-  insert.Bind(13, int64_t(job.preemptible ? 1 : 0));
+  insert.Bind(13, int64_t(job.preemptible ? 1 : 0)).Bind(14, job.search);
+  insert.Bind(15, std::string(job.is_search ? "search" : ""));
   insert.Step();
   *created = true;
   return *Find(sqlite3_last_insert_rowid(db_));
@@ -490,6 +513,135 @@ std::map<std::string, int64_t> StateStore::AttemptOutcomes() const {
               "ELSE outcome END AS kind, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY kind");
   std::map<std::string, int64_t> out;
   while (s.Step()) out[s.Text(0)] = s.Int(1);
+  return out;
+}
+
+// --- Searches (coordinator/search.h) ---
+
+namespace {
+
+std::string JoinInts(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
+std::vector<int> SplitInts(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(std::stoi(item));
+  return out;
+}
+
+constexpr const char* kTrialColumns =
+    "search, trial, name, params_json, yaml, base_dir, source, priority, ranks, max_restarts, device, estimate_s, "
+    "preemptible, job, stopped_at";
+
+TrialRecord ReadTrial(const Statement& s) {
+  TrialRecord t;
+  t.search = s.Int(0);
+  t.trial = int(s.Int(1));
+  t.name = s.Text(2);
+  t.params_json = s.Text(3);
+  t.yaml = s.Text(4);
+  t.base_dir = s.Text(5);
+  t.source = s.Text(6);
+  t.job_fields.priority = int(s.Int(7));
+  t.job_fields.ranks = int(s.Int(8));
+  t.job_fields.max_restarts = int(s.Int(9));
+  t.job_fields.device = s.Text(10);
+  t.job_fields.estimate_s = s.Real(11);
+  t.job_fields.preemptible = s.Int(12) != 0;
+  t.job = s.Int(13);
+  t.stopped_at = int(s.Int(14));
+  return t;
+}
+
+}  // namespace
+
+void StateStore::AddSearch(const SearchRecord& search, const std::vector<TrialRecord>& trials) {
+  Transaction transaction(*this);
+  Statement s(db_,
+              "INSERT INTO searches(job, method, metric, maximize, eta, max_epochs, max_concurrent, rungs) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+  s.Bind(1, search.job).Bind(2, search.method).Bind(3, search.metric).Bind(4, int64_t(search.maximize));
+  s.Bind(5, int64_t(search.eta)).Bind(6, int64_t(search.max_epochs)).Bind(7, int64_t(search.max_concurrent));
+  s.Bind(8, JoinInts(search.rungs));
+  s.Step();
+  for (const TrialRecord& t : trials) {
+    Statement insert(db_, std::string("INSERT INTO trials(") + kTrialColumns +
+                              ") VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)");
+    insert.Bind(1, search.job).Bind(2, int64_t(t.trial)).Bind(3, t.name).Bind(4, t.params_json).Bind(5, t.yaml);
+    insert.Bind(6, t.base_dir).Bind(7, t.source).Bind(8, int64_t(t.job_fields.priority));
+    insert.Bind(9, int64_t(t.job_fields.ranks)).Bind(10, int64_t(t.job_fields.max_restarts));
+    insert.Bind(11, t.job_fields.device).Bind(12, t.job_fields.estimate_s);
+    insert.Bind(13, int64_t(t.job_fields.preemptible));
+    insert.Step();
+  }
+  transaction.Commit();
+}
+
+std::optional<SearchRecord> StateStore::FindSearch(int64_t job) const {
+  Statement s(db_,
+              "SELECT job, method, metric, maximize, eta, max_epochs, max_concurrent, rungs FROM searches "
+              "WHERE job = ?");
+  s.Bind(1, job);
+  if (!s.Step()) return std::nullopt;
+  SearchRecord r;
+  r.job = s.Int(0);
+  r.method = s.Text(1);
+  r.metric = s.Text(2);
+  r.maximize = s.Int(3) != 0;
+  r.eta = int(s.Int(4));
+  r.max_epochs = int(s.Int(5));
+  r.max_concurrent = int(s.Int(6));
+  r.rungs = SplitInts(s.Text(7));
+  return r;
+}
+
+std::vector<TrialRecord> StateStore::Trials(int64_t search) const {
+  Statement s(db_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE search = ? ORDER BY trial");
+  s.Bind(1, search);
+  std::vector<TrialRecord> out;
+  while (s.Step()) out.push_back(ReadTrial(s));
+  return out;
+}
+
+std::optional<TrialRecord> StateStore::TrialOfJob(int64_t job) const {
+  Statement s(db_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE job = ? AND job != 0");
+  s.Bind(1, job);
+  if (!s.Step()) return std::nullopt;
+  return ReadTrial(s);
+}
+
+void StateStore::SetTrialJob(int64_t search, int trial, int64_t job) {
+  Statement s(db_, "UPDATE trials SET job = ? WHERE search = ? AND trial = ?");
+  s.Bind(1, job).Bind(2, search).Bind(3, int64_t(trial));
+  s.Step();
+}
+
+void StateStore::SetTrialStopped(int64_t search, int trial, int epoch) {
+  Statement s(db_, "UPDATE trials SET stopped_at = ? WHERE search = ? AND trial = ?");
+  s.Bind(1, int64_t(epoch)).Bind(2, search).Bind(3, int64_t(trial));
+  s.Step();
+}
+
+bool StateStore::AddRungResult(int64_t search, int epoch, const RungResult& result, double now) {
+  Statement s(db_,
+              "INSERT OR IGNORE INTO rung_results(search, epoch, trial, value, promoted, at) VALUES(?, ?, ?, ?, ?, ?)");
+  s.Bind(1, search).Bind(2, int64_t(epoch)).Bind(3, int64_t(result.trial));
+  s.Bind(4, result.value).Bind(5, int64_t(result.promoted)).Bind(6, now);
+  s.Step();
+  return sqlite3_changes(db_) > 0;
+}
+
+std::vector<RungResult> StateStore::RungResults(int64_t search, int epoch) const {
+  Statement s(db_, "SELECT trial, value, promoted FROM rung_results WHERE search = ? AND epoch = ? ORDER BY rowid");
+  s.Bind(1, search).Bind(2, int64_t(epoch));
+  std::vector<RungResult> out;
+  while (s.Step())  // SQLite stores a NaN as NULL
+    out.push_back({int(s.Int(0)), s.IsNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.Real(1), s.Int(2) != 0});
   return out;
 }
 

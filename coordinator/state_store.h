@@ -21,7 +21,8 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+// kStopped: a search's trial that ASHA stopped at a rung (Note [ASHA] in coordinator/search.h).
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled, kStopped };
 const char* ToString(JobState state);
 JobState JobStateFromString(const std::string& text);
 
@@ -36,6 +37,8 @@ struct JobRecord {
   double submitted_at = 0, not_before = 0;  // not_before: requeue backoff
   double estimate_s = 0;                    // resources.estimate_minutes; 0 = unknown
   bool preemptible = true;                  // resources.preemptible
+  int64_t search = 0;                       // a trial: the search it belongs to
+  bool is_search = false;                   // a search: it runs trials, not ranks of its own
 };
 
 struct NewJob {
@@ -43,6 +46,34 @@ struct NewJob {
   int priority = 0, ranks = 1, max_restarts = 0;
   double estimate_s = 0;
   bool preemptible = true;
+  int64_t search = 0;
+  bool is_search = false;
+};
+
+// A hyperparameter search (coordinator/search.h): how it judges its trials.
+struct SearchRecord {
+  int64_t job = 0;  // the search's own job row
+  std::string method, metric;
+  bool maximize = true;
+  int eta = 3, max_epochs = 0, max_concurrent = 1;
+  std::vector<int> rungs;  // ASHA's: the epochs at which trials are judged
+};
+
+// One trial of a search: its job file, and the job it became once submitted.
+struct TrialRecord {
+  int64_t search = 0;
+  int trial = 0;  // 1-based
+  std::string name, params_json, yaml, base_dir, source;
+  NewJob job_fields;   // what its job is submitted with (ranks, device, priority, ...)
+  int64_t job = 0;     // 0: not submitted yet
+  int stopped_at = 0;  // the rung epoch ASHA stopped it at; 0: not stopped
+};
+
+// A trial's metric at a rung, and whether ASHA let it go on.
+struct RungResult {
+  int trial = 0;
+  double value = 0;
+  bool promoted = false;
 };
 
 struct EpochRecord {
@@ -158,6 +189,20 @@ class StateStore {
   std::map<int64_t, double> FirstAttemptStarts() const;
   std::map<std::string, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
+
+  // Searches (coordinator/search.h). AddSearch stores the search and its trials, none
+  // submitted yet.
+  void AddSearch(const SearchRecord& search, const std::vector<TrialRecord>& trials);
+  std::optional<SearchRecord> FindSearch(int64_t job) const;
+  std::vector<TrialRecord> Trials(int64_t search) const;
+  // The trial whose job is `job`; nullopt for a job that is no trial.
+  std::optional<TrialRecord> TrialOfJob(int64_t job) const;
+  void SetTrialJob(int64_t search, int trial, int64_t job);
+  void SetTrialStopped(int64_t search, int trial, int epoch);
+  // Records a trial's result at the rung `epoch`; false (nothing changed) if it has one.
+  bool AddRungResult(int64_t search, int epoch, const RungResult& result, double now);
+  // The results at a rung, in the order they were recorded.
+  std::vector<RungResult> RungResults(int64_t search, int epoch) const;
 
   // World tokens (Note [Worlds cannot be squatted] in server.h): the first token a world
   // registered with, kept across restarts. KeepWorldToken ignores a world already kept.

@@ -70,7 +70,13 @@ ParsedSubmission SubmitParser::Parse(std::string identity, wire::SubmitRequest r
   out.identity = std::move(identity);
   try {
     CheckYamlBudget(request.yaml(), request.source(), budget_);
-    out.spec = ParseJobSpec(request.yaml(), request.source(), request.base_dir());
+    if (IsSearchFile(request.yaml())) {
+      CheckYamlBudget(request.search_base_yaml(), request.search_base_path(), budget_);
+      const SearchBaseFile sent{request.search_base_path(), request.search_base_yaml()};
+      out.search = ParseSearchSpec(request.yaml(), request.source(), request.base_dir(), &sent);
+    } else {
+      out.spec = ParseJobSpec(request.yaml(), request.source(), request.base_dir());
+    }
   } catch (const SpecError& e) {
     out.error = e.what();
   } catch (const std::exception& e) {  // a parser bug must not end the thread, nor the daemon

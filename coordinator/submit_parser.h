@@ -20,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "common/spec/job_spec.h"
+#include "common/spec/search_spec.h"
 #include "common/spec/yaml_budget.h"
 #include "trainyard.pb.h"
 
@@ -28,8 +29,9 @@ namespace trainyard {
 struct ParsedSubmission {
   std::string identity;  // the sender's routing id, to answer
   wire::SubmitRequest request;
-  std::optional<JobSpec> spec;  // set when the job file is valid
-  std::string error;            // otherwise, the one-line reason (file:line:col: field: ...)
+  std::optional<JobSpec> spec;       // set when the job file is valid
+  std::optional<SearchSpec> search;  // set instead for a valid kind: search file
+  std::string error;                 // otherwise, the one-line reason (file:line:col: field: ...)
 };
 
 class SubmitParser {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The docs say what the code has. Fails naming each thing the docs (README.md and docs/)
 do not mention, in backticks:
-  - every job-file key, read from the schema in common/spec/job_spec.cc (the key lists
-    that CheckKeys and Section refuse unknown keys against);
+  - every job-file key, read from the schema in common/spec/job_spec.cc and
+    search_spec.cc (the key lists that CheckKeys and Section refuse unknown keys against);
   - every job kind (the names job_spec.cc maps to JobKind);
   - every flag in the --help of worker, coordinator and jobctl (and jobctl's subcommands);
   - every fuzz target (tests/fuzz/fuzz_*.cc) and every ctest label (tests/CMakeLists.txt);
@@ -38,7 +38,9 @@ def mentioned(word, spans):
 
 
 def schema_keys():
-    source = open(os.path.join(ROOT, "common", "spec", "job_spec.cc"), encoding="utf-8").read()
+    """The keys of job files and of search files (common/spec/search_spec.cc)."""
+    source = "".join(open(os.path.join(ROOT, "common", "spec", name), encoding="utf-8").read()
+                     for name in ("job_spec.cc", "search_spec.cc"))
     keys = set()
     for call in re.finditer(r"(?:CheckKeys|Section)\([^{;]*\{([^}]*)\}", source):
         keys |= set(re.findall(r'"([a-z_0-9]+)"', call.group(1)))

@@ -14,6 +14,7 @@
 
 #include "common/module_pattern.h"
 #include "common/regular_file.h"
+#include "common/spec/spec_reader.h"
 #include "common/spec/yaml_budget.h"
 
 namespace trainyard {
@@ -43,6 +44,13 @@ const char* NameOf(const std::map<std::string, E>& names, E value) {
 }
 
 namespace fs = std::filesystem;
+using spec_reader::EditDistance;
+using spec_reader::IsSafeName;
+using spec_reader::Join;
+using spec_reader::kMaxNameLength;
+using spec_reader::PathKind;
+using spec_reader::PathProblem;
+using spec_reader::SpecReader;
 
 // Upper bounds of the integer fields (docs/job-file.md): far above any real job,
 // low enough that products such as batch_size x ranks or steps as doubles stay exact.
@@ -54,62 +62,9 @@ constexpr int kMaxPadBuckets = 64;
 constexpr int64_t kMaxRanks = 65'536;
 constexpr int64_t kMaxThreads = 4'096;
 constexpr int64_t kMaxCount = 1'000'000;  // iterations, windows, vocabulary sizes
-constexpr size_t kMaxNameLength = 100;
 constexpr size_t kMaxJobFileBytes = size_t(16) << 20;
 // What any job file must keep to, however it arrives (ParseJobSpec).
 constexpr YamlBudget kJobFileBudget{kMaxJobFileBytes, 1'000'000, 32};
-
-// What a path read from the job file must be at load time. The checks follow symlinks.
-enum class PathKind {
-  kAny,            // nothing checked (written later, e.g. log.runs_dir)
-  kFile,           // an existing regular file: not a folder, FIFO, socket or device
-  kFileIfPresent,  // a regular file if it exists (created otherwise)
-  kFolder,         // an existing folder
-};
-
-// "" when `path` is acceptable as `kind`, else what is wrong with it. Never throws.
-std::string PathProblem(const fs::path& path, PathKind kind) {
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  const bool exists = !error && fs::exists(status);
-  if (kind == PathKind::kAny || (kind == PathKind::kFileIfPresent && !exists)) return "";
-  if (!exists) return (kind == PathKind::kFolder ? "folder not found: " : "file not found: ") + path.string();
-  if (kind == PathKind::kFolder) return fs::is_directory(status) ? "" : "not a folder: " + path.string();
-  if (fs::is_regular_file(status)) return "";
-  return std::string(fs::is_directory(status) ? "a folder" : "a special file (FIFO, device or socket)") +
-         ", not a regular file: " + path.string();
-}
-
-// A job name becomes a folder under runs/: one path component of [A-Za-z0-9._-],
-// neither "." nor "..", so it can never reach outside runs/ or span lines in logs.
-bool IsSafeName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxNameLength || name == "." || name == "..") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
-  });
-}
-
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string Join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 // An MLflow tracking URI the worker can speak to: http or https, a host, no spaces or
 // control characters.
@@ -122,188 +77,6 @@ bool PlausibleTrackingUri(const std::string& uri) {
   if (rest.empty() || rest[0] == '/' || rest[0] == ':' || uri.size() > 2048) return false;
   return std::none_of(uri.begin(), uri.end(), [](char c) { return static_cast<unsigned char>(c) <= ' '; });
 }
-
-// Walks one parsed YAML document, turning every problem into a SpecError that
-// points at the offending node.
-class SpecReader {
- public:
-  SpecReader(std::string source, fs::path base_dir, std::map<std::string, std::string>* locations,
-             std::map<std::string, std::string>* values)
-      : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations), values_(values) {}
-
-  [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path, const std::string& message) const {
-    std::ostringstream out;
-    out << source_ << ":" << at.Mark().line + 1 << ":" << at.Mark().column + 1 << ": " << key_path << ": " << message;
-    throw SpecError(out.str());
-  }
-
-  static std::string Child(const std::string& path, const std::string& key) {
-    return path.empty() ? key : path + "." + key;
-  }
-
-  // Rejects keys outside `allowed`, suggesting the nearest valid one.
-  void CheckKeys(const YAML::Node& map, const std::string& path, const std::vector<std::string>& allowed) const {
-    if (!map.IsMap()) Fail(map, path.empty() ? "<document>" : path, "expected a mapping of keys");
-    std::vector<std::string> seen;
-    for (const auto& entry : map) {
-      // A complex key (`? [a, b]`) or a null one would make as<std::string>() throw.
-      if (!entry.first.IsScalar()) Fail(entry.first, path.empty() ? "<document>" : path, "expected a plain key");
-      const std::string key = entry.first.Scalar();
-      if (std::find(seen.begin(), seen.end(), key) != seen.end())
-        Fail(entry.first, Child(path, key), "duplicate key; each key may appear once");
-      seen.push_back(key);
-      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-      std::string nearest = allowed.front();
-      for (const auto& candidate : allowed)
-        if (EditDistance(key, candidate) < EditDistance(key, nearest)) nearest = candidate;
-      std::string hint = EditDistance(key, nearest) <= std::max<size_t>(2, key.size() / 3)
-                             ? "did you mean '" + nearest + "'?"
-                             : "valid keys: " + Join(allowed);
-      Fail(entry.first, Child(path, key), "unknown key; " + hint);
-    }
-  }
-
-  template <typename T>
-  bool Read(const YAML::Node& map, const std::string& key, const std::string& path, T* out,
-            const char* expected) const {
-    const YAML::Node node = map[key];
-    if (!node.IsDefined() || node.IsNull()) return false;
-    if (!node.IsScalar()) Fail(node, Child(path, key), std::string("expected ") + expected);
-    (*locations_)[Child(path, key)] =
-        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
-    (*values_)[Child(path, key)] = node.Scalar();
-    try {
-      *out = node.as<T>();
-    } catch (const YAML::BadConversion&) {
-      Fail(node, Child(path, key), std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
-    }
-    return true;
-  }
-
-  bool ReadString(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out) const {
-    return Read(m, k, p, out, "a string");
-  }
-  // Reads an integer in [min_value, max_value]; the bounds must fit `Int`, so the value
-  // is narrowed only after it was checked against the field's real range.
-  template <typename Int>
-  void ReadInt(const YAML::Node& m, const std::string& k, const std::string& p, Int* out, int64_t min_value,
-               int64_t max_value) const {
-    if (!FitsIn<Int>(min_value) || !FitsIn<Int>(max_value) || min_value > max_value)
-      throw std::logic_error("ReadInt: bad bounds for " + Child(p, k));
-    int64_t value = 0;
-    if (!Read(m, k, p, &value, "an integer")) return;
-    if (value < min_value || value > max_value)
-      Fail(m[k], Child(p, k),
-           "expected an integer in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "], got " +
-               std::to_string(value));
-    *out = static_cast<Int>(value);
-  }
-  template <typename Int>
-  static bool FitsIn(int64_t v) {
-    if (v < 0) return std::numeric_limits<Int>::is_signed && v >= static_cast<int64_t>(std::numeric_limits<Int>::min());
-    return static_cast<uint64_t>(v) <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
-  }
-  // Reads a finite number in [lo, hi]: NaN compares false with every bound, so it is
-  // refused by name, as are the infinities.
-  void ReadDouble(const YAML::Node& m, const std::string& k, const std::string& p, double* out, double lo,
-                  double hi) const {
-    if (!Read(m, k, p, out, "a number")) return;
-    if (!std::isfinite(*out)) Fail(m[k], Child(p, k), "expected a finite number, got '" + m[k].Scalar() + "'");
-    if (*out < lo || *out > hi) {
-      std::ostringstream msg;
-      msg << "expected a number in [" << lo << ", " << hi << "], got " << *out;
-      Fail(m[k], Child(p, k), msg.str());
-    }
-  }
-  void ReadBool(const YAML::Node& m, const std::string& k, const std::string& p, bool* out) const {
-    Read(m, k, p, out, "true or false");
-  }
-
-  template <typename E>
-  void ReadEnum(const YAML::Node& m, const std::string& k, const std::string& p,
-                const std::map<std::string, E>& choices, E* out) const {
-    std::string text;
-    if (!ReadString(m, k, p, &text)) return;
-    auto it = choices.find(text);
-    if (it == choices.end()) {
-      std::vector<std::string> names;
-      names.reserve(choices.size());
-      for (const auto& c : choices) names.push_back(c.first);
-      Fail(m[k], Child(p, k), "expected one of " + Join(names) + ", got '" + text + "'");
-    }
-    *out = it->second;
-  }
-
-  // Reads a path, resolves it against the job file's folder, and checks it is `kind`.
-  bool ReadPath(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out,
-                PathKind kind) const {
-    std::string raw;
-    if (!ReadString(m, k, p, &raw)) return false;
-    if (raw.empty() || raw.find('\0') != std::string::npos) Fail(m[k], Child(p, k), "expected a path");
-    fs::path resolved = fs::path(raw).is_absolute() ? fs::path(raw) : base_dir_ / raw;
-    *out = resolved.lexically_normal().string();
-    if (std::string problem = PathProblem(*out, kind); !problem.empty()) Fail(m[k], Child(p, k), problem);
-    return true;
-  }
-
-  // A non-empty YAML sequence of scalars, each converted by `convert` (which calls Fail
-  // through `fail_item` for a bad element).
-  template <typename T, typename Convert>
-  bool ReadList(const YAML::Node& m, const std::string& k, const std::string& p, std::vector<T>* out,
-                Convert convert) const {
-    const YAML::Node node = m[k];
-    if (!node.IsDefined() || node.IsNull()) return false;
-    (*locations_)[Child(p, k)] =
-        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
-    if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
-    if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
-    out->clear();
-    std::string text;
-    for (size_t i = 0; i < node.size(); ++i) {
-      const std::string item_path = Child(p, k) + "[" + std::to_string(i) + "]";
-      if (!node[i].IsScalar()) Fail(node[i], item_path, "expected a scalar");
-      out->push_back(convert(node[i], item_path));
-      text += (i ? ", " : "") + node[i].Scalar();
-    }
-    (*values_)[Child(p, k)] = "[" + text + "]";
-    return true;
-  }
-
-  int PositiveInt(const YAML::Node& n, const std::string& path, int max_value) const {
-    int64_t value = 0;
-    try {
-      value = n.as<int64_t>();
-    } catch (const YAML::BadConversion&) {
-      Fail(n, path, "expected an integer, got '" + n.Scalar() + "'");
-    }
-    if (value < 1 || value > max_value)
-      Fail(n, path, "expected an integer in [1, " + std::to_string(max_value) + "], got " + std::to_string(value));
-    return static_cast<int>(value);
-  }
-
-  template <typename E>
-  E Choice(const YAML::Node& n, const std::string& path, const std::map<std::string, E>& choices) const {
-    auto it = choices.find(n.Scalar());
-    if (it != choices.end()) return it->second;
-    std::vector<std::string> names;
-    names.reserve(choices.size());
-    for (const auto& c : choices) names.push_back(c.first);
-    Fail(n, path, "expected one of " + Join(names) + ", got '" + n.Scalar() + "'");
-  }
-
-  YAML::Node Section(const YAML::Node& root, const std::string& key, const std::vector<std::string>& allowed) const {
-    YAML::Node node = root[key];
-    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
-    CheckKeys(node, key, allowed);
-    return node;
-  }
-
- private:
-  std::string source_;
-  fs::path base_dir_;
-  std::map<std::string, std::string>* locations_;
-  std::map<std::string, std::string>* values_;
-};
 
 void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) {
   const std::string path = "data.tokenizer";
@@ -710,6 +483,10 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
     r.Fail(root["name"], "name",
            "expected one path component of letters, digits, '.', '_' or '-' (at most " +
                std::to_string(kMaxNameLength) + " characters, not '.' or '..')");
+  if (root["kind"].IsDefined() && root["kind"].IsScalar() && root["kind"].Scalar() == "search")
+    r.Fail(root["kind"], "kind",
+           "kind: search runs on a coordinator, which runs its trials as jobs: submit it with jobctl "
+           "(docs/search.md)");
   r.ReadEnum(root, "kind", "", kJobKindNames, &spec.kind);
   if (spec.kind == JobKind::kGenerate) spec.task = TaskKind::kCausalLm;
   r.ReadEnum(root, "task", "", kTaskNames, &spec.task);

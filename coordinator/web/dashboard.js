@@ -198,8 +198,9 @@ async function refreshJob(id) {
   const state = document.getElementById("job-state");
   state.textContent = job.state;
   state.className = `state ${job.state}`;
-  document.getElementById("job-facts").textContent =
-      `${job.ranks} rank(s) on ${job.device}; attempt ${job.attempts} of at most ${job.max_restarts + 1}; ` +
+  document.getElementById("job-facts").textContent = (job.kind === "search"
+      ? "a search: its trials are jobs of their own; "
+      : `${job.ranks} rank(s) on ${job.device}; attempt ${job.attempts} of at most ${job.max_restarts + 1}; `) +
       `owner ${job.user || "-"}, priority ${job.priority}${job.preemptible ? "" : ", not preemptible"}; ` +
       `submitted ${when(job.submitted_at)}` + (job.slurm ? `; Slurm ${job.slurm}` : "");
   document.getElementById("job-reason").textContent = job.waiting ? `waiting: ${job.waiting}` : job.reason;
@@ -213,6 +214,55 @@ async function refreshJob(id) {
   document.getElementById("curves").hidden = benchmark;
   document.getElementById("breakdown").hidden = benchmark;
   if (job.heatmap && heatmap.getAttribute("src") !== job.heatmap) heatmap.src = job.heatmap;
+  updateSearch(job);
+}
+
+// ---- A search: every trial's curve on one chart, stopped trials in grey -----------
+
+const STOPPED_GREY = "rgba(140, 140, 140, 0.55)";
+const TRIAL_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#bcbd22", "#e377c2"];
+
+function trialColour(trial, index) {
+  return trial.state === "STOPPED" ? STOPPED_GREY : TRIAL_COLOURS[index % TRIAL_COLOURS.length];
+}
+
+function updateSearch(job) {
+  const s = job.search;
+  document.getElementById("search-section").hidden = !s;
+  if (!s) return;
+  document.getElementById("curves").hidden = true;
+  document.getElementById("breakdown").hidden = true;
+  const best = s.trials.find((t) => t.trial === s.best_trial);
+  document.getElementById("search-facts").textContent =
+      `${s.method} on ${s.metric} (${s.mode}), ${s.trials.length} trials, at most ${s.max_concurrent} at once` +
+      (s.rungs.length ? `; judged at epochs ${s.rungs.join(", ")} of ${s.max_epochs}` : "") +
+      (best ? `; best: trial ${best.trial}, ${s.metric} ${fixed(best.best, 4)}` : "");
+  if (typeof Chart !== "undefined" && !charts.search)
+    charts.search = lineChart("chart-search", `${s.metric} by epoch, every trial (stopped by the search: grey)`,
+                              s.metric);
+  if (charts.search) {
+    const longest = Math.max(s.max_epochs, ...s.trials.map((t) => t.curve.length));
+    charts.search.data.labels = Array.from({length: longest}, (_, i) => i + 1);
+    charts.search.data.datasets = s.trials.filter((t) => t.curve.length).map((t, i) => ({
+      label: `trial ${t.trial}`, data: t.curve, spanGaps: true,
+      borderColor: trialColour(t, i), backgroundColor: trialColour(t, i),
+      borderWidth: t.trial === s.best_trial ? 3 : 1.5,
+    }));
+    charts.search.update("none");
+  }
+  document.getElementById("search-section").dataset.stopped =
+      String(s.trials.filter((t) => t.state === "STOPPED").length);
+  fillTable("trials-table", s.trials.map((t) => {
+    const tr = el("tr", null, t.state === "STOPPED" ? "stopped" : "");
+    const link = el("a", t.job ? String(t.job) : "-");
+    if (t.job) link.href = `/jobs/${t.job}`;
+    const cell = el("td");
+    cell.append(link);
+    tr.append(el("td", t.trial, "num"), cell, el("td", t.state), el("td", t.curve.length, "num"),
+              el("td", t.stopped_at || "-", "num"), el("td", t.best === null ? "-" : fixed(t.best, 4), "num"),
+              el("td", fixed(t.rank_seconds, 1), "num"), el("td", t.params.join(" ")));
+    return tr;
+  }));
 }
 
 // ---- Polling ---------------------------------------------------------------------

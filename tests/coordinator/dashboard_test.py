@@ -13,7 +13,10 @@ selenium, and prometheus_client's parser.
   - the overview lists the jobs with their states and both ranks as alive;
   - /metrics parses, and says 2 succeeded jobs, an empty queue, 2 submit-to-running
     observations, 2 succeeded attempts, 2 live ranks, and while the finetune job ran, its
-    ms/step.
+    ms/step;
+  - an ASHA search of 3 identical trials: the first runs to the end and the others are
+    stopped at the first rung (an earlier equal result ranks first); its page draws the
+    3 curves on one chart, the 2 stopped ones grey, and lists them in its table.
 Screenshots of both pages are kept in --artifacts."""
 import argparse
 import csv
@@ -227,7 +230,44 @@ def case_dashboard(c, work, artifacts):
     assert up == [1.0, 1.0], up
     assert value(m, "trainyard_job_ms_per_step", job=str(job), name="dash_train") is None, \
         "only running jobs have a ms/step gauge"
+    check_search_page(c, work, artifacts)
     print(f"PASS (screenshots in {artifacts})")
+
+
+def check_search_page(c, work, artifacts):
+    write_job(work, "search_base", epochs=3, examples=600)
+    search = c.submit(write(os.path.join(work, "search.yaml"), """name: dash_search
+kind: search
+base: search_base.yaml
+search:
+  method: asha
+  max_trials: 3
+  params:
+    seed: {choice: [7]}
+  asha: {min_epochs: 1, reduction_factor: 3}
+"""))
+    c.wait_state(search, ("SUCCEEDED", "FAILED"), 300)
+    api = c.get(f"/api/jobs/{search}")[1]["search"]
+    assert [t["state"] for t in api["trials"]] == ["SUCCEEDED", "STOPPED", "STOPPED"], api
+    assert [len(t["curve"]) for t in api["trials"]] == [3, 1, 1] and api["best_trial"] == 1, api
+    assert value(c.metrics(), "trainyard_jobs", state="STOPPED") == 2
+    driver = browser(artifacts)
+    try:
+        driver.get(f"{c.base}/jobs/{search}?refresh=300")
+        wait_for(lambda: driver.execute_script("return document.querySelectorAll('#trials-table tbody tr').length;")
+                 == 3, 30, "the search's 3 trials in its table")
+        lines = driver.execute_script(
+            "return Chart.getChart('chart-search').data.datasets.map(d => [d.label, d.borderColor, d.data.length]);")
+        grey = driver.execute_script("return STOPPED_GREY;")
+        assert [line[0] for line in lines] == ["trial 1", "trial 2", "trial 3"], lines
+        assert lines[0][1] != grey and lines[1][1] == grey and lines[2][1] == grey, lines
+        assert [line[2] for line in lines] == [3, 1, 1], lines
+        stopped_rows = driver.execute_script("return document.querySelectorAll('#trials-table tr.stopped').length;")
+        assert stopped_rows == 2 and driver.execute_script(
+            "return document.getElementById('curves').hidden;"), stopped_rows
+        driver.save_screenshot(os.path.join(artifacts, "search.png"))
+    finally:
+        driver.quit()
 
 
 def main():

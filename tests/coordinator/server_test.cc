@@ -869,5 +869,76 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   EXPECT_EQ(list->jobs().jobs_size(), 1);
 }
 
+// A search over the wire (Note [Search life cycle] in coordinator/search.h): its trials
+// become ordinary queued jobs, at most max_concurrent at once; a restart submits none
+// twice; a cancel reaches its trials; a bad search is refused with nothing written.
+TEST_F(ServerTest, ASearchQueuesItsTrialsAsJobsOnceAcrossARestart) {
+  std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
+  std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
+  auto submit = [&](zmq::socket_t& client, const std::string& params) {
+    wire::Envelope e;
+    e.set_version(kProtocolVersion);
+    e.mutable_submit()->set_yaml(
+        "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
+        "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 3\n"
+        "  max_concurrent: 2\n  params:\n" +
+        params);
+    e.mutable_submit()->set_source("sweep.yaml");
+    e.mutable_submit()->set_base_dir(dir_.string());
+    return Send(client, {e.SerializeAsString()});
+  };
+  auto jobs = [&](zmq::socket_t& client) {
+    auto list = Send(client, {ListRequest()});
+    return list && list->has_jobs() ? std::vector<wire::JobInfo>(list->jobs().jobs().begin(), list->jobs().jobs().end())
+                                    : std::vector<wire::JobInfo>{};
+  };
+  auto wait_for_jobs = [&](zmq::socket_t& client, size_t count) {
+    for (int i = 0; i < 100 && jobs(client).size() < count; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return jobs(client);
+  };
+  zmq::socket_t client = Connect();
+  auto refused = submit(client, "    train.lr: {uniform: [0.5, 0.2]}\n");
+  ASSERT_TRUE(refused && refused->has_error());
+  EXPECT_EQ(refused->error().code(), 2);
+  EXPECT_NE(refused->error().message().find("sweep.yaml:13:25: search.params.train.lr.uniform: expected low < high"),
+            std::string::npos)
+      << refused->error().message();
+  EXPECT_TRUE(jobs(client).empty());
+
+  auto accepted = submit(client, "    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n");
+  ASSERT_TRUE(accepted && accepted->has_submitted()) << (accepted->has_error() ? accepted->error().message() : "");
+  const int64_t search = accepted->submitted().job_id();
+  auto listed = wait_for_jobs(client, 3);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_TRUE(listed[0].is_search());
+  EXPECT_EQ(JobStateName(listed[0].job_state()), "RUNNING");
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(listed[i].search_id(), search);
+    EXPECT_EQ(listed[i].name(), "sweep.t0" + std::to_string(i));
+    EXPECT_EQ(JobStateName(listed[i].job_state()), "QUEUED");
+    EXPECT_EQ(listed[i].ranks(), 2);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(jobs(client).size(), 3u);  // the third waits for one of the first two to end
+
+  Stop();
+  Start();
+  client = Connect();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(jobs(client).size(), 3u);  // no trial submitted twice
+
+  wire::Envelope cancel;
+  cancel.set_version(kProtocolVersion);
+  cancel.mutable_cancel()->set_job_id(search);
+  auto cancelled = Send(client, {cancel.SerializeAsString()});
+  ASSERT_TRUE(cancelled && cancelled->has_job());
+  EXPECT_EQ(JobStateName(cancelled->job().job_state()), "CANCELLED");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  listed = jobs(client);
+  ASSERT_EQ(listed.size(), 3u);  // the third trial was never submitted
+  for (const auto& j : listed) EXPECT_EQ(JobStateName(j.job_state()), "CANCELLED") << j.name();
+}
+
 }  // namespace
 }  // namespace trainyard

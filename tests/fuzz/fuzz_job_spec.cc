@@ -1,15 +1,25 @@
-// libFuzzer target: YAML text -> ParseJobSpec. Every input must end in a JobSpec or a
-// SpecError; any other exception escapes, and libFuzzer reports it as a crash.
+// libFuzzer target: YAML text -> ParseJobSpec, or ParseSearchSpec for a kind: search
+// file (the coordinator's choice too). Every input must end in a spec or a SpecError; any
+// other exception escapes, and libFuzzer reports it as a crash.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "common/spec/job_spec.h"
+#include "common/spec/search_spec.h"
 #include "tests/fuzz/fuzz_folder.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string yaml(reinterpret_cast<const char*>(data), size);
   try {
+    if (trainyard::IsSearchFile(yaml)) {
+      const trainyard::SearchSpec search =
+          trainyard::ParseSearchSpec(yaml, "fuzz.yaml", trainyard::fuzz::ScratchFolder());
+      // Every trial that was built is a job that parsed, under the search's name.
+      for (const auto& trial : search.trials)
+        if (trial.spec.name.rfind(search.name + ".t", 0) != 0) __builtin_trap();
+      return 0;
+    }
     trainyard::JobSpec spec = trainyard::ParseJobSpec(yaml, "fuzz.yaml", trainyard::fuzz::ScratchFolder());
     // A spec that parsed must be usable: every key it read can be located.
     for (const auto& [key, where] : spec.locations) (void)spec.Where(key);

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Hyperparameter searches (`kind: search`) end to end: a real coordinator, a real 2-rank
+pool under mpirun, real jobctl, trials that train real (small) langid jobs on 127.0.0.1.
+
+Cases:
+  asha   an ASHA search of 12 trials, train.lr log-uniform over [1e-5, 1e-1], eta 3,
+         rungs at epochs 1 and 3 of 9, one trial at a time, with the coordinator killed
+         (kill -9) mid-search and restarted. Then the same 12 trials as a random search,
+         each run to the end: the reference. Checked:
+           - both searches drew the trial set an independent SplitMix64 gives (Note
+             [Trial draws] in common/spec/search_spec.h);
+           - each trial ran as one job, and no epoch was logged twice;
+           - every decision equals what ASHA's rule (Note [ASHA], implemented again
+             here) makes over the reference runs' own metrics, in trial order: the
+             decisions a search without the kill makes, since the trials are
+             deterministic; the metric the search judged equals the reference's;
+           - the trials whose learning rate is hopeless stopped at the first rung;
+           - the best trial is within 0.005 dev accuracy of the best full run, and the
+             search used at most 0.6x their rank-seconds (the figure itself, against the
+             target of 0.5x, is scripts/bench/search.sh's); its model folder exists;
+             search.csv has a row per trial;
+  grid   a grid search gives the product of its values, in order (the last parameter
+         fastest); cancelling it cancels its trials and nothing is left running;
+  bad    bad search files are refused by jobctl (exit 2, with file:line) and leave no
+         job behind (ServerTest checks the coordinator's own refusal)."""
+import argparse
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
+import e2e_common  # noqa: E402
+from e2e_common import wait_for  # noqa: E402
+from pool_test import Cluster  # noqa: E402
+
+TRIALS, ETA, SEED = 12, 3, 11
+EXAMPLES, EPOCHS, RUNGS = 1500, 9, [1, 3]
+MASK = (1 << 64) - 1
+
+
+def splitmix_units(seed):
+    """Note [Trial draws]: SplitMix64's draws as numbers in [0, 1)."""
+    state = seed
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        z ^= z >> 31
+        yield (z >> 11) * 2.0 ** -53
+
+
+def expected_learning_rates(seed, count, low, high):
+    units = splitmix_units(seed)
+    return [math.exp(math.log(low) + next(units) * (math.log(high) - math.log(low))) for _ in range(count)]
+
+
+def better(a, b):
+    return not math.isnan(a) and (math.isnan(b) or a > b)
+
+
+def asha_decisions(metrics_by_trial, rungs, eta):
+    """Note [ASHA] over each trial's metric at each rung, trials arriving in order: the
+    epoch each trial stops at (0: it runs to the end)."""
+    recorded = {rung: [] for rung in rungs}
+    stopped = {}
+    for trial in sorted(metrics_by_trial):
+        stopped[trial] = 0
+        for rung in rungs:
+            value = metrics_by_trial[trial][rung]
+            keep = max(1, (len(recorded[rung]) + 1) // eta)
+            above = sum(1 for earlier in recorded[rung] if not better(value, earlier))
+            recorded[rung].append(value)
+            if math.isnan(value) or above >= keep:
+                stopped[trial] = rung
+                break
+    return stopped
+
+
+def base_job(work, name="base"):
+    train = os.path.join(work, f"train_{EXAMPLES}.tsv")
+    if not os.path.exists(train):
+        e2e_common.subset_tsv(work, EXAMPLES)
+    # A short warm-up: a rung inside the warm-up would judge trials before their
+    # learning rates have acted.
+    extra = f"""train:
+  epochs: {EPOCHS}
+  batch_size: 16
+  warmup_ratio: 0.02
+resources:
+  ranks: 2
+  max_restarts: 1
+"""
+    return e2e_common.write(os.path.join(work, f"{name}.yaml"), e2e_common.job_yaml(name, train, extra))
+
+
+def search_file(work, name, method, params, extra=""):
+    text = f"""name: {name}
+kind: search
+base: base.yaml
+search:
+  method: {method}
+  metric: eval_acc
+  max_concurrent: 1
+  seed: {SEED}
+  params:
+{params}{extra}"""
+    return e2e_common.write(os.path.join(work, f"{name}.yaml"), text)
+
+
+def report(c, job):
+    return c.jobctl("report", str(job))
+
+
+def wait_search(c, job, timeout):
+    c.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout)
+    return report(c, job)
+
+
+def kill_coordinator_mid_search(c, search):
+    """kill -9 while trial 3 runs, and a restart a few seconds later."""
+    def third_trial_running():
+        trials = report(c, search)["search"]["trials"]
+        return trials[2]["state"] == "RUNNING"
+    wait_for(third_trial_running, 300, "trial 3 to run")
+    c.coordinator.send_signal(signal.SIGKILL)
+    c.coordinator.wait()
+    print("killed the coordinator (kill -9) while trial 3 ran")
+    time.sleep(4)
+    c.start_coordinator()
+
+
+def rank_seconds(rep):
+    return sum(t["rank_seconds"] for t in rep["search"]["trials"])
+
+
+def metric_at(c, job, epoch):
+    with open(os.path.join(c.runs, str(job), "epochs.csv"), encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if int(row["epoch"]) == epoch:
+                return float(row["eval_acc"])
+    return float("nan")
+
+
+def epochs_logged(c, job):
+    path = os.path.join(c.runs, str(job), "epochs.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def check_trial_set(rep, rates):
+    trials = rep["search"]["trials"]
+    assert len(trials) == TRIALS, trials
+    for t, rate in zip(trials, rates):
+        key, value = t["params"][0].split("=")
+        assert key == "train.lr" and float(value) == rate, (t["params"], rate)
+
+
+def case_asha(c, work):
+    c.start(2)
+    base_job(work)
+    params = "    train.lr: {log_uniform: [1.0e-5, 1.0e-1]}\n"
+    asha = search_file(work, "asha", "asha", params, f"  max_trials: {TRIALS}\n  asha: {{min_epochs: 1, "
+                                                     f"reduction_factor: {ETA}, max_epochs: {EPOCHS}}}\n")
+    started = time.time()
+    search = c.submit(asha)
+    kill_coordinator_mid_search(c, search)
+    rep = wait_search(c, search, 900)
+    asha_wall = time.time() - started
+    assert rep["state"] == "SUCCEEDED", rep
+    full = search_file(work, "full", "random", params, f"  max_trials: {TRIALS}\n")
+    started = time.time()
+    reference = wait_search(c, c.submit(full), 1200)
+    full_wall = time.time() - started
+    assert reference["state"] == "SUCCEEDED", reference
+
+    rates = expected_learning_rates(SEED, TRIALS, 1e-5, 1e-1)
+    check_trial_set(rep, rates)
+    check_trial_set(reference, rates)
+    print("both searches drew the 12 learning rates an independent SplitMix64 gives")
+
+    trials, full_trials = rep["search"]["trials"], reference["search"]["trials"]
+    jobs = [t["job"] for t in trials]
+    assert len(set(jobs)) == TRIALS and 0 not in jobs, jobs
+    everything = c.jobctl("list")
+    assert len([j for j in everything if j.get("search") == search]) == TRIALS, everything
+    for t in trials:
+        logged = epochs_logged(c, t["job"])
+        assert logged == sorted(set(logged)), (t, logged)
+    for t in full_trials:
+        assert t["state"] == "SUCCEEDED" and epochs_logged(c, t["job"]) == list(range(1, EPOCHS + 1)), t
+    print("each trial ran as one job; no epoch was logged twice")
+
+    metrics = {t["trial"]: {r: metric_at(c, t["job"], r) for r in RUNGS} for t in full_trials}
+    expected = asha_decisions(metrics, RUNGS, ETA)
+    got = {t["trial"]: t["stopped_at"] for t in trials}
+    for t in trials:
+        print(f"  trial {t['trial']:2d} lr {float(t['params'][0].split('=')[1]):.2e}: {t['state']:9s} "
+              f"stopped at {t['stopped_at']} (expected {expected[t['trial']]}), "
+              f"rung metrics {[metrics[t['trial']][r] for r in RUNGS]}, "
+              f"full run's best {full_trials[t['trial'] - 1]['best']}")
+    assert got == expected, (got, expected)
+    for t in trials:
+        for rung in RUNGS:
+            if t["stopped_at"] == 0 or rung <= t["stopped_at"]:
+                assert metric_at(c, t["job"], rung) == metrics[t["trial"]][rung], (t, rung)
+        assert t["state"] == ("STOPPED" if t["stopped_at"] else "SUCCEEDED"), t
+    print("every decision equals ASHA's rule over the reference runs' metrics, in trial order")
+
+    final = {t["trial"]: t["best"] for t in full_trials}  # the best of each full run's epochs
+    best_full = max(final.values())
+    # Hopeless: a full run that never reaches half the best accuracy. The first trial at a
+    # rung always goes on (Note [ASHA]); every later hopeless trial stops early.
+    hopeless = [t for t in trials if final[t["trial"]] < 0.5 * best_full]
+    assert hopeless, final
+    for t in hopeless:
+        assert t["trial"] == 1 or t["stopped_at"] > 0, (t, final)
+    at_first = [t for t in hopeless if t["stopped_at"] == RUNGS[0]]
+    best = rep["search"]["trials"][rep["search"]["best_trial"] - 1]
+    assert best["best"] >= best_full - 0.005, (best, best_full)
+    ours, theirs = rank_seconds(rep), rank_seconds(reference)
+    print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f} against the full runs' best "
+          f"{best_full:.4f}; rank-seconds {ours:.0f} against {theirs:.0f} ({ours / theirs:.2f}x); "
+          f"wall {asha_wall:.0f} s against {full_wall:.0f} s; {len(hopeless)} hopeless trials, "
+          f"{len(at_first)} of them stopped at the first rung; "
+          f"{sum(1 for t in trials if t['stopped_at'] == 0)} trials ran to the end")
+    # The issue's target is half; this run's figure is a benchmark's (scripts/bench/search.sh).
+    # Asserted here: ASHA saves at least 40%, whatever the machine's start-up times.
+    assert ours <= 0.6 * theirs, (ours, theirs)
+    assert os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best
+    with open(os.path.join(c.runs, str(search), "search.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in rows] == list(range(1, TRIALS + 1)), rows
+    assert [int(r["stopped_at"]) for r in rows] == [expected[i] for i in range(1, TRIALS + 1)], rows
+
+
+def case_grid(c, work):
+    c.start(2)
+    base_job(work)
+    params = "    train.lr: {choice: [1.0e-3, 3.0e-3]}\n    seed: {int_uniform: [1, 3]}\n"
+    grid = c.submit(search_file(work, "grid", "grid", params))
+    c.wait_state(grid, {"RUNNING"}, 30)
+    rep = report(c, grid)
+    got = [t["params"] for t in rep["search"]["trials"]]
+    want = [[f"train.lr={lr}", f"seed={seed}"] for lr in ("1.0e-3", "3.0e-3") for seed in (1, 2, 3)]
+    assert got == want, got
+    print("the grid is the product of its values, the last parameter fastest")
+    first = wait_for(lambda: report(c, grid)["search"]["trials"][0]["state"] == "RUNNING", 60, "trial 1 to run")
+    assert first
+    cancelled = c.jobctl("cancel", str(grid))
+    assert cancelled["state"] == "CANCELLED", cancelled
+    rep = report(c, grid)
+    states = [t["state"] for t in rep["search"]["trials"]]
+    assert states[0] == "CANCELLED" and all(s == "PENDING" for s in states[1:]), states
+    time.sleep(3)  # nothing more is submitted
+    assert len(c.jobctl("list")) == 2, c.jobctl("list")
+    wait_for(lambda: all(w["job_id"] == 0 for w in c.workers()), 60, "the pool to be idle")
+    print("cancelling the search cancelled its running trial and submitted no other")
+
+
+BAD = [
+    ("method: asha\n  max_trials: 3\n  params:\n    train.lr: {log_uniform: [0, 1.0e-1]}\n",
+     "search.params.train.lr.log_uniform[0]: expected a number above 0"),
+    ("method: random\n  max_trials: 3\n  params:\n    train.lrr: {uniform: [0.1, 0.2]}\n",
+     "search.params.train.lrr: trial 1 (train.lrr="),
+    ("method: random\n  max_trials: 3\n  params:\n    train.lr: {uniform: [0.5, 0.2]}\n",
+     "search.params.train.lr.uniform: expected low < high"),
+    ("method: grid\n  params:\n    train.lr: {uniform: [0.1, 0.2]}\n",
+     "search.params.train.lr: method: grid takes choice or int_uniform values only"),
+    ("method: random\n  max_trials: 3\n  params:\n    train.epochs: {int_uniform: [0, 2]}\n",
+     "search.params.train.epochs: trial"),
+    ("method: asha\n  max_trials: 3\n  metric: accuracy\n  params:\n    train.lr: {choice: [1.0e-3]}\n",
+     "search.metric: expected one of"),
+    ("method: random\n  max_trials: 100000\n  params:\n    train.lr: {choice: [1.0e-3]}\n",
+     "search.max_trials: expected an integer in [1, 1000]"),
+]
+
+
+def case_bad(c, work):
+    c.start_coordinator()
+    base_job(work)
+    wait_for(lambda: c.jobctl("list") == [], 30, "the coordinator")
+    for i, (section, message) in enumerate(BAD):
+        path = e2e_common.write(os.path.join(work, f"bad{i}.yaml"),
+                                f"name: bad{i}\nkind: search\nbase: base.yaml\nsearch:\n  {section}")
+        r = c.run_jobctl_raw("submit", path)
+        assert r.returncode == 2 and path + ":" in r.stderr and message in r.stderr, (section, r.stderr)
+        print(f"jobctl refused bad{i}: {r.stderr.strip().splitlines()[-1]}")
+    assert c.jobctl("list") == [], "a refused search left a job behind"
+
+
+class SearchCluster(Cluster):
+    def run_jobctl_raw(self, *args):
+        return subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.keys, "--timeout",
+                               "3", *args], capture_output=True, text=True, timeout=60)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
+        p.add_argument(flag, required=True)
+    p.add_argument("case", choices=["asha", "grid", "bad"])
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        c = SearchCluster(a, work)
+        try:
+            globals()[f"case_{a.case}"](c, work)
+        except BaseException:
+            c.stop()
+            c.dump_logs()
+            raise
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()
