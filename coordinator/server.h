@@ -362,6 +362,7 @@ class Server {
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
   bool search_due_ = true;  // a search may submit trials, or end
+  double last_search_pass_ = 0;
   double last_pulse_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only

@@ -134,9 +134,12 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   Send(parsed.identity, reply);
 }
 
+// On every change that may end a trial, and every 2 s besides, so that no way a trial
+// ends can leave its search waiting.
 void Server::AdvanceSearches(double now) {
-  if (!search_due_) return;
+  if (!search_due_ && now - last_search_pass_ < 2) return;
   search_due_ = false;
+  last_search_pass_ = now;
   for (const JobRecord& job : store_->JobsIn(JobState::kRunning))
     if (job.is_search) AdvanceSearch(job, now);
 }

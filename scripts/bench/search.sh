@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Search benchmark: an ASHA search of 12 langid trials on a 2-rank pool, its coordinator
-# killed and restarted midway, against the same 12 trials run to the end (a random search,
-# same seed). Prints each trial's decision, the best accuracy of each and the rank-seconds
+# killed and restarted midway, against the same 12 trials run to the end (those it stopped
+# run again). Prints each trial's decision, the best accuracy of each and the rank-seconds
 # of each, with their ratio (tests/coordinator/search_test.py asha, which also asserts
-# them). About 5 minutes a run.
+# them). About 4 minutes a run.
 #   scripts/bench/search.sh [--runs 1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
