@@ -31,8 +31,13 @@ def job(c, name):
 def train(c, args, name, slots, *extra, runs=None):
     runs = runs or os.path.join(c.host_dir, "runs")
     first = next(iter(slots))
-    r = c.run(first, c.mpirun(slots, [args.worker, job(c, name), "--runs-dir", runs, *extra], args.mpirun),
-              capture_output=True, text=True, timeout=300)
+    command = c.mpirun(slots, [args.worker, job(c, name), "--runs-dir", runs, *extra], args.mpirun)
+    r = c.run(first, command, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "unable to reliably start one or more daemons" in r.stdout + r.stderr:
+        # mpirun's ssh launch of an orted failed before any rank ran (seen when the rig's
+        # hosts are busy): nothing of the job happened, so it is launched once more.
+        print(f"{name}: mpirun could not start its daemons; launching it again")
+        r = c.run(first, command, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         sys.exit(f"{name} on {slots} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r.stdout + r.stderr
