@@ -530,7 +530,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--insecure", o.insecure, "development only: talk to a coordinator started with --insecure");
   app.require_subcommand(1);
   CommandArgs args;
-  auto* submit = app.add_subcommand("submit", "queue a job file; prints the job id");
+  auto* submit = app.add_subcommand(
+      "submit", "queue a job file, or a kind: search file (with its base file's text); prints the job id");
   submit->add_option("job", args.job_file, "job YAML file")->required()->check(CLI::ExistingFile);
   submit->add_option("--key", args.key,
                      "idempotency key (default: random); a resend with the same key makes no new job");
@@ -543,7 +544,7 @@ int Main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
   app.add_subcommand("report",
                      "one job: attempts and their outcomes, epoch timings with the step breakdown, "
-                     "summary and events")
+                     "summary and events; a search's trials as a leaderboard")
       ->add_option("id", args.id, "job id")
       ->required()
       ->check(CLI::PositiveNumber);
