@@ -29,6 +29,7 @@
 #include "common/spec/job_spec.h"
 #include "common/spec/search_spec.h"
 #include "common/spec/yaml_budget.h"
+#include "coordinator/search_json.h"
 #include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
@@ -179,34 +180,6 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
   if (j.is_search()) out["kind"] = "search";
   if (j.search_id() != 0) out["search"] = j.search_id();
   return out;
-}
-
-nlohmann::json Number(double value) { return std::isnan(value) ? nlohmann::json(nullptr) : nlohmann::json(value); }
-
-nlohmann::json SearchJson(const wire::SearchReport& s) {
-  nlohmann::json trials = nlohmann::json::array();
-  for (const wire::TrialInfo& t : s.trials()) {
-    nlohmann::json curve = nlohmann::json::array();
-    for (double v : t.curve()) curve.push_back(Number(v));
-    trials.push_back({{"trial", t.trial()},
-                      {"job", t.job_id()},
-                      {"name", t.name()},
-                      {"state", t.job_id() ? trainyard::JobStateName(t.job_state()) : "PENDING"},
-                      {"params", std::vector<std::string>(t.params().begin(), t.params().end())},
-                      {"curve", curve},
-                      {"best", Number(t.best())},
-                      {"stopped_at", t.stopped_at()},
-                      {"rank_seconds", t.rank_seconds()},
-                      {"model_dir", t.model_dir()}});
-  }
-  return {{"method", s.method()},
-          {"metric", s.metric()},
-          {"mode", s.maximize() ? "max" : "min"},
-          {"rungs", std::vector<int>(s.rungs().begin(), s.rungs().end())},
-          {"max_epochs", s.max_epochs()},
-          {"max_concurrent", s.max_concurrent()},
-          {"best_trial", s.best_trial()},
-          {"trials", trials}};
 }
 
 // The trials as a leaderboard: best metric first, trials without one last.
@@ -407,7 +380,7 @@ int Report(const Options& o, int64_t id) {
       out["epochs"].push_back(row);
     }
     if (!r.summary_json().empty()) out["summary"] = trainyard::ParseBoundedJsonOrDiscarded(r.summary_json());
-    if (r.job().is_search()) out["search"] = SearchJson(r.search());
+    if (r.job().is_search()) out["search"] = trainyard::SearchJson(r.search());
     std::cout << out.dump(2) << "\n";
     return 0;
   }

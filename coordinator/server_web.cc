@@ -16,6 +16,7 @@
 #include "common/csv.h"
 #include "common/metrics.h"
 #include "common/regular_file.h"
+#include "coordinator/search_json.h"
 #include "coordinator/server.h"
 #include "proto/wire_names.h"
 
@@ -78,35 +79,6 @@ json LatestEpoch(const std::vector<EpochRecord>& rows) {
 double NumberOr(const json& object, const char* key, double fallback) {
   if (!object.is_object() || !object.contains(key) || !object[key].is_number()) return fallback;
   return object[key].get<double>();
-}
-
-json NumberOrNull(double value) { return std::isnan(value) ? json(nullptr) : json(value); }
-
-// A search's trials for its job page (coordinator/web/dashboard.js draws them).
-json SearchJson(const wire::SearchReport& s) {
-  json trials = json::array();
-  for (const wire::TrialInfo& t : s.trials()) {
-    json curve = json::array();
-    for (double v : t.curve()) curve.push_back(NumberOrNull(v));
-    trials.push_back({{"trial", t.trial()},
-                      {"job", t.job_id()},
-                      {"name", t.name()},
-                      {"state", t.job_id() ? JobStateName(t.job_state()) : "PENDING"},
-                      {"params", std::vector<std::string>(t.params().begin(), t.params().end())},
-                      {"curve", curve},
-                      {"best", NumberOrNull(t.best())},
-                      {"stopped_at", t.stopped_at()},
-                      {"rank_seconds", t.rank_seconds()},
-                      {"model_dir", t.model_dir()}});
-  }
-  return {{"method", s.method()},
-          {"metric", s.metric()},
-          {"mode", s.maximize() ? "max" : "min"},
-          {"rungs", std::vector<int>(s.rungs().begin(), s.rungs().end())},
-          {"max_epochs", s.max_epochs()},
-          {"max_concurrent", s.max_concurrent()},
-          {"best_trial", s.best_trial()},
-          {"trials", trials}};
 }
 
 }  // namespace
