@@ -49,13 +49,15 @@ runs `ctest -L gpu` and `ctest -LE gpu`. Logs go to $OUT (default ./gpu-out).
   --only WHAT         tests to run: all (default), gpu, cpu, or none (build only)
   -R, --tests-regex R run only the tests matching R (passed to both ctest calls)
   --jobs N            build jobs (default: all cores)
+  --target T          build only ninja target T (e.g. worker), with --only none
   --test-jobs N       parallel ctest jobs for the cpu tests (default: cores/2, 2..8);
-                      gpu tests run one at a time
+                      gpu tests run one at a time unless TY_GPU_TEST_JOBS says
   -h, --help          this text
 
 Environment: OUT (log folder), TY_GPU_SKIP_BUILD=1 and TY_GPU_ONLY=WHAT (as the
 options), TY_GPU_BUILD_DIR (default ./build-gpu), TY_GPU_BUNDLE (default ./.gpu-bundle),
-TORCH_CUDA_ARCH_LIST (default 9.0).
+TORCH_CUDA_ARCH_LIST (default 9.0), TY_GPU_TEST_TIMEOUT (seconds per test, default 600),
+TY_GPU_TEST_JOBS (gpu tests at a time, default 1; RUN_SERIAL tests still run alone).
 EOF
 }
 
@@ -69,6 +71,7 @@ BUNDLE=${TY_GPU_BUNDLE:-$REPO/.gpu-bundle}
 SKIP_BUILD=${TY_GPU_SKIP_BUILD:-0}
 ONLY=${TY_GPU_ONLY:-all}
 REGEX=""
+TARGETS=()
 CORES=$(nproc)
 JOBS=$CORES
 TEST_JOBS=$(( CORES / 2 < 2 ? 2 : (CORES / 2 > 8 ? 8 : CORES / 2) ))
@@ -78,6 +81,7 @@ while [[ $# -gt 0 ]]; do
     --skip-build) SKIP_BUILD=1 ;;
     --only) [[ $# -ge 2 ]] || die_usage "--only needs a value"; ONLY=$2; shift ;;
     -R|--tests-regex) [[ $# -ge 2 ]] || die_usage "$1 needs a value"; REGEX=$2; shift ;;
+    --target) [[ $# -ge 2 ]] || die_usage "--target needs a value"; TARGETS+=("$2"); shift ;;
     --jobs) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die_usage "--jobs needs a number"; JOBS=$2; shift ;;
     --test-jobs) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die_usage "--test-jobs needs a number"; TEST_JOBS=$2; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -317,7 +321,7 @@ check_binaries() {
 run_ctest() {  # NAME LOG CTEST-ARGS...
   local name=$1 log=$2; shift 2
   local t0=$SECONDS rc=0 result
-  local args=(--test-dir "$BUILD" --output-on-failure --no-tests=ignore --timeout 600 "$@")
+  local args=(--test-dir "$BUILD" --output-on-failure --no-tests=ignore --timeout "${TY_GPU_TEST_TIMEOUT:-600}" "$@")
   [[ -n "$REGEX" ]] && args+=(-R "$REGEX")
   say "$name: ctest ${args[*]}  (log: $log)"
   ctest "${args[@]}" > "$log" 2>&1 || rc=$?
@@ -353,7 +357,7 @@ main() {
     if run_step configure "$OUT_DIR/configure.log" configure; then
       grep -E '^-- Trainyard:' "$OUT_DIR/configure.log" || true
     fi
-    [[ $FAILED -eq 0 ]] && { run_step build "$OUT_DIR/build.log" ninja -C "$BUILD" -j"$JOBS" || true; }
+    [[ $FAILED -eq 0 ]] && { run_step build "$OUT_DIR/build.log" ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" || true; }
   elif [[ $SKIP_BUILD -eq 1 ]]; then
     record configure skipped 0 "--skip-build"; record build skipped 0 "--skip-build"
   fi
@@ -362,7 +366,7 @@ main() {
       { record libraries FAILED 0 "unresolved libraries (facts.txt)"; }
   fi
   if [[ $FAILED -eq 0 ]]; then
-    [[ "$ONLY" == all || "$ONLY" == gpu ]] && run_ctest ctest-gpu "$OUT_DIR/ctest-gpu.log" -L gpu -j1 -V
+    [[ "$ONLY" == all || "$ONLY" == gpu ]] && run_ctest ctest-gpu "$OUT_DIR/ctest-gpu.log" -L gpu -j"${TY_GPU_TEST_JOBS:-1}" -V
     [[ "$ONLY" == all || "$ONLY" == cpu ]] && run_ctest ctest-cpu "$OUT_DIR/ctest-cpu.log" -LE gpu -j"$TEST_JOBS"
   fi
   record total "$([[ $FAILED -eq 0 ]] && echo ok || echo FAILED)" $((SECONDS - START))

@@ -99,6 +99,7 @@ PACKAGES=(
   libsentencepiece-dev libsentencepiece0
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev
+  libre2-dev libre2-9
   libicu-dev libicu72
   # pkg-config, which CMake runs for SentencePiece (and cppzmq for libzmq).
   pkgconf pkgconf-bin libpkgconf3
