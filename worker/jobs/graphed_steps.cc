@@ -147,6 +147,16 @@ torch::Tensor GraphedSteps::Evaluate(Batch& batch, const Pass& pass) {
   return replay().clone();
 }
 
+void GraphedSteps::OnStepStream(const std::function<void()>& fn) {
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(impl_->device.index());
+  Order(caller, impl_->stream);
+  {
+    c10::cuda::CUDAStreamGuard guard(impl_->stream);
+    fn();
+  }
+  Order(impl_->stream, caller);
+}
+
 size_t GraphedSteps::graphs() const {
   size_t n = 0;
   for (const auto& [key, shape] : impl_->shapes) n += shape.graph ? 1 : 0;
@@ -167,6 +177,10 @@ StepResult GraphedSteps::Run(Batch&, const StepControls&, const Step&) {
 
 torch::Tensor GraphedSteps::Evaluate(Batch&, const Pass&) {
   throw std::logic_error("GraphedSteps::Evaluate without CUDA");
+}
+
+void GraphedSteps::OnStepStream(const std::function<void()>&) {
+  throw std::logic_error("GraphedSteps::OnStepStream without CUDA");
 }
 
 size_t GraphedSteps::graphs() const { return 0; }

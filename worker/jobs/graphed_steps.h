@@ -78,6 +78,12 @@ class GraphedSteps {
   using Pass = std::function<torch::Tensor(Batch& batch)>;
   torch::Tensor Evaluate(Batch& batch, const Pass& pass);
 
+  // Runs `fn` with the stream the steps are captured on current. Autograd nodes made
+  // in it record that stream, and a node kept across steps must: the reducer's
+  // AccumulateGrad nodes, made on another stream, would make the captured backward
+  // wait on that stream, which a capture refuses (cudaErrorStreamCaptureImplicit).
+  void OnStepStream(const std::function<void()>& fn);
+
   // Training graphs captured so far (one per batch shape seen twice).
   size_t graphs() const;
 

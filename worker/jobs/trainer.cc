@@ -89,17 +89,23 @@ void Trainer::BuildModel() {
   optimizer_ = std::make_unique<AdamW>(named, AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
   scaler_ = std::make_unique<GradScaler>(t.loss_scale,
                                          t.precision == Precision::kFp16 || spec_.debug.force_loss_scaling, device_);
+  if (WantsGraphs()) {
+    graphs_ = std::make_unique<GraphedSteps>(device_);
+    // Unpadding decides on the host, from the batch's mask, whether to pack it.
+    model_->set_unpadding(Unpadding::kNever);
+  }
   if (ranks_.comm) {
     ReducerOptions options;
     options.bucket_bytes = static_cast<int64_t>(spec_.distributed.bucket_mb * 1048576.0);
     options.overlap = spec_.distributed.overlap;
     options.fp16_compression = spec_.distributed.fp16_compression;
-    reducer_ = std::make_unique<Reducer>(named, *ranks_.comm, options);
-  }
-  if (WantsGraphs()) {
-    graphs_ = std::make_unique<GraphedSteps>(device_);
-    // Unpadding decides on the host, from the batch's mask, whether to pack it.
-    model_->set_unpadding(Unpadding::kNever);
+    auto make_reducer = [&] { reducer_ = std::make_unique<Reducer>(named, *ranks_.comm, options); };
+    // The reducer keeps the parameters' AccumulateGrad nodes, which belong on the stream
+    // the steps run on (GraphedSteps::OnStepStream).
+    if (graphs_)
+      graphs_->OnStepStream(make_reducer);
+    else
+      make_reducer();
   }
 }
 
