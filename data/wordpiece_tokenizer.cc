@@ -5,6 +5,7 @@
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 
@@ -200,7 +201,21 @@ std::vector<int32_t> WordPieceTokenizer::TokenIds(std::string_view text) const {
   return ids;
 }
 
+// A text far longer than max_len is tokenized a prefix at a time, the prefix doubling
+// until it gives enough pieces. Each prefix ends just before an ASCII space, and every
+// stage of the basic tokenizer works within one character or one whitespace-separated
+// word (NFC never composes across a space: a space is a starter that nothing composes
+// with), so a prefix's pieces are the whole text's first pieces. The work stays under
+// three times the whole text's when no prefix suffices (sparse text: long URLs, say),
+// and a 2,000-character text cut at 128 tokens costs about half.
 std::vector<int32_t> WordPieceTokenizer::Encode(std::string_view text, int max_len) const {
+  const size_t room = max_len > 2 ? static_cast<size_t>(max_len - 2) : 0;
+  for (size_t prefix = std::max<size_t>(256, 8 * room); prefix < text.size(); prefix *= 2) {
+    const size_t cut = text.rfind(' ', prefix);
+    if (cut == std::string_view::npos || cut == 0) continue;
+    std::vector<int32_t> pieces = TokenIds(text.substr(0, cut));
+    if (pieces.size() >= room) return WrapWithClsSep(std::move(pieces), cls_id_, sep_id_, max_len);
+  }
   return WrapWithClsSep(TokenIds(text), cls_id_, sep_id_, max_len);
 }
 

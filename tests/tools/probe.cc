@@ -1,7 +1,7 @@
 // ty_probe: drives single components of the worker from the command line, so the
 // Python reference tests (tests/reference/) can compare them with Hugging Face and
 // PyTorch on identical inputs.
-//   ty_probe tokenize VOCAB [--cased]        stdin: one TSV-escaped text a line; stdout: ids
+//   ty_probe tokenize VOCAB [--cased] [--max-len N]  stdin: one TSV-escaped text a line; stdout: ids
 //   ty_probe logits MODEL_DIR INPUTS.json [--device D] [--precision P] [--mode eager|int8]
 //                                            stdout: JSON logits of our model (fp32 values);
 //                                            int8: its Linear layers dynamically quantized
@@ -53,11 +53,16 @@ namespace {
 
 int Tokenize(int argc, char** argv) {
   if (argc < 3) return 2;
-  const bool cased = argc > 3 && std::string(argv[3]) == "--cased";
+  bool cased = false;
+  int max_len = 1 << 20;
+  for (int i = 3; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cased") cased = true;
+    if (std::string(argv[i]) == "--max-len" && i + 1 < argc) max_len = std::stoi(argv[++i]);
+  }
   WordPieceTokenizer tokenizer(argv[2], !cased);
   std::string line;
   while (std::getline(std::cin, line)) {
-    auto ids = tokenizer.Encode(UnescapeTsvField(line), 1 << 20);
+    auto ids = tokenizer.Encode(UnescapeTsvField(line), max_len);
     for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
     std::cout << "\n";
   }
