@@ -4,7 +4,8 @@
     scripts/gpu/facts_page.py trace PROFILE_JSON[.gz] > DIR/graphed_trace_steps.json
     scripts/gpu/facts_page.py page DIR [--write PAGE | --check PAGE]
 
-DIR holds what scripts/gpu/one_call.sh brings back (facts.txt, ctest-gpu.log,
+DIR holds what scripts/gpu/one_call.sh brings back (facts.txt, ctest-gpu.log, kept as
+ctest-gpu.txt since *.log files are ignored,
 clocks.csv, profile_bf16_eager.txt, runs/*.json, each a train_step_vs_pytorch.sh
 --json result) and, from a graphed run of that benchmark kept with KEEP_WORK=1, its
 profile.txt (as profile_bf16_graphed.txt), steps.jsonl (graphed_steps.jsonl) and the
@@ -146,7 +147,7 @@ def page(folder):
            "`scripts/bench/train_step_vs_pytorch.sh --device cuda --preset base --seq 128 --batch 64 --steps 40 "
            "--threads 4 --precision bf16 --cuda-graph --profile DIR`;",
            f"the files are in `{folder}`, and this section is `scripts/gpu/facts_page.py page {folder}`.", "",
-           "### Tests on the GPU", ""] + tests_table(os.path.join(folder, "ctest-gpu.log"))
+           "### Tests on the GPU", ""] + tests_table(os.path.join(folder, "ctest-gpu.txt"))
     out += ["", "### Where the bf16 step's time goes (bert-base, seq 128, batch 64)", "",
             "| step | host ms/step | device ms/step (kernels summed) | launches/step | graph launch ms |",
             "|---|---|---|---|---|",
