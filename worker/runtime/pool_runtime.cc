@@ -200,6 +200,12 @@ int RunPoolJob(const std::string& relay, const std::vector<int>& slots) {
   if (rank == 0 && !client->SendResult(result.outcome, 5))
     LogWarn("the pool agent did not confirm this job's result; it will judge by the exit code");
   if (result.abort_world && world > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the others may be inside a collective
+  // A job stopped on request (a cancel, or its search) ends with every rank agreeing to
+  // stop, and its agent knows the outcome: rank 0 said it, and the agent asked for the
+  // stop (EndOf in pool_rank.cc). Its ranks exit 0, because mpirun answers a non-zero
+  // exit by aborting the job, which takes it a second or more: time the stopped
+  // attempt's slots would be held and charged for.
+  if (result.outcome.outcome == "cancelled") return 0;
   return result.exit_code;
 }
 
