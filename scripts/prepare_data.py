@@ -6,8 +6,12 @@
 
 Each task gets train/dev/test TSV files (header `label<TAB>text`; the text has
 backslash escapes for tab, newline and backslash), a labels.txt and a WordPiece
-vocab.txt trained on the train split. The split is a fixed-seed shuffle, so the
-same packages always give the same files.
+vocab.txt. The split is a fixed-seed shuffle, so the same packages always give the
+same TSV files. The vocabularies are kept in scripts/vocab/ (<task>.txt, with the
+SHA-256 of the train split they were trained on): Hugging Face's WordPiece trainer
+orders its tokens, and breaks ties at the vocabulary's size, differently from run to
+run, and a different vocabulary changes every model's numbers. A train split whose
+checksum does not match gets a vocabulary trained afresh, with a warning.
 
 Made from those files (so also where prepared data was copied in without fortunes):
   langid/bpe/  byte-level BPE vocab.json + merges.txt trained on langid's train split,
@@ -21,6 +25,7 @@ import argparse
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +107,25 @@ def write_split(path, rows):
         for label, text in rows:
             f.write(f"{label}\t{escape(text)}\n")
     os.replace(tmp, path)
+
+
+KEPT_VOCABS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vocab")
+
+
+def kept_vocab(name, train_path):
+    """scripts/vocab/<name>.txt if it was trained on this train split, else None."""
+    import hashlib
+    vocab, checksum = os.path.join(KEPT_VOCABS, f"{name}.txt"), os.path.join(KEPT_VOCABS, f"{name}.train.sha256")
+    if not (os.path.exists(vocab) and os.path.exists(checksum)):
+        return None
+    with open(train_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    with open(checksum) as f:
+        if f.read().strip() == digest:
+            return vocab
+    print(f"[prepare] warning: {name}'s train split is not the one {vocab} was trained on; training a vocabulary "
+          "(its token order, and so every model's numbers, differ from run to run)")
+    return None
 
 
 def train_vocab(train_rows, out_dir, vocab_size):
@@ -194,7 +218,12 @@ def build_task(name, examples, out_root, vocab_size, seed):
     labels = sorted({label for label, _ in examples})
     with open(os.path.join(out_dir, "labels.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(labels) + "\n")
-    train_vocab(splits["train"], out_dir, vocab_size)
+    kept = kept_vocab(name, os.path.join(out_dir, "train.tsv"))
+    if kept:
+        shutil.copyfile(kept, os.path.join(out_dir, "vocab.txt.tmp"))
+        os.replace(os.path.join(out_dir, "vocab.txt.tmp"), os.path.join(out_dir, "vocab.txt"))
+    else:
+        train_vocab(splits["train"], out_dir, vocab_size)
     sizes = ", ".join(f"{s} {len(r)}" for s, r in splits.items())
     print(f"[prepare] {name}: {len(labels)} labels, {sizes} -> {out_dir}")
 
