@@ -6,7 +6,8 @@
 #   scripts/gpu/one_call.sh [--deadline SECONDS] [--skip-build] [--no-tests] [--spread N]
 # Steps, each started only if the time left allows its estimate:
 #   1. build_and_test.sh --only gpu: unpack, configure, build, `ctest -L gpu -V`
-#      (3 at a time, each at most 200 s);
+#      (3 at a time, each at most 200 s); --skip-build reuses build-gpu/, --no-tests
+#      skips the tests;
 #   2. the bf16 train step of bert-base, seq 128, batch 64, profiled (Kineto, 5 steps):
 #      ours eager next to PyTorch eager, plus the kernel table;
 #   3. the run-to-run spread: N more pairs (default 3) of that step, eager and with
@@ -21,9 +22,12 @@ cd "$(dirname "$0")/../.." || exit 1
 DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --deadline) DEADLINE=$2; shift 2 ;; --skip-build) SKIP_BUILD=1; shift ;;
-    --spread) SPREAD=$2; shift 2 ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --deadline|--spread)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "one_call.sh: $1 needs a whole number (--deadline: seconds; --spread: pairs)" >&2; exit 2; }
+      if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
+      shift 2 ;;
+    --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
