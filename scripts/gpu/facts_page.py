@@ -4,12 +4,17 @@
     scripts/gpu/facts_page.py trace PROFILE_JSON[.gz] > DIR/graphed_trace_steps.json
     scripts/gpu/facts_page.py page DIR [--write PAGE | --check PAGE]
 
-DIR holds what scripts/gpu/one_call.sh brings back (facts.txt, ctest-gpu.log, kept as
-ctest-gpu.txt since *.log files are ignored,
-clocks.csv, profile_bf16_eager.txt, runs/*.json, each a train_step_vs_pytorch.sh
---json result) and, from a graphed run of that benchmark kept with KEEP_WORK=1, its
-profile.txt (as profile_bf16_graphed.txt), steps.jsonl (graphed_steps.jsonl) and the
-per-step device spans that `trace` reads off its Chrome trace.
+DIR holds commands.txt (the commands of the lease, one a line) and what
+scripts/gpu/one_call.sh brought back: facts.txt, ctest-gpu.log (kept as ctest-gpu.txt,
+since *.log files are ignored), clocks.csv and runs/*.json (each a
+train_step_vs_pytorch.sh --json result). Each of these, where present, adds its part:
+  profile_bf16_eager.txt, profile_bf16_graphed.txt, graphed_steps.jsonl and
+  graphed_trace_steps.json   where the step's time goes: the eager and graphed profiles,
+                             a graphed run's steps.jsonl (kept with KEEP_WORK=1) and the
+                             per-replay device spans `trace` reads off its Chrome trace;
+  realdata_{eager,graphed}.epochs.csv   the plan's realdata step: topics on the fly;
+  bf16_weights.json          scripts/gpu/bf16_weights_vs_autocast.py --json;
+  step_kernels.txt           scripts/gpu/step_kernels.py's output.
 
 With --write, the section replaces the one between PAGE's markers for DIR
 (<!-- facts_page.py DIR begin --> and <!-- facts_page.py DIR end -->); with --check, the
@@ -82,26 +87,101 @@ def tests_table(log):
     return out
 
 
-def spread_table(runs_dir):
-    rows = []
-    for name in sorted(os.listdir(runs_dir)):
-        if name.endswith(".json"):
-            r = json.load(open(os.path.join(runs_dir, name)))
-            rows.append((name[:-5], r))
-    out = ["| run | cuda_graph | ours ms/step | PyTorch eager ms/step (same run) | ours / eager |", "|---|---|---|---|---|"]
-    for name, r in rows:
-        out.append(f"| {name} | {str(r['cuda_graph']).lower()} | {r['ours_ms']:.2f} | {r['pytorch_ms']:.2f} | "
+def read_runs(runs_dir):
+    return [(name[:-5], json.load(open(os.path.join(runs_dir, name))))
+            for name in sorted(os.listdir(runs_dir)) if name.endswith(".json")]
+
+
+def spread_table(runs):
+    waits = any("ours_wait_ms" in r for _, r in runs)
+    out = ["| run | cuda_graph | ours ms/step | " + ("of which data wait | " if waits else "") +
+           "PyTorch eager ms/step (same run) | ours / eager |", "|---|---|---|---|---|" + ("---|" if waits else "")]
+    for name, r in runs:
+        wait = f" {r['ours_wait_ms']:.2f} |" if waits else ""
+        out.append(f"| {name} | {str(r['cuda_graph']).lower()} | {r['ours_ms']:.2f} |{wait} {r['pytorch_ms']:.2f} | "
                    f"{r['ours_ms'] / r['pytorch_ms']:.3f} |")
     out.append("")
     for graphed in (False, True):
-        ours = [r["ours_ms"] for _, r in rows if r["cuda_graph"] == graphed]
-        ref = [r["pytorch_ms"] for _, r in rows if r["cuda_graph"] == graphed]
+        ours = [r["ours_ms"] for _, r in runs if r["cuda_graph"] == graphed]
+        ref = [r["pytorch_ms"] for _, r in runs if r["cuda_graph"] == graphed]
         if not ours:
             continue
         out.append(f"- {'graphed' if graphed else 'eager'}: ours {min(ours):.1f} to {max(ours):.1f} ms (median "
-                   f"{statistics.median(ours):.1f}, spread {(max(ours) - min(ours)) / statistics.median(ours):.0%}); "
+                   f"{statistics.median(ours):.1f}, spread {(max(ours) - min(ours)) / statistics.median(ours):.1%}); "
                    f"PyTorch eager in the same runs {min(ref):.1f} to {max(ref):.1f} ms (median "
-                   f"{statistics.median(ref):.1f}, spread {(max(ref) - min(ref)) / statistics.median(ref):.0%}).")
+                   f"{statistics.median(ref):.1f}, spread {(max(ref) - min(ref)) / statistics.median(ref):.1%}).")
+    return out
+
+
+def graphed_against_targets(runs):
+    """The graphed step's median against PyTorch eager, torch.compile and the peak."""
+    graphed = [r for _, r in runs if r["cuda_graph"]]
+    # Runs from before the benchmark printed the data wait were bound by the loader.
+    if len(graphed) < 2 or not all(r.get("ours_wait_ms", 1e9) < 1.0 for r in graphed):
+        return []
+    ours = statistics.median(r["ours_ms"] for r in graphed)
+    ratios = [r["ours_ms"] / r["pytorch_ms"] for r in graphed]
+    flops = step_flops(graphed[0]["non_embedding_params"], graphed[0]["batch"], graphed[0]["seq"])
+    out = [f"- The graphed step's median, {ours:.2f} ms, is {flops / (ours / 1000) / 1e12 / BF16_PEAK_TFLOPS:.1%} "
+           f"MFU ({flops / 1e12:.2f} TFLOP a step, against {BF16_PEAK_TFLOPS} TFLOP/s dense bf16). Against PyTorch "
+           f"eager in the same runs it is {statistics.median(ratios):.3f}x (median; {min(ratios):.3f} to "
+           f"{max(ratios):.3f}x run by run)."]
+    for r in graphed:
+        if r.get("compiled_ms"):
+            out.append(f"- Against `torch.compile(mode=\"{r['compile_mode']}\")` in the same run: {r['ours_ms']:.2f} "
+                       f"ms against {r['compiled_ms']:.2f} ms, {r['ours_ms'] / r['compiled_ms']:.3f}x.")
+    return out
+
+
+def realdata_table(folder, runs):
+    out = ["| run | epoch | steps | ms/step (mean) | data wait % | forward ms | backward ms |", "|---|---|---|---|---|---|---|"]
+    means = {}
+    for kind in ("eager", "graphed"):
+        path = os.path.join(folder, f"realdata_{kind}.epochs.csv")
+        if not os.path.exists(path):
+            continue
+        for row in csv.DictReader(open(path)):
+            means[kind] = float(row["ms_per_step"])  # the last epoch's: no first-time shapes left
+            out.append(f"| {kind} | {row['epoch']} | {row['steps']} | {float(row['ms_per_step']):.2f} | "
+                       f"{float(row['data_wait_pct']):.2f} | {float(row['forward_ms']):.2f} | "
+                       f"{float(row['backward_ms']):.2f} |")
+    synthetic = [r["ours_ms"] for _, r in runs if r["cuda_graph"]]
+    if "graphed" in means and synthetic:
+        out += ["", f"- The graphed last epoch's mean step, {means['graphed']:.2f} ms, is "
+                f"{means['graphed'] / statistics.median(synthetic):.2f}x the synthetic graphed step's median "
+                f"({statistics.median(synthetic):.2f} ms, every row 128 tokens long)."]
+    return out
+
+
+def kernel_kinds(path):
+    """The kind tables of step_kernels.txt: {variant: (ms, kernels, [(kind, ms)])}."""
+    variants, current = {}, None
+    for line in open(path):
+        m = re.match(r"=== (\w+): ([\d.]+) ms of kernels per step, (\d+) kernels per step", line)
+        if m:
+            current = m.group(1)
+            variants[current] = (float(m.group(2)), int(m.group(3)), [])
+            continue
+        m = re.match(r"(\S.*?)\s+([\d.]+)\s+([\d.]+)%$", line.rstrip())
+        if current and m:
+            variants[current][2].append((m.group(1), float(m.group(2))))
+        elif line.startswith("kernel (top"):
+            current = None
+    return variants
+
+
+def kernels_table(path):
+    variants = kernel_kinds(path)
+    names = list(variants)
+    kinds = []
+    for name in names:
+        kinds += [k for k, _ in variants[name][2] if k not in kinds]
+    out = ["| kind | " + " | ".join(f"{n} ms/step" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for kind in kinds:
+        cells = [f"{dict(variants[n][2]).get(kind, 0.0):.2f}" for n in names]
+        out.append(f"| {kind} | " + " | ".join(cells) + " |")
+    out.append("| **all kernels** | " + " | ".join(f"**{variants[n][0]:.2f}** ({variants[n][1]} kernels)"
+                                                   for n in names) + " |")
     return out
 
 
@@ -122,18 +202,11 @@ def step_flops(params, batch, seq, layers=12, hidden=768):
     return 6 * params * batch * seq + 3 * 4 * layers * batch * seq * seq * hidden
 
 
-def page(folder):
-    facts = open(os.path.join(folder, "facts.txt")).read()
-    date = re.search(r"^date:\s+(\S+)", facts, re.M).group(1)
-    _, gpu, driver = [part.strip() for part in re.search(r"^gpus:\s+(.+)$", facts, re.M).group(1).split(",")[:3]]
-    torch_version, cuda = re.search(r"^torch:\s+(\S+), built for CUDA ([\d.]+)", facts, re.M).groups()
+def where_time_goes(folder, params):
     eager = profile_totals(os.path.join(folder, "profile_bf16_eager.txt"))
     graphed = profile_totals(os.path.join(folder, "profile_bf16_graphed.txt"))
     trace = json.load(open(os.path.join(folder, "graphed_trace_steps.json")))
     steps = [json.loads(line) for line in open(os.path.join(folder, "graphed_steps.jsonl"))]
-    runs = [json.load(open(os.path.join(folder, "runs", n))) for n in os.listdir(os.path.join(folder, "runs"))
-            if n.endswith(".json")]
-    params = runs[0]["non_embedding_params"]
     flops = step_flops(params, 64, 128)
     full = [s for s in trace["steps"] if s["events"] > 500]
     span = statistics.median(s["span_ms"] for s in full)
@@ -142,34 +215,67 @@ def page(folder):
     def listed(values):
         return ", ".join(f"{v:.1f}" for v in values)
 
-    out = [f"Measured on {date[:10]} on a lent {gpu} (driver {driver}, CUDA {cuda}, torch {torch_version}) by",
-           "`scripts/gpu/one_call.sh` and one graphed run of",
-           "`scripts/bench/train_step_vs_pytorch.sh --device cuda --preset base --seq 128 --batch 64 --steps 40 "
-           "--threads 4 --precision bf16 --cuda-graph --profile DIR`;",
-           f"the files are in `{folder}`, and this section is `scripts/gpu/facts_page.py page {folder}`.", "",
-           "### Tests on the GPU", ""] + tests_table(os.path.join(folder, "ctest-gpu.txt"))
-    out += ["", "### Where the bf16 step's time goes (bert-base, seq 128, batch 64)", "",
-            "| step | host ms/step | device ms/step (kernels summed) | launches/step | graph launch ms |",
-            "|---|---|---|---|---|",
-            f"| eager | {eager['host_ms']:.1f} | {eager['device_ms']:.1f} | {eager['launches']:.0f} | - |",
-            f"| whole-step CUDA graph | {graphed['host_ms']:.1f} | {graphed['device_ms']:.1f} | "
-            f"{graphed['launches']:.0f} | {graphed['graph_launch_ms']:.2f} |", "",
-            f"- Eager, the host needs {eager['host_ms']:.1f} ms to launch a step whose kernels take "
-            f"{eager['device_ms']:.1f} ms: the step is launch-bound, at about "
-            f"{eager['host_ms'] / eager['launches'] * 1000:.0f} us of host time per launch.",
-            f"- Graphed, a replay's kernels run back to back: over the {len(full)} whole replays in the trace the "
-            f"span from first to last kernel was {listed(s['span_ms'] for s in full)} ms for "
-            f"{listed(s['busy_ms'] for s in full)} ms of kernels, with a median gap of "
-            f"{statistics.median(s['median_gap_us'] for s in full):.1f} us.",
-            f"- That is {flops / 1e12:.2f} TFLOP a step ({params / 1e6:.1f} M non-embedding parameters, 8,192 tokens): "
-            f"{flops / (span / 1000) / 1e12 / BF16_PEAK_TFLOPS:.1%} MFU at the graphed replay's median span of "
-            f"{span:.1f} ms, against {BF16_PEAK_TFLOPS} TFLOP/s dense bf16."]
+    out = ["", "### Where the bf16 step's time goes (bert-base, seq 128, batch 64)", "",
+           "| step | host ms/step | device ms/step (kernels summed) | launches/step | graph launch ms |",
+           "|---|---|---|---|---|",
+           f"| eager | {eager['host_ms']:.1f} | {eager['device_ms']:.1f} | {eager['launches']:.0f} | - |",
+           f"| whole-step CUDA graph | {graphed['host_ms']:.1f} | {graphed['device_ms']:.1f} | "
+           f"{graphed['launches']:.0f} | {graphed['graph_launch_ms']:.2f} |", "",
+           f"- Eager, the host needs {eager['host_ms']:.1f} ms to launch a step whose kernels take "
+           f"{eager['device_ms']:.1f} ms: the step is launch-bound, at about "
+           f"{eager['host_ms'] / eager['launches'] * 1000:.0f} us of host time per launch.",
+           f"- Graphed, a replay's kernels run back to back: over the {len(full)} whole replays in the trace the "
+           f"span from first to last kernel was {listed(s['span_ms'] for s in full)} ms for "
+           f"{listed(s['busy_ms'] for s in full)} ms of kernels, with a median gap of "
+           f"{statistics.median(s['median_gap_us'] for s in full):.1f} us.",
+           f"- That is {flops / 1e12:.2f} TFLOP a step ({params / 1e6:.1f} M non-embedding parameters, 8,192 tokens): "
+           f"{flops / (span / 1000) / 1e12 / BF16_PEAK_TFLOPS:.1%} MFU at the graphed replay's median span of "
+           f"{span:.1f} ms, against {BF16_PEAK_TFLOPS} TFLOP/s dense bf16."]
     if unwaited:
         out.append(f"- The graphed run's logged steps without data wait took "
                    f"{listed(s['ms'] for s in unwaited)} ms; the others waited "
                    f"{listed(s['wait_ms'] for s in steps if s['wait_ms'] >= 1.0)} ms for their batch: "
                    "one loader thread tokenized a batch of these 2,000-character texts in about 50 ms.")
-    out += ["", "### Run to run", ""] + spread_table(os.path.join(folder, "runs"))
+    return out
+
+
+def bf16_weights_line(path):
+    r = json.load(open(path))
+    a, w = r["autocast"], r["bf16_weights"]
+    return [f"PyTorch's own whole-step graph ({r['preset']}, batch {r['batch']} x seq {r['seq']}, torch {r['torch']}), "
+            f"median of {len(a['rounds_ms'])} rounds: autocast with fp32 weights {a['ms_per_step']:.2f} ms/step, bf16 "
+            f"product weights with fp32 masters {w['ms_per_step']:.2f} ms/step: "
+            f"{w['ms_per_step'] / a['ms_per_step']:.3f}x. Both losses fell over the first replays "
+            f"({a['losses'][0]:.3f} to {a['losses'][-1]:.3f}, and {w['losses'][0]:.3f} to {w['losses'][-1]:.3f})."]
+
+
+def page(folder):
+    facts = open(os.path.join(folder, "facts.txt")).read()
+    date = re.search(r"^date:\s+(\S+)", facts, re.M).group(1)
+    _, gpu, driver = [part.strip() for part in re.search(r"^gpus:\s+(.+)$", facts, re.M).group(1).split(",")[:3]]
+    torch_version, cuda = re.search(r"^torch:\s+(\S+), built for CUDA ([\d.]+)", facts, re.M).groups()
+    commands = [line.strip() for line in open(os.path.join(folder, "commands.txt")) if line.strip()]
+    runs = read_runs(os.path.join(folder, "runs"))
+
+    def present(name):
+        return os.path.exists(os.path.join(folder, name))
+
+    out = [f"Measured on {date[:10]} on a lent {gpu} (driver {driver}, CUDA {cuda}, torch {torch_version}) by:", ""]
+    out += [f"- `{c}`" for c in commands]
+    out += ["", f"The files are in `{folder}`, and this section is `scripts/gpu/facts_page.py page {folder}`.", "",
+            "### Tests on the GPU", ""] + tests_table(os.path.join(folder, "ctest-gpu.txt"))
+    if present("profile_bf16_eager.txt"):
+        out += where_time_goes(folder, runs[0][1]["non_embedding_params"])
+    out += ["", "### Run to run (bf16, bert-base, seq 128, batch 64)", ""] + spread_table(runs)
+    out += graphed_against_targets(runs)
+    if present("realdata_graphed.epochs.csv") or present("realdata_eager.epochs.csv"):
+        out += ["", "### Fine-tuning on real data (topics tokenized on the fly, bf16, batch 64)", ""]
+        out += realdata_table(folder, runs)
+    if present("step_kernels.txt"):
+        out += ["", "### PyTorch's step by kernel kind: as launched, and fused by Inductor", ""]
+        out += kernels_table(os.path.join(folder, "step_kernels.txt"))
+    if present("bf16_weights.json"):
+        out += ["", "### bf16 weights against autocast's casts", ""] + bf16_weights_line(os.path.join(folder, "bf16_weights.json"))
     out += ["", clocks_summary(os.path.join(folder, "clocks.csv"))]
     return "\n".join(out)
 

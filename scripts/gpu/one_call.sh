@@ -4,30 +4,43 @@
 # step runs long. Run it from the repository root on the GPU machine, with .gpu-bundle
 # carried (scripts/gpu/bundle.sh makes it):
 #   scripts/gpu/one_call.sh [--deadline SECONDS] [--skip-build] [--no-tests] [--spread N]
-# Steps, each started only if the time left allows its estimate:
-#   1. build_and_test.sh --only gpu: unpack, configure, build, `ctest -L gpu -V`
-#      (3 at a time, each at most 200 s); --skip-build reuses build-gpu/, --no-tests
-#      skips the tests;
-#   2. the bf16 train step of bert-base, seq 128, batch 64, profiled (Kineto, 5 steps):
-#      ours eager next to PyTorch eager, plus the kernel table;
-#   3. the run-to-run spread: N more pairs (default 3) of that step, eager and with
-#      whole-step CUDA graphs (train.cuda_graph: true) in turn, each next to PyTorch
-#      eager in the same run, while nvidia-smi samples the SM clock, power and throttle
-#      reasons every 200 ms.
+#                           [--plan STEP,STEP...]
+# First, always: build_and_test.sh --only gpu: unpack, configure, build, `ctest -L gpu -V`
+# (3 at a time, each at most 200 s); --skip-build reuses build-gpu/, --no-tests skips
+# the tests. Then the steps of --plan (default profile,spread), in the order given, each
+# started only if the time left allows its estimate. Every timed step is the bf16 train
+# step of bert-base, seq 128, batch 64 (scripts/bench/train_step_vs_pytorch.sh), next to
+# PyTorch eager in the same run:
+#   profile   ours eager, profiled (Kineto, 5 steps), with the kernel table;
+#   spread    N pairs (--spread, default 3): eager and whole-step CUDA graphs
+#             (train.cuda_graph: true) in turn;
+#   graphed   N graphed runs alone;
+#   compile   one graphed run next to torch.compile(mode="reduce-overhead") too;
+#   realdata  the worker fine-tuning on topics (real texts tokenized on the fly, 4
+#             loader threads, bf16, batch 64, 2 epochs of 172 steps), eager then graphed, for the
+#             epoch's mean step against the synthetic one;
+#   weights   scripts/gpu/bf16_weights_vs_autocast.py: PyTorch's own graphed step with
+#             autocast's weight casts against bf16 weights with fp32 masters.
+# nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
 # $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
 # facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
-# medians), clocks.csv, and logs.tar.gz (build logs, each run's steps.jsonl and logs).
+# medians, and the weights step's output), realdata.txt, clocks.csv, and logs.tar.gz
+# (build logs, each run's JSON, steps.jsonl and logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu
+DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu PLAN=profile,spread
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --deadline|--spread)
       [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "one_call.sh: $1 needs a whole number (--deadline: seconds; --spread: pairs)" >&2; exit 2; }
       if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
       shift 2 ;;
+    --plan)
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights)(,(profile|spread|graphed|compile|realdata|weights))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata and weights" >&2; exit 2; }
+      PLAN=$2; shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,16 +90,61 @@ pair() {  # NAME EXTRA-ARGS...: one worker run and its PyTorch eager reference
   note "$name: $((SECONDS - t0)) s"
 }
 
-# 2. The profiled bf16 step.
-if fits 90; then
-  pair profiled --profile "$LOGS/profile_bf16"
-  cp "$LOGS/profile_bf16/profile.txt" "$OUT/profile_bf16.txt" 2> /dev/null
-fi
+# The real-data fine-tune: topics as the worker reads it, on the fly, eager or graphed.
+realdata() {  # GRAPH(true|false)
+  local name=realdata_$([[ $1 == true ]] && echo graphed || echo eager) t0=$SECONDS
+  cat > "$LOGS/$name.yaml" <<YAML
+name: $name
+data:
+  train: $PWD/data/prepared/topics/train.tsv
+  labels: $PWD/data/prepared/topics/labels.txt
+  max_seq_len: 128
+  loader_threads: 4
+  tokenizer: {vocab: $PWD/data/prepared/topics/vocab.txt}
+model: {preset: base}
+train: {epochs: 2, batch_size: 64, precision: bf16, cuda_graph: $1}
+runtime: {device: cuda, threads: 4}
+log: {steps_every: 10, progress: false}
+YAML
+  {
+    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (topics, 2 epochs, bf16, batch 64, cuda_graph $1)"
+    if build-gpu/bin/worker "$LOGS/$name.yaml" --runs-dir "$LOGS/runs" --resume none > "$LOGS/$name.out" 2>&1; then
+      cat "$LOGS/runs/$name/epochs.csv"
+      cp "$LOGS/runs/$name/epochs.csv" "$LOGS/$name.epochs.csv"
+      cp "$LOGS/runs/$name/steps.jsonl" "$LOGS/$name.steps.jsonl"
+    else
+      echo "FAILED:"; tail -n 30 "$LOGS/$name.out"
+    fi
+  } >> "$OUT/realdata.txt"
+  rm -rf "$LOGS/runs"  # its checkpoint (bert-base, 440 MB) stays behind
+  note "$name: $((SECONDS - t0)) s"
+}
 
-# 3. The spread, eager and graphed in turn.
-for ((i = 1; i <= SPREAD; ++i)); do
-  fits 50 && pair "eager_$i"
-  fits 50 && pair "graphed_$i" --cuda-graph
+IFS=, read -r -a STEPS_PLANNED <<< "$PLAN"
+for step in "${STEPS_PLANNED[@]}"; do
+  case "$step" in
+    profile)
+      if fits 90; then
+        pair profiled --profile "$LOGS/profile_bf16"
+        cp "$LOGS/profile_bf16/profile.txt" "$OUT/profile_bf16.txt" 2> /dev/null
+      fi ;;
+    spread)
+      for ((i = 1; i <= SPREAD; ++i)); do
+        fits 50 && pair "eager_$i"
+        fits 50 && pair "graphed_$i" --cuda-graph
+      done ;;
+    graphed)
+      for ((i = 1; i <= SPREAD; ++i)); do fits 45 && pair "graphed_$i" --cuda-graph; done ;;
+    compile) fits 150 && pair compiled --cuda-graph --compile-mode reduce-overhead ;;
+    realdata) fits 60 && realdata false; fits 60 && realdata true ;;
+    weights)
+      if fits 60; then
+        echo "--- weights (clock $((SECONDS - START)) s): scripts/gpu/bf16_weights_vs_autocast.py" >> "$OUT/spread.txt"
+        mkdir -p "$LOGS/weights"
+        python3 scripts/gpu/bf16_weights_vs_autocast.py --json "$LOGS/weights/result.json" >> "$OUT/spread.txt" 2>&1
+        note "weights: exit $?"
+      fi ;;
+  esac
 done
 
 python3 - "$LOGS" >> "$OUT/spread.txt" <<'PY'
@@ -97,6 +155,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     r = json.load(open(path))
     kind = "graphed" if r["cuda_graph"] else "eager"
     rows[kind].append((name, r["ours_ms"], r["pytorch_ms"]))
+    if r.get("compiled_ms"):
+        print(f"{name}: ours {r['ours_ms']:.2f} ms, torch.compile({r['compile_mode']}) {r['compiled_ms']:.2f} ms, "
+              f"ratio {r['ours_ms'] / r['compiled_ms']:.3f}")
 print("\n=== medians (bf16, bert-base, seq 128, batch 64) ===")
 for kind, runs in rows.items():
     if not runs:
