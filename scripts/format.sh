@@ -4,7 +4,7 @@
 #   scripts/format.sh [--check]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t FILES < <(git ls-files '*.cc' '*.h')
+mapfile -t FILES < <(git ls-files '*.cc' '*.h' '*.cu')
 case "${1:-}" in
   --check)
     bad=()

@@ -184,7 +184,7 @@ void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
 }
 
 void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node m = r.Section(root, "model", {"family", "preset", "init", "dropout", "unpad", "lora"});
+  YAML::Node m = r.Section(root, "model", {"family", "preset", "init", "dropout", "unpad", "fused_kernels", "lora"});
   r.ReadEnum(m, "family", "model",
              std::map<std::string, std::string>{
                  {"bert", "bert"}, {"roberta", "roberta"}, {"distilbert", "distilbert"}, {"gpt2", "gpt2"}},
@@ -200,6 +200,7 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(m, "unpad", "model",
              std::map<std::string, std::string>{{"auto", "auto"}, {"always", "always"}, {"never", "never"}},
              &spec->model.unpad);
+  r.ReadBool(m, "fused_kernels", "model", &spec->model.fused_kernels);
   ParseLora(r, m, spec);
 }
 
@@ -273,6 +274,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
+  if (spec->model.fused_kernels && spec->runtime.device == DeviceChoice::kCpu)
+    r.Fail(root["model"]["fused_kernels"], "model.fused_kernels",
+           "the fused kernels are CUDA kernels; they cannot run with runtime.device: cpu");
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0, kMaxThreads);
   r.ReadBool(rt, "tf32", "runtime", &spec->runtime.tf32);
   r.ReadEnum(rt, "cpu_gemm", "runtime",

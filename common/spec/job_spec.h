@@ -81,6 +81,10 @@ struct ModelSpec {
   // (TokenIndex in worker/models/layers.h). auto: on the CPU, when padding is over 10%
   // of a batch.
   std::string unpad = "auto";
+  // Run each encoder block's dropout + residual add + LayerNorm as one CUDA kernel
+  // forward and one backward (worker/kernels/fused_add_norm.h) where the tensors are on
+  // a GPU; BERT and RoBERTa have such blocks.
+  bool fused_kernels = false;
   LoraSpec lora;
 };
 

@@ -6,11 +6,16 @@
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
 #     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
-#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--json FILE] [--profile DIR]
+#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--fused] [--no-reference]
+#     [--json FILE] [--profile DIR]
 # --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
 # run under torch.compile (--compile-mode: its mode, e.g. reduce-overhead, which
 # replays CUDA graphs; default torch's default). --cuda-graph runs the worker's steps
-# as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). On CUDA both sides time each step with CUDA events and the
+# as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). --fused turns on the
+# worker's fused CUDA kernels (model.fused_kernels: true; CUDA only). --no-reference
+# times the worker alone (pytorch_ms null in the JSON), to compare worker settings
+# quickly. On CUDA both sides
+# time each step with CUDA events and the
 # worker reads them once per 10 steps (its logging interval), so the figures are
 # medians over the logged steps; on CPU they are means over every step after warm-up.
 # The worker's figure is its whole step, data wait included, and its median data wait is
@@ -24,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON="" PROFILE_DIR=""
-COMPILE_MODE=default GRAPH=false
+COMPILE_MODE=default GRAPH=false FUSED=false REFERENCE=true
 WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -33,13 +38,15 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=$2; shift 2 ;; --tf32) TF32=true; shift ;; --compile) COMPILE=true; shift ;;
     --json) JSON=$2; shift 2 ;; --profile) PROFILE_DIR=$2; shift 2 ;;
     --compile-mode) COMPILE=true COMPILE_MODE=$2; shift 2 ;; --cuda-graph) GRAPH=true; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --fused) FUSED=true; shift ;; --no-reference) REFERENCE=false; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 case "$DEVICE" in cpu|cuda) ;; *) echo "error: --device $DEVICE: expected cpu or cuda" >&2; exit 2 ;; esac
 case "$PRECISION" in fp32|bf16|fp16) ;; *) echo "error: --precision $PRECISION: expected fp32, bf16 or fp16" >&2; exit 2 ;; esac
 if [[ $GRAPH == true && $DEVICE != cuda ]]; then echo "error: --cuda-graph needs --device cuda" >&2; exit 2; fi
+if [[ $FUSED == true && $DEVICE != cuda ]]; then echo "error: --fused needs --device cuda" >&2; exit 2; fi
 if [[ $DEVICE == cuda ]]; then WARMUP=10 STEPS_EVERY=10 LOADERS=4; else STEPS_EVERY=1 LOADERS=1; fi
 if (( STEPS <= WARMUP )); then
   echo "error: --steps $STEPS: must be above the $WARMUP warm-up steps, which are not timed" >&2; exit 2
@@ -56,7 +63,7 @@ data:
   bucket_batches: 1
   loader_threads: $LOADERS
   tokenizer: {vocab: $PWD/$TOPICS/vocab.txt}
-model: {preset: $PRESET}
+model: {preset: $PRESET, fused_kernels: $FUSED}
 train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION, cuda_graph: $GRAPH}
 runtime: {device: $DEVICE, threads: $THREADS, tf32: $TF32}
 log: {steps_every: $STEPS_EVERY, progress: false}
@@ -69,8 +76,8 @@ reference() {
     --threads "$THREADS" --labels "$LABELS" --device "$DEVICE" --precision "$PRECISION" \
     $([[ $TF32 == true ]] && echo --tf32) "$@"
 }
-reference > "$WORK/ref.json"
-if [[ $COMPILE == true ]]; then reference --compile --compile-mode "$COMPILE_MODE" > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
+if [[ $REFERENCE == true ]]; then reference > "$WORK/ref.json"; else echo '{}' > "$WORK/ref.json"; fi
+if [[ $COMPILE == true && $REFERENCE == true ]]; then reference --compile --compile-mode "$COMPILE_MODE" > "$WORK/ref_compiled.json"; else echo '{}' > "$WORK/ref_compiled.json"; fi
 if [[ -n $PROFILE_DIR ]]; then  # a separate run, so the profiler's cost stays out of the timings
   sed 's/^log: {/log: {profile_steps: '"$(( STEPS - WARMUP < 5 ? STEPS - WARMUP : 5 ))"', profile_from_step: '"$((WARMUP + 1))"', /' \
     "$WORK/job.yaml" > "$WORK/profile.yaml"
@@ -90,15 +97,16 @@ ours = statistics.median(ms) if cuda else sum(ms) / len(ms)
 ours_wait = statistics.median(wait) if cuda else sum(wait) / len(wait)
 ref, compiled = json.load(open(ref_file)), json.load(open(compiled_file))
 key = "median_ms" if cuda else "ms_per_step"
-print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, cuda_graph $GRAPH, "
+print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, cuda_graph $GRAPH, fused $FUSED, "
       f"$THREADS threads, steps {warmup + 1}..$STEPS ({'median' if cuda else 'mean'})")
 print(f"  trainyard worker (C++)     {ours:8.2f} ms/step   of which data wait {ours_wait:.2f} ms")
-print(f"  PyTorch + HF (Python)      {ref[key]:8.2f} ms/step   ratio ours / pytorch {ours / ref[key]:6.3f}")
+if ref:
+    print(f"  PyTorch + HF (Python)      {ref[key]:8.2f} ms/step   ratio ours / pytorch {ours / ref[key]:6.3f}")
 if compiled:
     print(f"  PyTorch + torch.compile ($COMPILE_MODE) {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
 if out:
     json.dump({"preset": "$PRESET", "batch": $BATCH, "seq": $SEQ, "precision": "$PRECISION", "tf32": "$TF32" == "true",
-               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref[key],
-               "compiled_ms": compiled.get(key), "non_embedding_params": ref["non_embedding_params"]},
+               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "fused": "$FUSED" == "true", "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref.get(key),
+               "compiled_ms": compiled.get(key), "non_embedding_params": ref.get("non_embedding_params")},
               open(out, "w"))
 PY

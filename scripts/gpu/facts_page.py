@@ -74,16 +74,35 @@ def profile_totals(path):
             "graph_launch_ms": float(graph.group(2)) if graph else None}
 
 
-def tests_table(log):
+def tests_table(log, caption="(`ctest -L gpu`, 3 at a time, `scripts/gpu/one_call.sh`)"):
     rows = []
     for line in open(log):
         m = re.match(r"\s*\d+/\d+ Test +#\d+: (\S+) \.+\s*(\*\*\*)?(\w+)\s+([\d.]+) sec", line)
         if m:
             rows.append((m.group(1), m.group(3), float(m.group(4))))
     passed = sum(1 for _, state, _ in rows if state == "Passed")
-    out = [f"{passed} of {len(rows)} passed (`ctest -L gpu`, 3 at a time, `scripts/gpu/one_call.sh`):", "",
+    out = [f"{passed} of {len(rows)} passed {caption}:", "",
            "| test | result | seconds |", "|---|---|---|"]
     out += [f"| {name} | {state.lower()} | {sec:.1f} |" for name, state, sec in rows]
+    return out
+
+
+def failures(log):
+    """Each failed expectation in a `ctest -V` log (its lines prefixed with the test's
+    number, interleaved when tests ran in parallel): test, what, measured, bound."""
+    names, out, last = {}, [], {}
+    for line in open(log):
+        m = re.match(r"\s*Start (\d+): (\S+)", line)
+        if m:
+            names[m.group(1)] = m.group(2)
+        m = re.match(r"(\d+): Expected: \(.+\) <= \(.+\), actual: (\S+) vs (\S+)", line)
+        if m:
+            last[m.group(1)] = (m.group(2), m.group(3))
+            continue
+        m = re.match(r"(\d+): (.+)$", line.rstrip())
+        if m and m.group(1) in last:
+            measured, bound = last.pop(m.group(1))
+            out.append((names.get(m.group(1), "test " + m.group(1)), m.group(2), measured, bound))
     return out
 
 
@@ -274,6 +293,17 @@ def page(folder):
     if present("step_kernels.txt"):
         out += ["", "### PyTorch's step by kernel kind: as launched, and fused by Inductor", ""]
         out += kernels_table(os.path.join(folder, "step_kernels.txt"))
+    if present("ctest-fused.txt"):
+        out += ["", "### The fused dropout+residual+LayerNorm kernels on the GPU", ""]
+        out += tests_table(os.path.join(folder, "ctest-fused.txt"), "(`ctest -L gpu -R FusedAddNorm`)")
+        fails = failures(os.path.join(folder, "ctest-fused.txt"))
+        if fails:
+            out += [""] + [f"- {test}: {what}, {measured} against the bound {bound}" for test, what, measured, bound
+                           in fails]
+        spread = open(os.path.join(folder, "fused-call-spread.txt")).read()
+        m = re.search(r"trainyard worker \(C\+\+\)\s+([\d.]+) ms/step", spread)
+        if m:
+            out.append(f"- The same call's graphed step without the fused kernels: {float(m.group(1)):.2f} ms.")
     if present("bf16_weights.json"):
         out += ["", "### bf16 weights against autocast's casts", ""] + bf16_weights_line(os.path.join(folder, "bf16_weights.json"))
     out += ["", clocks_summary(os.path.join(folder, "clocks.csv"))]

@@ -4,10 +4,12 @@
 # step runs long. Run it from the repository root on the GPU machine, with .gpu-bundle
 # carried (scripts/gpu/bundle.sh makes it):
 #   scripts/gpu/one_call.sh [--deadline SECONDS] [--skip-build] [--no-tests] [--spread N]
-#                           [--plan STEP,STEP...]
+#                           [--tests REGEX] [--target T]... [--plan STEP,STEP...]
 # First, always: build_and_test.sh --only gpu: unpack, configure, build, `ctest -L gpu -V`
 # (3 at a time, each at most 200 s); --skip-build reuses build-gpu/, --no-tests skips
-# the tests. Then the steps of --plan (default profile,spread), in the order given, each
+# the tests, --tests runs only those matching REGEX, --target builds only the ninja
+# targets named (the worker is needed by every step below, so name it too). Then the
+# steps of --plan (default profile,spread), in the order given, each
 # started only if the time left allows its estimate. Every timed step is the bf16 train
 # step of bert-base, seq 128, batch 64 (scripts/bench/train_step_vs_pytorch.sh), next to
 # PyTorch eager in the same run:
@@ -20,7 +22,9 @@
 #             loader threads, bf16, batch 64, 2 epochs of 172 steps), eager then graphed, for the
 #             epoch's mean step against the synthetic one;
 #   weights   scripts/gpu/bf16_weights_vs_autocast.py: PyTorch's own graphed step with
-#             autocast's weight casts against bf16 weights with fp32 masters.
+#             autocast's weight casts against bf16 weights with fp32 masters;
+#   fused     N pairs of graphed runs: without and with the fused kernels
+#             (model.fused_kernels: true) in turn, the worker alone (no PyTorch run).
 # nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
 # $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
 # facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
@@ -29,6 +33,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu PLAN=profile,spread
+BUILD_EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --deadline|--spread)
@@ -36,11 +41,15 @@ while [[ $# -gt 0 ]]; do
       if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
       shift 2 ;;
     --plan)
-      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights)(,(profile|spread|graphed|compile|realdata|weights))*$ ]] ||
-        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata and weights" >&2; exit 2; }
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|fused)(,(profile|spread|graphed|compile|realdata|weights|fused))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights and fused" >&2; exit 2; }
       PLAN=$2; shift 2 ;;
+    --tests|--target)
+      [[ $# -ge 2 && -n "$2" ]] || { echo "one_call.sh: $1 needs a value" >&2; exit 2; }
+      if [[ $1 == --tests ]]; then BUILD_EXTRA+=(-R "$2"); else BUILD_EXTRA+=(--target "$2"); fi
+      shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,7 +68,7 @@ finish() {
 trap finish EXIT
 
 # 1. Build and the gpu tests.
-BUILD_ARGS=(--only "$ONLY")
+BUILD_ARGS=(--only "$ONLY" "${BUILD_EXTRA[@]}")
 [[ $SKIP_BUILD -eq 1 ]] && BUILD_ARGS+=(--skip-build)
 note "build_and_test.sh ${BUILD_ARGS[*]}"
 OUT=$LOGS/build TY_GPU_TEST_TIMEOUT=200 TY_GPU_TEST_JOBS=3 scripts/gpu/build_and_test.sh "${BUILD_ARGS[@]}" > "$LOGS/build_and_test.out" 2>&1
@@ -136,6 +145,11 @@ for step in "${STEPS_PLANNED[@]}"; do
     graphed)
       for ((i = 1; i <= SPREAD; ++i)); do fits 45 && pair "graphed_$i" --cuda-graph; done ;;
     compile) fits 150 && pair compiled --cuda-graph --compile-mode reduce-overhead ;;
+    fused)
+      for ((i = 1; i <= SPREAD; ++i)); do
+        fits 20 && pair "unfused_$i" --cuda-graph --no-reference
+        fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
+      done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
     weights)
       if fits 60; then
@@ -149,11 +163,11 @@ done
 
 python3 - "$LOGS" >> "$OUT/spread.txt" <<'PY'
 import glob, json, os, statistics, sys
-rows = {"eager": [], "graphed": []}
+rows = {"eager": [], "graphed": [], "graphed+fused": []}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name = os.path.basename(path)[:-5]
     r = json.load(open(path))
-    kind = "graphed" if r["cuda_graph"] else "eager"
+    kind = ("graphed+fused" if r.get("fused") else "graphed") if r["cuda_graph"] else "eager"
     rows[kind].append((name, r["ours_ms"], r["pytorch_ms"]))
     if r.get("compiled_ms"):
         print(f"{name}: ours {r['ours_ms']:.2f} ms, torch.compile({r['compile_mode']}) {r['compiled_ms']:.2f} ms, "
@@ -163,11 +177,13 @@ for kind, runs in rows.items():
     if not runs:
         continue
     ours = [o for _, o, _ in runs]
-    ref = [p for _, _, p in runs]
-    ratios = [o / p for _, o, p in runs]
+    ref = [p for _, _, p in runs if p]
+    ratios = [o / p for _, o, p in runs if p]
     spread = (max(ours) - min(ours)) / statistics.median(ours)
-    print(f"{kind:8} runs {len(runs)}: ours {[round(o, 2) for o in ours]} median {statistics.median(ours):.2f} ms "
-          f"(spread {spread:.1%}); PyTorch eager {[round(p, 2) for p in ref]} median {statistics.median(ref):.2f}; "
-          f"ratio median {statistics.median(ratios):.3f}")
+    line = f"{kind:13} runs {len(runs)}: ours {[round(o, 2) for o in ours]} median {statistics.median(ours):.2f} ms (spread {spread:.1%})"
+    if ref:
+        line += (f"; PyTorch eager {[round(p, 2) for p in ref]} median {statistics.median(ref):.2f}; "
+                 f"ratio median {statistics.median(ratios):.3f}")
+    print(line)
 PY
 tail -n 4 "$OUT/spread.txt" >> "$SUMMARY"

@@ -280,6 +280,9 @@ Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vec
   }
   if (spec.model.lora.enabled) AttachLora(spec, *model, lora);
   model->set_unpadding(UnpaddingNamed(spec.model.unpad));
+  if (spec.model.fused_kernels && model->set_fused_add_norm(true) == 0)
+    throw InputError(spec.Where("model.fused_kernels") + ": the " + FamilyName(info.family) +
+                     " family has no fused kernels (BERT and RoBERTa have)");
   return model;
 }
 

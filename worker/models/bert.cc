@@ -108,9 +108,10 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::T
   torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden, qkv_packed_), heads_, keep_mask,
                                         is_training() ? attention_dropout_ : 0.0, tokens, rows);
   const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
-  torch::Tensor attended = attention_norm_(dropout_(attention_out_(context)) + residual);
+  torch::Tensor attended =
+      DropoutAddNorm(attention_norm_, dropout_, attention_out_(context), residual, fused_add_norm_);
   torch::Tensor expanded = Gelu(intermediate_(attended));
-  return output_norm_(dropout_(output_(expanded)) + attended);
+  return DropoutAddNorm(output_norm_, dropout_, output_(expanded), attended, fused_add_norm_);
 }
 
 BertEncoderImpl::BertEncoderImpl(const BertConfig& c, PositionIds positions, bool with_pooler)

@@ -47,9 +47,11 @@ struct BertConfig {
 // tiny: 2 layers x 128, mini: 4 x 256, base: bert-base (12 x 768), as config.json.
 nlohmann::json BertPresetSizes(const std::string& preset);
 
-class BertLayerImpl : public torch::nn::Module {
+class BertLayerImpl : public torch::nn::Module, public FusableAddNorm {
  public:
   explicit BertLayerImpl(const BertConfig& config);
+  // Its two blocks' dropout + residual + LayerNorm fused on a GPU (DropoutAddNorm()).
+  void set_fused_add_norm(bool on) override { fused_add_norm_ = on; }
   // hidden: [B, S, H], or [N, H] packed by `tokens` (then so is the result); keep_mask:
   // [B, 1, 1, S] bool, true where a key may be attended, or undefined when every key may
   // be. Under Rows::kFirst the result is position 0's alone, [B, 1, H] (layers.h).
@@ -64,6 +66,7 @@ class BertLayerImpl : public torch::nn::Module {
   AdaptableLinear intermediate_{nullptr}, output_{nullptr};
   torch::nn::LayerNorm attention_norm_{nullptr}, output_norm_{nullptr};
   Dropout dropout_{nullptr};
+  bool fused_add_norm_ = false;
 };
 TORCH_MODULE(BertLayer);
 

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "worker/kernels/fused_add_norm.h"
 #include "worker/kernels/gelu_kernels.h"
 #include "worker/kernels/gemv.h"
 #include "worker/kernels/parallel_slices.h"
@@ -26,6 +27,14 @@ std::shared_ptr<torch::nn::Module> Node(torch::nn::Module& parent, const std::st
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+torch::Tensor DropoutAddNorm(torch::nn::LayerNorm& norm, Dropout& dropout, const torch::Tensor& x,
+                             const torch::Tensor& residual, bool fused) {
+  if (fused && FusedAddNormApplies(x, residual, norm->weight, norm->bias))
+    return FusedDropoutAddNorm(x, residual, norm->weight, norm->bias, norm->options.eps(), dropout->p(),
+                               dropout->is_training());
+  return norm(dropout(x) + residual);
 }
 
 namespace {

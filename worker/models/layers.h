@@ -48,6 +48,20 @@ class DropoutImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Dropout);
 
+// norm(dropout(x) + residual), the end of each encoder block. With `fused`, as one CUDA
+// kernel pair where the tensors fit it (worker/kernels/fused_add_norm.h: on a GPU,
+// fp32/bf16/fp16, the norm affine); otherwise the modules as they are.
+torch::Tensor DropoutAddNorm(torch::nn::LayerNorm& norm, Dropout& dropout, const torch::Tensor& x,
+                             const torch::Tensor& residual, bool fused);
+
+// A module whose blocks end in DropoutAddNorm(): ModelImpl::set_fused_add_norm() finds
+// them through this.
+class FusableAddNorm {
+ public:
+  virtual ~FusableAddNorm() = default;
+  virtual void set_fused_add_norm(bool on) = 0;
+};
+
 // Position ids 0..S-1 ([1, S]) for input_ids [B, S]. Throws std::invalid_argument when S
 // exceeds the model's `positions`.
 torch::Tensor PositionsFromZero(const torch::Tensor& input_ids, int64_t positions);

@@ -95,6 +95,16 @@ nlohmann::json SpecialIds(ModelFamily family, const PresetArgs& args) {
 
 }  // namespace
 
+int64_t ModelImpl::set_fused_add_norm(bool on) {
+  int64_t found = 0;
+  for (const auto& module : modules())
+    if (auto* fusable = dynamic_cast<FusableAddNorm*>(module.get())) {
+      fusable->set_fused_add_norm(on);
+      ++found;
+    }
+  return found;
+}
+
 const char* FamilyName(ModelFamily family) { return EntryOf(family).model_type; }
 
 const char* TaskName(ModelTask task) { return task == ModelTask::kCausalLm ? "causal_lm" : "classification"; }

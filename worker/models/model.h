@@ -59,6 +59,10 @@ class ModelImpl : public torch::nn::Module {
   // How an encoder treats padded batches (TokenIndex in layers.h). A causal LM, whose
   // batches are packed blocks or left-padded prompts, ignores it.
   void set_unpadding(Unpadding policy) { unpadding_ = policy; }
+  // Whether the blocks that end in dropout + residual + LayerNorm run it fused on a GPU
+  // (DropoutAddNorm() in layers.h). Returns how many modules have such blocks: 0 for a
+  // family without them (DistilBERT, GPT-2).
+  int64_t set_fused_add_norm(bool on);
   Unpadding unpadding() const { return unpadding_; }
   // Whether a classifier's last layer computes position 0 alone (Rows::kFirst in
   // layers.h): the default; int8 models turn it off, since their inputs' quantization

@@ -283,6 +283,18 @@ TEST_F(JobSpecTest, UnpadIsAutoUnlessSetToAlwaysOrNever) {
       << error;
 }
 
+TEST_F(JobSpecTest, FusedKernelsAreOffUnlessAskedAndRefuseTheCpu) {
+  EXPECT_FALSE(Parse(Valid()).model.fused_kernels);
+  EXPECT_TRUE(Parse(Valid() + "model: {fused_kernels: true}\n").model.fused_kernels);
+  EXPECT_TRUE(Parse(Valid() + "model: {fused_kernels: true}\nruntime: {device: cuda}\n").model.fused_kernels);
+  std::string error = ErrorOf(Valid() + "model: {fused_kernels: sometimes}\n");
+  EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.fused_kernels"), std::string::npos) << error;
+  error = ErrorOf(Valid() + "model: {fused_kernels: true}\nruntime: {device: cpu}\n");
+  EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.fused_kernels: the fused kernels are CUDA kernels"), std::string::npos) << error;
+}
+
 TEST_F(JobSpecTest, CudaGraphIsOffUnlessAskedAndRefusesUnpaddingAlways) {
   EXPECT_EQ(Parse(Valid()).train.cuda_graph, GraphMode::kOff);
   EXPECT_EQ(Parse(Valid("  cuda_graph: auto\n")).train.cuda_graph, GraphMode::kAuto);

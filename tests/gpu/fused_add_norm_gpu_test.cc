@@ -1,0 +1,207 @@
+// The fused dropout + residual + LayerNorm kernels (worker/kernels/fused_add_norm.h) on a
+// GPU, against the unfused ATen composition (labelled gpu; skipped without one). Each
+// output is compared relative to its largest magnitude: fp32 outputs within 1e-5;
+// outputs stored in bf16 or fp16 within one unit in their last place (2^-7, 2^-10),
+// since both sides compute in fp32 but sum in different orders, so a value near a
+// rounding boundary may round either way.
+//   - without dropout, the value and the four gradients, for hidden sizes 768, 1000 (not
+//     a multiple of the block) and 2048 (the most a block holds), and [B, S, H] as well
+//     as [N, H] rows;
+//   - x in bf16 or fp16 with an fp32 residual (an autocast step's case), and both in bf16;
+//   - with dropout, the kept share within 0.005 of 1 - p over 8 M draws, and the value
+//     and gradients equal to the composition with that same mask;
+//   - captured in a CUDA graph, each replay draws a new mask;
+//   - a BERT classifier with model fused on and off: logits and every parameter's
+//     gradient within 1e-4 after one backward (dropout 0).
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "worker/kernels/fused_add_norm.h"
+#include "worker/models/layers.h"
+#include "worker/models/model.h"
+
+namespace trainyard {
+namespace {
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+// max |a - b| / max(1, max |b|)
+double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
+  const torch::Tensor bf = b.to(torch::kDouble);
+  const double scale = std::max(1.0, bf.abs().max().item<double>());
+  return (a.to(torch::kDouble) - bf).abs().max().item<double>() / scale;
+}
+
+struct Inputs {
+  torch::Tensor x, residual, weight, bias, dy;
+};
+
+Inputs MakeInputs(std::vector<int64_t> shape, torch::Dtype x_type, torch::Dtype residual_type, uint64_t seed) {
+  torch::manual_seed(seed);
+  const int64_t hidden = shape.back();
+  Inputs in;
+  in.x = torch::randn(shape, torch::dtype(torch::kFloat).device(kCuda)).mul(2.0).to(x_type);
+  in.residual = torch::randn(shape, torch::dtype(torch::kFloat).device(kCuda)).add(0.5).to(residual_type);
+  in.weight = torch::rand({hidden}, torch::dtype(torch::kFloat).device(kCuda)).add(0.5);
+  in.bias = torch::randn({hidden}, torch::dtype(torch::kFloat).device(kCuda)).mul(0.1);
+  in.dy = torch::randn(shape, torch::dtype(torch::kFloat).device(kCuda)).to(residual_type);
+  return in;
+}
+
+struct Result {
+  torch::Tensor y, dx, dresidual, dweight, dbias, keep;
+};
+
+Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& reference_keep = {}) {
+  torch::Tensor x = in.x.detach().clone().requires_grad_(true);
+  torch::Tensor residual = in.residual.detach().clone().requires_grad_(true);
+  torch::Tensor weight = in.weight.detach().clone().requires_grad_(true);
+  torch::Tensor bias = in.bias.detach().clone().requires_grad_(true);
+  Result r;
+  if (fused) {
+    std::tie(r.y, r.keep) = FusedDropoutAddNormWithMask(x, residual, weight, bias, 1e-12, p, p > 0);
+  } else {
+    // The composition in fp32, as autocast runs LayerNorm; with a given mask when p > 0.
+    torch::Tensor dropped = x.to(torch::kFloat);
+    if (reference_keep.defined()) dropped = dropped * reference_keep.to(torch::kFloat) / (1.0 - p);
+    r.y = torch::layer_norm(dropped + residual.to(torch::kFloat), {x.size(-1)}, weight, bias, 1e-12)
+              .to(in.residual.scalar_type());
+  }
+  r.y.backward(in.dy);
+  r.dx = x.grad();
+  r.dresidual = residual.grad();
+  r.dweight = weight.grad();
+  r.dbias = bias.grad();
+  return r;
+}
+
+// 1e-5 for fp32; one unit in the last place for a value stored in bf16 or fp16.
+double ToleranceFor(const torch::Tensor& stored) {
+  switch (stored.scalar_type()) {
+    case torch::kBFloat16:
+      return 1.0 / 128;
+    case torch::kHalf:
+      return 1.0 / 1024;
+    default:
+      return 1e-5;
+  }
+}
+
+void ExpectClose(const Result& fused, const Result& unfused, const std::string& what) {
+  const std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>> outputs[] = {
+      {"y", {fused.y, unfused.y}},
+      {"dx", {fused.dx, unfused.dx}},
+      {"dresidual", {fused.dresidual, unfused.dresidual}},
+      {"dweight", {fused.dweight, unfused.dweight}},
+      {"dbias", {fused.dbias, unfused.dbias}}};
+  for (const auto& [name, pair] : outputs)
+    EXPECT_LE(RelativeError(pair.first, pair.second), ToleranceFor(pair.second)) << what << ": " << name;
+  EXPECT_EQ(fused.y.scalar_type(), unfused.y.scalar_type()) << what;
+  EXPECT_EQ(fused.dx.scalar_type(), unfused.dx.scalar_type()) << what;
+}
+
+class FusedAddNormGpu : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device is visible";
+    at::globalContext().setAllowTF32CuBLAS(false);  // fp32 products, so 1e-5 means something
+  }
+};
+
+TEST_F(FusedAddNormGpu, WithoutDropoutMatchesTheCompositionInFp32) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{16, 128, 768}, {300, 1000}, {7, 2048}, {1, 1, 768}}) {
+    const Inputs in = MakeInputs(shape, torch::kFloat, torch::kFloat, 1);
+    ASSERT_TRUE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias));
+    ExpectClose(RunAddNorm(in, 0.0, true), RunAddNorm(in, 0.0, false), "fp32 hidden " + std::to_string(shape.back()));
+  }
+}
+
+TEST_F(FusedAddNormGpu, HalfPrecisionInputsMatchTheCompositionRoundedOnce) {
+  // Both compute in fp32 from the same rounded inputs; what is stored in bf16/fp16 (dx
+  // always, y and dresidual when the residual is) rounds once more.
+  struct Case {
+    torch::Dtype x, residual;
+  };
+  for (const Case& c : {Case{torch::kBFloat16, torch::kFloat}, Case{torch::kHalf, torch::kFloat},
+                        Case{torch::kBFloat16, torch::kBFloat16}}) {
+    const Inputs in = MakeInputs({8, 64, 768}, c.x, c.residual, 2);
+    ASSERT_TRUE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias));
+    ExpectClose(RunAddNorm(in, 0.0, true), RunAddNorm(in, 0.0, false),
+                std::string(c10::toString(c.x)) + " x, " + c10::toString(c.residual) + " residual");
+  }
+}
+
+TEST_F(FusedAddNormGpu, DropoutKeepsOneMinusPAndMatchesTheCompositionWithItsMask) {
+  const double p = 0.1;
+  const Inputs in = MakeInputs({64, 128, 1024}, torch::kBFloat16, torch::kFloat, 3);
+  const Result fused = RunAddNorm(in, p, true);
+  ASSERT_TRUE(fused.keep.defined());
+  const double kept = fused.keep.to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(kept, 1.0 - p, 0.005) << "over " << fused.keep.numel() << " draws";
+  // Rows and columns both vary: a mask repeated across rows would show here.
+  EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[0][1]));
+  EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[1][0]));
+  ExpectClose(fused, RunAddNorm(in, p, false, fused.keep), "dropout 0.1");
+}
+
+TEST_F(FusedAddNormGpu, EachGraphReplayDrawsANewMask) {
+  const Inputs in = MakeInputs({32, 768}, torch::kFloat, torch::kFloat, 4);
+  at::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  torch::Tensor keep;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    FusedDropoutAddNormWithMask(in.x, in.residual, in.weight, in.bias, 1e-12, 0.5, true);  // warm-up
+    graph.capture_begin();
+    keep = FusedDropoutAddNormWithMask(in.x, in.residual, in.weight, in.bias, 1e-12, 0.5, true).second;
+    graph.capture_end();
+  }
+  graph.replay();
+  torch::cuda::synchronize();
+  const torch::Tensor first = keep.clone();
+  graph.replay();
+  torch::cuda::synchronize();
+  EXPECT_FALSE(torch::equal(first, keep)) << "two replays drew the same mask";
+  EXPECT_NEAR(keep.to(torch::kDouble).mean().item<double>(), 0.5, 0.05);
+}
+
+TEST_F(FusedAddNormGpu, ABertClassifierGivesTheSameLogitsAndGradientsFusedOrNot) {
+  PresetArgs args;
+  args.vocab_size = 500;
+  args.max_sequence = 64;
+  args.labels = {"a", "b", "c"};
+  nlohmann::json config = PresetConfig(ModelFamily::kBert, ModelTask::kSequenceClassification, "mini", args);
+  SetDropout(&config, 0.0);
+  torch::manual_seed(5);
+  const torch::Tensor ids = torch::randint(5, 500, {8, 64}, torch::kLong).to(kCuda);
+  const torch::Tensor mask = torch::ones({8, 64}, torch::kLong).to(kCuda);
+  const torch::Tensor labels = torch::randint(0, 3, {8}, torch::kLong).to(kCuda);
+  std::vector<torch::Tensor> logits;
+  std::vector<std::vector<torch::Tensor>> grads;
+  for (bool fused : {false, true}) {
+    torch::manual_seed(6);
+    Model model = CreateModel(config, ModelTask::kSequenceClassification);
+    model->to(kCuda);
+    model->train();
+    EXPECT_EQ(model->set_fused_add_norm(fused), 4);  // mini: 4 layers
+    torch::Tensor out = model->forward(ids, mask);
+    torch::nn::functional::cross_entropy(out, labels).backward();
+    logits.push_back(out.detach());
+    grads.emplace_back();
+    for (const torch::Tensor& param : model->parameters())
+      grads.back().push_back(param.grad().defined() ? param.grad().detach() : torch::zeros_like(param));
+  }
+  EXPECT_LE(RelativeError(logits[1], logits[0]), 1e-4);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(RelativeError(grads[1][i], grads[0][i]), 1e-4) << i;
+}
+
+}  // namespace
+}  // namespace trainyard

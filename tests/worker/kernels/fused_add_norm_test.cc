@@ -1,0 +1,61 @@
+// The fused dropout + residual + LayerNorm entry points off a GPU: they never claim CPU
+// tensors, run the unfused composition there (the same values as the modules), and the
+// models say which families have fusable blocks. tests/gpu/fused_add_norm_gpu_test.cc
+// checks the CUDA kernels themselves.
+#include "worker/kernels/fused_add_norm.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+#include "worker/models/layers.h"
+#include "worker/models/model.h"
+
+namespace trainyard {
+namespace {
+
+TEST(FusedAddNorm, CpuTensorsTakeTheUnfusedComposition) {
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({4, 6, 32}), residual = torch::randn({4, 6, 32});
+  torch::nn::LayerNorm norm = MakeLayerNorm(32, 1e-12);
+  torch::nn::init::normal_(norm->weight);
+  EXPECT_FALSE(FusedAddNormApplies(x, residual, norm->weight, norm->bias));
+  const torch::Tensor expected = norm(x + residual);
+  EXPECT_TRUE(torch::equal(FusedDropoutAddNorm(x, residual, norm->weight, norm->bias, 1e-12, 0.1, false), expected));
+  Dropout dropout(0.1);
+  dropout->eval();
+  EXPECT_TRUE(torch::equal(DropoutAddNorm(norm, dropout, x, residual, true), expected));
+  EXPECT_THROW(FusedDropoutAddNormWithMask(x, residual, norm->weight, norm->bias, 1e-12, 0.1, true),
+               std::invalid_argument);
+}
+
+TEST(FusedAddNorm, EncoderFamiliesHaveFusableBlocksAndTheOthersNone) {
+  PresetArgs args;
+  args.vocab_size = 100;
+  args.max_sequence = 16;
+  args.labels = {"a", "b"};
+  for (ModelFamily family : {ModelFamily::kBert, ModelFamily::kRoberta}) {
+    PresetArgs family_args = args;
+    if (family == ModelFamily::kRoberta) {
+      family_args.pad_id = 1;
+      family_args.bos_id = 0;
+      family_args.eos_id = 2;
+    }
+    Model model = CreateModel(PresetConfig(family, ModelTask::kSequenceClassification, "tiny", family_args),
+                              ModelTask::kSequenceClassification);
+    EXPECT_EQ(model->set_fused_add_norm(true), 2) << FamilyName(family) << ": tiny has 2 layers";
+  }
+  Model distilbert =
+      CreateModel(PresetConfig(ModelFamily::kDistilBert, ModelTask::kSequenceClassification, "tiny", args),
+                  ModelTask::kSequenceClassification);
+  EXPECT_EQ(distilbert->set_fused_add_norm(true), 0);
+  PresetArgs lm_args = args;
+  lm_args.labels.clear();
+  Model gpt2 =
+      CreateModel(PresetConfig(ModelFamily::kGpt2, ModelTask::kCausalLm, "tiny", lm_args), ModelTask::kCausalLm);
+  EXPECT_EQ(gpt2->set_fused_add_norm(true), 0);
+}
+
+}  // namespace
+}  // namespace trainyard
