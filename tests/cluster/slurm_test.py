@@ -279,7 +279,7 @@ def time_limit(c, s, args):
     def body(pool):
         path = long_job(c, "limited", 2, 1800, "  max_restarts: 0\n")
         job_id = pool.jobctl("submit", path)["job_id"]
-        final = ended(pool, job_id, 170, "the job to end")
+        final = ended(pool, job_id, 230, "the job to end")
         report = pool.jobctl("report", str(job_id))
         attempts = report["attempts"]
         outcomes = [a["outcome"] for a in attempts]
