@@ -100,6 +100,22 @@ def batch(args, seed):
     return ids.to(args.device), torch.ones_like(ids).to(args.device), labels.to(args.device)
 
 
+def capture_whole_step(step, *inputs):
+    """Warms `step` up on a side stream (as torch.cuda.graphs asks), then captures one
+    call of it. Returns the graph and what the captured call returned (its output
+    tensors, which each replay refills)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*inputs)
+    return graph, out
+
+
 def run_variant(args, make):
     model = build(args.preset, args.seq, args.device, seed=0)
     step = make(model, args.device)
@@ -107,16 +123,7 @@ def run_variant(args, make):
     if args.device == "cpu":
         losses = [step(ids, mask, labels).item() for _ in range(args.steps)]
         return {"losses": losses[:10]}
-    # Warm up on a side stream (as torch.cuda.graphs asks), then capture one whole step.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step(ids, mask, labels)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = step(ids, mask, labels)
+    graph, loss = capture_whole_step(step, ids, mask, labels)
     losses = []
     for _ in range(10):
         graph.replay()

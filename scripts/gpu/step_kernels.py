@@ -30,7 +30,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bf16_weights_vs_autocast import AutocastStep, build  # noqa: E402
+from bf16_weights_vs_autocast import AutocastStep, build, capture_whole_step  # noqa: E402
 
 # First match wins: a kernel's kind from its name.
 KINDS = [
@@ -83,15 +83,7 @@ def report(name, by_name, steps, top):
 
 def graphed(args, ids, mask, labels):
     step = AutocastStep(build(args.preset, args.seq, "cuda", seed=0), "cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step(ids, mask, labels)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(ids, mask, labels)
+    graph, _ = capture_whole_step(step, ids, mask, labels)
     for _ in range(5):
         graph.replay()
     return graph.replay
