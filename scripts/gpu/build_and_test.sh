@@ -273,14 +273,17 @@ ENV
   source "$BUILD/env.sh"
 }
 
-# Boost and libcurl are not in the bundle, so serving's front end, the dashboard and
-# MLflow are left out of this build on purpose: a GPU image may carry its own Boost or
-# curl headers, and those are not what the project is tested with (an H100 image's Boost
-# failed to compile Beast with its GCC 13: field.ipp lacks <cstdint>).
+# Boost, gRPC and libcurl are the bundle's (Debian 12's), named exactly, so that a GPU
+# image's own copies, which the project is not tested with, are never picked. Where this
+# machine's newer compiler rejects the bundle's Boost.Beast or gRPC headers, CMake leaves
+# serving's front end (and, for Boost, the dashboard) out and says so in configure.log,
+# rather than failing the build the GPU tests need.
 configure() {
   local arch=${TORCH_CUDA_ARCH_LIST:-9.0}
   cmake -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DTRAINYARD_GPU_BUNDLE=ON -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON \
+    -DTRAINYARD_GPU_BUNDLE=ON \
+    -DBoost_DIR="$ARCH_LIB/cmake/Boost-1.74.0" -DBoost_NO_SYSTEM_PATHS=ON \
+    -DCURL_NO_CURL_CMAKE=ON -DCURL_INCLUDE_DIR="$DEPS/usr/include/x86_64-linux-gnu" -DCURL_LIBRARY="$ARCH_LIB/libcurl.so" \
     -DTRAINYARD_PYTHON="$PY" \
     -DCMAKE_PREFIX_PATH="$DEPS/usr" \
     -DICU_ROOT="$DEPS/usr" \
@@ -296,7 +299,7 @@ configure() {
 check_bundle_tools() {
   local tool bad=0
   local out
-  for tool in protoc orterun opal_wrapper pkgconf; do
+  for tool in protoc grpc_cpp_plugin orterun opal_wrapper pkgconf; do
     out=$(ldd "$DEPS/usr/bin/$tool" 2>&1) || bad=1
     echo "ldd $tool:"; echo "$out"
     if grep -q 'not found' <<< "$out"; then bad=1; fi

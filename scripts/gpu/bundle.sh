@@ -6,7 +6,7 @@
 # The GPU machines lent to this project have a compiler, CMake, ninja, nvcc and a Python
 # with the torch wheel, but none of the Debian packages the build uses (Open MPI, ZeroMQ,
 # protobuf, spdlog/fmt, yaml-cpp, SQLite, SentencePiece, GoogleTest, CLI11, nlohmann-json,
-# ICU). This script
+# ICU, Boost, gRPC, libcurl). This script
 #   1. fetches the Debian 12 packages listed below with `apt-get download` into a cache
 #      (~/.cache/trainyard/gpu-bundle, or TY_GPU_BUNDLE_CACHE); the list was derived from
 #      `ldd` of the built binaries, the headers and CMake/pkg-config files the build
@@ -26,10 +26,10 @@
 #      test that reads them from /usr/share/games/fortunes.
 #
 # Why compressed: the carried files may total 64 MiB, the repository included. The
-# pruned tree is ~105 MiB unpacked (30 MiB of it ICU's libicudata, 20 MiB fortunes), so
-# it is stored as .gpu-bundle/deps.tar.xz: 23 MiB with xz -9, against 34 MiB with
-# gzip -9 and 26 MiB with zstd -19; Python's tarfile reads xz, so the GPU machine needs
-# no xz binary.
+# pruned tree is ~175 MiB unpacked (30 MiB of it ICU's libicudata, 30 MiB Boost headers,
+# 20 MiB fortunes), so it is stored as .gpu-bundle/deps.tar.xz with xz -9, which packed
+# the tree without Boost, gRPC and curl into 23 MiB, against 34 MiB with gzip -9 and
+# 26 MiB with zstd -19; Python's tarfile reads xz, so the GPU machine needs no xz binary.
 # The data goes in .gpu-bundle/data.tar.xz, so a new dataset does not recompress the
 # rest. MANIFEST.txt lists the packages and versions. scripts/gpu/build_and_test.sh
 # unpacks both on the GPU machine.
@@ -101,6 +101,17 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev
   libre2-dev libre2-9
   libicu-dev libicu72
+  # Serving's front end and the dashboard: Boost's headers (Beast, Asio), pruned to what
+  # the sources include (prune_boost); gRPC 1.51 with grpc_cpp_plugin, Abseil, c-ares,
+  # OpenSSL and zlib, which its libraries and pkg-config files name.
+  libboost1.74-dev
+  libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 protobuf-compiler-grpc
+  libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libssl-dev libssl3 zlib1g-dev zlib1g
+  # MLflow logging: libcurl and what it loads (HTTP/2, IDN, LDAP, RTMP, SSH, PSL, brotli,
+  # zstd; LDAP brings SASL, RTMP GnuTLS and its crypto, SSH libgcrypt).
+  libcurl4-openssl-dev libcurl4 libnghttp2-14 libidn2-0 libunistring2 libldap-2.5-0
+  libsasl2-2 librtmp1 libgnutls30 libhogweed6 libnettle8 libgmp10
+  libp11-kit0 libffi8 libtasn1-6 libssh2-1 libgcrypt20 libgpg-error0 libpsl5 libbrotli1 libzstd1
   # pkg-config, which CMake runs for SentencePiece (and cppzmq for libzmq).
   pkgconf pkgconf-bin libpkgconf3
   # Test data: tests/reference/tokenizer_parity.py reads /usr/share/games/fortunes.
@@ -130,7 +141,7 @@ check_host() {
   [[ "$id" == debian && "$codename" == bookworm ]] ||
     die "run this on Debian 12 (bookworm): the package list is bookworm's (this is '$id $codename')"
   local tool
-  for tool in apt-get dpkg-deb sha256sum tar xz readelf git; do
+  for tool in apt-get dpkg-deb sha256sum tar xz readelf git c++; do
     command -v "$tool" > /dev/null || die "'$tool' is missing"
   done
 }
@@ -220,6 +231,12 @@ prune_tree() {
   # krb5 plugins (only for KDC back ends) and ICU's test/tool libraries.
   rm -rf "$ARCH_LIB"/krb5 "$ARCH_LIB"/libicutest.* "$ARCH_LIB"/libicutu.* \
     "$ARCH_LIB"/pkgconfig/icu-io.pc "$ARCH_LIB"/libicuio.*
+  prune_boost
+  # gRPC: the secure C++ library, its C core and grpc_cpp_plugin only (no insecure-only
+  # builds, reflection, channelz or ALTS; no other languages' plugins).
+  rm -f "$ARCH_LIB"/lib{grpc,grpc++}_unsecure.* "$ARCH_LIB"/pkgconfig/{grpc,grpc++}_unsecure.pc \
+    "$ARCH_LIB"/libgrpc++_{alts,error_details,reflection}.* "$ARCH_LIB"/libgrpcpp_channelz.* \
+    usr/bin/grpc_{php,python,ruby,csharp,node,objective_c}_plugin
   # Static libraries: only libprotobuf.a and GoogleTest's (its CMake config requires all).
   find . -name '*.a' ! -name libprotobuf.a ! -name 'libgtest*.a' ! -name 'libgmock*.a' -delete
   find . -name '*.la' -delete
@@ -236,12 +253,41 @@ prune_tree() {
   cd - > /dev/null
 }
 
+# Boost's headers are 160 MiB; the sources include a few of Asio's and Beast's. Kept: each
+# Boost library (a folder under boost/, with its top-level .hpp) that the preprocessor
+# reads for those includes (`c++ -M` against this tree, see boost_includes), and all of
+# boost/config, where Boost picks its compiler and standard-library settings. Whole
+# folders, not single files, so that a newer compiler taking another branch inside a
+# library still finds its headers. Runs in the tree's root.
+prune_boost() {
+  local tu used name
+  tu=$(mktemp --suffix=.cc)
+  boost_includes > "$tu"
+  used=$(c++ -std=c++17 -M -MT x -I "$PWD/usr/include" "$tu" | tr ' ' '\n' |
+         sed -n "s|^$PWD/usr/include/boost/\([^/]*\).*|\1|p" | sed 's/\.hpp$//' | sort -u) ||
+    { rm -f "$tu"; die "c++ -M of the sources' Boost includes failed"; }
+  rm -f "$tu"
+  used=" config $(tr '\n' ' ' <<< "$used")"
+  for name in usr/include/boost/*; do
+    name=${name##*/}
+    [[ "$used" == *" ${name%.hpp} "* ]] || rm -rf "usr/include/boost/$name"
+  done
+}
+
+# The Boost #include lines of the sources, each once (the translation unit prune_boost
+# preprocesses; also part of the deps stamp, so a new include rebuilds the tarball).
+boost_includes() {
+  git -C "$REPO" grep -h -E '^#include <boost/' -- '*.cc' '*.h' | sort -u
+}
+
 # Absolute symlinks would point into the GPU machine's own /usr: make them relative.
 relativize_symlinks() {
   local link target
   while IFS= read -r -d '' link; do
     target=$(readlink "$link")
     [[ "$target" == /* ]] || continue
+    # /lib was merged into usr/lib above (zlib1g-dev's libz.so points into /lib).
+    [[ "$target" == /lib/* ]] && target=/usr$target
     if [[ -e ".$target" || -L ".$target" ]]; then
       ln -sfn "$(realpath -s --relative-to="$(dirname "$link")" ".$target")" "$link"
     else
@@ -250,13 +296,14 @@ relativize_symlinks() {
   done < <(find . -type l -print0)
 }
 
-# prefix=/usr becomes a path relative to the .pc file, which pkgconf and pkg-config both
-# expand (${pcfiledir}).
+# A variable set to /usr or below (prefix=/usr, and libcurl's
+# includedir=/usr/include/x86_64-linux-gnu) becomes a path relative to the .pc file,
+# which pkgconf and pkg-config both expand (${pcfiledir}).
 relocate_pkgconfig() {
   local pc up
   while IFS= read -r -d '' pc; do
     up=$(realpath -s --relative-to="$(dirname "$pc")" usr)
-    sed -i "s|^prefix=/usr\$|prefix=\${pcfiledir}/$up|" "$pc"
+    sed -i "s|^\([A-Za-z_]*\)=/usr\(/.*\)\?\$|\1=\${pcfiledir}/$up\2|" "$pc"
   done < <(find . -name '*.pc' -print0)
 }
 
@@ -359,7 +406,7 @@ main() {
   mkdir -p "$CACHE"
   fetch_debs
   local stamp
-  stamp=$( { echo "$DEB_LIST"; sha256sum < "$SELF"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { echo "$DEB_LIST"; sha256sum < "$SELF"; boost_includes; } | sha256sum | cut -d' ' -f1)
   if [[ $FORCE -eq 0 && -f "$BUNDLE/deps.tar.xz" && "$(stamp_get deps)" == "$stamp" ]]; then
     log "deps.tar.xz is up to date"
   else

@@ -2,7 +2,8 @@
 # Proves scripts/gpu/build_and_test.sh on this (Debian 12, no GPU) machine under the
 # conditions of a lent GPU machine: none of the Debian packages the build uses are
 # installed, so the only Open MPI, ZeroMQ, protobuf, spdlog, yaml-cpp, SQLite headers,
-# SentencePiece, GoogleTest, CLI11, nlohmann-json, ICU and pkg-config are the bundle's.
+# SentencePiece, GoogleTest, CLI11, nlohmann-json, ICU, Boost, gRPC, OpenSSL headers,
+# libcurl and pkg-config are the bundle's.
 #
 # It debootstraps a minimal Debian 12 into /var/cache/trainyard-gpu-check/bookworm (once)
 # with only what such a machine has: g++, make, cmake, ninja, python3 (for the shared
@@ -68,7 +69,9 @@ ABSENT=(/usr/include/mpi.h /usr/lib/x86_64-linux-gnu/openmpi /usr/bin/mpirun /us
   /usr/include/zmq.h /usr/include/zmq.hpp /usr/include/google/protobuf /usr/bin/protoc
   /usr/include/spdlog /usr/include/fmt /usr/include/yaml-cpp /usr/include/sqlite3.h
   /usr/include/sentencepiece_processor.h /usr/include/gtest /usr/include/CLI
-  /usr/include/nlohmann /usr/include/unicode /usr/bin/pkg-config /usr/bin/pkgconf)
+  /usr/include/nlohmann /usr/include/unicode /usr/bin/pkg-config /usr/bin/pkgconf
+  /usr/include/boost /usr/include/grpcpp /usr/include/absl /usr/bin/grpc_cpp_plugin
+  /usr/include/openssl /usr/include/x86_64-linux-gnu/curl)
 
 log() { echo "[check] $*"; }
 die() { echo "[check] error: $*" >&2; exit 1; }

@@ -4,7 +4,7 @@ refuse to send. Each case starts a real worker (model process + serve_frontend) 
 loopback ports and talks to it.
 
     serve_test.py --worker build/bin/worker CASE
-CASE: protocol | reload | overload | cancel | bad_input | auth | crowd
+CASE: protocol | reload | overload | cancel | bad_input | auth | crowd | gpu (exit 77 without CUDA)
 """
 import argparse
 import http.client
@@ -73,14 +73,15 @@ def hf_version(folder, seed, hidden=64, layers=2, positions=128):
 class Server:
     """A serve job: `worker job.yaml` with every port chosen by the OS."""
 
-    def __init__(self, worker, work, repo, serve_extra="", name="serve", expect_ready=True):
+    def __init__(self, worker, work, repo, serve_extra="", name="serve", expect_ready=True,
+                 runtime="{device: cpu, threads: 1}"):
         self.runs = os.path.join(work, "runs")
         self.endpoints_file = os.path.join(self.runs, name, "endpoints.json")
         if os.path.exists(self.endpoints_file):
             os.remove(self.endpoints_file)
         job = write(os.path.join(work, f"{name}.yaml"), f"""name: {name}
 kind: serve
-runtime: {{device: cpu, threads: 1}}
+runtime: {runtime}
 serve:
   repository: {repo}
   http_port: 0
@@ -251,6 +252,46 @@ def protocol(worker, work):
         diff = float(np.abs(r.as_numpy("logits") - expected[:2]).max())
         ok &= check(diff <= 1e-5, "after the reload the answers are the same")
         ok &= metrics_agree(server, h, texts)
+    finally:
+        ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
+    return ok
+
+
+def gpu(worker, work):
+    """On a GPU (runtime.device: cuda, serve.cuda_graphs on by default) each batch replays
+    its bucket's captured CUDA graph; the answers through HTTP and gRPC, at batch sizes
+    1 to 13, equal HF BertForSequenceClassification's logits on the same GPU and inputs
+    within 1e-4 (fp32, TF32 off on both sides). Exits 77 (skipped) without a CUDA device."""
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+    if not torch.cuda.is_available():
+        print("skipped: torch sees no CUDA device")
+        sys.exit(77)
+    folder = hf_version(os.path.join(work, "repo", "langid", "1"), seed=11, hidden=128, layers=2)
+    texts = DEV_TEXTS[:25]
+    encoded = BertTokenizerFast(os.path.join(folder, "vocab.txt"), do_lower_case=True)(
+        texts, padding=True, truncation=True, max_length=128, return_tensors="np")
+    ids, mask = encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    reference = BertForSequenceClassification.from_pretrained(folder).cuda().eval()
+    with torch.no_grad():
+        expected = reference(input_ids=torch.from_numpy(ids).cuda(),
+                             attention_mask=torch.from_numpy(mask).cuda()).logits.float().cpu().numpy()
+    server = Server(worker, work, os.path.join(work, "repo"), "  max_batch_size: 16\n",
+                    runtime="{device: cuda, tf32: false}")
+    ok = True
+    try:
+        h = thttp.InferenceServerClient(server.http_url)
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        chunks = [(0, 1), (1, 3), (3, 12), (12, 25)]
+        for name, module, client in (("http", thttp, h), ("grpc", tgrpc, g)):
+            logits = np.concatenate([client.infer("langid", id_inputs(module, ids[a:b], mask[a:b])).as_numpy("logits")
+                                     for a, b in chunks])
+            diff = float(np.abs(logits - expected).max())
+            ok &= check(logits.shape == expected.shape and diff <= 1e-4,
+                        f"{name}: the GPU's answers equal HF's logits on the same GPU (max diff {diff:.2e}, "
+                        f"batches of {[b - a for a, b in chunks]})")
     finally:
         ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
     return ok
@@ -877,7 +918,8 @@ def overload(worker, work):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
-    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth", "crowd"])
+    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth", "crowd",
+                                         "gpu"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         ok = globals()[args.case](args.worker, work)
