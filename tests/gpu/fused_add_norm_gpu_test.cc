@@ -4,12 +4,14 @@
 // outputs stored in bf16 or fp16 within one unit in their last place (2^-7, 2^-10),
 // since both sides compute in fp32 but sum in different orders, so a value near a
 // rounding boundary may round either way.
-//   - without dropout, the value and the four gradients, for hidden sizes 768, 1000 (not
-//     a multiple of the block) and 2048 (the most a block holds), and [B, S, H] as well
-//     as [N, H] rows;
+//   - without dropout, the value and the four gradients, for hidden sizes 768 and 1000
+//     (row per warp, 6 and 8 column groups, the last partly masked), 770 (not a multiple
+//     of 4) and 2048 (row per block, the most a block holds), and [B, S, H] as well as
+//     [N, H] rows;
+//   - inputs one element into their buffer (contiguous, not aligned for 4-wide loads);
 //   - x in bf16 or fp16 with an fp32 residual (an autocast step's case), and both in bf16;
-//   - with dropout, the kept share within 0.005 of 1 - p over 8 M draws, and the value
-//     and gradients equal to the composition with that same mask;
+//   - with dropout, in both layouts, the kept share within 0.005 of 1 - p over 6 M draws
+//     or more, and the value and gradients equal to the composition with that same mask;
 //   - captured in a CUDA graph, each replay draws a new mask;
 //   - a BERT classifier with model fused on and off: logits and every parameter's
 //     gradient within 1e-4 after one backward (dropout 0).
@@ -19,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -58,14 +61,23 @@ struct Result {
   torch::Tensor y, dx, dresidual, dweight, dbias, keep;
 };
 
-Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& reference_keep = {}) {
+// t's values one element into a larger buffer: contiguous, differentiable, and not
+// aligned for the row-per-warp kernels' 4-wide loads.
+torch::Tensor OneElementIn(const torch::Tensor& t) {
+  return torch::cat({t.new_zeros({1}), t.flatten()}).narrow(0, 1, t.numel()).view(t.sizes());
+}
+
+Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& reference_keep = {},
+                  bool misaligned = false) {
   torch::Tensor x = in.x.detach().clone().requires_grad_(true);
   torch::Tensor residual = in.residual.detach().clone().requires_grad_(true);
   torch::Tensor weight = in.weight.detach().clone().requires_grad_(true);
   torch::Tensor bias = in.bias.detach().clone().requires_grad_(true);
   Result r;
   if (fused) {
-    std::tie(r.y, r.keep) = FusedDropoutAddNormWithMask(x, residual, weight, bias, 1e-12, p, p > 0);
+    const torch::Tensor x_in = misaligned ? OneElementIn(x) : x;
+    const torch::Tensor residual_in = misaligned ? OneElementIn(residual) : residual;
+    std::tie(r.y, r.keep) = FusedDropoutAddNormWithMask(x_in, residual_in, weight, bias, 1e-12, p, p > 0);
   } else {
     // The composition in fp32, as autocast runs LayerNorm; with a given mask when p > 0.
     torch::Tensor dropped = x.to(torch::kFloat);
@@ -116,10 +128,21 @@ class FusedAddNormGpu : public testing::Test {
 
 TEST_F(FusedAddNormGpu, WithoutDropoutMatchesTheCompositionInFp32) {
   for (const std::vector<int64_t>& shape :
-       std::vector<std::vector<int64_t>>{{16, 128, 768}, {300, 1000}, {7, 2048}, {1, 1, 768}}) {
+       std::vector<std::vector<int64_t>>{{16, 128, 768}, {300, 1000}, {5, 770}, {7, 2048}, {1, 1, 768}}) {
     const Inputs in = MakeInputs(shape, torch::kFloat, torch::kFloat, 1);
     ASSERT_TRUE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias));
     ExpectClose(RunAddNorm(in, 0.0, true), RunAddNorm(in, 0.0, false), "fp32 hidden " + std::to_string(shape.back()));
+  }
+}
+
+TEST_F(FusedAddNormGpu, InputsNotAlignedForWideLoadsMatchTheComposition) {
+  for (const torch::Dtype type : {torch::kFloat, torch::kBFloat16}) {
+    const Inputs in = MakeInputs({6, 768}, type, torch::kFloat, 5);
+    const torch::Tensor shifted = OneElementIn(in.x);
+    ASSERT_TRUE(shifted.is_contiguous());
+    ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.data_ptr()) % (4 * shifted.element_size()), 0u);
+    ExpectClose(RunAddNorm(in, 0.0, true, {}, true), RunAddNorm(in, 0.0, false),
+                std::string("misaligned ") + c10::toString(type) + " x");
   }
 }
 
@@ -140,15 +163,17 @@ TEST_F(FusedAddNormGpu, HalfPrecisionInputsMatchTheCompositionRoundedOnce) {
 
 TEST_F(FusedAddNormGpu, DropoutKeepsOneMinusPAndMatchesTheCompositionWithItsMask) {
   const double p = 0.1;
-  const Inputs in = MakeInputs({64, 128, 1024}, torch::kBFloat16, torch::kFloat, 3);
-  const Result fused = RunAddNorm(in, p, true);
-  ASSERT_TRUE(fused.keep.defined());
-  const double kept = fused.keep.to(torch::kDouble).mean().item<double>();
-  EXPECT_NEAR(kept, 1.0 - p, 0.005) << "over " << fused.keep.numel() << " draws";
-  // Rows and columns both vary: a mask repeated across rows would show here.
-  EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[0][1]));
-  EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[1][0]));
-  ExpectClose(fused, RunAddNorm(in, p, false, fused.keep), "dropout 0.1");
+  for (const int64_t hidden : {1024, 770}) {  // row per warp, row per block
+    const Inputs in = MakeInputs({64, 128, hidden}, torch::kBFloat16, torch::kFloat, 3);
+    const Result fused = RunAddNorm(in, p, true);
+    ASSERT_TRUE(fused.keep.defined());
+    const double kept = fused.keep.to(torch::kDouble).mean().item<double>();
+    EXPECT_NEAR(kept, 1.0 - p, 0.005) << "hidden " << hidden << ", over " << fused.keep.numel() << " draws";
+    // Rows and columns both vary: a mask repeated across rows would show here.
+    EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[0][1])) << "hidden " << hidden;
+    EXPECT_FALSE(torch::equal(fused.keep[0][0], fused.keep[1][0])) << "hidden " << hidden;
+    ExpectClose(fused, RunAddNorm(in, p, false, fused.keep), "dropout 0.1, hidden " + std::to_string(hidden));
+  }
 }
 
 TEST_F(FusedAddNormGpu, EachGraphReplayDrawsANewMask) {

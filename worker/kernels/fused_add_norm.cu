@@ -1,44 +1,80 @@
 // The CUDA side of fused_add_norm.h: dropout + residual add + LayerNorm as one forward
-// kernel and one backward kernel, each walking a row of the hidden size once.
+// kernel and one backward kernel, each reading and writing every value once.
 //
-// Layout: a block of kThreads threads owns one row at a time (a grid-stride loop over
-// rows); thread t holds columns t, t + kThreads, ... (at most kMaxCols of them) in
-// registers, so each row is read once, reduced in registers, and written once. Loads
-// are coalesced across a warp for every column slot.
+// Two layouts, chosen per call:
+//   - Row per warp (hidden a multiple of 4, at most kMaxWarpChunks * 128, every pointer
+//     aligned to 4 of its values): each warp owns one row at a time (a grid-stride loop
+//     over rows), and lane l holds the 4-wide column groups l, l + 32, ... in registers.
+//     Loads and stores are 4 values wide, and a row's sums take warp shuffles alone, with
+//     no block barrier. This is the path BERT's shapes take.
+//   - Row per block (any other hidden size up to kMaxCols * threads): thread t holds
+//     columns t, t + threads, ..., and a row's sums go through shared memory.
 //
 // Randomness: Philox, as ATen's own dropout draws it, from the default CUDA generator's
 // state taken with philox_cuda_state(). Under CUDA graph capture that state is read on
 // the device at replay (at::cuda::philox::unpack), so each replay draws a fresh mask.
-// Each (row, thread) is its own Philox subsequence and draws kMaxCols uniforms.
+// Each (row, thread) is its own Philox subsequence, and the generator's offset advances
+// by the most uniforms one thread draws.
 //
-// The backward kernel also sums the weight's and bias's gradients over the rows it
-// visited, one partial row per block; the caller adds the partials up.
-#include <ATen/Dispatch.h>
+// The backward kernels also sum the weight's and bias's gradients over the rows a block
+// visited, in a fixed order, one partial row pair per block; the caller adds the
+// partials up.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <curand_kernel.h>
 
 #include <ATen/cuda/PhiloxUtils.cuh>
+#include <cstdint>
+#include <initializer_list>
 #include <mutex>
+#include <type_traits>
 
 #include "worker/kernels/fused_add_norm_cuda.h"
 
 namespace trainyard::cuda {
 namespace {
 
-constexpr int kMaxCols = 8;  // columns a thread holds: hidden sizes up to kMaxCols * threads
+constexpr int kMaxCols = 8;  // row per block: columns a thread holds, hidden up to kMaxCols * threads
+constexpr int kWarp = 32;
+constexpr int kVec = 4;               // row per warp: values a lane loads at once
+constexpr int kMaxWarpChunks = 8;     // row per warp: 4-wide groups a lane holds, hidden up to 1024
+constexpr int kRowWarpThreads = 128;  // row per warp: 4 rows in flight per block
+constexpr int kRowWarpWarps = kRowWarpThreads / kWarp;
 
 int ThreadsFor(int64_t hidden) { return hidden > 1024 ? 256 : 128; }
+
+// ---- shared helpers --------------------------------------------------------------------
+
+// Four values of T, aligned so that one load or store moves them all.
+template <typename T>
+struct alignas(kVec * sizeof(T)) Pack {
+  T v[kVec];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> LoadPack(const T* p) {
+  return *reinterpret_cast<const Pack<T>*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void StorePack(T* p, const Pack<T>& pack) {
+  *reinterpret_cast<Pack<T>*>(p) = pack;
+}
+
+__device__ __forceinline__ float2 WarpSum(float2 value) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    value.x += __shfl_xor_sync(0xffffffffu, value.x, offset);
+    value.y += __shfl_xor_sync(0xffffffffu, value.y, offset);
+  }
+  return value;
+}
 
 // Sum of `value` over the block; every thread gets the result. `scratch` holds one
 // float2 per warp.
 __device__ float2 BlockSum(float2 value, float2* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    value.x += __shfl_xor_sync(0xffffffffu, value.x, offset);
-    value.y += __shfl_xor_sync(0xffffffffu, value.y, offset);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  value = WarpSum(value);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
   if (lane == 0) scratch[warp] = value;
   __syncthreads();
   float2 total = make_float2(0.f, 0.f);
@@ -50,21 +86,192 @@ __device__ float2 BlockSum(float2 value, float2* scratch) {
   return total;
 }
 
+__device__ __forceinline__ void PhiloxSeeds(const at::PhiloxCudaState& philox, bool dropout, uint64_t* seed,
+                                            uint64_t* offset) {
+  *seed = *offset = 0;
+  if (!dropout) return;
+  auto seeds = at::cuda::philox::unpack(philox);
+  *seed = std::get<0>(seeds);
+  *offset = std::get<1>(seeds);
+}
+
+// ---- row per warp ------------------------------------------------------------------------
+
+template <typename TX, typename TR, int kChunks>
+__global__ void __launch_bounds__(kRowWarpThreads)
+    AddNormForwardRowWarp(const TX* __restrict__ x, const TR* __restrict__ residual, const float* __restrict__ weight,
+                          const float* __restrict__ bias, TR* __restrict__ y, float* __restrict__ sum_out,
+                          float* __restrict__ mean_out, float* __restrict__ rstd_out, uint8_t* __restrict__ keep_out,
+                          int64_t rows, int hidden, float eps, float p, at::PhiloxCudaState philox) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  const bool dropout = p > 0.f;
+  const float scale = dropout ? 1.f / (1.f - p) : 1.f;
+  uint64_t seed, offset;
+  PhiloxSeeds(philox, dropout, &seed, &offset);
+  for (int64_t row = first; row < rows; row += stride) {
+    const int64_t base = row * hidden;
+    curandStatePhilox4_32_10_t state;
+    if (dropout) curand_init(seed, static_cast<uint64_t>(row) * kWarp + lane, offset, &state);
+    float v[kChunks][kVec];
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * kWarp + lane) * kVec;
+      float u[kVec] = {1.f, 1.f, 1.f, 1.f};
+      if (dropout) {
+        const float4 r = curand_uniform4(&state);
+        u[0] = r.x, u[1] = r.y, u[2] = r.z, u[3] = r.w;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[j][i] = 0.f;
+      if (c < hidden) {
+        const Pack<TX> xs = LoadPack(x + base + c);
+        const Pack<TR> rs = LoadPack(residual + base + c);
+        Pack<uint8_t> keep{};
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          float xv = static_cast<float>(xs.v[i]);
+          if (dropout) {
+            keep.v[i] = u[i] < 1.f - p;
+            xv = keep.v[i] ? xv * scale : 0.f;
+          }
+          v[j][i] = xv + static_cast<float>(rs.v[i]);
+          total += v[j][i];
+        }
+        if (dropout) StorePack(keep_out + base + c, keep);
+      }
+    }
+    const float mean = WarpSum(make_float2(total, 0.f)).x / hidden;
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if ((j * kWarp + lane) * kVec >= hidden) continue;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) squares += (v[j][i] - mean) * (v[j][i] - mean);
+    }
+    const float rstd = rsqrtf(WarpSum(make_float2(squares, 0.f)).x / hidden + eps);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * kWarp + lane) * kVec;
+      if (c >= hidden) continue;
+      const Pack<float> w = LoadPack(weight + c), b = LoadPack(bias + c);
+      Pack<float> sums;
+      Pack<TR> out;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        sums.v[i] = v[j][i];
+        out.v[i] = static_cast<TR>((v[j][i] - mean) * rstd * w.v[i] + b.v[i]);
+      }
+      StorePack(sum_out + base + c, sums);
+      StorePack(y + base + c, out);
+    }
+    if (lane == 0) {
+      mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+  }
+}
+
+// partial: [gridDim.x][2][hidden], the weight's then the bias's gradient summed over the
+// rows this block visited (its warps' sums added in warp order).
+template <typename TX, typename TR, int kChunks>
+__global__ void __launch_bounds__(kRowWarpThreads)
+    AddNormBackwardRowWarp(const TR* __restrict__ dy, const float* __restrict__ sum, const float* __restrict__ weight,
+                           const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                           const uint8_t* __restrict__ keep, TX* __restrict__ dx, TR* __restrict__ dresidual,
+                           float* __restrict__ partial, int64_t rows, int hidden, float p) {
+  __shared__ float warp_partial[kRowWarpWarps][2][kChunks * kWarp * kVec];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  const bool dropout = p > 0.f;
+  const float scale = dropout ? 1.f / (1.f - p) : 1.f;
+  float dweight[kChunks][kVec], dbias[kChunks][kVec];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j)
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dweight[j][i] = dbias[j][i] = 0.f;
+  for (int64_t row = first; row < rows; row += stride) {
+    const int64_t base = row * hidden;
+    const float mean = mean_in[row], rstd = rstd_in[row];
+    float g[kChunks][kVec], xhat[kChunks][kVec];
+    float2 totals = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * kWarp + lane) * kVec;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) g[j][i] = xhat[j][i] = 0.f;
+      if (c >= hidden) continue;
+      const Pack<TR> d = LoadPack(dy + base + c);
+      const Pack<float> s = LoadPack(sum + base + c), w = LoadPack(weight + c);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float dv = static_cast<float>(d.v[i]);
+        xhat[j][i] = (s.v[i] - mean) * rstd;
+        g[j][i] = dv * w.v[i];
+        dweight[j][i] += dv * xhat[j][i];
+        dbias[j][i] += dv;
+        totals.x += g[j][i];
+        totals.y += g[j][i] * xhat[j][i];
+      }
+    }
+    totals = WarpSum(totals);
+    const float mean_g = totals.x / hidden, mean_gx = totals.y / hidden;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * kWarp + lane) * kVec;
+      if (c >= hidden) continue;
+      Pack<uint8_t> kept{};
+      if (dropout) kept = LoadPack(keep + base + c);
+      Pack<TR> dr;
+      Pack<TX> dxs;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float ds = rstd * (g[j][i] - mean_g - xhat[j][i] * mean_gx);
+        dr.v[i] = static_cast<TR>(ds);
+        dxs.v[i] = static_cast<TX>(dropout ? (kept.v[i] ? ds * scale : 0.f) : ds);
+      }
+      StorePack(dresidual + base + c, dr);
+      StorePack(dx + base + c, dxs);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = (j * kWarp + lane) * kVec;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      warp_partial[warp][0][c + i] = dweight[j][i];
+      warp_partial[warp][1][c + i] = dbias[j][i];
+    }
+  }
+  __syncthreads();
+  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * 2 * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float dw = 0.f, db = 0.f;
+    for (int w = 0; w < kRowWarpWarps; ++w) {
+      dw += warp_partial[w][0][c];
+      db += warp_partial[w][1][c];
+    }
+    block_partial[c] = dw;
+    block_partial[hidden + c] = db;
+  }
+}
+
+// ---- row per block -----------------------------------------------------------------------
+
 template <typename TX, typename TR>
-__global__ void AddNormForwardKernel(const TX* __restrict__ x, const TR* __restrict__ residual,
-                                     const float* __restrict__ weight, const float* __restrict__ bias,
-                                     TR* __restrict__ y, float* __restrict__ sum_out, float* __restrict__ mean_out,
-                                     float* __restrict__ rstd_out, uint8_t* __restrict__ keep_out, int64_t rows,
-                                     int hidden, float eps, float p, at::PhiloxCudaState philox) {
+__global__ void AddNormForwardRowBlock(const TX* __restrict__ x, const TR* __restrict__ residual,
+                                       const float* __restrict__ weight, const float* __restrict__ bias,
+                                       TR* __restrict__ y, float* __restrict__ sum_out, float* __restrict__ mean_out,
+                                       float* __restrict__ rstd_out, uint8_t* __restrict__ keep_out, int64_t rows,
+                                       int hidden, float eps, float p, at::PhiloxCudaState philox) {
   __shared__ float2 scratch[32];
   const bool dropout = p > 0.f;
   const float scale = dropout ? 1.f / (1.f - p) : 1.f;
-  uint64_t seed = 0, offset = 0;
-  if (dropout) {
-    auto seeds = at::cuda::philox::unpack(philox);
-    seed = std::get<0>(seeds);
-    offset = std::get<1>(seeds);
-  }
+  uint64_t seed, offset;
+  PhiloxSeeds(philox, dropout, &seed, &offset);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * hidden;
     float u[kMaxCols];
@@ -117,13 +324,13 @@ __global__ void AddNormForwardKernel(const TX* __restrict__ x, const TR* __restr
   }
 }
 
+// partial: as AddNormBackwardRowWarp's.
 template <typename TX, typename TR>
-__global__ void AddNormBackwardKernel(const TR* __restrict__ dy, const float* __restrict__ sum,
-                                      const float* __restrict__ weight, const float* __restrict__ mean_in,
-                                      const float* __restrict__ rstd_in, const uint8_t* __restrict__ keep,
-                                      TX* __restrict__ dx, TR* __restrict__ dresidual,
-                                      float* __restrict__ dweight_partial, float* __restrict__ dbias_partial,
-                                      int64_t rows, int hidden, float p) {
+__global__ void AddNormBackwardRowBlock(const TR* __restrict__ dy, const float* __restrict__ sum,
+                                        const float* __restrict__ weight, const float* __restrict__ mean_in,
+                                        const float* __restrict__ rstd_in, const uint8_t* __restrict__ keep,
+                                        TX* __restrict__ dx, TR* __restrict__ dresidual, float* __restrict__ partial,
+                                        int64_t rows, int hidden, float p) {
   __shared__ float2 scratch[32];
   const bool dropout = p > 0.f;
   const float scale = dropout ? 1.f / (1.f - p) : 1.f;
@@ -134,7 +341,7 @@ __global__ void AddNormBackwardKernel(const TR* __restrict__ dy, const float* __
     const int64_t base = row * hidden;
     const float mean = mean_in[row], rstd = rstd_in[row];
     float g[kMaxCols], xhat[kMaxCols];
-    float2 partial = make_float2(0.f, 0.f);
+    float2 partial_sums = make_float2(0.f, 0.f);
 #pragma unroll
     for (int k = 0; k < kMaxCols; ++k) {
       const int c = threadIdx.x + k * blockDim.x;
@@ -145,11 +352,11 @@ __global__ void AddNormBackwardKernel(const TR* __restrict__ dy, const float* __
         g[k] = d * weight[c];
         dweight[k] += d * xhat[k];
         dbias[k] += d;
-        partial.x += g[k];
-        partial.y += g[k] * xhat[k];
+        partial_sums.x += g[k];
+        partial_sums.y += g[k] * xhat[k];
       }
     }
-    const float2 totals = BlockSum(partial, scratch);
+    const float2 totals = BlockSum(partial_sums, scratch);
     const float mean_g = totals.x / hidden, mean_gx = totals.y / hidden;
 #pragma unroll
     for (int k = 0; k < kMaxCols; ++k) {
@@ -161,19 +368,95 @@ __global__ void AddNormBackwardKernel(const TR* __restrict__ dy, const float* __
       }
     }
   }
+  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * 2 * hidden;
 #pragma unroll
   for (int k = 0; k < kMaxCols; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
     if (c < hidden) {
-      dweight_partial[static_cast<int64_t>(blockIdx.x) * hidden + c] = dweight[k];
-      dbias_partial[static_cast<int64_t>(blockIdx.x) * hidden + c] = dbias[k];
+      block_partial[c] = dweight[k];
+      block_partial[hidden + c] = dbias[k];
     }
   }
 }
 
+// ---- launch ------------------------------------------------------------------------------
+
 int BlocksFor(int64_t rows, int per_sm) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return static_cast<int>(std::min<int64_t>(rows, static_cast<int64_t>(sms) * per_sm));
+}
+
+int RowWarpBlocksFor(int64_t rows, int per_sm) { return BlocksFor((rows + kRowWarpWarps - 1) / kRowWarpWarps, per_sm); }
+
+bool AlignedToPack(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % (kVec * t.element_size()) == 0;
+}
+
+// The 4-wide groups a lane of the row-per-warp kernels holds for this call (2, 4, 6 or
+// 8: fewer instantiations, the unused ones masked), or 0 where that layout does not fit.
+int RowWarpChunks(int64_t hidden, std::initializer_list<const at::Tensor*> tensors) {
+  if (hidden % kVec != 0 || hidden > kMaxWarpChunks * kWarp * kVec) return 0;
+  for (const at::Tensor* t : tensors)
+    if (t->defined() && !AlignedToPack(*t)) return 0;
+  const int64_t chunks = (hidden + kWarp * kVec - 1) / (kWarp * kVec);
+  return static_cast<int>((chunks + 1) / 2 * 2);
+}
+
+// Calls f(T{}) for the kernels' value types.
+template <typename F>
+void DispatchValueType(at::ScalarType type, const char* name, F&& f) {
+  switch (type) {
+    case at::kFloat:
+      f(float{});
+      break;
+    case at::kBFloat16:
+      f(at::BFloat16{});
+      break;
+    case at::kHalf:
+      f(at::Half{});
+      break;
+    default:
+      TORCH_CHECK(false, name, ": fp32, bf16 or fp16 expected, got ", type);
+  }
+}
+
+// Calls f(std::integral_constant<int, chunks>{}) for RowWarpChunks' values.
+template <typename F>
+void DispatchChunks(int chunks, F&& f) {
+  switch (chunks) {
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      break;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      break;
+    default:
+      TORCH_CHECK(false, "fused_add_norm: no row-per-warp kernel for ", chunks, " chunks");
+  }
+}
+
+// Calls f(TX{}, TR{}): x's type, and the residual's (fp32, or x's own).
+template <typename F>
+void DispatchTypes(at::ScalarType x_type, at::ScalarType residual_type, const char* name, F&& f) {
+  DispatchValueType(x_type, name, [&](auto x_zero) {
+    if (residual_type == at::kFloat)
+      f(x_zero, float{});
+    else
+      f(x_zero, x_zero);
+  });
+}
+
+at::PhiloxCudaState TakePhilox(int64_t uniforms_per_thread) {
+  auto* gen =
+      at::get_generator_or_default<at::CUDAGeneratorImpl>(std::nullopt, at::cuda::detail::getDefaultCUDAGenerator());
+  const std::lock_guard<std::mutex> lock(gen->mutex_);
+  return gen->philox_cuda_state(uniforms_per_thread);
 }
 
 }  // namespace
@@ -193,29 +476,31 @@ AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& resid
   out.rstd = at::empty({rows}, floats);
   if (p > 0) out.keep = at::empty(x.sizes(), x.options().dtype(at::kByte));
   if (rows == 0) return out;
-  const int threads = ThreadsFor(hidden);
-  const int blocks = BlocksFor(rows, 8);
+  const int chunks = RowWarpChunks(hidden, {&x, &residual, &weight, &bias});
   at::PhiloxCudaState philox;
-  if (p > 0) {
-    auto* gen =
-        at::get_generator_or_default<at::CUDAGeneratorImpl>(std::nullopt, at::cuda::detail::getDefaultCUDAGenerator());
-    const std::lock_guard<std::mutex> lock(gen->mutex_);
-    philox = gen->philox_cuda_state(kMaxCols);
-  }
+  if (p > 0) philox = TakePhilox(chunks > 0 ? chunks * kVec : kMaxCols);
   auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "AddNormForward", [&] {
-    auto launch = [&](auto residual_zero) {
-      using TR = decltype(residual_zero);
-      AddNormForwardKernel<scalar_t, TR><<<blocks, threads, 0, stream>>>(
-          x.data_ptr<scalar_t>(), residual.data_ptr<TR>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
-          out.y.data_ptr<TR>(), out.sum.data_ptr<float>(), out.mean.data_ptr<float>(), out.rstd.data_ptr<float>(),
-          p > 0 ? out.keep.data_ptr<uint8_t>() : nullptr, rows, hidden, static_cast<float>(eps), static_cast<float>(p),
+  uint8_t* keep = p > 0 ? out.keep.data_ptr<uint8_t>() : nullptr;
+  const auto e = static_cast<float>(eps), drop = static_cast<float>(p);
+  DispatchTypes(x.scalar_type(), residual.scalar_type(), "AddNormForward", [&](auto x_zero, auto residual_zero) {
+    using TX = decltype(x_zero);
+    using TR = decltype(residual_zero);
+    const TX* xp = x.data_ptr<TX>();
+    const TR* rp = residual.data_ptr<TR>();
+    TR* yp = out.y.data_ptr<TR>();
+    float *sp = out.sum.data_ptr<float>(), *mp = out.mean.data_ptr<float>(), *vp = out.rstd.data_ptr<float>();
+    if (chunks == 0) {
+      AddNormForwardRowBlock<TX, TR><<<BlocksFor(rows, 8), ThreadsFor(hidden), 0, stream>>>(
+          xp, rp, weight.data_ptr<float>(), bias.data_ptr<float>(), yp, sp, mp, vp, keep, rows, hidden, e, drop,
           philox);
-    };
-    if (residual.scalar_type() == at::kFloat)
-      launch(float{});
-    else
-      launch(scalar_t{});
+      return;
+    }
+    DispatchChunks(chunks, [&](auto chunks_constant) {
+      AddNormForwardRowWarp<TX, TR, decltype(chunks_constant)::value>
+          <<<RowWarpBlocksFor(rows, 16), kRowWarpThreads, 0, stream>>>(xp, rp, weight.data_ptr<float>(),
+                                                                       bias.data_ptr<float>(), yp, sp, mp, vp, keep,
+                                                                       rows, hidden, e, drop, philox);
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -235,28 +520,35 @@ AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const 
     out.dbias = at::zeros({hidden}, weight.options());
     return out;
   }
-  const int threads = ThreadsFor(hidden);
-  const int blocks = BlocksFor(rows, 2);
-  at::Tensor dweight_partial = at::empty({blocks, hidden}, weight.options());
-  at::Tensor dbias_partial = at::empty({blocks, hidden}, weight.options());
+  const at::Tensor none;
+  const int chunks = RowWarpChunks(hidden, {&dy, &sum, &weight, p > 0 ? &keep : &none, &out.dx, &out.dresidual});
+  const int blocks = chunks > 0 ? RowWarpBlocksFor(rows, 4) : BlocksFor(rows, 2);
+  at::Tensor partial = at::empty({blocks, 2, hidden}, weight.options());
   auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_type, "AddNormBackward", [&] {
-    auto launch = [&](auto residual_zero) {
-      using TR = decltype(residual_zero);
-      AddNormBackwardKernel<scalar_t, TR><<<blocks, threads, 0, stream>>>(
-          dy.data_ptr<TR>(), sum.data_ptr<float>(), weight.data_ptr<float>(), mean.data_ptr<float>(),
-          rstd.data_ptr<float>(), p > 0 ? keep.data_ptr<uint8_t>() : nullptr, out.dx.data_ptr<scalar_t>(),
-          out.dresidual.data_ptr<TR>(), dweight_partial.data_ptr<float>(), dbias_partial.data_ptr<float>(), rows,
-          hidden, static_cast<float>(p));
-    };
-    if (dy.scalar_type() == at::kFloat)
-      launch(float{});
-    else
-      launch(scalar_t{});
+  const uint8_t* kp = p > 0 ? keep.data_ptr<uint8_t>() : nullptr;
+  const auto drop = static_cast<float>(p);
+  DispatchTypes(x_type, dy.scalar_type(), "AddNormBackward", [&](auto x_zero, auto residual_zero) {
+    using TX = decltype(x_zero);
+    using TR = decltype(residual_zero);
+    const TR* dyp = dy.data_ptr<TR>();
+    const float *sp = sum.data_ptr<float>(), *wp = weight.data_ptr<float>();
+    const float *mp = mean.data_ptr<float>(), *vp = rstd.data_ptr<float>();
+    TX* dxp = out.dx.data_ptr<TX>();
+    TR* drp = out.dresidual.data_ptr<TR>();
+    if (chunks == 0) {
+      AddNormBackwardRowBlock<TX, TR><<<blocks, ThreadsFor(hidden), 0, stream>>>(
+          dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop);
+      return;
+    }
+    DispatchChunks(chunks, [&](auto chunks_constant) {
+      AddNormBackwardRowWarp<TX, TR, decltype(chunks_constant)::value><<<blocks, kRowWarpThreads, 0, stream>>>(
+          dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop);
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  out.dweight = dweight_partial.sum(0);
-  out.dbias = dbias_partial.sum(0);
+  const at::Tensor sums = partial.sum(0);
+  out.dweight = sums[0];
+  out.dbias = sums[1];
   return out;
 }
 
