@@ -200,7 +200,9 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(m, "unpad", "model",
              std::map<std::string, std::string>{{"auto", "auto"}, {"always", "always"}, {"never", "never"}},
              &spec->model.unpad);
-  r.ReadBool(m, "fused_kernels", "model", &spec->model.fused_kernels);
+  r.ReadEnum(m, "fused_kernels", "model",
+             std::map<std::string, std::string>{{"auto", "auto"}, {"true", "true"}, {"false", "false"}},
+             &spec->model.fused_kernels);
   ParseLora(r, m, spec);
 }
 
@@ -274,7 +276,7 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
              &spec->runtime.device);
-  if (spec->model.fused_kernels && spec->runtime.device == DeviceChoice::kCpu)
+  if (spec->model.fused_kernels == "true" && spec->runtime.device == DeviceChoice::kCpu)
     r.Fail(root["model"]["fused_kernels"], "model.fused_kernels",
            "the fused kernels are CUDA kernels; they cannot run with runtime.device: cpu");
   r.ReadInt(rt, "threads", "runtime", &spec->runtime.threads, 0, kMaxThreads);

@@ -81,10 +81,13 @@ struct ModelSpec {
   // (TokenIndex in worker/models/layers.h). auto: on the CPU, when padding is over 10%
   // of a batch.
   std::string unpad = "auto";
-  // Run each encoder block's dropout + residual add + LayerNorm as one CUDA kernel
-  // forward and one backward (worker/kernels/fused_add_norm.h) where the tensors are on
-  // a GPU; BERT and RoBERTa have such blocks.
-  bool fused_kernels = false;
+  // auto | true | false: run each encoder block's dropout + residual add + LayerNorm as
+  // one CUDA kernel forward and one backward (worker/kernels/fused_add_norm.h) where the
+  // tensors are on a GPU; BERT and RoBERTa have such blocks. auto: in the steps that
+  // train (kind: finetune, benchmark mode: train_step), where a lent GPU measured them
+  // faster, for the families that have them; true also asks it of inference and fails
+  // for a family without them.
+  std::string fused_kernels = "auto";
   LoraSpec lora;
 };
 

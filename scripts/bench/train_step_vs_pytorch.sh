@@ -6,13 +6,14 @@
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
 #     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
-#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--fused] [--no-reference]
+#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--fused|--unfused] [--no-reference]
 #     [--json FILE] [--profile DIR]
 # --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
 # run under torch.compile (--compile-mode: its mode, e.g. reduce-overhead, which
 # replays CUDA graphs; default torch's default). --cuda-graph runs the worker's steps
-# as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). --fused turns on the
-# worker's fused CUDA kernels (model.fused_kernels: true; CUDA only). --no-reference
+# as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). The worker's fused
+# CUDA kernels follow model.fused_kernels' default, auto (on for this step on CUDA);
+# --fused asks for them (true; CUDA only), --unfused turns them off. --no-reference
 # times the worker alone (pytorch_ms null in the JSON), to compare worker settings
 # quickly. On CUDA both sides
 # time each step with CUDA events and the
@@ -29,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON="" PROFILE_DIR=""
-COMPILE_MODE=default GRAPH=false FUSED=false REFERENCE=true
+COMPILE_MODE=default GRAPH=false FUSED=auto REFERENCE=true
 WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -38,8 +39,8 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=$2; shift 2 ;; --tf32) TF32=true; shift ;; --compile) COMPILE=true; shift ;;
     --json) JSON=$2; shift 2 ;; --profile) PROFILE_DIR=$2; shift 2 ;;
     --compile-mode) COMPILE=true COMPILE_MODE=$2; shift 2 ;; --cuda-graph) GRAPH=true; shift ;;
-    --fused) FUSED=true; shift ;; --no-reference) REFERENCE=false; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --fused) FUSED=true; shift ;; --unfused) FUSED=false; shift ;; --no-reference) REFERENCE=false; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -106,7 +107,7 @@ if compiled:
     print(f"  PyTorch + torch.compile ($COMPILE_MODE) {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
 if out:
     json.dump({"preset": "$PRESET", "batch": $BATCH, "seq": $SEQ, "precision": "$PRECISION", "tf32": "$TF32" == "true",
-               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "fused": "$FUSED" == "true", "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref.get(key),
+               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "fused": "$FUSED" == "true" or ("$FUSED" == "auto" and "$DEVICE" == "cuda"), "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref.get(key),
                "compiled_ms": compiled.get(key), "non_embedding_params": ref.get("non_embedding_params")},
               open(out, "w"))
 PY

@@ -14,6 +14,9 @@ train_step_vs_pytorch.sh --json result). Each of these, where present, adds its 
                              per-replay device spans `trace` reads off its Chrome trace;
   realdata_{eager,graphed}.epochs.csv   the plan's realdata step: topics on the fly;
   bf16_weights.json          scripts/gpu/bf16_weights_vs_autocast.py --json;
+  profile_bf16_eager_{unfused,fused}.txt   eager profiles without and with
+                             model.fused_kernels: the fused kernels' device time against
+                             the LayerNorm and dropout kernels they replace;
   step_kernels.txt           scripts/gpu/step_kernels.py's output.
 
 With --write, the section replaces the one between PAGE's markers for DIR
@@ -111,30 +114,83 @@ def read_runs(runs_dir):
             for name in sorted(os.listdir(runs_dir)) if name.endswith(".json")]
 
 
+def run_kind(r):
+    return ("graphed" if r["cuda_graph"] else "eager") + (", fused" if r.get("fused") else "")
+
+
 def spread_table(runs):
+    """Every timed run, then per kind (eager or graphed, fused or not) the range and median.
+    A run with --no-reference has no PyTorch time."""
     waits = any("ours_wait_ms" in r for _, r in runs)
-    out = ["| run | cuda_graph | ours ms/step | " + ("of which data wait | " if waits else "") +
-           "PyTorch eager ms/step (same run) | ours / eager |", "|---|---|---|---|---|" + ("---|" if waits else "")]
+    fused = any(r.get("fused") for _, r in runs)
+    out = ["| run | cuda_graph | " + ("fused kernels | " if fused else "") + "ours ms/step | " +
+           ("of which data wait | " if waits else "") + "PyTorch eager ms/step (same run) | ours / eager |",
+           "|---|---|---|---|---|" + ("---|" if waits else "") + ("---|" if fused else "")]
     for name, r in runs:
         wait = f" {r['ours_wait_ms']:.2f} |" if waits else ""
-        out.append(f"| {name} | {str(r['cuda_graph']).lower()} | {r['ours_ms']:.2f} |{wait} {r['pytorch_ms']:.2f} | "
-                   f"{r['ours_ms'] / r['pytorch_ms']:.3f} |")
+        fuse = f" {str(bool(r.get('fused'))).lower()} |" if fused else ""
+        ref = (f" {r['pytorch_ms']:.2f} | {r['ours_ms'] / r['pytorch_ms']:.3f} |" if r.get("pytorch_ms")
+               else " (not run) | |")
+        out.append(f"| {name} | {str(r['cuda_graph']).lower()} |{fuse} {r['ours_ms']:.2f} |{wait}{ref}")
     out.append("")
-    for graphed in (False, True):
-        ours = [r["ours_ms"] for _, r in runs if r["cuda_graph"] == graphed]
-        ref = [r["pytorch_ms"] for _, r in runs if r["cuda_graph"] == graphed]
+    medians = {}
+    for kind in ("eager", "eager, fused", "graphed", "graphed, fused"):
+        ours = [r["ours_ms"] for _, r in runs if run_kind(r) == kind]
+        ref = [r["pytorch_ms"] for _, r in runs if run_kind(r) == kind and r.get("pytorch_ms")]
         if not ours:
             continue
-        out.append(f"- {'graphed' if graphed else 'eager'}: ours {min(ours):.1f} to {max(ours):.1f} ms (median "
-                   f"{statistics.median(ours):.1f}, spread {(max(ours) - min(ours)) / statistics.median(ours):.1%}); "
-                   f"PyTorch eager in the same runs {min(ref):.1f} to {max(ref):.1f} ms (median "
-                   f"{statistics.median(ref):.1f}, spread {(max(ref) - min(ref)) / statistics.median(ref):.1%}).")
+        medians[kind] = statistics.median(ours)
+        line = (f"- {kind}: ours {min(ours):.1f} to {max(ours):.1f} ms (median {statistics.median(ours):.1f}, "
+                f"spread {(max(ours) - min(ours)) / statistics.median(ours):.1%})")
+        if ref:
+            line += (f"; PyTorch eager in the same runs {min(ref):.1f} to {max(ref):.1f} ms (median "
+                     f"{statistics.median(ref):.1f}, spread {(max(ref) - min(ref)) / statistics.median(ref):.1%})")
+        out.append(line + ".")
+    for kind in ("eager", "graphed"):
+        if kind in medians and kind + ", fused" in medians:
+            out.append(f"- {kind.capitalize()}, the fused kernels against the unfused layers in the same call: "
+                       f"{medians[kind + ', fused']:.2f} ms against {medians[kind]:.2f} ms, "
+                       f"{medians[kind + ', fused'] / medians[kind]:.3f}x.")
+    return out
+
+
+def profile_rows(path, pattern):
+    """(device ms per step, [(kernel, calls, ms per step, us per call)]) of a profile.txt's
+    device table, for the kernels whose (shortened) names match pattern."""
+    text = open(path).read()
+    m = re.search(r"^device \(CUDA\) time over \d+ steps: [\d.]+ ms, ([\d.]+) ms/step", text, re.M)
+    rows = []
+    for line in text[m.end():].splitlines() if m else []:
+        f = re.match(r"(.+?)\s{2,}(\d+)\s+([\d.]+)\s+[\d.]+%\s+[\d.]+\s+([\d.]+)$", line)
+        if f and re.search(pattern, f.group(1)):
+            rows.append((f.group(1).strip(), int(f.group(2)), float(f.group(3)), float(f.group(4))))
+    return (float(m.group(1)) if m else None), rows
+
+
+# The kernels fused_add_norm.cu replaces: LayerNorm's forward and backward, and dropout's.
+UNFUSED_NORM = r"layer_norm|vectorized_laye|GammaBeta|fused_dropout"
+
+
+def fused_kernels_table(folder):
+    out = ["| eager profile | device ms/step | kernel | calls | ms/step | us/call |", "|---|---|---|---|---|---|"]
+    for name, pattern in (("profile_bf16_eager_unfused.txt", UNFUSED_NORM), ("profile_bf16_eager_fused.txt", "AddNorm")):
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            continue
+        total, rows = profile_rows(path, pattern)
+        label = "fused" if "_fused" in name else "unfused"
+        for i, (kernel, calls, ms, us) in enumerate(rows):
+            out.append(f"| {label if i == 0 else ''} | {f'{total:.2f}' if i == 0 else ''} | `{kernel}` | {calls} | "
+                       f"{ms:.3f} | {us:.1f} |")
+    out += ["", "Each profile covers 5 steps of the eager bf16 step (`--profile`); the unfused rows are "
+            "LayerNorm's and dropout's own kernels, without the residual add and the mask's multiply, "
+            "which share ATen's generic elementwise kernels with other layers."]
     return out
 
 
 def graphed_against_targets(runs):
     """The graphed step's median against PyTorch eager, torch.compile and the peak."""
-    graphed = [r for _, r in runs if r["cuda_graph"]]
+    graphed = [r for _, r in runs if r["cuda_graph"] and r.get("pytorch_ms") and r.get("non_embedding_params")]
     # Runs from before the benchmark printed the data wait were bound by the loader.
     if len(graphed) < 2 or not all(r.get("ours_wait_ms", 1e9) < 1.0 for r in graphed):
         return []
@@ -304,6 +360,8 @@ def page(folder):
         m = re.search(r"trainyard worker \(C\+\+\)\s+([\d.]+) ms/step", spread)
         if m:
             out.append(f"- The same call's graphed step without the fused kernels: {float(m.group(1)):.2f} ms.")
+    if present("profile_bf16_eager_fused.txt"):
+        out += ["", "### The fused dropout+residual+LayerNorm kernels' device time", ""] + fused_kernels_table(folder)
     if present("bf16_weights.json"):
         out += ["", "### bf16 weights against autocast's casts", ""] + bf16_weights_line(os.path.join(folder, "bf16_weights.json"))
     out += ["", clocks_summary(os.path.join(folder, "clocks.csv"))]

@@ -11,8 +11,8 @@
 # targets named (the worker is needed by every step below, so name it too). Then the
 # steps of --plan (default profile,spread), in the order given, each
 # started only if the time left allows its estimate. Every timed step is the bf16 train
-# step of bert-base, seq 128, batch 64 (scripts/bench/train_step_vs_pytorch.sh), next to
-# PyTorch eager in the same run:
+# step of bert-base, seq 128, batch 64 (scripts/bench/train_step_vs_pytorch.sh), with the
+# fused kernels at their default (model.fused_kernels: auto, on), next to PyTorch eager:
 #   profile   ours eager, profiled (Kineto, 5 steps), with the kernel table;
 #   spread    N pairs (--spread, default 3): eager and whole-step CUDA graphs
 #             (train.cuda_graph: true) in turn;
@@ -24,7 +24,8 @@
 #   weights   scripts/gpu/bf16_weights_vs_autocast.py: PyTorch's own graphed step with
 #             autocast's weight casts against bf16 weights with fp32 masters;
 #   fused     N pairs of graphed runs: without and with the fused kernels
-#             (model.fused_kernels: true) in turn, the worker alone (no PyTorch run).
+#             (model.fused_kernels: false, then true) in turn, the worker alone (no
+#             PyTorch run).
 # nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
 # $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
 # facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
@@ -49,7 +50,7 @@ while [[ $# -gt 0 ]]; do
       if [[ $1 == --tests ]]; then BUILD_EXTRA+=(-R "$2"); else BUILD_EXTRA+=(--target "$2"); fi
       shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -147,7 +148,7 @@ for step in "${STEPS_PLANNED[@]}"; do
     compile) fits 150 && pair compiled --cuda-graph --compile-mode reduce-overhead ;;
     fused)
       for ((i = 1; i <= SPREAD; ++i)); do
-        fits 20 && pair "unfused_$i" --cuda-graph --no-reference
+        fits 20 && pair "unfused_$i" --cuda-graph --unfused --no-reference
         fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
       done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;

@@ -247,6 +247,14 @@ void AttachLora(const JobSpec& spec, ModelImpl& model, LoraSummary* out) {
   if (out) *out = std::move(summary);
 }
 
+// model.fused_kernels: auto turns them on where a lent GPU timed them, the training step
+// (docs/performance.md); off a GPU the layers run unfused whatever the flag says.
+bool WantsFusedKernels(const JobSpec& spec) {
+  if (spec.model.fused_kernels != "auto") return spec.model.fused_kernels == "true";
+  return spec.kind == JobKind::kFinetune ||
+         (spec.kind == JobKind::kBenchmark && spec.benchmark.run == BenchmarkRun::kTrainStep);
+}
+
 }  // namespace
 
 Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vector<std::string>& labels,
@@ -280,7 +288,7 @@ Model BuildModel(const JobSpec& spec, const Tokenizer& tokenizer, const std::vec
   }
   if (spec.model.lora.enabled) AttachLora(spec, *model, lora);
   model->set_unpadding(UnpaddingNamed(spec.model.unpad));
-  if (spec.model.fused_kernels && model->set_fused_add_norm(true) == 0)
+  if (WantsFusedKernels(spec) && model->set_fused_add_norm(true) == 0 && spec.model.fused_kernels == "true")
     throw InputError(spec.Where("model.fused_kernels") + ": the " + FamilyName(info.family) +
                      " family has no fused kernels (BERT and RoBERTa have)");
   return model;

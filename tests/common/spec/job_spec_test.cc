@@ -283,13 +283,16 @@ TEST_F(JobSpecTest, UnpadIsAutoUnlessSetToAlwaysOrNever) {
       << error;
 }
 
-TEST_F(JobSpecTest, FusedKernelsAreOffUnlessAskedAndRefuseTheCpu) {
-  EXPECT_FALSE(Parse(Valid()).model.fused_kernels);
-  EXPECT_TRUE(Parse(Valid() + "model: {fused_kernels: true}\n").model.fused_kernels);
-  EXPECT_TRUE(Parse(Valid() + "model: {fused_kernels: true}\nruntime: {device: cuda}\n").model.fused_kernels);
+TEST_F(JobSpecTest, FusedKernelsAreAutoByDefaultAndTrueRefusesTheCpu) {
+  EXPECT_EQ(Parse(Valid()).model.fused_kernels, "auto");
+  EXPECT_EQ(Parse(Valid() + "model: {fused_kernels: true}\n").model.fused_kernels, "true");
+  EXPECT_EQ(Parse(Valid() + "model: {fused_kernels: false}\n").model.fused_kernels, "false");
+  EXPECT_EQ(Parse(Valid() + "model: {fused_kernels: true}\nruntime: {device: cuda}\n").model.fused_kernels, "true");
+  EXPECT_EQ(Parse(Valid() + "model: {fused_kernels: auto}\nruntime: {device: cpu}\n").model.fused_kernels, "auto");
   std::string error = ErrorOf(Valid() + "model: {fused_kernels: sometimes}\n");
   EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
-  EXPECT_NE(error.find("model.fused_kernels"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.fused_kernels: expected one of auto, false, true, got 'sometimes'"), std::string::npos)
+      << error;
   error = ErrorOf(Valid() + "model: {fused_kernels: true}\nruntime: {device: cpu}\n");
   EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
   EXPECT_NE(error.find("model.fused_kernels: the fused kernels are CUDA kernels"), std::string::npos) << error;
