@@ -20,7 +20,8 @@
 # How the bundle is used: deps.tar.xz is unpacked (with Python's tarfile, no xz binary
 # needed) into build-gpu/deps, once per bundle; data.tar.xz fills data/prepared if it is
 # missing, and the bundle's fortunes are copied to /usr/share/games/fortunes if that is
-# missing and writable. CMake looks in build-gpu/deps first (CMAKE_PREFIX_PATH, protoc,
+# missing and writable. The wheels (the gpu tests' Python clients) are installed with
+# pip, offline, into build-gpu/site, which env.sh puts first on PYTHONPATH. CMake looks in build-gpu/deps first (CMAKE_PREFIX_PATH, protoc,
 # the mpicxx wrapper, pkgconf) and takes torch from `python3` on PATH
 # (-DTRAINYARD_PYTHON). Open MPI and PMIx are relocated with OPAL_PREFIX/OPAL_SYSCONFDIR
 # and PMIX_PREFIX/PKGLIBDIR/PKGDATADIR. At run time build-gpu/deps-lib, on
@@ -207,6 +208,27 @@ unpack_bundle() {
   done
   du -sh "$DEPS"
   install_fortunes
+  install_wheels
+}
+
+# The wheels go to their own folder, not the image's Python, which stays as it was.
+install_wheels() {
+  local wheels=("$BUNDLE"/wheels/*.whl) sum
+  [[ -f "${wheels[0]}" ]] || { echo "wheels: none in $BUNDLE/wheels (serve_gpu needs tritonclient)"; return 0; }
+  sum=$(sha256sum "${wheels[@]}" | sha256sum | cut -d' ' -f1)
+  if [[ -f "$BUILD/site/.installed" && "$(cat "$BUILD/site/.installed")" == "$sum" ]]; then
+    echo "wheels: already installed in $BUILD/site"
+    return 0
+  fi
+  rm -rf "$BUILD/site" && mkdir -p "$BUILD/site"
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$BUILD/site" "${wheels[@]}"; then
+    # Not fatal: the build and every other test go on; serve_gpu fails on its imports.
+    echo "wheels: $("$PY" -V 2>&1) could not install them (bundle.sh made them for another Python?): serve_gpu will fail"
+    rm -rf "$BUILD/site"
+    return 0
+  fi
+  echo "$sum" > "$BUILD/site/.installed"
+  echo "wheels: installed ${#wheels[@]} into $BUILD/site"
 }
 
 # tests/reference/tokenizer_parity.py reads the fortunes from /usr/share/games/fortunes.
@@ -255,6 +277,8 @@ mpi_environment() {
     # shellcheck disable=SC2016
     printf 'export PATH="$PATH":%q  # after the system'"'"'s tools\n' "$DEPS/usr/bin"
     printf 'export OPAL_PREFIX=%q OPAL_SYSCONFDIR=%q\n' "$DEPS/usr" "$DEPS/etc/openmpi"
+    # shellcheck disable=SC2016
+    [[ -d "$BUILD/site" ]] && printf 'export PYTHONPATH=%q"${PYTHONPATH:+:$PYTHONPATH}"  # the bundle'"'"'s wheels\n' "$BUILD/site"
     echo "# PMIx relocates its prefix but not these two (Debian sets them as absolute paths)."
     printf 'export PMIX_PREFIX=%q PMIX_PKGLIBDIR=%q PMIX_PKGDATADIR=%q\n' \
       "$ARCH_LIB/pmix2" "$ARCH_LIB/pmix2/lib/pmix" "$ARCH_LIB/pmix2/share/pmix"

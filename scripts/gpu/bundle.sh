@@ -23,7 +23,11 @@
 #   3. adds the prepared datasets (data/prepared, made by scripts/prepare_data.py with
 #      the venv's python if missing), since the GPU machine has no fortunes packages;
 #      the fortunes themselves are in the tree too (usr/share/games/fortunes), for the
-#      test that reads them from /usr/share/games/fortunes.
+#      test that reads them from /usr/share/games/fortunes;
+#   4. downloads, as wheels for the GPU image's Python (GPU_PYTHON), the Python packages
+#      the gpu tests import that the image lacks: serve_gpu's clients, tritonclient with
+#      its HTTP and gRPC dependencies, in the venv's versions (the ones the CPU suite is
+#      tested with) into .gpu-bundle/wheels.
 #
 # Why compressed: the carried files may total 64 MiB, the repository included. The
 # pruned tree is ~175 MiB unpacked (30 MiB of it ICU's libicudata, 30 MiB Boost headers,
@@ -44,7 +48,7 @@ usage() {
   cat <<'EOF'
 Usage: scripts/gpu/bundle.sh [--force] [--budget-mib N]
 
-Makes .gpu-bundle/ (deps.tar.xz, data.tar.xz, MANIFEST.txt, .stamps) for
+Makes .gpu-bundle/ (deps.tar.xz, data.tar.xz, wheels/, MANIFEST.txt, .stamps) for
 scripts/gpu/build_and_test.sh on a GPU machine. Run on Debian 12; no root needed.
 
   --force          rebuild the tarballs even if their inputs did not change
@@ -118,6 +122,16 @@ PACKAGES=(
   fortunes fortunes-min fortunes-de fortunes-it fortunes-es fortunes-br fortunes-pl fortunes-ru
   fortunes-cs fortunes-eo fortunes-zh
 )
+
+# The gpu tests' Python packages the GPU image lacks (KINDS.md's package list of the
+# device tool: it has grpcio and protobuf, but not in the versions tritonclient's gRPC
+# stubs were tested with here), and that Python's version.
+WHEELS=(tritonclient python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface brotli
+        grpcio protobuf)
+GPU_PYTHON=3.12
+# pip matches a wheel's manylinux tag exactly: the tags these packages publish.
+WHEEL_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
+                 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64)
 
 # Shared objects any glibc-based machine that compiles C++ has; everything else a kept
 # library needs must be in the bundle.
@@ -370,12 +384,38 @@ build_data_tarball() {
   stamp_set data "$stamp"
 }
 
+fetch_wheels() {
+  local name version want=() stamp platform_args=()
+  [[ -x "$VENV/bin/python" ]] || die "no $VENV/bin/python, whose package versions the wheels follow: run scripts/setup.sh"
+  for name in "${WHEELS[@]}"; do
+    version=$("$VENV/bin/python" -m pip show "$name" 2> /dev/null | awk '/^Version:/ { print $2 }')
+    [[ -n "$version" ]] || die "the venv has no $name: run scripts/setup.sh"
+    want+=("$name==$version")
+  done
+  stamp=$(printf '%s\n' "$GPU_PYTHON" "${want[@]}" | sha256sum | cut -d' ' -f1)
+  if [[ $FORCE -eq 0 && -d "$BUNDLE/wheels" && "$(stamp_get wheels)" == "$stamp" ]]; then
+    log "wheels/ is up to date"
+    return
+  fi
+  log "downloading ${#want[@]} wheels for Python $GPU_PYTHON: ${want[*]}"
+  for name in "${WHEEL_PLATFORMS[@]}"; do platform_args+=(--platform "$name"); done
+  rm -rf "$BUNDLE/wheels.tmp" && mkdir -p "$BUNDLE/wheels.tmp"
+  "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version "$GPU_PYTHON" \
+    --implementation cp "${platform_args[@]}" -d "$BUNDLE/wheels.tmp" "${want[@]}" ||
+    die "pip could not download the wheels (PyPI unreachable, or a version without a Python $GPU_PYTHON wheel)"
+  rm -rf "$BUNDLE/wheels" && mv "$BUNDLE/wheels.tmp" "$BUNDLE/wheels"
+  stamp_set wheels "$stamp"
+}
+
 write_manifest() {
   {
     echo "# Trainyard GPU bundle: Debian 12 packages unpacked into deps.tar.xz (see scripts/gpu/bundle.sh)."
     echo "made: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), from commit $(git -C "$REPO" rev-parse --short=12 HEAD 2> /dev/null || echo unknown)"
     echo "deps.tar.xz: $(stat -c %s "$BUNDLE/deps.tar.xz") bytes, $(stamp_get deps-unpacked-mib) MiB unpacked, sha256 $(sha256sum "$BUNDLE/deps.tar.xz" | cut -d' ' -f1)"
     echo "data.tar.xz: $(stat -c %s "$BUNDLE/data.tar.xz") bytes, sha256 $(sha256sum "$BUNDLE/data.tar.xz" | cut -d' ' -f1)"
+    echo "wheels (Python $GPU_PYTHON):"
+    local wheel
+    for wheel in "$BUNDLE"/wheels/*.whl; do echo "  $(basename "$wheel")"; done
     echo "packages:"
     local file
     for file in $DEB_FILES; do
@@ -413,6 +453,7 @@ main() {
     build_deps_tarball "$stamp"
   fi
   build_data_tarball
+  fetch_wheels
   write_manifest
   report_size
   log "done: carry .gpu-bundle and run scripts/gpu/build_and_test.sh on the GPU machine"
