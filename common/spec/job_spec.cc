@@ -271,7 +271,8 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     else
       r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
   }
-  YAML::Node rt = r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm", "cpu_block_cache_mb"});
+  YAML::Node rt =
+      r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm", "weight_casts", "cpu_block_cache_mb"});
   r.ReadEnum(rt, "device", "runtime",
              std::map<std::string, DeviceChoice>{
                  {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}},
@@ -284,6 +285,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(rt, "cpu_gemm", "runtime",
              std::map<std::string, std::string>{{"auto", "auto"}, {"mkl", "mkl"}, {"onednn", "onednn"}},
              &spec->runtime.cpu_gemm);
+  r.ReadEnum(rt, "weight_casts", "runtime",
+             std::map<std::string, std::string>{{"once", "once"}, {"each_pass", "each_pass"}},
+             &spec->runtime.weight_casts);
   r.ReadInt(rt, "cpu_block_cache_mb", "runtime", &spec->runtime.cpu_block_cache_mb, 0, int64_t(1) << 20);
   YAML::Node rs =
       r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes", "preemptible"});

@@ -125,6 +125,10 @@ struct RuntimeSpec {
   // auto | mkl | onednn: the library of fp32 CPU products on frozen weights
   // (worker/kernels/packed_linear.h).
   std::string cpu_gemm = "auto";
+  // once | each_pass: under bf16/fp16 autocast, frozen linear weights cast to the compute
+  // dtype once and kept (worker/kernels/compute_dtype_weights.h), or by autocast on every
+  // pass (the fp32 weights alone in memory).
+  std::string weight_casts = "once";
   // Free CPU blocks of 256 KiB or more kept for reuse, at most this many MiB
   // (worker/kernels/cpu_block_cache.h); 0 leaves large buffers to glibc.
   int64_t cpu_block_cache_mb = 512;

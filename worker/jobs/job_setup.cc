@@ -6,6 +6,7 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "worker/kernels/compute_dtype_weights.h"
 #include "worker/kernels/cpu_block_cache.h"
 #include "worker/kernels/packed_linear.h"
 #include "worker/models/hf_checkpoint.h"
@@ -84,6 +85,7 @@ torch::Device PrepareRuntime(const JobSpec& spec, const RankContext& ranks) {
   torch::manual_seed(spec.seed);
   at::globalContext().setAllowTF32CuBLAS(spec.runtime.tf32);
   SetCpuGemm(CpuGemmNamed(spec.runtime.cpu_gemm));
+  SetWeightCastsOnce(spec.runtime.weight_casts == "once");
   // A pool worker runs many jobs in one process: once installed, a job's 0 keeps nothing.
   if (spec.runtime.cpu_block_cache_mb > 0 || CpuBlockCache::Installed())
     CpuBlockCache::Install(size_t(spec.runtime.cpu_block_cache_mb) << 20);

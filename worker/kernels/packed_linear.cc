@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "worker/kernels/weight_stamp.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -61,44 +63,6 @@ torch::Tensor Reorder(const torch::Tensor& weight) {
                              .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
                              .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
   return op.call(weight.contiguous(), std::nullopt);
-}
-
-// What identifies a tensor's values without reading them: where they are, its shape
-// and its version counter (bumped by every in-place change, under no_grad too). The
-// reorders keep the storage alive, so its address cannot be reused by another tensor
-// while the stamp is compared against. Inference tensors keep no version counter; they
-// are taken as unchanging.
-struct Stamp {
-  const void* data;
-  std::vector<int64_t> sizes;
-  int64_t version;
-  bool operator==(const Stamp& other) const {
-    return data == other.data && sizes == other.sizes && version == other.version;
-  }
-};
-
-Stamp StampOf(const torch::Tensor& t) {
-  if (!t.defined()) return {nullptr, {}, 0};
-  return {t.data_ptr(), t.sizes().vec(), t.is_inference() ? -1 : static_cast<int64_t>(t._version())};
-}
-
-std::vector<c10::Storage> StoragesOf(c10::ArrayRef<torch::Tensor> weights, c10::ArrayRef<torch::Tensor> biases) {
-  std::vector<c10::Storage> storages;
-  for (const auto& t : weights) storages.push_back(t.storage());
-  for (const auto& t : biases)
-    if (t.defined()) storages.push_back(t.storage());
-  return storages;
-}
-
-std::vector<Stamp> StampsOf(c10::ArrayRef<torch::Tensor> weights, c10::ArrayRef<torch::Tensor> biases) {
-  std::vector<Stamp> stamps;
-  for (const auto& t : weights) stamps.push_back(StampOf(t));
-  for (const auto& t : biases) stamps.push_back(StampOf(t));
-  return stamps;
-}
-
-torch::Tensor Concatenated(c10::ArrayRef<torch::Tensor> parts) {
-  return parts.size() == 1 ? parts[0] : torch::cat(parts.vec());
 }
 
 bool FloatOnCpu(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; }
@@ -159,8 +123,8 @@ class PackedLinearFunction : public torch::autograd::Function<PackedLinearFuncti
 }  // namespace
 
 struct PackedLinear::Reorders : ReorderedWeight {
-  std::vector<Stamp> stamps;          // of the weights and biases they were made from
-  std::vector<c10::Storage> sources;  // theirs, kept alive (see Stamp)
+  std::vector<WeightStamp> stamps;    // of the weights and biases they were made from
+  std::vector<c10::Storage> sources;  // theirs, kept alive (weight_stamp.h)
 };
 
 bool PackedLinear::Applies(const torch::Tensor& x, c10::ArrayRef<torch::Tensor> weights,
@@ -178,7 +142,7 @@ bool PackedLinear::Applies(const torch::Tensor& x, c10::ArrayRef<torch::Tensor> 
 std::shared_ptr<const PackedLinear::Reorders> PackedLinear::Current(c10::ArrayRef<torch::Tensor> weights,
                                                                     c10::ArrayRef<torch::Tensor> biases,
                                                                     bool for_backward) {
-  std::vector<Stamp> stamps = StampsOf(weights, biases);
+  std::vector<WeightStamp> stamps = StampsOf(weights, biases);
   std::lock_guard<std::mutex> lock(mutex_);
   if (reorders_ && reorders_->stamps == stamps && (!for_backward || reorders_->backward.defined())) return reorders_;
   // Made outside autograd and outside inference mode: plain tensors that a later
@@ -192,7 +156,7 @@ std::shared_ptr<const PackedLinear::Reorders> PackedLinear::Current(c10::ArrayRe
   const torch::Tensor weight = Concatenated(weights);
   if (fresh) {
     made->stamps = std::move(stamps);
-    made->sources = StoragesOf(weights, biases);
+    made->sources = SourcesOf(weights, biases);
     made->forward = Reorder(weight);
     if (biases[0].defined()) made->bias = Concatenated(biases).contiguous();  // Forward(): all or none
   }

@@ -105,7 +105,7 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c)
 
 torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
                                      const TokenIndex* tokens, Rows rows) {
-  torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden, qkv_packed_), heads_, keep_mask,
+  torch::Tensor context = SelfAttention(ProjectQkv(query_, key_, value_, hidden, qkv_fused_), heads_, keep_mask,
                                         is_training() ? attention_dropout_ : 0.0, tokens, rows);
   const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
   torch::Tensor attended =

@@ -62,7 +62,7 @@ class BertLayerImpl : public torch::nn::Module, public FusableAddNorm {
   int64_t heads_;
   double attention_dropout_;
   AdaptableLinear query_{nullptr}, key_{nullptr}, value_{nullptr}, attention_out_{nullptr};
-  PackedLinear qkv_packed_;  // ProjectQkv's fused weight, reordered
+  FusedQkvWeights qkv_fused_;  // ProjectQkv's fused weight, reordered or cast
   AdaptableLinear intermediate_{nullptr}, output_{nullptr};
   torch::nn::LayerNorm attention_norm_{nullptr}, output_norm_{nullptr};
   Dropout dropout_{nullptr};

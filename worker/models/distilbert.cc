@@ -87,7 +87,7 @@ DistilBertLayerImpl::DistilBertLayerImpl(const DistilBertConfig& c)
 // HF's TransformerBlock: no dropout on out_lin's output, dropout after the FFN.
 torch::Tensor DistilBertLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& keep_mask,
                                            const TokenIndex* tokens, Rows rows) {
-  torch::Tensor context = SelfAttention(ProjectQkv(q_lin_, k_lin_, v_lin_, hidden, qkv_packed_), heads_, keep_mask,
+  torch::Tensor context = SelfAttention(ProjectQkv(q_lin_, k_lin_, v_lin_, hidden, qkv_fused_), heads_, keep_mask,
                                         is_training() ? attention_dropout_ : 0.0, tokens, rows);
   const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
   torch::Tensor attended = sa_layer_norm_(out_lin_(context) + residual);

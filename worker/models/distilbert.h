@@ -46,7 +46,7 @@ class DistilBertLayerImpl : public torch::nn::Module {
   int64_t heads_;
   double attention_dropout_;
   AdaptableLinear q_lin_{nullptr}, k_lin_{nullptr}, v_lin_{nullptr}, out_lin_{nullptr};
-  PackedLinear qkv_packed_;  // ProjectQkv's fused weight, reordered
+  FusedQkvWeights qkv_fused_;  // ProjectQkv's fused weight, reordered or cast
   AdaptableLinear lin1_{nullptr}, lin2_{nullptr};
   torch::nn::LayerNorm sa_layer_norm_{nullptr}, output_layer_norm_{nullptr};
   Dropout dropout_{nullptr};

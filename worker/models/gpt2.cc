@@ -83,7 +83,8 @@ nlohmann::json Gpt2Config::ToJson() const {
 Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c, int64_t layer_index)
     : heads_(c.n_head), attention_dropout_(c.attn_pdrop), exact_gelu_(c.activation_function == "gelu") {
   const int64_t e = c.n_embd;
-  scale_ = c.scale_attn_weights ? 1.0 / std::sqrt(double(e / c.n_head)) : 1.0;
+  const int64_t head_size = e / c.n_head;  // the config check makes n_embd a multiple of n_head
+  scale_ = c.scale_attn_weights ? 1.0 / std::sqrt(double(head_size)) : 1.0;
   if (c.scale_attn_by_inverse_layer_idx) scale_ /= double(layer_index + 1);
   ln_1_ = register_module("ln_1", MakeLayerNorm(e, c.layer_norm_epsilon));
   auto attn = Node(*this, "attn");
@@ -181,7 +182,15 @@ Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(Gpt2Config config) : config_(std::move(
 }
 
 torch::Tensor Gpt2LMHeadModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  return torch::matmul(transformer_->forward(input_ids, attention_mask), transformer_->token_embedding().t());
+  return Head(transformer_->forward(input_ids, attention_mask));
+}
+
+torch::Tensor Gpt2LMHeadModelImpl::Head(const torch::Tensor& hidden) {
+  const torch::Tensor& wte = transformer_->token_embedding();
+  ComputeDtypeWeights::Copies copies;
+  if (ComputeDtypeWeights::Applies(hidden, {wte}, {torch::Tensor()}))
+    copies = head_cast_.Current({wte}, {torch::Tensor()});
+  return torch::matmul(hidden, (copies.weight.defined() ? copies.weight : wte).t());
 }
 
 torch::Tensor Gpt2LMHeadModelImpl::Step(const torch::Tensor& ids, const torch::Tensor& positions,
@@ -189,7 +198,7 @@ torch::Tensor Gpt2LMHeadModelImpl::Step(const torch::Tensor& ids, const torch::T
   torch::Tensor hidden = transformer_->Step(ids, positions, key_keep, cache);
   if (last_only) hidden = hidden.narrow(1, hidden.size(1) - 1, 1);
   const torch::Tensor& wte = transformer_->token_embedding();
-  return RowProductApplies(hidden, wte) ? RowsTimesWeightT(hidden, wte, {}) : torch::matmul(hidden, wte.t());
+  return RowProductApplies(hidden, wte) ? RowsTimesWeightT(hidden, wte, {}) : Head(hidden);
 }
 
 KvCache Gpt2LMHeadModelImpl::NewCache(int64_t batch, int64_t capacity, torch::ScalarType dtype) const {

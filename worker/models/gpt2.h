@@ -105,9 +105,13 @@ class Gpt2LMHeadModelImpl : public CausalLmImpl {
   HfNaming naming() const override { return {"transformer.", {}}; }
 
  private:
+  // hidden @ wte^T (a matmul), through wte's copy in autocast's dtype when wte is frozen.
+  torch::Tensor Head(const torch::Tensor& hidden);
+
   Gpt2Config config_;
   ModelInfo info_;
   Gpt2Model transformer_{nullptr};
+  ComputeDtypeWeights head_cast_;  // wte in autocast's dtype, when frozen (compute_dtype_weights.h)
 };
 TORCH_MODULE(Gpt2LMHeadModel);
 

@@ -240,6 +240,8 @@ torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
     y = RowsTimesWeightT(x, weight, bias);
   else if (PackedLinear::Applies(x, {weight}, {bias}))
     y = packed.Forward(x, {weight}, {bias});
+  else if (ComputeDtypeWeights::Applies(x, {weight}, {bias}))
+    y = cast.Forward(x, {weight}, {bias});
   else
     y = torch::nn::LinearImpl::forward(x);
   return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
@@ -253,15 +255,22 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(1);
+  const torch::Tensor as_linear = weight.t();
   torch::Tensor y;
-  if (!int8_weight.isNone())
+  if (!int8_weight.isNone()) {
     y = Int8Linear(x, int8_weight);
-  else if (RowProductApplies(x, weight))
+  } else if (RowProductApplies(x, weight)) {
     y = RowsTimesWeight(x, weight, bias);
-  else if (const torch::Tensor as_linear = weight.t(); PackedLinear::Applies(x, {as_linear}, {bias}))
+  } else if (PackedLinear::Applies(x, {as_linear}, {bias})) {
     y = packed.Forward(x, {as_linear}, {bias});
-  else
-    y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
+  } else {
+    // The cast copy keeps the [in, out] layout: the same addmm, on the values autocast
+    // would cast to on this call.
+    ComputeDtypeWeights::Copies copies;
+    if (ComputeDtypeWeights::Applies(x, {weight}, {bias})) copies = cast.Current({weight}, {bias});
+    y = copies.weight.defined() ? torch::addmm(copies.bias, x.reshape({-1, x.size(-1)}), copies.weight).view(out_sizes)
+                                : torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_sizes);
+  }
   return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
 }
 
@@ -292,16 +301,20 @@ torch::Tensor AddQkvAdapters(torch::Tensor qkv, const torch::Tensor& x, const st
 }  // namespace
 
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
-                         PackedLinear& fused) {
+                         FusedQkvWeights& fused) {
   // Quantized projections need their own forward; a few rows take three streaming
   // products rather than copying all three weights into one.
   if (!FusableBase(query) || !FusableBase(key) || !FusableBase(value) || RowProductApplies(x, query->weight))
     return torch::cat({query(x), key(x), value(x)}, -1);
   const std::array<torch::Tensor, 3> weights = {query->weight, key->weight, value->weight};
   const std::array<torch::Tensor, 3> biases = {query->bias, key->bias, value->bias};
-  torch::Tensor qkv = PackedLinear::Applies(x, weights, biases)
-                          ? fused.Forward(x, weights, biases)
-                          : torch::linear(x, torch::cat(weights), torch::cat(biases));
+  torch::Tensor qkv;
+  if (PackedLinear::Applies(x, weights, biases))
+    qkv = fused.packed.Forward(x, weights, biases);
+  else if (ComputeDtypeWeights::Applies(x, weights, biases))
+    qkv = fused.cast.Forward(x, weights, biases);
+  else
+    qkv = torch::linear(x, torch::cat(weights), torch::cat(biases));
   return AddQkvAdapters(std::move(qkv), x, {&query, &key, &value}, query->is_training());
 }
 

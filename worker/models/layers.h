@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "worker/kernels/compute_dtype_weights.h"
 #include "worker/kernels/packed_linear.h"
 #include "worker/models/low_rank_update.h"
 
@@ -158,8 +159,9 @@ class AdaptableLinearImpl : public torch::nn::LinearImpl {
   AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);
   LoraSlot lora;
-  c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
-  PackedLinear packed;      // the weight reordered for oneDNN, when frozen (packed_linear.h)
+  c10::IValue int8_weight;   // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
+  PackedLinear packed;       // the weight reordered for oneDNN, when frozen (packed_linear.h)
+  ComputeDtypeWeights cast;  // the weight in autocast's dtype, when frozen (compute_dtype_weights.h)
 };
 TORCH_MODULE(AdaptableLinear);
 
@@ -171,8 +173,9 @@ class Conv1DImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;
   LoraSlot lora;
-  c10::IValue int8_weight;  // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
-  PackedLinear packed;      // the weight reordered for oneDNN, when frozen (packed_linear.h)
+  c10::IValue int8_weight;   // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
+  PackedLinear packed;       // the weight reordered for oneDNN, when frozen (packed_linear.h)
+  ComputeDtypeWeights cast;  // the weight in autocast's dtype, when frozen (compute_dtype_weights.h)
 };
 TORCH_MODULE(Conv1D);
 
@@ -181,10 +184,15 @@ TORCH_MODULE(Conv1D);
 // of three. Returns [..., 3 * out], q then k then v. LoRA adapters are added over their
 // columns of that product (AddLowRankUpdates). A projection quantized to int8 needs its
 // own forward; then the three run apart, concatenated.
-// `fused` keeps the concatenated weight's oneDNN reorder (packed_linear.h) from call to
-// call; it belongs to the layer that owns the three projections.
+// `fused` keeps the concatenated weight's derived forms from call to call: its oneDNN
+// reorder (packed_linear.h) and its copy in autocast's dtype (compute_dtype_weights.h),
+// each for frozen weights. It belongs to the layer that owns the three projections.
+struct FusedQkvWeights {
+  PackedLinear packed;
+  ComputeDtypeWeights cast;
+};
 torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, AdaptableLinear& value, const torch::Tensor& x,
-                         PackedLinear& fused);
+                         FusedQkvWeights& fused);
 
 // The positions an encoder layer's output is wanted at. A sequence classifier reads its
 // last layer at position 0 alone (BERT's [CLS], RoBERTa's <s>): there, with kFirst, the

@@ -128,7 +128,8 @@ void CheckConfig(const nlohmann::json& config);
 
 // Marks every parameter as not wanting a gradient: for a model that only infers
 // (inference, serving, generation, the benchmark's cells), so that its products take
-// the frozen-weight path of packed_linear.h.
+// the frozen-weight paths: packed_linear.h's on the CPU in fp32, and under bf16 or fp16
+// autocast compute_dtype_weights.h's, which casts each weight once.
 void Freeze(torch::nn::Module& model);
 
 // The model a config.json describes, for `task`, freshly initialised. Throws

@@ -283,6 +283,15 @@ TEST_F(JobSpecTest, UnpadIsAutoUnlessSetToAlwaysOrNever) {
       << error;
 }
 
+TEST_F(JobSpecTest, WeightCastsAreOnceByDefault) {
+  EXPECT_EQ(Parse(Valid()).runtime.weight_casts, "once");
+  EXPECT_EQ(Parse(Valid() + "runtime: {weight_casts: each_pass}\n").runtime.weight_casts, "each_pass");
+  const std::string error = ErrorOf(Valid() + "runtime: {weight_casts: twice}\n");
+  EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
+  EXPECT_NE(error.find("runtime.weight_casts: expected one of each_pass, once, got 'twice'"), std::string::npos)
+      << error;
+}
+
 TEST_F(JobSpecTest, FusedKernelsAreAutoByDefaultAndTrueRefusesTheCpu) {
   EXPECT_EQ(Parse(Valid()).model.fused_kernels, "auto");
   EXPECT_EQ(Parse(Valid() + "model: {fused_kernels: true}\n").model.fused_kernels, "true");

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "worker/models/model.h"
+#include "worker/train/amp.h"
 
 namespace trainyard {
 namespace {
@@ -95,6 +96,59 @@ TEST(ClassifierDropout, IsHfsClassifierDropoutElseTheHiddenOne) {
     EXPECT_DOUBLE_EQ(HeadDropout(config), 0.0) << "a job's dropout: 0 turns the head's off too";
     config["classifier_dropout"] = 1.5;
     EXPECT_THROW(CreateModel(config, ModelTask::kSequenceClassification), std::runtime_error);
+  }
+}
+
+// Logits of `model` on a fixed batch, in bf16 autocast on the CPU, without gradients.
+torch::Tensor Bf16Logits(Model& model) {
+  torch::NoGradGuard no_grad;
+  AutocastScope autocast(torch::kCPU, Precision::kBf16);
+  torch::manual_seed(7);
+  const torch::Tensor ids = torch::randint(1, 100, {3, 11});
+  torch::Tensor mask = torch::ones({3, 11}, torch::kLong);
+  mask.narrow(1, 8, 3).select(0, 1).zero_();  // a padded row
+  return model->forward(ids, mask);
+}
+
+// How many times the model's linear products cast their weights (compute_dtype_weights.h).
+int64_t CopiesMade(Model& model) {
+  int64_t made = 0;
+  for (const auto& module : model->modules(/*include_self=*/false)) {
+    if (const auto* linear = module->as<AdaptableLinearImpl>()) made += linear->cast.copies_made();
+    if (const auto* conv = module->as<Conv1DImpl>()) made += conv->cast.copies_made();
+  }
+  return made;
+}
+
+// A frozen model casts each weight once and gives autocast's logits to the bit: the
+// same model with weights that train (cast by autocast on every pass) is the reference.
+TEST(ComputeDtypeWeights, AFrozenModelGivesAutocastsLogitsCastingOnce) {
+  PresetArgs args;
+  args.vocab_size = 100;
+  args.labels = {"a", "b", "c"};
+  args.pad_id = 0;
+  const std::vector<std::pair<ModelFamily, ModelTask>> models = {
+      {ModelFamily::kBert, ModelTask::kSequenceClassification},
+      {ModelFamily::kRoberta, ModelTask::kSequenceClassification},
+      {ModelFamily::kDistilBert, ModelTask::kSequenceClassification},
+      {ModelFamily::kGpt2, ModelTask::kSequenceClassification},
+      {ModelFamily::kGpt2, ModelTask::kCausalLm}};
+  for (const auto& [family, task] : models) {
+    SCOPED_TRACE(std::string(FamilyName(family)) + (task == ModelTask::kCausalLm ? " causal LM" : " classifier"));
+    torch::manual_seed(1);
+    Model model = CreateModel(PresetConfig(family, task, "tiny", args), task);
+    model->eval();
+    const torch::Tensor autocasts = Bf16Logits(model);
+    EXPECT_EQ(CopiesMade(model), 0) << "weights that train are cast by autocast";
+    Freeze(*model);
+    const torch::Tensor first = Bf16Logits(model);
+    const int64_t made = CopiesMade(model);
+    EXPECT_GT(made, 0);
+    const torch::Tensor second = Bf16Logits(model);
+    EXPECT_EQ(CopiesMade(model), made) << "the second pass casts nothing";
+    EXPECT_EQ(first.scalar_type(), autocasts.scalar_type());
+    EXPECT_TRUE(torch::equal(first, autocasts)) << "max diff " << (first - autocasts).abs().max().item<float>();
+    EXPECT_TRUE(torch::equal(second, autocasts));
   }
 }
 

@@ -12,6 +12,7 @@
 #include "worker/models/bert.h"
 #include "worker/models/layers.h"
 #include "worker/models/model.h"
+#include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
 namespace trainyard {
@@ -176,12 +177,20 @@ TEST(ProjectQkv, EqualsTheThreeProjections) {
   AdaptableLinear q(16, 16), k(16, 16), v(16, 16);
   torch::Tensor x = torch::randn({3, 7, 16});
   torch::Tensor separate = torch::cat({q(x), k(x), v(x)}, -1);
-  PackedLinear fused;
+  FusedQkvWeights fused;
   EXPECT_TRUE(ProjectQkv(q, k, v, x, fused).allclose(separate, 1e-5, 1e-6));
   SetCpuGemm(CpuGemm::kOneDnn);
   for (auto* linear : {&q, &k, &v}) Freeze(**linear);  // one product on the fused weight's oneDNN reorder
   EXPECT_TRUE(ProjectQkv(q, k, v, x, fused).allclose(separate, 1e-5, 1e-6));
   SetCpuGemm(CpuGemm::kAuto);
+  // Under bf16 autocast: one product on the fused weight cast once, autocast's bits.
+  torch::NoGradGuard no_grad;
+  AutocastScope autocast(torch::kCPU, Precision::kBf16);
+  const torch::Tensor autocasts =
+      torch::linear(x, torch::cat({q->weight, k->weight, v->weight}), torch::cat({q->bias, k->bias, v->bias}));
+  EXPECT_TRUE(torch::equal(ProjectQkv(q, k, v, x, fused), autocasts));
+  EXPECT_TRUE(torch::equal(ProjectQkv(q, k, v, x, fused), autocasts));
+  EXPECT_EQ(fused.cast.copies_made(), 1);
 }
 
 }  // namespace
