@@ -17,7 +17,9 @@ train_step_vs_pytorch.sh --json result). Each of these, where present, adds its 
   profile_bf16_eager_{unfused,fused}.txt   eager profiles without and with
                              model.fused_kernels: the fused kernels' device time against
                              the LayerNorm and dropout kernels they replace;
-  step_kernels.txt           scripts/gpu/step_kernels.py's output.
+  step_kernels.txt           scripts/gpu/step_kernels.py's output;
+  latency_{each_pass,once}.csv   the plan's latency step: a benchmark job's batch-1
+                             cells with runtime.weight_casts each_pass and once.
 
 With --write, the section replaces the one between PAGE's markers for DIR
 (<!-- facts_page.py DIR begin --> and <!-- facts_page.py DIR end -->); with --check, the
@@ -228,6 +230,26 @@ def realdata_table(folder, runs):
     return out
 
 
+def latency_table(folder):
+    """latency_{each_pass,once}.csv (one_call.sh's latency step): batch-1 p50 by cell."""
+    cells = {}
+    for casts in ("each_pass", "once"):
+        path = os.path.join(folder, f"latency_{casts}.csv")
+        if not os.path.exists(path):
+            continue
+        for row in csv.DictReader(open(path)):
+            if row["status"] == "ok":
+                cells.setdefault((row["precision"], row["mode"]), {})[casts] = float(row["p50_ms"])
+    out = ["| precision | mode | p50 ms, weights cast each pass | p50 ms, cast once | once / each pass |",
+           "|---|---|---|---|---|"]
+    for (precision, mode), p50 in sorted(cells.items()):
+        each, once = p50.get("each_pass"), p50.get("once")
+        ratio = f"{once / each:.3f}" if each and once else "-"
+        out.append(f"| {precision} | {mode} | {each if each is not None else '-'} | "
+                   f"{once if once is not None else '-'} | {ratio} |")
+    return out
+
+
 def kernel_kinds(path):
     """The kind tables of step_kernels.txt: {variant: (ms, kernels, [(kind, ms)])}."""
     variants, current = {}, None
@@ -341,8 +363,11 @@ def page(folder):
             "### Tests on the GPU", ""] + tests_table(os.path.join(folder, "ctest-gpu.txt"))
     if present("profile_bf16_eager.txt"):
         out += where_time_goes(folder, runs[0][1]["non_embedding_params"])
-    out += ["", "### Run to run (bf16, bert-base, seq 128, batch 64)", ""] + spread_table(runs)
-    out += graphed_against_targets(runs)
+    if runs:
+        out += ["", "### Run to run (bf16, bert-base, seq 128, batch 64)", ""] + spread_table(runs)
+        out += graphed_against_targets(runs)
+    if present("latency_once.csv") or present("latency_each_pass.csv"):
+        out += ["", "### Batch-1 latency (bert-base, seq 128; `runtime.weight_casts`)", ""] + latency_table(folder)
     if present("realdata_graphed.epochs.csv") or present("realdata_eager.epochs.csv"):
         out += ["", "### Fine-tuning on real data (topics tokenized on the fly, bf16, batch 64)", ""]
         out += realdata_table(folder, runs)

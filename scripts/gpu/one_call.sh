@@ -26,11 +26,14 @@
 #   fused     N pairs of graphed runs: without and with the fused kernels
 #             (model.fused_kernels: false, then true) in turn, the worker alone (no
 #             PyTorch run).
+#   latency   batch-1 latency of bert-base at seq 128: a benchmark job's cells (fp32,
+#             bf16 and fp16; eager and CUDA graphs), run with runtime.weight_casts
+#             each_pass, then once (their benchmark.csv rows in spread.txt).
 # nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
 # $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
 # facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
 # medians, and the weights step's output), realdata.txt, clocks.csv, and logs.tar.gz
-# (build logs, each run's JSON, steps.jsonl and logs).
+# (build logs, each run's JSON, steps.jsonl and logs, the latency CSVs).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu PLAN=profile,spread
@@ -42,15 +45,15 @@ while [[ $# -gt 0 ]]; do
       if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
       shift 2 ;;
     --plan)
-      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|fused)(,(profile|spread|graphed|compile|realdata|weights|fused))*$ ]] ||
-        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights and fused" >&2; exit 2; }
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|fused|latency)(,(profile|spread|graphed|compile|realdata|weights|fused|latency))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, fused and latency" >&2; exit 2; }
       PLAN=$2; shift 2 ;;
     --tests|--target)
       [[ $# -ge 2 && -n "$2" ]] || { echo "one_call.sh: $1 needs a value" >&2; exit 2; }
       if [[ $1 == --tests ]]; then BUILD_EXTRA+=(-R "$2"); else BUILD_EXTRA+=(--target "$2"); fi
       shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -130,6 +133,34 @@ YAML
   note "$name: $((SECONDS - t0)) s"
 }
 
+# Batch-1 latency, bert-base at seq 128, every precision and both forward modes, with
+# the frozen weights cast by autocast on every pass or once.
+latency() {  # WEIGHT_CASTS(each_pass|once)
+  local name=latency_$1 t0=$SECONDS
+  cat > "$LOGS/$name.yaml" <<YAML
+name: $name
+kind: benchmark
+data:
+  train: $PWD/data/prepared/langid/train.tsv
+  tokenizer: {vocab: $PWD/data/prepared/langid/vocab.txt}
+model: {preset: base}
+benchmark: {batch_sizes: [1], seq_lens: [128], precisions: [fp32, bf16, fp16], modes: [eager, cuda_graph], warmup: 20, iters: 300}
+runtime: {device: cuda, weight_casts: $1}
+log: {progress: false}
+YAML
+  {
+    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (bert-base, batch 1, seq 128, runtime.weight_casts $1)"
+    if build-gpu/bin/worker "$LOGS/$name.yaml" --runs-dir "$LOGS/runs" --resume none > "$LOGS/$name.out" 2>&1; then
+      cat "$LOGS/runs/$name/benchmark.csv"
+      cp "$LOGS/runs/$name/benchmark.csv" "$LOGS/$name.csv"
+    else
+      echo "FAILED:"; tail -n 30 "$LOGS/$name.out"
+    fi
+  } >> "$OUT/spread.txt"
+  rm -rf "$LOGS/runs"
+  note "$name: $((SECONDS - t0)) s"
+}
+
 IFS=, read -r -a STEPS_PLANNED <<< "$PLAN"
 for step in "${STEPS_PLANNED[@]}"; do
   case "$step" in
@@ -152,6 +183,7 @@ for step in "${STEPS_PLANNED[@]}"; do
         fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
       done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
+    latency) fits 60 && latency each_pass; fits 60 && latency once ;;
     weights)
       if fits 60; then
         echo "--- weights (clock $((SECONDS - START)) s): scripts/gpu/bf16_weights_vs_autocast.py" >> "$OUT/spread.txt"
