@@ -49,7 +49,9 @@ class ComputeDtypeWeights {
   // A copy starts empty: cached copies belong to the parameters they were made from.
   ComputeDtypeWeights(const ComputeDtypeWeights&) {}
   // Assignment keeps this object's own copies: it copies nothing, so self-assignment is safe.
-  ComputeDtypeWeights& operator=(const ComputeDtypeWeights&) { return *this; }  // NOLINT(bugprone-unhandled-self-assignment)
+  ComputeDtypeWeights& operator=(const ComputeDtypeWeights&) {
+    return *this;
+  }  // NOLINT(bugprone-unhandled-self-assignment)
 
   // Whether a product of x with `weights` (one bias per weight, all defined or none)
   // may use cast copies: WeightCastsOnce(); autocast is on for x's device type with bf16 or fp16; every
