@@ -127,6 +127,7 @@ void Reducer::ContributeZeros() {
 
 void Reducer::FinishBackward() {
   if (!in_step_) throw std::logic_error("Reducer: FinishBackward() without PrepareForBackward()");
+  launched_in_backward_ = next_to_launch_;
   LaunchReady(/*force=*/true);
   torch::NoGradGuard no_grad;
   const double world = comm_.size();

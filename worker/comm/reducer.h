@@ -69,6 +69,11 @@ class Reducer {
   torch::Tensor StopVotes() const;
 
   size_t num_buckets() const { return buckets_.size(); }
+  // Of the last step run on the host (a CUDA graph's replays run none): how many buckets
+  // were launched while backward was still running, from the gradient hooks, rather than
+  // by FinishBackward(). Zero with overlap off; with it on, every bucket whose
+  // gradients all arrived before the last one in launch order's did.
+  size_t launched_in_backward() const { return launched_in_backward_; }
   // "bucket i: n params, m MB" lines, for the log.
   std::string Describe() const;
 
@@ -98,6 +103,7 @@ class Reducer {
   Communicator& comm_;
   ReducerOptions options_;
   size_t next_to_launch_ = 0;
+  size_t launched_in_backward_ = 0;
   bool in_step_ = false;
   int64_t step_ = 0;
   TraceRecorder* trace_ = nullptr;

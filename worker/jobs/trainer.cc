@@ -173,6 +173,7 @@ void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& 
     for (int part = kForward; part < kNumTimedParts; ++part) timer.Mark();
   } else {
     result = StepBody(batch, controls, &timer);
+    if (reducer_ && batch.size() > 0) step->buckets_in_backward = int64_t(reducer_->launched_in_backward());
   }
   step->loss = result.loss.detach();
   step->found_inf = result.found_inf;
@@ -329,6 +330,7 @@ class Trainer::StepLog {
         {"ms", step_ms},      {"wait_ms", p.wait_ms},       {"skipped", v.skipped}, {"loss_scale", v.loss_scale},
         {"tokens", p.tokens}, {"padded_len", p.padded_len}, {"comm_ms", comm_ms}};
     if (t_.device_.is_cuda()) line["cuda_allocated_mb"] = CudaAllocatedMb(t_.device_);
+    if (p.buckets_in_backward >= 0) line["buckets_in_backward"] = p.buckets_in_backward;
     if (t_.ranks_.comm && t_.ranks_.world > 1) {
       const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
       int slowest = 0;

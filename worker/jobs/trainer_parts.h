@@ -26,6 +26,9 @@ struct Trainer::PendingStep {
   torch::Tensor found_inf;  // [1], under loss scaling: nonzero when the step was skipped
   torch::Tensor scale;      // [1], under loss scaling: the scale after the step
   int64_t begin_us = 0;     // when its wait for data began (the trace's clock)
+  // Gradient buckets all-reduced while backward still ran (Reducer::launched_in_backward);
+  // -1 without a reducer or for a graphed step.
+  int64_t buckets_in_backward = -1;
 };
 
 // Sums over the steps of the epoch in progress in this process (timings are not
