@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "tests/worker/jobs/bucketed_forward_check.h"
-#include "worker/models/layers.h"
+#include "tests/worker/models/cast_copies.h"
 #include "worker/train/amp.h"
 
 namespace trainyard::testing {
@@ -16,16 +16,6 @@ TEST(BucketedForwardGpu, ReplayedBucketsGiveEachBatchItsOwnShapesLogits) {
   at::globalContext().setAllowTF32CuBLAS(false);
   for (ModelFamily family : {ModelFamily::kBert, ModelFamily::kRoberta, ModelFamily::kGpt2})
     ExpectBucketsMatchOwnShape(family, torch::Device(torch::kCUDA, 0), true);
-}
-
-// How many times the model's own linear layers cast their weights (compute_dtype_weights.h).
-int64_t CopiesMade(Model& model) {
-  int64_t made = 0;
-  for (const auto& module : model->modules(/*include_self=*/false)) {
-    if (const auto* linear = module->as<AdaptableLinearImpl>()) made += linear->cast.copies_made();
-    if (const auto* conv = module->as<Conv1DImpl>()) made += conv->cast.copies_made();
-  }
-  return made;
 }
 
 // Serving in bf16: the frozen model's weights are cast once, in the warm-up before each
@@ -42,7 +32,7 @@ TEST(BucketedForwardGpu, Bf16ReplaysReadWeightsCastOnceAndGiveAutocastsLogits) {
     Freeze(*served);
     BucketedForward bucketed(served, kBuckets, Precision::kBf16, true);
     ASSERT_EQ(bucketed.Warm().size(), kBuckets.size());
-    const int64_t made = CopiesMade(served);
+    const int64_t made = CastCopiesMade(served);
     EXPECT_GT(made, 0);
     for (const auto& [rows, seq] : kBatches) {
       auto [ids, mask] = RandomBatch(rows, seq, served->info().pad_id);
@@ -57,7 +47,7 @@ TEST(BucketedForwardGpu, Bf16ReplaysReadWeightsCastOnceAndGiveAutocastsLogits) {
       EXPECT_LT((got - expected).abs().max().item<double>(), 2e-2 * (1 + expected.abs().max().item<double>()))
           << rows << " x " << seq << " in bucket " << bucketed.BucketFor(rows, seq);
     }
-    EXPECT_EQ(CopiesMade(served), made) << "replays, and the eager batch no bucket holds, cast nothing again";
+    EXPECT_EQ(CastCopiesMade(served), made) << "replays, and the eager batch no bucket holds, cast nothing again";
   }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/worker/models/cast_copies.h"
 #include "worker/models/model.h"
 #include "worker/train/amp.h"
 
@@ -110,16 +111,6 @@ torch::Tensor Bf16Logits(Model& model) {
   return model->forward(ids, mask);
 }
 
-// How many times the model's linear products cast their weights (compute_dtype_weights.h).
-int64_t CopiesMade(Model& model) {
-  int64_t made = 0;
-  for (const auto& module : model->modules(/*include_self=*/false)) {
-    if (const auto* linear = module->as<AdaptableLinearImpl>()) made += linear->cast.copies_made();
-    if (const auto* conv = module->as<Conv1DImpl>()) made += conv->cast.copies_made();
-  }
-  return made;
-}
-
 // A frozen model casts each weight once and gives autocast's logits to the bit: the
 // same model with weights that train (cast by autocast on every pass) is the reference.
 TEST(ComputeDtypeWeights, AFrozenModelGivesAutocastsLogitsCastingOnce) {
@@ -139,13 +130,13 @@ TEST(ComputeDtypeWeights, AFrozenModelGivesAutocastsLogitsCastingOnce) {
     Model model = CreateModel(PresetConfig(family, task, "tiny", args), task);
     model->eval();
     const torch::Tensor autocasts = Bf16Logits(model);
-    EXPECT_EQ(CopiesMade(model), 0) << "weights that train are cast by autocast";
+    EXPECT_EQ(trainyard::testing::CastCopiesMade(model), 0) << "weights that train are cast by autocast";
     Freeze(*model);
     const torch::Tensor first = Bf16Logits(model);
-    const int64_t made = CopiesMade(model);
+    const int64_t made = trainyard::testing::CastCopiesMade(model);
     EXPECT_GT(made, 0);
     const torch::Tensor second = Bf16Logits(model);
-    EXPECT_EQ(CopiesMade(model), made) << "the second pass casts nothing";
+    EXPECT_EQ(trainyard::testing::CastCopiesMade(model), made) << "the second pass casts nothing";
     EXPECT_EQ(first.scalar_type(), autocasts.scalar_type());
     EXPECT_TRUE(torch::equal(first, autocasts)) << "max diff " << (first - autocasts).abs().max().item<float>();
     EXPECT_TRUE(torch::equal(second, autocasts));
