@@ -23,4 +23,8 @@ nlohmann::json ParseBoundedJsonOrDiscarded(std::string_view text, int max_depth)
   }
 }
 
+std::string DumpJsonForPeer(const nlohmann::json& value, int indent) {
+  return value.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace trainyard

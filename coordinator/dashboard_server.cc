@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <zmq_addon.hpp>
 
+#include "common/bounded_json.h"
 #include "coordinator/embedded_files.h"
 #include "coordinator/server.h"
 
@@ -18,7 +19,7 @@ namespace {
 HttpResponse JsonError(int status, const std::string& message) {
   HttpResponse r;
   r.status = status;
-  r.body = nlohmann::json{{"error", message}}.dump();
+  r.body = DumpJsonForPeer({{"error", message}});
   return r;
 }
 

@@ -25,7 +25,7 @@ namespace {
 
 using json = nlohmann::json;
 
-WebReply JsonReply(int status, const json& body) { return {status, "application/json", body.dump()}; }
+WebReply JsonReply(int status, const json& body) { return {status, "application/json", DumpJsonForPeer(body)}; }
 WebReply NotFound(const std::string& what) { return JsonReply(404, {{"error", what}}); }
 
 // A job id as a path segment: 1 to 18 digits, nothing else.

@@ -18,7 +18,7 @@ using json = nlohmann::json;
 HttpResponse JsonResponse(int status, const json& body) {
   HttpResponse r;
   r.status = status;
-  r.body = body.dump();
+  r.body = DumpJsonForPeer(body);
   return r;
 }
 
@@ -211,7 +211,9 @@ HttpResponse KserveHttp::Repository(const std::string& model, const std::string&
     if (!request.body.empty()) {
       const json body = ParseBoundedJsonOrDiscarded(request.body);
       if (body.is_discarded() || !body.is_object()) return Error(400, "request body: malformed JSON");
-      ready_only = body.value("ready", false);
+      if (body.contains("ready") && !body["ready"].is_boolean())
+        return Error(400, "request body: 'ready' must be true or false");
+      ready_only = body.contains("ready") && body["ready"].get<bool>();
     }
     json index = json::array();
     for (const IndexEntry& e : core_->Index(ready_only)) {

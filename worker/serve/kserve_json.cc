@@ -73,6 +73,11 @@ TensorIn DecodeInput(const json& input, const std::string& binary_chunk, bool ha
   return t;
 }
 
+// The input's name for an error message, when it has one that is a string.
+std::string NameOrPlaceholder(const json& input) {
+  return input.contains("name") && input["name"].is_string() ? input["name"].get<std::string>() : "?";
+}
+
 bool BoolParameter(const json& object, const char* key) {
   return object.is_object() && object.contains("parameters") && object["parameters"].is_object() &&
          object["parameters"].contains(key) && object["parameters"][key].is_boolean() &&
@@ -119,7 +124,7 @@ InferCall DecodeJsonInfer(const std::string& http_body, const std::string& heade
     if (has_binary) {
       const json& size = input["parameters"]["binary_data_size"];
       if (!size.is_number_unsigned() || size.get<uint64_t>() > binary.size() - at)
-        throw InferInputError("input '" + input.value("name", std::string("?")) +
+        throw InferInputError("input '" + NameOrPlaceholder(input) +
                               "': parameters.binary_data_size runs past the binary data sent");
       chunk = binary.substr(at, size.get<size_t>());
       at += chunk.size();
@@ -162,7 +167,7 @@ JsonAnswer EncodeJsonAnswer(const InferCall& call, const VersionMeta& meta, cons
     body["outputs"].push_back(std::move(o));
   }
   JsonAnswer answer;
-  answer.body = body.dump();
+  answer.body = DumpJsonForPeer(body);
   answer.json_length = answer.body.size();
   answer.binary = !binary.empty();
   answer.body += binary;

@@ -122,6 +122,32 @@ TEST(KserveJson, DeepNestingIsRefusedAndShallowNestingFlattens) {
   EXPECT_THROW(DecodeJsonInfer(head + "[[1, 2], [3]]}]}", ""), InferInputError);  // 3 elements for 4
 }
 
+// A request wrong in two ways at once is still an input error: an input whose name is not
+// a string, with a binary_data_size that is not a count, names the size.
+TEST(KserveJson, ABadBinarySizeBesideANameThatIsNotAStringIsAnInputError) {
+  try {
+    DecodeJsonInfer(R"({"inputs": [{"name": 1, "datatype": "BYTES", "shape": [1],
+                                     "parameters": {"binary_data_size": -1}}]})",
+                    "");
+    ADD_FAILURE() << "a negative binary_data_size was decoded";
+  } catch (const InferInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("input '?': parameters.binary_data_size"), std::string::npos) << e.what();
+  }
+}
+
+// An answer quoting bytes that are not UTF-8 serialises with U+FFFD in their place.
+TEST(KserveJson, AnAnswerQuotingBytesThatAreNotUtf8Serialises) {
+  InferCall call;
+  const std::string not_utf8 = "\xff\xfe", replacement = "\xEF\xBF\xBD";
+  call.id = "a" + not_utf8 + "b";
+  VersionMeta meta;
+  meta.model = "m";
+  meta.version = 1;
+  const JsonAnswer answer = EncodeJsonAnswer(call, meta, {});
+  const std::string quoted = "\"id\":\"a" + replacement + replacement + "b\"";
+  EXPECT_NE(answer.body.find(quoted), std::string::npos) << answer.body;
+}
+
 // A timeout of 1e30 us once overflowed into a deadline in the past: now it is an hour.
 TEST(InferRequest, DeadlinesAreTheClientsTimeoutAtMostAnHour) {
   const auto now = ServeClock::now();

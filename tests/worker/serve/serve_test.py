@@ -546,6 +546,8 @@ def bad_input(worker, work):
     binary_text = b"\x05\x00\x00\x00hello"
     header = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],
                                      "parameters": {"binary_data_size": len(binary_text)}}]}).encode()
+    numeric_name = json.dumps({"inputs": [{"name": 7, "datatype": "BYTES", "shape": [1],
+                                           "parameters": {"binary_data_size": -1}}]}).encode()
     cases = [
         ("malformed JSON", "/v2/models/langid/infer", b"{\"inputs\": [", {}, "malformed JSON"),
         ("wrong datatype", "/v2/models/langid/infer",
@@ -568,6 +570,11 @@ def bad_input(worker, work):
          {"Inference-Header-Content-Length": str(len(header))}, "binary data"),
         ("BYTES length that lies", "/v2/models/langid/infer", header + b"\xff\x00\x00\x00hello",
          {"Inference-Header-Content-Length": str(len(header))}, "TEXT"),
+        ("binary_data_size not a count, beside a name that is not a string", "/v2/models/langid/infer",
+         numeric_name, {"Inference-Header-Content-Length": str(len(numeric_name))}, "binary_data_size"),
+        ("a header length that is not UTF-8, quoted back", "/v2/models/langid/infer", header + binary_text,
+         {"Inference-Header-Content-Length": b"12\xff"}, "Inference-Header-Content-Length"),
+        ("a repository index whose 'ready' is not a boolean", "/v2/repository/index", b'{"ready": 1}', {}, "ready"),
         ("oversized body", "/v2/models/langid/infer", b"{" + b" " * (2 << 20) + b"}", {}, "max_body_mb"),
         ("data nested 400,000 deep", "/v2/models/langid/infer",
          b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ' + b"[" * 400000 + b"]" * 400000
