@@ -18,8 +18,9 @@ train_step_vs_pytorch.sh --json result). Each of these, where present, adds its 
                              model.fused_kernels: the fused kernels' device time against
                              the LayerNorm and dropout kernels they replace;
   step_kernels.txt           scripts/gpu/step_kernels.py's output;
-  latency_{each_pass,once}.csv   the plan's latency step: a benchmark job's batch-1
-                             cells with runtime.weight_casts each_pass and once.
+  latency_{each_pass,once,once_fused}.csv   the plan's latency step: a benchmark
+                             job's batch-1 cells with runtime.weight_casts each_pass,
+                             once, and once with model.fused_kernels: true.
 
 With --write, the section replaces the one between PAGE's markers for DIR
 (<!-- facts_page.py DIR begin --> and <!-- facts_page.py DIR end -->); with --check, the
@@ -231,22 +232,26 @@ def realdata_table(folder, runs):
 
 
 def latency_table(folder):
-    """latency_{each_pass,once}.csv (one_call.sh's latency step): batch-1 p50 by cell."""
+    """latency_{each_pass,once,once_fused}.csv (one_call.sh's latency step): batch-1 p50
+    by cell, each setting beside the weights cast on every pass."""
+    settings = (("each_pass", "weights cast each pass"), ("once", "cast once"),
+                ("once_fused", "cast once, fused kernels"))
     cells = {}
-    for casts in ("each_pass", "once"):
-        path = os.path.join(folder, f"latency_{casts}.csv")
+    for setting, _ in settings:
+        path = os.path.join(folder, f"latency_{setting}.csv")
         if not os.path.exists(path):
             continue
         for row in csv.DictReader(open(path)):
             if row["status"] == "ok":
-                cells.setdefault((row["precision"], row["mode"]), {})[casts] = float(row["p50_ms"])
-    out = ["| precision | mode | p50 ms, weights cast each pass | p50 ms, cast once | once / each pass |",
-           "|---|---|---|---|---|"]
+                cells.setdefault((row["precision"], row["mode"]), {})[setting] = float(row["p50_ms"])
+    header = ["precision", "mode"] + [f"p50 ms, {title}" for _, title in settings]
+    header += [f"{setting} / each pass" for setting, _ in settings[1:]]
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (precision, mode), p50 in sorted(cells.items()):
-        each, once = p50.get("each_pass"), p50.get("once")
-        ratio = f"{once / each:.3f}" if each and once else "-"
-        out.append(f"| {precision} | {mode} | {each if each is not None else '-'} | "
-                   f"{once if once is not None else '-'} | {ratio} |")
+        each = p50.get("each_pass")
+        values = [str(p50[s]) if s in p50 else "-" for s, _ in settings]
+        ratios = [f"{p50[s] / each:.3f}" if each and s in p50 else "-" for s, _ in settings[1:]]
+        out.append("| " + " | ".join([precision, mode] + values + ratios) + " |")
     return out
 
 
@@ -366,8 +371,8 @@ def page(folder):
     if runs:
         out += ["", "### Run to run (bf16, bert-base, seq 128, batch 64)", ""] + spread_table(runs)
         out += graphed_against_targets(runs)
-    if present("latency_once.csv") or present("latency_each_pass.csv"):
-        out += ["", "### Batch-1 latency (bert-base, seq 128; `runtime.weight_casts`)", ""] + latency_table(folder)
+    if any(present(f"latency_{s}.csv") for s in ("each_pass", "once", "once_fused")):
+        out += ["", "### Batch-1 latency (bert-base, seq 128; `runtime.weight_casts`, `model.fused_kernels`)", ""] + latency_table(folder)
     if present("realdata_graphed.epochs.csv") or present("realdata_eager.epochs.csv"):
         out += ["", "### Fine-tuning on real data (topics tokenized on the fly, bf16, batch 64)", ""]
         out += realdata_table(folder, runs)

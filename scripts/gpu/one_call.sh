@@ -28,7 +28,8 @@
 #             PyTorch run).
 #   latency   batch-1 latency of bert-base at seq 128: a benchmark job's cells (fp32,
 #             bf16 and fp16; eager and CUDA graphs), run with runtime.weight_casts
-#             each_pass, then once (their benchmark.csv rows in spread.txt).
+#             each_pass, then once, then once with model.fused_kernels: true (their
+#             benchmark.csv rows in spread.txt).
 # nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
 # $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
 # facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
@@ -134,22 +135,24 @@ YAML
 }
 
 # Batch-1 latency, bert-base at seq 128, every precision and both forward modes, with
-# the frozen weights cast by autocast on every pass or once.
-latency() {  # WEIGHT_CASTS(each_pass|once)
+# the frozen weights cast by autocast on every pass or once, and the fused add+norm
+# kernels off or on (auto leaves them off outside training).
+latency() {  # WEIGHT_CASTS(each_pass|once) FUSED(false|true)
   local name=latency_$1 t0=$SECONDS
+  [[ $2 == true ]] && name+=_fused
   cat > "$LOGS/$name.yaml" <<YAML
 name: $name
 kind: benchmark
 data:
   train: $PWD/data/prepared/langid/train.tsv
   tokenizer: {vocab: $PWD/data/prepared/langid/vocab.txt}
-model: {preset: base}
+model: {preset: base, fused_kernels: $2}
 benchmark: {batch_sizes: [1], seq_lens: [128], precisions: [fp32, bf16, fp16], modes: [eager, cuda_graph], warmup: 20, iters: 300}
 runtime: {device: cuda, weight_casts: $1}
 log: {progress: false}
 YAML
   {
-    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (bert-base, batch 1, seq 128, runtime.weight_casts $1)"
+    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (bert-base, batch 1, seq 128, runtime.weight_casts $1, model.fused_kernels $2)"
     if build-gpu/bin/worker "$LOGS/$name.yaml" --runs-dir "$LOGS/runs" --resume none > "$LOGS/$name.out" 2>&1; then
       cat "$LOGS/runs/$name/benchmark.csv"
       cp "$LOGS/runs/$name/benchmark.csv" "$LOGS/$name.csv"
@@ -183,7 +186,7 @@ for step in "${STEPS_PLANNED[@]}"; do
         fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
       done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
-    latency) fits 60 && latency each_pass; fits 60 && latency once ;;
+    latency) fits 60 && latency each_pass false; fits 60 && latency once false; fits 60 && latency once true ;;
     weights)
       if fits 60; then
         echo "--- weights (clock $((SECONDS - START)) s): scripts/gpu/bf16_weights_vs_autocast.py" >> "$OUT/spread.txt"
