@@ -13,8 +13,13 @@
 //   - with dropout, in both layouts, the kept share within 0.005 of 1 - p over 6 M draws
 //     or more, and the value and gradients equal to the composition with that same mask;
 //   - captured in a CUDA graph, each replay draws a new mask;
+//   - with the producing product's bias passed as x_bias (added in fp32 before the
+//     dropout), for both layouts, fp32 and bf16 x, with and without dropout: the value,
+//     the gradients and x_bias's gradient;
 //   - a BERT classifier with model fused on and off: logits and every parameter's
-//     gradient within 1e-4 after one backward (dropout 0).
+//     gradient within 1e-4 after one backward (dropout 0);
+//   - the same classifier forward only, in eval mode, under NoGradGuard (inference,
+//     serving) and InferenceMode (generation), with padded rows: logits within 1e-4.
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -43,6 +48,7 @@ double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
 
 struct Inputs {
   torch::Tensor x, residual, weight, bias, dy;
+  torch::Tensor x_bias;  // undefined: none
 };
 
 Inputs MakeInputs(std::vector<int64_t> shape, torch::Dtype x_type, torch::Dtype residual_type, uint64_t seed) {
@@ -59,6 +65,7 @@ Inputs MakeInputs(std::vector<int64_t> shape, torch::Dtype x_type, torch::Dtype 
 
 struct Result {
   torch::Tensor y, dx, dresidual, dweight, dbias, keep;
+  torch::Tensor dx_bias;  // with Inputs::x_bias
 };
 
 // t's values one element into a larger buffer: contiguous, differentiable, and not
@@ -73,14 +80,16 @@ Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& r
   torch::Tensor residual = in.residual.detach().clone().requires_grad_(true);
   torch::Tensor weight = in.weight.detach().clone().requires_grad_(true);
   torch::Tensor bias = in.bias.detach().clone().requires_grad_(true);
+  torch::Tensor x_bias = in.x_bias.defined() ? in.x_bias.detach().clone().requires_grad_(true) : torch::Tensor();
   Result r;
   if (fused) {
     const torch::Tensor x_in = misaligned ? OneElementIn(x) : x;
     const torch::Tensor residual_in = misaligned ? OneElementIn(residual) : residual;
-    std::tie(r.y, r.keep) = FusedDropoutAddNormWithMask(x_in, residual_in, weight, bias, 1e-12, p, p > 0);
+    std::tie(r.y, r.keep) = FusedDropoutAddNormWithMask(x_in, residual_in, weight, bias, 1e-12, p, p > 0, x_bias);
   } else {
     // The composition in fp32, as autocast runs LayerNorm; with a given mask when p > 0.
     torch::Tensor dropped = x.to(torch::kFloat);
+    if (x_bias.defined()) dropped = dropped + x_bias;
     if (reference_keep.defined()) dropped = dropped * reference_keep.to(torch::kFloat) / (1.0 - p);
     r.y = torch::layer_norm(dropped + residual.to(torch::kFloat), {x.size(-1)}, weight, bias, 1e-12)
               .to(in.residual.scalar_type());
@@ -90,6 +99,7 @@ Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& r
   r.dresidual = residual.grad();
   r.dweight = weight.grad();
   r.dbias = bias.grad();
+  if (x_bias.defined()) r.dx_bias = x_bias.grad();
   return r;
 }
 
@@ -114,6 +124,11 @@ void ExpectClose(const Result& fused, const Result& unfused, const std::string& 
       {"dbias", {fused.dbias, unfused.dbias}}};
   for (const auto& [name, pair] : outputs)
     EXPECT_LE(RelativeError(pair.first, pair.second), ToleranceFor(pair.second)) << what << ": " << name;
+  ASSERT_EQ(fused.dx_bias.defined(), unfused.dx_bias.defined()) << what;
+  // x_bias's gradient is summed over the rows in fp32 on both sides, in different orders.
+  if (unfused.dx_bias.defined()) {
+    EXPECT_LE(RelativeError(fused.dx_bias, unfused.dx_bias), 1e-4) << what << ": dx_bias";
+  }
   EXPECT_EQ(fused.y.scalar_type(), unfused.y.scalar_type()) << what;
   EXPECT_EQ(fused.dx.scalar_type(), unfused.dx.scalar_type()) << what;
 }
@@ -176,6 +191,25 @@ TEST_F(FusedAddNormGpu, DropoutKeepsOneMinusPAndMatchesTheCompositionWithItsMask
   }
 }
 
+TEST_F(FusedAddNormGpu, AnXBiasIsAddedBeforeTheDropoutAndGetsItsGradient) {
+  for (const int64_t hidden : {768, 770}) {  // row per warp, row per block
+    for (const torch::Dtype type : {torch::kFloat, torch::kBFloat16}) {
+      Inputs in = MakeInputs({32, 64, hidden}, type, torch::kFloat, 9);
+      in.x_bias = torch::randn({hidden}, torch::dtype(torch::kFloat).device(kCuda));
+      ASSERT_TRUE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias, in.x_bias));
+      const std::string what = std::string(c10::toString(type)) + " x, hidden " + std::to_string(hidden);
+      ExpectClose(RunAddNorm(in, 0.0, true), RunAddNorm(in, 0.0, false), what);
+      const Result dropped = RunAddNorm(in, 0.1, true);
+      ASSERT_TRUE(dropped.keep.defined());
+      ExpectClose(dropped, RunAddNorm(in, 0.1, false, dropped.keep), what + ", dropout 0.1");
+    }
+  }
+  // An x_bias of the wrong size or dtype is not for the fused kernels.
+  const Inputs in = MakeInputs({4, 768}, torch::kFloat, torch::kFloat, 10);
+  EXPECT_FALSE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias, in.bias.narrow(0, 0, 767)));
+  EXPECT_FALSE(FusedAddNormApplies(in.x, in.residual, in.weight, in.bias, in.bias.to(torch::kBFloat16)));
+}
+
 TEST_F(FusedAddNormGpu, EachGraphReplayDrawsANewMask) {
   const Inputs in = MakeInputs({32, 768}, torch::kFloat, torch::kFloat, 4);
   at::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
@@ -226,6 +260,42 @@ TEST_F(FusedAddNormGpu, ABertClassifierGivesTheSameLogitsAndGradientsFusedOrNot)
   EXPECT_LE(RelativeError(logits[1], logits[0]), 1e-4);
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(RelativeError(grads[1][i], grads[0][i]), 1e-4) << i;
+}
+
+// The forward-only paths (evaluation, serving and generation run without autograd):
+// the fused function must neither need a graph nor leave one behind.
+TEST_F(FusedAddNormGpu, ForwardOnlyUnderNoGradAndInferenceModeGivesTheUnfusedLogits) {
+  PresetArgs args;
+  args.vocab_size = 500;
+  args.max_sequence = 64;
+  args.labels = {"a", "b", "c"};
+  const nlohmann::json config = PresetConfig(ModelFamily::kBert, ModelTask::kSequenceClassification, "mini", args);
+  torch::manual_seed(7);
+  const torch::Tensor ids = torch::randint(5, 500, {4, 64}, torch::kLong).to(kCuda);
+  torch::Tensor mask = torch::ones({4, 64}, torch::kLong);
+  mask.index_put_({torch::indexing::Slice(1, 4), torch::indexing::Slice(40, 64)}, 0);  // padded rows
+  mask = mask.to(kCuda);
+  for (bool inference_mode : {false, true}) {
+    std::vector<torch::Tensor> logits;
+    for (bool fused : {false, true}) {
+      torch::manual_seed(8);
+      Model model = CreateModel(config, ModelTask::kSequenceClassification);
+      model->to(kCuda);
+      model->eval();
+      EXPECT_EQ(model->set_fused_add_norm(fused), 4);
+      torch::Tensor out;
+      if (inference_mode) {
+        torch::InferenceMode guard;
+        out = model->forward(ids, mask);
+      } else {
+        torch::NoGradGuard guard;
+        out = model->forward(ids, mask);
+        EXPECT_FALSE(out.requires_grad());
+      }
+      logits.push_back(out.clone());
+    }
+    EXPECT_LE(RelativeError(logits[1], logits[0]), 1e-4) << (inference_mode ? "InferenceMode" : "NoGradGuard");
+  }
 }
 
 }  // namespace

@@ -16,16 +16,20 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Saves the fp32 sum, the row statistics and the keep mask; the backward normalises the
-// sum again rather than keep the normalised values too.
+// sum again rather than keep the normalised values too. x_bias may be undefined (no
+// bias, and no gradient for it).
 class FusedAddNormFunction : public torch::autograd::Function<FusedAddNormFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps, double p) {
-    cuda::AddNormForwardResult r =
-        cuda::AddNormForward(x.contiguous(), residual.contiguous(), weight.contiguous(), bias.contiguous(), eps, p);
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& x_bias,
+                               const torch::Tensor& residual, const torch::Tensor& weight, const torch::Tensor& bias,
+                               double eps, double p) {
+    const torch::Tensor x_bias_in = x_bias.defined() ? x_bias.contiguous() : torch::Tensor();
+    cuda::AddNormForwardResult r = cuda::AddNormForward(x.contiguous(), x_bias_in, residual.contiguous(),
+                                                        weight.contiguous(), bias.contiguous(), eps, p);
     ctx->save_for_backward({r.sum, weight, r.mean, r.rstd, r.keep});
     ctx->saved_data["p"] = p;
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["x_bias"] = x_bias.defined();
     // Autograd wants defined outputs: without dropout the mask is empty.
     torch::Tensor keep = r.keep.defined() ? r.keep : torch::empty({0}, x.options().dtype(torch::kByte));
     ctx->mark_non_differentiable({keep});
@@ -35,9 +39,10 @@ class FusedAddNormFunction : public torch::autograd::Function<FusedAddNormFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const auto x_type = static_cast<torch::ScalarType>(ctx->saved_data["x_type"].toInt());
-    cuda::AddNormGrads g = cuda::AddNormBackward(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3],
-                                                 saved[4], ctx->saved_data["p"].toDouble(), x_type);
-    return {g.dx, g.dresidual, g.dweight, g.dbias, torch::Tensor(), torch::Tensor()};
+    cuda::AddNormGrads g =
+        cuda::AddNormBackward(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
+                              ctx->saved_data["p"].toDouble(), x_type, ctx->saved_data["x_bias"].toBool());
+    return {g.dx, g.dx_bias, g.dresidual, g.dweight, g.dbias, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -45,7 +50,7 @@ class FusedAddNormFunction : public torch::autograd::Function<FusedAddNormFuncti
 #endif
 
 bool FusedAddNormApplies(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                         const torch::Tensor& bias) {
+                         const torch::Tensor& bias, const torch::Tensor& x_bias) {
 #ifdef TRAINYARD_WITH_CUDA
   if (!x.defined() || !residual.defined() || !weight.defined() || !bias.defined()) return false;
   if (!x.is_cuda() || x.dim() < 1 || x.sizes() != residual.sizes()) return false;
@@ -54,20 +59,24 @@ bool FusedAddNormApplies(const torch::Tensor& x, const torch::Tensor& residual, 
   if (xt != torch::kFloat && xt != torch::kBFloat16 && xt != torch::kHalf) return false;
   if (residual.scalar_type() != torch::kFloat && residual.scalar_type() != xt) return false;
   const int64_t hidden = x.size(-1);
-  for (const torch::Tensor* t : {&weight, &bias})
-    if (t->scalar_type() != torch::kFloat || t->dim() != 1 || t->size(0) != hidden) return false;
+  if (x_bias.defined() && x_bias.device() != x.device()) return false;
+  for (const torch::Tensor* t : {&weight, &bias, &x_bias})
+    if (t->defined() && (t->scalar_type() != torch::kFloat || t->dim() != 1 || t->size(0) != hidden)) return false;
   return cuda::AddNormFits(hidden);
 #else
-  (void)x, (void)residual, (void)weight, (void)bias;
+  (void)x, (void)residual, (void)weight, (void)bias, (void)x_bias;
   return false;
 #endif
 }
 
 torch::Tensor FusedDropoutAddNorm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                                  const torch::Tensor& bias, double eps, double p, bool training) {
-  if (FusedAddNormApplies(x, residual, weight, bias))
-    return FusedDropoutAddNormWithMask(x, residual, weight, bias, eps, p, training).first;
-  torch::Tensor dropped = training && p > 0 ? torch::dropout(x, p, true) : x;
+                                  const torch::Tensor& bias, double eps, double p, bool training,
+                                  const torch::Tensor& x_bias) {
+  if (FusedAddNormApplies(x, residual, weight, bias, x_bias))
+    return FusedDropoutAddNormWithMask(x, residual, weight, bias, eps, p, training, x_bias).first;
+  // The bias in x's dtype, as a product's own bias epilogue adds it under autocast.
+  const torch::Tensor biased = x_bias.defined() ? x + x_bias.to(x.scalar_type()) : x;
+  torch::Tensor dropped = training && p > 0 ? torch::dropout(biased, p, true) : biased;
   return torch::layer_norm(dropped + residual, {x.size(-1)}, weight, bias, eps);
 }
 
@@ -75,12 +84,12 @@ std::pair<torch::Tensor, torch::Tensor> FusedDropoutAddNormWithMask(const torch:
                                                                     const torch::Tensor& residual,
                                                                     const torch::Tensor& weight,
                                                                     const torch::Tensor& bias, double eps, double p,
-                                                                    bool training) {
-  if (!FusedAddNormApplies(x, residual, weight, bias))
+                                                                    bool training, const torch::Tensor& x_bias) {
+  if (!FusedAddNormApplies(x, residual, weight, bias, x_bias))
     throw std::invalid_argument("FusedDropoutAddNormWithMask: these tensors do not fit the fused kernels");
 #ifdef TRAINYARD_WITH_CUDA
   const double drop = training ? p : 0.0;
-  variable_list out = FusedAddNormFunction::apply(x, residual, weight, bias, eps, drop);
+  variable_list out = FusedAddNormFunction::apply(x, x_bias, residual, weight, bias, eps, drop);
   return {out[0], drop > 0 ? out[1] : torch::Tensor()};
 #else
   return {};

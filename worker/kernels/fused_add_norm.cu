@@ -16,15 +16,20 @@
 // Each (row, thread) is its own Philox subsequence, and the generator's offset advances
 // by the most uniforms one thread draws.
 //
-// The backward kernels also sum the weight's and bias's gradients over the rows a block
-// visited, in a fixed order, one partial row pair per block; the caller adds the
-// partials up.
+// x_bias, when given, is the bias of the product that made x, added to x before the
+// dropout, so that product can run without its bias epilogue and its gradient needs no
+// reduction of its own.
+//
+// The backward kernels also sum the norm weight's and bias's gradients (and x_bias's)
+// over the rows a block visited, in a fixed order, one partial row per gradient per
+// block; the caller adds the partials up.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <curand_kernel.h>
 
 #include <ATen/cuda/PhiloxUtils.cuh>
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <mutex>
@@ -99,10 +104,11 @@ __device__ __forceinline__ void PhiloxSeeds(const at::PhiloxCudaState& philox, b
 
 template <typename TX, typename TR, int kChunks>
 __global__ void __launch_bounds__(kRowWarpThreads)
-    AddNormForwardRowWarp(const TX* __restrict__ x, const TR* __restrict__ residual, const float* __restrict__ weight,
-                          const float* __restrict__ bias, TR* __restrict__ y, float* __restrict__ sum_out,
-                          float* __restrict__ mean_out, float* __restrict__ rstd_out, uint8_t* __restrict__ keep_out,
-                          int64_t rows, int hidden, float eps, float p, at::PhiloxCudaState philox) {
+    AddNormForwardRowWarp(const TX* __restrict__ x, const float* __restrict__ x_bias, const TR* __restrict__ residual,
+                          const float* __restrict__ weight, const float* __restrict__ bias, TR* __restrict__ y,
+                          float* __restrict__ sum_out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                          uint8_t* __restrict__ keep_out, int64_t rows, int hidden, float eps, float p,
+                          at::PhiloxCudaState philox) {
   const int lane = threadIdx.x % kWarp;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
@@ -129,10 +135,11 @@ __global__ void __launch_bounds__(kRowWarpThreads)
       if (c < hidden) {
         const Pack<TX> xs = LoadPack(x + base + c);
         const Pack<TR> rs = LoadPack(residual + base + c);
+        const Pack<float> xb = x_bias ? LoadPack(x_bias + c) : Pack<float>{};
         Pack<uint8_t> keep{};
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          float xv = static_cast<float>(xs.v[i]);
+          float xv = static_cast<float>(xs.v[i]) + xb.v[i];
           if (dropout) {
             keep.v[i] = u[i] < 1.f - p;
             xv = keep.v[i] ? xv * scale : 0.f;
@@ -174,25 +181,31 @@ __global__ void __launch_bounds__(kRowWarpThreads)
   }
 }
 
-// partial: [gridDim.x][2][hidden], the weight's then the bias's gradient summed over the
-// rows this block visited (its warps' sums added in warp order).
-template <typename TX, typename TR, int kChunks>
+// partial: [gridDim.x][kSums][hidden], the weight's, the bias's and (with x_bias)
+// x_bias's gradient summed over the rows this block visited (its warps' sums added in
+// warp order). kSums is 3 with x_bias, else 2.
+template <typename TX, typename TR, int kChunks, int kSums>
 __global__ void __launch_bounds__(kRowWarpThreads)
     AddNormBackwardRowWarp(const TR* __restrict__ dy, const float* __restrict__ sum, const float* __restrict__ weight,
                            const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                            const uint8_t* __restrict__ keep, TX* __restrict__ dx, TR* __restrict__ dresidual,
                            float* __restrict__ partial, int64_t rows, int hidden, float p) {
-  __shared__ float warp_partial[kRowWarpWarps][2][kChunks * kWarp * kVec];
+  static_assert(kSums == 2 || kSums == 3, "the norm's weight and bias, and x_bias or not");
+  __shared__ float warp_partial[kRowWarpWarps][kSums][kChunks * kWarp * kVec];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
   const bool dropout = p > 0.f;
   const float scale = dropout ? 1.f / (1.f - p) : 1.f;
-  float dweight[kChunks][kVec], dbias[kChunks][kVec];
+  float dweight[kChunks][kVec], dbias[kChunks][kVec], dx_bias[kSums == 3 ? kChunks : 1][kVec];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j)
 #pragma unroll
     for (int i = 0; i < kVec; ++i) dweight[j][i] = dbias[j][i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < (kSums == 3 ? kChunks : 1); ++j)
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dx_bias[j][i] = 0.f;
   for (int64_t row = first; row < rows; row += stride) {
     const int64_t base = row * hidden;
     const float mean = mean_in[row], rstd = rstd_in[row];
@@ -230,8 +243,10 @@ __global__ void __launch_bounds__(kRowWarpThreads)
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float ds = rstd * (g[j][i] - mean_g - xhat[j][i] * mean_gx);
+        const float dxv = dropout ? (kept.v[i] ? ds * scale : 0.f) : ds;
         dr.v[i] = static_cast<TR>(ds);
-        dxs.v[i] = static_cast<TX>(dropout ? (kept.v[i] ? ds * scale : 0.f) : ds);
+        dxs.v[i] = static_cast<TX>(dxv);
+        if constexpr (kSums == 3) dx_bias[j][i] += dxv;
       }
       StorePack(dresidual + base + c, dr);
       StorePack(dx + base + c, dxs);
@@ -244,29 +259,30 @@ __global__ void __launch_bounds__(kRowWarpThreads)
     for (int i = 0; i < kVec; ++i) {
       warp_partial[warp][0][c + i] = dweight[j][i];
       warp_partial[warp][1][c + i] = dbias[j][i];
+      if constexpr (kSums == 3) warp_partial[warp][2][c + i] = dx_bias[j][i];
     }
   }
   __syncthreads();
-  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * 2 * hidden;
+  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * kSums * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-    float dw = 0.f, db = 0.f;
-    for (int w = 0; w < kRowWarpWarps; ++w) {
-      dw += warp_partial[w][0][c];
-      db += warp_partial[w][1][c];
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) {
+      float total = 0.f;
+      for (int w = 0; w < kRowWarpWarps; ++w) total += warp_partial[w][k][c];
+      block_partial[k * hidden + c] = total;
     }
-    block_partial[c] = dw;
-    block_partial[hidden + c] = db;
   }
 }
 
 // ---- row per block -----------------------------------------------------------------------
 
 template <typename TX, typename TR>
-__global__ void AddNormForwardRowBlock(const TX* __restrict__ x, const TR* __restrict__ residual,
-                                       const float* __restrict__ weight, const float* __restrict__ bias,
-                                       TR* __restrict__ y, float* __restrict__ sum_out, float* __restrict__ mean_out,
-                                       float* __restrict__ rstd_out, uint8_t* __restrict__ keep_out, int64_t rows,
-                                       int hidden, float eps, float p, at::PhiloxCudaState philox) {
+__global__ void AddNormForwardRowBlock(const TX* __restrict__ x, const float* __restrict__ x_bias,
+                                       const TR* __restrict__ residual, const float* __restrict__ weight,
+                                       const float* __restrict__ bias, TR* __restrict__ y, float* __restrict__ sum_out,
+                                       float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                       uint8_t* __restrict__ keep_out, int64_t rows, int hidden, float eps, float p,
+                                       at::PhiloxCudaState philox) {
   __shared__ float2 scratch[32];
   const bool dropout = p > 0.f;
   const float scale = dropout ? 1.f / (1.f - p) : 1.f;
@@ -291,7 +307,7 @@ __global__ void AddNormForwardRowBlock(const TX* __restrict__ x, const TR* __res
       const int c = threadIdx.x + k * blockDim.x;
       v[k] = 0.f;
       if (c < hidden) {
-        float xv = static_cast<float>(x[base + c]);
+        float xv = static_cast<float>(x[base + c]) + (x_bias ? x_bias[c] : 0.f);
         if (dropout) {
           const bool keep = u[k] < 1.f - p;
           keep_out[base + c] = keep;
@@ -324,19 +340,19 @@ __global__ void AddNormForwardRowBlock(const TX* __restrict__ x, const TR* __res
   }
 }
 
-// partial: as AddNormBackwardRowWarp's.
+// partial: as AddNormBackwardRowWarp's, with kSums = sums.
 template <typename TX, typename TR>
 __global__ void AddNormBackwardRowBlock(const TR* __restrict__ dy, const float* __restrict__ sum,
                                         const float* __restrict__ weight, const float* __restrict__ mean_in,
                                         const float* __restrict__ rstd_in, const uint8_t* __restrict__ keep,
                                         TX* __restrict__ dx, TR* __restrict__ dresidual, float* __restrict__ partial,
-                                        int64_t rows, int hidden, float p) {
+                                        int64_t rows, int hidden, float p, int sums) {
   __shared__ float2 scratch[32];
   const bool dropout = p > 0.f;
   const float scale = dropout ? 1.f / (1.f - p) : 1.f;
-  float dweight[kMaxCols], dbias[kMaxCols];
+  float dweight[kMaxCols], dbias[kMaxCols], dx_bias[kMaxCols];
 #pragma unroll
-  for (int k = 0; k < kMaxCols; ++k) dweight[k] = dbias[k] = 0.f;
+  for (int k = 0; k < kMaxCols; ++k) dweight[k] = dbias[k] = dx_bias[k] = 0.f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * hidden;
     const float mean = mean_in[row], rstd = rstd_in[row];
@@ -363,18 +379,21 @@ __global__ void AddNormBackwardRowBlock(const TR* __restrict__ dy, const float* 
       const int c = threadIdx.x + k * blockDim.x;
       if (c < hidden) {
         const float ds = rstd * (g[k] - mean_g - xhat[k] * mean_gx);
+        const float dxv = dropout ? (keep[base + c] ? ds * scale : 0.f) : ds;
         dresidual[base + c] = static_cast<TR>(ds);
-        dx[base + c] = static_cast<TX>(dropout ? (keep[base + c] ? ds * scale : 0.f) : ds);
+        dx[base + c] = static_cast<TX>(dxv);
+        dx_bias[k] += dxv;
       }
     }
   }
-  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * 2 * hidden;
+  float* block_partial = partial + static_cast<int64_t>(blockIdx.x) * sums * hidden;
 #pragma unroll
   for (int k = 0; k < kMaxCols; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
     if (c < hidden) {
       block_partial[c] = dweight[k];
       block_partial[hidden + c] = dbias[k];
+      if (sums == 3) block_partial[2 * hidden + c] = dx_bias[k];
     }
   }
 }
@@ -387,6 +406,16 @@ int BlocksFor(int64_t rows, int per_sm) {
 }
 
 int RowWarpBlocksFor(int64_t rows, int per_sm) { return BlocksFor((rows + kRowWarpWarps - 1) / kRowWarpWarps, per_sm); }
+
+// Blocks of `kernel` one SM holds at once at `threads` a block, as its registers and
+// static shared memory allow, between 1 and `most`. A grid-stride kernel sized past this
+// would run its last blocks as a second wave.
+template <typename Kernel>
+int ResidentPerSm(Kernel kernel, int threads, int most) {
+  int resident = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, 0));
+  return std::max(1, std::min(resident, most));
+}
 
 bool AlignedToPack(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % (kVec * t.element_size()) == 0;
@@ -463,8 +492,8 @@ at::PhiloxCudaState TakePhilox(int64_t uniforms_per_thread) {
 
 bool AddNormFits(int64_t hidden) { return hidden > 0 && hidden <= kMaxCols * ThreadsFor(hidden); }
 
-AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps, double p) {
+AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& x_bias, const at::Tensor& residual,
+                                    const at::Tensor& weight, const at::Tensor& bias, double eps, double p) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int hidden = static_cast<int>(x.size(-1));
   const int64_t rows = x.numel() / hidden;
@@ -476,7 +505,8 @@ AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& resid
   out.rstd = at::empty({rows}, floats);
   if (p > 0) out.keep = at::empty(x.sizes(), x.options().dtype(at::kByte));
   if (rows == 0) return out;
-  const int chunks = RowWarpChunks(hidden, {&x, &residual, &weight, &bias});
+  const int chunks = RowWarpChunks(hidden, {&x, &x_bias, &residual, &weight, &bias});
+  const float* xb = x_bias.defined() ? x_bias.data_ptr<float>() : nullptr;
   at::PhiloxCudaState philox;
   if (p > 0) philox = TakePhilox(chunks > 0 ? chunks * kVec : kMaxCols);
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -491,13 +521,13 @@ AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& resid
     float *sp = out.sum.data_ptr<float>(), *mp = out.mean.data_ptr<float>(), *vp = out.rstd.data_ptr<float>();
     if (chunks == 0) {
       AddNormForwardRowBlock<TX, TR><<<BlocksFor(rows, 8), ThreadsFor(hidden), 0, stream>>>(
-          xp, rp, weight.data_ptr<float>(), bias.data_ptr<float>(), yp, sp, mp, vp, keep, rows, hidden, e, drop,
+          xp, xb, rp, weight.data_ptr<float>(), bias.data_ptr<float>(), yp, sp, mp, vp, keep, rows, hidden, e, drop,
           philox);
       return;
     }
     DispatchChunks(chunks, [&](auto chunks_constant) {
       AddNormForwardRowWarp<TX, TR, decltype(chunks_constant)::value>
-          <<<RowWarpBlocksFor(rows, 16), kRowWarpThreads, 0, stream>>>(xp, rp, weight.data_ptr<float>(),
+          <<<RowWarpBlocksFor(rows, 16), kRowWarpThreads, 0, stream>>>(xp, xb, rp, weight.data_ptr<float>(),
                                                                        bias.data_ptr<float>(), yp, sp, mp, vp, keep,
                                                                        rows, hidden, e, drop, philox);
     });
@@ -508,7 +538,7 @@ AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& resid
 
 AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const at::Tensor& weight,
                              const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& keep, double p,
-                             at::ScalarType x_type) {
+                             at::ScalarType x_type, bool x_bias) {
   const c10::cuda::CUDAGuard guard(dy.device());
   const int hidden = static_cast<int>(dy.size(-1));
   const int64_t rows = dy.numel() / hidden;
@@ -518,12 +548,13 @@ AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const 
   if (rows == 0) {
     out.dweight = at::zeros({hidden}, weight.options());
     out.dbias = at::zeros({hidden}, weight.options());
+    if (x_bias) out.dx_bias = at::zeros({hidden}, weight.options());
     return out;
   }
+  const int sums = x_bias ? 3 : 2;
+  at::Tensor partial;  // [blocks, sums, hidden], sized with the kernel's grid
   const at::Tensor none;
   const int chunks = RowWarpChunks(hidden, {&dy, &sum, &weight, p > 0 ? &keep : &none, &out.dx, &out.dresidual});
-  const int blocks = chunks > 0 ? RowWarpBlocksFor(rows, 4) : BlocksFor(rows, 2);
-  at::Tensor partial = at::empty({blocks, 2, hidden}, weight.options());
   auto stream = at::cuda::getCurrentCUDAStream();
   const uint8_t* kp = p > 0 ? keep.data_ptr<uint8_t>() : nullptr;
   const auto drop = static_cast<float>(p);
@@ -536,19 +567,28 @@ AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const 
     TX* dxp = out.dx.data_ptr<TX>();
     TR* drp = out.dresidual.data_ptr<TR>();
     if (chunks == 0) {
+      const int blocks = BlocksFor(rows, 2);
+      partial = at::empty({blocks, sums, hidden}, weight.options());
       AddNormBackwardRowBlock<TX, TR><<<blocks, ThreadsFor(hidden), 0, stream>>>(
-          dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop);
+          dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop, sums);
       return;
     }
     DispatchChunks(chunks, [&](auto chunks_constant) {
-      AddNormBackwardRowWarp<TX, TR, decltype(chunks_constant)::value><<<blocks, kRowWarpThreads, 0, stream>>>(
-          dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop);
+      constexpr int kChunks = decltype(chunks_constant)::value;
+      // With x_bias's sums the kernel holds more registers and shared memory: fewer of
+      // its blocks fit an SM, and the grid follows.
+      auto* kernel = x_bias ? &AddNormBackwardRowWarp<TX, TR, kChunks, 3> : &AddNormBackwardRowWarp<TX, TR, kChunks, 2>;
+      const int blocks = RowWarpBlocksFor(rows, ResidentPerSm(kernel, kRowWarpThreads, 4));
+      partial = at::empty({blocks, sums, hidden}, weight.options());
+      kernel<<<blocks, kRowWarpThreads, 0, stream>>>(dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows,
+                                                     hidden, drop);
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const at::Tensor sums = partial.sum(0);
-  out.dweight = sums[0];
-  out.dbias = sums[1];
+  const at::Tensor totals = partial.sum(0);
+  out.dweight = totals[0];
+  out.dbias = totals[1];
+  if (x_bias) out.dx_bias = totals[2];
   return out;
 }
 

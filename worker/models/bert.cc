@@ -109,9 +109,9 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::T
                                         is_training() ? attention_dropout_ : 0.0, tokens, rows);
   const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
   torch::Tensor attended =
-      DropoutAddNorm(attention_norm_, dropout_, attention_out_(context), residual, fused_add_norm_);
+      DenseDropoutAddNorm(attention_out_, attention_norm_, dropout_, context, residual, fused_add_norm_);
   torch::Tensor expanded = Gelu(intermediate_(attended));
-  return DropoutAddNorm(output_norm_, dropout_, output_(expanded), attended, fused_add_norm_);
+  return DenseDropoutAddNorm(output_, output_norm_, dropout_, expanded, attended, fused_add_norm_);
 }
 
 BertEncoderImpl::BertEncoderImpl(const BertConfig& c, PositionIds positions, bool with_pooler)

@@ -247,6 +247,27 @@ torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
   return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
 }
 
+std::optional<torch::Tensor> AdaptableLinearImpl::forward_without_bias(const torch::Tensor& x) {
+  if (!int8_weight.isNone() || !bias.defined() || !x.is_cuda()) return std::nullopt;
+  torch::Tensor y;
+  // The cast copies of weight and bias together, so a layer's one copy serves both forms.
+  if (ComputeDtypeWeights::Applies(x, {weight}, {bias})) y = cast.Current({weight}, {bias}).weight;
+  y = torch::linear(x, y.defined() ? y : weight);
+  return lora.adapted() ? lora.AddTo(y, x, is_training()) : y;
+}
+
+torch::Tensor DenseDropoutAddNorm(AdaptableLinear& dense, torch::nn::LayerNorm& norm, Dropout& dropout,
+                                  const torch::Tensor& x, const torch::Tensor& residual, bool fused) {
+  // residual stands in for the product's shape and device; its dtype is checked on the
+  // product itself below.
+  if (fused && FusedAddNormApplies(residual, residual, norm->weight, norm->bias, dense->bias)) {
+    if (std::optional<torch::Tensor> unbiased = dense->forward_without_bias(x))
+      return FusedDropoutAddNorm(*unbiased, residual, norm->weight, norm->bias, norm->options.eps(), dropout->p(),
+                                 dropout->is_training(), dense->bias);
+  }
+  return DropoutAddNorm(norm, dropout, dense(x), residual, fused);
+}
+
 Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
   weight = register_parameter("weight", torch::empty({in_features, out_features}).normal_(0.0, 0.02));
   bias = register_parameter("bias", torch::zeros({out_features}));

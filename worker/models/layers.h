@@ -158,12 +158,24 @@ class AdaptableLinearImpl : public torch::nn::LinearImpl {
  public:
   AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(x) less the bias, for a caller that adds the bias itself (DenseDropoutAddNorm):
+  // on the paths a CUDA input takes (the plain product, or the cast copies), LoRA
+  // included. nullopt where forward() would take another path (int8, the CPU's own
+  // kernels) or there is no bias.
+  std::optional<torch::Tensor> forward_without_bias(const torch::Tensor& x);
   LoraSlot lora;
   c10::IValue int8_weight;   // set by QuantizeLinearsInt8 (quantize.h): forward runs on it
   PackedLinear packed;       // the weight reordered for oneDNN, when frozen (packed_linear.h)
   ComputeDtypeWeights cast;  // the weight in autocast's dtype, when frozen (compute_dtype_weights.h)
 };
 TORCH_MODULE(AdaptableLinear);
+
+// norm(dropout(dense(x)) + residual): DropoutAddNorm() after a dense layer. With `fused`
+// and the tensors on a GPU, the dense product leaves its bias out and the fused kernels
+// add it, so its gradient comes from their backward pass rather than a reduction of
+// its own; otherwise dense(x), then DropoutAddNorm().
+torch::Tensor DenseDropoutAddNorm(AdaptableLinear& dense, torch::nn::LayerNorm& norm, Dropout& dropout,
+                                  const torch::Tensor& x, const torch::Tensor& residual, bool fused);
 
 // GPT-2's Conv1D: a Linear whose weight is stored transposed, [in, out], as HF stores it,
 // so checkpoints round-trip without copies. forward(x) = x @ weight + bias (+ LoRA).

@@ -30,6 +30,26 @@ TEST(FusedAddNorm, CpuTensorsTakeTheUnfusedComposition) {
                std::invalid_argument);
 }
 
+// With x_bias, the composition adds it to x in x's dtype before the dropout; a dense
+// layer's block end off a GPU is the layer's own forward, then the composition.
+TEST(FusedAddNorm, CpuTensorsAddTheXBiasInTheComposition) {
+  torch::manual_seed(2);
+  const torch::Tensor input = torch::randn({4, 6, 24}), residual = torch::randn({4, 6, 32});
+  AdaptableLinear dense(24, 32);
+  torch::nn::init::normal_(dense->bias);
+  torch::nn::LayerNorm norm = MakeLayerNorm(32, 1e-12);
+  const torch::Tensor unbiased = torch::linear(input, dense->weight);
+  EXPECT_FALSE(FusedAddNormApplies(unbiased, residual, norm->weight, norm->bias, dense->bias));
+  EXPECT_FALSE(dense->forward_without_bias(input).has_value()) << "a CPU input takes forward()'s own paths";
+  const torch::Tensor expected = norm(dense(input) + residual);
+  EXPECT_TRUE(
+      torch::allclose(FusedDropoutAddNorm(unbiased, residual, norm->weight, norm->bias, 1e-12, 0.1, false, dense->bias),
+                      expected, 1e-6, 1e-6));
+  Dropout dropout(0.1);
+  dropout->eval();
+  EXPECT_TRUE(torch::equal(DenseDropoutAddNorm(dense, norm, dropout, input, residual, true), expected));
+}
+
 TEST(FusedAddNorm, EncoderFamiliesHaveFusableBlocksAndTheOthersNone) {
   PresetArgs args;
   args.vocab_size = 100;
