@@ -417,6 +417,15 @@ int ResidentPerSm(Kernel kernel, int threads, int most) {
   return std::max(1, std::min(resident, most));
 }
 
+// ResidentPerSm() of a row-per-warp backward kernel, at most 4, asked once per kernel: the
+// first call comes from an eager pass (a CUDA graph is captured after a warm-up), so no
+// capture ever sees the query.
+template <typename TX, typename TR, int kChunks, int kSums>
+int RowWarpBackwardResident() {
+  static const int resident = ResidentPerSm(&AddNormBackwardRowWarp<TX, TR, kChunks, kSums>, kRowWarpThreads, 4);
+  return resident;
+}
+
 bool AlignedToPack(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % (kVec * t.element_size()) == 0;
 }
@@ -578,7 +587,8 @@ AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const 
       // With x_bias's sums the kernel holds more registers and shared memory: fewer of
       // its blocks fit an SM, and the grid follows.
       auto* kernel = x_bias ? &AddNormBackwardRowWarp<TX, TR, kChunks, 3> : &AddNormBackwardRowWarp<TX, TR, kChunks, 2>;
-      const int blocks = RowWarpBlocksFor(rows, ResidentPerSm(kernel, kRowWarpThreads, 4));
+      const int blocks = RowWarpBlocksFor(
+          rows, x_bias ? RowWarpBackwardResident<TX, TR, kChunks, 3>() : RowWarpBackwardResident<TX, TR, kChunks, 2>());
       partial = at::empty({blocks, sums, hidden}, weight.options());
       kernel<<<blocks, kRowWarpThreads, 0, stream>>>(dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows,
                                                      hidden, drop);
