@@ -586,12 +586,17 @@ AddNormGrads AddNormBackward(const at::Tensor& dy, const at::Tensor& sum, const 
       constexpr int kChunks = decltype(chunks_constant)::value;
       // With x_bias's sums the kernel holds more registers and shared memory: fewer of
       // its blocks fit an SM, and the grid follows.
-      auto* kernel = x_bias ? &AddNormBackwardRowWarp<TX, TR, kChunks, 3> : &AddNormBackwardRowWarp<TX, TR, kChunks, 2>;
-      const int blocks = RowWarpBlocksFor(
-          rows, x_bias ? RowWarpBackwardResident<TX, TR, kChunks, 3>() : RowWarpBackwardResident<TX, TR, kChunks, 2>());
-      partial = at::empty({blocks, sums, hidden}, weight.options());
-      kernel<<<blocks, kRowWarpThreads, 0, stream>>>(dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows,
-                                                     hidden, drop);
+      auto launch = [&](auto sums_constant) {
+        constexpr int kSums = decltype(sums_constant)::value;
+        const int blocks = RowWarpBlocksFor(rows, RowWarpBackwardResident<TX, TR, kChunks, kSums>());
+        partial = at::empty({blocks, kSums, hidden}, weight.options());
+        AddNormBackwardRowWarp<TX, TR, kChunks, kSums><<<blocks, kRowWarpThreads, 0, stream>>>(
+            dyp, sp, wp, mp, vp, kp, dxp, drp, partial.data_ptr<float>(), rows, hidden, drop);
+      };
+      if (x_bias)
+        launch(std::integral_constant<int, 3>{});
+      else
+        launch(std::integral_constant<int, 2>{});
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
