@@ -333,6 +333,11 @@ void MpiCommunicator::SetDeviceProgress(DeviceProgress probe) {
   device_progress_ = std::move(probe);
 }
 
+void MpiCommunicator::SetAbortNotice(AbortNotice notice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abort_notice_ = std::move(notice);
+}
+
 void MpiCommunicator::AbortForDeviceFailure(std::string error, int64_t hung_number) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -356,6 +361,12 @@ void MpiCommunicator::HandleDeviceFailure() {
 
 void MpiCommunicator::ReportAndAbort(const std::string& error) {
   LogError(error);
+  AbortNotice notice;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    notice = abort_notice_;
+  }
+  if (notice) notice(error);
   // Peers that time out next ask this rank for its status; answer them for a moment so
   // their reports can name the right ranks too.
   ServeFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPeerReportGrace));

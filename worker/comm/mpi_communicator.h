@@ -64,6 +64,12 @@ class MpiCommunicator : public Communicator {
   // aborts the job as a timed-out MPI collective does. Never returns.
   [[noreturn]] void AbortForDeviceFailure(std::string error, int64_t hung_number);
 
+  // Called, on the comm thread, with the report of a hang or device failure just before
+  // this rank aborts the job (after the report is logged). Set before the first
+  // collective; must not block.
+  using AbortNotice = std::function<void(const std::string& error)>;
+  void SetAbortNotice(AbortNotice notice);
+
  private:
   struct Operation;
   struct Status;
@@ -96,6 +102,7 @@ class MpiCommunicator : public Communicator {
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stopping_ = false;
   DeviceProgress device_progress_;               // guarded by mutex_
+  AbortNotice abort_notice_;                     // guarded by mutex_
   std::optional<DeviceFailure> device_failure_;  // guarded by mutex_
   std::thread thread_;
 };

@@ -210,6 +210,16 @@ bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
   return AwaitLocked(timeout_s, [](const wire::Envelope& in) { return in.has_ack(); }).has_value();
 }
 
+void RelayClient::Aborting(const std::string& error) {
+  wire::Envelope e;
+  wire::JobResult* result = e.mutable_result();
+  result->set_end(OutcomeFromName("failed"));
+  result->set_message(error);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Linger (set above) gives the queued message a second to leave before the process ends.
+  (void)socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait);
+}
+
 std::string AssignmentBytes(const Assignment& assignment) {
   wire::Assign a;
   ToWire(assignment, &a);

@@ -23,6 +23,12 @@ class JobHooks {
   // True when the stop requested is a preemption: a fine-tune job then checkpoints where
   // its ranks stopped and ends as preempted (requeued without counting a restart).
   virtual bool PreemptRequested() const { return false; }
+  // On the job's rank 0, from its communicator's thread, just before that rank aborts
+  // the job's MPI world (a collective timed out, or a device failed): `error` names the
+  // ranks that never reached the collective. Tells whoever leads the job that it failed
+  // and why, so the job is ended on the rank's own words, not only on what mpirun
+  // prints (which can fail to arrive while a host is unreachable). Must not block.
+  virtual void Aborting(const std::string& error) { (void)error; }
 };
 
 // Thrown by a runner that stopped because its ranks agreed on a stop request.

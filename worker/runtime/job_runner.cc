@@ -173,6 +173,7 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
     // data-parallel path (reducer and NCCL) alone, as one rank of a larger job would.
     const bool data_parallel = world > 1 || (use_nccl && spec.distributed.backend == CommBackend::kNccl);
     if (data_parallel) mpi = std::make_unique<MpiCommunicator>(comm, spec.distributed.timeout_s);
+    if (mpi && hooks) mpi->SetAbortNotice([hooks](const std::string& error) { hooks->Aborting(error); });
 #ifdef TRAINYARD_WITH_NCCL
     if (data_parallel && use_nccl)
       nccl = std::make_unique<NcclCommunicator>(*mpi, local_rank % VisibleGpus(), spec.distributed.timeout_s);

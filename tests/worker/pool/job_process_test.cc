@@ -216,5 +216,39 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   EXPECT_THROW(ParseAssignment("\x01garbage"), std::invalid_argument);
 }
 
+// A rank 0 about to abort the job's MPI world says so without waiting for the agent:
+// the agent has a "failed" result naming the culprits even though the process (here,
+// the client) is gone before any Ack.
+TEST(JobRelayTest, AnAbortingRankZeroLeavesAFailedResultWithoutWaitingForTheAgent) {
+  PoolOptions options;
+  options.endpoint = "tcp://127.0.0.1:1";
+  options.insecure = true;
+  RankIdentity self;
+  self.world = "w";
+  PoolAgent agent(options, self);
+  Assignment assignment{7, 1, "name: x\n", "x.yaml", "/base", "/runs/7", {{"w", 0, "h0", 0}}, false};
+  JobRelay relay;
+  const std::string error = "rank h0:0: collective #12 (gradients) timed out after 5.0 s; rank h1:1 did not reach it";
+  std::atomic<bool> started{false};
+  std::chrono::steady_clock::duration took{};
+  std::thread job([&] {
+    RelayClient client(relay.endpoint());
+    client.Start({{101, "h0"}}, 10);
+    started = true;
+    const auto before = std::chrono::steady_clock::now();
+    client.Aborting(error);
+    took = std::chrono::steady_clock::now() - before;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  while (!relay.result() && std::chrono::steady_clock::now() - start < std::chrono::seconds(20))
+    relay.Pump(20, assignment, agent);
+  job.join();
+  EXPECT_TRUE(started);
+  EXPECT_LT(took, std::chrono::milliseconds(500));
+  ASSERT_TRUE(relay.result().has_value());
+  EXPECT_EQ(relay.result()->outcome, "failed");
+  EXPECT_EQ(relay.result()->message, error);
+}
+
 }  // namespace
 }  // namespace trainyard
