@@ -110,7 +110,7 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& hidden, const torch::T
   const torch::Tensor residual = rows == Rows::kFirst ? FirstRows(hidden, tokens) : hidden;
   torch::Tensor attended =
       DenseDropoutAddNorm(attention_out_, attention_norm_, dropout_, context, residual, fused_add_norm_);
-  torch::Tensor expanded = Gelu(intermediate_(attended));
+  torch::Tensor expanded = DenseGelu(intermediate_, attended, fused_add_norm_);
   return DenseDropoutAddNorm(output_, output_norm_, dropout_, expanded, attended, fused_add_norm_);
 }
 

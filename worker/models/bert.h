@@ -50,7 +50,8 @@ nlohmann::json BertPresetSizes(const std::string& preset);
 class BertLayerImpl : public torch::nn::Module, public FusableAddNorm {
  public:
   explicit BertLayerImpl(const BertConfig& config);
-  // Its two blocks' dropout + residual + LayerNorm fused on a GPU (DropoutAddNorm()).
+  // Its two blocks' dropout + residual + LayerNorm fused on a GPU (DenseDropoutAddNorm()),
+  // and its intermediate product's bias with GELU (DenseGelu()).
   void set_fused_add_norm(bool on) override { fused_add_norm_ = on; }
   // hidden: [B, S, H], or [N, H] packed by `tokens` (then so is the result); keep_mask:
   // [B, 1, 1, S] bool, true where a key may be attended, or undefined when every key may

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "worker/kernels/fused_add_norm.h"
+#include "worker/kernels/fused_bias_gelu.h"
 #include "worker/kernels/gelu_kernels.h"
 #include "worker/kernels/gemv.h"
 #include "worker/kernels/parallel_slices.h"
@@ -266,6 +267,15 @@ torch::Tensor DenseDropoutAddNorm(AdaptableLinear& dense, torch::nn::LayerNorm& 
                                  dropout->is_training(), dense->bias);
   }
   return DropoutAddNorm(norm, dropout, dense(x), residual, fused);
+}
+
+torch::Tensor DenseGelu(AdaptableLinear& dense, const torch::Tensor& x, bool fused) {
+  if (fused) {
+    // FusedBiasGelu() takes the composition itself where its kernels do not fit.
+    if (std::optional<torch::Tensor> unbiased = dense->forward_without_bias(x))
+      return FusedBiasGelu(*unbiased, dense->bias);
+  }
+  return Gelu(dense(x));
 }
 
 Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {

@@ -158,7 +158,8 @@ class AdaptableLinearImpl : public torch::nn::LinearImpl {
  public:
   AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);
-  // forward(x) less the bias, for a caller that adds the bias itself (DenseDropoutAddNorm):
+  // forward(x) less the bias, for a caller that adds the bias itself (DenseDropoutAddNorm,
+  // DenseGelu):
   // on the paths a CUDA input takes (the plain product, or the cast copies), LoRA
   // included. nullopt where forward() would take another path (int8, the CPU's own
   // kernels) or there is no bias.
@@ -176,6 +177,11 @@ TORCH_MODULE(AdaptableLinear);
 // its own; otherwise dense(x), then DropoutAddNorm().
 torch::Tensor DenseDropoutAddNorm(AdaptableLinear& dense, torch::nn::LayerNorm& norm, Dropout& dropout,
                                   const torch::Tensor& x, const torch::Tensor& residual, bool fused);
+
+// Gelu(dense(x)). With `fused` and x on a GPU, the dense product leaves its bias out and
+// one kernel adds it and applies GELU (worker/kernels/fused_bias_gelu.h), whose backward
+// also sums the bias's gradient; otherwise dense(x), then Gelu().
+torch::Tensor DenseGelu(AdaptableLinear& dense, const torch::Tensor& x, bool fused);
 
 // GPT-2's Conv1D: a Linear whose weight is stored transposed, [in, out], as HF stores it,
 // so checkpoints round-trip without copies. forward(x) = x @ weight + bias (+ LoRA).
