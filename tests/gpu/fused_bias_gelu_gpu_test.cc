@@ -10,6 +10,7 @@
 //     both fewer and more than a block's warps;
 //   - inputs one element into their buffer (not aligned for 4-wide loads: copied);
 //   - a frozen bias: x's gradient alone;
+//   - no rows: empty values and a zero bias gradient;
 //   - widths that are not a multiple of 4 are not claimed and take the composition.
 // A BERT classifier's logits and gradients, fused and not, are compared in
 // fused_add_norm_gpu_test.cc (model.fused_kernels turns on both kernels).
@@ -135,6 +136,16 @@ TEST_F(FusedBiasGeluGpu, WidthsNotAMultipleOfFourTakeTheComposition) {
   const Case c = MakeCase({6, 770}, torch::kFloat, 14);
   EXPECT_FALSE(FusedBiasGeluApplies(c.x, c.bias));
   ExpectClose(RunBiasGelu(c.x, c.bias, c.dy, true), RunBiasGelu(c.x, c.bias, c.dy, false), "width 770");
+}
+
+TEST_F(FusedBiasGeluGpu, NoRowsGiveEmptyValuesAndAZeroBiasGradient) {
+  const Case c = MakeCase({0, 768}, torch::kBFloat16, 15);
+  ASSERT_TRUE(FusedBiasGeluApplies(c.x, c.bias));
+  const Result fused = RunBiasGelu(c.x, c.bias, c.dy, true);
+  EXPECT_EQ(fused.y.numel(), 0);
+  EXPECT_EQ(fused.dx.numel(), 0);
+  ASSERT_TRUE(fused.dbias.defined());
+  EXPECT_TRUE(torch::equal(fused.dbias.cpu(), torch::zeros({768})));
 }
 
 }  // namespace

@@ -366,7 +366,13 @@ void MpiCommunicator::ReportAndAbort(const std::string& error) {
     std::lock_guard<std::mutex> lock(mutex_);
     notice = abort_notice_;
   }
-  if (notice) notice(error);
+  if (notice) {
+    try {
+      notice(error);
+    } catch (const std::exception& e) {
+      LogWarn(std::string("could not pass this report on before aborting: ") + e.what());
+    }
+  }
   // Peers that time out next ask this rank for its status; answer them for a moment so
   // their reports can name the right ranks too.
   ServeFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPeerReportGrace));

@@ -66,7 +66,7 @@ class MpiCommunicator : public Communicator {
 
   // Called, on the comm thread, with the report of a hang or device failure just before
   // this rank aborts the job (after the report is logged). Set before the first
-  // collective; must not block.
+  // collective; must not block. What it throws is logged, and the abort goes on.
   using AbortNotice = std::function<void(const std::string& error)>;
   void SetAbortNotice(AbortNotice notice);
 

@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
@@ -216,8 +217,11 @@ void RelayClient::Aborting(const std::string& error) {
   result->set_end(OutcomeFromName("failed"));
   result->set_message(error);
   std::lock_guard<std::mutex> lock(mutex_);
-  // Linger (set above) gives the queued message a second to leave before the process ends.
-  (void)socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait);
+  // Queued here, the message leaves on ZeroMQ's I/O thread while the caller goes on: the
+  // communicator answers its peers for a second before MPI_Abort ends the process, which
+  // closes no socket (so linger plays no part).
+  if (!socket_->socket.send(zmq::buffer(Serialize(e)), zmq::send_flags::dontwait))
+    LogWarn("the pool agent's relay is full: the job's failure goes unsaid, and its mpirun's words must end it");
 }
 
 std::string AssignmentBytes(const Assignment& assignment) {

@@ -78,8 +78,8 @@ class RelayClient : public JobHooks {
   void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
   bool StopRequested() const override;
   bool PreemptRequested() const override;
-  // Sends a "failed" result with `error` without waiting for the agent's Ack (the
-  // process aborts next; the agent then ends the job within its abort grace).
+  // Queues a "failed" result with `error` and returns without waiting for the agent's Ack
+  // (the process aborts next; the agent then ends the job within its abort grace).
   void Aborting(const std::string& error) override;
   // Sends rank 0's outcome and waits up to `timeout_s` for the agent to have it.
   bool SendResult(const JobOutcome& outcome, double timeout_s);
