@@ -1,5 +1,4 @@
-"""A cluster of real hosts on one machine: what the cluster tests run on, and what
-scripts/cluster.sh lets a user try.
+"""A cluster of real hosts on one machine: what the cluster tests run on.
 
 Each host is a Linux network namespace (its own interfaces, addresses and ports) with a
 UTS namespace (its own hostname) and a mount namespace in which <rig>/host is that host's
@@ -15,7 +14,11 @@ would work too, but would test less: ssh is what users have.)
 
 `down()` kills every process in the rig's namespaces and deletes them, after a failure
 too (the context manager calls it); `leftovers()` says what a rig left behind, for a test
-to check. Needs root, iproute2, util-linux's unshare and nsenter, and sshd; `available()`
+to check. A test killed outright (ctest's timeout sends SIGKILL, which no `finally`
+survives) cannot call `down()`: a reaper does it instead. `up()` starts it as
+`cluster.py --reap PREFIX ROOT`, detached from the test's process tree (ctest kills that
+tree), with stdin the read end of a pipe whose only write end the test holds. The end
+closes however the test ends, and the reaper then tears down whatever the rig left. Needs root, iproute2, util-linux's unshare and nsenter, and sshd; `available()`
 says in one line why not."""
 import os
 import shutil
@@ -93,6 +96,7 @@ class Cluster:
         self.processes = []  # what the rig started, reaped at down()
         self.sshd = {}
         self.up_ = False
+        self.reaper_pipe = None  # the write end the reaper waits on
 
     # --- paths and names -----------------------------------------------------------------
     @property
@@ -188,6 +192,7 @@ class Cluster:
 
     def up(self):
         self.up_ = True
+        self.start_reaper()
         try:
             self.write_shared_files()
             switch = f"{self.prefix}sw"
@@ -270,31 +275,63 @@ class Cluster:
                     raise RuntimeError(f"ssh from {first} to {host} failed: {r.stderr.strip()}")
                 time.sleep(0.1)
 
+    def start_reaper(self):
+        """The reaper of a test killed outright (see the module's docstring)."""
+        read_end, self.reaper_pipe = os.pipe()  # neither end is inherited by what the test starts
+        try:
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--reap", self.prefix,
+                            "" if self.keep else self.root], stdin=read_end, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True, check=True)
+        finally:
+            os.close(read_end)
+
     def down(self):
         """Kills every process in the rig's namespaces and deletes them. Idempotent."""
         if not self.up_:
             return
-        spaces = [s for s in leftovers(self.prefix)["namespaces"]]
-        for _ in range(50):
-            pids = [pid for space in spaces for pid in
-                    subprocess.run(["ip", "netns", "pids", space], capture_output=True, text=True).stdout.split()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        for process in self.processes:
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        for space in spaces:
-            subprocess.run(["ip", "netns", "del", space], capture_output=True)
-        for link in leftovers(self.prefix)["links"]:
-            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        tear_down(self.prefix, None if self.keep else self.root, self.processes)
         self.up_ = False
-        if not self.keep:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self.reaper_pipe is not None:
+            os.close(self.reaper_pipe)  # the reaper finds nothing left and ends
+            self.reaper_pipe = None
+
+
+def tear_down(prefix, root=None, processes=()):
+    """Kills every process in the namespaces named `prefix`..., deletes them and the links
+    so named, and removes `root` when given. Idempotent."""
+    spaces = leftovers(prefix)["namespaces"]
+    for _ in range(50):
+        pids = [pid for space in spaces for pid in
+                subprocess.run(["ip", "netns", "pids", space], capture_output=True, text=True).stdout.split()]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    for process in processes:
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    for space in spaces:
+        subprocess.run(["ip", "netns", "del", space], capture_output=True)
+    for link in leftovers(prefix)["links"]:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def reap(prefix, root):
+    """The reaper: leaves the process tree that started it (its parent returns at once, so
+    this process belongs to init), waits for end of file on stdin, then tears down."""
+    if os.fork() > 0:
+        os._exit(0)
+    sys.stdin.buffer.read()
+    tear_down(prefix, root or None)
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--reap":
+    reap(sys.argv[2], sys.argv[3])

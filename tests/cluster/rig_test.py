@@ -1,13 +1,45 @@
 #!/usr/bin/env python3
 """The cluster rig itself (tests/cluster/cluster.py): three hosts, each with its own
 hostname, address and disk, that reach each other by name over ssh and by nothing from
-the machine's own network; and that leave no namespace, link or process behind, after a
-clean end and after a failure. Exit 77 (skipped) where namespaces cannot be made."""
+the machine's own network; and that leave no namespace, link, process or folder behind,
+after a clean end, after a failure, and after the test's process is killed outright
+(SIGKILL, as ctest's timeout does). Exit 77 (skipped) where namespaces cannot be made."""
 import os
 import subprocess
 import sys
+import time
 
 from cluster import Cluster, check, leftovers, skip_unless_available
+
+
+NOTHING = {"namespaces": [], "links": [], "processes": []}
+
+
+def killed_outright():
+    """A process whose rig is up is killed with SIGKILL: the rig's reaper tears it down."""
+    code = "import time; from cluster import Cluster; c = Cluster(2); c.up(); print(c.prefix, c.root, flush=True); " \
+           "time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        words = child.stdout.readline().split()
+        if len(words) != 2:
+            return check(False, f"a rig came up in a child process (it exited {child.poll()})")
+        prefix, root = words
+        while_up = leftovers(prefix)
+        child.kill()
+        child.wait()
+        deadline = time.time() + 30
+        while (leftovers(prefix) != NOTHING or os.path.exists(root)) and time.time() < deadline:
+            time.sleep(0.2)
+        return check(len(while_up["namespaces"]) == 3 and while_up["processes"] and leftovers(prefix) == NOTHING and
+                     not os.path.exists(root),
+                     f"after the test's process is killed outright, nothing left: {leftovers(prefix)}, "
+                     f"{root} {'still there' if os.path.exists(root) else 'removed'} (while up: {while_up})")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def main():
@@ -41,6 +73,7 @@ def main():
         pass
     ok &= check(leftovers(prefix) == {"namespaces": [], "links": [], "processes": []},
                 f"after a failure, nothing left: {leftovers(prefix)}")
+    ok &= killed_outright()
     print("PASS" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
