@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/kernel_tolerance.h"
 #include "worker/kernels/fused_add_norm.h"
 #include "worker/models/layers.h"
 #include "worker/models/model.h"
@@ -38,13 +39,6 @@ namespace trainyard {
 namespace {
 
 const torch::Device kCuda(torch::kCUDA, 0);
-
-// max |a - b| / max(1, max |b|)
-double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
-  const torch::Tensor bf = b.to(torch::kDouble);
-  const double scale = std::max(1.0, bf.abs().max().item<double>());
-  return (a.to(torch::kDouble) - bf).abs().max().item<double>() / scale;
-}
 
 struct Inputs {
   torch::Tensor x, residual, weight, bias, dy;
@@ -101,18 +95,6 @@ Result RunAddNorm(const Inputs& in, double p, bool fused, const torch::Tensor& r
   r.dbias = bias.grad();
   if (x_bias.defined()) r.dx_bias = x_bias.grad();
   return r;
-}
-
-// 1e-5 for fp32; one unit in the last place for a value stored in bf16 or fp16.
-double ToleranceFor(const torch::Tensor& stored) {
-  switch (stored.scalar_type()) {
-    case torch::kBFloat16:
-      return 1.0 / 128;
-    case torch::kHalf:
-      return 1.0 / 1024;
-    default:
-      return 1e-5;
-  }
 }
 
 void ExpectClose(const Result& fused, const Result& unfused, const std::string& what) {

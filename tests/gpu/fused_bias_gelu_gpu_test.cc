@@ -21,30 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/kernel_tolerance.h"
 #include "worker/kernels/fused_bias_gelu.h"
 
 namespace trainyard {
 namespace {
 
 const torch::Device kCuda(torch::kCUDA, 0);
-
-// max |a - b| / max(1, max |b|)
-double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
-  const torch::Tensor bf = b.to(torch::kDouble);
-  const double scale = std::max(1.0, bf.abs().max().item<double>());
-  return (a.to(torch::kDouble) - bf).abs().max().item<double>() / scale;
-}
-
-double ToleranceFor(const torch::Tensor& stored) {
-  switch (stored.scalar_type()) {
-    case torch::kBFloat16:
-      return 1.0 / 128;
-    case torch::kHalf:
-      return 1.0 / 1024;
-    default:
-      return 1e-5;
-  }
-}
 
 struct Result {
   torch::Tensor y, dx, dbias;

@@ -35,37 +35,20 @@
 #include <mutex>
 #include <type_traits>
 
+#include "worker/kernels/cuda_packs.h"
 #include "worker/kernels/fused_add_norm_cuda.h"
 
 namespace trainyard::cuda {
 namespace {
 
-constexpr int kMaxCols = 8;  // row per block: columns a thread holds, hidden up to kMaxCols * threads
-constexpr int kWarp = 32;
-constexpr int kVec = 4;               // row per warp: values a lane loads at once
+constexpr int kMaxCols = 8;           // row per block: columns a thread holds, hidden up to kMaxCols * threads
 constexpr int kMaxWarpChunks = 8;     // row per warp: 4-wide groups a lane holds, hidden up to 1024
 constexpr int kRowWarpThreads = 128;  // row per warp: 4 rows in flight per block
 constexpr int kRowWarpWarps = kRowWarpThreads / kWarp;
 
 int ThreadsFor(int64_t hidden) { return hidden > 1024 ? 256 : 128; }
 
-// ---- shared helpers --------------------------------------------------------------------
-
-// Four values of T, aligned so that one load or store moves them all.
-template <typename T>
-struct alignas(kVec * sizeof(T)) Pack {
-  T v[kVec];
-};
-
-template <typename T>
-__device__ __forceinline__ Pack<T> LoadPack(const T* p) {
-  return *reinterpret_cast<const Pack<T>*>(p);
-}
-
-template <typename T>
-__device__ __forceinline__ void StorePack(T* p, const Pack<T>& pack) {
-  *reinterpret_cast<Pack<T>*>(p) = pack;
-}
+// ---- shared helpers (and cuda_packs.h) ---------------------------------------------------
 
 __device__ __forceinline__ float2 WarpSum(float2 value) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
@@ -438,24 +421,6 @@ int RowWarpChunks(int64_t hidden, std::initializer_list<const at::Tensor*> tenso
     if (t->defined() && !AlignedToPack(*t)) return 0;
   const int64_t chunks = (hidden + kWarp * kVec - 1) / (kWarp * kVec);
   return static_cast<int>((chunks + 1) / 2 * 2);
-}
-
-// Calls f(T{}) for the kernels' value types.
-template <typename F>
-void DispatchValueType(at::ScalarType type, const char* name, F&& f) {
-  switch (type) {
-    case at::kFloat:
-      f(float{});
-      break;
-    case at::kBFloat16:
-      f(at::BFloat16{});
-      break;
-    case at::kHalf:
-      f(at::Half{});
-      break;
-    default:
-      TORCH_CHECK(false, name, ": fp32, bf16 or fp16 expected, got ", type);
-  }
 }
 
 // Calls f(std::integral_constant<int, chunks>{}) for RowWarpChunks' values.

@@ -23,41 +23,17 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "worker/kernels/cuda_packs.h"
 #include "worker/kernels/fused_bias_gelu_cuda.h"
 
 namespace trainyard::cuda {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kVec = 4;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kTileCols = kWarp * kVec;  // columns one backward block covers
 constexpr float kSqrtHalf = 0.70710678118654752440f;
 constexpr float kInvSqrtTwoPi = 0.39894228040143267794f;
-
-template <typename T>
-struct alignas(kVec * sizeof(T)) Pack {
-  T v[kVec];
-};
-
-template <typename T>
-__device__ __forceinline__ Pack<T> LoadPack(const T* p) {
-  return *reinterpret_cast<const Pack<T>*>(p);
-}
-
-template <typename T>
-__device__ __forceinline__ void StorePack(T* p, const Pack<T>& pack) {
-  *reinterpret_cast<Pack<T>*>(p) = pack;
-}
-
-__device__ __forceinline__ float4 LoadBias(const float* bias, int64_t col) {
-  return *reinterpret_cast<const float4*>(bias + col);
-}
-
-__device__ __forceinline__ float Component(const float4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 __device__ __forceinline__ float Gelu(float u) { return u * 0.5f * (1.0f + erff(u * kSqrtHalf)); }
 
@@ -73,10 +49,10 @@ __global__ void BiasGeluForwardKernel(const T* __restrict__ x, const float* __re
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
     const int64_t first = g * kVec;
     const Pack<T> in = LoadPack(x + first);
-    const float4 b = LoadBias(bias, first % cols);
+    const Pack<float> b = LoadPack(bias + first % cols);
     Pack<T> out;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out.v[i] = static_cast<T>(Gelu(static_cast<float>(in.v[i]) + Component(b, i)));
+    for (int i = 0; i < kVec; ++i) out.v[i] = static_cast<T>(Gelu(static_cast<float>(in.v[i]) + b.v[i]));
     StorePack(y + first, out);
   }
 }
@@ -86,29 +62,25 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     BiasGeluBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ bias,
                            T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int64_t cols) {
-  __shared__ float4 sums[kWarps][kWarp];
+  __shared__ Pack<float> sums[kWarps][kWarp];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols + int64_t(lane) * kVec;
   const bool owns = col < cols;
-  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  Pack<float> sum = {};
   if (owns) {
-    const float4 b = LoadBias(bias, col);
+    const Pack<float> b = LoadPack(bias + col);
     const int64_t row_stride = static_cast<int64_t>(gridDim.y) * kWarps;
     for (int64_t row = static_cast<int64_t>(blockIdx.y) * kWarps + warp; row < rows; row += row_stride) {
       const int64_t at = row * cols + col;
       const Pack<T> g = LoadPack(dy + at), in = LoadPack(x + at);
-      float d[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        d[i] = static_cast<float>(g.v[i]) * GeluSlope(static_cast<float>(in.v[i]) + Component(b, i));
       Pack<T> out;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out.v[i] = static_cast<T>(d[i]);
+      for (int i = 0; i < kVec; ++i) {
+        const float d = static_cast<float>(g.v[i]) * GeluSlope(static_cast<float>(in.v[i]) + b.v[i]);
+        out.v[i] = static_cast<T>(d);
+        sum.v[i] += d;
+      }
       StorePack(dx + at, out);
-      sum.x += d[0];
-      sum.y += d[1];
-      sum.z += d[2];
-      sum.w += d[3];
     }
   }
   if (partial == nullptr) return;
@@ -116,33 +88,13 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (warp != 0 || !owns) return;
   for (int w = 1; w < kWarps; ++w) {
-    sum.x += sums[w][lane].x;
-    sum.y += sums[w][lane].y;
-    sum.z += sums[w][lane].z;
-    sum.w += sums[w][lane].w;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sum.v[i] += sums[w][lane].v[i];
   }
-  *reinterpret_cast<float4*>(partial + static_cast<int64_t>(blockIdx.y) * cols + col) = sum;
+  StorePack(partial + static_cast<int64_t>(blockIdx.y) * cols + col, sum);
 }
 
 int SmCount() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
-
-// Calls f(T{}) for the kernels' value types.
-template <typename F>
-void DispatchValueType(at::ScalarType type, const char* name, F&& f) {
-  switch (type) {
-    case at::kFloat:
-      f(float{});
-      break;
-    case at::kBFloat16:
-      f(at::BFloat16{});
-      break;
-    case at::kHalf:
-      f(at::Half{});
-      break;
-    default:
-      TORCH_CHECK(false, name, ": fp32, bf16 or fp16 expected, got ", type);
-  }
-}
 
 }  // namespace
 
