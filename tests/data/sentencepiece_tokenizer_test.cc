@@ -7,13 +7,14 @@
 #include <thread>
 
 #include "data/text_dataset.h"
+#include "tests/common/source_path.h"
 
 namespace trainyard {
 namespace {
 
 // Trains a real model with libsentencepiece on the fortunes the data step prepared.
 TEST(SentencePieceTokenizer, TrainsFromTextsAndEncodesWithClsSep) {
-  const std::string train = std::string(TRAINYARD_SOURCE_DIR) + "/data/prepared/langid/train.tsv";
+  const std::string train = SourcePath("data/prepared/langid/train.tsv");
   if (!std::filesystem::exists(train)) GTEST_SKIP() << "run scripts/prepare_data.py first";
   LabelSet labels;
   TextDataset data = ReadTextDataset(train, {}, &labels);
@@ -42,7 +43,7 @@ std::string FileBytes(const std::filesystem::path& path) {
 // concurrent trainings must leave one whole model, with the pieces and scores one
 // training alone makes (the model file also names its training paths, which differ).
 TEST(SentencePieceTokenizer, ConcurrentTrainingsLeaveOneIdenticalModel) {
-  const std::string train = std::string(TRAINYARD_SOURCE_DIR) + "/data/prepared/langid/train.tsv";
+  const std::string train = SourcePath("data/prepared/langid/train.tsv");
   if (!std::filesystem::exists(train)) GTEST_SKIP() << "run scripts/prepare_data.py first";
   LabelSet labels;
   TextDataset data = ReadTextDataset(train, {}, &labels);

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/source_path.h"
+
 namespace trainyard {
 namespace {
 
@@ -442,7 +444,7 @@ TEST_F(JobSpecTest, LoadJobSpecResolvesAgainstTheFilesFolder) {
 TEST_F(JobSpecTest, ShippedExampleJobParses) {
   // The README's job must stay valid; its data may not be prepared here, so only
   // the schema is checked (a missing file is the one error allowed).
-  const std::string path = std::string(TRAINYARD_SOURCE_DIR) + "/configs/jobs/langid_tiny.yaml";
+  const std::string path = SourcePath("configs/jobs/langid_tiny.yaml");
   try {
     LoadJobSpec(path);
   } catch (const SpecError& e) {

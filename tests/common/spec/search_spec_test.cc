@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/source_path.h"
+
 namespace trainyard {
 namespace {
 
@@ -177,7 +179,7 @@ TEST_F(SearchSpecTest, HugeCountsAndDeepNestingAreRefusedCheaply) {
 
 TEST_F(SearchSpecTest, ShippedExampleSearchParses) {
   // Its base's data may not be prepared here: a missing file is the one error allowed.
-  const std::string path = std::string(TRAINYARD_SOURCE_DIR) + "/configs/jobs/langid_search.yaml";
+  const std::string path = SourcePath("configs/jobs/langid_search.yaml");
   try {
     const SearchSpec spec = ParseSearchSpec(ReadJobFile(path), path, fs::path(path).parent_path().string());
     EXPECT_EQ(spec.trials.size(), 12u);

@@ -9,6 +9,7 @@
 
 #include "common/metrics.h"
 #include "data/wordpiece_tokenizer.h"
+#include "tests/common/source_path.h"
 #include "worker/serve/infer_request.h"
 #include "worker/serve/kserve_json.h"
 
@@ -21,7 +22,7 @@ VersionMeta LangidMeta(int max_tokens) {
   meta.version = 1;
   meta.max_tokens = max_tokens;
   meta.labels = {"de", "en", "it"};
-  meta.tokenizer = std::make_shared<WordPieceTokenizer>(TRAINYARD_SOURCE_DIR "/data/prepared/langid/vocab.txt", true);
+  meta.tokenizer = std::make_shared<WordPieceTokenizer>(SourcePath("data/prepared/langid/vocab.txt"), true);
   meta.vocab_size = meta.tokenizer->vocab_size();
   return meta;
 }
