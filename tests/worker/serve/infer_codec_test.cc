@@ -27,7 +27,7 @@ VersionMeta LangidMeta(int max_tokens) {
   return meta;
 }
 
-TensorIn Text(std::vector<std::string> texts, std::vector<int64_t> shape = {}) {
+TensorIn Text(std::vector<std::string> texts, const std::vector<int64_t>& shape = {}) {
   TensorIn t;
   t.name = "TEXT";
   t.datatype = "BYTES";
