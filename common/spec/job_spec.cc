@@ -207,9 +207,10 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 }
 
 void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node t = r.Section(root, "train",
-                           {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
-                            "adam_beta1", "adam_beta2", "adam_eps", "precision", "loss_scale", "cuda_graph"});
+  YAML::Node t =
+      r.Section(root, "train",
+                {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
+                 "adam_beta1", "adam_beta2", "adam_eps", "precision", "bf16_weights", "loss_scale", "cuda_graph"});
   TrainSpec& out = spec->train;
   r.ReadInt(t, "epochs", "train", &out.epochs, 1, kMaxEpochs);
   r.ReadInt(t, "batch_size", "train", &out.batch_size, 1, kMaxBatch);
@@ -222,6 +223,13 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadDouble(t, "adam_beta2", "train", &out.adam_beta2, 0.0, 0.999999);
   r.ReadDouble(t, "adam_eps", "train", &out.adam_eps, 1e-12, 1.0);
   r.ReadEnum(t, "precision", "train", kPrecisionNames, &out.precision);
+  r.ReadBool(t, "bf16_weights", "train", &out.bf16_weights);
+  if (out.bf16_weights && out.precision != Precision::kBf16)
+    r.Fail(t["bf16_weights"], "train.bf16_weights",
+           std::string("bf16 weights need train.precision: bf16, not ") + ToString(out.precision));
+  if (out.bf16_weights && spec->model.lora.enabled)
+    r.Fail(t["bf16_weights"], "train.bf16_weights",
+           "not with model.lora: LoRA trains fp32 adapters on the frozen weights; leave bf16_weights false");
   r.ReadEnum(t, "cuda_graph", "train",
              std::map<std::string, GraphMode>{
                  {"auto", GraphMode::kAuto}, {"true", GraphMode::kOn}, {"false", GraphMode::kOff}},

@@ -6,14 +6,16 @@
 # sides do identical work. Prints both ms/step figures and their ratio.
 #   scripts/bench/train_step_vs_pytorch.sh [--preset mini] [--batch 32] [--seq 128]
 #     [--steps 40] [--threads 2] [--precision fp32|bf16|fp16] [--device cpu|cuda]
-#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--fused|--unfused] [--no-reference]
-#     [--json FILE] [--profile DIR]
+#     [--tf32] [--compile] [--compile-mode MODE] [--cuda-graph] [--fused|--unfused] [--bf16-weights]
+#     [--no-reference] [--json FILE] [--profile DIR]
 # --tf32 allows TF32 matrix products on both sides; --compile adds a second reference
 # run under torch.compile (--compile-mode: its mode, e.g. reduce-overhead, which
 # replays CUDA graphs; default torch's default). --cuda-graph runs the worker's steps
 # as whole-step CUDA graphs (train.cuda_graph: true; CUDA only). The worker's fused
 # CUDA kernels follow model.fused_kernels' default, auto (on for this step on CUDA);
-# --fused asks for them (true; CUDA only), --unfused turns them off. --no-reference
+# --fused asks for them (true; CUDA only), --unfused turns them off. --bf16-weights
+# keeps the worker's linear layers' weights in bf16 with fp32 masters in AdamW
+# (train.bf16_weights; --precision bf16 only; the reference stays autocast). --no-reference
 # times the worker alone (pytorch_ms null in the JSON), to compare worker settings
 # quickly. On CUDA both sides
 # time each step with CUDA events and the
@@ -30,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PRESET=mini BATCH=32 SEQ=128 STEPS=40 THREADS=2 PRECISION=fp32 DEVICE=cpu TF32=false COMPILE=false JSON="" PROFILE_DIR=""
-COMPILE_MODE=default GRAPH=false FUSED=auto REFERENCE=true
+COMPILE_MODE=default GRAPH=false FUSED=auto REFERENCE=true BF16_WEIGHTS=false
 WARMUP=5
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -40,7 +42,8 @@ while [[ $# -gt 0 ]]; do
     --json) JSON=$2; shift 2 ;; --profile) PROFILE_DIR=$2; shift 2 ;;
     --compile-mode) COMPILE=true COMPILE_MODE=$2; shift 2 ;; --cuda-graph) GRAPH=true; shift ;;
     --fused) FUSED=true; shift ;; --unfused) FUSED=false; shift ;; --no-reference) REFERENCE=false; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --bf16-weights) BF16_WEIGHTS=true; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +51,7 @@ case "$DEVICE" in cpu|cuda) ;; *) echo "error: --device $DEVICE: expected cpu or
 case "$PRECISION" in fp32|bf16|fp16) ;; *) echo "error: --precision $PRECISION: expected fp32, bf16 or fp16" >&2; exit 2 ;; esac
 if [[ $GRAPH == true && $DEVICE != cuda ]]; then echo "error: --cuda-graph needs --device cuda" >&2; exit 2; fi
 if [[ $FUSED == true && $DEVICE != cuda ]]; then echo "error: --fused needs --device cuda" >&2; exit 2; fi
+if [[ $BF16_WEIGHTS == true && $PRECISION != bf16 ]]; then echo "error: --bf16-weights needs --precision bf16" >&2; exit 2; fi
 if [[ $DEVICE == cuda ]]; then WARMUP=10 STEPS_EVERY=10 LOADERS=4; else STEPS_EVERY=1 LOADERS=1; fi
 if (( STEPS <= WARMUP )); then
   echo "error: --steps $STEPS: must be above the $WARMUP warm-up steps, which are not timed" >&2; exit 2
@@ -65,7 +69,7 @@ data:
   loader_threads: $LOADERS
   tokenizer: {vocab: $PWD/$TOPICS/vocab.txt}
 model: {preset: $PRESET, fused_kernels: $FUSED}
-train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION, cuda_graph: $GRAPH}
+train: {epochs: 1, batch_size: $BATCH, max_steps: $STEPS, lr: 5.0e-4, precision: $PRECISION, bf16_weights: $BF16_WEIGHTS, cuda_graph: $GRAPH}
 runtime: {device: $DEVICE, threads: $THREADS, tf32: $TF32}
 log: {steps_every: $STEPS_EVERY, progress: false}
 YAML
@@ -99,7 +103,7 @@ ours_wait = statistics.median(wait) if cuda else sum(wait) / len(wait)
 ref, compiled = json.load(open(ref_file)), json.load(open(compiled_file))
 key = "median_ms" if cuda else "ms_per_step"
 print(f"train step, preset $PRESET, batch $BATCH x seq $SEQ, $PRECISION (tf32 $TF32) on $DEVICE, cuda_graph $GRAPH, fused $FUSED, "
-      f"$THREADS threads, steps {warmup + 1}..$STEPS ({'median' if cuda else 'mean'})")
+      f"bf16_weights $BF16_WEIGHTS, $THREADS threads, steps {warmup + 1}..$STEPS ({'median' if cuda else 'mean'})")
 print(f"  trainyard worker (C++)     {ours:8.2f} ms/step   of which data wait {ours_wait:.2f} ms")
 if ref:
     print(f"  PyTorch + HF (Python)      {ref[key]:8.2f} ms/step   ratio ours / pytorch {ours / ref[key]:6.3f}")
@@ -107,7 +111,7 @@ if compiled:
     print(f"  PyTorch + torch.compile ($COMPILE_MODE) {compiled[key]:8.2f} ms/step   ratio ours / compiled {ours / compiled[key]:6.3f}")
 if out:
     json.dump({"preset": "$PRESET", "batch": $BATCH, "seq": $SEQ, "precision": "$PRECISION", "tf32": "$TF32" == "true",
-               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "fused": "$FUSED" == "true" or ("$FUSED" == "auto" and "$DEVICE" == "cuda"), "compile_mode": "$COMPILE_MODE", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref.get(key),
+               "device": "$DEVICE", "cuda_graph": "$GRAPH" == "true", "fused": "$FUSED" == "true" or ("$FUSED" == "auto" and "$DEVICE" == "cuda"), "compile_mode": "$COMPILE_MODE", "bf16_weights": "$BF16_WEIGHTS" == "true", "ours_ms": ours, "ours_wait_ms": ours_wait, "pytorch_ms": ref.get(key),
                "compiled_ms": compiled.get(key), "non_embedding_params": ref.get("non_embedding_params")},
               open(out, "w"))
 PY

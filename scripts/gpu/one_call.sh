@@ -26,6 +26,8 @@
 #   fused     N pairs of graphed runs: without and with the fused kernels
 #             (model.fused_kernels: false, then true) in turn, the worker alone (no
 #             PyTorch run).
+#   masters   N pairs of graphed runs of the worker alone: autocast's casts of fp32
+#             weights, then bf16 weights with fp32 masters (train.bf16_weights), in turn.
 #   latency   batch-1 latency of bert-base at seq 128: a benchmark job's cells (fp32,
 #             bf16 and fp16; eager and CUDA graphs), run with runtime.weight_casts
 #             each_pass, then once, then once with model.fused_kernels: true (their
@@ -46,15 +48,15 @@ while [[ $# -gt 0 ]]; do
       if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
       shift 2 ;;
     --plan)
-      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|fused|latency)(,(profile|spread|graphed|compile|realdata|weights|fused|latency))*$ ]] ||
-        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, fused and latency" >&2; exit 2; }
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|masters|fused|latency)(,(profile|spread|graphed|compile|realdata|weights|masters|fused|latency))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, masters, fused and latency" >&2; exit 2; }
       PLAN=$2; shift 2 ;;
     --tests|--target)
       [[ $# -ge 2 && -n "$2" ]] || { echo "one_call.sh: $1 needs a value" >&2; exit 2; }
       if [[ $1 == --tests ]]; then BUILD_EXTRA+=(-R "$2"); else BUILD_EXTRA+=(--target "$2"); fi
       shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -185,6 +187,11 @@ for step in "${STEPS_PLANNED[@]}"; do
         fits 20 && pair "unfused_$i" --cuda-graph --unfused --no-reference
         fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
       done ;;
+    masters)
+      for ((i = 1; i <= SPREAD; ++i)); do
+        fits 20 && pair "autocast_$i" --cuda-graph --no-reference
+        fits 20 && pair "masters_$i" --cuda-graph --bf16-weights --no-reference
+      done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
     latency) fits 60 && latency each_pass false; fits 60 && latency once false; fits 60 && latency once true ;;
     weights)
@@ -199,11 +206,14 @@ done
 
 python3 - "$LOGS" >> "$OUT/spread.txt" <<'PY'
 import glob, json, os, statistics, sys
-rows = {"eager": [], "graphed": [], "graphed+fused": []}
+rows = {"eager": [], "graphed": [], "graphed+fused": [], "graphed+bf16_weights": []}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name = os.path.basename(path)[:-5]
     r = json.load(open(path))
     kind = ("graphed+fused" if r.get("fused") else "graphed") if r["cuda_graph"] else "eager"
+    if r.get("bf16_weights"):
+        kind = "graphed+bf16_weights" if r["cuda_graph"] else "eager+bf16_weights"
+        rows.setdefault(kind, [])
     rows[kind].append((name, r["ours_ms"], r["pytorch_ms"]))
     if r.get("compiled_ms"):
         print(f"{name}: ours {r['ours_ms']:.2f} ms, torch.compile({r['compile_mode']}) {r['compiled_ms']:.2f} ms, "

@@ -19,6 +19,9 @@
               checkpoint there and exits 3; rerun, it ends bitwise equal to an
               uninterrupted run (weights, epoch rows, every step's loss, each once)
   signal_two_ranks  the same with SIGUSR1 to mpirun, which passes it to both ranks
+  bf16_weights  2 ranks with bf16 weights and fp32 masters (train.bf16_weights): killed
+              and resumed, bitwise equal to an uninterrupted run (the masters are in the
+              checkpoint); the saved model holds the fp32 masters
 """
 import argparse
 import csv
@@ -34,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import MPI_ENV, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, write
+from e2e_common import LANGID, MPI_ENV, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, weights, write
 
 EXTRA = """train:
   epochs: 3
@@ -248,9 +251,48 @@ def signalled_then_resumed(args, work, ranks, sig):
             and compare(os.path.join(work, "straight", name), os.path.join(runs, name), 3))
 
 
+BF16_EXTRA = """train:
+  epochs: 2
+  batch_size: 16
+  lr: 1.0e-3
+  precision: bf16
+  bf16_weights: true
+checkpoint:
+  every_steps: 10
+  keep: 2
+  resume: auto
+"""
+
+
+def bf16_weights(args, work):
+    """The `bf16_weights` case: 2 ranks whose linear layers' weights are bf16, trained
+    through fp32 masters. A run killed after its first checkpoint and resumed ends
+    bitwise equal to an uninterrupted one; the saved model holds fp32 weights that bf16
+    cannot represent (the masters, not their rounded copies)."""
+    import torch  # here: the other cases need no torch
+    name = "resume_bf16"
+    train = subset_tsv(work, 640)  # 20 steps an epoch on 2 ranks of 16
+    dev = os.path.join(work, "dev_300.tsv")  # bf16 products are emulated on this CPU: a short dev set
+    with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
+        write(dev, "".join(f.readlines()[:301]))
+    text = job_yaml(name, train, BF16_EXTRA).replace(os.path.join(LANGID, "dev.tsv"), dev)
+    job = write(os.path.join(work, "job.yaml"), text)
+    straight = run(args, 2, job, os.path.join(work, "straight"))
+    if straight.returncode != 0:
+        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    killed_then_resumed(args, 2, job, os.path.join(work, "killed"), name)
+    ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 2)
+    saved = weights(os.path.join(work, "straight", name))
+    query = saved["bert.encoder.layer.0.attention.self.query.weight"]
+    beyond = (query.to(torch.bfloat16).float() != query).float().mean().item()
+    print(f"saved query weight: {query.dtype}, {beyond:.0%} of its values not representable in bf16")
+    return ok and query.dtype == torch.float32 and beyond > 0.5
+
+
 CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
-         "signal_two_ranks": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1),"single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
-         "fallback": fallback, "none_valid": none_valid}
+         "signal_two_ranks": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1),
+         "single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
+         "fallback": fallback, "none_valid": none_valid, "bf16_weights": bf16_weights}
 
 
 def main():

@@ -1,5 +1,6 @@
 #include "worker/comm/mpi_communicator.h"
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #ifdef TRAINYARD_WITH_CUDA
@@ -24,16 +25,20 @@ constexpr int kStatusRequestTag = 101, kStatusReplyTag = 102;
 constexpr auto kAttributionWindow = std::chrono::milliseconds(1500);
 constexpr auto kPeerReportGrace = std::chrono::milliseconds(1000);
 
-void HalfSum(void* in, void* inout, int* length, MPI_Datatype*) {
-  auto* a = static_cast<const c10::Half*>(in);
-  auto* b = static_cast<c10::Half*>(inout);
+// Sums 16-bit floats (fp16 or bf16, which MPI has no type for) in fp32, element by
+// element, rounding each sum back.
+template <typename Float16>
+void Float16Sum(void* in, void* inout, int* length, MPI_Datatype*) {
+  auto* a = static_cast<const Float16*>(in);
+  auto* b = static_cast<Float16*>(inout);
   for (int i = 0; i < *length; ++i) b[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
 }
 
-MPI_Op HalfSumOp() {
+template <typename Float16>
+MPI_Op Float16SumOp() {
   static MPI_Op op = [] {
     MPI_Op created;
-    MPI_Op_create(&HalfSum, /*commute=*/1, &created);
+    MPI_Op_create(&Float16Sum<Float16>, /*commute=*/1, &created);
     return created;
   }();
   return op;
@@ -50,6 +55,7 @@ MPI_Datatype MpiType(torch::ScalarType type) {
     case torch::kLong:
       return MPI_INT64_T;
     case torch::kHalf:
+    case torch::kBFloat16:
       return MPI_UINT16_T;
     case torch::kByte:
       return MPI_UINT8_T;
@@ -59,9 +65,10 @@ MPI_Datatype MpiType(torch::ScalarType type) {
 }
 
 MPI_Op MpiOp(ReduceOp op, torch::ScalarType type) {
-  if (type == torch::kHalf) {
-    if (op != ReduceOp::kSum) throw std::runtime_error("MPI backend: fp16 supports sum only");
-    return HalfSumOp();
+  if (type == torch::kHalf || type == torch::kBFloat16) {
+    if (op != ReduceOp::kSum)
+      throw std::runtime_error(std::string("MPI backend: ") + c10::toString(type) + " supports sum only");
+    return type == torch::kHalf ? Float16SumOp<c10::Half>() : Float16SumOp<c10::BFloat16>();
   }
   switch (op) {
     case ReduceOp::kSum:

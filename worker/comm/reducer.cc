@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -14,19 +15,21 @@ Reducer::Reducer(const std::vector<std::pair<std::string, torch::Tensor>>& param
     : comm_(comm), options_(options) {
   for (const auto& item : params) params_.push_back(item.second);
   slot_of_.resize(params_.size());
-  int64_t bytes = 0;
+  // The bucket being filled for each dtype, and its bytes so far.
+  std::map<torch::ScalarType, std::pair<size_t, int64_t>> open;
   for (size_t k = params_.size(); k-- > 0;) {
     const torch::Tensor& p = params_[k];
-    if (buckets_.empty() || bytes >= options_.bucket_bytes) {
+    auto it = open.find(p.scalar_type());
+    if (it == open.end() || it->second.second >= options_.bucket_bytes) {
       buckets_.emplace_back();
-      bytes = 0;
+      it = open.insert_or_assign(p.scalar_type(), std::pair<size_t, int64_t>{buckets_.size() - 1, 0}).first;
     }
-    Bucket& b = buckets_.back();
-    slot_of_[k] = {buckets_.size() - 1, b.params.size()};
+    Bucket& b = buckets_[it->second.first];
+    slot_of_[k] = {it->second.first, b.params.size()};
     b.params.push_back(k);
     b.offsets.push_back(b.grad_numel);
     b.grad_numel += p.numel();
-    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    it->second.second += p.numel() * static_cast<int64_t>(p.element_size());
   }
   views_.resize(params_.size());
   for (size_t i = 0; i < buckets_.size(); ++i) {

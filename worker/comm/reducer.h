@@ -15,6 +15,9 @@
 // each buffer by the number of ranks, in place: the views then hold the averages.
 // With overlap off, every bucket is launched after backward instead, for comparison.
 // With fp16 compression the buffers travel as fp16 and are summed in fp32 chunks.
+// A bucket holds gradients of one dtype: with bf16 weights (train.bf16_weights) the
+// linear layers' gradients fill bf16 buckets and the others fp32 ones, each dtype's
+// buckets filled in the same reverse order.
 //
 // The first bucket carries one extra value after its gradients: each rank's stop
 // vote for this step (see Note [Stop agreement] in job_setup.h). It is summed with the

@@ -41,6 +41,15 @@ std::vector<int32_t> LengthProxies(const TextDataset& data) {
   return lengths;
 }
 
+// train.bf16_weights: every linear layer's weight and bias stored in bf16, in place
+// (the parameters keep their identity; AdamW gives them fp32 masters).
+void StoreLinearWeightsInBf16(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : model.modules(/*include_self=*/true))
+    if (auto* linear = module->as<torch::nn::LinearImpl>())
+      for (auto& p : linear->parameters(/*recurse=*/false)) p.set_data(p.to(torch::kBFloat16));
+}
+
 }  // namespace
 
 Trainer::Trainer(JobSpec spec, RankContext ranks)
@@ -73,6 +82,7 @@ void Trainer::BuildModel() {
   model_ = trainyard::BuildModel(spec_, *tokenizer_, labels_.names(), spec_.data.max_seq_len,
                                  /*keep_init_labels=*/false, &lora_);
   model_->to(device_);
+  if (spec_.train.bf16_weights) StoreLinearWeightsInBf16(*model_);
   if (spec_.model.lora.enabled && is_rank0())
     LogInfo(StrFormat("LoRA r=%ld on %zu layers (%s, ...): trainable params %ld of %ld (%.3f%%)", long(lora_.options.r),
                       lora_.adapted.size(), lora_.adapted.front().c_str(), long(lora_.trainable), long(lora_.total),
@@ -217,7 +227,8 @@ StepResult Trainer::StepBody(Batch& batch, const StepControls& c, StepTimer* tim
   mark();  // exposed communication
   PlantDebugInf(c);
   const torch::Tensor found_inf = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
-  if (spec_.train.max_grad_norm > 0) ClipGradNorm(params_, spec_.train.max_grad_norm);
+  optimizer_->TakeGradients();  // into the fp32 masters, under train.bf16_weights
+  if (spec_.train.max_grad_norm > 0) ClipGradNorm(optimizer_->updated(), spec_.train.max_grad_norm);
   if (c.graphed())
     optimizer_->Step(c.device.lr, found_inf);
   else

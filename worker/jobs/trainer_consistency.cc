@@ -10,6 +10,10 @@ void Trainer::BroadcastParameters() {
   torch::NoGradGuard no_grad;
   for (auto& item : model_->named_parameters()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
   for (auto& item : model_->named_buffers()) ranks_.comm->Broadcast(item.value(), 0, "broadcast " + item.key());
+  // The fp32 masters of bf16 weights (train.bf16_weights), restored from a checkpoint
+  // or copied from the weights, hold more than the weights do.
+  for (auto& [name, t] : optimizer_->StateTensors())
+    if (name.rfind("master.", 0) == 0) ranks_.comm->Broadcast(t, 0, "broadcast " + name);
 }
 
 bool Trainer::StopIsPreemption() {
@@ -33,7 +37,7 @@ torch::Tensor Trainer::AgreeOnFoundInf(torch::Tensor local_found_inf) {
 
 void Trainer::CheckConsistency() {
   uint64_t hash = kFnv1aOffset;
-  for (const auto& p : params_) {
+  for (const auto& p : optimizer_->updated()) {  // the fp32 masters, where there are any
     torch::Tensor cpu = p.detach().to(torch::kCPU).contiguous();
     hash = Fnv1a(cpu.data_ptr(), cpu.numel() * cpu.element_size(), hash);
   }

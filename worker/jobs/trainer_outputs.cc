@@ -194,6 +194,8 @@ nlohmann::json Trainer::Summary(Clock::time_point run_start) const {
 // the job names as its model.
 std::string Trainer::SaveModel(nlohmann::json* summary) {
   const std::string model_dir = run_dir() + "/model";
+  // The trained fp32 weights, not their bf16 copies: training is over.
+  if (spec_.train.bf16_weights) optimizer_->ReleaseMasters();
   if (!spec_.model.lora.enabled) {
     SaveHfModel(model_dir, *model_);
     SaveTokenizerFiles(model_dir, spec_.data.tokenizer);

@@ -309,6 +309,21 @@ TEST_F(JobSpecTest, FusedKernelsAreAutoByDefaultAndTrueRefusesTheCpu) {
   EXPECT_NE(error.find("model.fused_kernels: the fused kernels are CUDA kernels"), std::string::npos) << error;
 }
 
+TEST_F(JobSpecTest, Bf16WeightsNeedBf16PrecisionAndNoLora) {
+  EXPECT_FALSE(Parse(Valid()).train.bf16_weights);
+  EXPECT_TRUE(Parse(Valid("  precision: bf16\n  bf16_weights: true\n")).train.bf16_weights);
+  std::string error = ErrorOf(Valid("  bf16_weights: true\n"));
+  EXPECT_NE(error.find("job.yaml:8:"), std::string::npos) << error;
+  EXPECT_NE(error.find("train.bf16_weights: bf16 weights need train.precision: bf16, not fp32"), std::string::npos)
+      << error;
+  error = ErrorOf(Valid("  precision: fp16\n  bf16_weights: true\n"));
+  EXPECT_NE(error.find("not fp16"), std::string::npos) << error;
+  error = ErrorOf("model: {lora: {r: 4}}\n" + Valid("  precision: bf16\n  bf16_weights: true\n"));
+  EXPECT_NE(error.find("train.bf16_weights: not with model.lora"), std::string::npos) << error;
+  error = ErrorOf(Valid("  precision: bf16\n  bf16_weights: sometimes\n"));
+  EXPECT_NE(error.find("train.bf16_weights"), std::string::npos) << error;
+}
+
 TEST_F(JobSpecTest, CudaGraphIsOffUnlessAskedAndRefusesUnpaddingAlways) {
   EXPECT_EQ(Parse(Valid()).train.cuda_graph, GraphMode::kOff);
   EXPECT_EQ(Parse(Valid("  cuda_graph: auto\n")).train.cuda_graph, GraphMode::kAuto);

@@ -132,6 +132,7 @@ TEST(AdamW, FoundInfOnTheDeviceSkipsTheStepAndAClearOneIsThePlainStep) {
       for (const auto& t : flagged.params) before.push_back(t.detach().clone());
       const auto moments = b.StateTensors();
       std::vector<torch::Tensor> moments_before;
+      moments_before.reserve(moments.size());
       for (const auto& [name, t] : moments) moments_before.push_back(t.clone());
       b.Step(lr, set);
       EXPECT_EQ(MaxDiff(before, flagged.params), 0.0);
@@ -148,6 +149,123 @@ TEST(AdamW, FoundInfOnTheDeviceSkipsTheStepAndAClearOneIsThePlainStep) {
 
 // The scaler's state lives on the device; its sequence follows torch.amp.GradScaler's
 // rules (the reference comparison is tests/reference/scaler_parity.py).
+// Master weights: bf16 parameters (a matrix and a bias; an fp32 scale beside them)
+// trained through fp32 masters. The masters follow libtorch's own AdamW run in fp32 on
+// the same gradients; each bf16 parameter is its master rounded, after every step.
+struct LowProblem {
+  std::vector<torch::Tensor> params;  // bf16 [16, 8], bf16 [16], fp32 [16]
+  torch::Tensor input, target;
+};
+
+LowProblem MakeLowProblem(uint64_t seed) {
+  torch::manual_seed(seed);
+  LowProblem p;
+  p.params = {torch::randn({16, 8}).to(torch::kBFloat16), torch::randn({16}).to(torch::kBFloat16), torch::ones({16})};
+  for (auto& t : p.params) t.requires_grad_(true);
+  p.input = torch::randn({32, 8});
+  p.target = torch::randn({32, 16});
+  return p;
+}
+
+// The loss in fp32 over the parameters' values: bf16 gradients for the bf16 ones.
+void LowBackward(LowProblem& p, int step) {
+  torch::Tensor h =
+      torch::matmul(p.input * double(1 + step % 3), p.params[0].to(torch::kFloat).t()) + p.params[1].to(torch::kFloat);
+  ((h * p.params[2] - p.target).pow(2).mean() * 10.0).backward();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Named(const LowProblem& p) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (size_t i = 0; i < p.params.size(); ++i) named.emplace_back("p" + std::to_string(i), p.params[i]);
+  return named;
+}
+
+std::vector<torch::Tensor> Masters(const AdamW& optimizer) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : optimizer.StateTensors())
+    if (name.rfind("master.", 0) == 0) out.push_back(t);
+  return out;
+}
+
+TEST(AdamW, Bf16ParametersTrainThroughFp32MastersAsLibtorchAdamWDoesInFp32) {
+  LowProblem ours = MakeLowProblem(3);
+  std::vector<torch::Tensor> theirs;
+  for (const auto& t : ours.params) theirs.push_back(t.detach().to(torch::kFloat).clone().requires_grad_(true));
+  const AdamWOptions o{0.9, 0.98, 1e-6, 0.05};
+  AdamW optimizer(Named(ours), o);
+  ASSERT_EQ(Masters(optimizer).size(), 2u);
+  EXPECT_EQ(optimizer.updated()[2].data_ptr(), ours.params[2].data_ptr());  // fp32: no master
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(
+      std::vector<torch::Tensor>{theirs[0]},
+      std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay)));
+  groups.emplace_back(std::vector<torch::Tensor>{theirs[1], theirs[2]},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(0.0)));
+  torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 30; ++step) {
+    LowBackward(ours, step);
+    for (size_t i = 0; i < theirs.size(); ++i)
+      theirs[i].mutable_grad() = ours.params[i].grad().to(torch::kFloat).clone();
+    optimizer.TakeGradients();
+    ClipGradNorm(optimizer.updated(), 1.0);
+    torch::nn::utils::clip_grad_norm_(theirs, 1.0);
+    optimizer.Step(1e-2);
+    reference.step();
+    optimizer.ZeroGrad();
+    reference.zero_grad();
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(ours.params[i].scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(ours.params[i].equal(Masters(optimizer)[size_t(i)].to(torch::kBFloat16))) << "step " << step;
+    }
+  }
+  std::vector<torch::Tensor> updated = Masters(optimizer);
+  updated.push_back(ours.params[2]);
+  EXPECT_LT(MaxDiff(updated, theirs), 1e-6);
+  // The masters hold what bf16 cannot: steps of lr 1e-2 on values of order 1 round away.
+  EXPECT_GT(MaxDiff(Masters(optimizer), {ours.params[0].to(torch::kFloat), ours.params[1].to(torch::kFloat)}), 1e-4);
+  optimizer.ReleaseMasters();
+  EXPECT_EQ(ours.params[0].scalar_type(), torch::kFloat);
+  EXPECT_LT(MaxDiff(ours.params, theirs), 1e-6);
+  EXPECT_TRUE(Masters(optimizer).empty());
+}
+
+TEST(AdamW, RestoredMastersContinueTheSameRun) {
+  LowProblem straight = MakeLowProblem(7), warm = MakeLowProblem(7), resumed = MakeLowProblem(7);
+  AdamW a(Named(straight), AdamWOptions{}), w(Named(warm), AdamWOptions{});
+  for (int step = 0; step < 10; ++step) {
+    LowBackward(straight, step);
+    a.Step(1e-2);  // takes the gradients itself
+    a.ZeroGrad();
+    if (step >= 5) continue;
+    LowBackward(warm, step);
+    w.Step(1e-2);
+    w.ZeroGrad();
+  }
+  // A checkpoint after step 5: the bf16 weights, and the state with its masters.
+  std::map<std::string, torch::Tensor> state;
+  for (auto& [name, t] : w.StateTensors()) state[name] = t.clone();
+  ASSERT_EQ(state.count("master.p0") + state.count("master.p1") + state.count("master.p2"), 2u);
+  AdamW b(Named(resumed), AdamWOptions{});
+  {
+    torch::NoGradGuard no_grad;  // the checkpoint's weights first, as LoadCheckpoint does
+    for (size_t i = 0; i < warm.params.size(); ++i) resumed.params[i].copy_(warm.params[i]);
+    resumed.params[0].add_(1.0);  // the bf16 ones come from the masters, whatever they held
+  }
+  b.RestoreState(state, w.step_count());
+  for (size_t i = 0; i < warm.params.size(); ++i) EXPECT_TRUE(resumed.params[i].equal(warm.params[i]));
+  for (int step = 5; step < 10; ++step) {
+    LowBackward(resumed, step);
+    b.Step(1e-2);
+    b.ZeroGrad();
+  }
+  EXPECT_EQ(MaxDiff(straight.params, resumed.params), 0.0);
+  EXPECT_EQ(MaxDiff(Masters(a), Masters(b)), 0.0);
+  state.erase("master.p1");
+  EXPECT_THROW(b.RestoreState(state, 5), std::runtime_error);
+}
+
 TEST(GradScaler, DeviceStateBacksOffOnInfAndGrowsAfterTheInterval) {
   LossScaleSpec spec;
   spec.init_scale = 1024;
