@@ -17,8 +17,8 @@ Cases:
              deterministic; the metric the search judged equals the reference's;
            - the trials whose learning rate is hopeless stopped at the first rung;
            - the best trial is within 0.005 dev accuracy of the best full run, and the
-             search used at most 0.6x their rank-seconds (the figure itself, against the
-             target of 0.5x, is scripts/bench/search.sh's); its model folder exists;
+             search trained at most half their epochs (the rank-seconds figure, a
+             timing, is scripts/bench/search.sh's); its model folder exists;
              search.csv has a row per trial;
   draws  a random search draws what an independent SplitMix64 gives, for each kind of
          distribution; a grid search gives the product of its values, in order (the last
@@ -242,14 +242,16 @@ def case_asha(c, work):
     assert best["best"] >= best_full - 0.005, (best, best_full)
     ours = rank_seconds(rep)
     theirs = sum(t["rank_seconds"] for t in full_of.values())
+    trained = sum(len(epochs_logged(c, t["job"])) for t in trials)
     print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f} against the full runs' best "
           f"{best_full:.4f}; rank-seconds {ours:.0f} against {theirs:.0f} ({ours / theirs:.2f}x); "
-          f"the search's wall time {asha_wall:.0f} s; {len(hopeless)} hopeless trials, "
+          f"the search's wall time {asha_wall:.0f} s; it trained {trained} of the full runs' {TRIALS * EPOCHS} "
+          f"epochs; {len(hopeless)} hopeless trials, "
           f"{len(at_first)} of them stopped at the first rung; "
           f"{sum(1 for t in trials if t['stopped_at'] == 0)} trials ran to the end")
-    # The issue's target is half; this run's figure is a benchmark's (scripts/bench/search.sh).
-    # Asserted here: ASHA saves at least 40%, whatever the machine's start-up times.
-    assert ours <= 0.6 * theirs, (ours, theirs)
+    # The work ASHA saves, as epochs, which its decisions fix: the test shares the cores
+    # with others, so its rank-seconds (scripts/bench/search.sh's figure) are not asserted.
+    assert trained <= 0.5 * TRIALS * EPOCHS, (trained, TRIALS * EPOCHS)
     assert os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best
     with open(os.path.join(c.runs, str(search), "search.csv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f))

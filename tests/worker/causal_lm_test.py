@@ -80,7 +80,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         train = os.path.join(work, "train.txt")
         dev = os.path.join(work, "dev.txt")
-        subset(os.path.join(LM, "train.txt"), train, 2500)
+        subset(os.path.join(LM, "train.txt"), train, 1500)
         dev_texts = subset(os.path.join(LM, "dev.txt"), dev, 250)
         job = os.path.join(work, "lm.yaml")
         write(job, finetune_yaml(work, train, dev))

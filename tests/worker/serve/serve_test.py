@@ -263,10 +263,10 @@ def gpu(worker, work):
     1 to 13, equal HF BertForSequenceClassification's logits on the same GPU and inputs
     within 1e-4 (fp32, TF32 off on both sides). Exits 77 (skipped) without a CUDA device."""
     import torch
-    from transformers import BertForSequenceClassification, BertTokenizerFast
     if not torch.cuda.is_available():
         print("skipped: torch sees no CUDA device")
         sys.exit(77)
+    from transformers import BertForSequenceClassification, BertTokenizerFast
     folder = hf_version(os.path.join(work, "repo", "langid", "1"), seed=11, hidden=128, layers=2)
     texts = DEV_TEXTS[:25]
     encoded = BertTokenizerFast(os.path.join(folder, "vocab.txt"), do_lower_case=True)(
