@@ -110,9 +110,9 @@ struct TrainSpec {
   // communicator allow them (CUDA, one rank or NCCL), kOn insists (an error where they
   // cannot run), kOff steps eagerly.
   GraphMode cuda_graph = GraphMode::kOff;
-  // With precision bf16: every linear layer's weight and bias are stored in bf16, so
-  // autocast casts none of them on each forward, and AdamW trains fp32 master copies of
-  // them (AdamW in worker/train/optimizer.h). Needs precision: bf16.
+  // With precision bf16: every linear layer's weight is stored in bf16, so autocast
+  // casts none of them on each forward, and AdamW trains fp32 master copies of them
+  // (AdamW in worker/train/optimizer.h). Needs precision: bf16.
   bool bf16_weights = false;
 };
 

@@ -41,13 +41,15 @@ std::vector<int32_t> LengthProxies(const TextDataset& data) {
   return lengths;
 }
 
-// train.bf16_weights: every linear layer's weight and bias stored in bf16, in place
-// (the parameters keep their identity; AdamW gives them fp32 masters).
+// train.bf16_weights: every linear layer's weight stored in bf16, in place (the
+// parameter keeps its identity; AdamW gives it an fp32 master). The biases stay fp32:
+// the fused bias+GELU and add+LayerNorm kernels take fp32 biases, and autocast's cast
+// of a bias is a vector's.
 void StoreLinearWeightsInBf16(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (const auto& module : model.modules(/*include_self=*/true))
     if (auto* linear = module->as<torch::nn::LinearImpl>())
-      for (auto& p : linear->parameters(/*recurse=*/false)) p.set_data(p.to(torch::kBFloat16));
+      linear->weight.set_data(linear->weight.to(torch::kBFloat16));
 }
 
 }  // namespace
