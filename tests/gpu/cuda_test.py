@@ -17,6 +17,12 @@ case exits 77 (ctest: skipped), saying so, where torch sees no CUDA device.
           1e-6, step 7 is skipped in both, the loss-scale sequence is
           torch.amp.GradScaler's for the same skips, and the graphed evaluation's loss
           and accuracy are the eager one's within 1e-6
+  graph_train_masters  the graphed step with bf16 weights (train.bf16_weights: true, so
+          the fp32 masters' gradient copy, clipping, AdamW and the copy back are in the
+          graph) against the eager step of the same job, bf16, dropout off: over 20 steps
+          the losses agree within 1e-3 relative and the saved fp32 masters within 2e-3
+          (two steps of the learning rate), and both follow the graphed autocast run of
+          the same job (fp32 weights, cast on each forward) within 5e-3 relative
   graph_memory  200 graphed steps over batches padded to 4 lengths: at least 3 shapes are
           captured, and the allocator's memory in use does not move after the last capture
   graph_nccl  one rank on the data-parallel path (distributed.backend: nccl, so the
@@ -191,6 +197,39 @@ def graph_train(args, work):
             and [s["loss_scale"] for s in b] == expected and summary["cuda_graphs"] >= 1)
 
 
+MASTER_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.0e-3\n  max_grad_norm: 1.0\n"
+                "  precision: bf16\n  cuda_graph: {graph}\n  bf16_weights: {masters}\n")
+
+
+def relative_gap(a, b):
+    """The worst relative difference between two runs' step losses."""
+    return max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
+
+
+def graph_train_masters(args, work):
+    import torch
+    eager, _ = run_graph_job(args, work, "masters_eager", MASTER_STEPS.format(graph="false", masters="true"), 1000)
+    graphed, summary = run_graph_job(args, work, "masters_graphed",
+                                     MASTER_STEPS.format(graph="true", masters="true"), 1000)
+    autocast, _ = run_graph_job(args, work, "autocast_graphed", MASTER_STEPS.format(graph="true", masters="false"),
+                                1000)
+    a, b, c = steps(eager), steps(graphed), steps(autocast)
+    ew, gw = weights(eager), weights(graphed)
+    wdiff = max((ew[k].float() - gw[k].float()).abs().max().item() for k in ew)
+    query = "bert.encoder.layer.0.attention.self.query.weight"
+    held = gw[query]
+    beyond_bf16 = (held != held.to(torch.bfloat16).float()).float().mean().item()
+    gap, follow = relative_gap(b, a), max(relative_gap(a, c), relative_gap(b, c))
+    print(f"bf16 weights, graphed ({summary['cuda_graphs']} graphs) vs eager over {len(b)} steps: worst relative "
+          f"loss difference {gap:.2e} (limit 1e-3), max |master diff| {wdiff:.2e} (limit 2e-3)")
+    print(f"against the graphed autocast run: worst relative loss difference {follow:.2e} (limit 5e-3)")
+    print(f"saved {query}: {gw[query].dtype}, {100 * beyond_bf16:.1f}% of its values not representable in bf16")
+    print("losses (graphed, bf16 weights):", [round(s["loss"], 5) for s in b])
+    print("losses (graphed, autocast):    ", [round(s["loss"], 5) for s in c])
+    return (len(a) == len(b) == len(c) == 20 and gap <= 1e-3 and wdiff <= 2e-3 and follow <= 5e-3
+            and summary["cuda_graphs"] >= 1 and held.dtype == torch.float32 and beyond_bf16 > 0.5)
+
+
 def graph_memory(args, work):
     text = "train:\n  batch_size: 16\n  max_steps: 200\n  epochs: 1\n  cuda_graph: true\n"
     run, summary = run_graph_job(args, work, "memory", text, 6000)
@@ -321,6 +360,7 @@ benchmark:
 
 
 CASES = {"parity": parity, "train": train, "graph": graph, "generate": generate, "graph_train": graph_train,
+         "graph_train_masters": graph_train_masters,
          "graph_memory": graph_memory, "graph_nccl": graph_nccl}
 
 
