@@ -3,7 +3,11 @@
 Each host is a Linux network namespace (its own interfaces, addresses and ports) with a
 UTS namespace (its own hostname) and a mount namespace in which <rig>/host is that host's
 own folder: its runs/ and its $TMPDIR live there, so no two hosts share a disk, while the
-build and the data are the machine's, read by all. Hosts are joined by veth pairs on a
+build and the data are the machine's, read by all. Each host also has its own /dev/shm (a
+tmpfs of its own, gone with the host): Open MPI's shared-memory segments are named by
+hostname and job id, and Slurm gives two rigs the same job ids on hosts of the same names,
+so with one /dev/shm for the machine, two rigs at once opened each other's segments (and
+a killed rank's segments outlived its rig). Hosts are joined by veth pairs on a
 bridge that lives in a namespace of its own, with addresses from 198.18.0.0/15 (the
 benchmarking range), and resolve each other by name (/etc/hosts, per host).
 
@@ -240,6 +244,7 @@ class Cluster:
         # namespace): its pid is how everything else enters the host.
         pid_file = os.path.join(self.shared, f"init-{host}")
         script = (f"hostname {host} && mount --bind {self.outside(host)} {self.host_dir} && "
+                  "mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm && "
                   f"mount --bind {self.shared}/hosts /etc/hosts && echo $$ > {pid_file} && exec sleep infinity")
         self.processes.append(subprocess.Popen(
             ["ip", "netns", "exec", space, "unshare", "--uts", "--mount", "--propagation", "private", "--fork", "sh",

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The cluster rig itself (tests/cluster/cluster.py): three hosts, each with its own
-hostname, address and disk, that reach each other by name over ssh and by nothing from
+hostname, address, disk and /dev/shm, that reach each other by name over ssh and by nothing from
 the machine's own network; and that leave no namespace, link, process or folder behind,
 after a clean end, after a failure, and after the test's process is killed outright
 (SIGKILL, as ctest's timeout does). Exit 77 (skipped) where namespaces cannot be made."""
@@ -59,6 +59,11 @@ def main():
         seen = {h: c.run(h, ["test", "-e", f"{c.host_dir}/runs/written-on-h1"]).returncode == 0 for h in c.names}
         ok &= check(seen == {"h1": True, "h2": False, "h3": False},
                     f"a file written in h1's runs folder is on h1's disk only: {seen}")
+        c.run("h1", ["sh", "-c", f"echo mine > /dev/shm/{prefix}-h1"], check=True)
+        shm = {h: c.run(h, ["test", "-e", f"/dev/shm/{prefix}-h1"]).returncode == 0 for h in c.names}
+        shm["machine"] = os.path.exists(f"/dev/shm/{prefix}-h1")
+        ok &= check(shm == {"h1": True, "h2": False, "h3": False, "machine": False},
+                    f"a file written in h1's /dev/shm is in h1's only: {shm}")
         machine = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
         ok &= check("198.18." not in machine, "the machine's own namespace has no rig address")
         ok &= check(sorted(leftovers(prefix)["namespaces"]) == sorted([c.namespace(h) for h in c.names] +
