@@ -21,7 +21,9 @@
   signal_two_ranks  the same with SIGUSR1 to mpirun, which passes it to both ranks
   bf16_weights  2 ranks with bf16 weights and fp32 masters (train.bf16_weights): killed
               and resumed, bitwise equal to an uninterrupted run (the masters are in the
-              checkpoint); the saved model holds the fp32 masters
+              checkpoint); the saved model holds the fp32 masters; its checkpoints,
+              offered to the same job without bf16_weights, exit 2 naming both dtypes
+              and the flag, and change nothing
 """
 import argparse
 import csv
@@ -199,10 +201,11 @@ def fallback(args, work):
     return ok
 
 
-def tree_digest(folder):
+def tree_digest(folder, skip=()):
+    """One hash of every file under `folder` (names and bytes), but for the names in `skip`."""
     digest = hashlib.sha256()
     for root, dirs, files in sorted(os.walk(folder)):
-        for name in sorted(files):
+        for name in sorted(set(files) - set(skip)):
             path = os.path.join(root, name)
             digest.update(path.encode() + read(path))
     return digest.hexdigest()
@@ -286,7 +289,24 @@ def bf16_weights(args, work):
     query = saved["bert.encoder.layer.0.attention.self.query.weight"]
     beyond = (query.to(torch.bfloat16).float() != query).float().mean().item()
     print(f"saved query weight: {query.dtype}, {beyond:.0%} of its values not representable in bf16")
-    return ok and query.dtype == torch.float32 and beyond > 0.5
+    return ok and query.dtype == torch.float32 and beyond > 0.5 and offered_to_fp32_weights(args, work, text, name)
+
+
+def offered_to_fp32_weights(args, work, text, name):
+    """The finished bf16-weights run's checkpoints, offered to the same job without
+    bf16_weights: exit 2, the warning naming a weight's two dtypes and the flag that
+    differs, and the runs folder untouched but for the probe that two ranks rewrite on
+    every start (Note [Node-local checkpoints])."""
+    runs = os.path.join(work, "fp32_weights")
+    shutil.copytree(os.path.join(work, "straight", name), os.path.join(runs, name))
+    job = write(os.path.join(work, "fp32_weights.yaml"), text.replace("  bf16_weights: true\n", ""))
+    before = tree_digest(runs, skip=[".shared-probe"])
+    result = run(args, 2, job, runs)
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "train.bf16_weights differs" in line]
+    untouched = tree_digest(runs, skip=[".shared-probe"]) == before
+    print(f"bf16-weights checkpoints offered to fp32 weights: exit {result.returncode}; "
+          f"{said[0] if said else result.stderr[-600:]}; runs folder untouched: {untouched}")
+    return (result.returncode == 2 and bool(said) and "BFloat16" in said[0] and "Float" in said[0] and untouched)
 
 
 CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),

@@ -45,6 +45,17 @@ std::string Describe(const torch::Tensor& t) {
   return std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes());
 }
 
+// Why a tensor's dtype or shape may differ from this job's: a bf16 tensor where this job
+// has fp32 (or the other way), at the same shape, is a linear weight of a job whose
+// train.bf16_weights differs; anything else points to another model.
+std::string MismatchHint(const torch::Tensor& found, const torch::Tensor& like) {
+  const auto a = found.scalar_type(), b = like.scalar_type();
+  const bool bf16_weights_differ = found.sizes() == like.sizes() && ((a == torch::kBFloat16 && b == torch::kFloat) ||
+                                                                     (a == torch::kFloat && b == torch::kBFloat16));
+  return bf16_weights_differ ? " (a checkpoint of a job whose train.bf16_weights differs?)"
+                             : " (a checkpoint of another model?)";
+}
+
 // `tensors[name]`, which must have `like`'s dtype and shape.
 const torch::Tensor& Expect(const TensorMap& tensors, const std::string& name, const torch::Tensor& like,
                             const std::string& path) {
@@ -52,7 +63,7 @@ const torch::Tensor& Expect(const TensorMap& tensors, const std::string& name, c
   if (it == tensors.end()) throw CheckpointError(path + ": tensor '" + name + "' is missing");
   if (it->second.scalar_type() != like.scalar_type() || it->second.sizes() != like.sizes())
     throw CheckpointError(path + ": tensor '" + name + "' is " + Describe(it->second) + ", this job's is " +
-                          Describe(like) + " (a checkpoint of another model?)");
+                          Describe(like) + MismatchHint(it->second, like));
   return it->second;
 }
 
