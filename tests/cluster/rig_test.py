@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The cluster rig itself (tests/cluster/cluster.py): three hosts, each with its own
-hostname, address, disk and /dev/shm, that reach each other by name over ssh and by nothing from
-the machine's own network; and that leave no namespace, link, process or folder behind,
-after a clean end, after a failure, and after the test's process is killed outright
-(SIGKILL, as ctest's timeout does). Exit 77 (skipped) where namespaces cannot be made."""
+hostname, address, disk and /dev/shm, that reach each other by name over ssh and by
+nothing from the machine's own network; and that leave no namespace, link, process or
+folder behind, after a clean end, after a failure, and after the test's process is
+killed outright (SIGKILL, as ctest's timeout does). Exit 77 (skipped) where namespaces
+cannot be made."""
 import os
 import subprocess
 import sys

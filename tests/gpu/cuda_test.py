@@ -223,7 +223,7 @@ def graph_train_masters(args, work):
     print(f"bf16 weights, graphed ({summary['cuda_graphs']} graphs) vs eager over {len(b)} steps: worst relative "
           f"loss difference {gap:.2e} (limit 1e-3), max |master diff| {wdiff:.2e} (limit 2e-3)")
     print(f"against the graphed autocast run: worst relative loss difference {follow:.2e} (limit 5e-3)")
-    print(f"saved {query}: {gw[query].dtype}, {100 * beyond_bf16:.1f}% of its values not representable in bf16")
+    print(f"saved {query}: {held.dtype}, {100 * beyond_bf16:.1f}% of its values not representable in bf16")
     print("losses (graphed, bf16 weights):", [round(s["loss"], 5) for s in b])
     print("losses (graphed, autocast):    ", [round(s["loss"], 5) for s in c])
     return (len(a) == len(b) == len(c) == 20 and gap <= 1e-3 and wdiff <= 2e-3 and follow <= 5e-3
