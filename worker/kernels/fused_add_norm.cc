@@ -1,5 +1,6 @@
 #include "worker/kernels/fused_add_norm.h"
 
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -16,20 +17,23 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Saves the fp32 sum, the row statistics and the keep mask; the backward normalises the
-// sum again rather than keep the normalised values too. x_bias may be undefined (no
-// bias, and no gradient for it).
+// sum again rather than keep the normalised values too. x_bias may be absent (no bias,
+// and no gradient for it). It is an optional, not an undefined tensor, because
+// Function::apply records every tensor argument's device and dtype, which an undefined
+// tensor does not have; an empty optional is recorded as no input at all.
 class FusedAddNormFunction : public torch::autograd::Function<FusedAddNormFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& x_bias,
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const std::optional<torch::Tensor>& x_bias,
                                const torch::Tensor& residual, const torch::Tensor& weight, const torch::Tensor& bias,
                                double eps, double p) {
-    const torch::Tensor x_bias_in = x_bias.defined() ? x_bias.contiguous() : torch::Tensor();
+    const bool has_x_bias = x_bias.has_value() && x_bias->defined();
+    const torch::Tensor x_bias_in = has_x_bias ? x_bias->contiguous() : torch::Tensor();
     cuda::AddNormForwardResult r = cuda::AddNormForward(x.contiguous(), x_bias_in, residual.contiguous(),
                                                         weight.contiguous(), bias.contiguous(), eps, p);
     ctx->save_for_backward({r.sum, weight, r.mean, r.rstd, r.keep});
     ctx->saved_data["p"] = p;
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["x_bias"] = x_bias.defined();
+    ctx->saved_data["x_bias"] = has_x_bias;
     // Autograd wants defined outputs: without dropout the mask is empty.
     torch::Tensor keep = r.keep.defined() ? r.keep : torch::empty({0}, x.options().dtype(torch::kByte));
     ctx->mark_non_differentiable({keep});
@@ -89,7 +93,8 @@ std::pair<torch::Tensor, torch::Tensor> FusedDropoutAddNormWithMask(const torch:
     throw std::invalid_argument("FusedDropoutAddNormWithMask: these tensors do not fit the fused kernels");
 #ifdef TRAINYARD_WITH_CUDA
   const double drop = training ? p : 0.0;
-  variable_list out = FusedAddNormFunction::apply(x, x_bias, residual, weight, bias, eps, drop);
+  const std::optional<torch::Tensor> x_bias_arg = x_bias.defined() ? std::optional(x_bias) : std::nullopt;
+  variable_list out = FusedAddNormFunction::apply(x, x_bias_arg, residual, weight, bias, eps, drop);
   return {out[0], drop > 0 ? out[1] : torch::Tensor()};
 #else
   return {};
