@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The Hugging Face side of finetune_vs_hf_trainer.sh: the same fine-tune as the worker's
 job, run the way a Trainer user runs it. The model is a fresh BertForSequenceClassification
-of the same preset (sizes, max positions = max length, dropout), the tokenizer is
+of the same preset (sizes, max positions = max length, dropout), or with --init the
+Hugging Face folder the worker's job starts from too (from_pretrained); the tokenizer is
 BertTokenizerFast over the same vocab.txt, and the texts are tokenized up front and padded
 per batch by DataCollatorWithPadding. Trainer gets the same epochs, batch, peak lr, linear
 warm-up ratio and decay, AdamW betas/eps, weight decay, clipping, seed and thread count,
 evaluates and saves a checkpoint after every epoch (as the worker does), and saves the
 final model. --group-by-length turns on Trainer's LengthGroupedSampler (mega-batches of 50
-batches, as the worker's bucket_batches: 50). Every other argument stays at Trainer's
-default, the optimizer included.
+batches, as the worker's bucket_batches: 50). --device cuda trains on the GPU,
+--precision bf16 sets bf16=True (autocast), --torch-compile sets torch_compile=True. Every
+other argument stays at Trainer's default, the optimizer included. Runs under transformers
+4.x and 5.x (5 renamed group_by_length to train_sampling_strategy and made the fast
+tokenizer take its vocabulary as a dict, and a warm-up ratio is a warmup_steps below 1).
 
 After each evaluation it prints one JSON line {"epoch", "eval_acc", "eval_loss", "t"}, t
 being time.time() when the evaluation ended, so the caller can time the accuracy reached."""
@@ -19,7 +23,10 @@ import os
 import sys
 import time
 
+import dataclasses
+
 import torch
+import transformers
 from transformers import (BertConfig, BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding,
                           Trainer, TrainerCallback, TrainingArguments)
 
@@ -57,6 +64,55 @@ class EvalStamps(TrainerCallback):
                           "eval_loss": metrics["eval_loss"], "t": time.time()}), flush=True)
 
 
+def make_tokenizer(vocab_path):
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        with open(vocab_path, encoding="utf-8") as f:
+            vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+        return BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    return BertTokenizerFast(vocab_file=vocab_path, do_lower_case=True)
+
+
+TRAINING_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def sampling_arguments(group_by_length):
+    """Trainer's length-grouped sampler, by the name this transformers version gives it."""
+    if "train_sampling_strategy" in TRAINING_FIELDS:
+        return {"train_sampling_strategy": "group_by_length" if group_by_length else "random"}
+    return {"group_by_length": group_by_length}
+
+
+def warmup_arguments(ratio):
+    """The warm-up as a share of the steps: warmup_ratio in 4.x; in 5.x a warmup_steps
+    below 1 is that ratio (both round up: ceil(steps x ratio))."""
+    if "warmup_ratio" in TRAINING_FIELDS:
+        return {"warmup_ratio": ratio}
+    return {"warmup_steps": ratio}
+
+
+def precision_arguments(a):
+    out = {"use_cpu": a.device == "cpu", "bf16": a.precision == "bf16"}
+    if a.torch_compile:
+        out["torch_compile"] = True
+    return out
+
+
+class StepClock(TrainerCallback):
+    """The wall time of the training loop alone (first step begun to last step ended), so a
+    reader can tell setup (imports, tokenizing, compiling) from stepping."""
+    def __init__(self):
+        self.first = self.last = None
+        self.steps = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.first is None:
+            self.first = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.last = time.time()
+        self.steps += 1
+
+
 def accuracy(prediction):
     return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
@@ -80,32 +136,43 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--group-by-length", action="store_true")
+    p.add_argument("--init", default="", help="a Hugging Face folder to start from (else a fresh --preset model)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--torch-compile", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with open(a.labels, encoding="utf-8") as f:
         label_ids = {name: i for i, name in enumerate(line.strip() for line in f if line.strip())}
-    tokenizer = BertTokenizerFast(a.vocab, do_lower_case=True)
+    tokenizer = make_tokenizer(a.vocab)
     train = encode(tokenizer, *read_tsv(a.train, label_ids), a.max_len)
     dev = encode(tokenizer, *read_tsv(a.dev, label_ids), a.max_len)
-    hidden, layers, heads, inter = PRESETS[a.preset]
     torch.manual_seed(a.seed)
-    config = BertConfig(vocab_size=len(tokenizer.vocab), hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=heads, intermediate_size=inter, max_position_embeddings=a.max_len,
-                        hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout,
-                        num_labels=len(label_ids))
-    model = BertForSequenceClassification(config)
+    if a.init:
+        model = BertForSequenceClassification.from_pretrained(a.init, num_labels=len(label_ids))
+    else:
+        hidden, layers, heads, inter = PRESETS[a.preset]
+        config = BertConfig(vocab_size=len(tokenizer.vocab), hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, intermediate_size=inter, max_position_embeddings=a.max_len,
+                            hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout,
+                            num_labels=len(label_ids))
+        model = BertForSequenceClassification(config)
     args = TrainingArguments(
         output_dir=a.out, num_train_epochs=a.epochs, per_device_train_batch_size=a.batch,
-        per_device_eval_batch_size=2 * a.batch, learning_rate=a.lr, warmup_ratio=a.warmup_ratio,
+        per_device_eval_batch_size=2 * a.batch, learning_rate=a.lr, **warmup_arguments(a.warmup_ratio),
         lr_scheduler_type="linear", weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, seed=a.seed,
-        group_by_length=a.group_by_length, eval_strategy="epoch", save_strategy="epoch", save_total_limit=2,
-        logging_steps=20, report_to="none", disable_tqdm=True, use_cpu=True)
+        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2,
+        logging_steps=20, report_to="none", disable_tqdm=True, **sampling_arguments(a.group_by_length),
+        **precision_arguments(a))
+    clock = StepClock()
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
                       data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy,
-                      callbacks=[EvalStamps()])
-    print(json.dumps({"optimizer": str(args.optim), "threads": torch.get_num_threads()}), flush=True)
+                      callbacks=[EvalStamps(), clock])
+    print(json.dumps({"optimizer": str(args.optim), "threads": torch.get_num_threads(),
+                      "transformers": transformers.__version__, "device": str(args.device)}), flush=True)
     trainer.train()
     trainer.save_model(os.path.join(a.out, "model"))
+    print(json.dumps({"steps": clock.steps, "train_loop_s": (clock.last or 0) - (clock.first or 0)}), flush=True)
     return 0
 
 

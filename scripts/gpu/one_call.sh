@@ -5,6 +5,7 @@
 # carried (scripts/gpu/bundle.sh makes it):
 #   scripts/gpu/one_call.sh [--deadline SECONDS] [--skip-build] [--no-tests] [--spread N]
 #                           [--tests REGEX] [--target T]... [--plan STEP,STEP...]
+#                           [--hf-seconds N]
 # First, always: build_and_test.sh --only gpu: unpack, configure, build, `ctest -L gpu -V`
 # (3 at a time, each at most 200 s); --skip-build reuses build-gpu/, --no-tests skips
 # the tests, --tests runs only those matching REGEX, --target builds only the ninja
@@ -30,33 +31,42 @@
 #             weights, then bf16 weights with fp32 masters (train.bf16_weights), in turn.
 #   latency   batch-1 latency of bert-base at seq 128: a benchmark job's cells (fp32,
 #             bf16 and fp16; eager and CUDA graphs), run with runtime.weight_casts
-#             each_pass, then once, then once with model.fused_kernels: true (their
-#             benchmark.csv rows in spread.txt).
+#             each_pass, then once, then once with model.fused_kernels: true, which
+#             also times batch 128 (their benchmark.csv rows in spread.txt).
+#   hftrainer the end-to-end fine-tune against Hugging Face Trainer on this GPU
+#             (scripts/bench/finetune_vs_hf_trainer.sh): topics, bert-base started by
+#             both sides from one fresh Hugging Face folder, bf16, batch 64, 2 epochs
+#             with a dev evaluation and a checkpoint after each; the worker with
+#             whole-step CUDA graphs; Trainer with bf16=True and group_by_length, then
+#             with torch_compile=True as well, then with its default (random) sampler;
+#             one run each, all within --hf-seconds (default 300) and the deadline (a
+#             run still going then is killed and shown as timed out) (hftrainer.txt).
 # nvidia-smi samples the SM clock, power and throttle reasons every 200 ms throughout.
-# $OUT receives (the lease returns at most 8 files): summary.txt (one line per step),
-# facts.txt, ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the
-# medians, and the weights step's output), realdata.txt, clocks.csv, and logs.tar.gz
-# (build logs, each run's JSON, steps.jsonl and logs, the latency CSVs).
+# $OUT receives (the lease returns at most 8 files, so a plan names at most two of
+# profile, realdata and hftrainer): summary.txt (one line per step), facts.txt,
+# ctest-gpu.log, profile_bf16.txt, spread.txt (every run's figures and the medians, and
+# the weights step's output), realdata.txt, hftrainer.txt, clocks.csv, and logs.tar.gz
+# (build logs, each run's JSON, steps.jsonl and logs, the latency CSVs, hftrainer.json).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu PLAN=profile,spread
+DEADLINE=540 SKIP_BUILD=0 SPREAD=3 ONLY=gpu PLAN=profile,spread HF_SECONDS=300
 BUILD_EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --deadline|--spread)
-      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "one_call.sh: $1 needs a whole number (--deadline: seconds; --spread: pairs)" >&2; exit 2; }
-      if [[ $1 == --deadline ]]; then DEADLINE=$2; else SPREAD=$2; fi
+    --deadline|--spread|--hf-seconds)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "one_call.sh: $1 needs a whole number (--deadline, --hf-seconds: seconds; --spread: pairs)" >&2; exit 2; }
+      case $1 in --deadline) DEADLINE=$2 ;; --spread) SPREAD=$2 ;; *) HF_SECONDS=$2 ;; esac
       shift 2 ;;
     --plan)
-      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|masters|fused|latency)(,(profile|spread|graphed|compile|realdata|weights|masters|fused|latency))*$ ]] ||
-        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, masters, fused and latency" >&2; exit 2; }
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|masters|fused|latency|hftrainer)(,(profile|spread|graphed|compile|realdata|weights|masters|fused|latency|hftrainer))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, masters, fused, latency and hftrainer" >&2; exit 2; }
       PLAN=$2; shift 2 ;;
     --tests|--target)
       [[ $# -ge 2 && -n "$2" ]] || { echo "one_call.sh: $1 needs a value" >&2; exit 2; }
       if [[ $1 == --tests ]]; then BUILD_EXTRA+=(-R "$2"); else BUILD_EXTRA+=(--target "$2"); fi
       shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;; --no-tests) ONLY=none; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "one_call.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -138,9 +148,9 @@ YAML
 
 # Batch-1 latency, bert-base at seq 128, every precision and both forward modes, with
 # the frozen weights cast by autocast on every pass or once, and the fused add+norm
-# kernels off or on (auto leaves them off outside training).
-latency() {  # WEIGHT_CASTS(each_pass|once) FUSED(false|true)
-  local name=latency_$1 t0=$SECONDS
+# kernels off or on (auto leaves them off outside training); BATCHES adds batch sizes.
+latency() {  # WEIGHT_CASTS(each_pass|once) FUSED(false|true) [BATCHES, e.g. "1, 128"]
+  local name=latency_$1 t0=$SECONDS batches=${3:-1}
   [[ $2 == true ]] && name+=_fused
   cat > "$LOGS/$name.yaml" <<YAML
 name: $name
@@ -149,12 +159,12 @@ data:
   train: $PWD/data/prepared/langid/train.tsv
   tokenizer: {vocab: $PWD/data/prepared/langid/vocab.txt}
 model: {preset: base, fused_kernels: $2}
-benchmark: {batch_sizes: [1], seq_lens: [128], precisions: [fp32, bf16, fp16], modes: [eager, cuda_graph], warmup: 20, iters: 300}
+benchmark: {batch_sizes: [$batches], seq_lens: [128], precisions: [fp32, bf16, fp16], modes: [eager, cuda_graph], warmup: 20, iters: 300}
 runtime: {device: cuda, weight_casts: $1}
 log: {progress: false}
 YAML
   {
-    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (bert-base, batch 1, seq 128, runtime.weight_casts $1, model.fused_kernels $2)"
+    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (bert-base, batch $batches, seq 128, runtime.weight_casts $1, model.fused_kernels $2)"
     if build-gpu/bin/worker "$LOGS/$name.yaml" --runs-dir "$LOGS/runs" --resume none > "$LOGS/$name.out" 2>&1; then
       cat "$LOGS/runs/$name/benchmark.csv"
       cp "$LOGS/runs/$name/benchmark.csv" "$LOGS/$name.csv"
@@ -164,6 +174,17 @@ YAML
   } >> "$OUT/spread.txt"
   rm -rf "$LOGS/runs"
   note "$name: $((SECONDS - t0)) s"
+}
+
+# The fine-tune against HF Trainer, given --hf-seconds at most, within what is left of the deadline.
+hftrainer() {
+  local t0=$SECONDS left=$((DEADLINE - (SECONDS - START) - 10))
+  ((left > HF_SECONDS)) && left=$HF_SECONDS
+  echo "--- hftrainer (clock $((SECONDS - START)) s, ${left} s left): topics, bert-base, bf16, batch 64, 2 epochs" >> "$OUT/hftrainer.txt"
+  scripts/bench/finetune_vs_hf_trainer.sh --tasks topics --runs 1 --epochs 2 --batch 64 --threads 4 \
+    --device cuda --precision bf16 --cuda-graph --preset base --lr 1e-4 --loader-threads 4 --init-preset \
+    --systems hf_grouped,hf_compiled,hf_default --deadline "$left" --json "$LOGS/hftrainer.json" >> "$OUT/hftrainer.txt" 2>&1
+  note "hftrainer: exit $?, $((SECONDS - t0)) s"
 }
 
 IFS=, read -r -a STEPS_PLANNED <<< "$PLAN"
@@ -181,19 +202,20 @@ for step in "${STEPS_PLANNED[@]}"; do
       done ;;
     graphed)
       for ((i = 1; i <= SPREAD; ++i)); do fits 45 && pair "graphed_$i" --cuda-graph; done ;;
-    compile) fits 150 && pair compiled --cuda-graph --compile-mode reduce-overhead ;;
+    compile) fits 100 && pair compiled --cuda-graph --compile-mode reduce-overhead ;;
     fused)
       for ((i = 1; i <= SPREAD; ++i)); do
-        fits 20 && pair "unfused_$i" --cuda-graph --unfused --no-reference
-        fits 20 && pair "fused_$i" --cuda-graph --fused --no-reference
+        fits 15 && pair "unfused_$i" --cuda-graph --unfused --no-reference
+        fits 15 && pair "fused_$i" --cuda-graph --fused --no-reference
       done ;;
     masters)
       for ((i = 1; i <= SPREAD; ++i)); do
-        fits 20 && pair "autocast_$i" --cuda-graph --no-reference
-        fits 20 && pair "masters_$i" --cuda-graph --bf16-weights --no-reference
+        fits 15 && pair "autocast_$i" --cuda-graph --no-reference
+        fits 15 && pair "masters_$i" --cuda-graph --bf16-weights --no-reference
       done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
-    latency) fits 60 && latency each_pass false; fits 60 && latency once false; fits 60 && latency once true ;;
+    hftrainer) fits 120 && hftrainer ;;
+    latency) fits 25 && latency each_pass false; fits 25 && latency once false; fits 40 && latency once true "1, 128" ;;
     weights)
       if fits 60; then
         echo "--- weights (clock $((SECONDS - START)) s): scripts/gpu/bf16_weights_vs_autocast.py" >> "$OUT/spread.txt"
@@ -210,6 +232,8 @@ rows = {"eager": [], "graphed": [], "graphed+fused": [], "graphed+bf16_weights":
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name = os.path.basename(path)[:-5]
     r = json.load(open(path))
+    if "ours_ms" not in r:  # not a train_step_vs_pytorch.sh result (hftrainer.json)
+        continue
     kind = ("graphed+fused" if r.get("fused") else "graphed") if r["cuda_graph"] else "eager"
     if r.get("bf16_weights"):
         kind = "graphed+bf16_weights" if r["cuda_graph"] else "eager+bf16_weights"
