@@ -140,8 +140,14 @@ def main():
         retagged = retag(package, other, "trainyard_torch_version", "2.0.0")
         checks["a package from another torch version is refused"] = retagged and refused(
             "other_torch", other, "compiled by torch 2.0.0")
-        checks["a package for vector instructions the CPU lacks is refused"] = refused(
-            "no_avx", package, "compiled for", env={"ATEN_CPU_CAPABILITY": "default"})
+        # A run whose ATen is already held to its baseline (ATEN_CPU_CAPABILITY=default, a
+        # CI pass) exported a package without vector instructions: none is lacking.
+        if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+            print("SKIP a package for vector instructions the CPU lacks is refused (ATen is at its baseline "
+                  "here: the package has no vector instructions to lack; the native run checks it)")
+        else:
+            checks["a package for vector instructions the CPU lacks is refused"] = refused(
+                "no_avx", package, "compiled for", env={"ATEN_CPU_CAPABILITY": "default"})
         checks["batches larger than the package allows are refused"] = refused("too_big", package, "do not fit",
                                                                                 batch=64)
     for name, ok in checks.items():

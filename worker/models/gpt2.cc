@@ -117,7 +117,7 @@ torch::Tensor Gpt2BlockImpl::Step(const torch::Tensor& hidden, const torch::Tens
   std::optional<torch::Tensor> keep;
   if (mask.defined()) keep = mask;
   torch::Tensor context =
-      MergeHeads(at::scaled_dot_product_attention(SplitHeads(qkv[0], heads_), keys, values, keep, 0.0, causal, scale_));
+      MergeHeads(ScaledDotProductAttention(SplitHeads(qkv[0], heads_), keys, values, keep, 0.0, causal, scale_));
   torch::Tensor x = hidden + resid_dropout_(attn_proj_(context));
   return x + resid_dropout_(Mlp(ln_2_(x)));
 }

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <array>
@@ -152,6 +153,22 @@ torch::Tensor AttendWithDropout(const torch::Tensor& q, const torch::Tensor& k, 
 
 }  // namespace
 
+torch::Tensor ScaledDotProductAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const std::optional<torch::Tensor>& mask, double dropout, bool causal,
+                                        std::optional<double> scale) {
+  static const bool below_avx512 = at::get_cpu_capability() != "AVX512";
+  const bool reduced = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
+  if (below_avx512 && reduced && q.is_cpu() && at::native::cpublas::could_pack(q.scalar_type())) {
+    // The math op takes an additive mask; the public SDPA converts a boolean one first.
+    std::optional<torch::Tensor> additive = mask;
+    if (mask && mask->scalar_type() == torch::kBool)
+      additive = torch::zeros(mask->sizes(), q.options())
+                     .masked_fill(mask->logical_not(), -std::numeric_limits<double>::infinity());
+    return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, additive, dropout, causal, std::nullopt, scale));
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout, causal, scale);
+}
+
 torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                                  const torch::Tensor& keep_mask, double dropout, bool causal,
                                  std::optional<double> scale) {
@@ -165,8 +182,8 @@ torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k,
   if (dropout > 0 && !q.is_cuda() && q.scalar_type() == torch::kFloat)
     return MergeHeads(AttendWithDropout(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads), mask, causal,
                                         scale, dropout));
-  return MergeHeads(at::scaled_dot_product_attention(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads),
-                                                     mask, dropout, causal, scale));
+  return MergeHeads(ScaledDotProductAttention(SplitHeads(q, heads), SplitHeads(k, heads), SplitHeads(v, heads), mask,
+                                              dropout, causal, scale));
 }
 
 torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask) {

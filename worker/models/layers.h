@@ -86,6 +86,16 @@ torch::Tensor MultiHeadAttention(const torch::Tensor& q, const torch::Tensor& k,
                                  const torch::Tensor& keep_mask, double dropout, bool causal,
                                  std::optional<double> scale = std::nullopt);
 
+// at::scaled_dot_product_attention over [B, heads, S, D] tensors, except where
+// PyTorch's CPU flash kernel cannot run: where oneDNN can pack bf16 or fp16 operands
+// (cpublas::could_pack: a CPU with AMX) the kernel packs them, which ATen allows only at
+// its AVX-512 capability, so with ATEN_CPU_CAPABILITY set lower (avx2, default) it throws
+// "pack_vnni2 is only supported when avx512 is supported". There it takes SDPA's math
+// path instead.
+torch::Tensor ScaledDotProductAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const std::optional<torch::Tensor>& mask, double dropout, bool causal,
+                                        std::optional<double> scale);
+
 // The [B, 1, 1, S] key mask of a [B, S] attention_mask (1 = real token), or undefined
 // when nothing is padded. A batch without padding needs no mask, and without one SDPA
 // can take its fused kernels (on CPU a masked call falls back to the reference path).

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/worker/numeric_bounds.h"
 #include "worker/kernels/parallel_slices.h"
 
 namespace trainyard {
@@ -27,9 +28,8 @@ TEST(RowProduct, ConvLayoutEqualsAddmmForEveryRowCount) {
     ASSERT_TRUE(RowProductApplies(x, w));
     torch::Tensor ours = RowsTimesWeight(x, w, bias);
     torch::Tensor reference = torch::addmm(bias, x.reshape({rows, kK}), w).view({rows, 1, kN});
-    EXPECT_TRUE(ours.allclose(reference, 1e-5, 1e-4))
-        << rows << " rows: max diff " << (ours - reference).abs().max().item<float>();
-    EXPECT_TRUE(RowsTimesWeight(x, w, {}).allclose(torch::matmul(x, w), 1e-5, 1e-4));
+    EXPECT_TRUE(numeric::SameProduct(ours, reference, x, w, bias)) << rows << " rows";
+    EXPECT_TRUE(numeric::SameProduct(RowsTimesWeight(x, w, {}), torch::matmul(x, w), x, w)) << rows << " rows";
   }
 }
 
@@ -40,8 +40,8 @@ TEST(RowProduct, LinearLayoutEqualsLinearForEveryRowCount) {
   for (int64_t rows = 1; rows <= kMaxRowProductRows; ++rows) {
     torch::Tensor x = torch::randn({1, rows, kK});
     torch::Tensor ours = RowsTimesWeightT(x, w, bias);
-    EXPECT_TRUE(ours.allclose(torch::linear(x, w, bias), 1e-5, 1e-4)) << rows << " rows";
-    EXPECT_TRUE(RowsTimesWeightT(x, w, {}).allclose(torch::linear(x, w), 1e-5, 1e-4));
+    EXPECT_TRUE(numeric::SameProduct(ours, torch::linear(x, w, bias), x, w.t(), bias)) << rows << " rows";
+    EXPECT_TRUE(numeric::SameProduct(RowsTimesWeightT(x, w, {}), torch::linear(x, w), x, w.t())) << rows << " rows";
   }
 }
 
@@ -55,7 +55,7 @@ TEST(RowProduct, SameAnswerOnOneThreadAsOnSeveral) {
   at::set_num_threads(1);
   torch::Tensor one = RowsTimesWeight(x, w, {}), one_t = RowsTimesWeightT(x, w.t().contiguous(), {});
   at::set_num_threads(threads);
-  EXPECT_TRUE(one.allclose(two, 1e-5, 1e-4));
+  EXPECT_TRUE(numeric::SameProduct(one, two, x, w));
   EXPECT_TRUE(one_t.equal(two_t));  // each output is one thread's dot product either way
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "tests/worker/models/cast_copies.h"
+#include "tests/worker/numeric_bounds.h"
 #include "worker/models/model.h"
 #include "worker/train/amp.h"
 
@@ -62,14 +63,49 @@ TEST(Gelu, ValueAndGradientEqualAtensOnEveryRangeAndLength) {
 
 TEST(MultiHeadAttention, DropoutPathEqualsSdpaWhenNothingIsDropped) {
   // With p tiny the manual path keeps (almost surely) every probability, so it must
-  // equal SDPA's result up to rounding, masks and causality included.
+  // equal SDPA's result up to rounding, masks and causality included: as close to the
+  // fp64 attention as SDPA's own fp32 result is (tests/worker/numeric_bounds.h).
   torch::manual_seed(5);
   torch::Tensor q = torch::randn({2, 6, 16}), k = torch::randn({2, 6, 16}), v = torch::randn({2, 6, 16});
   torch::Tensor keep = torch::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, torch::kBool).view({2, 1, 1, 6});
   for (bool causal : {false, true}) {
     torch::Tensor reference = MultiHeadAttention(q, k, v, 4, keep, 0.0, causal);
+    torch::Tensor exact =
+        MultiHeadAttention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), 4, keep, 0.0, causal);
     torch::Tensor manual = MultiHeadAttention(q, k, v, 4, keep, 1e-12, causal) * (1.0 - 1e-12);
-    EXPECT_TRUE(manual.allclose(reference, 1e-5, 1e-6)) << "causal " << causal;
+    EXPECT_TRUE(numeric::WithinRoundingOf(manual, reference, exact)) << "causal " << causal;
+  }
+}
+
+// bf16 attention on the CPU: PyTorch's flash kernel natively, SDPA's math path where
+// ATen is held below AVX-512 on a CPU with AMX (ScaledDotProductAttention), which the CI
+// pass under ATEN_CPU_CAPABILITY=default runs. Either is the fp64 attention of the same
+// bf16 inputs, rounded: at worst (the math path) the scores, the probabilities and the
+// output are each rounded to bf16's 8 bits (2^-9 relative), and softmax turns a score's
+// rounding into a relative change of its probability of up to |score| x 2^-9. So the
+// bound is (2 + max |score|) x 2^-9 of the largest output, doubled.
+TEST(MultiHeadAttention, Bf16OnTheCpuIsTheFp64AttentionRounded) {
+  torch::manual_seed(6);
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+  torch::Tensor q = bf16(torch::randn({3, 10, 32})), k = bf16(torch::randn({3, 10, 32})),
+                v = bf16(torch::randn({3, 10, 32}));
+  torch::Tensor keep = torch::ones({3, 1, 1, 10}, torch::kBool);
+  keep.narrow(3, 7, 3)[1].fill_(false);
+  const auto wide = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  const double max_score = (wide(q)
+                                .view({3, 10, 4, 8})
+                                .transpose(1, 2)
+                                .matmul(wide(k).view({3, 10, 4, 8}).transpose(1, 2).transpose(-1, -2)) /
+                            std::sqrt(8.0))
+                               .abs()
+                               .max()
+                               .item<double>();
+  for (bool causal : {false, true}) {
+    torch::Tensor out = MultiHeadAttention(q, k, v, 4, keep, 0.0, causal);
+    torch::Tensor exact = MultiHeadAttention(wide(q), wide(k), wide(v), 4, keep, 0.0, causal);
+    ASSERT_EQ(out.scalar_type(), torch::kBFloat16);
+    const double bound = 2 * (2 + max_score) * std::ldexp(1.0, -9) * exact.abs().max().item<double>();
+    EXPECT_LE(numeric::MaxAbsDiff(out, exact), bound) << "causal " << causal;
   }
 }
 
