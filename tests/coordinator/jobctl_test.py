@@ -239,7 +239,12 @@ def main():
         after = listing()
         print("queue before kill -9:", [(j["id"], j["name"], j["state"]) for j in before])
         print("queue after restart: ", [(j["id"], j["name"], j["state"]) for j in after])
-        checks["queue identical after kill -9 and restart"] = before == after and len(after) == 3
+        # "waiting" is the scheduler's live explanation, not stored state: a restarted
+        # coordinator says "not yet considered" until its first pass, which may come after
+        # this listing.
+        def stored(jobs):
+            return [{k: v for k, v in j.items() if k != "waiting"} for j in jobs]
+        checks["queue identical after kill -9 and restart"] = stored(before) == stored(after) and len(after) == 3
         daemon.kill(signal.SIGTERM)
 
         start = time.time()
