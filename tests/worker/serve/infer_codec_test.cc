@@ -22,7 +22,7 @@ VersionMeta LangidMeta(int max_tokens) {
   meta.version = 1;
   meta.max_tokens = max_tokens;
   meta.labels = {"de", "en", "it"};
-  meta.tokenizer = std::make_shared<WordPieceTokenizer>(SourcePath("data/prepared/langid/vocab.txt"), true);
+  meta.tokenizer = std::make_shared<WordPieceTokenizer>(SourcePath("scripts/vocab/langid.txt"), true);
   meta.vocab_size = meta.tokenizer->vocab_size();
   return meta;
 }
