@@ -36,7 +36,7 @@ data:
   train: {train}
   dev: {LANGID}/dev.tsv
   labels: {LANGID}/labels.txt
-  max_seq_len: 64
+  max_seq_len: 32
   loader_threads: 1
   tokenizer: {TOKENIZERS[family]}
 model: {{family: {family}, preset: tiny, dropout: 0.1}}
