@@ -3,7 +3,7 @@
 # killed and restarted midway, against the same 12 trials run to the end (those it stopped
 # run again). Prints each trial's decision, the best accuracy of each and the rank-seconds
 # of each, with their ratio (tests/coordinator/search_test.py asha, which also asserts
-# them). About 4 minutes a run.
+# them, at 64 tokens a text; the test itself runs 32). About 4 minutes a run.
 #   scripts/bench/search.sh [--runs 1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,5 +18,5 @@ echo "$(date -u '+%Y-%m-%d') on $(hostname): $(nproc) cores, $(grep -m1 'model n
 for run in $(seq "$runs"); do
   echo "run $run of $runs"
   "$PY" tests/coordinator/search_test.py --coordinator build/bin/coordinator --jobctl build/bin/jobctl \
-    --worker build/bin/worker --mpirun mpirun asha | grep -E '^(figures:|  trial|killed)'
+    --worker build/bin/worker --mpirun mpirun asha --max-seq-len 64 | grep -E '^(figures:|  trial|killed)'
 done
