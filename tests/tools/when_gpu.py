@@ -11,7 +11,8 @@ import sys
 DEVICE_NODE = "/dev/nvidiactl"
 
 if len(sys.argv) < 2:
-    sys.exit("usage: when_gpu.py SCRIPT.py|PROGRAM [ARGS...]")
+    print("usage: when_gpu.py SCRIPT.py|PROGRAM [ARGS...]", file=sys.stderr)
+    sys.exit(2)
 if not os.path.exists(DEVICE_NODE):
     print(f"skipped: no GPU on this machine ({DEVICE_NODE} does not exist)")
     sys.exit(77)
