@@ -2,14 +2,23 @@
 # Search benchmark: an ASHA search of 12 langid trials on a 2-rank pool, its coordinator
 # killed and restarted midway, against the same 12 trials run to the end (those it stopped
 # run again). Prints each trial's decision, the best accuracy of each and the rank-seconds
-# of each, with their ratio (tests/coordinator/search_test.py asha, which also asserts
-# them, at 64 tokens a text; the test itself runs 32). About 4 minutes a run.
-#   scripts/bench/search.sh [--runs 1]
+# of each, with their ratio (tests/coordinator/search_test.py asha --reference, which also
+# asserts what the decisions are worth against the full runs, at 64 tokens a text; ctest runs
+# the search alone, at 32). About 6 minutes a run. --record CSV writes the last run's full
+# runs' metrics (tests/coordinator/data/asha_langid_full_runs.csv is one such recording).
+#   scripts/bench/search.sh [--runs 1] [--record CSV]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
 runs=1
-[[ "${1:-}" == "--runs" ]] && runs="$2"
+record=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --record) record=(--record "$(realpath -m "$2")"); shift 2 ;;
+    *) echo "search.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
 PY="${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python"
 [[ -x build/bin/worker && -x build/bin/coordinator && -x build/bin/jobctl ]] ||
   scripts/build.sh worker coordinator jobctl
@@ -18,5 +27,6 @@ echo "$(date -u '+%Y-%m-%d') on $(hostname): $(nproc) cores, $(grep -m1 'model n
 for run in $(seq "$runs"); do
   echo "run $run of $runs"
   "$PY" tests/coordinator/search_test.py --coordinator build/bin/coordinator --jobctl build/bin/jobctl \
-    --worker build/bin/worker --mpirun mpirun asha --max-seq-len 64 | grep -E '^(figures:|  trial|killed)'
+    --worker build/bin/worker --mpirun mpirun asha --max-seq-len 64 --reference "${record[@]}" |
+    grep -E '^(figures:|  trial|killed|recorded)'
 done

@@ -6,21 +6,25 @@ Cases:
   asha   an ASHA search of 12 trials (texts of 32 tokens; --max-seq-len), train.lr
          log-uniform over [1e-5, 1e-1], eta 3,
          rungs at epochs 1 and 3 of 9, one trial at a time, with the coordinator killed
-         (kill -9) mid-search and restarted. Then the reference: the same 12 trials run to
-         the end (those the search stopped, as a grid of their values; the others ran to
-         the end in the search). Checked:
+         (kill -9) mid-search and restarted. Checked:
            - the search drew the trial set an independent SplitMix64 gives (Note
              [Trial draws] in common/spec/search_spec.h);
-           - each trial ran as one job, and no epoch was logged twice;
+           - each trial ran as one job, no epoch was logged twice, and a stopped trial
+             logged every epoch up to its rung and none after;
            - every decision equals what ASHA's rule (Note [ASHA], implemented again
-             here) makes over the reference runs' own metrics, in trial order: the
+             here) makes over the metrics the trials logged, in trial order: the
              decisions a search without the kill makes, since the trials are
-             deterministic; the metric the search judged equals the reference's;
-           - the trials whose learning rate is hopeless stopped at the first rung;
-           - the best trial is within 0.005 dev accuracy of the best full run, and the
-             search trained at most half their epochs (the rank-seconds figure, a
-             timing, is scripts/bench/search.sh's); its model folder exists;
-             search.csv has a row per trial;
+             deterministic; stopped trials are STOPPED, the others SUCCEEDED;
+           - the best trial is the best of those run to the end, and its model folder
+             exists; the search trained at most half the full runs' epochs;
+             search.csv has a row per trial with its decision.
+         With --reference (scripts/bench/search.sh), the same 12 trials then run to the
+         end (those the search stopped, as a grid of their values), and: the metric the
+         search judged at a rung equals the full run's; every hopeless trial (a full run
+         under half the best accuracy) but the first stopped early; the best trial is
+         within 0.005 dev accuracy of the best full run; the rank-seconds of both are
+         printed. --record writes the full runs' metrics, on which coordinator_test's
+         AshaOnRecordedRuns checks the same claims in-process;
   draws  a random search draws what an independent SplitMix64 gives, for each kind of
          distribution; a grid search gives the product of its values, in order (the last
          parameter fastest); cancelling a search cancels its trials, and nothing is left
@@ -47,6 +51,7 @@ TRIALS, ETA, SEED = 12, 3, 11
 EXAMPLES, DEV_EXAMPLES, EPOCHS, RUNGS = 1500, 750, 9, [1, 3]
 MAX_SEQ_LEN = 32  # --max-seq-len; scripts/bench/search.sh runs 64
 MASK = (1 << 64) - 1
+ARGS = None  # the command line, set by main()
 
 
 def splitmix_units(seed):
@@ -92,10 +97,7 @@ def base_job(work, name="base"):
     train = os.path.join(work, f"train_{EXAMPLES}.tsv")
     if not os.path.exists(train):
         e2e_common.subset_tsv(work, EXAMPLES)
-    dev = os.path.join(work, f"dev_{DEV_EXAMPLES}.tsv")  # the first 750 of langid's dev set: every language
-    with open(os.path.join(e2e_common.LANGID, "dev.tsv"), encoding="utf-8") as f:
-        lines = f.readlines()[: DEV_EXAMPLES + 1]
-    e2e_common.write(dev, "".join(lines))
+    dev = e2e_common.dev_subset(work, DEV_EXAMPLES)  # every language
     # A short warm-up: a rung inside the warm-up would judge trials before their
     # learning rates have acted.
     extra = f"""train:
@@ -106,7 +108,7 @@ resources:
   ranks: 2
   max_restarts: 1
 """
-    text = e2e_common.job_yaml(name, train, extra).replace(os.path.join(e2e_common.LANGID, "dev.tsv"), dev)
+    text = e2e_common.job_yaml(name, train, extra, dev=dev)
     # MAX_SEQ_LEN tokens a text (32 in the test): a language shows in its first words, and
     # the trials take the same steps as at 64 (the benchmark's), for about half the work.
     text = text.replace("max_seq_len: 64", f"max_seq_len: {MAX_SEQ_LEN}")
@@ -200,11 +202,51 @@ def case_asha(c, work):
     for t in trials:
         logged = epochs_logged(c, t["job"])
         assert logged == sorted(set(logged)), (t, logged)
-    print("each trial ran as one job; no epoch was logged twice")
+        assert logged == list(range(1, (t["stopped_at"] or EPOCHS) + 1)), (t, logged)
+    print("each trial ran as one job; no epoch was logged twice; a stopped trial logged up to its rung")
 
-    # The reference: every trial run to the end. A trial the search ran to the end is
-    # one already (the trials are deterministic, and the judged metrics are compared
-    # below); the others run to the end now, as a grid of their exact values.
+    # Every decision against the rule over the metrics the trials themselves logged. The
+    # rule reads a trial's metric only at the rungs it reaches, and a stopped trial logged
+    # every epoch up to the rung it stopped at, so these are all the rule needs: a trial
+    # stopped too early has no metric (NaN) at the next rung and the rule stops it there
+    # instead, and one kept too long meets the rule's stop at the rung it passed.
+    metrics = {t["trial"]: {r: metric_at(c, t["job"], r) for r in RUNGS} for t in trials}
+    expected = asha_decisions(metrics, RUNGS, ETA)
+    got = {t["trial"]: t["stopped_at"] for t in trials}
+    for t in trials:
+        print(f"  trial {t['trial']:2d} lr {float(t['params'][0].split('=')[1]):.2e}: {t['state']:9s} "
+              f"stopped at {t['stopped_at']} (expected {expected[t['trial']]}), "
+              f"rung metrics {[metrics[t['trial']][r] for r in RUNGS]}")
+    assert got == expected, (got, expected)
+    assert all(t["state"] == "STOPPED" for t in trials if t["stopped_at"]), trials
+    assert all(t["state"] == "SUCCEEDED" for t in trials if not t["stopped_at"]), trials
+    print("every decision equals ASHA's rule over the trials' own metrics, in trial order")
+
+    # The best trial: the best metric of the trials that ran to the end.
+    best = trials[rep["search"]["best_trial"] - 1]
+    assert best["best"] == max(t["best"] for t in trials if not t["stopped_at"]), (best, trials)
+    assert os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best
+    trained = sum(len(epochs_logged(c, t["job"])) for t in trials)
+    # The work ASHA saves, as epochs, which its decisions fix: the test shares the cores
+    # with others, so its rank-seconds (scripts/bench/search.sh's figure) are not asserted.
+    assert trained <= 0.5 * TRIALS * EPOCHS, (trained, TRIALS * EPOCHS)
+    with open(os.path.join(c.runs, str(search), "search.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in rows] == list(range(1, TRIALS + 1)), rows
+    assert [int(r["stopped_at"]) for r in rows] == [expected[i] for i in range(1, TRIALS + 1)], rows
+    print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f}; the search's wall time "
+          f"{asha_wall:.0f} s; it trained {trained} of the full runs' {TRIALS * EPOCHS} epochs; "
+          f"{sum(1 for t in trials if t['stopped_at'] == 0)} trials ran to the end")
+    if ARGS.reference:
+        against_full_runs(c, work, trials, rep)
+
+
+def against_full_runs(c, work, trials, rep):
+    """--reference (scripts/bench/search.sh): the same 12 trials run to the end. A trial
+    the search ran to the end is one already (the trials are deterministic); the others run
+    to the end now, as a grid of their exact values. What ASHA's decisions are worth on
+    these runs is asserted here and, on the runs --record wrote, by coordinator_test's
+    AshaOnRecordedRuns."""
     stopped = [t for t in trials if t["stopped_at"]]
     values = ", ".join(t["params"][0].split("=")[1] for t in stopped)
     grid = wait_search(c, c.submit(search_file(work, "full", "grid", f"    train.lr: {{choice: [{values}]}}\n")),
@@ -216,24 +258,11 @@ def case_asha(c, work):
         full_of[t["trial"]] = ran
     for t in full_of.values():
         assert epochs_logged(c, t["job"]) == list(range(1, EPOCHS + 1)), t
-
-    metrics = {n: {r: metric_at(c, t["job"], r) for r in RUNGS} for n, t in full_of.items()}
-    expected = asha_decisions(metrics, RUNGS, ETA)
-    got = {t["trial"]: t["stopped_at"] for t in trials}
-    for t in trials:
-        print(f"  trial {t['trial']:2d} lr {float(t['params'][0].split('=')[1]):.2e}: {t['state']:9s} "
-              f"stopped at {t['stopped_at']} (expected {expected[t['trial']]}), "
-              f"rung metrics {[metrics[t['trial']][r] for r in RUNGS]}, "
-              f"full run's best {full_of[t['trial']]['best']}")
-    assert got == expected, (got, expected)
+    # The metric the search judged at each rung equals the full run's there.
     for t in stopped:
         for rung in RUNGS:
             if rung <= t["stopped_at"]:
-                assert metric_at(c, t["job"], rung) == metrics[t["trial"]][rung], (t, rung)
-        assert t["state"] == "STOPPED", t
-    assert all(t["state"] == "SUCCEEDED" for t in trials if not t["stopped_at"]), trials
-    print("every decision equals ASHA's rule over the full runs' metrics, in trial order")
-
+                assert metric_at(c, t["job"], rung) == metric_at(c, full_of[t["trial"]]["job"], rung), (t, rung)
     final = {n: t["best"] for n, t in full_of.items()}  # the best of each full run's epochs
     best_full = max(final.values())
     # Hopeless: a full run that never reaches half the best accuracy. The first trial at a
@@ -242,26 +271,37 @@ def case_asha(c, work):
     assert hopeless, final
     for t in hopeless:
         assert t["trial"] == 1 or t["stopped_at"] > 0, (t, final)
-    at_first = [t for t in hopeless if t["stopped_at"] == RUNGS[0]]
     best = trials[rep["search"]["best_trial"] - 1]
     assert best["best"] >= best_full - 0.005, (best, best_full)
     ours = rank_seconds(rep)
     theirs = sum(t["rank_seconds"] for t in full_of.values())
-    trained = sum(len(epochs_logged(c, t["job"])) for t in trials)
     print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f} against the full runs' best "
           f"{best_full:.4f}; rank-seconds {ours:.0f} against {theirs:.0f} ({ours / theirs:.2f}x); "
-          f"the search's wall time {asha_wall:.0f} s; it trained {trained} of the full runs' {TRIALS * EPOCHS} "
-          f"epochs; {len(hopeless)} hopeless trials, "
-          f"{len(at_first)} of them stopped at the first rung; "
-          f"{sum(1 for t in trials if t['stopped_at'] == 0)} trials ran to the end")
-    # The work ASHA saves, as epochs, which its decisions fix: the test shares the cores
-    # with others, so its rank-seconds (scripts/bench/search.sh's figure) are not asserted.
-    assert trained <= 0.5 * TRIALS * EPOCHS, (trained, TRIALS * EPOCHS)
-    assert os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best
-    with open(os.path.join(c.runs, str(search), "search.csv"), encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    assert [int(r["trial"]) for r in rows] == list(range(1, TRIALS + 1)), rows
-    assert [int(r["stopped_at"]) for r in rows] == [expected[i] for i in range(1, TRIALS + 1)], rows
+          f"{len(hopeless)} hopeless trials, "
+          f"{sum(1 for t in hopeless if t['stopped_at'] == RUNGS[0])} of them stopped at the first rung")
+    if ARGS.record:
+        record_full_runs(c, trials, full_of, ARGS.record)
+
+
+def record_full_runs(c, trials, full_of, path):
+    """Every full run's eval_acc at every epoch, for coordinator_test's AshaOnRecordedRuns."""
+    rows = [f"# {TRIALS} langid trials (tests/coordinator/search_test.py asha --reference, "
+            f"max_seq_len {MAX_SEQ_LEN}), each run to the end: {time.strftime('%Y-%m-%d', time.gmtime())}, "
+            f"{os.cpu_count()} cores, {cpu_name()}\n", "trial,lr,epoch,eval_acc\n"]
+    for t in trials:
+        with open(os.path.join(c.runs, str(full_of[t["trial"]]["job"]), "epochs.csv"), encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                rows.append(f"{t['trial']},{t['params'][0].split('=')[1]},{row['epoch']},{row['eval_acc']}\n")
+    e2e_common.write(path, "".join(rows))
+    print(f"recorded the full runs' metrics in {path}")
+
+
+def cpu_name():
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "an unnamed CPU"
 
 
 def case_draws(c, work):
@@ -345,8 +385,14 @@ def main():
         p.add_argument(flag, required=True)
     p.add_argument("case", choices=["asha", "draws", "bad"])
     p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="the trials' data.max_seq_len")
+    p.add_argument("--reference", action="store_true",
+                   help="asha: then run every trial to the end and check the decisions against those runs")
+    p.add_argument("--record", metavar="CSV", help="asha --reference: write the full runs' metrics there")
     a = p.parse_args()
+    if a.record and not a.reference:
+        p.error("--record needs --reference")
     globals()["MAX_SEQ_LEN"] = a.max_seq_len
+    globals()["ARGS"] = a
     with tempfile.TemporaryDirectory() as work:
         c = SearchCluster(a, work)
         try:
