@@ -9,8 +9,9 @@
 #   scripts/test.sh [--quick] ARGS  extra arguments go to ctest (e.g. -R ddp_ or -L mpi)
 # At the end it prints the 10 slowest tests, the time per label and any test over its
 # budget (docs/testing.md, "Time budgets").
-# TRAINYARD_WERROR=1 builds with -Werror (CI does). TRAINYARD_TEST_JOBS sets ctest's -j
-# (2: on two cores more makes the tests that wait on their own deadlines fail).
+# TRAINYARD_WERROR=1 builds with -Werror (CI does). TRAINYARD_TEST_JOBS is how many tests
+# compute at once (2; on two cores more makes the tests that wait on their own deadlines
+# fail); one more test that mostly sleeps runs beside them (tests/CMakeLists.txt, "Cores").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LABELS=()
@@ -38,7 +39,7 @@ rig_leftovers() {
   ip -o link 2>/dev/null | awk -F': ' '$2 ~ /^tyc/ {print "link " $2}'
 }
 before=$(rig_leftovers)
-# Two tests share the two cores at -j2, each with OpenMP threads of its own. OpenMP's
+# Two tests share the two cores, each with OpenMP threads of its own. OpenMP's
 # threads spin while idle by default, so two such tests slow each other several times
 # over (a fine-tune that takes 15 s alone took 100 s beside another); asleep when idle,
 # they share the cores. Tests that time themselves run alone with the default (ty_alone).
@@ -47,7 +48,11 @@ cd build
 status=0
 log=$(mktemp)
 set +e
-ctest --output-on-failure -j"${TRAINYARD_TEST_JOBS:-2}" --timeout 900 "${LABELS[@]}" "$@" 2>&1 | tee "$log"
+cores=${TRAINYARD_TEST_JOBS:-2}
+printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "0", "slots": %d}]}]}\n' "$cores" \
+  > test-cores.json
+ctest --output-on-failure -j"$((cores + 1))" --resource-spec-file test-cores.json --timeout 900 "${LABELS[@]}" "$@" \
+  2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # Where the time went: the slowest tests, the time per label and the tests over their

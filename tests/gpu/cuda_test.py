@@ -44,7 +44,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
-from e2e_common import LANGID, job_yaml, require_cuda, steps, subset_tsv, weights, write  # noqa: E402
+from e2e_common import FULL_DEV, LANGID, job_yaml, require_cuda, steps, subset_tsv, weights, write  # noqa: E402
 
 
 def relative_l2(a, b):
@@ -93,7 +93,7 @@ def epochs(run_dir):
 
 def run_job(args, work, name, device, extra, train_count):
     train = subset_tsv(work, train_count)
-    text = job_yaml(name, train, extra, device=device).replace("  dropout: 0.1", "  dropout: 0.0")
+    text = job_yaml(name, train, extra, device=device, dev=FULL_DEV).replace("  dropout: 0.1", "  dropout: 0.0")
     job = write(os.path.join(work, name + ".yaml"), text)
     runs = os.path.join(work, "runs")
     result = subprocess.run([args.worker, job, "--runs-dir", runs], capture_output=True, text=True, timeout=900)
@@ -134,7 +134,7 @@ GRAPH_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.
 
 def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0):
     train = subset_tsv(work, train_count)
-    job_text = job_yaml(name, train, text, device="cuda").replace("  dropout: 0.1", "  dropout: 0.0")
+    job_text = job_yaml(name, train, text, device="cuda", dev=FULL_DEV).replace("  dropout: 0.1", "  dropout: 0.0")
     job_text = job_text.replace("  max_seq_len: 64\n", "  max_seq_len: 64\n  pad_buckets: 4\n")
     job = write(os.path.join(work, name + ".yaml"), job_text)
     runs = os.path.join(work, "runs")

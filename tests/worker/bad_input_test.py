@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_common import LANGID as LANGID_DIR, flip_bits, job_yaml, run_worker, set_metadata, subset_tsv, write
+from e2e_common import LANGID as LANGID_DIR, dev_subset, flip_bits, job_yaml, run_worker, set_metadata, subset_tsv, write
 
 
 HF_CONFIG = {"vocab_size": 8000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -90,7 +90,7 @@ def special_file_cases(work, train, good):
     return {
         "FIFO dataset": (good.replace(train, fifo), r"data\.train: " + special),
         "/dev/zero dataset": (good.replace(train, "/dev/zero"), r"data\.train: " + special),
-        "folder as dev set": (good.replace(os.path.join(LANGID_DIR, "dev.tsv"), work),
+        "folder as dev set": (good.replace(dev_subset(work), work),
                               r"data\.dev: a folder, not a regular file"),
     }
 

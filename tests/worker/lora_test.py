@@ -28,7 +28,7 @@ from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification, BertTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import LANGID, MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
+from e2e_common import FULL_DEV, LANGID, MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
 
 
 def run(cmd, **kw):
@@ -38,7 +38,7 @@ def run(cmd, **kw):
 def dev_accuracy(model):
     tokenizer = BertTokenizer(os.path.join(LANGID, "vocab.txt"), do_lower_case=True)
     labels = open(os.path.join(LANGID, "labels.txt")).read().split()
-    with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
+    with open(FULL_DEV, encoding="utf-8") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
     correct = 0
     with torch.no_grad():
@@ -71,8 +71,9 @@ def main():
             sys.exit("the base fine-tune failed")
         base = os.path.join(work, "runs", "base", "model")
         lora_job = os.path.join(work, "lora.yaml")
+        # Evaluated on the whole dev set, as dev_accuracy() evaluates PEFT's model.
         write(lora_job, job_yaml("lora", train, f"""train: {{epochs: 1, batch_size: 16, lr: 5.0e-3}}
-""").replace("  preset: tiny\n", f"  init: {base}\n  lora: {{r: 8, alpha: 16, merge: true}}\n"))
+""", dev=FULL_DEV).replace("  preset: tiny\n", f"  init: {base}\n  lora: {{r: 8, alpha: 16, merge: true}}\n"))
         lora = run([args.mpirun, "-n", "2", "--oversubscribe", args.worker, lora_job, "--runs-dir",
                     os.path.join(work, "runs")], env=MPI_ENV)
         print("\n".join(l for l in lora.stdout.splitlines() if "LoRA" in l or "trainable" in l))

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import LANGID, MPI_ENV, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, weights, write
+from e2e_common import MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, weights, write
 
 EXTRA = """train:
   epochs: 3
@@ -275,10 +275,8 @@ def bf16_weights(args, work):
     import torch  # here: the other cases need no torch
     name = "resume_bf16"
     train = subset_tsv(work, 640)  # 20 steps an epoch on 2 ranks of 16
-    dev = os.path.join(work, "dev_300.tsv")  # bf16 products are emulated on this CPU: a short dev set
-    with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
-        write(dev, "".join(f.readlines()[:301]))
-    text = job_yaml(name, train, BF16_EXTRA).replace(os.path.join(LANGID, "dev.tsv"), dev)
+    dev = dev_subset(work, 300)  # bf16 products are emulated on this CPU: a short dev set
+    text = job_yaml(name, train, BF16_EXTRA, dev=dev)
     job = write(os.path.join(work, "job.yaml"), text)
     straight = run(args, 2, job, os.path.join(work, "straight"))
     if straight.returncode != 0:
