@@ -4,8 +4,8 @@
 # job spec, data, coordinator and common suites, and everything that parses bytes
 # from files or the wire. Assumes scripts/setup.sh has run.
 # --torch builds and runs the torch-linked unit suites instead (kernels and the CPU block
-# cache, models, the input pipeline and its prefetch, the optimizer, the link order, the
-# comm thread and reducer under 1, 2 and 4 MPI ranks, memory caps), our code instrumented
+# cache, models, the input pipeline and its prefetch, the optimizer and checkpoints, the
+# link order, the comm thread and reducer under 1, 2 and 4 MPI ranks, memory caps), our code instrumented
 # and libtorch not (about 12 minutes on two cores from an empty cache; CI runs only the
 # torch-free part). docs/testing.md says what the torch run cannot see.
 #   scripts/test_sanitized.sh [--torch] [ctest args...]
@@ -19,7 +19,7 @@ if [[ ${1:-} == --torch ]]; then
 fi
 BUILD="build-sanitize-${SANITIZE//,/-}"
 [[ $TORCH == ON ]] && BUILD="build-sanitize-torch-${SANITIZE//,/-}"
-TORCH_SUITES=(kernels_test models_test batch_pipeline_test optimizer_test link_order_test comm_test jobs_test)
+TORCH_SUITES=(kernels_test models_test batch_pipeline_test train_test link_order_test comm_test jobs_test)
 WERROR=OFF
 [[ ${TRAINYARD_WERROR:-0} == 1 ]] && WERROR=ON
 if [[ ! -f $BUILD/build.ninja ]]; then
@@ -39,7 +39,7 @@ if [[ $TORCH == ON ]]; then
   export LSAN_OPTIONS=suppressions=$PWD/../tests/sanitizer/lsan_open_mpi.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   failed=()
-  for suite in kernels_test models_test batch_pipeline_test optimizer_test link_order_test jobs_test; do
+  for suite in kernels_test models_test batch_pipeline_test train_test link_order_test jobs_test; do
     echo "== $suite"
     ./bin/$suite --gtest_brief=1 --gtest_filter=-MemoryCapTest.* || failed+=("$suite")
   done

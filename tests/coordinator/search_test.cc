@@ -121,7 +121,7 @@ TEST(AshaOnRecordedRuns, StopsTheHopelessEarlyAndKeepsTheBestForHalfTheEpochs) {
   const std::map<int, int> stopped = AshaStops(runs, {1, 3}, kEta);
   // The decisions search_test.py's own implementation of the rule gave over these runs
   // when they were recorded: eight trials stop at the first rung, four run to the end.
-  const std::map<int, int> independent = {{1, 0}, {2, 1}, {3, 0},  {4, 0},  {5, 1},  {6, 0},
+  const std::map<int, int> independent = {{1, 0}, {2, 1}, {3, 0}, {4, 0},  {5, 1},  {6, 0},
                                           {7, 1}, {8, 1}, {9, 1}, {10, 1}, {11, 1}, {12, 1}};
   EXPECT_EQ(stopped, independent);
 
