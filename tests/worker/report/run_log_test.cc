@@ -1,0 +1,167 @@
+// A run's own files (worker/report/run_log.h): what a fresh run writes, what a resume
+// keeps and drops (Note [Resume], step 5), and what a metric sink is handed.
+#include "worker/report/run_log.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> Lines(const fs::path& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+EpochRow Row(int64_t epoch) {
+  EpochRow row;
+  row.epoch = epoch;
+  row.time_s = 1.5 * double(epoch);
+  row.steps = 10;
+  row.train_loss = 1.0 / double(epoch);
+  row.eval_loss = 0.9 / double(epoch);
+  row.eval_acc = 0.5 + 0.1 * double(epoch);
+  row.lr = 1e-3;
+  return row;
+}
+
+// A finished three-epoch run of ten steps an epoch, as a trainer leaves it.
+void WriteRun(const std::string& dir) {
+  RunLog log(dir, 0, 0);
+  for (int64_t epoch = 1; epoch <= 3; ++epoch) {
+    for (int64_t step = (epoch - 1) * 10 + 1; step <= epoch * 10; ++step)
+      log.AddStep({{"step", step}, {"epoch", epoch}, {"loss", 2.0 / double(step)}});
+    log.AddEpoch(Row(epoch));
+  }
+  log.WriteSummary({{"status", "succeeded"}, {"global_step", 30}});
+}
+
+// Records what a run log hands its sink.
+struct RecordingSink : MetricSink {
+  struct Seen {
+    std::vector<std::pair<int64_t, std::string>> metrics;  // (step, name)
+    std::vector<std::string> artifacts;
+    std::string closed;
+  };
+  explicit RecordingSink(std::shared_ptr<Seen> seen) : seen(std::move(seen)) {}
+  void LogMetrics(int64_t step, const std::vector<std::pair<std::string, double>>& values) override {
+    for (const auto& [name, value] : values) seen->metrics.emplace_back(step, name);
+  }
+  void LogArtifacts(const std::string& folder, const std::string& path) override {
+    seen->artifacts.push_back(folder + " as " + path);
+  }
+  void Close(const std::string& status) override { seen->closed = status; }
+  std::shared_ptr<Seen> seen;
+};
+
+class RunLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ty_run_log_test_" + std::to_string(::getpid())) / "job";
+    fs::remove_all(dir_.parent_path());
+  }
+  void TearDown() override { fs::remove_all(dir_.parent_path()); }
+  fs::path dir_;
+};
+
+TEST_F(RunLogTest, AFreshRunWritesItsRowsStepsSummaryAndTensorBoardScalars) {
+  WriteRun(dir_.string());
+  const std::vector<std::string> csv = Lines(dir_ / "epochs.csv");
+  ASSERT_EQ(csv.size(), 4u);
+  EXPECT_EQ(csv[0], EpochCsvHeader());
+  for (int64_t epoch = 1; epoch <= 3; ++epoch) EXPECT_EQ(csv[size_t(epoch)], EpochCsvLine(Row(epoch)));
+  const std::vector<std::string> steps = Lines(dir_ / "steps.jsonl");
+  ASSERT_EQ(steps.size(), 30u);
+  EXPECT_EQ(nlohmann::json::parse(steps[29])["step"], 30);
+  EXPECT_EQ(nlohmann::json::parse(Read(dir_ / "summary.json"))["global_step"], 30);
+  int event_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ / "tb")) event_files += entry.file_size() > 0;
+  EXPECT_EQ(event_files, 1);
+}
+
+TEST_F(RunLogTest, AResumeKeepsTheEarlierEpochsVerbatimAndDropsTheRest) {
+  WriteRun(dir_.string());
+  const std::vector<std::string> before = Lines(dir_ / "epochs.csv");
+  {
+    // A line a crash cut short is dropped with the steps after the resume point.
+    std::ofstream(dir_ / "steps.jsonl", std::ios::app) << "{\"step\": 31, \"lo";
+    RunLog resumed(dir_.string(), /*resume_epoch=*/2, /*resume_step=*/12);
+    ASSERT_EQ(resumed.rows().size(), 1u);
+    EXPECT_EQ(resumed.rows()[0].epoch, 1);
+    EXPECT_EQ(resumed.csv_lines(), std::vector<std::string>{before[1]});
+    EXPECT_EQ(Lines(dir_ / "epochs.csv"), (std::vector<std::string>{before[0], before[1]}));
+    const std::vector<std::string> steps = Lines(dir_ / "steps.jsonl");
+    ASSERT_EQ(steps.size(), 12u);
+    EXPECT_EQ(nlohmann::json::parse(steps.back())["step"], 12);
+    // The resumed run goes on from there: each epoch and step once.
+    resumed.AddStep({{"step", 13}, {"loss", 0.5}});
+    resumed.AddEpoch(Row(2));
+  }
+  const std::vector<std::string> after = Lines(dir_ / "epochs.csv");
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_EQ(after[1], before[1]);
+  EXPECT_EQ(after[2], EpochCsvLine(Row(2)));
+  EXPECT_EQ(Lines(dir_ / "steps.jsonl").size(), 13u);
+}
+
+TEST_F(RunLogTest, AFreshRunOverAnOldFolderStartsItsFilesEmpty) {
+  WriteRun(dir_.string());
+  { RunLog fresh(dir_.string(), 0, 0); }
+  EXPECT_EQ(Lines(dir_ / "epochs.csv"), std::vector<std::string>{EpochCsvHeader()});
+  EXPECT_TRUE(Lines(dir_ / "steps.jsonl").empty());
+  int event_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ / "tb")) event_files += entry.file_size() > 0;
+  EXPECT_LE(event_files, 1) << "the old run's TensorBoard curves were kept";
+}
+
+TEST_F(RunLogTest, ASinkGetsStepsEpochsAndArtifactsAndIsClosedByHowTheLogEnds) {
+  auto finished = std::make_shared<RecordingSink::Seen>();
+  {
+    RunLog log(dir_.string(), 0, 0);
+    log.AttachSink(std::make_unique<RecordingSink>(finished));
+    log.AddStep({{"step", 7}, {"epoch", 1}, {"loss", 0.25}, {"note", "text is not a metric"}});
+    log.AddEpoch(Row(1));
+    log.AddArtifacts("/runs/job/model", "model");
+  }
+  ASSERT_FALSE(finished->metrics.empty());
+  EXPECT_EQ(finished->metrics[0], (std::pair<int64_t, std::string>{7, "train/loss"}));
+  for (const auto& [step, name] : finished->metrics) EXPECT_NE(name, "train/note");
+  bool epoch_metric = false;
+  for (const auto& [step, name] : finished->metrics) epoch_metric |= name == "epoch/eval_acc";
+  EXPECT_TRUE(epoch_metric);
+  EXPECT_EQ(finished->artifacts, std::vector<std::string>{"/runs/job/model as model"});
+  EXPECT_EQ(finished->closed, "FINISHED");
+
+  auto failed = std::make_shared<RecordingSink::Seen>();
+  try {
+    RunLog log(dir_.string(), 0, 0);
+    log.AttachSink(std::make_unique<RecordingSink>(failed));
+    throw std::runtime_error("the step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(failed->closed, "FAILED");
+}
+
+}  // namespace
+}  // namespace trainyard
