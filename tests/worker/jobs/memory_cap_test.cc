@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tests/worker/numeric_bounds.h"
 #include "worker/kernels/packed_linear.h"
 
 namespace trainyard {
@@ -35,7 +36,8 @@ class MemoryCapTest : public ::testing::Test {
     torch::NoGradGuard no_grad;
     const torch::Tensor x = torch::randn({rows, kK});
     const torch::Tensor y = packed_.Forward(x, {w_}, {b_});
-    if (!y.allclose(torch::linear(x, w_, b_), 1e-4, 1e-4)) throw std::runtime_error("wrong product");
+    // The same product as torch::linear's, within its forward error bound (numeric_bounds.h).
+    if (!numeric::SameProduct(y, torch::linear(x, w_, b_), x, w_.t(), b_)) throw std::runtime_error("wrong product");
   }
 
   torch::Tensor w_, b_;

@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 
+#include "tests/worker/numeric_bounds.h"
 #include "worker/models/layers.h"
 #include "worker/models/model.h"
 
@@ -42,9 +43,15 @@ TEST(FusedAddNorm, CpuTensorsAddTheXBiasInTheComposition) {
   EXPECT_FALSE(FusedAddNormApplies(unbiased, residual, norm->weight, norm->bias, dense->bias));
   EXPECT_FALSE(dense->forward_without_bias(input).has_value()) << "a CPU input takes forward()'s own paths";
   const torch::Tensor expected = norm(dense(input) + residual);
-  EXPECT_TRUE(
-      torch::allclose(FusedDropoutAddNorm(unbiased, residual, norm->weight, norm->bias, 1e-12, 0.1, false, dense->bias),
-                      expected, 1e-6, 1e-6));
+  // The bias goes in after the product rather than inside it: another rounding, which the
+  // norm scales by 1/std. Both float32 paths are held against float64 (numeric_bounds.h).
+  const auto f64 = [](const torch::Tensor& t) { return t.detach().to(torch::kDouble); };
+  const torch::Tensor exact =
+      torch::layer_norm(torch::linear(f64(input), f64(dense->weight), f64(dense->bias)) + f64(residual), {32},
+                        f64(norm->weight), f64(norm->bias), 1e-12);
+  EXPECT_TRUE(numeric::WithinRoundingOf(
+      FusedDropoutAddNorm(unbiased, residual, norm->weight, norm->bias, 1e-12, 0.1, false, dense->bias), expected,
+      exact));
   Dropout dropout(0.1);
   dropout->eval();
   EXPECT_TRUE(torch::equal(DenseDropoutAddNorm(dense, norm, dropout, input, residual, true), expected));
