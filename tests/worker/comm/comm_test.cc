@@ -34,6 +34,25 @@ MpiCommunicator& Comm() { return *g_comm; }
   return ::testing::AssertionSuccess();
 }
 
+// The mean over the ranks of each parameter's gradient, and of its magnitude, summed here
+// in rank order: what SameMean holds the reducer's result against.
+struct RankMean {
+  // Zeros shaped as `params`: the mean of no rank's gradient.
+  explicit RankMean(const std::vector<torch::Tensor>& params) {
+    for (const auto& p : params) {
+      value.push_back(torch::zeros_like(p));
+      magnitude.push_back(torch::zeros_like(p));
+    }
+  }
+  std::vector<torch::Tensor> value, magnitude;
+  void Add(const std::vector<torch::Tensor>& grads) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      value[i] += grads[i] / Comm().size();
+      magnitude[i] += grads[i].abs() / Comm().size();
+    }
+  }
+};
+
 TEST(MpiCommunicator, AllReduceSumMaxMin) {
   const int r = Comm().rank(), n = Comm().size();
   torch::Tensor t = torch::tensor({float(r), float(r) * 2, 1.0f});
@@ -102,26 +121,21 @@ void CheckReducerAverages(int64_t bucket_bytes, bool overlap, bool fp16) {
     torch::manual_seed(100 + rank);
     return net->forward(torch::randn({8, 16})).pow(2).mean();
   };
-  std::vector<torch::Tensor> expected, magnitude;  // mean of every rank's gradient, and of |it|, computed locally
-  for (auto& p : net->parameters()) {
-    expected.push_back(torch::zeros_like(p));
-    magnitude.push_back(torch::zeros_like(p));
-  }
+  RankMean expected(net->parameters());
   for (int r = 0; r < Comm().size(); ++r) {
     net->zero_grad();
     loss_on(r).backward();
-    for (size_t i = 0; i < expected.size(); ++i) {
-      expected[i] += net->parameters()[i].grad() / Comm().size();
-      magnitude[i] += net->parameters()[i].grad().abs() / Comm().size();
-    }
+    std::vector<torch::Tensor> grads;
+    for (auto& p : net->parameters()) grads.push_back(p.grad().clone());
+    expected.Add(grads);
   }
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
   Reducer reducer(named, Comm(), ReducerOptions{bucket_bytes, overlap, fp16});
   reducer.PrepareForBackward();
   loss_on(Comm().rank()).backward();
   reducer.FinishBackward();
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_TRUE(SameMean(net->parameters()[i].grad(), expected[i], magnitude[i], fp16))
+  for (size_t i = 0; i < expected.value.size(); ++i)
+    EXPECT_TRUE(SameMean(net->parameters()[i].grad(), expected.value[i], expected.magnitude[i], fp16))
         << "parameter " << i << " bucket_bytes " << bucket_bytes;
 }
 
@@ -144,6 +158,13 @@ struct TinyNet {
     torch::manual_seed(seed);
     return second->forward(torch::tanh(first->forward(torch::randn({4, 16})))).pow(2).sum();
   }
+  std::vector<torch::Tensor> Parameters() {
+    std::vector<torch::Tensor> params;
+    for (auto& [name, p] : Named()) params.push_back(p);
+    return params;
+  }
+  // Loss(seed)'s gradient of each parameter, in Named() order, computed here alone.
+  std::vector<torch::Tensor> Gradients(int seed) { return torch::autograd::grad({Loss(seed)}, Parameters()); }
 };
 
 // Gradients are accumulated into the buckets themselves, and every step starts from zero.
@@ -153,33 +174,21 @@ TEST(Reducer, GradientsAreViewsOfTheBucketsAcrossSteps) {
   Reducer reducer(net.Named(), Comm(), ReducerOptions{1 << 20, true, false});
   for (int step = 0; step < 3; ++step) {
     // The expected average, computed locally without hooks' help: every rank's loss.
-    std::vector<torch::Tensor> expected;
     TinyNet copy;
+    RankMean expected(copy.Parameters());
     {
       torch::NoGradGuard no_grad;
       auto to = copy.Named(), from = net.Named();
       for (size_t i = 0; i < to.size(); ++i) to[i].second.copy_(from[i].second);
     }
-    std::vector<torch::Tensor> magnitude;
-    for (auto& [name, p] : copy.Named()) {
-      expected.push_back(torch::zeros_like(p));
-      magnitude.push_back(torch::zeros_like(p));
-    }
-    for (int r = 0; r < Comm().size(); ++r) {
-      auto named = copy.Named();
-      for (auto& [name, p] : named) p.mutable_grad() = torch::Tensor();
-      copy.Loss(1000 * step + r).backward();
-      for (size_t i = 0; i < named.size(); ++i) {
-        expected[i] += named[i].second.grad() / Comm().size();
-        magnitude[i] += named[i].second.grad().abs() / Comm().size();
-      }
-    }
+    for (int r = 0; r < Comm().size(); ++r) expected.Add(copy.Gradients(1000 * step + r));
     reducer.PrepareForBackward();
     net.Loss(1000 * step + Comm().rank()).backward();
     reducer.FinishBackward();
     auto named = net.Named();
     for (size_t i = 0; i < named.size(); ++i)
-      EXPECT_TRUE(SameMean(named[i].second.grad(), expected[i], magnitude[i])) << named[i].first << " step " << step;
+      EXPECT_TRUE(SameMean(named[i].second.grad(), expected.value[i], expected.magnitude[i]))
+          << named[i].first << " step " << step;
     // One bucket: all four .grad tensors live in the same buffer.
     const void* storage = named[0].second.grad().storage().data();
     for (auto& [name, p] : named) EXPECT_EQ(p.grad().storage().data(), storage) << name;
@@ -202,20 +211,8 @@ TEST(Reducer, StopVotesRideWithTheGradients) {
 TEST(Reducer, ARankWithoutExamplesContributesZeros) {
   torch::manual_seed(6);
   TinyNet net;
-  std::vector<torch::Tensor> expected, magnitude;
-  for (auto& [name, p] : net.Named()) {
-    expected.push_back(torch::zeros_like(p));
-    magnitude.push_back(torch::zeros_like(p));
-  }
-  for (int r = 1; r < Comm().size(); ++r) {
-    auto named = net.Named();
-    net.Loss(r).backward();
-    for (size_t i = 0; i < named.size(); ++i) {
-      expected[i] += named[i].second.grad() / Comm().size();
-      magnitude[i] += named[i].second.grad().abs() / Comm().size();
-      named[i].second.mutable_grad() = torch::Tensor();
-    }
-  }
+  RankMean expected(net.Parameters());
+  for (int r = 1; r < Comm().size(); ++r) expected.Add(net.Gradients(r));
   Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
   reducer.PrepareForBackward();
   if (Comm().rank() == 0) {
@@ -226,7 +223,7 @@ TEST(Reducer, ARankWithoutExamplesContributesZeros) {
   reducer.FinishBackward();
   auto named = net.Named();
   for (size_t i = 0; i < named.size(); ++i)
-    EXPECT_TRUE(SameMean(named[i].second.grad(), expected[i], magnitude[i])) << named[i].first;
+    EXPECT_TRUE(SameMean(named[i].second.grad(), expected.value[i], expected.magnitude[i])) << named[i].first;
 }
 
 TEST(Reducer, MisuseIsCaughtAndHooksGoWithTheReducer) {

@@ -3,7 +3,6 @@
 #include "worker/report/run_log.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tests/common/scratch_dir.h"
 
 namespace trainyard {
 namespace {
@@ -77,12 +78,8 @@ struct RecordingSink : MetricSink {
 
 class RunLogTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ty_run_log_test_" + std::to_string(::getpid())) / "job";
-    fs::remove_all(dir_.parent_path());
-  }
-  void TearDown() override { fs::remove_all(dir_.parent_path()); }
-  fs::path dir_;
+  ScratchDir scratch_{"ty_run_log_test"};
+  const fs::path dir_ = scratch_.path() / "job";  // made by the run log itself
 };
 
 TEST_F(RunLogTest, AFreshRunWritesItsRowsStepsSummaryAndTensorBoardScalars) {

@@ -4,7 +4,6 @@
 #include "worker/serve/model_repository.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "tests/common/scratch_dir.h"
 
 namespace trainyard {
 namespace {
@@ -31,13 +31,6 @@ json BertConfig() {
 
 class ModelRepositoryTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ty_model_repository_test_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // A version folder as a finetune job writes one, with `config` as its config.json.
   RepositoryEntry Version(const json& config, int version = 1) {
     const fs::path folder = root_ / "m" / std::to_string(version);
@@ -59,7 +52,8 @@ class ModelRepositoryTest : public ::testing::Test {
     }
   }
 
-  fs::path root_;
+  ScratchDir scratch_{"ty_model_repository_test"};
+  const fs::path root_ = scratch_.path();
 };
 
 TEST_F(ModelRepositoryTest, ScanFindsModelsAndVersionsByTheLayoutOnlyInOrder) {

@@ -7,7 +7,6 @@
 #include "worker/serve/server_core.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +23,7 @@
 #include <zmq.hpp>
 
 #include "common/safetensors.h"
+#include "tests/common/scratch_dir.h"
 
 namespace trainyard {
 namespace {
@@ -129,8 +129,6 @@ class ScriptedModelProcess {
 class ServerCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ty_server_core_test_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
     fs::create_directories(root_ / "repository");
     spec_.repository = (root_ / "repository").string();
     spec_.poll_s = 0;  // versions load on request only: the test decides when
@@ -141,7 +139,6 @@ class ServerCoreTest : public ::testing::Test {
     if (core_) core_->Stop();
     core_.reset();
     model_.reset();
-    fs::remove_all(root_);
   }
 
   // The core and the scripted model process, each batch taking `per_batch`.
@@ -177,7 +174,8 @@ class ServerCoreTest : public ::testing::Test {
     return status;
   }
 
-  fs::path root_;
+  ScratchDir scratch_{"ty_server_core_test"};
+  const fs::path root_ = scratch_.path();
   ServeSpec spec_;
   std::unique_ptr<ScriptedModelProcess> model_;
   std::unique_ptr<ServerCore> core_;

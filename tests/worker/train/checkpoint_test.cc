@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@
 
 #include "common/checkpoint_meta.h"
 #include "common/spec/job_spec.h"
+#include "tests/common/scratch_dir.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -80,13 +80,6 @@ bool SameTensors(const std::vector<std::pair<std::string, torch::Tensor>>& a,
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ty_checkpoint_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A checkpoint of `from` at Progress(), holding the RNG states of two ranks: this
   // process's now, and rank 1's, taken after one more draw.
   std::string Save(Trained& from) {
@@ -98,7 +91,8 @@ class CheckpointTest : public ::testing::Test {
     return path;
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"ty_checkpoint_test"};
+  const fs::path dir_ = scratch_.path();
 };
 
 TEST_F(CheckpointTest, RestoresWeightsMomentsScalerProgressAndThisRanksRandomStream) {
