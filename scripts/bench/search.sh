@@ -3,9 +3,10 @@
 # killed and restarted midway, against the same 12 trials run to the end (those it stopped
 # run again). Prints each trial's decision, the best accuracy of each and the rank-seconds
 # of each, with their ratio (tests/coordinator/search_test.py asha --reference, which also
-# asserts what the decisions are worth against the full runs, at 64 tokens a text; ctest runs
-# the search alone, at 32). About 6 minutes a run. --record CSV writes the last run's full
-# runs' metrics (tests/coordinator/data/asha_langid_full_runs.csv is one such recording).
+# asserts what the decisions are worth against the full runs, at 64 tokens a text; ctest
+# runs the search alone, at 32). About 8 minutes a run on two cores. --record CSV writes
+# the last run's full runs' metrics (tests/coordinator/data/asha_langid_full_runs.csv is
+# one such recording).
 #   scripts/bench/search.sh [--runs 1] [--record CSV]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,7 +14,7 @@ runs=1
 record=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     --runs) runs="$2"; shift 2 ;;
     --record) record=(--record "$(realpath -m "$2")"); shift 2 ;;
     *) echo "search.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
