@@ -79,8 +79,10 @@ def stopped_rank(c, args):
 
 
 def pool_job(c, name, timeout_s=TIMEOUT_S):
+    """A 4-rank job of 3 epochs of 62 steps, checkpointed every 10: long enough that a
+    fault comes mid-epoch, and short enough that recovery, not training, is the test's time."""
     return write(os.path.join(c.shared, name + ".yaml"), job_yaml(
-        name, subset_tsv(c.shared, 4000),
+        name, subset_tsv(c.shared, 2000),
         f"train:\n  batch_size: 8\n  epochs: 3\ncheckpoint:\n  every_steps: 10\n"
         f"distributed:\n  timeout_s: {timeout_s}\nresources:\n  ranks: 4\n  max_restarts: 3\n"))
 

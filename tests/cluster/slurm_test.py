@@ -271,13 +271,18 @@ def ended(pool, job_id, timeout, what):
         pool.jobctl("status", str(job_id))), timeout, what)
 
 
+TIME_LIMIT_STEPS = 1500
+
+
 def time_limit(c, s, args):
     """Each attempt has a 1-minute limit and SIGUSR1 60 s ahead of it: Slurm signals the
     ranks at its first time-limit check (within 30 s of the start). The job needs more
     than that, so attempts are preempted, requeued free (max_restarts 0) and resumed
-    until it is done."""
+    until it is done. 1500 steps (6 epochs): about 60 s of training alone at 2 ranks on a
+    two-core Intel Xeon (41 ms a step, 2026-11-28), where a first attempt signalled as late
+    as Slurm allows ran 698 steps; a CPU up to twice as fast still needs a second one."""
     def body(pool):
-        path = long_job(c, "limited", 2, 1800, "  max_restarts: 0\n")
+        path = long_job(c, "limited", 2, TIME_LIMIT_STEPS, "  max_restarts: 0\n")
         job_id = pool.jobctl("submit", path)["job_id"]
         final = ended(pool, job_id, 230, "the job to end")
         report = pool.jobctl("report", str(job_id))
@@ -289,10 +294,10 @@ def time_limit(c, s, args):
                    f"the time limit's signal and requeued without a restart (max_restarts 0): "
                    f"{[o[:300] for o in outcomes[:-1]][:2]}")
         got = all_steps(c, f"runs/{job_id}/limited")
-        ok &= check([x["step"] for x in got] == list(range(1, 1801)),
-                    f"each of the 1800 steps logged once ({len(got)} lines)")
+        ok &= check([x["step"] for x in got] == list(range(1, TIME_LIMIT_STEPS + 1)),
+                    f"each of the {TIME_LIMIT_STEPS} steps logged once ({len(got)} lines)")
         epochs = [int(e["epoch"]) for e in report["epochs"]]
-        ok &= check(epochs == [1, 2, 3, 4, 5, 6, 7, 8], f"each epoch reported once: {epochs}")
+        ok &= check(epochs == [1, 2, 3, 4, 5, 6], f"each epoch reported once: {epochs}")
         straight, _ = launch(s, "limited", ["srun", "-n2", os.path.abspath(args.worker), path,
                                             "--runs-dir", os.path.join(c.host_dir, "runs")])
         ok &= check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],

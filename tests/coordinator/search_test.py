@@ -3,7 +3,8 @@
 pool under mpirun, real jobctl, trials that train real (small) langid jobs on 127.0.0.1.
 
 Cases:
-  asha   an ASHA search of 12 trials (texts of 32 tokens; --max-seq-len), train.lr
+  asha   an ASHA search of 12 trials (1,000 examples of 32 tokens; --examples and
+         --max-seq-len), train.lr
          log-uniform over [1e-5, 1e-1], eta 3,
          rungs at epochs 1 and 3 of 9, one trial at a time, with the coordinator killed
          (kill -9) mid-search and restarted. Checked:
@@ -48,8 +49,8 @@ from e2e_common import wait_for  # noqa: E402
 from pool_test import Cluster  # noqa: E402
 
 TRIALS, ETA, SEED = 12, 3, 11
-EXAMPLES, DEV_EXAMPLES, EPOCHS, RUNGS = 1500, 750, 9, [1, 3]
-MAX_SEQ_LEN = 32  # --max-seq-len; scripts/bench/search.sh runs 64
+EXAMPLES, DEV_EXAMPLES, EPOCHS, RUNGS = 1000, 750, 9, [1, 3]  # --examples
+MAX_SEQ_LEN = 32  # --max-seq-len; scripts/bench/search.sh runs 1,500 examples of 64
 MASK = (1 << 64) - 1
 ARGS = None  # the command line, set by main()
 
@@ -286,8 +287,9 @@ def against_full_runs(c, work, trials, rep):
 def record_full_runs(c, trials, full_of, path):
     """Every full run's eval_acc at every epoch, for coordinator_test's AshaOnRecordedRuns."""
     rows = [f"# {TRIALS} langid trials (tests/coordinator/search_test.py asha --reference, "
-            f"max_seq_len {MAX_SEQ_LEN}), each run to the end: {time.strftime('%Y-%m-%d', time.gmtime())}, "
-            f"{os.cpu_count()} cores, {cpu_name()}\n", "trial,lr,epoch,eval_acc\n"]
+            f"{EXAMPLES} examples, max_seq_len {MAX_SEQ_LEN}), each run to the end: "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores, {cpu_name()}\n",
+            "trial,lr,epoch,eval_acc\n"]
     for t in trials:
         with open(os.path.join(c.runs, str(full_of[t["trial"]]["job"]), "epochs.csv"), encoding="utf-8") as f:
             for row in csv.DictReader(f):
@@ -384,6 +386,7 @@ def main():
     for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
         p.add_argument(flag, required=True)
     p.add_argument("case", choices=["asha", "draws", "bad"])
+    p.add_argument("--examples", type=int, default=EXAMPLES, help="the trials' training examples")
     p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="the trials' data.max_seq_len")
     p.add_argument("--reference", action="store_true",
                    help="asha: then run every trial to the end and check the decisions against those runs")
@@ -392,6 +395,7 @@ def main():
     if a.record and not a.reference:
         p.error("--record needs --reference")
     globals()["MAX_SEQ_LEN"] = a.max_seq_len
+    globals()["EXAMPLES"] = a.examples
     globals()["ARGS"] = a
     with tempfile.TemporaryDirectory() as work:
         c = SearchCluster(a, work)

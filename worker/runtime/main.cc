@@ -26,6 +26,7 @@
 #include <tuple>
 
 #include "common/log.h"
+#include "common/process_exit.h"
 #include "worker/pool/pool_agent.h"
 #include "worker/pool/rank_supervisor.h"
 #include "worker/runtime/job_runner.h"
@@ -219,10 +220,12 @@ int RunUnderMpi(int argc, char** argv, const Options& o, bool job_mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int code = 1;
   try {
-    return Main(argc, argv);
+    code = Main(argc, argv);
   } catch (const std::exception& e) {  // the job runners catch their own; this is start-up and shut-down
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   }
+  // Every job object is gone and MPI finalized by now.
+  trainyard::ExitSkippingStaticDestructors(code);
 }
