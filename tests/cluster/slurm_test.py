@@ -187,8 +187,10 @@ def queue(c, s, args):
         ok = True
         jobs = {}
         submitted = time.time()
+        # The 4-rank job waits for the 2-rank ones to end: 40 steps give it seconds in the queue.
         for name, ranks in (("two_a", 2), ("four", 4), ("two_b", 2)):
-            path = job_file(c, name, steps=12, extra=f"resources:\n  ranks: {ranks}\n  max_restarts: 0\n")
+            path = job_file(c, name, steps=12 if ranks == 4 else 40,
+                            extra=f"resources:\n  ranks: {ranks}\n  max_restarts: 0\n")
             jobs[name] = (pool.jobctl("submit", path)["job_id"], ranks, path)
         latency = first_step_after(c, submitted, jobs["two_a"][0], "two_a")
         ok &= slurm_shown(pool, jobs["four"][0])
@@ -352,17 +354,33 @@ def slurm_shown(pool, job_id):
     """While the job waits in Slurm's queue, jobctl, the dashboard's API and /metrics
     (read with prometheus_client) show its Slurm job, state and reason."""
     from prometheus_client.parser import text_string_to_metric_families
-    status = wait_for(lambda: (lambda j: j if "PENDING" in j.get("slurm", "") or j["state"] not in (
-        "QUEUED", "RUNNING") else None)(pool.jobctl("status", str(job_id))), 60, "the job pending in Slurm")
-    api = next((j for j in (pool.api("/api/jobs") or {}).get("jobs", []) if j["id"] == job_id), {})
-    metrics = pool.http_text("/metrics") or ""
-    series = [s.labels for f in text_string_to_metric_families(metrics) if f.name == "trainyard_slurm_job"
-              for s in f.samples if s.labels.get("job") == str(job_id)]
-    shown = status.get("slurm", "")
-    return check(shown.startswith("job ") and "PENDING (" in shown and "PENDING" in api.get("slurm", "") and series
-                 and series[0]["slurm_job"] == shown.split()[1].rstrip(":") and series[0]["reason"],
-                 f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', /metrics "
-                 f"{series[:1]}")
+
+    def pending():
+        status = pool.jobctl("status", str(job_id))
+        return status if "PENDING" in status.get("slurm", "") or status["state"] not in ("QUEUED", "RUNNING") else None
+
+    def views():
+        """jobctl's, the API's and /metrics' views, read one after another; the job may
+        leave the queue between two reads, so a view that disagrees is read again while
+        jobctl still says PENDING."""
+        api = next((j for j in (pool.api("/api/jobs") or {}).get("jobs", []) if j["id"] == job_id), {})
+        metrics = pool.http_text("/metrics") or ""
+        series = [s.labels for f in text_string_to_metric_families(metrics) if f.name == "trainyard_slurm_job"
+                  for s in f.samples if s.labels.get("job") == str(job_id)]
+        return api, series
+
+    status = wait_for(pending, 60, "the job pending in Slurm")
+    while True:
+        shown = status.get("slurm", "")
+        api, series = views()
+        agree = (shown.startswith("job ") and "PENDING (" in shown and "PENDING" in api.get("slurm", "") and series
+                 and series[0]["slurm_job"] == shown.split()[1].rstrip(":") and series[0]["reason"])
+        still = pending()
+        if agree or not still or "PENDING" not in still.get("slurm", ""):
+            break
+        status = still
+    return check(agree, f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', "
+                        f"/metrics {series[:1]}")
 
 
 def slurm_spans(s, slurm_jobs):
