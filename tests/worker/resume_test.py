@@ -15,6 +15,10 @@
               ends bitwise equal to the uninterrupted run
   none_valid  when every checkpoint is corrupt, `resume: auto` exits 2 and deletes and
               writes nothing
+  finished    rerunning a finished run with `resume: auto` exits 0, says the job had
+              finished, shows its epochs, and leaves every file of the run byte for byte
+              (no file added either): a run that ended at an epoch's end, and one that
+              --max-steps ended inside an epoch, rerun with the same --max-steps
   signal      a run sent SIGTERM (one rank) mid-epoch stops after a step, writes a
               checkpoint there and exits 3; rerun, it ends bitwise equal to an
               uninterrupted run (weights, epoch rows, every step's loss, each once)
@@ -211,6 +215,35 @@ def tree_digest(folder, skip=()):
     return digest.hexdigest()
 
 
+def rerun_changes_nothing(args, job, runs, name, extra_args=()):
+    before = tree_digest(os.path.join(runs, name))
+    rerun = subprocess.run(command(args, 1, job, runs) + list(extra_args), capture_output=True, text=True,
+                           timeout=600)
+    out = rerun.stdout + rerun.stderr
+    said = "had already finished" in out and "nothing was changed" in out
+    with open(os.path.join(runs, name, "epochs.csv")) as f:
+        rows = [r["epoch"] for r in csv.DictReader(f)]
+    shown = all(re.search(rf"^\S* *{epoch} ", rerun.stdout, re.M) for epoch in rows)
+    untouched = tree_digest(os.path.join(runs, name)) == before
+    print(f"rerun {' '.join(extra_args) or '(no flags)'}: exit {rerun.returncode}; said so: {said}; "
+          f"epochs {rows} shown: {shown}; every file byte for byte: {untouched}")
+    if rerun.returncode != 0 or not said:
+        print(out[-2000:])
+    return rerun.returncode == 0 and said and shown and bool(rows) and untouched
+
+
+def finished(args, work):
+    job, straight = finished_run(args, work)
+    ok = rerun_changes_nothing(args, job, os.path.dirname(straight), "fb")
+    # 50 steps an epoch: --max-steps 30 ends inside the first, with a checkpoint there.
+    runs = os.path.join(work, "max_steps")
+    stopped = subprocess.run(command(args, 1, job, runs) + ["--max-steps", "30"], capture_output=True, text=True,
+                             timeout=600)
+    if stopped.returncode != 0:
+        sys.exit(f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
+    return ok & rerun_changes_nothing(args, job, runs, "fb", ["--max-steps", "30"])
+
+
 def none_valid(args, work):
     job, straight = finished_run(args, work)
     runs = os.path.join(work, "case")
@@ -310,7 +343,7 @@ def offered_to_fp32_weights(args, work, text, name):
 CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
          "signal_two_ranks": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1),
          "single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
-         "fallback": fallback, "none_valid": none_valid, "bf16_weights": bf16_weights}
+         "fallback": fallback, "none_valid": none_valid, "finished": finished, "bf16_weights": bf16_weights}
 
 
 def main():

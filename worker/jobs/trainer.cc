@@ -497,8 +497,9 @@ nlohmann::json Trainer::Run() {
     BroadcastParameters();
     AgreeOnResumePoint();
   }
-  StartTrace();  // right after the collectives above: the ranks' time zeros line up
   const int64_t total_steps = TotalSteps();
+  if (resume_from_ && !HasEpochToRun(total_steps)) return ShowFinishedRun();  // before anything is written
+  StartTrace();  // right after the collectives above: the ranks' time zeros line up
   profiler_ = std::make_unique<StepProfiler>(
       run_dir() + "/profile" + (ranks_.world > 1 ? ".rank" + std::to_string(ranks_.rank) : std::string()),
       spec_.log.profile_from_step, spec_.log.profile_steps, device_.is_cuda());
@@ -506,15 +507,9 @@ nlohmann::json Trainer::Run() {
   std::optional<RunLog> log;
   if (is_rank0()) {
     log.emplace(run_dir(), resume_from_ ? progress_.epoch + 1 : 0, progress_.global_step);
-    OpenRunLog(*log, total_steps);
+    OpenRunLog(*log);
   }
-  // An epoch whose steps are all done but which has no row yet (a stop after its last
-  // step, with a checkpoint there) is still closed: evaluated, logged and checkpointed.
-  auto epoch_open = [&] {
-    return progress_.global_step < total_steps || (steps_per_epoch_ > 0 && progress_.next_batch >= steps_per_epoch_);
-  };
-  while (progress_.epoch < spec_.train.epochs && epoch_open())
-    TrainAndEvaluateEpoch(total_steps, log ? &*log : nullptr);
+  while (HasEpochToRun(total_steps)) TrainAndEvaluateEpoch(total_steps, log ? &*log : nullptr);
   WriteTrace();
   nlohmann::json summary = Summary(run_start);
   if (log) SaveResults(*log, &summary);
@@ -524,6 +519,11 @@ nlohmann::json Trainer::Run() {
 int64_t Trainer::TotalSteps() const {
   const int64_t all = steps_per_epoch_ * spec_.train.epochs;
   return spec_.train.max_steps > 0 ? std::min(all, spec_.train.max_steps) : all;
+}
+
+bool Trainer::HasEpochToRun(int64_t total_steps) const {
+  if (progress_.epoch >= spec_.train.epochs) return false;
+  return progress_.global_step < total_steps || (steps_per_epoch_ > 0 && progress_.next_batch >= steps_per_epoch_);
 }
 
 void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {

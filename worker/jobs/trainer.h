@@ -63,6 +63,10 @@ class Trainer {
   void LoadData();
   void BuildModel();
   int64_t TotalSteps() const;
+  // Whether an epoch is left to train, or to close: one whose steps are all done but
+  // which has no row yet (a stop after its last step, with a checkpoint there) is still
+  // evaluated, logged and checkpointed.
+  bool HasEpochToRun(int64_t total_steps) const;
   // One epoch's training, evaluation, epoch row and checkpoint.
   void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
@@ -121,7 +125,13 @@ class Trainer {
   void WriteTrace();
   MlflowOptions MlflowOptionsFor() const;
   // Rank 0: MLflow, the opening lines, and the epoch rows of the attempts before this one.
-  void OpenRunLog(RunLog& log, int64_t total_steps);
+  void OpenRunLog(RunLog& log);
+  // A rerun of a finished run (resume: auto after its last step) trains nothing and
+  // leaves every file the run wrote as it was. Rank 0 shows the epoch table, hands the
+  // epochs to a pool's hooks as a resumed attempt does, and returns the run's summary.
+  nlohmann::json ShowFinishedRun() const;
+  // Rank 0: the epochs before this attempt to a pool's hooks, which keep those it lacks.
+  void HandEpochsToPool(const RunLog& log) const;
   void LogRunStart() const;
   nlohmann::json Summary(Clock::time_point run_start) const;
   // Rank 0: the model (or adapter), and summary.json.

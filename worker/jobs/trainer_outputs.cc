@@ -137,16 +137,33 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
   return row;
 }
 
-void Trainer::OpenRunLog(RunLog& log, int64_t total_steps) {
+void Trainer::OpenRunLog(RunLog& log) {
   if (!spec_.log.mlflow_uri.empty()) log.AttachSink(OpenMlflow(MlflowOptionsFor()));
   LogRunStart();
   log.PrintHeader();
   for (const auto& row : log.rows()) log.PrintRow(row);  // epochs done before the resume
-  if (ranks_.hooks)  // a later attempt: the pool keeps only the epochs it has not seen
-    for (size_t i = 0; i < log.rows().size(); ++i)
-      ranks_.hooks->EpochDone(log.rows()[i], EpochCsvHeader(), log.csv_lines()[i]);
-  if (progress_.epoch >= spec_.train.epochs || progress_.global_step >= total_steps)
-    LogInfo("the job had already finished; use --resume none to train it again");
+  HandEpochsToPool(log);
+}
+
+void Trainer::HandEpochsToPool(const RunLog& log) const {
+  if (!ranks_.hooks) return;  // a later attempt: the pool keeps only the epochs it has not seen
+  for (size_t i = 0; i < log.rows().size(); ++i)
+    ranks_.hooks->EpochDone(log.rows()[i], EpochCsvHeader(), log.csv_lines()[i]);
+}
+
+nlohmann::json Trainer::ShowFinishedRun() const {
+  if (!is_rank0()) return nlohmann::json::object();
+  LogInfo(
+      StrFormat("job '%s' had already finished (step %ld, from %s); nothing was changed. "
+                "Use --resume none to train it again",
+                spec_.name.c_str(), long(progress_.global_step), resume_from_->c_str()));
+  const RunLog log = RunLog::ReadFinished(run_dir());
+  log.PrintHeader();
+  for (const auto& row : log.rows()) log.PrintRow(row);
+  HandEpochsToPool(log);
+  std::ifstream file(run_dir() + "/summary.json");
+  nlohmann::json summary = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  return summary.is_object() ? summary : nlohmann::json::object();
 }
 
 void Trainer::LogRunStart() const {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -145,6 +146,14 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
   } catch (const std::exception& e) {
     spdlog::warn("no TensorBoard scalars for this run: {}", e.what());
   }
+}
+
+RunLog::RunLog(std::string run_dir) : dir_(std::move(run_dir)) {}
+
+RunLog RunLog::ReadFinished(std::string run_dir) {
+  RunLog log(std::move(run_dir));
+  log.LoadRows(std::numeric_limits<int64_t>::max());
+  return log;
 }
 
 RunLog::~RunLog() {

@@ -74,6 +74,9 @@ class RunLog {
   // rows of that epoch and later, and the step lines after `resume_step`, are dropped
   // from the existing files, so every epoch and step appears exactly once.
   RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step);
+  // The epochs of a finished run in runs/<job>/, read and nothing written or opened: to
+  // show its table and hand its rows on. Nothing may be added to it.
+  static RunLog ReadFinished(std::string run_dir);
   ~RunLog();
   RunLog(RunLog&&) noexcept;
 
@@ -95,6 +98,7 @@ class RunLog {
   const std::string& dir() const { return dir_; }
 
  private:
+  explicit RunLog(std::string run_dir);  // opens nothing
   void LoadRows(int64_t before_epoch);
   void TrimSteps(int64_t up_to_step);
   void WriteCsv() const;

@@ -1,11 +1,13 @@
 // A run's own files (worker/report/run_log.h): what a fresh run writes, what a resume
-// keeps and drops (Note [Resume], step 5), and what a metric sink is handed.
+// keeps and drops (Note [Resume], step 5), what reading a finished run leaves (all of
+// it), and what a metric sink is handed.
 #include "worker/report/run_log.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -120,6 +122,27 @@ TEST_F(RunLogTest, AResumeKeepsTheEarlierEpochsVerbatimAndDropsTheRest) {
   EXPECT_EQ(after[1], before[1]);
   EXPECT_EQ(after[2], EpochCsvLine(Row(2)));
   EXPECT_EQ(Lines(dir_ / "steps.jsonl").size(), 13u);
+}
+
+// Every file under `dir`, by path, with its bytes.
+std::map<std::string, std::string> Files(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file()) files[entry.path().string()] = Read(entry.path());
+  return files;
+}
+
+TEST_F(RunLogTest, AFinishedRunIsReadWithEveryRowAndNothingWritten) {
+  WriteRun(dir_.string());
+  const std::map<std::string, std::string> before = Files(dir_);
+  const std::vector<std::string> csv = Lines(dir_ / "epochs.csv");
+  {
+    const RunLog finished = RunLog::ReadFinished(dir_.string());
+    ASSERT_EQ(finished.rows().size(), 3u);
+    EXPECT_EQ(finished.rows()[2].epoch, 3);
+    EXPECT_EQ(finished.csv_lines(), (std::vector<std::string>{csv[1], csv[2], csv[3]}));
+  }
+  EXPECT_EQ(Files(dir_), before) << "reading a finished run changed or added a file";
 }
 
 TEST_F(RunLogTest, AFreshRunOverAnOldFolderStartsItsFilesEmpty) {
