@@ -491,6 +491,11 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 }
 
 JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::string& source) {
+  // Before the keys: a search file's own keys (base, search) would be "unknown" here.
+  if (root["kind"].IsDefined() && root["kind"].IsScalar() && root["kind"].Scalar() == "search")
+    r.Fail(root["kind"], "kind",
+           "a search runs on a coordinator, which runs its trials as jobs: submit it with `jobctl submit " + source +
+               "` (docs/search.md)");
   r.CheckKeys(root, "",
               {"name", "kind", "task", "seed", "data", "model", "train", "checkpoint", "runtime", "resources",
                "distributed", "debug", "benchmark", "inference", "generate", "serve", "log"});
@@ -501,10 +506,6 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
     r.Fail(root["name"], "name",
            "expected one path component of letters, digits, '.', '_' or '-' (at most " +
                std::to_string(kMaxNameLength) + " characters, not '.' or '..')");
-  if (root["kind"].IsDefined() && root["kind"].IsScalar() && root["kind"].Scalar() == "search")
-    r.Fail(root["kind"], "kind",
-           "kind: search runs on a coordinator, which runs its trials as jobs: submit it with jobctl "
-           "(docs/search.md)");
   r.ReadEnum(root, "kind", "", kJobKindNames, &spec.kind);
   if (spec.kind == JobKind::kGenerate) spec.task = TaskKind::kCausalLm;
   r.ReadEnum(root, "task", "", kTaskNames, &spec.task);

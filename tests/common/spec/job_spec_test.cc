@@ -75,6 +75,14 @@ TEST_F(JobSpecTest, UnknownKeySuggestsNearestValidKey) {
   EXPECT_EQ(error, "job.yaml:8:3: train.epocs: unknown key; did you mean 'epochs'?");
 }
 
+TEST_F(JobSpecTest, ASearchFileSaysToSubmitItWithJobctl) {
+  // Its own keys (base, search) are not what the error is about.
+  std::string error = ErrorOf("name: s\nkind: search\nbase: base.yaml\nsearch:\n  method: grid\n");
+  EXPECT_EQ(error,
+            "job.yaml:2:7: kind: a search runs on a coordinator, which runs its trials as jobs: submit it with "
+            "`jobctl submit job.yaml` (docs/search.md)");
+}
+
 TEST_F(JobSpecTest, WrongTypeSaysWhatWasExpected) {
   std::string error = ErrorOf(Valid("  batch_size: large\n"));
   EXPECT_EQ(error, "job.yaml:8:15: train.batch_size: expected an integer, got 'large'");
