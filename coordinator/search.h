@@ -25,7 +25,9 @@
 // stored and is never judged twice. A trial told to stop gets a StopJob at once: its ranks
 // agree to stop after the step in progress (Note [Stop agreement] in
 // worker/jobs/job_setup.h), a step or two into the next epoch, whose row is never
-// written, and the trial ends STOPPED. Decisions depend only on the order in which rung
+// written, and the trial ends STOPPED. While the coordinator is down a trial goes on
+// (nothing waits for a decision): the rows of the epochs it finished meanwhile are kept, and
+// the rung's row is judged when it arrives. Decisions depend only on the order in which rung
 // results arrive: with max_concurrent 1, that is the trials' order, so a search of
 // deterministic trials decides the same way every time, across coordinator restarts.
 #pragma once

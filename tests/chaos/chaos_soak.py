@@ -24,13 +24,16 @@ and checks:
   6. every squat attempt was refused, and every query made while FIFOs and links were
      planted or the dashboard was crowded was answered within 5 s;
   7. every job belongs to the user who submitted it, every cancel by the user who does
-     not own the job was refused, and no job was cancelled but by an admin.
+     not own the job was refused, and no job was cancelled but by an admin;
+  8. every kind of fault was met: the chaos starts with a tour of them all, in a random
+     order (the 45 s pause of the coordinator only by draw), then draws them by weight.
 Preemption makes no victims: a preempted job is requeued without using a restart, so
 invariants 3 and 4 cover it.
 
 A killed agent is replaced by one started alone (no mpirun), as a service manager would.
 Exit 0 when every invariant holds.
-Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]; ctest runs it for 2 minutes (chaos_soak)."""
+Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]; ctest runs it for 75 s, a fault every
+3 s on average (chaos_soak)."""
 import argparse
 import csv
 import json
@@ -130,6 +133,7 @@ class Soak:
     def __init__(self, args, work):
         self.args, self.work = args, work
         self.rng = random.Random(args.seed)
+        self.tour = []  # the kinds of fault not met yet (run() fills it)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.state = os.path.join(work, "state.db")
         self.runs = os.path.join(work, "runs")
@@ -402,12 +406,29 @@ resources:
         self.foreign_cancels.append((job["id"], r.returncode == 2 and "belongs to" in r.stderr))
         self.counts["foreign_cancels"] += 1
 
+    def actions(self):
+        """Each kind of fault with its weight in the random draw."""
+        return [(self.kill_job_process, 3), (self.stop_job_process, 2), (self.kill_agent, 1), (self.stop_agent, 1),
+                (self.kill_coordinator, 2), (self.stop_coordinator, 2), (self.stop_coordinator_long, 0.5),
+                (self.cancel_one, 2), (self.cancel_foreign, 1), (self.squat, 1), (self.plant_files, 1),
+                (self.crowd_dashboard, 1)]
+
     def act(self):
-        action = self.rng.choices([self.kill_job_process, self.stop_job_process, self.kill_agent, self.stop_agent,
-                                   self.kill_coordinator, self.stop_coordinator, self.stop_coordinator_long,
-                                   self.cancel_one, self.cancel_foreign, self.squat, self.plant_files,
-                                   self.crowd_dashboard],
-                                  weights=[3, 2, 1, 1, 2, 2, 0.5, 2, 1, 1, 1, 1])[0]
+        """The tour first: every kind of fault once, in a random order (the 45 s pause of the
+        coordinator only by draw: pool_pause_45 covers it alone), so that even a short soak
+        meets each. A fault with nothing to act on (no running job yet) changes no count and
+        stays first in the tour. Then faults drawn by weight."""
+        if self.tour:
+            action = self.tour[-1]
+            before = sum(self.counts.values())
+            action()
+            if sum(self.counts.values()) != before:
+                self.tour.pop()
+                if not self.tour:
+                    print(f"[{time.strftime('%H:%M:%S')}] the tour met every kind of fault", flush=True)
+            return action.__name__
+        kinds, weights = zip(*self.actions())
+        action = self.rng.choices(kinds, weights=weights)[0]
         action()
         return action.__name__
 
@@ -417,6 +438,8 @@ resources:
         for index in range(self.args.pools):
             self.start_pool(index)
         pending = []
+        self.tour = [kind for kind, _ in self.actions() if kind != self.stop_coordinator_long]
+        self.rng.shuffle(self.tour)
         deadline = time.time() + self.args.minutes * 60
         next_action = time.time() + 10
         last_report = 0
@@ -429,7 +452,7 @@ resources:
             pending = self.submit_pending(pending)
             if time.time() >= next_action:
                 self.act()
-                next_action = time.time() + self.rng.uniform(4, 12)
+                next_action = time.time() + self.rng.uniform(0.5, 1.5) * self.args.pace
             self.replace_lost_agents()
             if self.coordinator.poll() is None:
                 self.memory.append(rss_mb(self.coordinator.pid))
@@ -528,6 +551,9 @@ resources:
             print("a cancel of job", job, "by the user who does not own it was not refused")
         checks["jobs belong to their submitters, and only an admin cancelled any"] = not (misowned or by_user or
                                                                                          accepted)
+        for kind in self.tour:
+            print("the soak ended before it met this kind of fault:", kind.__name__)
+        checks["every kind of fault was met (the tour ended)"] = not self.tour
         preemptions = db.execute("SELECT COUNT(*) FROM events WHERE text LIKE 'preempted by job %'").fetchone()[0]
         summary = {"jobs": len(jobs), **{s.lower(): n for s, n in states.items() if n},
                    "attempts": sum(len(r) for r in attempts.values()),
@@ -546,6 +572,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=15, help="how long the chaos lasts (default 15)")
     p.add_argument("--drain-minutes", type=float, default=10, help="then, how long jobs may take to finish")
+    p.add_argument("--pace", type=float, default=8,
+                   help="seconds between two faults on average (default 8; each wait is 0.5 to 1.5 times it)")
     p.add_argument("--pools", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2, help="ranks per pool")
     p.add_argument("--seed", type=int, default=int(time.time()))

@@ -273,18 +273,19 @@ def ended(pool, job_id, timeout, what):
         pool.jobctl("status", str(job_id))), timeout, what)
 
 
-TIME_LIMIT_STEPS = 1500
+TIME_LIMIT_STEPS = 3000
 
 
 def time_limit(c, s, args):
     """Each attempt has a 1-minute limit and SIGUSR1 60 s ahead of it: Slurm signals the
     ranks at its first time-limit check (within 30 s of the start). The job needs more
     than that, so attempts are preempted, requeued free (max_restarts 0) and resumed
-    until it is done. 1500 steps (6 epochs): about 60 s of training alone at 2 ranks on a
-    two-core Intel Xeon (41 ms a step, 2026-11-28), where a first attempt signalled as late
-    as Slurm allows ran 698 steps; a CPU up to twice as fast still needs a second one."""
+    until it is done. One rank, so that the test and its uninterrupted reference each hold
+    one core (slurm_preempt covers a preempted job of two ranks); 3000 steps (6 epochs):
+    about 72 s of training on a two-core Intel Xeon (24 ms a step, 2026-11-28), where the
+    first attempt was signalled at step 1325; a CPU twice as fast still needs a second."""
     def body(pool):
-        path = long_job(c, "limited", 2, TIME_LIMIT_STEPS, "  max_restarts: 0\n")
+        path = long_job(c, "limited", 1, TIME_LIMIT_STEPS, "  max_restarts: 0\n")
         job_id = pool.jobctl("submit", path)["job_id"]
         final = ended(pool, job_id, 230, "the job to end")
         report = pool.jobctl("report", str(job_id))
@@ -300,10 +301,10 @@ def time_limit(c, s, args):
                     f"each of the {TIME_LIMIT_STEPS} steps logged once ({len(got)} lines)")
         epochs = [int(e["epoch"]) for e in report["epochs"]]
         ok &= check(epochs == [1, 2, 3, 4, 5, 6], f"each epoch reported once: {epochs}")
-        straight, _ = launch(s, "limited", ["srun", "-n2", os.path.abspath(args.worker), path,
+        straight, _ = launch(s, "limited", ["srun", "-n1", os.path.abspath(args.worker), path,
                                             "--runs-dir", os.path.join(c.host_dir, "runs")])
         ok &= check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],
-                    "every step's loss bitwise equal to an uninterrupted srun -n2 of the job file")
+                    "every step's loss bitwise equal to an uninterrupted srun -n1 of the job file")
         return ok
 
     return with_slurm_coordinator(c, s, Pool(c, args), body, ["--slurm-time", "1", "--slurm-signal", "60"])
