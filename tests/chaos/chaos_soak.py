@@ -52,70 +52,34 @@ import urllib.request
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "worker"))
+sys.path.insert(0, os.path.join(SOURCE, "tests"))
 import e2e_common  # noqa: E402
 from e2e_common import MPI_ENV, free_port  # noqa: E402
+from harness import wire  # noqa: E402
 
 BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE, "build", "bin"))
-def protocol_version():
-    """kProtocolVersion, read from proto/wire_version.h so the squatter speaks the current wire."""
-    with open(os.path.join(SOURCE, "proto", "wire_version.h")) as header:
-        for line in header:
-            if "kProtocolVersion =" in line:
-                return int(line.split("=")[1].strip(" ;\n"))
-    raise RuntimeError("no kProtocolVersion in proto/wire_version.h")
-
-
-PROTOCOL_VERSION = protocol_version()
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 USERS = ["alice", "bob"]
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
 
 
-def varint(n):
-    out = b""
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out += bytes([byte | (0x80 if n else 0)])
-        if not n:
-            return out
-
-
-def field(number, payload):
-    """A length-delimited protobuf field (or a varint one, for an int)."""
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    data = payload.encode() if isinstance(payload, str) else payload
-    return varint(number << 3 | 2) + varint(len(data)) + data
-
-
 class Squatter:
-    """A worker-key holder speaking the wire by hand (pyzmq, CURVE): a Register envelope
-    (proto/trainyard.proto) naming another agent's world, with a world token of its own."""
+    """A worker-key holder speaking the wire itself (tests/harness/wire.py): a Register
+    naming another agent's world, with a world token of its own."""
 
     def __init__(self, endpoint, keys):
         self.endpoint = endpoint
-        read = lambda name: dict(line.split(" ", 1) for line in open(os.path.join(keys, name)).read().splitlines())
-        self.mine, self.server = read("worker.key"), open(os.path.join(keys, "coordinator.pub")).read().split(" ", 1)[1]
+        self.keys = wire.read_keys(keys, "worker.key")
 
     def register(self, world):
-        import zmq
-        context = zmq.Context()
-        s = context.socket(zmq.DEALER)
-        s.curve_publickey, s.curve_secretkey = self.mine["public"].strip().encode(), self.mine["secret"].strip().encode()
-        s.curve_serverkey = self.server.strip().encode()
-        s.linger = 0
-        s.connect(self.endpoint)
-        token = os.urandom(16).hex()
-        rank = field(1, world) + field(3, 1) + field(4, "squatter") + field(5, "cpu")
-        body = field(1, rank) + field(4, token) + field(5, os.urandom(16).hex())
-        s.send(field(1, PROTOCOL_VERSION) + field(30, body))
-        reply = None
-        if s.poll(5000):
-            reply = s.recv().decode("utf-8", "replace")
-        s.close()
-        context.term()
-        return reply
+        """The coordinator's answer (its error message, or "" for any other reply), or None
+        when it did not answer within 5 s."""
+        rank = wire.message("RankInfo")(world=world, world_size=1, host="squatter", device="cpu")
+        body = wire.message("Register")(rank=rank, world_token=os.urandom(16).hex(), rank_token=os.urandom(16).hex())
+        reply = wire.ask(self.endpoint, self.keys, wire.envelope(register=body))
+        if reply is None:
+            return None
+        return reply.error.message if reply.WhichOneof("body") == "error" else ""
 
 
 def rss_mb(pid):
