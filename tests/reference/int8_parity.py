@@ -24,6 +24,9 @@ import torch
 from random_bert import save_random_bert
 from transformers import BertTokenizerFast
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness.bounds import in_float64, within_rounding_of  # noqa: E402
+
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
 
@@ -50,15 +53,18 @@ def parity(args, work):
 
     with torch.no_grad():
         hf_fp32 = model(enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+        exact = in_float64(model)(enc["input_ids"], attention_mask=enc["attention_mask"]).logits
         quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         hf_int8 = quantized(enc["input_ids"], attention_mask=enc["attention_mask"]).logits
     ours_fp32, ours_int8 = probe(), probe("--mode", "int8")
     d_int8 = (ours_int8 - hf_int8).abs().max().item()
     d_quant = (hf_int8 - hf_fp32).abs().max().item()
     d_fp32 = (ours_fp32 - hf_fp32).abs().max().item()
+    fp32_close, fp32_detail = within_rounding_of(ours_fp32, hf_fp32, exact)
     print(f"parity: |ours int8 - torch int8| {d_int8:.2e}, |torch int8 - fp32| {d_quant:.2e}, "
-          f"|ours fp32 - HF fp32| {d_fp32:.2e} (logit scale {hf_fp32.abs().max().item():.2f})")
-    return d_fp32 < 1e-4 and d_quant > 1e-3 and d_int8 < 0.1 * d_quant
+          f"|ours fp32 - HF fp32| {d_fp32:.2e} (logit scale {hf_fp32.abs().max().item():.2f}); "
+          f"ours fp32: {fp32_detail}")
+    return fp32_close and d_quant > 1e-3 and d_int8 < 0.1 * d_quant
 
 
 def run(cmd):

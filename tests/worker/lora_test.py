@@ -28,7 +28,9 @@ from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification, BertTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from e2e_common import FULL_DEV, LANGID, MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
+from harness.bounds import in_float64, within_rounding_of  # noqa: E402
 
 
 def run(cmd, **kw):
@@ -98,9 +100,14 @@ def main():
         merged = AutoModelForSequenceClassification.from_pretrained(os.path.join(run_dir, "model")).eval()
         ids = torch.randint(5, 1000, (3, 20))
         with torch.no_grad():
-            diff = (merged(input_ids=ids).logits - peft(input_ids=ids).logits).abs().max().item()
-        print(f"merged folder vs PEFT's unmerged logits: max |diff| {diff:.2e}")
-        ok &= diff < 1e-4
+            unmerged = peft(input_ids=ids).logits
+            diff = (merged(input_ids=ids).logits - unmerged).abs().max().item()
+            # Merging rounds W + BA once per weight; the rest rounds as PEFT's fp32 forward
+            # does: held against PEFT's in float64 (tests/harness/bounds.py).
+            within, detail = within_rounding_of(merged(input_ids=ids).logits, unmerged,
+                                                in_float64(peft)(input_ids=ids).logits)
+        print(f"merged folder vs PEFT's unmerged logits: max |diff| {diff:.2e}; {detail}")
+        ok &= within
 
         bf16 = os.path.join(work, "bf16.yaml")
         write(bf16, open(lora_job).read().replace("name: lora", "name: lora_bf16").replace(
