@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/process_exit.h"
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
 #include "worker/train/amp.h"
@@ -412,7 +413,9 @@ int Resave(int argc, char** argv) {
 }  // namespace
 }  // namespace trainyard
 
-int main(int argc, char** argv) {
+namespace {
+
+int RunCommand(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   try {
     if (command == "tokenize") return trainyard::Tokenize(argc, argv);
@@ -435,3 +438,9 @@ int main(int argc, char** argv) {
                "tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|gemv|gemm ...\n";
   return 2;
 }
+
+}  // namespace
+
+// Every command has written its output by the time it returns: the probe exits without
+// libtorch's static destructors, as the worker does (common/process_exit.h).
+int main(int argc, char** argv) { trainyard::ExitSkippingStaticDestructors(RunCommand(argc, argv)); }
