@@ -45,9 +45,10 @@ import time
 
 from e2e_common import MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, weights, write
 
-EXTRA = """train:
-  epochs: 3
-  batch_size: 16
+EPOCHS, EXAMPLES, BATCH = 2, 1200, 16  # 75 steps an epoch on one rank, 38 on two
+EXTRA = f"""train:
+  epochs: {EPOCHS}
+  batch_size: {BATCH}
   lr: 1.0e-3
 checkpoint:
   every_steps: 25
@@ -114,13 +115,13 @@ def compare(straight_dir, other_dir, epochs):
 
 def exact_resume(args, work, ranks):
     name = f"resume_{ranks}"
-    train = subset_tsv(work, 1200)
+    train = subset_tsv(work, EXAMPLES)
     job = write(os.path.join(work, "job.yaml"), job_yaml(name, train, EXTRA))
     straight = run(args, ranks, job, os.path.join(work, "straight"))
     if straight.returncode != 0:
         sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     killed_then_resumed(args, ranks, job, os.path.join(work, "killed"), name)
-    ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 3)
+    ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), EPOCHS)
     if ranks == 1:
         ok &= stopped_by_max_steps_then_resumed(args, job, work, name)
     return ok
@@ -140,9 +141,9 @@ def stopped_by_max_steps_then_resumed(args, job, work, name):
     at = re.search(r"resuming from .*\(epoch (\d+), step (\d+)\)", out)
     print(f"--max-steps 60, then resumed: exit {resumed.returncode}, {at.group(0) if at else 'no resume line'}")
     _, rows, steps = outcome(os.path.join(runs, name))
-    whole = [(r[0], r[1]) for r in rows] == [("1", "75"), ("2", "75"), ("3", "75")]
-    once = [s for s, _ in steps] == list(range(1, 226))
-    print(f"epochs (epoch, steps): {[(r[0], r[1]) for r in rows]}; steps 1..225 each once: {once}")
+    whole = [(r[0], r[1]) for r in rows] == [(str(e), "75") for e in range(1, EPOCHS + 1)]
+    once = [s for s, _ in steps] == list(range(1, 75 * EPOCHS + 1))
+    print(f"epochs (epoch, steps): {[(r[0], r[1]) for r in rows]}; steps 1..{75 * EPOCHS} each once: {once}")
     return resumed.returncode == 0 and at is not None and at.groups() == ("1", "60") and whole and once
 
 
@@ -263,7 +264,9 @@ def none_valid(args, work):
 
 def signalled_then_resumed(args, work, ranks, sig):
     name = f"signal_{ranks}"
-    job = write(os.path.join(work, "job.yaml"), job_yaml(name, subset_tsv(work, 1200), EXTRA))
+    job = write(os.path.join(work, "job.yaml"), job_yaml(name, subset_tsv(work, EXAMPLES), EXTRA))
+    per_epoch = -(-EXAMPLES // (BATCH * ranks))
+    signal_after = per_epoch + per_epoch // 5  # inside epoch 2
     straight = run(args, ranks, job, os.path.join(work, "straight"))
     if straight.returncode != 0:
         sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
@@ -272,19 +275,20 @@ def signalled_then_resumed(args, work, ranks, sig):
                             env=MPI_ENV, text=True)
     steps_file = os.path.join(runs, name, "steps.jsonl")
     deadline = time.time() + 300
-    while not (os.path.exists(steps_file) and sum(1 for _ in open(steps_file)) >= 90):  # inside epoch 2
+    while not (os.path.exists(steps_file) and sum(1 for _ in open(steps_file)) >= signal_after):
         if proc.poll() is not None or time.time() > deadline:
-            sys.exit(f"worker ended before step 90:\n{proc.stdout.read()}")
+            sys.exit(f"worker ended before step {signal_after}:\n{proc.stdout.read()}")
         time.sleep(0.01)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=300)
     at = re.search(r"checkpoint of step (\d+) written", out)
-    print(f"{signal.Signals(sig).name} after step 90 or so: exit {proc.returncode}, "
+    print(f"{signal.Signals(sig).name} after step {signal_after} or so: exit {proc.returncode}, "
           f"{at.group(0) if at else 'no checkpoint line'}")
     resumed = run(args, ranks, job, runs)
     print(resumed.stdout[-600:], resumed.stderr[-600:])
-    return (proc.returncode == 3 and at is not None and 90 <= int(at.group(1)) < 225 and resumed.returncode == 0
-            and compare(os.path.join(work, "straight", name), os.path.join(runs, name), 3))
+    return (proc.returncode == 3 and at is not None and signal_after <= int(at.group(1)) < per_epoch * EPOCHS
+            and resumed.returncode == 0 and compare(os.path.join(work, "straight", name), os.path.join(runs, name),
+                                                    EPOCHS))
 
 
 BF16_EXTRA = """train:
