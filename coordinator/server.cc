@@ -96,6 +96,8 @@ std::vector<std::string> ServeEndpoints(const std::string& runs_dir, const std::
 
 double WallNow() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
+double Server::Now() const { return options_.clock ? options_.clock() : WallNow(); }
+
 wire::Envelope ErrorEnvelope(int code, const std::string& message) {
   wire::Envelope e;
   e.set_version(kProtocolVersion);
@@ -144,7 +146,7 @@ Server::Server(ServerOptions options)
   web_socket_.set(zmq::sockopt::linger, 0);
   web_socket_.bind(kWebEndpoint);
   parser_ = std::make_unique<SubmitParser>(context_, options_.submit_budget, options_.max_pending_submits);
-  started_at_ = WallNow();
+  started_at_ = Now();
   last_wake_ = started_at_;
   // Tokens of worlds no running attempt names and none registered for 30 days go; the
   // rest bind their ids from the first message on (Note [Worlds cannot be squatted]).
@@ -184,7 +186,7 @@ void Server::Run(const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;  // a signal; `stop` says whether to go on
       throw;
     }
-    AdvanceListeningClock(WallNow());
+    AdvanceListeningClock(Now());
     // Drain what arrived (bounded, so timers still run under a flood), then the timers.
     for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
       ReceiveOne();
@@ -399,7 +401,7 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   const std::string over_quota = QuotaRefusal(job.user, job.ranks);
   bool created = false;
   StateStore::Transaction transaction(*store_);
-  JobRecord record = store_->Submit(job, WallNow(), &created);
+  JobRecord record = store_->Submit(job, Now(), &created);
   if (created && !over_quota.empty()) {  // rolled back: a refused submission changes nothing
     Send(parsed.identity, ErrorEnvelope(2, "refused: " + over_quota));
     return;
@@ -481,7 +483,7 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
                                 "or an admin may cancel it, and " +
                                 client.user + " is neither");
   if (job->is_search) return CancelSearch(*job, client);
-  const double now = WallNow();
+  const double now = Now();
   if (job->state == JobState::kQueued) {
     StateStore::Transaction transaction(*store_);
     store_->SetState(id, JobState::kCancelled, "cancelled while queued by " + Who(client));
@@ -519,8 +521,8 @@ wire::Envelope Server::Report(int64_t id) {
     info->set_placement(a.placement);
     info->set_started_at(a.started_at);
     info->set_ended_at(a.ended_at);
-    info->set_rank_seconds(a.RankSeconds(WallNow()));
-    info->set_gpu_seconds(a.GpuSeconds(WallNow()));
+    info->set_rank_seconds(a.RankSeconds(Now()));
+    info->set_gpu_seconds(a.GpuSeconds(Now()));
     FillEnd(a.outcome, info);
   }
   for (const EpochRecord& row : store_->EpochRows(id)) {
@@ -538,7 +540,7 @@ wire::Envelope Server::UsageReport(bool per_user) {
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   wire::UsageReply* rows = reply.mutable_usage_rows();  // set even when empty: it is the reply's body
-  const double now = WallNow();
+  const double now = Now();
   const std::map<std::string, double> decayed =
       store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
   std::map<std::string, int> running_ranks, queued;

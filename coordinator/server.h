@@ -61,6 +61,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -107,6 +108,12 @@ struct ServerOptions {
   size_t max_pending_submits = 64;
   SlurmOptions slurm;  // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
   SchedulingPolicy policy;
+  // Seconds since the epoch, read by the loop thread: what the store records, what usage
+  // and fair share accrue on, and what restart backoffs and the listening clock (Note
+  // [Listening time]) run on. Empty: the system clock. In-process tests pass a clock they
+  // move by hand, so hours of usage or a backoff pass without sleeping; a jump of more
+  // than a heartbeat reads as a stall of the loop (every rank gets a fresh window).
+  std::function<double()> clock;
 };
 
 // Options that cannot work (a runs folder that cannot be written): found at start.
@@ -217,6 +224,8 @@ class Server {
  private:
   static constexpr size_t kKeptWarnings = 20;
 
+  // ServerOptions::clock's time, or the system clock's.
+  double Now() const;
   void ReceiveOne();
   void AdvanceListeningClock(double now);
   void CheckRunsDir() const;

@@ -189,8 +189,7 @@ void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
     if (!attempt->present.count(s)) return;
   attempt->adopted = true;
   store_->AddEvent(attempt->job,
-                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart",
-                   WallNow());
+                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart", Now());
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
   if (attempt->preempted_by != 0) SendPreemptStop(*attempt);  // the stop may not have reached it
   if (attempt->search_stop_at != 0) SendSearchStop(*attempt);
@@ -223,7 +222,7 @@ void Server::RefuseSquat(const std::string& identity, const RankKey& key) {
   ++squat_attempts_;
   const std::string what = "a registration as " + DescribeRank(key) +
                            " with another world token: the world is bound to the token it first registered with";
-  squat_warnings_.push_back({WallNow(), "refused " + what});
+  squat_warnings_.push_back({Now(), "refused " + what});
   if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
   Refuse(identity, what);
 }
@@ -248,7 +247,7 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)
     return Refuse(identity, DescribeRank(key) + " is held by a live process; a registration cannot take its slot");
   if (world == world_tokens_.end()) {  // a new world: bound to its token in the store (S8)
-    store_->KeepWorldToken(key.first, message.world_token(), WallNow());
+    store_->KeepWorldToken(key.first, message.world_token(), Now());
     world_tokens_[key.first] = message.world_token();
   }
   const bool known = held != ranks_.end() && held->second.token == message.rank_token();
@@ -324,7 +323,7 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
   StateStore::Transaction transaction(*store_);
   const bool added = store_->AddEpochRow(message.job_id(), row);
   const int stop_at =
-      JudgeTrialEpoch(message.job_id(), message.epoch(), message.csv_header(), message.csv_line(), WallNow());
+      JudgeTrialEpoch(message.job_id(), message.epoch(), message.csv_header(), message.csv_line(), Now());
   transaction.Commit();
   if (added) WriteEpochFiles(message.job_id());  // committed first
   Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
@@ -428,7 +427,7 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
 }
 
 void Server::Tick() {
-  const double now = WallNow();
+  const double now = Now();
   if (now - last_pulse_ >= options_.heartbeat_s) {
     PulseRanks(now);
     ExpireSilentRanks();
@@ -594,7 +593,7 @@ void Server::Preempt(int64_t victim, const std::string& head) {
                             Seconds(options_.policy.preempt_grace_s);
   StateStore::Transaction transaction(*store_);
   store_->MarkPreempted(victim, attempt.attempt, attempt.preempted_by);
-  store_->AddEvent(victim, event, WallNow());
+  store_->AddEvent(victim, event, Now());
   transaction.Commit();  // before the stop is sent
   spdlog::info("job {}: {}", victim, event);
   SendPreemptStop(attempt);
@@ -692,7 +691,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
 }
 
 void Server::SucceedAttempt(RunningAttempt attempt) {
-  const double now = WallNow();
+  const double now = Now();
   StateStore::Transaction transaction(*store_);
   store_->EndAttempt(attempt.job, attempt.attempt, "succeeded", now);
   store_->SetState(attempt.job, JobState::kSucceeded, "");
@@ -716,7 +715,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   // A trial its search stopped is never retried, however its ranks ended.
   if (it->second.search_stop_at != 0) return EndStoppedTrial(id, it->second.search_stop_at);
   const RunningAttempt attempt = it->second;
-  const double now = WallNow();
+  const double now = Now();
   const bool free = retry == Retry::kFree;
   const std::string what =
       "attempt " + std::to_string(attempt.attempt) + (free ? " interrupted: " : " failed: ") + reason;

@@ -101,7 +101,7 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   job.priority = spec.trials.front().spec.resources.priority;
   job.device = spec.trials.front().spec.resources.device;
   const std::string over_quota = QuotaRefusal(job.user, most_ranks);
-  const double now = WallNow();
+  const double now = Now();
   bool created = false;
   StateStore::Transaction transaction(*store_);
   const JobRecord record = store_->Submit(job, now, &created);
@@ -279,7 +279,7 @@ void Server::EndStoppedTrial(int64_t job, int epoch) {
   const auto record = store_->Find(job);
   if (!record || Ended(record->state)) return;
   auto it = running_.find(job);
-  const double now = WallNow();
+  const double now = Now();
   const std::string why = "stopped by search " + std::to_string(record->search) + " at epoch " + std::to_string(epoch) +
                           " (Note [ASHA]: not among the best at that rung)";
   StateStore::Transaction transaction(*store_);
@@ -302,7 +302,7 @@ void Server::EndStoppedTrial(int64_t job, int epoch) {
 // then each trial not yet ended is cancelled as its owner's cancel would.
 wire::Envelope Server::CancelSearch(const JobRecord& search, const ClientIdentity& client) {
   if (search.state != JobState::kRunning) return Status(search.id);
-  const double now = WallNow();
+  const double now = Now();
   StateStore::Transaction transaction(*store_);
   store_->SetState(search.id, JobState::kCancelled, "cancelled by " + Who(client));
   store_->AddEvent(search.id, "cancelled by " + Who(client) + ", with its trials not yet ended", now);
@@ -325,7 +325,7 @@ void Server::FillSearchReport(int64_t search_id, wire::SearchReport* out) const 
   for (int r : search->rungs) out->add_rungs(r);
   out->set_max_epochs(search->max_epochs);
   out->set_max_concurrent(search->max_concurrent);
-  const double now = WallNow(), nan = std::numeric_limits<double>::quiet_NaN();
+  const double now = Now(), nan = std::numeric_limits<double>::quiet_NaN();
   double best = nan;
   for (const TrialRecord& t : store_->Trials(search_id)) {
     wire::TrialInfo* info = out->add_trials();

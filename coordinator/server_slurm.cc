@@ -61,9 +61,9 @@ void Server::TakeSlurmSubmissions(double now) {
     const std::string world = SlurmWorld(done.slurm_job);
     if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end() && bound->second != world_token) {
       ++squat_attempts_;
-      squat_warnings_.push_back({WallNow(), "the world of Slurm job " + done.slurm_job +
-                                                " was registered before the job was submitted; the job is "
-                                                "submitted again"});
+      squat_warnings_.push_back({Now(), "the world of Slurm job " + done.slurm_job +
+                                            " was registered before the job was submitted; the job is "
+                                            "submitted again"});
       if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
       spdlog::warn("job {}: {}", done.job, squat_warnings_.back().text);
       slurm_->Cancel(done.slurm_job);
@@ -108,7 +108,7 @@ void Server::FollowSlurmJobs() {
     if (now.state != attempt.slurm_state.state || now.reason != attempt.slurm_state.reason) {
       store_->AddEvent(
           id, "attempt " + std::to_string(attempt.attempt) + ": Slurm job " + attempt.slurm_job + " " + now.Describe(),
-          WallNow());
+          Now());
       attempt.slurm_state = now;
     }
     if (now.started()) NoteSlurmStart(&attempt);
@@ -145,7 +145,7 @@ void Server::NoteSlurmStart(RunningAttempt* attempt) {
   attempt->slurm_started = true;
   attempt->started_listening = listened_;  // the start grace counts from here
   if (const auto job = store_->Find(attempt->job))
-    store_->StartUsage(job->id, attempt->attempt, WallNow(), job->ranks, job->device == "cuda" ? job->ranks : 0);
+    store_->StartUsage(job->id, attempt->attempt, Now(), job->ranks, job->device == "cuda" ? job->ranks : 0);
 }
 
 std::string Server::SlurmText(int64_t id) const {

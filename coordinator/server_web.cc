@@ -116,7 +116,7 @@ WebReply Server::ApiJobs() {
     job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
     jobs.push_back(job);
   }
-  return JsonReply(200, {{"jobs", jobs}, {"now", WallNow()}});
+  return JsonReply(200, {{"jobs", jobs}, {"now", Now()}});
 }
 
 WebReply Server::ApiJob(int64_t id) {
@@ -132,8 +132,8 @@ WebReply Server::ApiJob(int64_t id) {
                         {"outcome", a.outcome},
                         {"started_at", a.started_at},
                         {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)},
-                        {"rank_seconds", a.RankSeconds(WallNow())},
-                        {"gpu_seconds", a.GpuSeconds(WallNow())}});
+                        {"rank_seconds", a.RankSeconds(Now())},
+                        {"gpu_seconds", a.GpuSeconds(Now())}});
   for (const EventRecord& e : store_->TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
   for (const EpochRecord& row : store_->EpochRows(id)) {
     epochs.push_back(EpochJson(SplitCsv(row.csv_header), row));
@@ -257,7 +257,7 @@ std::string Server::MetricsText() {
     m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
   m.Set("trainyard_running_attempts", {}, double(running_.size()));
   m.Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
-  for (const Usage& u : store_->UsageBy(/*per_user=*/true, WallNow())) {
+  for (const Usage& u : store_->UsageBy(/*per_user=*/true, Now())) {
     m.Add("trainyard_rank_seconds_total", {{"user", u.user}}, u.rank_seconds);
     m.Add("trainyard_gpu_seconds_total", {{"user", u.user}}, u.gpu_seconds);
   }

@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -190,6 +192,21 @@ class ServerTest : public ::testing::Test {
         return reply;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
     }
+  }
+
+  // The job's waiting reason once it starts with `prefix` (a scheduling pass sets it), or
+  // the last one seen after 3 s.
+  std::string WaitingReasonOnceItIs(zmq::socket_t& client, int64_t job, const std::string& prefix) {
+    wire::Envelope status;
+    status.set_version(kProtocolVersion);
+    status.mutable_status()->set_job_id(job);
+    std::string why;
+    for (int poll = 0; poll < 150 && why.rfind(prefix, 0) != 0; ++poll) {
+      if (poll > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
+      auto reply = Send(client, {status.SerializeAsString()});
+      if (reply && reply->has_job()) why = reply->job().waiting();
+    }
+    return why;
   }
 
   // A valid 2-rank job (its files in dir_); returns its id, or 0.
@@ -753,6 +770,147 @@ TEST_F(ServerTest, APreemptionSurvivesACoordinatorRestart) {
   EXPECT_EQ(attempts->job_report().attempts(0).end(), wire::OUTCOME_INTERRUPTED);
   EXPECT_EQ(attempts->job_report().attempts(0).end_reason().rfind("preempted by job " + std::to_string(urgent), 0), 0u)
       << attempts->job_report().attempts(0).end_reason();
+}
+
+// The lead (rank 0) reports `job`'s attempt succeeded and rank 1 is released, as in
+// PoolLifeCycleOverTheWire.
+void FinishAttempt(ScriptedRank& r0, ScriptedRank& r1, int64_t job, int attempt) {
+  r0.Send(r0.Result(job, attempt));
+  ASSERT_TRUE(r0.Next(2000).value_or(wire::Envelope()).has_ack());
+  auto release = r1.Next(2000, job, attempt);
+  ASSERT_TRUE(release && release->has_stop()) << (release ? release->DebugString() : "none");
+  r1.Send(r1.Result(job, attempt, "released"));
+  auto released = r1.Next(2000);
+  while (released && released->has_stop()) released = r1.Next(2000);
+  ASSERT_TRUE(released && released->has_ack());
+}
+
+// The next message for `r` that is not a StopJob (the release of an attempt that ended
+// may be repeated while the rank's heartbeat still named it).
+std::optional<wire::Envelope> NextPastStops(ScriptedRank& r) {
+  auto e = r.Next(3000);
+  while (e && e->has_stop()) e = r.Next(3000);
+  return e;
+}
+
+// Note [Fair share]: a user's rank-seconds, each decayed by 2^(-age / H), for ranks that
+// ran from t0 to t1, at `now`.
+double DecayedRankSeconds(int ranks, double t0, double t1, double now, double half_life_s) {
+  return ranks * half_life_s / std::log(2.0) *
+         (std::exp2(-(now - t1) / half_life_s) - std::exp2(-(now - t0) / half_life_s));
+}
+
+// ServerOptions::clock, moved by hand: alice used ten times bob's rank-seconds, but four
+// weeks (four half-lives) ago, so her decayed usage is the lower one. Usage and its decay
+// are the store's, computed on the coordinator's clock; then, at equal priority, alice's
+// job goes before bob's, which was submitted first and says it waits for fair share, and
+// still does after a restart. Weeks pass in the test without a sleep.
+TEST_F(ServerTest, FairShareDecaysUsageOnTheCoordinatorsClockAndOrdersTheQueueAcrossARestart) {
+  Stop();
+  AddClientKey(options_.keys_dir, "alice", "user", (dir_ / "alice").string());
+  AddClientKey(options_.keys_dir, "bob", "user", (dir_ / "bob").string());
+  AddClientKey(options_.keys_dir, "root", "admin", (dir_ / "root").string());
+  // The system clock plus an offset the test sets: the loop's timers run as they would,
+  // and setting the offset jumps the clock to a moment of the test's choosing.
+  auto offset = std::make_shared<std::atomic<double>>(0);
+  options_.clock = [offset] { return WallNow() + offset->load(); };
+  auto jump_to = [offset](double t) { offset->store(t - WallNow()); };
+  options_.grace_s = 1;  // for the ranks to come back after the restart
+  Start();
+  auto as = [&](const std::string& user) {
+    const PeerKeys keys = LoadPeerKeys((dir_ / user).string(), WireRole::kClient);
+    return Connect(&keys);
+  };
+  zmq::socket_t alice = as("alice"), bob = as("bob"), root = as("root");
+  const double half_life = options_.policy.fairshare_half_life_h * 3600, t0 = 1.8e9;
+  const double t1 = t0 + 36000, t2 = t1 + 4 * half_life, t3 = t2 + 3600;
+  int64_t blocker = 0, his = 0, hers = 0;
+  {
+    ScriptedRank r0 = Rank(0), r1 = Rank(1);
+    r0.Register();
+    r1.Register();
+    auto run = [&](zmq::socket_t& owner, double from, double to) {
+      jump_to(from);
+      const int64_t job = SubmitTwoRankJob(owner);
+      auto a0 = NextPastStops(r0), a1 = NextPastStops(r1);
+      ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+      jump_to(to);
+      FinishAttempt(r0, r1, job, 1);
+    };
+    run(alice, t0, t1);  // 2 ranks for 10 hours
+    run(bob, t2, t3);    // 2 ranks for 1 hour, four weeks later
+
+    wire::Envelope usage;
+    usage.set_version(kProtocolVersion);
+    usage.mutable_usage()->set_per_user(true);
+    auto rows = Send(root, {usage.SerializeAsString()});
+    ASSERT_TRUE(rows && rows->has_usage_rows());
+    std::map<std::string, wire::UsageRow> by_user;
+    for (const auto& row : rows->usage_rows().rows()) by_user[row.user()] = row;
+    // Each moment is the jump's, give or take the loop's milliseconds (a second at most
+    // is 2 rank-seconds, and moves a decayed figure by less than that).
+    EXPECT_NEAR(by_user["alice"].rank_seconds(), 72000, 2);
+    EXPECT_NEAR(by_user["bob"].rank_seconds(), 7200, 2);
+    const double alice_decayed = DecayedRankSeconds(2, t0, t1, t3, half_life);
+    const double bob_decayed = DecayedRankSeconds(2, t2, t3, t3, half_life);
+    EXPECT_NEAR(by_user["alice"].fairshare_rank_seconds(), alice_decayed, 2);  // 4390
+    EXPECT_NEAR(by_user["bob"].fairshare_rank_seconds(), bob_decayed, 2);      // 7185
+    ASSERT_LT(alice_decayed, bob_decayed);
+
+    // An admin's job holds the pool; bob submits, then alice.
+    blocker = SubmitTwoRankJob(root);
+    ASSERT_TRUE(NextPastStops(r0).value_or(wire::Envelope()).has_assign());
+    ASSERT_TRUE(NextPastStops(r1).value_or(wire::Envelope()).has_assign());
+    his = SubmitTwoRankJob(bob);
+    hers = SubmitTwoRankJob(alice);
+    ASSERT_GT(his, 0);
+    ASSERT_GT(hers, 0);
+    const std::string why = WaitingReasonOnceItIs(bob, his, "FairShare");
+    EXPECT_EQ(why.rfind("FairShare: behind job " + std::to_string(hers) + " of alice", 0), 0u) << why;
+    Stop();
+  }
+  Start();  // the same store and clock, a new port
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register(blocker, 1);
+  r1.Register(blocker, 1);
+  bob = as("bob");
+  const std::string why = WaitingReasonOnceItIs(bob, his, "FairShare");  // after the first pass since the restart
+  EXPECT_EQ(why.rfind("FairShare: behind job " + std::to_string(hers) + " of alice", 0), 0u) << why;
+  jump_to(t3 + 60);
+  FinishAttempt(r0, r1, blocker, 1);
+  auto next = NextPastStops(r0);
+  ASSERT_TRUE(next && next->has_assign()) << next.value_or(wire::Envelope()).DebugString();
+  EXPECT_EQ(next->assign().job_id(), hers);
+}
+
+// ServerOptions::clock again: a failed attempt's job waits out its restart backoff (30 s
+// here) on the coordinator's clock, saying so, and is retried once the clock has passed it.
+TEST_F(ServerTest, AFailedAttemptWaitsOutItsBackoffOnTheCoordinatorsClock) {
+  Stop();
+  auto offset = std::make_shared<std::atomic<double>>(0);
+  options_.clock = [offset] { return WallNow() + offset->load(); };
+  options_.restart_backoff_s = 30;
+  Start();
+  zmq::socket_t client = Connect();
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_TRUE(NextPastStops(r0).value_or(wire::Envelope()).has_assign());
+  ASSERT_TRUE(NextPastStops(r1).value_or(wire::Envelope()).has_assign());
+  r0.Send(r0.Result(job, 1, "failed"));
+  const std::string why = WaitingReasonOnceItIs(client, job, "Backoff");
+  EXPECT_EQ(why.rfind("Backoff: requeued after a failed attempt; eligible again in ", 0), 0u) << why;
+  // A second of the loop's passes brings the result's ack and the failed attempt's stop
+  // orders, and no assignment.
+  auto early = r0.Next(1000);
+  while (early && (early->has_stop() || early->has_ack())) early = r0.Next(1000);
+  EXPECT_FALSE(early.has_value()) << early->DebugString();
+  offset->store(31);  // the backoff has passed
+  auto retried = NextPastStops(r0);
+  ASSERT_TRUE(retried && retried->has_assign()) << retried.value_or(wire::Envelope()).DebugString();
+  EXPECT_EQ(retried->assign().job_id(), job);
+  EXPECT_EQ(retried->assign().attempt(), 2);
 }
 
 // Ranks that never come back after a restart: after the grace period the attempt is
