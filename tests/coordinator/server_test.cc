@@ -121,6 +121,13 @@ class ScriptedRank {
   std::string rank_token_, world_token_;
 };
 
+wire::Envelope StatusRequest(int64_t job) {
+  wire::Envelope status;
+  status.set_version(kProtocolVersion);
+  status.mutable_status()->set_job_id(job);
+  return status;
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -181,12 +188,10 @@ class ServerTest : public ::testing::Test {
   // the last reply.
   std::optional<wire::Envelope> WaitForState(zmq::socket_t& client, int64_t job, const std::string& state,
                                              int timeout_ms) {
-    wire::Envelope status;
-    status.set_version(kProtocolVersion);
-    status.mutable_status()->set_job_id(job);
+    const std::string status = StatusRequest(job).SerializeAsString();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
-      auto reply = Send(client, {status.SerializeAsString()});
+      auto reply = Send(client, {status});
       if (!reply || (reply->has_job() && JobStateName(reply->job().job_state()) == state) ||
           std::chrono::steady_clock::now() > deadline)
         return reply;
@@ -197,16 +202,34 @@ class ServerTest : public ::testing::Test {
   // The job's waiting reason once it starts with `prefix` (a scheduling pass sets it), or
   // the last one seen after 3 s.
   std::string WaitingReasonOnceItIs(zmq::socket_t& client, int64_t job, const std::string& prefix) {
-    wire::Envelope status;
-    status.set_version(kProtocolVersion);
-    status.mutable_status()->set_job_id(job);
+    const std::string status = StatusRequest(job).SerializeAsString();
     std::string why;
     for (int poll = 0; poll < 150 && why.rfind(prefix, 0) != 0; ++poll) {
       if (poll > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the polling interval
-      auto reply = Send(client, {status.SerializeAsString()});
+      auto reply = Send(client, {status});
       if (reply && reply->has_job()) why = reply->job().waiting();
     }
     return why;
+  }
+
+  // Client keys for alice and bob (users) and root (an admin), each in dir_/<name>; the
+  // server reads them when it starts.
+  void AddUsers() {
+    for (const char* user : {"alice", "bob"}) AddClientKey(options_.keys_dir, user, "user", (dir_ / user).string());
+    AddClientKey(options_.keys_dir, "root", "admin", (dir_ / "root").string());
+  }
+  // A client socket with the key AddUsers() made for `user`.
+  zmq::socket_t ConnectAs(const std::string& user) {
+    const PeerKeys keys = LoadPeerKeys((dir_ / user).string(), WireRole::kClient);
+    return Connect(&keys);
+  }
+  // ServerOptions::clock for the next Start(): the system clock plus the returned offset
+  // in seconds, which the test sets. The loop's timers run as they would, and setting the
+  // offset jumps the clock to a moment of the test's choosing.
+  std::shared_ptr<std::atomic<double>> UseClockOffset() {
+    auto offset = std::make_shared<std::atomic<double>>(0);
+    options_.clock = [offset] { return WallNow() + offset->load(); };
+    return offset;
   }
 
   // A valid 2-rank job (its files in dir_); returns its id, or 0.
@@ -367,13 +390,6 @@ TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
               std::string::npos)
         << reply->error().message();
   }
-}
-
-wire::Envelope StatusRequest(int64_t job) {
-  wire::Envelope status;
-  status.set_version(kProtocolVersion);
-  status.mutable_status()->set_job_id(job);
-  return status;
 }
 
 TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
@@ -807,21 +823,12 @@ double DecayedRankSeconds(int ranks, double t0, double t1, double now, double ha
 // still does after a restart. Weeks pass in the test without a sleep.
 TEST_F(ServerTest, FairShareDecaysUsageOnTheCoordinatorsClockAndOrdersTheQueueAcrossARestart) {
   Stop();
-  AddClientKey(options_.keys_dir, "alice", "user", (dir_ / "alice").string());
-  AddClientKey(options_.keys_dir, "bob", "user", (dir_ / "bob").string());
-  AddClientKey(options_.keys_dir, "root", "admin", (dir_ / "root").string());
-  // The system clock plus an offset the test sets: the loop's timers run as they would,
-  // and setting the offset jumps the clock to a moment of the test's choosing.
-  auto offset = std::make_shared<std::atomic<double>>(0);
-  options_.clock = [offset] { return WallNow() + offset->load(); };
+  AddUsers();
+  auto offset = UseClockOffset();
   auto jump_to = [offset](double t) { offset->store(t - WallNow()); };
   options_.grace_s = 1;  // for the ranks to come back after the restart
   Start();
-  auto as = [&](const std::string& user) {
-    const PeerKeys keys = LoadPeerKeys((dir_ / user).string(), WireRole::kClient);
-    return Connect(&keys);
-  };
-  zmq::socket_t alice = as("alice"), bob = as("bob"), root = as("root");
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob"), root = ConnectAs("root");
   const double half_life = options_.policy.fairshare_half_life_h * 3600, t0 = 1.8e9;
   const double t1 = t0 + 36000, t2 = t1 + 4 * half_life, t3 = t2 + 3600;
   int64_t blocker = 0, his = 0, hers = 0;
@@ -873,7 +880,7 @@ TEST_F(ServerTest, FairShareDecaysUsageOnTheCoordinatorsClockAndOrdersTheQueueAc
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
   r0.Register(blocker, 1);
   r1.Register(blocker, 1);
-  bob = as("bob");
+  bob = ConnectAs("bob");
   const std::string why = WaitingReasonOnceItIs(bob, his, "FairShare");  // after the first pass since the restart
   EXPECT_EQ(why.rfind("FairShare: behind job " + std::to_string(hers) + " of alice", 0), 0u) << why;
   jump_to(t3 + 60);
@@ -887,8 +894,7 @@ TEST_F(ServerTest, FairShareDecaysUsageOnTheCoordinatorsClockAndOrdersTheQueueAc
 // here) on the coordinator's clock, saying so, and is retried once the clock has passed it.
 TEST_F(ServerTest, AFailedAttemptWaitsOutItsBackoffOnTheCoordinatorsClock) {
   Stop();
-  auto offset = std::make_shared<std::atomic<double>>(0);
-  options_.clock = [offset] { return WallNow() + offset->load(); };
+  auto offset = UseClockOffset();
   options_.restart_backoff_s = 30;
   Start();
   zmq::socket_t client = Connect();
@@ -976,16 +982,10 @@ TEST(ClientKeys, NamesAndRolesAreReadAndBadLinesNameTheirFileAndLine) {
 // or of more ranks than --user-max-ranks, is refused and leaves no job behind.
 TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   Stop();
-  AddClientKey(options_.keys_dir, "alice", "user", (dir_ / "alice").string());
-  AddClientKey(options_.keys_dir, "bob", "user", (dir_ / "bob").string());
-  AddClientKey(options_.keys_dir, "root", "admin", (dir_ / "root").string());
+  AddUsers();
   options_.policy.user_max_queued = 1;
   Start();
-  auto as = [&](const std::string& user) {
-    const PeerKeys keys = LoadPeerKeys((dir_ / user).string(), WireRole::kClient);
-    return Connect(&keys);
-  };
-  zmq::socket_t alice = as("alice"), bob = as("bob"), root = as("root");
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob"), root = ConnectAs("root");
   const int64_t job = SubmitTwoRankJob(alice);
   ASSERT_GT(job, 0);
   auto status = Send(alice, {StatusRequest(job).SerializeAsString()});
@@ -1020,7 +1020,7 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   options_.policy.user_max_queued = 0;
   options_.policy.user_max_ranks = 1;
   Start();
-  zmq::socket_t bob_again = as("bob");
+  zmq::socket_t bob_again = ConnectAs("bob");
   EXPECT_EQ(SubmitTwoRankJob(bob_again), 0);
   list = Send(bob_again, {ListRequest()});
   ASSERT_TRUE(list && list->has_jobs());

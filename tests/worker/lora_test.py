@@ -100,12 +100,11 @@ def main():
         merged = AutoModelForSequenceClassification.from_pretrained(os.path.join(run_dir, "model")).eval()
         ids = torch.randint(5, 1000, (3, 20))
         with torch.no_grad():
-            unmerged = peft(input_ids=ids).logits
-            diff = (merged(input_ids=ids).logits - unmerged).abs().max().item()
+            unmerged, merged_logits = peft(input_ids=ids).logits, merged(input_ids=ids).logits
+            diff = (merged_logits - unmerged).abs().max().item()
             # Merging rounds W + BA once per weight; the rest rounds as PEFT's fp32 forward
             # does: held against PEFT's in float64 (tests/harness/bounds.py).
-            within, detail = within_rounding_of(merged(input_ids=ids).logits, unmerged,
-                                                in_float64(peft)(input_ids=ids).logits)
+            within, detail = within_rounding_of(merged_logits, unmerged, in_float64(peft)(input_ids=ids).logits)
         print(f"merged folder vs PEFT's unmerged logits: max |diff| {diff:.2e}; {detail}")
         ok &= within
 

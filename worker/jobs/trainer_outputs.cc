@@ -146,7 +146,7 @@ void Trainer::OpenRunLog(RunLog& log) {
 }
 
 void Trainer::HandEpochsToPool(const RunLog& log) const {
-  if (!ranks_.hooks) return;  // a later attempt: the pool keeps only the epochs it has not seen
+  if (!ranks_.hooks) return;  // not a pool job
   for (size_t i = 0; i < log.rows().size(); ++i)
     ranks_.hooks->EpochDone(log.rows()[i], EpochCsvHeader(), log.csv_lines()[i]);
 }
