@@ -320,10 +320,12 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              &dist.fp16_compression);
   r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
   r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
-  YAML::Node dbg = r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank"});
+  YAML::Node dbg =
+      r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank", "step_pause_ms"});
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
   r.ReadInt(dbg, "plant_inf_step", "debug", &spec->debug.plant_inf_step, -1, kMaxSteps);
   r.ReadInt(dbg, "plant_inf_rank", "debug", &spec->debug.plant_inf_rank, 0, kMaxRanks - 1);
+  r.ReadInt(dbg, "step_pause_ms", "debug", &spec->debug.step_pause_ms, 0, 10000);
   YAML::Node lg = r.Section(
       root, "log",
       {"runs_dir", "steps_every", "progress", "profile_steps", "profile_from_step", "trace", "trace_steps", "mlflow"});

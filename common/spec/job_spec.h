@@ -236,6 +236,10 @@ struct DebugSpec {
   bool force_loss_scaling = false;  // run the fp16 loss-scaler path without fp16 autocast
   int64_t plant_inf_step = -1;      // 1-based step whose gradients get an inf ...
   int plant_inf_rank = 0;           // ... on this rank only
+  // A pause after every training step, on every rank: a test's job that must stay
+  // running for a while (to be preempted, signalled, cut off) without the work. Numerics
+  // are unchanged; the epochs' time includes the pauses, the steps' does not.
+  int64_t step_pause_ms = 0;
 };
 
 struct LogSpec {

@@ -150,8 +150,10 @@ class Cluster:
                 print(f"--- {os.path.basename(name)} (last 40 lines)\n" + "".join(f.readlines()[-40:]))
 
 
-def write_job(folder, name, epochs, examples=300, max_restarts=0, device="cpu"):
-    # Written once: rewriting it would race with jobs already reading it.
+def write_job(folder, name, epochs, examples=300, max_restarts=0, device="cpu", pause_ms=0):
+    """A 2-rank langid job; `pause_ms` pauses it after each step (debug.step_pause_ms), for
+    a job that must still be running after a given time however fast the CPU. Written
+    once: rewriting it would race with jobs already reading it."""
     train = os.path.join(folder, f"train_{examples}.tsv")
     if not os.path.exists(train):
         e2e_common.subset_tsv(folder, examples)
@@ -163,6 +165,8 @@ resources:
   max_restarts: {max_restarts}
   device: {"cuda" if device == "cuda" else "any"}
 """
+    if pause_ms:
+        extra += f"debug:\n  step_pause_ms: {pause_ms}\n"
     if device == "cuda":  # two ranks share the one GPU, which NCCL does not allow
         extra += "distributed:\n  backend: mpi\n"
     return e2e_common.write(os.path.join(folder, f"{name}.yaml"),
@@ -309,7 +313,10 @@ def queue_view(c):
 
 def case_coordinator_kill(c, work):
     c.start(2)
-    job = c.submit(write_job(work, "survivor", epochs=8))
+    # 8 epochs of 10 steps (300 examples, 2 ranks of 16), 200 ms apart: 16 s at least,
+    # still running when the coordinator is back (about 7 s after the first epoch),
+    # however fast the CPU.
+    job = c.submit(write_job(work, "survivor", epochs=8, pause_ms=200))
     waiting = c.submit(write_job(work, "waiting", epochs=1))
     wait_for(lambda: c.epochs_done(job) >= 1, 120, "the first epoch")
     before = queue_view(c)

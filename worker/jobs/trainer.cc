@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 #ifdef TRAINYARD_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -437,6 +438,8 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
     if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
     if (checkpoint) SaveCheckpointNow("every_steps");  // collective
+    if (spec_.debug.step_pause_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.debug.step_pause_ms));
   }
   steps.Finish();
 }

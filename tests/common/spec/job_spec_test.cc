@@ -412,6 +412,14 @@ TEST_F(JobSpecTest, ProfileStepsAreBounded) {
   EXPECT_NE(ErrorOf(Valid() + "log: {profile_from_step: 0}\n").find("log.profile_from_step"), std::string::npos);
 }
 
+TEST_F(JobSpecTest, StepPauseIsOffByDefaultAndAtMostTenSeconds) {
+  EXPECT_EQ(Parse(Valid()).debug.step_pause_ms, 0);
+  EXPECT_EQ(Parse(Valid() + "debug: {step_pause_ms: 80}\n").debug.step_pause_ms, 80);
+  EXPECT_EQ(ErrorOf(Valid() + "debug: {step_pause_ms: 10001}\n"),
+            "job.yaml:8:24: debug.step_pause_ms: expected an integer in [0, 10000], got 10001");
+  EXPECT_NE(ErrorOf(Valid() + "debug: {step_pause_ms: -1}\n").find("debug.step_pause_ms"), std::string::npos);
+}
+
 TEST_F(JobSpecTest, CpuBlockCacheIsAMebibyteCountAndZeroTurnsItOff) {
   EXPECT_EQ(Parse(Valid()).runtime.cpu_block_cache_mb, 512);
   EXPECT_EQ(Parse(Valid() + "runtime: {cpu_block_cache_mb: 0}\n").runtime.cpu_block_cache_mb, 0);
