@@ -207,17 +207,23 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
 }
 
 void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node t =
-      r.Section(root, "train",
-                {"epochs", "batch_size", "max_steps", "lr", "weight_decay", "warmup_ratio", "max_grad_norm",
-                 "adam_beta1", "adam_beta2", "adam_eps", "precision", "bf16_weights", "loss_scale", "cuda_graph"});
+  YAML::Node t = r.Section(root, "train",
+                           {"epochs", "batch_size", "gradient_accumulation_steps", "max_steps", "lr", "lr_schedule",
+                            "weight_decay", "warmup_ratio", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_eps",
+                            "precision", "bf16_weights", "loss_scale", "cuda_graph"});
   TrainSpec& out = spec->train;
   r.ReadInt(t, "epochs", "train", &out.epochs, 1, kMaxEpochs);
   r.ReadInt(t, "batch_size", "train", &out.batch_size, 1, kMaxBatch);
+  r.ReadInt(t, "gradient_accumulation_steps", "train", &out.gradient_accumulation_steps, 1, 10000);
   r.ReadInt(t, "max_steps", "train", &out.max_steps, 0, kMaxSteps);
   r.ReadDouble(t, "lr", "train", &out.lr, 0.0, 10.0);
   r.ReadDouble(t, "weight_decay", "train", &out.weight_decay, 0.0, 1.0);
   r.ReadDouble(t, "warmup_ratio", "train", &out.warmup_ratio, 0.0, 1.0);
+  r.ReadEnum(
+      t, "lr_schedule", "train",
+      std::map<std::string, ScheduleKind>{
+          {"linear", ScheduleKind::kLinear}, {"cosine", ScheduleKind::kCosine}, {"constant", ScheduleKind::kConstant}},
+      &out.lr_schedule);
   r.ReadDouble(t, "max_grad_norm", "train", &out.max_grad_norm, 0.0, 1e6);
   r.ReadDouble(t, "adam_beta1", "train", &out.adam_beta1, 0.0, 0.999999);
   r.ReadDouble(t, "adam_beta2", "train", &out.adam_beta2, 0.0, 0.999999);

@@ -22,6 +22,8 @@ enum class JobKind { kFinetune, kBenchmark, kInference, kGenerate, kServe };
 // What a finetune job trains: a sequence classifier (labels) or a causal LM (next token).
 enum class TaskKind { kClassification, kCausalLm };
 enum class Precision { kFp32, kBf16, kFp16 };
+// train.lr_schedule after the warm-up (worker/train/lr_schedule.h).
+enum class ScheduleKind { kLinear, kCosine, kConstant };
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 enum class TokenizerKind { kWordPiece, kSentencePiece, kByteLevelBpe };
 // Byte-level BPE's single-sentence template: kRoberta "<s> text </s>", kGpt2 the text's
@@ -100,9 +102,13 @@ enum class GraphMode { kOff, kAuto, kOn };
 
 struct TrainSpec {
   int epochs = 3;
-  int batch_size = 32;    // per rank
+  int batch_size = 32;  // per rank and micro-batch
+  // Micro-batches per optimizer step: the global batch is batch_size x ranks x this, and
+  // the gradients are all-reduced once per optimizer step.
+  int gradient_accumulation_steps = 1;
   int64_t max_steps = 0;  // 0 = no limit
   double lr = 5e-4, weight_decay = 0.01, warmup_ratio = 0.1, max_grad_norm = 1.0;
+  ScheduleKind lr_schedule = ScheduleKind::kLinear;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   Precision precision = Precision::kFp32;
   LossScaleSpec loss_scale;

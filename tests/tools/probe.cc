@@ -14,6 +14,9 @@
 //                                            stdout: JSON token ids generated from the prompts
 //   ty_probe torchscript MODEL.pt INPUTS.json stdout: JSON logits of a TorchScript module
 //   ty_probe aoti PACKAGE.pt2 INPUTS.json     stdout: JSON logits of an AOTInductor package
+//   ty_probe lr-schedule linear|cosine|constant PEAK WARMUP_RATIO TOTAL_STEPS [...]
+//                                            stdout: JSON lr of optimizer steps 0..TOTAL,
+//                                            a list for each schedule named
 //   ty_probe gemv [--threads N] [--rows 1,2,4,8,16]
 //                                            stdout: JSON ms of one pass over GPT-2-small's
 //                                            block weights (12 layers, 340 MB, more than any
@@ -29,6 +32,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -47,6 +51,7 @@
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
 #include "worker/models/quantize.h"
+#include "worker/train/lr_schedule.h"
 #include "worker/train/optimizer.h"
 
 namespace trainyard {
@@ -403,6 +408,23 @@ int Gemm(int argc, char** argv) {
   return 0;
 }
 
+// One list of rates per schedule named on the command line (four arguments each).
+int Schedule(int argc, char** argv) {
+  if (argc < 6 || (argc - 2) % 4 != 0) return 2;
+  const std::map<std::string, ScheduleKind> kinds = {
+      {"linear", ScheduleKind::kLinear}, {"cosine", ScheduleKind::kCosine}, {"constant", ScheduleKind::kConstant}};
+  nlohmann::json schedules = nlohmann::json::array();
+  for (int first = 2; first < argc; first += 4) {
+    const int64_t total = std::stoll(argv[first + 3]);
+    const LrSchedule schedule(kinds.at(argv[first]), std::stod(argv[first + 1]), std::stod(argv[first + 2]), total);
+    nlohmann::json rates = nlohmann::json::array();
+    for (int64_t step = 0; step <= total; ++step) rates.push_back(schedule.At(step));
+    schedules.push_back(rates);
+  }
+  std::cout << schedules.dump() << "\n";
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
   Model model = LoadModel(argv[2], torch::kCPU);
@@ -430,12 +452,13 @@ int RunCommand(int argc, char** argv) {
     if (command == "aoti") return trainyard::Aoti(argc, argv);
     if (command == "gemv") return trainyard::Gemv(argc, argv);
     if (command == "gemm") return trainyard::Gemm(argc, argv);
+    if (command == "lr-schedule") return trainyard::Schedule(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: ty_probe "
-               "tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|gemv|gemm ...\n";
+  std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|"
+               "gemv|gemm|lr-schedule ...\n";
   return 2;
 }
 

@@ -111,6 +111,9 @@ def cases(work, train, checkpoints):
                                  r"checkpoint\.keep: expected an integer in \[1, 10000\], got 4294967296"),
         "CUDA graphs on a CPU": (good + "train:\n  cuda_graph: true\n",
                                  r"train\.cuda_graph: CUDA graphs need a CUDA device; this job runs on cpu"),
+        "CUDA graphs of accumulated micro-batches": (
+            good + "train:\n  cuda_graph: true\n  gradient_accumulation_steps: 2\n",
+            r"train\.cuda_graph: a graphed step holds one batch, not train\.gradient_accumulation_steps micro-batches"),
         "NaN lr": (good + "train:\n  lr: .nan\n", r"train\.lr: expected a finite number, got '\.nan'"),
         "name ..": (good.replace("name: bad", "name: .."), r"name: expected one path component"),
         "name with a newline": (good.replace("name: bad", 'name: "bad\\nname"'), r"name: expected one path component"),

@@ -2,7 +2,9 @@
 """Data-parallel tests with real MPI ranks (mpirun --oversubscribe).
 
   equivalence  4 ranks x batch b and 1 rank x batch 4b agree after 20 steps
-               (parameters within 1e-5 relative; fp32, CPU, dropout off)
+               (parameters within 1e-5; fp32, CPU, dropout off)
+  accumulation batch 16 in 2 accumulated micro-batches and batch 32 in one agree after
+               20 steps, on 1 rank and on 2 (the same bound)
   consistency  parameters are bitwise identical across ranks after every step
   fp16_agree   an inf planted in one rank's gradients makes every rank skip that
                step and halve the loss scale; ranks stay identical afterwards
@@ -49,29 +51,56 @@ def steps_jsonl(run_dir):
         return [json.loads(l) for l in f]
 
 
-def equivalence(args, work):
-    common = "  max_steps: 20\n  lr: 1.0e-3\n  epochs: 1\n"
-    four, _ = run_job(args, work, "eq_four", 4, "train:\n  batch_size: 8\n" + common)
-    one, _ = run_job(args, work, "eq_one", 1, "train:\n  batch_size: 32\n" + common)
-    a, b = load_weights(four), load_weights(one)
-    # The runs differ only in the order the gradients are summed, so every weight may
-    # differ by rounding noise that Adam carries forward: at most 1e-5 per element, while
-    # one wrong gradient (a rank's batch lost, a bucket mis-mapped) moves weights by about
-    # lr = 1e-3 a step. The bound is absolute: a norm-wise relative one depends on the
-    # vocabulary, which prepare_data.py's WordPiece trainer does not make the same way
-    # twice (tie order), and a tensor that starts at zero (a LayerNorm bias) has a small
-    # norm after 20 steps. The attention key bias has no gradient in exact arithmetic
-    # (softmax ignores a shift shared by all keys), so only noise moves it, which Adam
-    # amplifies; it is held to 1e-4.
+def weights_agree(a, b, what):
+    """Whether two runs' weights agree within the rounding of summing the same gradients
+    in another order. Such runs differ only in that order, so every weight may differ by
+    rounding noise that Adam carries forward: at most 1e-5 per element, while one wrong
+    gradient (a rank's batch lost, a bucket mis-mapped, a micro-batch counted twice) moves
+    weights by about lr = 1e-3 a step. The bound is absolute: a norm-wise relative one
+    depends on the vocabulary, which prepare_data.py's WordPiece trainer does not make the
+    same way twice (tie order), and a tensor that starts at zero (a LayerNorm bias) has a
+    small norm after 20 steps. The attention key bias has no gradient in exact arithmetic
+    (softmax ignores a shift shared by all keys), so only noise moves it, which Adam
+    amplifies; it is held to 1e-4."""
     noise_only = [k for k in b if k.endswith("attention.self.key.bias")]
     rest = [k for k in b if k not in noise_only]
     diff = {k: (a[k] - b[k]).abs().max().item() for k in rest}
     worst = max(diff, key=diff.get)
     rel = max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in rest)
     noise = max((a[k] - b[k]).abs().max().item() for k in noise_only)
-    print(f"4x8 vs 1x32 after 20 steps: max abs difference {diff[worst]:.2e} in {worst} (largest norm-wise "
+    print(f"{what} after 20 steps: max abs difference {diff[worst]:.2e} in {worst} (largest norm-wise "
           f"relative difference {rel:.2e}); key biases (noise only) differ by at most {noise:.2e}")
     return diff[worst] <= 1e-5 and noise < 1e-4
+
+
+STEPS_20 = "  max_steps: 20\n  lr: 1.0e-3\n  epochs: 1\n"
+
+
+def equivalence(args, work):
+    four, _ = run_job(args, work, "eq_four", 4, "train:\n  batch_size: 8\n" + STEPS_20)
+    one, _ = run_job(args, work, "eq_one", 1, "train:\n  batch_size: 32\n" + STEPS_20)
+    return weights_agree(load_weights(four), load_weights(one), "4x8 vs 1x32")
+
+
+def accumulation(args, work):
+    """train.gradient_accumulation_steps: batch 16 in 2 micro-batches against batch 32 in
+    one, on 1 rank and on 2. Each optimizer step sees the same examples, so the weights
+    agree as equivalence's do; the steps' rates and tokens are equal, and their losses
+    (rank 0's mean over its examples) agree to 1e-5 relative, the weights' rounding."""
+    ok = True
+    for ranks in (1, 2):
+        split, _ = run_job(args, work, f"split_{ranks}", ranks,
+                           "train:\n  batch_size: 16\n  gradient_accumulation_steps: 2\n" + STEPS_20)
+        whole, _ = run_job(args, work, f"whole_{ranks}", ranks, "train:\n  batch_size: 32\n" + STEPS_20)
+        ok &= weights_agree(load_weights(split), load_weights(whole), f"{ranks} rank(s), 16 x 2 accumulated vs 32")
+        steps_of = lambda run: [(x["step"], x["lr"], x["tokens"]) for x in steps_jsonl(run)]  # noqa: E731
+        same_steps = steps_of(split) == steps_of(whole) and len(steps_of(whole)) == 20
+        losses = [(a["loss"], b["loss"]) for a, b in zip(steps_jsonl(split), steps_jsonl(whole))]
+        loss_diff = max(abs(a - b) / abs(b) for a, b in losses)
+        print(f"{ranks} rank(s): {len(steps_of(split))} optimizer steps, each with the unsplit run's lr and "
+              f"tokens: {same_steps}; losses differ by at most {loss_diff:.1e} relative")
+        ok &= same_steps and loss_diff <= 1e-5
+    return ok
 
 
 def dropout_off(text):
@@ -172,7 +201,7 @@ def fault(args, work, sig):
     return proc.returncode != 0 and elapsed <= timeout_s + 5
 
 
-CASES = {"equivalence": equivalence, "consistency": consistency, "fp16_agree": fp16_agree,
+CASES = {"equivalence": equivalence, "accumulation": accumulation, "consistency": consistency, "fp16_agree": fp16_agree,
          "overlap": overlap, "hang": lambda a, w: fault(a, w, signal.SIGSTOP),
          "kill": lambda a, w: fault(a, w, signal.SIGKILL)}
 
@@ -185,7 +214,7 @@ def main():
     args = parser.parse_args()
     import e2e_common
     original = e2e_common.job_yaml
-    if args.case in ("equivalence", "consistency", "fp16_agree"):
+    if args.case in ("equivalence", "accumulation", "consistency", "fp16_agree"):
         e2e_common.job_yaml = lambda *a, **k: dropout_off(original(*a, **k))
         globals()["job_yaml"] = e2e_common.job_yaml
     with tempfile.TemporaryDirectory() as work:

@@ -104,6 +104,7 @@ void Reducer::OnGradientAccumulated(size_t param) {
                                      param, long(step_)));
   if (!params_[param].grad().is_same(views_[param]))
     throw std::logic_error(StrFormat("Reducer: parameter %zu's .grad was replaced during backward", param));
+  if (accumulating_) return;
   if (--b.pending == 0 && options_.overlap) LaunchReady(false);
 }
 
@@ -124,8 +125,8 @@ void Reducer::Launch(Bucket& b) {
   b.work = comm_.AllReduceAsync(b.wire, ReduceOp::kSum, std::move(what));
 }
 
-void Reducer::ContributeZeros() {
-  for (auto& b : buckets_) b.pending = 0;  // the buffers were zeroed by PrepareForBackward
+void Reducer::ContributeWithoutBackward() {
+  for (auto& b : buckets_) b.pending = 0;  // FinishBackward launches what the buffers hold
 }
 
 void Reducer::FinishBackward() {

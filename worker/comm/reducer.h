@@ -19,6 +19,12 @@
 // linear layers' gradients fill bf16 buckets and the others fp32 ones, each dtype's
 // buckets filled in the same reverse order.
 //
+// Gradient accumulation: between PrepareForBackward() and FinishBackward() a step may
+// run several backward passes, one per micro-batch. While set_accumulating(true), the
+// hooks let the gradients add up in the buckets and count nothing; the last micro-batch's
+// backward runs with it false, counts each bucket down and launches it as above, once
+// per step.
+//
 // The first bucket carries one extra value after its gradients: each rank's stop
 // vote for this step (see Note [Stop agreement] in job_setup.h). It is summed with the
 // gradients, so reading it costs no collective of its own.
@@ -62,8 +68,12 @@ class Reducer {
   // no earlier), named by the global step set with set_trace_step.
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
   void set_trace_step(int64_t step) { trace_step_ = step; }
-  // For a rank with no examples in this step (no backward): contributes zeros.
-  void ContributeZeros();
+  // While true, backward passes accumulate gradients without counting or launching any
+  // bucket: the micro-batches before a step's last. Stays set until changed.
+  void set_accumulating(bool accumulating) { accumulating_ = accumulating; }
+  // For a rank with no backward in its step's last micro-batch (no examples there):
+  // contributes what the buckets hold, zeros when it had no examples at all.
+  void ContributeWithoutBackward();
   // Call after backward: every .grad then holds the average over the ranks (on CUDA,
   // for work queued after this call on the current stream).
   void FinishBackward();
@@ -108,6 +118,7 @@ class Reducer {
   size_t next_to_launch_ = 0;
   size_t launched_in_backward_ = 0;
   bool in_step_ = false;
+  bool accumulating_ = false;
   int64_t step_ = 0;
   TraceRecorder* trace_ = nullptr;
   int64_t trace_step_ = 0;

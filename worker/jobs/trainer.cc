@@ -15,6 +15,7 @@
 #include "worker/jobs/trainer_parts.h"
 #include "worker/train/batch_pipeline.h"
 #include "worker/train/device_transfer.h"
+#include "worker/train/lr_schedule.h"
 
 namespace trainyard {
 namespace {
@@ -74,10 +75,15 @@ void Trainer::LoadData() {
   tokenizer_ = LoadTokenizer(spec_, train_);
   train_tokens_ = std::make_unique<TokenCache>(train_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
   dev_tokens_ = std::make_unique<TokenCache>(dev_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
-  // The plan is made of global batches (batch_size per rank x ranks), so any number of
-  // ranks sees the same global order of samples; each rank takes its shard of each.
-  sampler_ = std::make_unique<LengthBucketSampler>(LengthProxies(train_), spec_.train.batch_size * ranks_.world,
-                                                   spec_.data.bucket_batches, spec_.seed);
+  // The plan is made of global batches (batch_size per rank x ranks x micro-batches), so
+  // any number of ranks, and any split of a step into micro-batches, sees the same global
+  // order of samples; each rank takes its shard of each, in micro-batches.
+  if (GlobalBatch() > std::numeric_limits<int>::max())
+    throw InputError(spec_.Where("train.gradient_accumulation_steps") +
+                     StrFormat(": a global batch of %ld examples (batch_size x ranks x micro-batches) is too large",
+                               long(GlobalBatch())));
+  sampler_ = std::make_unique<LengthBucketSampler>(LengthProxies(train_), int(GlobalBatch()), spec_.data.bucket_batches,
+                                                   spec_.seed);
   steps_per_epoch_ = static_cast<int64_t>(sampler_->EpochPlan(0).size());
 }
 
@@ -126,6 +132,14 @@ bool Trainer::WantsGraphs() const {
   const GraphMode mode = spec_.train.cuda_graph;
   if (mode == GraphMode::kOff) return false;
   const bool insist = mode == GraphMode::kOn;
+  // A graph holds one step's work whole; accumulated micro-batches are several.
+  if (spec_.train.gradient_accumulation_steps > 1) {
+    if (insist)
+      throw InputError(spec_.Where("train.cuda_graph") +
+                       ": a graphed step holds one batch, not train.gradient_accumulation_steps micro-batches "
+                       "(use auto or false)");
+    return false;
+  }
   if (!device_.is_cuda()) {
     if (insist)
       throw InputError(spec_.Where("train.cuda_graph") + ": CUDA graphs need a CUDA device; this job runs on " +
@@ -143,8 +157,7 @@ bool Trainer::WantsGraphs() const {
 }
 
 double Trainer::LrAt(int64_t step, int64_t total_steps) const {
-  const auto warmup = static_cast<int64_t>(spec_.train.warmup_ratio * double(total_steps));
-  return LinearWarmupDecay(spec_.train.lr, step, warmup, total_steps);
+  return LrSchedule(spec_.train.lr_schedule, spec_.train.lr, spec_.train.warmup_ratio, total_steps).At(step);
 }
 
 bool Trainer::causal_lm() const { return spec_.task == TaskKind::kCausalLm; }
@@ -169,10 +182,15 @@ torch::Tensor Trainer::TaskLoss(const torch::Tensor& logits, const Batch& batch,
                           F::CrossEntropyFuncOptions().ignore_index(kIgnoredTarget).reduction(reduction));
 }
 
-void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step) {
+int64_t Trainer::GlobalBatch() const {
+  return int64_t(spec_.train.batch_size) * ranks_.world * spec_.train.gradient_accumulation_steps;
+}
+
+void Trainer::TrainStep(std::vector<Batch>& micro, const double* loss_weights, double lr, StepTimer& timer,
+                        PendingStep* step) {
   StepControls controls;
   controls.lr = lr;
-  controls.loss_weight = loss_weight;
+  controls.loss_weight = loss_weights[0];
   controls.stop_vote = reducer_ && StopAsked(ranks_);
   controls.plant_inf =
       progress_.global_step + 1 == spec_.debug.plant_inf_step && ranks_.rank == spec_.debug.plant_inf_rank;
@@ -180,13 +198,15 @@ void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& 
     LogWarn(StrFormat("debug: planted an inf in rank %d's gradients at step %ld", ranks_.rank,
                       long(progress_.global_step + 1)));
   StepResult result;
-  if (graphs_ && batch.size() > 0) {
+  if (graphs_ && micro.front().size() > 0) {  // graphs_: one micro-batch (WantsGraphs)
     // One replay: its device time is the forward part's; the other parts read zero.
-    result = graphs_->Run(batch, controls, [this](Batch& b, const StepControls& c) { return StepBody(b, c, nullptr); });
+    result = graphs_->Run(micro.front(), controls, [this](Batch& b, const StepControls& c) {
+      return StepBody(&b, 1, &c.loss_weight, c, nullptr);
+    });
     for (int part = kForward; part < kNumTimedParts; ++part) timer.Mark();
   } else {
-    result = StepBody(batch, controls, &timer);
-    if (reducer_ && batch.size() > 0) step->buckets_in_backward = int64_t(reducer_->launched_in_backward());
+    result = StepBody(micro.data(), micro.size(), loss_weights, controls, &timer);
+    if (reducer_ && micro.back().size() > 0) step->buckets_in_backward = int64_t(reducer_->launched_in_backward());
   }
   step->loss = result.loss.detach();
   step->found_inf = result.found_inf;
@@ -199,35 +219,19 @@ void Trainer::TrainStep(Batch& batch, double loss_weight, double lr, StepTimer& 
 // backward, the gradient all-reduce, unscaling and the ranks' agreement on found_inf,
 // clipping, AdamW (which skips itself on found_inf) and the scaler's update. `timer`
 // marks the parts; null under capture.
-StepResult Trainer::StepBody(Batch& batch, const StepControls& c, StepTimer* timer) {
-  auto mark = [timer] {
-    if (timer) timer->Mark();
-  };
+StepResult Trainer::StepBody(Batch* micro, size_t count, const double* loss_weights, const StepControls& c,
+                             StepTimer* timer) {
   if (reducer_) {
     if (c.graphed())
       reducer_->PrepareForBackward(c.device.stop_vote);
     else
       reducer_->PrepareForBackward(c.stop_vote);
   }
-  torch::Tensor loss;
-  if (batch.size() > 0) {
-    {
-      AutocastScope autocast(device_.type(), spec_.train.precision);
-      loss = TaskLoss(model_->forward(batch.input_ids, batch.attention_mask), batch, torch::kMean);
-    }
-    mark();  // forward
-    // loss_weight makes the average over ranks the mean over the global batch, also
-    // when the ranks' shards differ in size.
-    torch::Tensor weighted = c.graphed() ? loss * c.device.loss_weight : loss * c.loss_weight;
-    scaler_->Scale(weighted).backward();
-  } else {
-    loss = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
-    mark();
-    reducer_->ContributeZeros();
-  }
-  mark();  // backward
+  const torch::Tensor loss = AccumulateGradients(micro, count, loss_weights, c, timer);
+  // A rank whose last micro-batch is empty ran no backward to launch the all-reduce.
+  if (reducer_ && micro[count - 1].size() == 0) reducer_->ContributeWithoutBackward();
   if (reducer_) reducer_->FinishBackward();
-  mark();  // exposed communication
+  if (timer) timer->Mark(kComm);  // exposed communication
   PlantDebugInf(c);
   const torch::Tensor found_inf = AgreeOnFoundInf(scaler_->UnscaleAndCheck(params_));
   optimizer_->TakeGradients();  // into the fp32 masters, under train.bf16_weights
@@ -238,8 +242,46 @@ StepResult Trainer::StepBody(Batch& batch, const StepControls& c, StepTimer* tim
     optimizer_->Step(c.lr, found_inf);
   scaler_->Update(found_inf);
   optimizer_->ZeroGrad();
-  mark();  // optimizer
-  return {loss.detach(), found_inf};
+  if (timer) timer->Mark(kOptimizer);
+  return {loss, found_inf};
+}
+
+torch::Tensor Trainer::AccumulateGradients(Batch* micro, size_t count, const double* loss_weights,
+                                           const StepControls& c, StepTimer* timer) {
+  auto mark = [timer](int part) {
+    if (timer) timer->Mark(part);
+  };
+  torch::Tensor loss, loss_sum;
+  int64_t examples = 0;
+  int micro_with_examples = 0;
+  for (size_t m = 0; m < count; ++m) {
+    Batch& batch = micro[m];
+    // Gradients accumulate in place; the all-reduce runs in the last backward alone.
+    if (reducer_) reducer_->set_accumulating(m + 1 < count);
+    if (batch.size() == 0) {
+      mark(kForward);
+      mark(kBackward);
+      continue;
+    }
+    torch::Tensor micro_loss;
+    {
+      AutocastScope autocast(device_.type(), spec_.train.precision);
+      micro_loss = TaskLoss(model_->forward(batch.input_ids, batch.attention_mask), batch, torch::kMean);
+    }
+    mark(kForward);
+    // loss_weight makes the average over ranks the mean over the global batch, also
+    // when the ranks' shards, or the micro-batches, differ in size.
+    torch::Tensor weighted = c.graphed() ? micro_loss * c.device.loss_weight : micro_loss * loss_weights[m];
+    scaler_->Scale(weighted).backward();
+    mark(kBackward);
+    loss = micro_loss.detach();
+    const torch::Tensor counted = loss * double(batch.size());
+    loss_sum = loss_sum.defined() ? loss_sum + counted : counted;
+    examples += int64_t(batch.size());
+    ++micro_with_examples;
+  }
+  if (micro_with_examples == 0) return torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+  return micro_with_examples == 1 ? loss : loss_sum / double(examples);
 }
 
 // debug.plant_inf_step: an inf in the first gradient, to test the skip. A graphed step
@@ -378,22 +420,34 @@ class Trainer::StepLog {
   std::vector<PendingStep> pending_;
 };
 
-void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
+Trainer::MicroPlan Trainer::PlanMicroBatches(int64_t epoch) const {
   std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
   plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
-  // A global batch is split as evenly as possible; with fewer examples than ranks a
-  // rank gets none and contributes zero gradients. Nothing is dropped or padded.
-  std::vector<double> loss_weights;
-  for (BatchIndices& batch : plan) {
-    const size_t n = batch.size();
-    const auto [begin, end] = RankShard(n, ranks_.rank, ranks_.world);
-    loss_weights.push_back(double(end - begin) * double(ranks_.world) / double(n));
-    batch = BatchIndices(batch.begin() + begin, batch.begin() + end);
+  // A global batch is split as evenly as possible over the ranks, and a rank's shard over
+  // its micro-batches; with fewer examples than that a rank's micro-batch has none, and
+  // contributes nothing (the last, zero gradients). Nothing is dropped or padded. A
+  // micro-batch's loss weight makes the ranks' average of their weighted micro-batch
+  // means the mean over the global batch.
+  const int count = spec_.train.gradient_accumulation_steps;
+  MicroPlan out;
+  for (const BatchIndices& global : plan) {
+    const size_t n = global.size();
+    const auto [shard_begin, shard_end] = RankShard(n, ranks_.rank, ranks_.world);
+    for (int m = 0; m < count; ++m) {
+      const auto [begin, end] = RankShard(shard_end - shard_begin, m, count);
+      out.batches.emplace_back(global.begin() + shard_begin + begin, global.begin() + shard_begin + end);
+      out.loss_weights.push_back(double(end - begin) * double(ranks_.world) / double(n));
+    }
   }
+  return out;
+}
+
+void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
+  MicroPlan plan = PlanMicroBatches(epoch);
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   options.cache = train_tokens_.get();
   if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
-  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan), options);
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan.batches), options);
   DeviceTransfer transfer(device_);
   StepLog steps(*this, epoch, log);
   // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
@@ -401,10 +455,10 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   // rank reads at the same steps, since a read may act on the ranks' stop votes.
   const int64_t flush_every = device_.is_cuda() ? spec_.log.steps_every : 1;
   const int64_t checkpoint_every = spec_.checkpoint.every_steps;
-  size_t step_in_call = 0;
+  const size_t per_step = size_t(spec_.train.gradient_accumulation_steps);
   model_->train();
   *totals_ = EpochTotals{};
-  while (progress_.global_step < total_steps) {
+  for (size_t first_micro = 0; progress_.global_step < total_steps; first_micro += per_step) {
     // Without a reducer to carry the stop votes (a single rank), look at the request here,
     // with every step before it read (the epoch sums a checkpoint keeps).
     if (!reducer_ && StopAsked(ranks_)) {
@@ -418,21 +472,15 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     if (trace_) step.begin_us = TraceRecorder::NowUs();
     if (reducer_) reducer_->set_trace_step(progress_.global_step + 1);
     auto start = Clock::now();
-    std::optional<Batch> host = pipeline.Next();
-    if (!host) break;
+    std::vector<Batch> micro = NextMicroBatches(pipeline, per_step);
+    if (micro.size() < per_step) break;
     step.wait_ms = MsSince(start);
     steps.timer().Begin();
-    Batch batch = transfer.ToDevice(std::move(*host));
-    steps.timer().Mark();  // h2d
+    for (Batch& batch : micro) batch = transfer.ToDevice(std::move(batch));
+    steps.timer().Mark(kH2d);
     step.lr = LrAt(progress_.global_step, total_steps);
-    TrainStep(batch, loss_weights[step_in_call++], step.lr, steps.timer(), &step);
-    step.step = ++progress_.global_step;
-    step.examples = batch.size();
-    step.tokens = batch.real_tokens;
-    step.padded_len = batch.input_ids.dim() == 2 ? batch.input_ids.size(1) : 0;
-    ++progress_.next_batch;
-    ++progress_.epoch_steps;
-    progress_.epoch_examples += batch.size();
+    TrainStep(micro, &plan.loss_weights[first_micro], step.lr, steps.timer(), &step);
+    CountStep(micro, &step);
     steps.Add(std::move(step));
     profiler_->AfterStep(progress_.global_step);
     const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
@@ -442,6 +490,28 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
       std::this_thread::sleep_for(std::chrono::milliseconds(spec_.debug.step_pause_ms));
   }
   steps.Finish();
+}
+
+std::vector<Batch> Trainer::NextMicroBatches(BatchPipeline& pipeline, size_t count) {
+  std::vector<Batch> micro;
+  while (micro.size() < count) {
+    std::optional<Batch> host = pipeline.Next();
+    if (!host) break;
+    micro.push_back(std::move(*host));
+  }
+  return micro;
+}
+
+void Trainer::CountStep(const std::vector<Batch>& micro, PendingStep* step) {
+  step->step = ++progress_.global_step;
+  for (const Batch& batch : micro) {
+    step->examples += int64_t(batch.size());
+    step->tokens += batch.real_tokens;
+    if (batch.input_ids.dim() == 2) step->padded_len = std::max<int64_t>(step->padded_len, batch.input_ids.size(1));
+  }
+  ++progress_.next_batch;
+  ++progress_.epoch_steps;
+  progress_.epoch_examples += step->examples;
 }
 
 std::pair<double, double> Trainer::Evaluate() {

@@ -70,8 +70,29 @@ class Trainer {
   // One epoch's training, evaluation, epoch row and checkpoint.
   void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
-  void TrainStep(struct Batch& batch, double loss_weight, double lr, StepTimer& timer, PendingStep* step);
-  StepResult StepBody(Batch& batch, const StepControls& controls, StepTimer* timer);
+  // The rank's micro-batches of the epoch's steps left, in order, gradient_accumulation_steps
+  // of them a step, and each one's loss weight.
+  struct MicroPlan {
+    std::vector<BatchIndices> batches;
+    std::vector<double> loss_weights;
+  };
+  MicroPlan PlanMicroBatches(int64_t epoch) const;
+  // Up to `count` batches from the pipeline (fewer at its end).
+  static std::vector<Batch> NextMicroBatches(BatchPipeline& pipeline, size_t count);
+  // A step trained: its number, examples and tokens, and the epoch's progress.
+  void CountStep(const std::vector<Batch>& micro, PendingStep* step);
+  // One optimizer step over the rank's micro-batches of it (one without gradient
+  // accumulation), each with its loss weight.
+  void TrainStep(std::vector<Batch>& micro, const double* loss_weights, double lr, StepTimer& timer, PendingStep* step);
+  StepResult StepBody(Batch* micro, size_t count, const double* loss_weights, const StepControls& controls,
+                      StepTimer* timer);
+  // Forward and backward of each micro-batch, the gradients adding up (the reducer
+  // all-reduces them in the last backward). Returns the rank's loss: its micro-batch's
+  // mean where one had examples, the mean over its examples where several had, else 0.
+  torch::Tensor AccumulateGradients(Batch* micro, size_t count, const double* loss_weights,
+                                    const StepControls& controls, StepTimer* timer);
+  // Examples in an optimizer step: batch_size x ranks x gradient_accumulation_steps.
+  int64_t GlobalBatch() const;
   void PlantDebugInf(const StepControls& controls);
   // train.cuda_graph against the device and the communicator: whether steps are graphed.
   // Throws InputError where `true` cannot be honoured.

@@ -76,7 +76,7 @@ MlflowOptions Trainer::MlflowOptionsFor() const {
     if (key.rfind("log.mlflow.", 0) != 0) o.params[key] = value;
   o.params["job"] = spec_.name;
   o.params["ranks"] = std::to_string(ranks_.world);
-  o.params["global_batch"] = std::to_string(spec_.train.batch_size * ranks_.world);
+  o.params["global_batch"] = std::to_string(GlobalBatch());
   o.params["device"] = device_.str();
   o.params["precision"] = ToString(spec_.train.precision);
   o.params["threads_per_rank"] = std::to_string(torch::get_num_threads());
@@ -96,7 +96,7 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
   EpochRow row;
   row.epoch = epoch + 1;
   row.ranks = ranks_.world;
-  row.global_batch = int64_t(spec_.train.batch_size) * ranks_.world;
+  row.global_batch = GlobalBatch();
   row.time_s = elapsed_ms / 1000.0;
   row.steps = progress_.epoch_steps;
   row.skipped_steps = progress_.epoch_skipped;
@@ -167,12 +167,15 @@ nlohmann::json Trainer::ShowFinishedRun() const {
 }
 
 void Trainer::LogRunStart() const {
-  LogInfo(StrFormat(
-      "job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
-      "batch %d per rank x %d ranks = %d global, %s on %s, %d threads per rank",
-      spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(), tokenizer_->vocab_size(),
-      long(steps_per_epoch_), spec_.train.batch_size, ranks_.world, spec_.train.batch_size * ranks_.world,
-      ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
+  LogInfo(
+      StrFormat("job '%s': %zu train / %zu dev examples, %zu labels, vocab %d, %ld steps/epoch, "
+                "batch %d per rank x %d ranks%s = %ld global, %s on %s, %d threads per rank",
+                spec_.name.c_str(), train_.examples.size(), dev_.examples.size(), labels_.size(),
+                tokenizer_->vocab_size(), long(steps_per_epoch_), spec_.train.batch_size, ranks_.world,
+                spec_.train.gradient_accumulation_steps > 1
+                    ? StrFormat(" x %d accumulated", spec_.train.gradient_accumulation_steps).c_str()
+                    : "",
+                long(GlobalBatch()), ToString(spec_.train.precision), device_.str().c_str(), torch::get_num_threads()));
   if (reducer_)
     LogInfo(StrFormat("gradient all-reduce over %s: %zu buckets (%s), overlap %s, compression %s",
                       ranks_.comm->backend().c_str(), reducer_->num_buckets(), reducer_->Describe().c_str(),
@@ -192,7 +195,7 @@ nlohmann::json Trainer::Summary(Clock::time_point run_start) const {
                             {"status", "succeeded"},
                             {"global_step", progress_.global_step},
                             {"ranks", ranks_.world},
-                            {"global_batch", spec_.train.batch_size * ranks_.world},
+                            {"global_batch", GlobalBatch()},
                             {"precision", ToString(spec_.train.precision)},
                             {"device", device_.str()},
                             {"threads", torch::get_num_threads()},

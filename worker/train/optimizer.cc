@@ -155,11 +155,4 @@ void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
   at::_foreach_mul_(grads, coef);
 }
 
-double LinearWarmupDecay(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps) {
-  if (warmup_steps > 0 && step < warmup_steps) return peak * double(step + 1) / double(warmup_steps);
-  if (total_steps <= warmup_steps) return peak;
-  double remaining = double(total_steps - step) / double(total_steps - warmup_steps);
-  return peak * std::max(0.0, remaining);
-}
-
 }  // namespace trainyard

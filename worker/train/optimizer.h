@@ -94,8 +94,4 @@ class AdamW {
 // reading the norm back to the host, so a GPU step does not wait for it.
 void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
 
-// lr at optimizer step `step` (0-based): linear warm-up to `peak` over `warmup_steps`,
-// then linear decay to 0 at `total_steps`.
-double LinearWarmupDecay(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps);
-
 }  // namespace trainyard

@@ -22,16 +22,19 @@ struct StepTimer::DeviceMarks {
   using Step = std::vector<std::unique_ptr<at::cuda::CUDAEvent>>;
   std::deque<Step> pending;  // steps opened since the last Collect()
   std::vector<Step> spare;   // collected steps whose events can be recorded again
+  size_t used = 0;           // events of pending.back() recorded so far
 
-  Step TakeStep(int marks) {
-    if (!spare.empty()) {
-      Step step = std::move(spare.back());
-      spare.pop_back();
-      return step;
-    }
-    Step step;
-    for (int i = 0; i < marks; ++i) step.push_back(std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault));
+  Step TakeStep() {
+    if (spare.empty()) return {};
+    Step step = std::move(spare.back());
+    spare.pop_back();
     return step;
+  }
+  // The newest step's next event, made when the step has more marks than any before.
+  at::cuda::CUDAEvent& NextEvent() {
+    Step& step = pending.back();
+    if (used == step.size()) step.push_back(std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault));
+    return *step[used++];
   }
 };
 #else
@@ -48,55 +51,65 @@ StepTimer::~StepTimer() = default;
 
 void StepTimer::Begin() {
   if (StepIsOpen()) throw std::logic_error("StepTimer: a step was opened before the previous one got all its marks");
-  marks_in_step_ = 0;
+  open_ = true;
+  step_parts_.emplace_back();
 #ifdef TRAINYARD_WITH_CUDA
   if (device_marks_) {
-    device_marks_->pending.push_back(device_marks_->TakeStep(parts_ + 1));
-    Mark();
+    device_marks_->pending.push_back(device_marks_->TakeStep());
+    device_marks_->used = 0;
+    device_marks_->NextEvent().record(c10::cuda::getCurrentCUDAStream(device_.index()));
     return;
   }
 #endif
-  host_steps_.emplace_back();
-  Mark();
+  host_steps_.emplace_back(1, NowMs());
 }
 
-void StepTimer::Mark() {
-  if (marks_in_step_ > parts_) throw std::logic_error("StepTimer: more marks than parts in a step");
+void StepTimer::Mark() { Mark(step_parts_.empty() || step_parts_.back().empty() ? 0 : step_parts_.back().back() + 1); }
+
+void StepTimer::Mark(int part) {
+  if (!StepIsOpen() || part < 0 || part >= parts_)
+    throw std::logic_error("StepTimer: a mark outside an open step, or of a part the step does not have");
+  step_parts_.back().push_back(part);
+  open_ = part != parts_ - 1;
 #ifdef TRAINYARD_WITH_CUDA
   if (device_marks_) {
-    device_marks_->pending.back()[marks_in_step_++]->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    device_marks_->NextEvent().record(c10::cuda::getCurrentCUDAStream(device_.index()));
     return;
   }
 #endif
   host_steps_.back().push_back(NowMs());
-  ++marks_in_step_;
+}
+
+std::vector<double> StepTimer::PartSums(const std::vector<double>& times, const std::vector<int>& parts) const {
+  std::vector<double> ms(parts_, 0.0);
+  for (size_t i = 0; i < parts.size(); ++i) ms[parts[i]] += times[i + 1] - times[i];
+  return ms;
 }
 
 std::vector<std::vector<double>> StepTimer::Collect() {
   std::vector<std::vector<double>> out;
+  const size_t whole = step_parts_.size() - (StepIsOpen() ? 1 : 0);  // an open step stays pending
 #ifdef TRAINYARD_WITH_CUDA
   if (device_marks_) {
     auto& pending = device_marks_->pending;
-    const size_t whole = pending.size() - (StepIsOpen() ? 1 : 0);  // an open step stays pending
     if (whole == 0) return out;
-    pending[whole - 1].back()->synchronize();
+    pending[whole - 1][step_parts_[whole - 1].size()]->synchronize();
     for (size_t s = 0; s < whole; ++s) {
-      std::vector<double> ms(parts_);
-      for (int p = 0; p < parts_; ++p) ms[p] = pending.front()[p]->elapsed_time(*pending.front()[p + 1]);
-      out.push_back(std::move(ms));
+      const auto& events = pending.front();
+      std::vector<double> times(step_parts_.front().size() + 1, 0.0);
+      for (size_t i = 1; i < times.size(); ++i) times[i] = times[i - 1] + events[i - 1]->elapsed_time(*events[i]);
+      out.push_back(PartSums(times, step_parts_.front()));
       device_marks_->spare.push_back(std::move(pending.front()));
       pending.pop_front();
+      step_parts_.pop_front();
     }
     return out;
   }
 #endif
-  const size_t whole = host_steps_.size() - (StepIsOpen() ? 1 : 0);
   for (size_t s = 0; s < whole; ++s) {
-    const std::vector<double>& t = host_steps_.front();
-    std::vector<double> ms(parts_);
-    for (int p = 0; p < parts_; ++p) ms[p] = t[p + 1] - t[p];
-    out.push_back(std::move(ms));
+    out.push_back(PartSums(host_steps_.front(), step_parts_.front()));
     host_steps_.pop_front();
+    step_parts_.pop_front();
   }
   return out;
 }

@@ -412,6 +412,19 @@ TEST_F(JobSpecTest, ProfileStepsAreBounded) {
   EXPECT_NE(ErrorOf(Valid() + "log: {profile_from_step: 0}\n").find("log.profile_from_step"), std::string::npos);
 }
 
+TEST_F(JobSpecTest, AccumulationAndScheduleHaveHfTrainersDefaults) {
+  const JobSpec plain = Parse(Valid());
+  EXPECT_EQ(plain.train.gradient_accumulation_steps, 1);
+  EXPECT_EQ(plain.train.lr_schedule, ScheduleKind::kLinear);
+  const JobSpec set = Parse(Valid("  gradient_accumulation_steps: 4\n  lr_schedule: cosine\n"));
+  EXPECT_EQ(set.train.gradient_accumulation_steps, 4);
+  EXPECT_EQ(set.train.lr_schedule, ScheduleKind::kCosine);
+  EXPECT_EQ(Parse(Valid("  lr_schedule: constant\n")).train.lr_schedule, ScheduleKind::kConstant);
+  EXPECT_NE(ErrorOf(Valid("  gradient_accumulation_steps: 0\n")).find("train.gradient_accumulation_steps"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Valid("  lr_schedule: polynomial\n")).find("train.lr_schedule"), std::string::npos);
+}
+
 TEST_F(JobSpecTest, StepPauseIsOffByDefaultAndAtMostTenSeconds) {
   EXPECT_EQ(Parse(Valid()).debug.step_pause_ms, 0);
   EXPECT_EQ(Parse(Valid() + "debug: {step_pause_ms: 80}\n").debug.step_pause_ms, 80);

@@ -216,10 +216,39 @@ TEST(Reducer, ARankWithoutExamplesContributesZeros) {
   Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
   reducer.PrepareForBackward();
   if (Comm().rank() == 0) {
-    reducer.ContributeZeros();
+    reducer.ContributeWithoutBackward();
   } else {
     net.Loss(Comm().rank()).backward();
   }
+  reducer.FinishBackward();
+  auto named = net.Named();
+  for (size_t i = 0; i < named.size(); ++i)
+    EXPECT_TRUE(SameMean(named[i].second.grad(), expected.value[i], expected.magnitude[i])) << named[i].first;
+}
+
+// Gradient accumulation: two backward passes a step, the first accumulating. The
+// buckets are all-reduced once, in the second, and hold the ranks' mean of each rank's
+// summed gradients; rank 0's second micro-batch is empty, so it contributes its first's.
+TEST(Reducer, AccumulatedMicroBatchesAreReducedOnceAsTheirSum) {
+  torch::manual_seed(7);
+  TinyNet net;
+  const int world = Comm().size();
+  RankMean expected(net.Parameters());
+  for (int r = 0; r < world; ++r) {
+    std::vector<torch::Tensor> sum = net.Gradients(r);
+    if (r != 0)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += net.Gradients(r + world)[i];
+    expected.Add(sum);
+  }
+  Reducer reducer(net.Named(), Comm(), ReducerOptions{256, true, false});
+  reducer.PrepareForBackward();
+  reducer.set_accumulating(true);
+  net.Loss(Comm().rank()).backward();
+  reducer.set_accumulating(false);
+  if (Comm().rank() == 0)
+    reducer.ContributeWithoutBackward();
+  else
+    net.Loss(Comm().rank() + world).backward();
   reducer.FinishBackward();
   auto named = net.Named();
   for (size_t i = 0; i < named.size(); ++i)

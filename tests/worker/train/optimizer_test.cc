@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "worker/train/amp.h"
+#include "worker/train/lr_schedule.h"
 #include "worker/train/step_profiler.h"
 
 namespace trainyard {
@@ -66,7 +67,7 @@ TEST(AdamW, EqualsLibtorchAdamWWithDecayOnMatricesOnly) {
                           torch::optim::AdamWOptions(1e-2).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(0.0)));
   torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < 30; ++step) {
-    const double lr = LinearWarmupDecay(1e-2, step, 3, 30);
+    const double lr = LrSchedule(ScheduleKind::kLinear, 1e-2, 0.1, 30).At(step);
     for (auto& group : reference.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     Backward(ours, step);
     Backward(theirs, step);
