@@ -23,6 +23,9 @@
               checkpoint there and exits 3; rerun, it ends bitwise equal to an
               uninterrupted run (weights, epoch rows, every step's loss, each once)
   signal_two_ranks  the same with SIGUSR1 to mpirun, which passes it to both ranks
+  signal_accumulated  the same with each step in 2 accumulated micro-batches
+              (train.gradient_accumulation_steps): the signal stops it between optimizer
+              steps, and the resumed run takes the next step's micro-batches
   bf16_weights  2 ranks with bf16 weights and fp32 masters (train.bf16_weights): killed
               and resumed, bitwise equal to an uninterrupted run (the masters are in the
               checkpoint); the saved model holds the fp32 masters; its checkpoints,
@@ -236,13 +239,23 @@ def rerun_changes_nothing(args, job, runs, name, extra_args=()):
 def finished(args, work):
     job, straight = finished_run(args, work)
     ok = rerun_changes_nothing(args, job, os.path.dirname(straight), "fb")
-    # 50 steps an epoch: --max-steps 30 ends inside the first, with a checkpoint there.
+    # 50 steps an epoch: --max-steps 30 ends inside the first, with a checkpoint there. It
+    # says so at the start, and its progress line (printed each tenth off a terminal)
+    # counts to 30 of 30 in epoch 1 of 1.
+    with open(job) as f:
+        shown = write(os.path.join(work, "progress.yaml"), f.read().replace("  progress: false", "  progress: true"))
     runs = os.path.join(work, "max_steps")
-    stopped = subprocess.run(command(args, 1, job, runs) + ["--max-steps", "30"], capture_output=True, text=True,
+    stopped = subprocess.run(command(args, 1, shown, runs) + ["--max-steps", "30"], capture_output=True, text=True,
                              timeout=600)
     if stopped.returncode != 0:
         sys.exit(f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
-    return ok & rerun_changes_nothing(args, job, runs, "fb", ["--max-steps", "30"])
+    progress = [line for line in stopped.stderr.splitlines() if line.startswith("epoch ")]
+    said = "train.max_steps (30) ends the run in epoch 1 of 2: 30 of its 100 steps" in stopped.stdout + stopped.stderr
+    counted = bool(progress) and re.match(r"epoch 1/1 30/30 \(100%\) \[\d+:\d\d<0:00\] loss ", progress[-1])
+    print(f"{'ok  ' if said and counted else 'FAIL'} --max-steps 30: said at the start {said}; the progress "
+          f"line's last: {progress[-1:]}")
+    ok &= bool(said and counted)
+    return ok & rerun_changes_nothing(args, shown, runs, "fb", ["--max-steps", "30"])
 
 
 def none_valid(args, work):
@@ -262,9 +275,12 @@ def none_valid(args, work):
     return result.returncode == 2 and said and untouched
 
 
-def signalled_then_resumed(args, work, ranks, sig):
+def signalled_then_resumed(args, work, ranks, sig, micro=1):
+    """`micro` > 1: each step of BATCH a rank in `micro` accumulated micro-batches."""
     name = f"signal_{ranks}"
-    job = write(os.path.join(work, "job.yaml"), job_yaml(name, subset_tsv(work, EXAMPLES), EXTRA))
+    extra = EXTRA if micro == 1 else EXTRA.replace(
+        f"  batch_size: {BATCH}\n", f"  batch_size: {BATCH // micro}\n  gradient_accumulation_steps: {micro}\n")
+    job = write(os.path.join(work, "job.yaml"), job_yaml(name, subset_tsv(work, EXAMPLES), extra))
     per_epoch = -(-EXAMPLES // (BATCH * ranks))
     signal_after = per_epoch + per_epoch // 5  # inside epoch 2
     straight = run(args, ranks, job, os.path.join(work, "straight"))
@@ -346,6 +362,7 @@ def offered_to_fp32_weights(args, work, text, name):
 
 CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
          "signal_two_ranks": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1),
+         "signal_accumulated": lambda a, w: signalled_then_resumed(a, w, 2, signal.SIGUSR1, micro=2),
          "single": lambda a, w: exact_resume(a, w, 1), "two_ranks": lambda a, w: exact_resume(a, w, 2),
          "fallback": fallback, "none_valid": none_valid, "finished": finished, "bf16_weights": bf16_weights}
 

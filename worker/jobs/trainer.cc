@@ -302,13 +302,16 @@ void Trainer::PlantDebugInf(const StepControls& c) {
 // timings have been read from the device, which happens in batches (see StepTimer).
 class Trainer::StepLog {
  public:
-  StepLog(Trainer& trainer, int64_t epoch, RunLog* log)
+  // The progress line counts the steps this epoch runs (train.max_steps may end it
+  // early) out of the epochs the run has, from where a resumed epoch left off.
+  StepLog(Trainer& trainer, int64_t epoch, int64_t total_steps, RunLog* log)
       : t_(trainer),
         epoch_(epoch),
         log_(log),
         timer_(trainer.device_, kNumTimedParts),
-        line_(StrFormat("epoch %ld", long(epoch + 1)), trainer.steps_per_epoch_,
-              trainer.spec_.log.progress && trainer.is_rank0()) {}
+        line_(StrFormat("epoch %ld/%ld", long(epoch + 1), long(trainer.EpochsToRun(total_steps))),
+              std::min(trainer.steps_per_epoch_, total_steps - epoch * trainer.steps_per_epoch_),
+              trainer.spec_.log.progress && trainer.is_rank0(), trainer.progress_.next_batch) {}
 
   StepTimer& timer() { return timer_; }
   void Add(PendingStep step) { pending_.push_back(std::move(step)); }
@@ -449,7 +452,7 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
   BatchPipeline pipeline(train_, *tokenizer_, std::move(plan.batches), options);
   DeviceTransfer transfer(device_);
-  StepLog steps(*this, epoch, log);
+  StepLog steps(*this, epoch, total_steps, log);
   // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
   // done once per logging interval, and before checkpoints, which need the sums. Every
   // rank reads at the same steps, since a read may act on the ranks' stop votes.
@@ -587,6 +590,11 @@ nlohmann::json Trainer::Run() {
   nlohmann::json summary = Summary(run_start);
   if (log) SaveResults(*log, &summary);
   return summary;
+}
+
+int64_t Trainer::EpochsToRun(int64_t total_steps) const {
+  if (steps_per_epoch_ <= 0) return spec_.train.epochs;
+  return std::min<int64_t>(spec_.train.epochs, (total_steps + steps_per_epoch_ - 1) / steps_per_epoch_);
 }
 
 int64_t Trainer::TotalSteps() const {

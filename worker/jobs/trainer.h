@@ -63,6 +63,8 @@ class Trainer {
   void LoadData();
   void BuildModel();
   int64_t TotalSteps() const;
+  // The epochs that have steps to train: train.max_steps may end the run early.
+  int64_t EpochsToRun(int64_t total_steps) const;
   // Whether an epoch is left to train, or to close: one whose steps are all done but
   // which has no row yet (a stop after its last step, with a checkpoint there) is still
   // evaluated, logged and checkpointed.

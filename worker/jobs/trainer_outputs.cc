@@ -187,6 +187,10 @@ void Trainer::LogRunStart() const {
   if (resume_from_)
     LogInfo(StrFormat("resuming from %s (epoch %ld, step %ld)", resume_from_->c_str(), long(progress_.epoch + 1),
                       long(progress_.global_step)));
+  const int64_t total = TotalSteps(), all = steps_per_epoch_ * spec_.train.epochs;
+  if (total < all)
+    LogWarn(StrFormat("train.max_steps (%ld) ends the run in epoch %ld of %d: %ld of its %ld steps", long(total),
+                      long(EpochsToRun(total)), spec_.train.epochs, long(total), long(all)));
 }
 
 nlohmann::json Trainer::Summary(Clock::time_point run_start) const {

@@ -260,22 +260,30 @@ void RunLog::WriteSummary(const nlohmann::json& summary) const {
   WriteFileAtomically(dir_ + "/summary.json", summary.dump(2) + "\n");
 }
 
-ProgressLine::ProgressLine(std::string label, int64_t total, bool enabled)
-    : label_(std::move(label)), total_(total), enabled_(enabled && total > 0), tty_(::isatty(2)) {}
+ProgressLine::ProgressLine(std::string label, int64_t total, bool enabled, int64_t first)
+    : label_(std::move(label)), total_(total), first_(first), enabled_(enabled && total > 0), tty_(::isatty(2)) {}
+
+std::string ProgressLine::Clock(double seconds) {
+  const auto whole = static_cast<long>(std::max(0.0, seconds) + 0.5);
+  if (whole >= 3600) return fmt::format("{}:{:02d}:{:02d}", whole / 3600, whole / 60 % 60, whole % 60);
+  return fmt::format("{}:{:02d}", whole / 60, whole % 60);
+}
 
 void ProgressLine::Update(int64_t done, const std::string& detail) {
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
   int decile = static_cast<int>(10 * done / total_);
-  if (tty_) {
-    if (now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
-    std::fprintf(stderr, "\r\033[K%s %ld/%ld (%3.0f%%) %s", label_.c_str(), long(done), long(total_),
-                 100.0 * done / total_, detail.c_str());
-  } else {
-    if (decile == last_decile_ || decile == 0) return;
-    std::fprintf(stderr, "%s %ld/%ld (%d%%) %s\n", label_.c_str(), long(done), long(total_), decile * 10,
-                 detail.c_str());
-  }
+  if (tty_ && now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
+  if (!tty_ && (decile == last_decile_ || decile == 0)) return;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const std::string left =
+      done > first_ ? Clock(elapsed * double(total_ - done) / double(done - first_)) : std::string("?");
+  const std::string line = fmt::format("{} {}/{} ({:.0f}%) [{}<{}] {}", label_, done, total_, 100.0 * done / total_,
+                                       Clock(elapsed), left, detail);
+  if (tty_)
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  else
+    std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
   last_draw_ = now;
   last_decile_ = decile;

@@ -113,20 +113,26 @@ class RunLog {
   std::ofstream steps_;
 };
 
-// A one-line progress indicator on stderr: redrawn in place on a terminal, printed
-// every 10% otherwise.
+// A one-line progress indicator on stderr, "LABEL DONE/TOTAL (PCT%) [ELAPSED<LEFT]
+// DETAIL": redrawn in place on a terminal, printed every 10% otherwise. ELAPSED is
+// since construction and LEFT the estimate at the rate since then (tqdm's), as m:ss or
+// h:mm:ss; `first` is what was done before (a resumed epoch's steps), which the rate
+// leaves out.
 class ProgressLine {
  public:
-  ProgressLine(std::string label, int64_t total, bool enabled);
+  ProgressLine(std::string label, int64_t total, bool enabled, int64_t first = 0);
   void Update(int64_t done, const std::string& detail);
   void Finish();
 
+  // "m:ss", or "h:mm:ss" from an hour.
+  static std::string Clock(double seconds);
+
  private:
   std::string label_;
-  int64_t total_;
+  int64_t total_, first_;
   bool enabled_, tty_;
   int last_decile_ = -1;
-  std::chrono::steady_clock::time_point last_draw_{};
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_draw_{};
 };
 
 }  // namespace trainyard

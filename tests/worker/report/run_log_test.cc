@@ -183,5 +183,30 @@ TEST_F(RunLogTest, ASinkGetsStepsEpochsAndArtifactsAndIsClosedByHowTheLogEnds) {
   EXPECT_EQ(failed->closed, "FAILED");
 }
 
+// Off a terminal (ctest's stderr is a file) the line is printed at each tenth, with the
+// elapsed time and the time left at the rate since it was made, excluding `first`.
+TEST(ProgressLineTest, PrintsEachTenthWithElapsedAndTimeLeft) {
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressLine line("epoch 2/3", 20, true, /*first=*/4);
+    for (int64_t done = 5; done <= 20; ++done) line.Update(done, "loss 0.5");
+    line.Finish();
+  }
+  std::istringstream printed(::testing::internal::GetCapturedStderr());
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(printed, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 9u) << printed.str();  // 20% ... 100%; the first tenth was done before
+  EXPECT_EQ(lines.front(), "epoch 2/3 5/20 (25%) [0:00<0:00] loss 0.5");
+  EXPECT_EQ(lines.back(), "epoch 2/3 20/20 (100%) [0:00<0:00] loss 0.5");
+}
+
+TEST(ProgressLineTest, ClockIsMinutesAndSecondsThenHours) {
+  EXPECT_EQ(ProgressLine::Clock(0.4), "0:00");
+  EXPECT_EQ(ProgressLine::Clock(61.6), "1:02");
+  EXPECT_EQ(ProgressLine::Clock(3599.4), "59:59");
+  EXPECT_EQ(ProgressLine::Clock(3725), "1:02:05");
+  EXPECT_EQ(ProgressLine::Clock(-3), "0:00");
+}
+
 }  // namespace
 }  // namespace trainyard
