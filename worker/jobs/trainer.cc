@@ -427,10 +427,10 @@ Trainer::MicroPlan Trainer::PlanMicroBatches(int64_t epoch) const {
   std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
   plan.erase(plan.begin(), plan.begin() + std::min<int64_t>(progress_.next_batch, plan.size()));
   // A global batch is split as evenly as possible over the ranks, and a rank's shard over
-  // its micro-batches; with fewer examples than that a rank's micro-batch has none, and
-  // contributes nothing (the last, zero gradients). Nothing is dropped or padded. A
-  // micro-batch's loss weight makes the ranks' average of their weighted micro-batch
-  // means the mean over the global batch.
+  // its micro-batches. With fewer examples than ranks x micro-batches some micro-batches
+  // are empty and add no gradient (a rank with no examples at all contributes zeros).
+  // Nothing is dropped or padded. A micro-batch's loss weight makes the ranks' average
+  // of their weighted micro-batch means the mean over the global batch.
   const int count = spec_.train.gradient_accumulation_steps;
   MicroPlan out;
   for (const BatchIndices& global : plan) {
