@@ -30,6 +30,8 @@ class MetaReader {
     throw CheckpointError(path_ + ": checkpoint metadata '" + key + "': " + problem);
   }
 
+  bool Has(const std::string& key) const { return meta_.count(key) > 0; }
+
   const std::string& Text(const std::string& key) const {
     auto it = meta_.find(key);
     if (it == meta_.end()) Fail(key, "missing");
@@ -73,6 +75,21 @@ void CheckConsistent(const MetaReader& r, const CheckpointMeta& m) {
   if (m.optimizer_steps > p.global_step) r.Fail("optimizer_steps", "exceeds global_step");
   if (p.epoch_steps == 0 && p.epoch_examples != 0)
     r.Fail("epoch_examples", "examples counted in an epoch without steps");
+  if (p.evals.step > p.global_step) r.Fail("eval_step", "exceeds global_step");
+  if (p.evals.best_step > p.evals.step) r.Fail("best_step", "exceeds eval_step");
+}
+
+// The evaluations' fields, which a checkpoint of a run that never evaluated mid-run
+// may lack (they are then all zero).
+TrainProgress::Evaluations ParseEvaluations(const MetaReader& r) {
+  TrainProgress::Evaluations e;
+  if (!r.Has("eval_step")) return e;
+  e.step = r.Int("eval_step", 0, kMaxCheckpointSteps);
+  e.best_step = r.Int("best_step", 0, kMaxCheckpointSteps);
+  e.without_gain = r.Int("evals_without_gain", 0, kMaxCheckpointSteps);
+  // A diverged run's first evaluation may leave an infinite best; never NaN (Trainer::Judge).
+  e.best_value = r.Number("best_value", -HUGE_VAL, HUGE_VAL, /*any_finiteness=*/true);
+  return e;
 }
 
 }  // namespace
@@ -91,7 +108,11 @@ std::map<std::string, std::string> CheckpointMetaStrings(const CheckpointMeta& m
           {"loss_scale", Exact(m.loss_scale)},
           {"scale_growth_tracker", std::to_string(m.scale_growth_tracker)},
           {"rng_ranks", std::to_string(m.rng_ranks)},
-          {"cuda_rng", m.cuda_rng ? "1" : "0"}};
+          {"cuda_rng", m.cuda_rng ? "1" : "0"},
+          {"eval_step", std::to_string(p.evals.step)},
+          {"best_step", std::to_string(p.evals.best_step)},
+          {"evals_without_gain", std::to_string(p.evals.without_gain)},
+          {"best_value", Exact(p.evals.best_value)}};
 }
 
 CheckpointMeta ParseCheckpointMeta(const std::map<std::string, std::string>& meta, const std::string& path) {
@@ -119,6 +140,7 @@ CheckpointMeta ParseCheckpointMeta(const std::map<std::string, std::string>& met
   m.scale_growth_tracker = r.Int("scale_growth_tracker", 0, 1'000'000'000);
   m.rng_ranks = r.Int("rng_ranks", 1, kMaxRanks);
   m.cuda_rng = r.Int("cuda_rng", 0, 1) == 1;
+  p.evals = ParseEvaluations(r);
   CheckConsistent(r, m);
   return m;
 }

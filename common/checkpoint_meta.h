@@ -29,6 +29,14 @@ struct TrainProgress {
   int64_t global_step = 0;    // steps taken, skipped ones included
   double epoch_loss_sum = 0;  // sum over the epoch's examples so far
   int64_t epoch_examples = 0, epoch_steps = 0, epoch_skipped = 0;
+  // The evaluations judged so far (Trainer::Judge): the newest one's step, and under
+  // checkpoint.best_metric the best one's step (0: none yet) and value, and the
+  // evaluations since that did not better the best by train.early_stopping.threshold.
+  // Carried from epoch to epoch; absent from a checkpoint, all zero.
+  struct Evaluations {
+    int64_t step = 0, best_step = 0, without_gain = 0;
+    double best_value = 0;
+  } evals;
 };
 
 struct CheckpointMeta {

@@ -14,6 +14,7 @@
 
 #include "common/module_pattern.h"
 #include "common/regular_file.h"
+#include "common/spec/spec_overrides.h"
 #include "common/spec/spec_reader.h"
 #include "common/spec/yaml_budget.h"
 
@@ -210,7 +211,7 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node t = r.Section(root, "train",
                            {"epochs", "batch_size", "gradient_accumulation_steps", "max_steps", "lr", "lr_schedule",
                             "weight_decay", "warmup_ratio", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_eps",
-                            "precision", "bf16_weights", "loss_scale", "cuda_graph"});
+                            "precision", "bf16_weights", "loss_scale", "cuda_graph", "early_stopping"});
   TrainSpec& out = spec->train;
   r.ReadInt(t, "epochs", "train", &out.epochs, 1, kMaxEpochs);
   r.ReadInt(t, "batch_size", "train", &out.batch_size, 1, kMaxBatch);
@@ -253,6 +254,70 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
     r.ReadDouble(ls, "backoff_factor", p, &out.loss_scale.backoff_factor, 1e-6, 1.0);
     r.ReadInt(ls, "growth_interval", p, &out.loss_scale.growth_interval, 1, 1'000'000'000);
   }
+  YAML::Node es = t["early_stopping"];
+  if (es.IsDefined() && !es.IsNull()) {
+    const std::string p = "train.early_stopping";
+    r.CheckKeys(es, p, {"patience", "threshold"});
+    out.early_stopping.enabled = true;
+    r.ReadInt(es, "patience", p, &out.early_stopping.patience, 1, 1'000'000);
+    r.ReadDouble(es, "threshold", p, &out.early_stopping.threshold, 0.0, 1e12);
+  }
+}
+
+void ParseEval(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node e = r.Section(root, "eval", {"every_steps", "metrics", "test", "batch_size"});
+  EvalSpec& out = spec->eval;
+  r.ReadInt(e, "every_steps", "eval", &out.every_steps, 0, kMaxSteps);
+  const std::vector<std::string>& known = EvalMetricNames(spec->task);
+  r.ReadList(e, "metrics", "eval", &out.metrics, [&](const YAML::Node& n, const std::string& path) {
+    if (std::find(known.begin(), known.end(), n.Scalar()) == known.end())
+      r.Fail(n, path,
+             std::string("expected one of ") + Join(known) +
+                 " for task: " + (spec->task == TaskKind::kCausalLm ? "causal_lm" : "classification") + ", got '" +
+                 n.Scalar() + "' (the loss is always reported)");
+    return n.Scalar();
+  });
+  r.ReadPath(e, "test", "eval", &out.test, PathKind::kFile);
+  r.ReadInt(e, "batch_size", "eval", &out.batch_size, 1, kMaxBatch);
+  if (out.batch_size == 0) out.batch_size = int(std::min<int64_t>(kMaxBatch, int64_t(spec->train.batch_size) * 2));
+}
+
+void ParseCheckpoint(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  YAML::Node c = r.Section(root, "checkpoint", {"every_steps", "keep", "resume", "best_metric", "greater_is_better"});
+  r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0, kMaxSteps);
+  r.ReadInt(c, "keep", "checkpoint", &spec->checkpoint.keep, 1, 10'000);
+  std::string resume;
+  if (r.ReadString(c, "resume", "checkpoint", &resume)) {
+    if (resume == "none" || resume == "auto")
+      spec->checkpoint.resume = resume;
+    else
+      r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
+  }
+  std::string& best = spec->checkpoint.best_metric;
+  if (!r.ReadString(c, "best_metric", "checkpoint", &best)) return;
+  std::vector<std::string> names = {"eval_loss"};
+  for (const std::string& metric : EvalMetricNames(spec->task)) names.push_back("eval_" + metric);
+  if (std::find(names.begin(), names.end(), best) == names.end())
+    r.Fail(c["best_metric"], "checkpoint.best_metric", "expected one of " + Join(names) + ", got '" + best + "'");
+  spec->checkpoint.greater_is_better = best != "eval_loss" && best != "eval_perplexity";
+  r.ReadBool(c, "greater_is_better", "checkpoint", &spec->checkpoint.greater_is_better);
+}
+
+// What evaluates needs a dev set, and what judges evaluations needs its metric.
+void CheckEvaluationNeeds(const SpecReader& r, const YAML::Node& root, const JobSpec& spec) {
+  const std::vector<std::string>& reported = spec.eval.metrics;
+  const std::string& best = spec.checkpoint.best_metric;
+  if (!best.empty() && best != "eval_loss" && !reported.empty() &&
+      std::find(reported.begin(), reported.end(), best.substr(5)) == reported.end())
+    r.Fail(root["checkpoint"]["best_metric"], "checkpoint.best_metric",
+           "'" + best + "' is not among eval.metrics; add " + best.substr(5) + " to them");
+  if (spec.train.early_stopping.enabled && best.empty())
+    r.Fail(root["train"]["early_stopping"], "train.early_stopping",
+           "needs checkpoint.best_metric: the metric whose evaluations it judges (e.g. eval_loss)");
+  if (!spec.data.dev.empty()) return;
+  if (spec.eval.every_steps > 0)
+    r.Fail(root["eval"]["every_steps"], "eval.every_steps", "needs data.dev: the split it evaluates");
+  if (!best.empty()) r.Fail(root["checkpoint"]["best_metric"], "checkpoint.best_metric", "needs data.dev to judge by");
 }
 
 void ParseMlflow(const SpecReader& r, const YAML::Node& log, LogSpec* out) {
@@ -274,17 +339,7 @@ void ParseMlflow(const SpecReader& r, const YAML::Node& log, LogSpec* out) {
     r.Fail(node["run_name"], "log.mlflow.run_name", "expected at most 250 characters");
 }
 
-void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node c = r.Section(root, "checkpoint", {"every_steps", "keep", "resume"});
-  r.ReadInt(c, "every_steps", "checkpoint", &spec->checkpoint.every_steps, 0, kMaxSteps);
-  r.ReadInt(c, "keep", "checkpoint", &spec->checkpoint.keep, 1, 10'000);
-  std::string resume;
-  if (r.ReadString(c, "resume", "checkpoint", &resume)) {
-    if (resume == "none" || resume == "auto")
-      spec->checkpoint.resume = resume;
-    else
-      r.ReadPath(c, "resume", "checkpoint", &spec->checkpoint.resume, PathKind::kFile);
-  }
+void ParseRuntime(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node rt =
       r.Section(root, "runtime", {"device", "threads", "tf32", "cpu_gemm", "weight_casts", "cpu_block_cache_mb"});
   r.ReadEnum(rt, "device", "runtime",
@@ -303,6 +358,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, std::string>{{"once", "once"}, {"each_pass", "each_pass"}},
              &spec->runtime.weight_casts);
   r.ReadInt(rt, "cpu_block_cache_mb", "runtime", &spec->runtime.cpu_block_cache_mb, 0, int64_t(1) << 20);
+}
+
+void ParseResources(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node rs =
       r.Section(root, "resources", {"ranks", "device", "priority", "max_restarts", "estimate_minutes", "preemptible"});
   r.ReadInt(rs, "ranks", "resources", &spec->resources.ranks, 1, kMaxRanks);
@@ -313,6 +371,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(rs, "max_restarts", "resources", &spec->resources.max_restarts, 0, 1'000);
   r.ReadDouble(rs, "estimate_minutes", "resources", &spec->resources.estimate_minutes, 0.0, 1e7);
   r.ReadBool(rs, "preemptible", "resources", &spec->resources.preemptible);
+}
+
+void ParseDistributed(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node ds = r.Section(root, "distributed",
                             {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency"});
   DistributedSpec& dist = spec->distributed;
@@ -326,6 +387,9 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              &dist.fp16_compression);
   r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
   r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
+}
+
+void ParseDebugAndLog(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   YAML::Node dbg =
       r.Section(root, "debug", {"force_loss_scaling", "plant_inf_step", "plant_inf_rank", "step_pause_ms"});
   r.ReadBool(dbg, "force_loss_scaling", "debug", &spec->debug.force_loss_scaling);
@@ -343,6 +407,15 @@ void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadBool(lg, "trace", "log", &spec->log.trace);
   r.ReadInt(lg, "trace_steps", "log", &spec->log.trace_steps, 1, 100'000);
   ParseMlflow(r, lg, &spec->log);
+}
+
+// The sections every kind of job reads.
+void ParseRest(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  ParseCheckpoint(r, root, spec);
+  ParseRuntime(r, root, spec);
+  ParseResources(r, root, spec);
+  ParseDistributed(r, root, spec);
+  ParseDebugAndLog(r, root, spec);
 }
 
 void ParseBenchmark(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
@@ -505,7 +578,7 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
            "a search runs on a coordinator, which runs its trials as jobs: submit it with `jobctl submit " + source +
                "` (docs/search.md)");
   r.CheckKeys(root, "",
-              {"name", "kind", "task", "seed", "data", "model", "train", "checkpoint", "runtime", "resources",
+              {"name", "kind", "task", "seed", "data", "model", "train", "eval", "checkpoint", "runtime", "resources",
                "distributed", "debug", "benchmark", "inference", "generate", "serve", "log"});
   JobSpec spec;
   spec.source_file = source;
@@ -520,6 +593,8 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   if (spec.kind == JobKind::kGenerate && spec.task != TaskKind::kCausalLm)
     r.Fail(root["task"], "task", "kind: generate needs task: causal_lm");
   r.ReadInt(root, "seed", "", &spec.seed, 0, std::numeric_limits<int64_t>::max());
+  if (root["eval"].IsDefined() && spec.kind != JobKind::kFinetune)
+    r.Fail(root["eval"], "eval", "only used by kind: finetune");
   if (spec.kind == JobKind::kServe) {
     ParseServe(r, root, &spec);
     ParseRest(r, root, &spec);
@@ -528,13 +603,16 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
   ParseTrain(r, root, &spec);
+  ParseEval(r, root, &spec);
   ParseRest(r, root, &spec);
+  if (spec.kind == JobKind::kFinetune) CheckEvaluationNeeds(r, root, spec);
   if (spec.kind == JobKind::kBenchmark) ParseBenchmark(r, root, &spec);
   if (spec.kind == JobKind::kInference) ParseInference(r, root, &spec);
   if (spec.kind == JobKind::kGenerate) ParseGenerate(r, root, &spec);
   for (const char* other : {"benchmark", "inference", "generate", "serve"})
     if (root[other].IsDefined() && std::string(other) != ToString(spec.kind))
       r.Fail(root[other], other, std::string("only used by kind: ") + other);
+
   return spec;
 }
 
@@ -549,7 +627,8 @@ std::string Located(const std::string& source, const YAML::Mark& mark) {
 // Every exception of yaml-cpp (parser, depth guard, conversions, subscripts of the wrong
 // node kind) becomes a located SpecError here, whichever check it escaped: the reader
 // turns the ones it expects into better messages first.
-JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir) {
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir,
+                     const SpecOverrides& overrides) {
   // yaml-cpp parses by recursive descent, a frame or more per level: no text reaches it
   // nested deeper than the budget's 32 levels (the event stream that checks is stopped
   // there). jobctl and the coordinator check a tighter budget of their own first.
@@ -565,11 +644,20 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
       throw SpecError(Located(source_name, e.mark) + "<document>: malformed YAML: " + e.msg);
     }
     if (!root.IsMap()) throw SpecError(source_name + ":1:1: <document>: expected a mapping of job keys");
+    // The file's own values are expanded first; a --set value is taken as given (the
+    // shell has expanded it).
+    if (overrides.expand_environment) spec_overrides::ExpandEnvironment(root, source_name);
+    std::map<std::string, std::string> origins;
+    for (const SpecOverrides::Set& set : overrides.sets) spec_overrides::ApplySet(root, set, &origins);
     std::map<std::string, std::string> locations, values;
     SpecReader reader(source_name, fs::path(base_dir), &locations, &values);
+    reader.set_origins(&origins);
     JobSpec spec = ParseDocument(reader, root, source_name);
     spec.locations = std::move(locations);
     spec.values = std::move(values);
+    YAML::Emitter effective;
+    effective << root;
+    spec.effective_yaml = std::string(effective.c_str()) + "\n";
     return spec;
   } catch (const YAML::Exception& e) {
     throw SpecError(Located(source_name, e.mark) + "<document>: unusable YAML: " + e.msg);
@@ -593,14 +681,20 @@ std::string ReadJobFile(const std::string& path) {
   }
 }
 
-JobSpec LoadJobSpec(const std::string& path) {
+JobSpec LoadJobSpec(const std::string& path, const SpecOverrides& overrides) {
   const std::string text = ReadJobFile(path);
-  return ParseJobSpec(text, path, fs::absolute(fs::path(path)).parent_path().string());
+  return ParseJobSpec(text, path, fs::absolute(fs::path(path)).parent_path().string(), overrides);
 }
 
 std::string JobSpec::Where(const std::string& key_path) const {
   auto it = locations.find(key_path);
   return (it == locations.end() ? source_file : it->second) + ": " + key_path;
+}
+
+const std::vector<std::string>& EvalMetricNames(TaskKind task) {
+  static const std::vector<std::string> classification = {"accuracy", "f1", "precision", "recall"};
+  static const std::vector<std::string> causal_lm = {"accuracy", "perplexity"};
+  return task == TaskKind::kCausalLm ? causal_lm : classification;
 }
 
 const char* ToString(Precision p) { return NameOf(kPrecisionNames, p); }

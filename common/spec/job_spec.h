@@ -120,12 +120,36 @@ struct TrainSpec {
   // casts none of them on each forward, and AdamW trains fp32 master copies of them
   // (AdamW in worker/train/optimizer.h). Needs precision: bf16.
   bool bf16_weights = false;
+  // train.early_stopping: the run ends once `patience` evaluations in a row have not
+  // bettered checkpoint.best_metric's best by more than `threshold` (HF's
+  // EarlyStoppingCallback).
+  struct EarlyStopping {
+    bool enabled = false;  // the section is present
+    int64_t patience = 1;
+    double threshold = 0;
+  } early_stopping;
+};
+
+// eval: when a finetune job is evaluated, on what, and what it reports
+// (docs/training.md, "Evaluation").
+struct EvalSpec {
+  int64_t every_steps = 0;  // also after every N-th optimizer step; 0: at epoch ends only
+  // Reported besides the loss: classification accuracy, f1, precision, recall (macro
+  // averages, scikit-learn's); causal_lm accuracy (next token) and perplexity. Empty:
+  // all of the task's (EvalMetricNames).
+  std::vector<std::string> metrics;
+  std::string test;    // a split evaluated once, at the end (absolute path); may be empty
+  int batch_size = 0;  // examples per rank in an evaluation batch; 0: twice train.batch_size
 };
 
 struct CheckpointSpec {
   int64_t every_steps = 0;  // 0 = at the end of each epoch only
   int keep = 2;
   std::string resume = "none";  // none | auto | <checkpoint file>
+  // An evaluation metric ("eval_f1"): each evaluation that betters it is checkpointed,
+  // that checkpoint is kept beside the newest `keep`, and its weights become model/.
+  std::string best_metric;
+  bool greater_is_better = true;  // given, or false for eval_loss and eval_perplexity
 };
 
 struct RuntimeSpec {
@@ -271,6 +295,7 @@ struct JobSpec {
   DataSpec data;
   ModelSpec model;
   TrainSpec train;
+  EvalSpec eval;
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
   ResourcesSpec resources;
@@ -286,22 +311,52 @@ struct JobSpec {
   // Every scalar the file set, as written, by key path (a list as "[a, b]"): what the
   // user asked for, logged as MLflow params.
   std::map<std::string, std::string> values;
+  // The document as parsed, after SpecOverrides, emitted again as YAML (the file's
+  // comments are not kept): written to runs/<name>/job.yaml.
+  std::string effective_yaml;
 
   // "<file>:<line>:<column>: <key>" for messages about a value read from the job file.
   std::string Where(const std::string& key_path) const;
 };
 
-// Parses and validates a job file. Relative paths resolve against the file's folder.
-// Throws SpecError (file:line:column: key: message) on any problem, including
-// missing input files.
-JobSpec LoadJobSpec(const std::string& path);
+// What makes a job differ from its file (spec_overrides.h): keys set on the command
+// line, applied in order after the file is read, and ${VAR} / ${VAR:-default} in the
+// file's values expanded from the environment.
+struct SpecOverrides {
+  struct Set {
+    std::string key_path;  // "train.lr"
+    std::string value;     // YAML ("3e-5", "[1, 2]"), or the string itself where `literal`
+    bool literal = false;
+    std::string origin;  // how it was given, for messages: "--set train.lr=3e-5", "--max-steps 30"
+  };
+  std::vector<Set> sets;
+  bool expand_environment = false;
+
+  // Adds an assignment as `worker --set` takes it: "KEY.PATH=VALUE". Throws SpecError
+  // ("--set ...: expected KEY.PATH=VALUE ...") without an '=' or a key.
+  void AddAssignment(const std::string& assignment);
+  // Adds a value given by another flag, as `origin` ("--max-steps 30"): YAML text, or a
+  // string taken as it is where `literal` (a path).
+  void Add(const std::string& key_path, const std::string& value, const std::string& origin, bool literal = false);
+};
+
+// Parses and validates a job file. Relative paths resolve against the file's folder
+// (a path given through `overrides` too: make it absolute to mean another folder).
+// Throws SpecError (file:line:column: key: message, or "--set k=v: key: message" for an
+// overridden key) on any problem, including missing input files.
+JobSpec LoadJobSpec(const std::string& path, const SpecOverrides& overrides = {});
 
 // A job file's text: a regular file of at most 16 MiB, read without blocking on a FIFO
 // or device. Throws SpecError ("<path>:0:0: <file>: ...") otherwise.
 std::string ReadJobFile(const std::string& path);
 
 // Same, from YAML text; `source_name` is used in messages and `base_dir` for paths.
-JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir);
+JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_name, const std::string& base_dir,
+                     const SpecOverrides& overrides = {});
+
+// The metrics eval.metrics may name for `task`, in report order (each reported as
+// "eval_<name>", with eval_loss always).
+const std::vector<std::string>& EvalMetricNames(TaskKind task);
 
 const char* ToString(Precision p);
 const char* ToString(JobKind k);

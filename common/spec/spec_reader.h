@@ -51,10 +51,28 @@ class SpecReader {
              std::map<std::string, std::string>* values)
       : source_(std::move(source)), base_dir_(std::move(base_dir)), locations_(locations), values_(values) {}
 
+  // Keys set on the command line (--set), by key path: what they and the keys beneath
+  // them are located at in messages, instead of a place in the file.
+  void set_origins(const std::map<std::string, std::string>* origins) { origins_ = origins; }
+
+  // "<file>:<line>:<column>" of `at`, or the --set that gave `key_path` or a key above
+  // it, or else one beneath it (a section a --set made).
+  std::string Location(const YAML::Node& at, const std::string& key_path) const {
+    for (std::string path = key_path; origins_ && !path.empty();) {
+      if (auto it = origins_->find(path); it != origins_->end()) return it->second;
+      const size_t parent = path.find_last_of(".[");
+      if (parent == std::string::npos) break;
+      path.resize(parent);
+    }
+    if (auto it =
+            origins_ ? origins_->lower_bound(key_path + ".") : std::map<std::string, std::string>::const_iterator();
+        origins_ && it != origins_->end() && it->first.rfind(key_path + ".", 0) == 0)
+      return it->second;
+    return source_ + ":" + std::to_string(at.Mark().line + 1) + ":" + std::to_string(at.Mark().column + 1);
+  }
+
   [[noreturn]] void Fail(const YAML::Node& at, const std::string& key_path, const std::string& message) const {
-    std::ostringstream out;
-    out << source_ << ":" << at.Mark().line + 1 << ":" << at.Mark().column + 1 << ": " << key_path << ": " << message;
-    throw SpecError(out.str());
+    throw SpecError(Location(at, key_path) + ": " + key_path + ": " + message);
   }
 
   static std::string Child(const std::string& path, const std::string& key) {
@@ -89,8 +107,7 @@ class SpecReader {
     const YAML::Node node = map[key];
     if (!node.IsDefined() || node.IsNull()) return false;
     if (!node.IsScalar()) Fail(node, Child(path, key), std::string("expected ") + expected);
-    (*locations_)[Child(path, key)] =
-        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
+    (*locations_)[Child(path, key)] = Location(node, Child(path, key));
     (*values_)[Child(path, key)] = node.Scalar();
     try {
       *out = node.as<T>();
@@ -173,8 +190,7 @@ class SpecReader {
                 Convert convert) const {
     const YAML::Node node = m[k];
     if (!node.IsDefined() || node.IsNull()) return false;
-    (*locations_)[Child(p, k)] =
-        source_ + ":" + std::to_string(node.Mark().line + 1) + ":" + std::to_string(node.Mark().column + 1);
+    (*locations_)[Child(p, k)] = Location(node, Child(p, k));
     if (!node.IsSequence()) Fail(node, Child(p, k), "expected a list, e.g. [1, 2, 4]");
     if (node.size() == 0) Fail(node, Child(p, k), "expected a non-empty list");
     out->clear();
@@ -223,6 +239,7 @@ class SpecReader {
   fs::path base_dir_;
   std::map<std::string, std::string>* locations_;
   std::map<std::string, std::string>* values_;
+  const std::map<std::string, std::string>* origins_ = nullptr;
 };
 
 }  // namespace trainyard::spec_reader

@@ -15,7 +15,7 @@ namespace {
 
 std::map<std::string, std::string> ValidMeta() {
   CheckpointMeta m;
-  m.progress = TrainProgress{1, 5, 30, 12.5, 80, 5, 1};
+  m.progress = TrainProgress{1, 5, 30, 12.5, 80, 5, 1, {25, 20, 1, 0.8125}};
   m.optimizer_steps = 29;
   m.loss_scale = 32768.0;
   m.scale_growth_tracker = 3;
@@ -50,6 +50,31 @@ TEST(CheckpointMeta, RoundTripsEveryField) {
   EXPECT_EQ(m.scale_growth_tracker, 3);
   EXPECT_EQ(m.rng_ranks, 2);
   EXPECT_TRUE(m.cuda_rng);
+  EXPECT_EQ(m.progress.evals.step, 25);
+  EXPECT_EQ(m.progress.evals.best_step, 20);
+  EXPECT_EQ(m.progress.evals.without_gain, 1);
+  EXPECT_EQ(m.progress.evals.best_value, 0.8125);
+}
+
+TEST(CheckpointMeta, ACheckpointWithoutEvaluationsHasNone) {
+  std::map<std::string, std::string> meta = ValidMeta();
+  for (const char* key : {"eval_step", "best_step", "evals_without_gain", "best_value"}) meta.erase(key);
+  const CheckpointMeta m = ParseCheckpointMeta(meta, "ck");
+  EXPECT_EQ(m.progress.evals.step, 0);
+  EXPECT_EQ(m.progress.evals.best_step, 0);
+  EXPECT_EQ(m.progress.evals.without_gain, 0);
+}
+
+TEST(CheckpointMeta, EvaluationsLieAtOrBeforeTheCheckpointsStep) {
+  std::map<std::string, std::string> meta = ValidMeta();
+  meta["eval_step"] = "31";
+  EXPECT_EQ(ErrorOf(meta), "ck.safetensors: checkpoint metadata 'eval_step': exceeds global_step");
+  meta = ValidMeta();
+  meta["best_step"] = "26";
+  EXPECT_EQ(ErrorOf(meta), "ck.safetensors: checkpoint metadata 'best_step': exceeds eval_step");
+  meta = ValidMeta();
+  meta.erase("best_value");
+  EXPECT_EQ(ErrorOf(meta), "ck.safetensors: checkpoint metadata 'best_value': missing");
 }
 
 TEST(CheckpointMeta, LossSumIsStoredExactly) {

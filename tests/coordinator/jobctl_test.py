@@ -157,15 +157,16 @@ def jobctl_checks(a, work, endpoint, port, jobctl, checks):
     checks["jobctl refuses bad options with exit 2"] = set(codes.values()) == {2}
 
     state = os.path.join(work, "small.db")
-    daemon = Daemon(a.coordinator, state, port, "--max-message-bytes", "8192")
+    # Room for the example job, not for the example padded with 15,000 bytes.
+    daemon = Daemon(a.coordinator, state, port, "--max-message-bytes", "16384")
     job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
     padded = os.path.join(work, "padded.yaml")
     open(padded, "w").write(open(job).read().replace("../../data", os.path.join(SOURCE, "data")) +
-                            "# padding\n" * 600)
+                            "# padding\n" * 1500)
     too_large = jobctl("submit", padded)
     print("oversized request:", too_large.stderr.strip().splitlines()[-1])
     checks["an oversized request is refused naming the coordinator's --max-message-bytes"] = (
-        too_large.returncode == 2 and "is over the coordinator's 8192 (--max-message-bytes)" in too_large.stderr)
+        too_large.returncode == 2 and "is over the coordinator's 16384 (--max-message-bytes)" in too_large.stderr)
     job_id = json.loads(jobctl("--json", "submit", job).stdout)["job_id"]
     daemon.kill(signal.SIGTERM)
     with sqlite3.connect(state) as db:

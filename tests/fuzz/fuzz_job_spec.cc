@@ -1,6 +1,8 @@
 // libFuzzer target: YAML text -> ParseJobSpec, or ParseSearchSpec for a kind: search
 // file (the coordinator's choice too). Every input must end in a spec or a SpecError; any
-// other exception escapes, and libFuzzer reports it as a crash.
+// other exception escapes, and libFuzzer reports it as a crash. A job file is parsed as
+// a standalone worker reads one: ${VAR} expanded, and each comment line "#set K=V" given
+// as `--set K=V`.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -20,7 +22,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (trial.spec.name.rfind(search.name + ".t", 0) != 0) __builtin_trap();
       return 0;
     }
-    trainyard::JobSpec spec = trainyard::ParseJobSpec(yaml, "fuzz.yaml", trainyard::fuzz::ScratchFolder());
+    trainyard::SpecOverrides overrides;
+    overrides.expand_environment = true;
+    for (size_t at = yaml.find("#set "); at != std::string::npos; at = yaml.find("#set ", at + 1))
+      if (at == 0 || yaml[at - 1] == '\n') overrides.AddAssignment(yaml.substr(at + 5, yaml.find('\n', at) - at - 5));
+    trainyard::JobSpec spec = trainyard::ParseJobSpec(yaml, "fuzz.yaml", trainyard::fuzz::ScratchFolder(), overrides);
     // A spec that parsed must be usable: every key it read can be located.
     for (const auto& [key, where] : spec.locations) (void)spec.Where(key);
   } catch (const trainyard::SpecError&) {

@@ -17,6 +17,9 @@
 //   ty_probe lr-schedule linear|cosine|constant PEAK WARMUP_RATIO TOTAL_STEPS [...]
 //                                            stdout: JSON lr of optimizer steps 0..TOTAL,
 //                                            a list for each schedule named
+//   ty_probe eval-metrics CLASSES           stdin: "TRUE PREDICTED" class ids, a pair a line;
+//                                            stdout: JSON of the classification metrics
+//                                            evaluations report (worker/report/eval_metrics.h)
 //   ty_probe gemv [--threads N] [--rows 1,2,4,8,16]
 //                                            stdout: JSON ms of one pass over GPT-2-small's
 //                                            block weights (12 layers, 340 MB, more than any
@@ -51,6 +54,7 @@
 #include "worker/models/hf_checkpoint.h"
 #include "worker/models/lora.h"
 #include "worker/models/quantize.h"
+#include "worker/report/eval_metrics.h"
 #include "worker/train/lr_schedule.h"
 #include "worker/train/optimizer.h"
 
@@ -425,6 +429,22 @@ int Schedule(int argc, char** argv) {
   return 0;
 }
 
+int EvalMetrics(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const size_t classes = std::stoul(argv[2]);
+  ClassCounts counts{std::vector<double>(classes), std::vector<double>(classes), std::vector<double>(classes)};
+  size_t actual = 0, predicted = 0;
+  while (std::cin >> actual >> predicted) {
+    counts.actual.at(actual) += 1;
+    counts.predicted.at(predicted) += 1;
+    if (actual == predicted) counts.correct[actual] += 1;
+  }
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, value] : ClassificationMetrics(counts)) out[name] = value;
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
 int Resave(int argc, char** argv) {
   if (argc < 4) return 2;
   Model model = LoadModel(argv[2], torch::kCPU);
@@ -453,12 +473,13 @@ int RunCommand(int argc, char** argv) {
     if (command == "gemv") return trainyard::Gemv(argc, argv);
     if (command == "gemm") return trainyard::Gemm(argc, argv);
     if (command == "lr-schedule") return trainyard::Schedule(argc, argv);
+    if (command == "eval-metrics") return trainyard::EvalMetrics(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ty_probe " << command << ": " << e.what() << "\n";
     return 1;
   }
   std::cerr << "usage: ty_probe tokenize|logits|scaler|graph|resave|generate|lora-steps|merge|torchscript|aoti|"
-               "gemv|gemm|lr-schedule ...\n";
+               "gemv|gemm|lr-schedule|eval-metrics ...\n";
   return 2;
 }
 

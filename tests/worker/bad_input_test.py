@@ -176,6 +176,35 @@ def run_folder_cases(worker, work, train):
     return failures + (not ok)
 
 
+def override_cases(worker, work, train):
+    """Values from the command line (--set) and the environment (${VAR}): a bad one is exit
+    2, one line naming the flag (or the file's line) and the key, and nothing written."""
+    job = write(os.path.join(work, "override", "job.yaml"),
+                job_yaml("bad", train).replace("  max_seq_len: 64", "  max_seq_len: ${TY_BAD_INPUT_UNSET}"))
+    env = {k: v for k, v in os.environ.items() if k != "TY_BAD_INPUT_UNSET"}
+    good = write(os.path.join(work, "override", "good.yaml"), job_yaml("bad", train))
+    runs = os.path.join(work, "override", "runs")
+    failures = 0
+    for name, path, extra, expected in [
+            ("--set of a bad value", good, ["--set", "train.lr=abc"],
+             r"^error: --set train\.lr=abc: train\.lr: expected a number, got 'abc'$"),
+            ("--set of an unknown key", good, ["--set", "train.lrr=1"],
+             r"^error: --set train\.lrr=1: train\.lrr: unknown key; did you mean 'lr'\?$"),
+            ("--set without a value", good, ["--set", "train.lr"],
+             r"^error: --set train\.lr: expected KEY\.PATH=VALUE, e\.g\. train\.lr=3e-5$"),
+            ("--max-steps out of range", good, ["--max-steps", "2000000000000"],
+             r"^error: --max-steps 2000000000000: train\.max_steps: expected an integer in \[0, 1000000000000\]"),
+            ("an unset ${VAR}", job, [],
+             r"^error: .*job\.yaml:\d+:\d+: data\.max_seq_len: \$\{TY_BAD_INPUT_UNSET\} is not set in the "
+             r"environment \(\$\{TY_BAD_INPUT_UNSET:-default\} gives a default\)$")]:
+        result = run_worker(worker, path, runs, *extra, timeout=120, env=env)
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        ok = result.returncode == 2 and len(lines) == 1 and re.search(expected, lines[0]) and not os.path.exists(runs)
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
+        failures += not ok
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
@@ -203,6 +232,7 @@ def main():
             failures += not ok
             shutil.rmtree(os.path.join(work, "case"), ignore_errors=True)
         failures += run_folder_cases(args.worker, work, train)
+        failures += override_cases(args.worker, work, train)
     pool = subprocess.run([args.worker, "--coordinator", "127.0.0.1:5555"], capture_output=True, text=True, timeout=60)
     ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")

@@ -2,8 +2,9 @@
 
 A 2-rank job writes runs/<job>/tb/. Every record passes the reader's CRC checks
 (PyRecordReader, which raises DataLossError on a bad length or payload CRC), and
-EventAccumulator returns, for every number of every steps.jsonl line and epochs.csv row,
-one scalar at the right step equal to the file's value as float32, and nothing else. A
+EventAccumulator returns, for every number of every steps.jsonl line and epochs.csv row
+and every metric of every evals.jsonl line, one scalar at the right step equal to the
+file's value as float32, and nothing else. A
 flipped payload byte is caught by the same reader. Rerunning the job fresh starts the
 curves empty rather than appending to the old ones."""
 import argparse
@@ -38,7 +39,7 @@ def records(path):
 
 
 def expected_scalars(run_dir):
-    """tag -> [(step, float32 value)] from steps.jsonl and epochs.csv."""
+    """tag -> [(step, float32 value)] from steps.jsonl, evals.jsonl and epochs.csv."""
     want = {}
     with open(os.path.join(run_dir, "steps.jsonl")) as f:
         for line in f:
@@ -47,6 +48,13 @@ def expected_scalars(run_dir):
                 if key in ("step", "epoch") or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
                 want.setdefault("train/" + key, []).append((step_line["step"], np.float32(value)))
+    with open(os.path.join(run_dir, "evals.jsonl")) as f:
+        for line in f:
+            evaluation = json.loads(line)
+            split = evaluation["split"]
+            for key, value in evaluation.items():
+                if key.startswith(split + "_"):
+                    want.setdefault(f"{split}/{key[len(split) + 1:]}", []).append((evaluation["step"], np.float32(value)))
     end_step = 0
     with open(os.path.join(run_dir, "epochs.csv")) as f:
         for row in csv.DictReader(f):
@@ -69,11 +77,14 @@ def check_against_files(run_dir):
     for tag, points in want.items():
         got = [(e.step, np.float32(e.value)) for e in acc.Scalars(tag)]
         assert got == points, f"{tag}: {got[:5]} != {points[:5]}"
-    for column in ("eval_acc", "forward_ms_med", "forward_ms_max", "slowest_ms_per_step"):
-        assert "epoch/" + column in want, column
+    for tag in ("epoch/eval_acc", "epoch/forward_ms_med", "epoch/forward_ms_max", "epoch/slowest_ms_per_step",
+                "eval/loss", "eval/f1"):
+        assert tag in want, tag
     steps = sum(1 for line in open(os.path.join(run_dir, "steps.jsonl")))
+    evals = sum(1 for line in open(os.path.join(run_dir, "evals.jsonl")))
     epochs = sum(1 for _ in open(os.path.join(run_dir, "epochs.csv"))) - 1
-    assert len(payloads) == 1 + steps + epochs, (len(payloads), steps, epochs)  # + the file-version event
+    # + the file-version event
+    assert len(payloads) == 1 + steps + evals + epochs, (len(payloads), steps, evals, epochs)
     print(f"{len(want)} tags, {sum(len(p) for p in want.values())} scalars equal the files; "
           f"{len(payloads)} records pass the CRC checks")
     return files[0]
@@ -99,7 +110,7 @@ def main():
     a = p.parse_args()
     folder = tempfile.mkdtemp(prefix="ty_tb_")
     try:
-        extra = "train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\n"
+        extra = "train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\neval: {every_steps: 5}\n"
         job = write(os.path.join(folder, "tb.yaml"),
                     job_yaml("tb", subset_tsv(folder, 480), extra).replace("steps_every: 1", "steps_every: 3"))
         runs = os.path.join(folder, "runs")

@@ -34,7 +34,14 @@ std::pair<size_t, size_t> RankShard(size_t n, int rank, int world) {
 }
 
 void WriteJobSummary(const JobSpec& spec, const nlohmann::json& summary) {
+  WriteEffectiveJob(spec);
   WriteFileAtomically(RunDir(spec) + "/summary.json", summary.dump(2) + "\n");
+}
+
+void WriteEffectiveJob(const JobSpec& spec) {
+  if (spec.effective_yaml.empty()) return;  // a spec not read from YAML (tests)
+  std::filesystem::create_directories(RunDir(spec));
+  WriteFileAtomically(RunDir(spec) + "/job.yaml", spec.effective_yaml);
 }
 
 std::string RunDir(const JobSpec& spec) {

@@ -74,8 +74,13 @@ std::pair<size_t, size_t> RankShard(size_t n, int rank, int world);
 // <log.runs_dir or ./runs>/<job name>: where rank 0 writes the job's outputs.
 std::string RunDir(const JobSpec& spec);
 
-// Rank 0's last word on a job: `summary` as RunDir(spec)/summary.json, written atomically.
+// Rank 0's last word on a job: `summary` as RunDir(spec)/summary.json, written
+// atomically, with the job that ran (WriteEffectiveJob).
 void WriteJobSummary(const JobSpec& spec, const nlohmann::json& summary);
+
+// Rank 0: the job as it runs (its file after --set and ${VAR} expansion) as
+// RunDir(spec)/job.yaml, written atomically.
+void WriteEffectiveJob(const JobSpec& spec);
 
 // The input pipeline's options for this job (pinned memory on CUDA).
 PipelineOptions PipelineOptionsFor(const JobSpec& spec, const torch::Device& device);

@@ -72,9 +72,11 @@ void Trainer::LoadData() {
   labels_ = LoadLabels(spec_);
   train_ = LoadTexts(spec_, "data.train", spec_.data.train, &labels_);
   if (!spec_.data.dev.empty()) dev_ = LoadTexts(spec_, "data.dev", spec_.data.dev, &labels_);
+  if (!spec_.eval.test.empty()) test_ = LoadTexts(spec_, "eval.test", spec_.eval.test, &labels_);
   tokenizer_ = LoadTokenizer(spec_, train_);
   train_tokens_ = std::make_unique<TokenCache>(train_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
   dev_tokens_ = std::make_unique<TokenCache>(dev_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
+  test_tokens_ = std::make_unique<TokenCache>(test_, *tokenizer_, spec_.data.max_seq_len, kTokenCacheBytes);
   // The plan is made of global batches (batch_size per rank x ranks x micro-batches), so
   // any number of ranks, and any split of a step into micro-batches, sees the same global
   // order of samples; each rank takes its shard of each, in micro-batches.
@@ -453,15 +455,11 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   BatchPipeline pipeline(train_, *tokenizer_, std::move(plan.batches), options);
   DeviceTransfer transfer(device_);
   StepLog steps(*this, epoch, total_steps, log);
-  // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
-  // done once per logging interval, and before checkpoints, which need the sums. Every
-  // rank reads at the same steps, since a read may act on the ranks' stop votes.
-  const int64_t flush_every = device_.is_cuda() ? spec_.log.steps_every : 1;
-  const int64_t checkpoint_every = spec_.checkpoint.every_steps;
   const size_t per_step = size_t(spec_.train.gradient_accumulation_steps);
   model_->train();
   *totals_ = EpochTotals{};
-  for (size_t first_micro = 0; progress_.global_step < total_steps; first_micro += per_step) {
+  EvaluateAndCheckpointIfDue(log, false);  // one a stop at its step kept from being made
+  for (size_t first_micro = 0; progress_.global_step < total_steps && !StoppedEarly(); first_micro += per_step) {
     // Without a reducer to carry the stop votes (a single rank), look at the request here,
     // with every step before it read (the epoch sums a checkpoint keeps).
     if (!reducer_ && StopAsked(ranks_)) {
@@ -486,13 +484,25 @@ void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     CountStep(micro, &step);
     steps.Add(std::move(step));
     profiler_->AfterStep(progress_.global_step);
-    const bool checkpoint = checkpoint_every > 0 && progress_.global_step % checkpoint_every == 0;
-    if (checkpoint || progress_.global_step % flush_every == 0) steps.Flush();
-    if (checkpoint) SaveCheckpointNow("every_steps");  // collective
-    if (spec_.debug.step_pause_ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.debug.step_pause_ms));
+    if (!AfterStep(steps, log)) break;
   }
   steps.Finish();
+}
+
+bool Trainer::AfterStep(StepLog& steps, RunLog* log) {
+  const int64_t step = progress_.global_step;
+  // On CPU reading a step costs nothing; on CUDA it waits for the device, so it is
+  // done once per logging interval, and before evaluations and checkpoints, which need
+  // the sums. Every rank reads at the same steps, since a read may act on the ranks'
+  // stop votes.
+  const int64_t flush_every = device_.is_cuda() ? spec_.log.steps_every : 1;
+  const int64_t checkpoint_every = spec_.checkpoint.every_steps;
+  const bool checkpoint = checkpoint_every > 0 && step % checkpoint_every == 0;
+  if (checkpoint || EvaluationDue() || step % flush_every == 0) steps.Flush();
+  // The evaluation comes first: the checkpoint then holds what it judged.
+  EvaluateAndCheckpointIfDue(log, checkpoint);  // collective
+  if (spec_.debug.step_pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(spec_.debug.step_pause_ms));
+  return !StoppedEarly();
 }
 
 std::vector<Batch> Trainer::NextMicroBatches(BatchPipeline& pipeline, size_t count) {
@@ -517,55 +527,6 @@ void Trainer::CountStep(const std::vector<Batch>& micro, PendingStep* step) {
   progress_.epoch_examples += step->examples;
 }
 
-std::pair<double, double> Trainer::Evaluate() {
-  if (dev_.examples.empty()) return {0.0, 0.0};
-  torch::NoGradGuard no_grad;
-  model_->eval();
-  std::vector<int32_t> order(dev_.examples.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return dev_.examples[a].text.size() < dev_.examples[b].text.size(); });
-  // Each rank evaluates every world-th batch; the sums are added up across ranks.
-  std::vector<BatchIndices> batches;
-  const size_t batch_size = static_cast<size_t>(spec_.train.batch_size) * 2;
-  for (size_t i = 0, b = 0; i < order.size(); i += batch_size, ++b)
-    if (static_cast<int>(b % ranks_.world) == ranks_.rank)
-      batches.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + batch_size));
-  PipelineOptions options = PipelineOptionsFor(spec_, device_);
-  options.cache = dev_tokens_.get();
-  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
-  BatchPipeline pipeline(dev_, *tokenizer_, std::move(batches), options);
-  DeviceTransfer transfer(device_);
-  // Loss sum, correct predictions and their count (examples, or predicted tokens for a
-  // causal LM), kept on the device and read once at the end.
-  torch::Tensor sums = torch::zeros({3}, torch::TensorOptions(torch::kDouble).device(device_));
-  while (auto host = pipeline.Next()) {
-    Batch batch = transfer.ToDevice(std::move(*host));
-    sums += graphs_ ? graphs_->Evaluate(batch, [this](Batch& b) { return EvaluationSums(b); }) : EvaluationSums(batch);
-  }
-  if (ranks_.comm) ranks_.comm->AllReduce(sums, ReduceOp::kSum, "evaluation sums");
-  model_->train();
-  sums = sums.to(torch::kCPU);
-  const double n = std::max(1.0, sums[2].item<double>());
-  return {sums[0].item<double>() / n, sums[1].item<double>() / n};
-}
-
-// One evaluation batch's loss sum, correct predictions and their count, as doubles on
-// the device. No host waits: a CUDA graph can hold it.
-torch::Tensor Trainer::EvaluationSums(const Batch& batch) {
-  AutocastScope autocast(device_.type(), spec_.train.precision);
-  torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
-  torch::Tensor loss = TaskLoss(logits, batch, torch::kSum).to(torch::kDouble);
-  if (causal_lm()) {
-    torch::Tensor targets = NextTokenTargets(batch);
-    torch::Tensor counted = targets.ne(kIgnoredTarget);
-    torch::Tensor correct = logits.narrow(1, 0, logits.size(1) - 1).argmax(2).eq(targets).logical_and(counted).sum();
-    return torch::stack({loss, correct.to(torch::kDouble), counted.sum().to(torch::kDouble)});
-  }
-  torch::Tensor correct = logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
-  return torch::stack({loss, correct, torch::full({}, double(batch.size()), loss.options())});
-}
-
 nlohmann::json Trainer::Run() {
   const auto run_start = Clock::now();
   if (ranks_.comm) {
@@ -583,11 +544,14 @@ nlohmann::json Trainer::Run() {
   std::optional<RunLog> log;
   if (is_rank0()) {
     log.emplace(run_dir(), resume_from_ ? progress_.epoch + 1 : 0, progress_.global_step);
+    WriteEffectiveJob(spec_);
     OpenRunLog(*log);
   }
   while (HasEpochToRun(total_steps)) TrainAndEvaluateEpoch(total_steps, log ? &*log : nullptr);
   WriteTrace();
   nlohmann::json summary = Summary(run_start);
+  RestoreBestWeights(&summary);                   // collective
+  EvaluateTest(log ? &*log : nullptr, &summary);  // collective
   if (log) SaveResults(*log, &summary);
   return summary;
 }
@@ -604,6 +568,7 @@ int64_t Trainer::TotalSteps() const {
 
 bool Trainer::HasEpochToRun(int64_t total_steps) const {
   if (progress_.epoch >= spec_.train.epochs) return false;
+  if (StoppedEarly()) return false;  // its epoch has its row (TrainAndEvaluateEpoch)
   return progress_.global_step < total_steps || (steps_per_epoch_ > 0 && progress_.next_batch >= steps_per_epoch_);
 }
 
@@ -621,19 +586,21 @@ void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {
                        StrFormat(" (%s); checkpoint of step %ld written, a rerun resuming from it goes on there",
                                  ranks_.stop_signal ? "a signal" : "a preemption", long(progress_.global_step)));
   }
-  // train.max_steps (--max-steps) may end the run inside an epoch. Its checkpoint keeps
-  // the place there: a resume goes on from the epoch's next batch, and the row below is
-  // replaced once the epoch is whole.
+  // train.max_steps (--max-steps) or early stopping may end the run inside an epoch.
+  // Its checkpoint keeps the place there: a resume goes on from the epoch's next batch,
+  // and the row below is replaced once the epoch is whole. The evaluation comes first,
+  // so that the checkpoint holds what it judged.
   const bool whole_epoch = progress_.next_batch >= steps_per_epoch_;
-  if (!whole_epoch) SaveCheckpointNow("max_steps, inside the epoch");  // collective
-  auto [eval_loss, eval_acc] = Evaluate();
-  EpochRow row = MakeEpochRow(epoch, eval_loss, eval_acc, total_steps);
+  const Evaluation eval = EvaluateDev(log);  // collective
+  if (!whole_epoch) SaveCheckpointNow(StoppedEarly() ? "early stopping" : "max_steps, inside the epoch");
+  EpochRow row = MakeEpochRow(epoch, eval, total_steps);
   if (log) log->AddEpoch(row);
-  if (log && causal_lm() && !dev_.examples.empty())
-    LogInfo(StrFormat("epoch %ld: dev perplexity %.2f, next-token accuracy %.2f%%", long(epoch + 1),
-                      std::exp(eval_loss), 100.0 * eval_acc));
   if (whole_epoch) {
-    progress_ = TrainProgress{epoch + 1, 0, progress_.global_step};
+    TrainProgress next;
+    next.epoch = epoch + 1;
+    next.global_step = progress_.global_step;
+    next.evals = progress_.evals;
+    progress_ = next;
     SaveCheckpointNow("end of epoch");  // collective
   }
   if (log && ranks_.hooks) ranks_.hooks->EpochDone(row, EpochCsvHeader(), log->csv_lines().back());

@@ -1,5 +1,6 @@
 // Runs a `finetune` job: data, model, optimizer, the training loop with per-step
-// timing, evaluation each epoch, checkpoints and resume, logs.
+// timing, evaluations (each epoch, every eval.every_steps, of a test split at the end),
+// the best checkpoint and early stopping, checkpoints and resume, logs.
 //
 // Construction loads and checks every input the job names (datasets, tokenizer,
 // initial weights, the checkpoint to resume from) before anything is written, so a bad
@@ -71,6 +72,9 @@ class Trainer {
   bool HasEpochToRun(int64_t total_steps) const;
   // One epoch's training, evaluation, epoch row and checkpoint.
   void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
+  // After a step: its flush, the evaluation and checkpoint due, debug.step_pause_ms.
+  // Returns false where early stopping ends the run. Collective.
+  bool AfterStep(StepLog& steps, RunLog* log);
   void TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
   // The rank's micro-batches of the epoch's steps left, in order, gradient_accumulation_steps
   // of them a step, and each one's loss weight.
@@ -99,10 +103,44 @@ class Trainer {
   // train.cuda_graph against the device and the communicator: whether steps are graphed.
   // Throws InputError where `true` cannot be honoured.
   bool WantsGraphs() const;
-  // Mean loss and accuracy over the dev set: per example for a classifier, per
-  // predicted token for a causal LM.
-  std::pair<double, double> Evaluate();
+  // trainer_eval.cc: evaluations, the best one, early stopping.
+  // One evaluation of a split ("eval": the dev set, "test"): its figures in report
+  // order, "<split>_loss" first, then the metrics eval.metrics names; empty for a split
+  // without examples.
+  struct Evaluation {
+    std::string split;
+    int64_t step = 0;
+    std::vector<std::pair<std::string, double>> metrics;
+    double accuracy = 0;  // also where eval.metrics leaves it out: the epoch table shows it
+    double seconds = 0;
+    size_t examples = 0;
+    bool bettered = false;  // it became the best of checkpoint.best_metric
+    double Get(const std::string& name) const;
+  };
+  // Collective: the split's mean loss and metrics over every rank's share of it.
+  Evaluation Evaluate(const TextDataset& data, TokenCache* tokens, const std::string& split);
+  std::vector<std::pair<std::string, double>> ReportedMetrics(const std::vector<double>& sums,
+                                                              const std::string& split) const;
   torch::Tensor EvaluationSums(const Batch& batch);
+  // Collective: the dev set's evaluation at this step. The first at a step is recorded
+  // (evals.jsonl, TensorBoard, MLflow) and judged; another at the same step (an epoch
+  // end that eval.every_steps also hit, a resume there) is not.
+  Evaluation EvaluateDev(RunLog* log);
+  // Whether eval.every_steps asks for an evaluation at this step that was not made.
+  bool EvaluationDue() const;
+  // Collective: the evaluation that is due, and the checkpoint that a new best or
+  // checkpoint.every_steps (`checkpoint_due`) asks for.
+  void EvaluateAndCheckpointIfDue(RunLog* log, bool checkpoint_due);
+  // checkpoint.best_metric: whether `e` betters the best (then it becomes the best), and
+  // train.early_stopping's count of evaluations without a gain.
+  bool Judge(const Evaluation& e);
+  bool StoppedEarly() const;
+  nlohmann::json EvaluationLine(const Evaluation& e) const;
+  // Collective, at the end: the best evaluation's weights into the model (from its
+  // checkpoint on rank 0's host, broadcast), where they are not the last step's.
+  void RestoreBestWeights(nlohmann::json* summary);
+  // Collective, at the end: eval.test's evaluation, into evals.jsonl and the summary.
+  void EvaluateTest(RunLog* log, nlohmann::json* summary);
   bool causal_lm() const;
   static constexpr int64_t kIgnoredTarget = -100;
   static torch::Tensor NextTokenTargets(const Batch& batch);
@@ -142,7 +180,7 @@ class Trainer {
   void PrepareCheckpointFolder();
 
   // trainer_outputs.cc: what the run leaves behind.
-  EpochRow MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps);
+  EpochRow MakeEpochRow(int64_t epoch, const Evaluation& eval, int64_t total_steps);
   void StartTrace();
   // Each rank writes its spans; after a barrier rank 0 merges them into trace.json.
   void WriteTrace();
@@ -165,11 +203,12 @@ class Trainer {
   RankContext ranks_;
   torch::Device device_{torch::kCPU};
   LabelSet labels_;
-  TextDataset train_, dev_;
+  TextDataset train_, dev_, test_;
   std::unique_ptr<Tokenizer> tokenizer_;
   // Each example's ids, encoded in the first epoch (or evaluation) and reused after.
   static constexpr size_t kTokenCacheBytes = size_t(256) << 20;
-  std::unique_ptr<TokenCache> train_tokens_, dev_tokens_;
+  std::unique_ptr<TokenCache> train_tokens_, dev_tokens_, test_tokens_;
+  std::optional<Evaluation> last_eval_;  // the newest dev evaluation of this process
   std::unique_ptr<LengthBucketSampler> sampler_;
   Model model_;
   LoraSummary lora_;  // with model.lora: what was adapted

@@ -83,7 +83,7 @@ MlflowOptions Trainer::MlflowOptionsFor() const {
   return o;
 }
 
-EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc, int64_t total_steps) {
+EpochRow Trainer::MakeEpochRow(int64_t epoch, const Evaluation& eval, int64_t total_steps) {
   const EpochTotals& t = *totals_;
   const double elapsed_ms = MsSince(t.start);
   const double steps = std::max<int64_t>(1, t.steps);
@@ -130,8 +130,8 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, double eval_loss, double eval_acc,
   row.samples_per_s = samples / std::max(1e-9, elapsed_ms / 1000.0);
   row.data_wait_pct = 100.0 * mine[0] / std::max(1e-9, row.ms_per_step);
   row.train_loss = progress_.epoch_loss_sum / double(std::max<int64_t>(1, progress_.epoch_examples));
-  row.eval_loss = eval_loss;
-  row.eval_acc = eval_acc;
+  row.eval_loss = eval.Get("eval_loss");
+  row.eval_acc = eval.accuracy;
   row.lr = LrAt(std::max<int64_t>(0, progress_.global_step - 1), total_steps);
   if (scaler_->enabled()) row.loss_scale = scaler_->scale();
   return row;

@@ -109,7 +109,7 @@ void Trainer::SaveCheckpointNow(const std::string& reason) {
   if (!WritesCheckpoints()) return;
   const std::string dir = run_dir() + "/checkpoints";
   SaveCheckpoint(CheckpointPath(dir, progress_.global_step), *model_, *optimizer_, *scaler_, progress_, rng);
-  PruneCheckpoints(dir, spec_.checkpoint.keep);
+  PruneCheckpoints(dir, spec_.checkpoint.keep, spec_.checkpoint.best_metric.empty() ? 0 : progress_.evals.best_step);
   LogDebug(StrFormat("checkpoint at step %ld (%s)", long(progress_.global_step), reason.c_str()));
 }
 

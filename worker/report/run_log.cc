@@ -134,13 +134,16 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
   std::filesystem::create_directories(dir_);
   if (resume_epoch > 0) {
     LoadRows(resume_epoch);
-    TrimSteps(resume_step);
+    TrimLines("steps.jsonl", resume_step);
+    TrimLines("evals.jsonl", resume_step);
   } else {
     std::filesystem::remove(dir_ + "/steps.jsonl");
+    std::filesystem::remove(dir_ + "/evals.jsonl");
     RemoveEventFiles(dir_ + "/tb");  // a fresh run's curves start empty
   }
   WriteCsv();
   steps_.open(dir_ + "/steps.jsonl", std::ios::app);
+  evals_.open(dir_ + "/evals.jsonl", std::ios::app);
   try {
     tensorboard_ = std::make_unique<EventFileWriter>(dir_ + "/tb");
   } catch (const std::exception& e) {
@@ -193,14 +196,17 @@ void RunLog::LoadRows(int64_t before_epoch) {
   }
 }
 
-void RunLog::TrimSteps(int64_t up_to_step) {
-  std::ifstream in(dir_ + "/steps.jsonl");
+void RunLog::TrimLines(const std::string& file, int64_t up_to_step) {
+  const std::string path = dir_ + "/" + file;
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return;
+  std::ifstream in(path);
   std::string kept, line;
   while (std::getline(in, line)) {
     auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (parsed.is_object() && parsed.value("step", int64_t(0)) <= up_to_step) kept += line + "\n";
   }
-  WriteFileAtomically(dir_ + "/steps.jsonl", kept);
+  WriteFileAtomically(path, kept);
 }
 
 void RunLog::WriteCsv() const {
@@ -256,6 +262,21 @@ void RunLog::AddStep(const nlohmann::json& line) {
   if (sink_) sink_->LogMetrics(line.value("step", int64_t(0)), values);
 }
 
+void RunLog::AddEvaluation(const nlohmann::json& line) {
+  evals_ << line.dump() << "\n";
+  evals_.flush();
+  const std::string split = line.value("split", std::string("eval"));
+  std::vector<std::pair<std::string, float>> scalars;
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [key, value] : line.items())
+    if (value.is_number() && key.rfind(split + "_", 0) == 0) {
+      values.emplace_back(split + "/" + key.substr(split.size() + 1), value.get<double>());
+      scalars.emplace_back(values.back().first, static_cast<float>(values.back().second));
+    }
+  AddTensorBoardScalars(line.value("step", int64_t(0)), scalars);
+  if (sink_) sink_->LogMetrics(line.value("step", int64_t(0)), values);
+}
+
 void RunLog::WriteSummary(const nlohmann::json& summary) const {
   WriteFileAtomically(dir_ + "/summary.json", summary.dump(2) + "\n");
 }
@@ -263,7 +284,7 @@ void RunLog::WriteSummary(const nlohmann::json& summary) const {
 ProgressLine::ProgressLine(std::string label, int64_t total, bool enabled, int64_t first)
     : label_(std::move(label)), total_(total), first_(first), enabled_(enabled && total > 0), tty_(::isatty(2)) {}
 
-std::string ProgressLine::Clock(double seconds) {
+std::string ProgressLine::FormatClock(double seconds) {
   const auto whole = static_cast<long>(std::max(0.0, seconds) + 0.5);
   if (whole >= 3600) return fmt::format("{}:{:02d}:{:02d}", whole / 3600, whole / 60 % 60, whole % 60);
   return fmt::format("{}:{:02d}", whole / 60, whole % 60);
@@ -277,9 +298,9 @@ void ProgressLine::Update(int64_t done, const std::string& detail) {
   if (!tty_ && (decile == last_decile_ || decile == 0)) return;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const std::string left =
-      done > first_ ? Clock(elapsed * double(total_ - done) / double(done - first_)) : std::string("?");
+      done > first_ ? FormatClock(elapsed * double(total_ - done) / double(done - first_)) : std::string("?");
   const std::string line = fmt::format("{} {}/{} ({:.0f}%) [{}<{}] {}", label_, done, total_, 100.0 * done / total_,
-                                       Clock(elapsed), left, detail);
+                                       FormatClock(elapsed), left, detail);
   if (tty_)
     std::fprintf(stderr, "\r\033[K%s", line.c_str());
   else

@@ -1,6 +1,6 @@
 // What a training run tells its user: the console epoch table, a progress line while
-// an epoch runs, runs/<job>/{epochs.csv, steps.jsonl, summary.json}, and the same
-// figures as TensorBoard scalars in runs/<job>/tb/.
+// an epoch runs, runs/<job>/{epochs.csv, steps.jsonl, evals.jsonl, summary.json}, and
+// the same figures as TensorBoard scalars in runs/<job>/tb/.
 #pragma once
 
 #include <array>
@@ -64,15 +64,17 @@ class MetricSink {
 };
 
 // TensorBoard scalars (runs/<job>/tb/, one event file per process): each steps.jsonl
-// line's numbers as "train/<key>" at its step, and each epochs.csv row's numbers as
-// "epoch/<column>" at the global step that ended the epoch, so a file's steps never
-// decrease. The values are exactly the files' (as float32). A TensorBoard file that
-// cannot be written costs a warning, never the run.
+// line's numbers as "train/<key>" at its step, each evals.jsonl line's metrics
+// "<split>_<name>" as "<split>/<name>" (HF Trainer's names) at its step, and each
+// epochs.csv row's numbers as "epoch/<column>" at the global step that ended the epoch,
+// so a file's steps never decrease. The values are exactly the files' (as float32). A
+// TensorBoard file that cannot be written costs a warning, never the run.
 class RunLog {
  public:
   // Opens runs/<job>/. With `resume_epoch` > 0 (the 1-based epoch being resumed), the
-  // rows of that epoch and later, and the step lines after `resume_step`, are dropped
-  // from the existing files, so every epoch and step appears exactly once.
+  // rows of that epoch and later, and the step and evaluation lines after `resume_step`,
+  // are dropped from the existing files, so every epoch, step and evaluation appears
+  // exactly once.
   RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step);
   // The epochs of a finished run in runs/<job>/, read and nothing written or opened: to
   // show its table and hand its rows on. Nothing may be added to it.
@@ -85,6 +87,9 @@ class RunLog {
   // Console row plus an atomic rewrite of epochs.csv.
   void AddEpoch(const EpochRow& row);
   void AddStep(const nlohmann::json& line);
+  // One evaluation: a line of evals.jsonl ({"step", "epoch", "split", then metrics named
+  // "<split>_<name>"}), its metrics to TensorBoard and the sink.
+  void AddEvaluation(const nlohmann::json& line);
   void WriteSummary(const nlohmann::json& summary) const;
   // Also hands every step line and epoch row to `sink`, as "train/<key>" and
   // "epoch/<column>" (the TensorBoard names). The sink is closed FINISHED when the log
@@ -100,7 +105,8 @@ class RunLog {
  private:
   explicit RunLog(std::string run_dir);  // opens nothing
   void LoadRows(int64_t before_epoch);
-  void TrimSteps(int64_t up_to_step);
+  // Keeps the lines of a JSON-lines file whose "step" is at most `up_to_step`.
+  void TrimLines(const std::string& file, int64_t up_to_step);
   void WriteCsv() const;
   // Hands scalars to the event file, or drops TensorBoard output after a failure.
   void AddTensorBoardScalars(int64_t step, const std::vector<std::pair<std::string, float>>& scalars);
@@ -110,7 +116,7 @@ class RunLog {
   std::unique_ptr<MetricSink> sink_;
   std::vector<EpochRow> rows_;
   std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
-  std::ofstream steps_;
+  std::ofstream steps_, evals_;
 };
 
 // A one-line progress indicator on stderr, "LABEL DONE/TOTAL (PCT%) [ELAPSED<LEFT]
@@ -125,7 +131,7 @@ class ProgressLine {
   void Finish();
 
   // "m:ss", or "h:mm:ss" from an hour.
-  static std::string Clock(double seconds);
+  static std::string FormatClock(double seconds);
 
  private:
   std::string label_;

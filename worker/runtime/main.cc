@@ -79,6 +79,10 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--job-slots", o.job_slots)->group("")->delimiter(',')->needs(pool_job);
   app.add_option("--job-id", o.job_id)->group("")->needs(pool_job);  // for `ps` only
   pool_job->excludes(job)->excludes(pool);
+  app.add_option("--set", o.standalone.set,
+                 "standalone: KEY.PATH=VALUE sets a key of the job file, VALUE read as YAML (repeatable; "
+                 "e.g. --set train.lr=3e-5 --set eval.metrics=[f1])")
+      ->allow_extra_args(false);
   app.add_option("--runs-dir", o.standalone.runs_dir,
                  "standalone: folder for runs/<job>/ (default: log.runs_dir, else ./runs)");
   app.add_option("--resume", o.standalone.resume,

@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trainyard {
 
 // Command-line overrides of the job file (empty / negative: keep the file's value).
 struct StandaloneOptions {
   std::string job_file, runs_dir, resume;
+  std::vector<std::string> set;  // --set KEY.PATH=VALUE, in order
   int threads = -1;
   int64_t max_steps = -1;
   bool no_progress = false;

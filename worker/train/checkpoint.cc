@@ -191,9 +191,11 @@ void RemoveCheckpoints(const std::string& dir) {
   }
 }
 
-void PruneCheckpoints(const std::string& dir, int keep) {
+void PruneCheckpoints(const std::string& dir, int keep, int64_t also_keep) {
   auto all = ListCheckpoints(dir);
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i]);
+  const std::string kept = also_keep > 0 ? CheckpointPath(dir, also_keep) : std::string();
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i)
+    if (all[i] != kept) fs::remove(all[i]);
 }
 
 }  // namespace trainyard

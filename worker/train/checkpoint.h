@@ -80,8 +80,9 @@ LoadedCheckpoint LoadCheckpoint(const std::string& path, torch::nn::Module& mode
 
 // Checkpoints in `dir`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);
-// Deletes all but the newest `keep` checkpoints.
-void PruneCheckpoints(const std::string& dir, int keep);
+// Deletes all but the newest `keep` checkpoints and that of step `also_keep` (the best
+// evaluation's, under checkpoint.best_metric; 0: none).
+void PruneCheckpoints(const std::string& dir, int keep, int64_t also_keep = 0);
 // Deletes every checkpoint in `dir` (and a crashed write's leftovers of one), for a
 // fresh run: files of other names, and folders, are left where they are.
 void RemoveCheckpoints(const std::string& dir);

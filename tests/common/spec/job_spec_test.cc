@@ -433,6 +433,161 @@ TEST_F(JobSpecTest, StepPauseIsOffByDefaultAndAtMostTenSeconds) {
   EXPECT_NE(ErrorOf(Valid() + "debug: {step_pause_ms: -1}\n").find("debug.step_pause_ms"), std::string::npos);
 }
 
+TEST_F(JobSpecTest, EvaluationDefaultsToEpochEndsAndEveryMetricOfTheTask) {
+  const JobSpec spec = Parse(Valid());
+  EXPECT_EQ(spec.eval.every_steps, 0);
+  EXPECT_TRUE(spec.eval.metrics.empty());
+  EXPECT_EQ(spec.eval.batch_size, 64);  // twice train.batch_size's 32
+  EXPECT_TRUE(spec.checkpoint.best_metric.empty());
+  EXPECT_FALSE(spec.train.early_stopping.enabled);
+  EXPECT_EQ(EvalMetricNames(TaskKind::kClassification),
+            (std::vector<std::string>{"accuracy", "f1", "precision", "recall"}));
+}
+
+TEST_F(JobSpecTest, BestMetricInfersItsDirectionAndEarlyStoppingJudgesIt) {
+  std::ofstream(dir_ / "data/dev.tsv") << "label\ttext\na\thello\n";
+  const std::string with_dev =
+      "name: t\ndata: {train: data/train.tsv, dev: data/dev.tsv, tokenizer: {vocab: "
+      "data/vocab.txt}}\n";
+  JobSpec spec = Parse(with_dev +
+                       "train: {early_stopping: {patience: 3, threshold: 0.01}}\n"
+                       "eval: {every_steps: 50, metrics: [f1, accuracy], test: data/dev.tsv, batch_size: 8}\n"
+                       "checkpoint: {best_metric: eval_f1}\n");
+  EXPECT_EQ(spec.eval.every_steps, 50);
+  EXPECT_EQ(spec.eval.metrics, (std::vector<std::string>{"f1", "accuracy"}));
+  EXPECT_EQ(spec.eval.test, (dir_ / "data/dev.tsv").string());
+  EXPECT_EQ(spec.eval.batch_size, 8);
+  EXPECT_TRUE(spec.checkpoint.greater_is_better);
+  EXPECT_TRUE(spec.train.early_stopping.enabled);
+  EXPECT_EQ(spec.train.early_stopping.patience, 3);
+  EXPECT_DOUBLE_EQ(spec.train.early_stopping.threshold, 0.01);
+  EXPECT_FALSE(Parse(with_dev + "checkpoint: {best_metric: eval_loss}\n").checkpoint.greater_is_better);
+  EXPECT_TRUE(
+      Parse(with_dev + "checkpoint: {best_metric: eval_loss, greater_is_better: true}\n").checkpoint.greater_is_better);
+  EXPECT_EQ(ErrorOf(with_dev + "checkpoint: {best_metric: f1}\n"),
+            "job.yaml:3:27: checkpoint.best_metric: expected one of eval_loss, eval_accuracy, eval_f1, "
+            "eval_precision, eval_recall, got 'f1'");
+  EXPECT_EQ(ErrorOf(with_dev + "eval: {metrics: [accuracy]}\ncheckpoint: {best_metric: eval_f1}\n"),
+            "job.yaml:4:27: checkpoint.best_metric: 'eval_f1' is not among eval.metrics; add f1 to them");
+  EXPECT_EQ(ErrorOf(with_dev + "train: {early_stopping: {patience: 2}}\n"),
+            "job.yaml:3:25: train.early_stopping: needs checkpoint.best_metric: the metric whose evaluations it "
+            "judges (e.g. eval_loss)");
+  EXPECT_EQ(ErrorOf(with_dev + "eval: {metrics: [perplexity]}\n"),
+            "job.yaml:3:18: eval.metrics[0]: expected one of accuracy, f1, precision, recall for task: "
+            "classification, got 'perplexity' (the loss is always reported)");
+}
+
+TEST_F(JobSpecTest, EvaluationsNeedADevSetAndAFinetuneJob) {
+  EXPECT_EQ(ErrorOf(Valid() + "eval: {every_steps: 10}\n"),
+            "job.yaml:8:21: eval.every_steps: needs data.dev: the split it evaluates");
+  EXPECT_EQ(ErrorOf(Valid() + "checkpoint: {best_metric: eval_loss}\n"),
+            "job.yaml:8:27: checkpoint.best_metric: needs data.dev to judge by");
+  EXPECT_NE(ErrorOf(Valid() + "eval: {test: data/missing.tsv}\n").find("eval.test"), std::string::npos);
+  EXPECT_EQ(ErrorOf(Valid() + "kind: benchmark\neval: {every_steps: 10}\n"),
+            "job.yaml:9:7: eval: only used by kind: finetune");
+}
+
+TEST_F(JobSpecTest, SetOverridesKeysInOrderAndItsErrorsNameTheSet) {
+  SpecOverrides o;
+  o.AddAssignment("train.lr=3e-5");
+  o.AddAssignment("eval.metrics=[f1, accuracy]");  // a section the file lacks
+  o.AddAssignment("train.lr=4e-5");                // the later one wins
+  JobSpec spec = ParseJobSpec(Valid(), "job.yaml", dir_.string(), o);
+  EXPECT_DOUBLE_EQ(spec.train.lr, 4e-5);
+  EXPECT_EQ(spec.train.epochs, 2);  // the file's other keys stay
+  EXPECT_EQ(spec.eval.metrics, (std::vector<std::string>{"f1", "accuracy"}));
+  EXPECT_EQ(spec.Where("train.lr"), "--set train.lr=4e-5: train.lr");
+  EXPECT_NE(spec.effective_yaml.find("lr: 4e-5"), std::string::npos) << spec.effective_yaml;
+  EXPECT_NE(spec.effective_yaml.find("epochs: 2"), std::string::npos) << spec.effective_yaml;
+
+  auto error_with = [&](const std::string& assignment) {
+    try {
+      SpecOverrides one;
+      one.AddAssignment(assignment);
+      ParseJobSpec(Valid(), "job.yaml", dir_.string(), one);
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_with("train.lr=abc"), "--set train.lr=abc: train.lr: expected a number, got 'abc'");
+  EXPECT_EQ(error_with("train.lrr=1"), "--set train.lrr=1: train.lrr: unknown key; did you mean 'lr'?");
+  EXPECT_EQ(error_with("train.epochs.x=1"),
+            "--set train.epochs.x=1: train.epochs: not a mapping in the job file, so it has no key 'x'");
+  EXPECT_EQ(error_with("train.lr"), "--set train.lr: expected KEY.PATH=VALUE, e.g. train.lr=3e-5");
+  EXPECT_EQ(error_with("train..lr=1"), "--set train..lr=1: expected KEY.PATH=VALUE, e.g. train.lr=3e-5");
+  EXPECT_EQ(error_with("train.lr=[1"),
+            "--set train.lr=[1: train.lr: the value: malformed YAML: end of sequence flow "
+            "not found");
+  EXPECT_EQ(error_with("train.lr=" + std::string(20, '[') + std::string(20, ']')),
+            "--set train.lr=" + std::string(20, '[') + std::string(20, ']') +
+                ": train.lr: the value: malformed YAML: nested deeper than 8 levels");
+  EXPECT_EQ(error_with("data.dev=missing.tsv").rfind("--set data.dev=missing.tsv: data.dev: ", 0), 0u);
+  EXPECT_EQ(error_with("eval.every_steps=5"),
+            "--set eval.every_steps=5: eval.every_steps: needs data.dev: the "
+            "split it evaluates");
+}
+
+TEST_F(JobSpecTest, EnvironmentVariablesExpandInTheFilesValuesOnlyWhenAsked) {
+  ::setenv("TY_SPEC_TEST_EPOCHS", "4", 1);
+  ::unsetenv("TY_SPEC_TEST_UNSET");
+  SpecOverrides expand;
+  expand.expand_environment = true;
+  const std::string text =
+      "name: t-${TY_SPEC_TEST_EPOCHS}\n"
+      "data:\n"
+      "  train: ${TY_SPEC_TEST_UNSET:-data/train.tsv}\n"
+      "  text_field: $${kept}\n"
+      "  tokenizer: {vocab: data/vocab.txt}\n"
+      "train: {epochs: '${TY_SPEC_TEST_EPOCHS}'}\n";
+  const JobSpec spec = ParseJobSpec(text, "job.yaml", dir_.string(), expand);
+  EXPECT_EQ(spec.name, "t-4");
+  EXPECT_EQ(spec.train.epochs, 4);
+  EXPECT_EQ(spec.data.train, (dir_ / "data/train.tsv").string());
+  EXPECT_EQ(spec.data.text_field, "${kept}");
+  EXPECT_NE(spec.effective_yaml.find("name: t-4"), std::string::npos) << spec.effective_yaml;
+  auto error_of = [&](const std::string& yaml) {
+    try {
+      ParseJobSpec(yaml, "job.yaml", dir_.string(), expand);
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of(Valid("  lr: ${TY_SPEC_TEST_UNSET}\n")),
+            "job.yaml:8:7: train.lr: ${TY_SPEC_TEST_UNSET} is not set in the environment "
+            "(${TY_SPEC_TEST_UNSET:-default} gives a default)");
+  EXPECT_EQ(error_of(Valid("  lr: ${1X}\n")),
+            "job.yaml:8:7: train.lr: '${1X}' is not a variable reference: expected ${NAME} or ${NAME:-default}");
+  EXPECT_EQ(error_of(Valid("  lr: ${X\n")), "job.yaml:8:7: train.lr: an unterminated ${ (write $${ for a literal ${)");
+  // Without expansion (a pool's parse of a submitted job) the text stays as written.
+  EXPECT_EQ(ErrorOf(Valid("  lr: ${TY_SPEC_TEST_EPOCHS}\n")),
+            "job.yaml:8:7: train.lr: expected a number, got '${TY_SPEC_TEST_EPOCHS}'");
+}
+
+TEST_F(JobSpecTest, ExpansionVisitsEachNodeOnceWhateverTheAliases) {
+  SpecOverrides expand;
+  expand.expand_environment = true;
+  // 2^40 paths through 80 aliases, and a map that holds itself: both end at once.
+  std::string laughs = Valid() + "log: {runs_dir: &l0 '${TY_SPEC_TEST_UNSET:-runs}'}\n";
+  for (int i = 1; i <= 40; ++i)
+    laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [*l" + std::to_string(i - 1) + ", *l" +
+              std::to_string(i - 1) + "]\n";
+  try {
+    ParseJobSpec(laughs, "job.yaml", dir_.string(), expand);
+    ADD_FAILURE() << "parsed";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("l1: unknown key"), std::string::npos) << e.what();
+  }
+  const std::string itself = "name: t\ndata: &d\n  train: data/train.tsv\n  dev: *d\n";
+  try {
+    ParseJobSpec(itself, "job.yaml", dir_.string(), expand);
+    ADD_FAILURE() << "parsed";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.dev: expected a string"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(JobSpecTest, CpuBlockCacheIsAMebibyteCountAndZeroTurnsItOff) {
   EXPECT_EQ(Parse(Valid()).runtime.cpu_block_cache_mb, 512);
   EXPECT_EQ(Parse(Valid() + "runtime: {cpu_block_cache_mb: 0}\n").runtime.cpu_block_cache_mb, 0);

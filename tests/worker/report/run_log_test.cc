@@ -49,12 +49,23 @@ EpochRow Row(int64_t epoch) {
   return row;
 }
 
-// A finished three-epoch run of ten steps an epoch, as a trainer leaves it.
+nlohmann::json Evaluation(int64_t step) {
+  return {{"step", step},
+          {"epoch", double(step) / 10},
+          {"split", "eval"},
+          {"eval_loss", 1.0 / double(step)},
+          {"eval_f1", 0.5}};
+}
+
+// A finished three-epoch run of ten steps an epoch, evaluated every 5 steps, as a
+// trainer leaves it.
 void WriteRun(const std::string& dir) {
   RunLog log(dir, 0, 0);
   for (int64_t epoch = 1; epoch <= 3; ++epoch) {
-    for (int64_t step = (epoch - 1) * 10 + 1; step <= epoch * 10; ++step)
+    for (int64_t step = (epoch - 1) * 10 + 1; step <= epoch * 10; ++step) {
       log.AddStep({{"step", step}, {"epoch", epoch}, {"loss", 2.0 / double(step)}});
+      if (step % 5 == 0) log.AddEvaluation(Evaluation(step));
+    }
     log.AddEpoch(Row(epoch));
   }
   log.WriteSummary({{"status", "succeeded"}, {"global_step", 30}});
@@ -93,6 +104,9 @@ TEST_F(RunLogTest, AFreshRunWritesItsRowsStepsSummaryAndTensorBoardScalars) {
   const std::vector<std::string> steps = Lines(dir_ / "steps.jsonl");
   ASSERT_EQ(steps.size(), 30u);
   EXPECT_EQ(nlohmann::json::parse(steps[29])["step"], 30);
+  const std::vector<std::string> evals = Lines(dir_ / "evals.jsonl");
+  ASSERT_EQ(evals.size(), 6u);
+  EXPECT_EQ(nlohmann::json::parse(evals[5]), Evaluation(30));
   EXPECT_EQ(nlohmann::json::parse(Read(dir_ / "summary.json"))["global_step"], 30);
   int event_files = 0;
   for (const auto& entry : fs::directory_iterator(dir_ / "tb")) event_files += entry.file_size() > 0;
@@ -113,10 +127,13 @@ TEST_F(RunLogTest, AResumeKeepsTheEarlierEpochsVerbatimAndDropsTheRest) {
     const std::vector<std::string> steps = Lines(dir_ / "steps.jsonl");
     ASSERT_EQ(steps.size(), 12u);
     EXPECT_EQ(nlohmann::json::parse(steps.back())["step"], 12);
-    // The resumed run goes on from there: each epoch and step once.
+    EXPECT_EQ(Lines(dir_ / "evals.jsonl"), (std::vector<std::string>{Evaluation(5).dump(), Evaluation(10).dump()}));
+    // The resumed run goes on from there: each epoch, step and evaluation once.
     resumed.AddStep({{"step", 13}, {"loss", 0.5}});
+    resumed.AddEvaluation(Evaluation(15));
     resumed.AddEpoch(Row(2));
   }
+  EXPECT_EQ(Lines(dir_ / "evals.jsonl").size(), 3u);
   const std::vector<std::string> after = Lines(dir_ / "epochs.csv");
   ASSERT_EQ(after.size(), 3u);
   EXPECT_EQ(after[1], before[1]);
@@ -150,6 +167,7 @@ TEST_F(RunLogTest, AFreshRunOverAnOldFolderStartsItsFilesEmpty) {
   { RunLog fresh(dir_.string(), 0, 0); }
   EXPECT_EQ(Lines(dir_ / "epochs.csv"), std::vector<std::string>{EpochCsvHeader()});
   EXPECT_TRUE(Lines(dir_ / "steps.jsonl").empty());
+  EXPECT_TRUE(Lines(dir_ / "evals.jsonl").empty());
   int event_files = 0;
   for (const auto& entry : fs::directory_iterator(dir_ / "tb")) event_files += entry.file_size() > 0;
   EXPECT_LE(event_files, 1) << "the old run's TensorBoard curves were kept";
@@ -161,6 +179,7 @@ TEST_F(RunLogTest, ASinkGetsStepsEpochsAndArtifactsAndIsClosedByHowTheLogEnds) {
     RunLog log(dir_.string(), 0, 0);
     log.AttachSink(std::make_unique<RecordingSink>(finished));
     log.AddStep({{"step", 7}, {"epoch", 1}, {"loss", 0.25}, {"note", "text is not a metric"}});
+    log.AddEvaluation(Evaluation(8));
     log.AddEpoch(Row(1));
     log.AddArtifacts("/runs/job/model", "model");
   }
@@ -170,6 +189,11 @@ TEST_F(RunLogTest, ASinkGetsStepsEpochsAndArtifactsAndIsClosedByHowTheLogEnds) {
   bool epoch_metric = false;
   for (const auto& [step, name] : finished->metrics) epoch_metric |= name == "epoch/eval_acc";
   EXPECT_TRUE(epoch_metric);
+  // An evaluation's metrics by HF Trainer's names, at its step; its step and epoch are not metrics.
+  std::vector<std::pair<int64_t, std::string>> evaluation;
+  for (const auto& seen : finished->metrics)
+    if (seen.first == 8) evaluation.push_back(seen);
+  EXPECT_EQ(evaluation, (std::vector<std::pair<int64_t, std::string>>{{8, "eval/f1"}, {8, "eval/loss"}}));
   EXPECT_EQ(finished->artifacts, std::vector<std::string>{"/runs/job/model as model"});
   EXPECT_EQ(finished->closed, "FINISHED");
 
@@ -201,11 +225,11 @@ TEST(ProgressLineTest, PrintsEachTenthWithElapsedAndTimeLeft) {
 }
 
 TEST(ProgressLineTest, ClockIsMinutesAndSecondsThenHours) {
-  EXPECT_EQ(ProgressLine::Clock(0.4), "0:00");
-  EXPECT_EQ(ProgressLine::Clock(61.6), "1:02");
-  EXPECT_EQ(ProgressLine::Clock(3599.4), "59:59");
-  EXPECT_EQ(ProgressLine::Clock(3725), "1:02:05");
-  EXPECT_EQ(ProgressLine::Clock(-3), "0:00");
+  EXPECT_EQ(ProgressLine::FormatClock(0.4), "0:00");
+  EXPECT_EQ(ProgressLine::FormatClock(61.6), "1:02");
+  EXPECT_EQ(ProgressLine::FormatClock(3599.4), "59:59");
+  EXPECT_EQ(ProgressLine::FormatClock(3725), "1:02:05");
+  EXPECT_EQ(ProgressLine::FormatClock(-3), "0:00");
 }
 
 }  // namespace

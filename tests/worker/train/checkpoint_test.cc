@@ -194,7 +194,7 @@ TEST_F(CheckpointTest, AModelOfAnotherShapeRestoresNothing) {
   EXPECT_TRUE(torch::equal(wider.linear->weight, before));
 }
 
-TEST_F(CheckpointTest, ListingIsNewestFirstPruningKeepsTheNewestRemovalSparesOtherFiles) {
+TEST_F(CheckpointTest, ListingIsNewestFirstPruningKeepsTheNewestAndTheBestRemovalSparesOtherFiles) {
   Trained saved(1);
   RngState rng = CaptureRngState(*saved.net);
   for (int64_t step : {5, 40, 300}) {
@@ -212,9 +212,15 @@ TEST_F(CheckpointTest, ListingIsNewestFirstPruningKeepsTheNewestRemovalSparesOth
   EXPECT_EQ(listed[0], CheckpointPath(dir_.string(), 300));
   EXPECT_EQ(listed[2], CheckpointPath(dir_.string(), 5));
 
+  // The best evaluation's checkpoint is kept beside the newest.
+  PruneCheckpoints(dir_.string(), 1, /*also_keep=*/5);
+  EXPECT_EQ(ListCheckpoints(dir_.string()),
+            (std::vector<std::string>{CheckpointPath(dir_.string(), 300), CheckpointPath(dir_.string(), 5)}));
   PruneCheckpoints(dir_.string(), 2);
   EXPECT_EQ(ListCheckpoints(dir_.string()),
-            (std::vector<std::string>{CheckpointPath(dir_.string(), 300), CheckpointPath(dir_.string(), 40)}));
+            (std::vector<std::string>{CheckpointPath(dir_.string(), 300), CheckpointPath(dir_.string(), 5)}));
+  PruneCheckpoints(dir_.string(), 1);
+  EXPECT_EQ(ListCheckpoints(dir_.string()), (std::vector<std::string>{CheckpointPath(dir_.string(), 300)}));
 
   std::ofstream(dir_ / "notes.txt") << "mine";
   fs::create_directories(dir_ / "keep_me");
