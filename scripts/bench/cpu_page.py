@@ -77,6 +77,34 @@ def finetune_section(data):
     return out
 
 
+def first_day_section(data, env):
+    """The fine-tune with a first day's settings on both sides: its own machine and date."""
+    if not data or not env:
+        return []
+    r = data["langid"]
+    s, settings = r["systems"], r["settings"]
+    ours, hf = s["trainyard"], s["hf_grouped"]
+    row = lambda x: (f"{x['wall_s']:.1f} s | {x['final_acc']:.3f} | {x['best']:.3f} | {x['evaluations']} | "
+                     f"{x['eval_s']:.3f} s")
+    return ["## Fine-tuning with accumulation, evaluations every 50 steps and the best checkpoint", "",
+            f"Measured on {env['date']} on {env['cpu']}, {env['cores']} cores, torch {env['torch']}, at commit "
+            f"`{env['commit']}`, by `{env['command'].strip()}`, medians of {env['runs']} runs. "
+            "`scripts/bench/finetune_vs_hf_trainer.sh` as above (langid, tiny, max length 64, "
+            f"{settings['epochs']} epochs) with `--accumulation {settings['accumulation']} --schedule "
+            f"{settings['schedule']} --eval-steps {settings['eval_steps']} --best-metric {settings['best_metric']}`: "
+            f"batch {settings['batch']} x {settings['accumulation']} micro-batches a step, the cosine schedule, the "
+            "dev set evaluated every 50 steps with accuracy and macro F1, precision and recall, and the best "
+            "evaluation's checkpoint kept by F1 and loaded at the end. `Trainer` gets "
+            "`gradient_accumulation_steps`, `lr_scheduler_type=\"cosine\"`, `eval_steps` and `save_steps` of 50, "
+            "`load_best_model_at_end` with `metric_for_best_model=\"f1\"` and scikit-learn's metrics, and "
+            "`group_by_length`. We also evaluate at each epoch's end (the epoch table's columns).", "",
+            "| | wall | final dev accuracy | best dev F1 | evaluations | seconds per evaluation |",
+            "|---|---|---|---|---|---|",
+            f"| ours | {row(ours)} |", f"| `Trainer` + `group_by_length` | {row(hf)} |",
+            f"| ours / `Trainer` | {ratio(ours['wall_s'], hf['wall_s'])} | | | | "
+            f"{ratio(ours['eval_s'], hf['eval_s'])} |", ""]
+
+
 def inference_section(runs):
     if not runs:
         return []
@@ -170,7 +198,9 @@ def page(folder):
     if not env:
         sys.exit(f"error: no env.json in {folder}: run scripts/bench/cpu_page.sh first")
     inference = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(folder, "inference_*.json")))]
-    lines = (intro(env) + finetune_section(load(folder, "finetune.json")) + inference_section(inference) +
+    lines = (intro(env) + finetune_section(load(folder, "finetune.json")) +
+             first_day_section(load(folder, "finetune_first_day.json"), load(folder, "env_first_day.json")) +
+             inference_section(inference) +
              generate_section(load(folder, "generate.json")) + gemv_section(load(folder, "gemv.json")) +
              precision_section(load(folder, "precision.json"), env))
     return "\n".join(lines).rstrip("\n") + "\n"

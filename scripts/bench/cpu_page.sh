@@ -2,17 +2,22 @@
 # Measures this machine for docs/performance-cpu.md: runs the CPU benchmark scripts (each
 # ours next to its reference in the same run), keeps their JSON in --out, and writes the
 # page from it with scripts/bench/cpu_page.py (machine, date, command and commit named on
-# the page). Takes about 45 minutes on two cores with the defaults; keep the machine
+# the page). Takes about 55 minutes on two cores with the defaults; keep the machine
 # otherwise idle meanwhile.
-#   scripts/bench/cpu_page.sh [--out docs/measurements/cpu] [--runs 3] [--tasks langid]
+#   scripts/bench/cpu_page.sh [--out docs/measurements/cpu] [--runs 3] [--tasks langid] [--only first-day]
 # --tasks goes to finetune_vs_hf_trainer.sh (langid,topics adds about 75 minutes).
+# --only first-day measures the fine-tuner's first-day settings alone (about 10 minutes:
+# langid with gradient accumulation 2, the cosine schedule, an evaluation with macro F1
+# every 50 steps and the best checkpoint by it, against Trainer with the same), keeps its
+# own machine and date beside the rest, and writes the page again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=docs/measurements/cpu RUNS=3 TASKS=langid
+OUT=docs/measurements/cpu RUNS=3 TASKS=langid ONLY=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;; --runs) RUNS=$2; shift 2 ;; --tasks) TASKS=$2; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --only) ONLY=$2; [[ $ONLY == first-day ]] || { echo "--only: expected first-day" >&2; exit 2; }; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -20,11 +25,11 @@ COMMAND="scripts/bench/cpu_page.sh $*"
 source scripts/bench/common.sh
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/*.json
 
 step() { echo "[$(date +%H:%M:%S)] $*" >&2; }
-step "machine"
-"$PY" - "$OUT/env.json" "$COMMAND" "$RUNS" <<'PY'
+# The machine, date, commit and command, as JSON in $1.
+describe_machine() {
+  "$PY" - "$1" "$COMMAND" "$RUNS" <<'PY'
 import datetime, json, os, platform, re, subprocess, sys
 import torch
 cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -38,6 +43,24 @@ json.dump({"date": datetime.datetime.utcnow().strftime("%Y-%m-%d"), "cpu": field
            "commit": commit, "command": sys.argv[2], "runs": int(sys.argv[3])},
           open(sys.argv[1], "w"), indent=1)
 PY
+}
+# Gradient accumulation, the cosine schedule, an evaluation with macro F1 every 50 steps and
+# the best checkpoint by it, on both sides.
+first_day() {
+  step "fine-tuning with the first day's settings against HF Trainer"
+  describe_machine "$OUT/env_first_day.json"
+  scripts/bench/finetune_vs_hf_trainer.sh --tasks langid --runs "$RUNS" --systems hf_grouped --accumulation 2 \
+    --schedule cosine --eval-steps 50 --best-metric f1 --json "$OUT/finetune_first_day.json" > /dev/null
+}
+if [[ $ONLY == first-day ]]; then
+  first_day
+  "$PY" scripts/bench/cpu_page.py --measurements "$OUT" --out docs/performance-cpu.md
+  step "wrote docs/performance-cpu.md from $OUT"
+  exit 0
+fi
+rm -f "$OUT"/*.json
+step "machine"
+describe_machine "$OUT/env.json"
 for R in $(seq "$RUNS"); do
   step "inference, run $R of $RUNS"
   scripts/bench/inference_vs_pytorch.sh --json "$OUT/inference_$R.json" > /dev/null
@@ -71,5 +94,6 @@ json.dump({"preset": "mini", "batch": 8, "seq": 128, "threads": 2, "runs": len(r
 PY
 step "fine-tuning against HF Trainer ($TASKS)"
 scripts/bench/finetune_vs_hf_trainer.sh --tasks "$TASKS" --runs "$RUNS" --json "$OUT/finetune.json" > /dev/null
+first_day
 "$PY" scripts/bench/cpu_page.py --measurements "$OUT" --out docs/performance-cpu.md
 step "wrote docs/performance-cpu.md from $OUT"

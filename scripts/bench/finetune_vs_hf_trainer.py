@@ -83,8 +83,10 @@ data:
   tokenizer: {{vocab: {data}/vocab.txt, lowercase: true}}
 model: {model_yaml(preset, a)}
 train: {{epochs: {a.epochs}, batch_size: {a.batch}, lr: {lr}, warmup_ratio: 0.1, weight_decay: 0.01,
-        max_grad_norm: 1.0, precision: {a.precision}, cuda_graph: {graph}}}
-checkpoint: {{keep: 2}}
+        max_grad_norm: 1.0, precision: {a.precision}, cuda_graph: {graph},
+        gradient_accumulation_steps: {a.accumulation}, lr_schedule: {a.schedule}}}
+eval: {{every_steps: {a.eval_steps}}}
+checkpoint: {{keep: 2{f", best_metric: eval_{a.best_metric}" if a.best_metric else ""}}}
 runtime: {{device: {a.device}, threads: {a.threads}}}
 log: {{steps_every: 20, progress: false}}
 """
@@ -135,7 +137,20 @@ def run_worker(a, task, run):
         with open(log.name) as f:
             tail = "".join(f.readlines()[-40:])
         sys.exit(f"error: the worker failed on {task} (exit {proc.returncode}); the end of {log.name}:\n{tail}")
-    return {"wall_s": wall, "epochs": stamps, "steps": worker_steps(os.path.join(runs_dir, name))}
+    return {"wall_s": wall, "epochs": stamps, "steps": worker_steps(os.path.join(runs_dir, name)),
+            **worker_evaluations(os.path.join(runs_dir, name))}
+
+
+def worker_evaluations(run_folder):
+    """The median seconds of one dev evaluation, how many there were, and the best
+    evaluation's value under checkpoint.best_metric."""
+    with open(os.path.join(run_folder, "evals.jsonl")) as f:
+        evals = [json.loads(line) for line in f]
+    seconds = [e["eval_runtime"] for e in evals if e["split"] == "eval"]
+    with open(os.path.join(run_folder, "summary.json")) as f:
+        best = json.load(f).get("best", {}).get("value")
+    return {"eval_s": statistics.median(seconds) if seconds else float("nan"), "evaluations": len(seconds),
+            "best": best}
 
 
 def worker_steps(run_folder):
@@ -161,6 +176,10 @@ def run_trainer(a, task, run, system):
         cmd.append("--group-by-length")
     if system == "hf_compiled":
         cmd.append("--torch-compile")
+    cmd += ["--accumulation", str(a.accumulation), "--eval-steps", str(a.eval_steps),
+            "--schedule", {"constant": "constant_with_warmup"}.get(a.schedule, a.schedule)]
+    if a.best_metric:
+        cmd += ["--best-metric", a.best_metric]
     start = time.time()
     # A session of its own, so a timed-out run is killed with the compile workers it started.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -177,8 +196,11 @@ def run_trainer(a, task, run, system):
     lines = [json.loads(l) for l in stdout.splitlines() if l.startswith("{\"")]
     info = next((l for l in lines if "optimizer" in l), {})
     loop = next((l for l in lines if "train_loop_s" in l), {})
+    seconds = [l["eval_runtime"] for l in lines if l.get("eval_runtime") is not None]
     return {"wall_s": wall, "epochs": trainer_stamps(stdout, start), "optimizer": info.get("optimizer"),
-            "transformers": info.get("transformers"), "steps": loop.get("steps")}
+            "transformers": info.get("transformers"), "steps": loop.get("steps"),
+            "eval_s": statistics.median(seconds) if seconds else float("nan"), "evaluations": len(seconds),
+            "best": loop.get("best_metric")}
 
 
 def trainer_stamps(stdout, start):
@@ -210,6 +232,9 @@ def summarize(task, results, target_acc, a):
                         "to_target_s": median(time_to(r, target) for r in rs),
                         "final_acc": median(final_acc(r) for r in rs),
                         "steps": rs[0].get("steps"),
+                        "eval_s": median(r.get("eval_s", float("nan")) for r in rs),
+                        "evaluations": rs[0].get("evaluations"),
+                        "best": median(r["best"] for r in rs if r.get("best") is not None),
                         "walls": [f"killed after {r['killed_after_s']:.0f} s" if r.get("timed_out")
                                   else round(r["wall_s"], 1) for r in rs],
                         "epoch_accs": [[round(e["eval_acc"], 4) for e in r["epochs"]] for r in rs]}
@@ -217,17 +242,23 @@ def summarize(task, results, target_acc, a):
     start = f"from {a.init}" if a.init else "fresh"
     print(f"\n{task} ({preset}, {start}, max length {max_len}, {a.device}, {a.precision}): dev accuracy target "
           f"{target:.4f}, medians of {len(results['trainyard'])} runs")
-    print(f"  {'':12} {'wall s':>8} {'to target s':>12} {'final acc':>10} {'steps':>6}   runs (wall s)")
+    print(f"  {'':12} {'wall s':>8} {'to target s':>12} {'final acc':>10} {'steps':>6} {'evals':>6} "
+          f"{'s/eval':>7} {'best':>7}   runs (wall s)")
     for system, row in rows.items():
         print(f"  {system:12} {row['wall_s']:8.1f} {row['to_target_s']:12.1f} {row['final_acc']:10.4f} "
-              f"{row['steps'] if row['steps'] is not None else '-':>6}   {row['walls']}")
+              f"{row['steps'] if row['steps'] is not None else '-':>6} {row['evaluations'] or '-':>6} "
+              f"{row['eval_s']:7.3f} {row['best']:7.4f}   {row['walls']}")
     summary = {"target_acc": target, "systems": rows}
     for ref in (s for s in SYSTEMS[1:] if s in rows):
         wall = rows["trainyard"]["wall_s"] / rows[ref]["wall_s"]
         to_target = rows["trainyard"]["to_target_s"] / rows[ref]["to_target_s"]
-        print(f"  trainyard / {ref:10}  wall {wall:.3f}   to target {to_target:.3f}")
+        per_eval = rows["trainyard"]["eval_s"] / rows[ref]["eval_s"]
+        print(f"  trainyard / {ref:10}  wall {wall:.3f}   to target {to_target:.3f}   per evaluation {per_eval:.3f}")
         summary[f"ratio_wall_vs_{ref[3:]}"] = wall
         summary[f"ratio_to_target_vs_{ref[3:]}"] = to_target
+        summary[f"ratio_eval_vs_{ref[3:]}"] = per_eval
+    summary["settings"] = {"accumulation": a.accumulation, "schedule": a.schedule, "eval_steps": a.eval_steps,
+                           "best_metric": a.best_metric, "epochs": a.epochs, "batch": a.batch}
     return summary
 
 
@@ -255,6 +286,13 @@ def main():
     p.add_argument("--init-preset", action="store_true",
                    help="start both sides from one fresh Hugging Face folder of the preset")
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout, both sides")
+    p.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps, both sides")
+    p.add_argument("--schedule", default="linear", choices=("linear", "cosine", "constant"),
+                   help="the learning-rate schedule after the warm-up, both sides")
+    p.add_argument("--eval-steps", type=int, default=0,
+                   help="also evaluate (Trainer: and checkpoint) every N optimizer steps; 0: every epoch")
+    p.add_argument("--best-metric", default="", choices=("", "f1", "accuracy", "loss"),
+                   help="keep the best evaluation's checkpoint by this metric and end with its model")
     p.add_argument("--run-timeout", type=float, default=3600, help="seconds after which a run is killed")
     p.add_argument("--deadline", type=float, default=0,
                    help="seconds from start by which every run must end (a run is killed at it)")

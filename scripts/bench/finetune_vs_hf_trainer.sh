@@ -12,6 +12,7 @@
 #     [--batch 32] [--threads 2] [--target-acc A] [--json FILE] [--systems hf_grouped,hf_default]
 #     [--device cpu|cuda] [--precision fp32|bf16] [--cuda-graph] [--preset P] [--lr LR]
 #     [--loader-threads N] [--init-preset] [--dropout P] [--seed N] [--run-timeout S] [--deadline S]
+#     [--accumulation N] [--schedule linear|cosine|constant] [--eval-steps N] [--best-metric f1|accuracy|loss]
 # --target-acc fixes the accuracy target; by default it is the lowest final dev accuracy of
 # the task's runs, so every run reaches it. --systems picks the Trainer configurations run
 # beside ours (hf_grouped, hf_default, hf_compiled: group_by_length with torch_compile).
@@ -19,18 +20,21 @@
 # worker's whole-step graphs, --init-preset to start both sides from one fresh Hugging
 # Face folder of --preset. --run-timeout (per run) and --deadline (all runs, from start)
 # kill a run that outlives them; it is shown as killed. A run takes about 5 minutes for
-# langid and 25 for topics on two cores.
+# langid and 25 for topics on two cores. --accumulation, --schedule, --eval-steps and
+# --best-metric set gradient accumulation, the schedule, evaluations every N steps (with
+# macro F1) and the best checkpoint on both sides (Trainer: eval_steps, save_steps,
+# load_best_model_at_end); the table then also shows the seconds of one evaluation.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARGS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tasks|--runs|--epochs|--batch|--threads|--target-acc|--json|--systems|--device|--precision|--preset|--lr|\
-    --loader-threads|--run-timeout|--deadline|--dropout|--seed)
+    --loader-threads|--run-timeout|--deadline|--dropout|--seed|--accumulation|--schedule|--eval-steps|--best-metric)
       [[ $# -ge 2 ]] || { echo "$1 needs a value" >&2; exit 2; }
       ARGS+=("$1" "$2"); shift 2 ;;
     --cuda-graph|--init-preset) ARGS+=("$1"); shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done

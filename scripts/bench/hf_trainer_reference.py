@@ -14,8 +14,13 @@ other argument stays at Trainer's default, the optimizer included. Runs under tr
 4.x and 5.x (5 renamed group_by_length to train_sampling_strategy and made the fast
 tokenizer take its vocabulary as a dict, and a warm-up ratio is a warmup_steps below 1).
 
-After each evaluation it prints one JSON line {"epoch", "eval_acc", "eval_loss", "t"}, t
-being time.time() when the evaluation ended, so the caller can time the accuracy reached."""
+--accumulation, --schedule, --eval-steps and --best-metric set gradient_accumulation_steps,
+lr_scheduler_type, evaluations (and checkpoints) every N steps with accuracy and macro F1,
+precision and recall (scikit-learn), and load_best_model_at_end with metric_for_best_model.
+
+After each evaluation it prints one JSON line {"epoch", "step", "eval_acc", "eval_loss",
+"eval_f1", "eval_runtime", "t"}, t being time.time() when the evaluation ended, so the
+caller can time the accuracy reached."""
 import argparse
 import csv
 import json
@@ -60,8 +65,10 @@ def encode(tokenizer, texts, labels, max_len):
 
 class EvalStamps(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        print(json.dumps({"epoch": round(state.epoch or 0), "eval_acc": metrics["eval_accuracy"],
-                          "eval_loss": metrics["eval_loss"], "t": time.time()}), flush=True)
+        print(json.dumps({"epoch": round(state.epoch or 0), "step": state.global_step,
+                          "eval_acc": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"],
+                          "eval_f1": metrics.get("eval_f1"), "eval_runtime": metrics.get("eval_runtime"),
+                          "t": time.time()}), flush=True)
 
 
 def make_tokenizer(vocab_path):
@@ -117,6 +124,27 @@ def accuracy(prediction):
     return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
 
+def classification_metrics(prediction):
+    """What a Trainer user computes for an imbalanced task: accuracy and macro averages."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+    predicted, labels = prediction.predictions.argmax(-1), prediction.label_ids
+    precision, recall, f1, _ = precision_recall_fscore_support(labels, predicted, average="macro", zero_division=0)
+    return {"accuracy": accuracy_score(labels, predicted), "f1": f1, "precision": precision, "recall": recall}
+
+
+def evaluation_arguments(a):
+    """Evaluations and checkpoints every epoch, or every --eval-steps steps; with
+    --best-metric the best one's checkpoint is kept and loaded at the end."""
+    if not a.eval_steps:
+        return {"eval_strategy": "epoch", "save_strategy": "epoch", "save_total_limit": 2}
+    out = {"eval_strategy": "steps", "eval_steps": a.eval_steps, "save_strategy": "steps",
+           "save_steps": a.eval_steps, "save_total_limit": 2}
+    if a.best_metric:
+        out.update(load_best_model_at_end=True, metric_for_best_model=a.best_metric,
+                   greater_is_better=a.best_metric != "loss")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", required=True)
@@ -140,6 +168,10 @@ def main():
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--torch-compile", action="store_true")
+    p.add_argument("--accumulation", type=int, default=1, help="gradient_accumulation_steps")
+    p.add_argument("--schedule", default="linear", choices=("linear", "cosine", "constant_with_warmup"))
+    p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps (0: every epoch)")
+    p.add_argument("--best-metric", default="", help="metric_for_best_model (f1, accuracy, loss)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with open(a.labels, encoding="utf-8") as f:
@@ -160,19 +192,21 @@ def main():
     args = TrainingArguments(
         output_dir=a.out, num_train_epochs=a.epochs, per_device_train_batch_size=a.batch,
         per_device_eval_batch_size=2 * a.batch, learning_rate=a.lr, **warmup_arguments(a.warmup_ratio),
-        lr_scheduler_type="linear", weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, seed=a.seed,
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2,
+        lr_scheduler_type=a.schedule, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, seed=a.seed,
+        gradient_accumulation_steps=a.accumulation, **evaluation_arguments(a),
         logging_steps=20, report_to="none", disable_tqdm=True, **sampling_arguments(a.group_by_length),
         **precision_arguments(a))
     clock = StepClock()
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
-                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy,
+                      data_collator=DataCollatorWithPadding(tokenizer),
+                      compute_metrics=classification_metrics if a.eval_steps else accuracy,
                       callbacks=[EvalStamps(), clock])
     print(json.dumps({"optimizer": str(args.optim), "threads": torch.get_num_threads(),
                       "transformers": transformers.__version__, "device": str(args.device)}), flush=True)
     trainer.train()
     trainer.save_model(os.path.join(a.out, "model"))
-    print(json.dumps({"steps": clock.steps, "train_loop_s": (clock.last or 0) - (clock.first or 0)}), flush=True)
+    print(json.dumps({"steps": clock.steps, "train_loop_s": (clock.last or 0) - (clock.first or 0),
+                      "best_metric": trainer.state.best_metric}), flush=True)
     return 0
 
 
