@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=docs/measurements/cpu RUNS=3 TASKS=langid ONLY=""
+COMMAND="scripts/bench/cpu_page.sh $*"  # as given, for the page
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;; --runs) RUNS=$2; shift 2 ;; --tasks) TASKS=$2; shift 2 ;;
@@ -21,7 +22,6 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-COMMAND="scripts/bench/cpu_page.sh $*"
 source scripts/bench/common.sh
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
