@@ -4,7 +4,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/bounded_json.h"
 #include "common/module_pattern.h"
 #include "common/regular_file.h"
 #include "common/spec/spec_overrides.h"
@@ -79,10 +82,14 @@ bool PlausibleTrackingUri(const std::string& uri) {
   return std::none_of(uri.begin(), uri.end(), [](char c) { return static_cast<unsigned char>(c) <= ' '; });
 }
 
-void ParseTokenizer(const SpecReader& r, const YAML::Node& data, DataSpec* out) {
+// Without a data.tokenizer mapping, a job whose model.init is given takes the folder's
+// own tokenizer (TokenizerOfInit, once model.init is read).
+void ParseTokenizer(const SpecReader& r, const YAML::Node& data, bool init_given, DataSpec* out) {
   const std::string path = "data.tokenizer";
   YAML::Node node = data["tokenizer"];
-  if (!node.IsDefined() || node.IsNull()) r.Fail(data, path, "required: a tokenizer mapping");
+  if ((!node.IsDefined() || node.IsNull()) && init_given) return;
+  if (!node.IsDefined() || node.IsNull())
+    r.Fail(data, path, "required: a tokenizer mapping (or a model.init folder that holds its tokenizer)");
   r.CheckKeys(node, path,
               {"kind", "vocab", "lowercase", "model", "vocab_size", "merges", "add_prefix_space", "template"});
   TokenizerSpec& t = out->tokenizer;
@@ -146,7 +153,91 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(d, "pad_buckets", "data", &out.pad_buckets, 0, kMaxPadBuckets);
   r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0, 1024);
   r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1, 256);
-  ParseTokenizer(r, d, &out);
+  const YAML::Node model = root["model"];
+  const bool init_given = model.IsDefined() && model.IsMap() && model["init"].IsDefined() && !model["init"].IsNull();
+  ParseTokenizer(r, d, init_given, &out);
+}
+
+// A model.init folder's tokenizer, where HF's AutoTokenizer finds it: vocab.txt
+// (WordPiece; tokenizer_config.json's do_lower_case, default true), or vocab.json with
+// merges.txt (byte-level BPE; its add_prefix_space, default false).
+void TokenizerOfInit(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
+  const fs::path folder = spec->model.init;
+  const FileRead read = ReadUserFile((folder / "tokenizer_config.json").string(), size_t(1) << 20);
+  const nlohmann::json config =
+      read.status == FileRead::kOk ? ParseBoundedJsonOrDiscarded(read.bytes) : nlohmann::json::object();
+  auto flag = [&](const char* key, bool fallback) {
+    return config.is_object() && config.contains(key) && config[key].is_boolean() ? config[key].get<bool>() : fallback;
+  };
+  auto present = [&](const char* file) { return PathProblem(folder / file, PathKind::kFile).empty(); };
+  TokenizerSpec& t = spec->data.tokenizer;
+  if (present("vocab.txt")) {
+    t.kind = TokenizerKind::kWordPiece;
+    t.vocab = (folder / "vocab.txt").string();
+    t.lowercase = flag("do_lower_case", true);
+  } else if (present("vocab.json") && present("merges.txt")) {
+    t.kind = TokenizerKind::kByteLevelBpe;
+    t.vocab = (folder / "vocab.json").string();
+    t.merges = (folder / "merges.txt").string();
+    t.add_prefix_space = flag("add_prefix_space", false);
+  } else {
+    r.Fail(root["model"]["init"], "data.tokenizer",
+           std::string("absent, and the model.init folder holds no vocab.txt, nor vocab.json with merges.txt") +
+               (present("tokenizer.json") ? " (its tokenizer.json alone is not read)" : "") + ": give data.tokenizer");
+  }
+}
+
+bool LooksLikeHubName(const std::string& name) {
+  if (name.empty() || name.size() > 200 || name[0] == '.' || name.find("..") != std::string::npos) return false;
+  if (std::count(name.begin(), name.end(), '/') > 1 || name.front() == '/' || name.back() == '/') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/';
+  });
+}
+
+// The Hugging Face hub cache, as huggingface_hub finds it offline: $HF_HUB_CACHE, else
+// $HF_HOME/hub, else ~/.cache/huggingface/hub.
+fs::path HubCache() {
+  if (const char* hub = std::getenv("HF_HUB_CACHE"); hub && *hub) return hub;
+  if (const char* home = std::getenv("HF_HOME"); home && *home) return fs::path(home) / "hub";
+  const char* user = std::getenv("HOME");
+  return fs::path(user && *user ? user : "/") / ".cache" / "huggingface" / "hub";
+}
+
+// A hub model name ("bert-base-uncased", "org/name") as the cache holds it:
+// models--<org>--<name>/snapshots/<the revision refs/main names>. Empty when absent.
+std::string HubSnapshot(const std::string& name) {
+  const size_t slash = name.find('/');
+  const std::string flat = slash == std::string::npos ? name : name.substr(0, slash) + "--" + name.substr(slash + 1);
+  const fs::path repo = HubCache() / ("models--" + flat);
+  const FileRead ref = ReadUserFile((repo / "refs" / "main").string(), 256);
+  if (ref.status != FileRead::kOk) return "";
+  std::string revision = ref.bytes.substr(0, ref.bytes.find_first_of("\r\n"));
+  if (revision.empty() || !std::all_of(revision.begin(), revision.end(),
+                                       [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }))
+    return "";
+  const fs::path snapshot = repo / "snapshots" / revision;
+  return PathProblem(snapshot, PathKind::kFolder).empty() ? snapshot.string() : "";
+}
+
+// model.init: a folder, or the name of a model in the Hugging Face cache.
+void ReadModelInit(const SpecReader& r, const YAML::Node& m, JobSpec* spec) {
+  std::string raw;
+  if (!r.ReadString(m, "init", "model", &raw)) return;
+  std::error_code error;
+  const bool on_disk = !raw.empty() && fs::exists(r.Resolve(raw), error);
+  const std::string cached = !on_disk && LooksLikeHubName(raw) ? HubSnapshot(raw) : "";
+  if (!cached.empty())
+    spec->model.init = cached;
+  else if (!on_disk && LooksLikeHubName(raw))
+    r.Fail(m["init"], "model.init",
+           "no folder " + r.Resolve(raw).string() + ", nor a model '" + raw + "' in the Hugging Face cache " +
+               HubCache().string() + " (huggingface-cli download " + raw + " puts it there)");
+  else
+    r.ReadPath(m, "init", "model", &spec->model.init, PathKind::kFolder);
+  for (const char* file : {"model.safetensors", "config.json"})
+    if (std::string problem = PathProblem(fs::path(spec->model.init) / file, PathKind::kFile); !problem.empty())
+      r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json: " + problem);
 }
 
 void ParseLora(const SpecReader& r, const YAML::Node& model, JobSpec* spec) {
@@ -193,10 +284,7 @@ void ParseModel(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadEnum(m, "preset", "model",
              std::map<std::string, std::string>{{"tiny", "tiny"}, {"mini", "mini"}, {"base", "base"}},
              &spec->model.preset);
-  if (r.ReadPath(m, "init", "model", &spec->model.init, PathKind::kFolder))
-    for (const char* file : {"model.safetensors", "config.json"})
-      if (std::string problem = PathProblem(fs::path(spec->model.init) / file, PathKind::kFile); !problem.empty())
-        r.Fail(m["init"], "model.init", "expected a folder holding model.safetensors and config.json: " + problem);
+  ReadModelInit(r, m, spec);
   r.ReadDouble(m, "dropout", "model", &spec->model.dropout, 0.0, 0.9);
   r.ReadEnum(m, "unpad", "model",
              std::map<std::string, std::string>{{"auto", "auto"}, {"always", "always"}, {"never", "never"}},
@@ -602,6 +690,8 @@ JobSpec ParseDocument(const SpecReader& r, const YAML::Node& root, const std::st
   }
   ParseData(r, root, &spec);
   ParseModel(r, root, &spec);
+  const TokenizerSpec& t = spec.data.tokenizer;
+  if (t.vocab.empty() && t.model.empty() && !spec.model.init.empty()) TokenizerOfInit(r, root, &spec);
   ParseTrain(r, root, &spec);
   ParseEval(r, root, &spec);
   ParseRest(r, root, &spec);

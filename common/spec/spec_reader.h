@@ -171,6 +171,11 @@ class SpecReader {
     *out = it->second;
   }
 
+  // `raw` as a path read from the job file means it: against the job file's folder.
+  fs::path Resolve(const std::string& raw) const {
+    return (fs::path(raw).is_absolute() ? fs::path(raw) : base_dir_ / raw).lexically_normal();
+  }
+
   // Reads a path, resolves it against the job file's folder, and checks it is `kind`.
   bool ReadPath(const YAML::Node& m, const std::string& k, const std::string& p, std::string* out,
                 PathKind kind) const {

@@ -12,8 +12,9 @@ metrics, eval.test, checkpoint.best_metric and train.early_stopping.
                   line equals scikit-learn's metrics of the predictions an inference job
                   makes with model/ on the same split. A run sent SIGTERM mid-epoch and
                   resumed writes the same evaluations (runtime aside), the same best and the
-                  same model/, bit for bit. model/ evaluated on the test split by 2 ranks gives
-                  the same metrics (the loss within 1e-12).
+                  same model/, bit for bit. model/ evaluated on the test split by 2 ranks (a
+                  job that names no tokenizer: model/'s own is used) gives the same metrics
+                  (the loss within 1e-12).
   early_stopping  evaluated every 10 steps with patience 2, judged by eval_loss with the
                   direction inverted (greater_is_better: true), so that an early evaluation
                   stays the best and the run must stop inside epoch 1 once the loss falls:
@@ -173,8 +174,11 @@ def two_ranks_evaluate_alike(args, work, train, test, run_dir, one_rank):
     extra = f"""train: {{epochs: 1, batch_size: 8, max_steps: 1}}
 eval: {{test: {test}, batch_size: 32}}
 """
-    job = write(os.path.join(work, "two.yaml"),
-                job_yaml("two", train, extra).replace("  preset: tiny\n", f"  init: {run_dir}/model\n"))
+    # No data.tokenizer: model/'s own vocab.txt is used.
+    text = job_yaml("two", train, extra).replace("  preset: tiny\n", f"  init: {run_dir}/model\n")
+    text = text.replace(f"  tokenizer:\n    vocab: {os.path.join(LANGID, 'vocab.txt')}\n", "")
+    assert "tokenizer" not in text, text
+    job = write(os.path.join(work, "two.yaml"), text)
     result = subprocess.run([args.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", args.worker, job,
                              "--runs-dir", os.path.join(work, "two_runs")], capture_output=True, text=True,
                             timeout=600, env=MPI_ENV)

@@ -588,6 +588,64 @@ TEST_F(JobSpecTest, ExpansionVisitsEachNodeOnceWhateverTheAliases) {
   }
 }
 
+// An HF folder with the files model.init needs and `extra` beside them.
+void HfFolder(const fs::path& folder, const std::vector<std::pair<std::string, std::string>>& extra) {
+  fs::create_directories(folder);
+  std::ofstream(folder / "model.safetensors") << "weights";
+  std::ofstream(folder / "config.json") << "{}";
+  for (const auto& [name, text] : extra) std::ofstream(folder / name) << text;
+}
+
+TEST_F(JobSpecTest, AModelInitFolderBringsItsOwnTokenizer) {
+  const std::string no_tokenizer = "name: t\ndata: {train: data/train.tsv}\nmodel: {init: hf}\n";
+  HfFolder(dir_ / "hf", {{"vocab.txt", "[PAD]\n"}, {"tokenizer_config.json", R"({"do_lower_case": false})"}});
+  JobSpec spec = Parse(no_tokenizer);
+  EXPECT_EQ(spec.data.tokenizer.kind, TokenizerKind::kWordPiece);
+  EXPECT_EQ(spec.data.tokenizer.vocab, (dir_ / "hf" / "vocab.txt").string());
+  EXPECT_FALSE(spec.data.tokenizer.lowercase);
+  fs::remove_all(dir_ / "hf");
+  HfFolder(dir_ / "hf", {{"vocab.json", "{}"}, {"merges.txt", "#version\n"}, {"tokenizer_config.json", "[1, 2"}});
+  spec = Parse(no_tokenizer);
+  EXPECT_EQ(spec.data.tokenizer.kind, TokenizerKind::kByteLevelBpe);
+  EXPECT_EQ(spec.data.tokenizer.merges, (dir_ / "hf" / "merges.txt").string());
+  EXPECT_FALSE(spec.data.tokenizer.add_prefix_space);  // an unreadable tokenizer_config.json: the defaults
+  // A tokenizer the job names wins.
+  EXPECT_EQ(Parse(no_tokenizer.substr(0, no_tokenizer.find('}')) + ", tokenizer: {vocab: data/vocab.txt}}\n" +
+                  "model: {init: hf}\n")
+                .data.tokenizer.vocab,
+            (dir_ / "data/vocab.txt").string());
+  fs::remove_all(dir_ / "hf");
+  HfFolder(dir_ / "hf", {{"tokenizer.json", "{}"}});
+  EXPECT_EQ(ErrorOf(no_tokenizer),
+            "job.yaml:3:15: data.tokenizer: absent, and the model.init folder holds no vocab.txt, nor vocab.json "
+            "with merges.txt (its tokenizer.json alone is not read): give data.tokenizer");
+  EXPECT_EQ(ErrorOf("name: t\ndata: {train: data/train.tsv}\n"),
+            "job.yaml:2:7: data.tokenizer: required: a tokenizer mapping (or a model.init folder that holds its "
+            "tokenizer)");
+}
+
+TEST_F(JobSpecTest, AModelInitNameIsFoundInTheHuggingFaceCache) {
+  const fs::path repo = dir_ / "hf_home" / "hub" / "models--org--tiny-bert";
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "0123abcd\n";
+  HfFolder(repo / "snapshots" / "0123abcd", {{"vocab.txt", "[PAD]\n"}});
+  const char* previous = std::getenv("HF_HOME");
+  const std::string saved = previous ? previous : "";
+  ::unsetenv("HF_HUB_CACHE");
+  ::setenv("HF_HOME", (dir_ / "hf_home").c_str(), 1);
+  const JobSpec spec = Parse("name: t\ndata: {train: data/train.tsv}\nmodel: {init: org/tiny-bert}\n");
+  EXPECT_EQ(spec.model.init, (repo / "snapshots" / "0123abcd").string());
+  EXPECT_EQ(spec.data.tokenizer.vocab, (repo / "snapshots" / "0123abcd" / "vocab.txt").string());
+  EXPECT_EQ(ErrorOf("name: t\ndata: {train: data/train.tsv}\nmodel: {init: org/other}\n"),
+            "job.yaml:3:15: model.init: no folder " + (dir_ / "org/other").string() +
+                ", nor a model 'org/other' in the Hugging Face cache " + (dir_ / "hf_home" / "hub").string() +
+                " (huggingface-cli download org/other puts it there)");
+  if (previous)
+    ::setenv("HF_HOME", saved.c_str(), 1);
+  else
+    ::unsetenv("HF_HOME");
+}
+
 TEST_F(JobSpecTest, CpuBlockCacheIsAMebibyteCountAndZeroTurnsItOff) {
   EXPECT_EQ(Parse(Valid()).runtime.cpu_block_cache_mb, 512);
   EXPECT_EQ(Parse(Valid() + "runtime: {cpu_block_cache_mb: 0}\n").runtime.cpu_block_cache_mb, 0);
