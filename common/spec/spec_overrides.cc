@@ -73,7 +73,7 @@ std::string Expand(const std::string& text, const Fail& fail) {
 
 }  // namespace
 
-void ApplySet(YAML::Node root, const SpecOverrides::Set& set, std::map<std::string, std::string>* origins) {
+void ApplySet(YAML::Node& root, const SpecOverrides::Set& set, std::map<std::string, std::string>* origins) {
   const std::string& origin = set.origin;
   const std::vector<std::string> keys = SplitKeyPath(set.key_path, origin);
   YAML::Node value;
@@ -119,7 +119,9 @@ void ExpandEnvironment(YAML::Node root, const std::string& source) {
   std::set<std::pair<int, int>> visited;
   std::vector<std::pair<YAML::Node, std::string>> stack = {{root, ""}};
   while (!stack.empty()) {
-    auto [node, path] = stack.back();
+    // Copies, not a structured binding: the lambda below captures them (C++17).
+    YAML::Node node = stack.back().first;
+    const std::string path = stack.back().second;
     stack.pop_back();
     if (!visited.insert({node.Mark().pos, int(node.Type())}).second) continue;
     if (node.IsMap()) {

@@ -18,7 +18,7 @@ namespace trainyard::spec_overrides {
 // literal), making the mappings on the way where they are missing, and records its
 // origin as where the key came from in `origins` (key path -> origin). Throws SpecError
 // naming the origin when the value is malformed or a key on the way is not a mapping.
-void ApplySet(YAML::Node root, const SpecOverrides::Set& set, std::map<std::string, std::string>* origins);
+void ApplySet(YAML::Node& root, const SpecOverrides::Set& set, std::map<std::string, std::string>* origins);
 
 // The keys of "a.b.c"; throws SpecError naming `origin` for an empty one.
 std::vector<std::string> SplitKeyPath(const std::string& path, const std::string& origin);

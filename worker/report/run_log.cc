@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -285,7 +286,7 @@ ProgressLine::ProgressLine(std::string label, int64_t total, bool enabled, int64
     : label_(std::move(label)), total_(total), first_(first), enabled_(enabled && total > 0), tty_(::isatty(2)) {}
 
 std::string ProgressLine::FormatClock(double seconds) {
-  const auto whole = static_cast<long>(std::max(0.0, seconds) + 0.5);
+  const long whole = std::lround(std::max(0.0, seconds));
   if (whole >= 3600) return fmt::format("{}:{:02d}:{:02d}", whole / 3600, whole / 60 % 60, whole % 60);
   return fmt::format("{}:{:02d}", whole / 60, whole % 60);
 }
