@@ -20,6 +20,7 @@
     relays the coordinator's refusal of a request over its --max-message-bytes, and
     `logs -f` of a failed job ends with its state and reason, exit 1."""
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -38,13 +39,28 @@ SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 
 class Daemon:
+    # Every coordinator a check started: those still running when the test ends, however
+    # it ends (a failed check raises), are killed.
+    started = []
+
     def __init__(self, binary, state, port, *extra):
         self.proc = subprocess.Popen([binary, "--listen", f"tcp://127.0.0.1:{port}", "--state", state, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        Daemon.started.append(self.proc)
+
+    @staticmethod
+    def kill_the_rest():
+        for proc in Daemon.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=10)
+
+
+atexit.register(Daemon.kill_the_rest)
 
 
 def auth_checks(a, work, jobctl, listing, checks):
