@@ -14,6 +14,22 @@ MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CO
                OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
+def run_case(cases, description=None):
+    """The main of a test file of named cases: `--worker`, `--mpirun` and a case name;
+    the case gets the arguments and a temporary folder and returns whether it passed."""
+    import argparse
+    import tempfile
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("case", choices=sorted(cases))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        ok = cases[args.case](args, work)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -21,10 +37,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def subset_tsv(folder, count):
-    """The first `count` training examples of langid, as a TSV in `folder`."""
-    path = os.path.join(folder, f"train_{count}.tsv")
-    with open(os.path.join(LANGID, "train.tsv"), encoding="utf-8") as f:
+def subset_tsv(folder, count, split="train"):
+    """The first `count` examples of langid's `split`, as a TSV in `folder`."""
+    path = os.path.join(folder, f"{split}_{count}.tsv")
+    with open(os.path.join(LANGID, f"{split}.tsv"), encoding="utf-8") as f:
         lines = f.readlines()[: count + 1]
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(lines)

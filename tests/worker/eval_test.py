@@ -23,7 +23,6 @@ metrics, eval.test, checkpoint.best_metric and train.early_stopping.
                   weights, not the last step's; summary.json says why it stopped; a rerun
                   with resume: auto changes no file.
 """
-import argparse
 import csv
 import hashlib
 import json
@@ -31,7 +30,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -39,19 +37,10 @@ import yaml
 from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
-from e2e_common import LANGID, MPI_ENV, job_yaml, subset_tsv, weights, write
+from e2e_common import LANGID, MPI_ENV, job_yaml, run_case, subset_tsv, weights, write
 
 EXAMPLES, BATCH = 1200, 16  # 75 steps an epoch
 TIMINGS = ("eval_runtime", "eval_samples_per_second", "test_runtime", "test_samples_per_second")
-
-
-def test_subset(folder, count=750):
-    path = os.path.join(folder, f"test_{count}.tsv")
-    with open(os.path.join(LANGID, "test.tsv"), encoding="utf-8") as f:
-        lines = f.readlines()[: count + 1]
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    return path
 
 
 def read_lines(run_dir, name):
@@ -113,7 +102,7 @@ log: {{progress: false}}
 
 
 def best_case(args, work):
-    train, test = subset_tsv(work, EXAMPLES), test_subset(work)
+    train, test = subset_tsv(work, EXAMPLES), subset_tsv(work, 750, split="test")
     # The learning rate comes from the environment, eval.every_steps from the command line.
     extra = f"""train: {{epochs: 2, batch_size: {BATCH}, lr: '${{TY_EVAL_TEST_UNSET:-1.0e-3}}'}}
 eval: {{test: {test}}}
@@ -294,17 +283,5 @@ checkpoint: {{best_metric: eval_loss, greater_is_better: true, resume: auto}}
 CASES = {"best": best_case, "early_stopping": early_stopping_case}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        ok = CASES[args.case](args, work)
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_case(CASES, __doc__))

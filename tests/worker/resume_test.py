@@ -32,7 +32,6 @@
               offered to the same job without bf16_weights, exit 2 naming both dtypes
               and the flag, and change nothing
 """
-import argparse
 import csv
 import glob
 import hashlib
@@ -43,10 +42,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-from e2e_common import MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv, weights, write
+from e2e_common import (MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, run_case, set_metadata, subset_tsv,
+                        weights, write)
 
 EPOCHS, EXAMPLES, BATCH = 2, 1200, 16  # 75 steps an epoch on one rank, 38 on two
 EXTRA = f"""train:
@@ -367,17 +366,5 @@ CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
          "fallback": fallback, "none_valid": none_valid, "finished": finished, "bf16_weights": bf16_weights}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        ok = CASES[args.case](args, work)
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(run_case(CASES))

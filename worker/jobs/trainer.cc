@@ -447,12 +447,16 @@ Trainer::MicroPlan Trainer::PlanMicroBatches(int64_t epoch) const {
   return out;
 }
 
+PipelineOptions Trainer::BatchOptions(TokenCache* tokens) const {
+  PipelineOptions options = PipelineOptionsFor(spec_, device_);
+  options.cache = tokens;
+  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
+  return options;
+}
+
 void Trainer::TrainEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   MicroPlan plan = PlanMicroBatches(epoch);
-  PipelineOptions options = PipelineOptionsFor(spec_, device_);
-  options.cache = train_tokens_.get();
-  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
-  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan.batches), options);
+  BatchPipeline pipeline(train_, *tokenizer_, std::move(plan.batches), BatchOptions(train_tokens_.get()));
   DeviceTransfer transfer(device_);
   StepLog steps(*this, epoch, total_steps, log);
   const size_t per_step = size_t(spec_.train.gradient_accumulation_steps);

@@ -83,6 +83,9 @@ class Trainer {
     std::vector<double> loss_weights;
   };
   MicroPlan PlanMicroBatches(int64_t epoch) const;
+  // The batch pipeline's options for a split whose token ids `tokens` caches; graphed
+  // steps pad to a few lengths.
+  PipelineOptions BatchOptions(TokenCache* tokens) const;
   // Up to `count` batches from the pipeline (fewer at its end).
   static std::vector<Batch> NextMicroBatches(BatchPipeline& pipeline, size_t count);
   // A step trained: its number, examples and tokens, and the epoch's progress.
