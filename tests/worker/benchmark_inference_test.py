@@ -73,9 +73,15 @@ def sweep(worker, work):
         files = all(os.path.exists(os.path.join(out, f)) for f in
                     ("benchmark.md", "latency_heatmap.svg", "throughput.svg", "env.json"))
         env = json.load(open(os.path.join(out, "env.json")))
+        # each cell's line has the elapsed time and the time left; the last has nothing left
+        output = result.stdout + result.stderr
+        clocked = re.search(r"\[1/27 \d+:\d\d<(\d+:\d\d|\?)\] ", output) and \
+            re.search(r"\[27/27 \d+:\d\d<0:00\] ", output)
+        if not clocked:
+            print("no [n/27 ELAPSED<LEFT] cell lines:", output[-2000:])
         print(f"{preset}: {len(cells)} cells; statuses {sorted(set(status.values()))}; 2048x32 fp32 -> "
               f"{status[(2048, 32, 'fp32')]}; env torch {env['torch_version']} on {env['device']}")
-        ok = ok and len(cells) == 27 and expected_na and fp16_na and measured and oom and files
+        ok = ok and len(cells) == 27 and expected_na and fp16_na and measured and oom and files and bool(clocked)
     return ok
 
 
@@ -114,6 +120,14 @@ def inference(worker, work):
         if result.returncode != 0:
             print(result.stdout, result.stderr)
             return False
+        # the progress line (not a terminal: every tenth) reaches 100% for each pass
+        output = result.stdout + result.stderr
+        for order, wanted in (("file order", sort in ("false", "both")), ("sorted by length", sort in ("true", "both"))):
+            done = re.search(rf"inference \({order}\) (\d+)/\1 \(100%\) \[\d+:\d\d<0:00\] \d+ texts/s", output)
+            if bool(done) != wanted:
+                print(f"infer_{sort}: the '{order}' progress line at 100% is {'missing' if wanted else 'unexpected'}:",
+                      output[-2000:])
+                return False
         rows = list(csv.DictReader(open(os.path.join(out, "predictions.tsv")), delimiter="\t"))
         predictions[sort] = rows
         if sort == "both":

@@ -6,6 +6,7 @@ padding across batches; the same job runs under bf16. Bad input exits 2 with the
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -106,7 +107,11 @@ def check_generations(worker, work, model, tokenizer, eos, model_dir):
         ok &= same
     summary = [l for l in (run.stdout + run.stderr).splitlines() if "time to first token" in l]
     print(summary[-1] if summary else "no summary line")
-    return ok and bool(summary)
+    # 7 prompts in batches of 3: a line per batch with the elapsed time and the time left
+    batches = re.findall(r"generate: prompts (\d+)-(\d+) of 7 \[\d+:\d\d<(\d+:\d\d|\?)\]", run.stdout + run.stderr)
+    clocked = [(int(a), int(b)) for a, b, _ in batches] == [(1, 3), (4, 6), (7, 7)] and batches[-1][2] == "0:00"
+    print(f"per-batch lines with a clock: {clocked} {batches}")
+    return ok and bool(summary) and clocked
 
 
 def check_bf16(worker, work, model_dir, vocab_size):

@@ -2,7 +2,8 @@
 """The SVG plots, rendered by a real SVG renderer (rsvg-convert) and checked as images.
 
 A small benchmark sweep (fp32 and bf16, eager and int8) writes throughput.svg and
-latency_heatmap.svg; a 3-epoch fine-tune writes curves.svg. Each file must parse as XML,
+latency_heatmap.svg; a 2-epoch fine-tune evaluated every 5 steps writes curves.svg, whose
+loss and dev metric panels draw every logged step and evaluation. Each file must parse as XML,
 render to a PNG without error, and in the PNG every series' legend colour must be drawn
 (so no line is hidden under another of the same colour). In the SVG: one throughput panel
 per precision and mode, no colour repeated within a panel, both axes labelled with ticks,
@@ -97,17 +98,31 @@ benchmark:
     assert heatmap.count("log scale</text>") == 3, "every heatmap panel with measured cells has its colour key"
 
 
+def points_in_panel(svg_text, title):
+    """How many points (circles) the panel titled `title` draws."""
+    begin = svg_text.index(f"font-weight='bold'>{title}<")
+    end = svg_text.find("font-weight='bold'", begin + 1)
+    return svg_text[begin:end if end >= 0 else len(svg_text)].count("<circle")
+
+
 def curves(worker, work, artifacts):
-    extra = "train: {epochs: 3, batch_size: 16, lr: 1.0e-3}\n"
+    extra = ("train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\n"
+             "eval: {every_steps: 5, metrics: [accuracy, f1]}\n")
     job = write(os.path.join(work, "plots_curves.yaml"), job_yaml("plots_curves", subset_tsv(work, 320), extra))
     result = subprocess.run([worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     svg = os.path.join(work, "runs", "plots_curves", "curves.svg")
-    text = check_chart(svg, artifacts, ["loss", "dev accuracy", "time per step (median across ranks)", "throughput"])
-    for label in ("epoch", "accuracy", "ms / step", "samples / s"):
+    text = check_chart(svg, artifacts, ["loss", "dev metrics", "learning rate",
+                                        "time per step (median across ranks)", "throughput"])
+    for label in ("optimizer step", "epoch", "value", "ms / step", "samples / s"):
         assert label in text, label
-    for tick in (">1<", ">2<", ">3<"):
+    for tick in (">1<", ">2<"):
         assert tick in text, tick
+    # 40 steps, each logged (job_yaml's steps_every: 1), and 8 evaluations: 40 train and 8
+    # dev losses, accuracy and F1 at each evaluation
+    assert points_in_panel(text, "loss") == 40 + 8, points_in_panel(text, "loss")
+    assert points_in_panel(text, "dev metrics") == 2 * 8, points_in_panel(text, "dev metrics")
+    assert points_in_panel(text, "learning rate") == 40
 
 
 def main():

@@ -17,6 +17,7 @@
 #include "worker/generation/generation.h"
 #include "worker/jobs/forward_modes.h"
 #include "worker/jobs/memory_cap.h"
+#include "worker/report/run_log.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -546,10 +547,14 @@ nlohmann::json BenchmarkRunner::Run() {
   } else {
     std::vector<CellPlan> plans = PlanCells();
     total = plans.size();
+    // This rank measures cells rank, rank + world, ...; its clock counts those.
+    const size_t my_total = (total + size_t(ranks_.world) - 1 - size_t(ranks_.rank)) / size_t(ranks_.world);
     for (size_t i = ranks_.rank; i < total && !StopAsked(ranks_); i += ranks_.world) {
       mine.push_back(spec_.benchmark.run == BenchmarkRun::kGenerate ? MeasureGeneration(plans[i]) : Measure(plans[i]));
       if (ranks_.world == 1 || spec_.log.progress)
-        LogInfo(StrFormat("[%zu/%zu] ", i + 1, total) + DescribeCell(mine.back()));
+        LogInfo(StrFormat("[%zu/%zu %s] ", i + 1, total,
+                          ProgressLine::Clock(SecondsSince(start), int64_t(mine.size()), int64_t(my_total)).c_str()) +
+                DescribeCell(mine.back()));
     }
   }
   AgreeOnStop(ranks_, [&] { return StrFormat("after %zu of this rank's benchmark cells", mine.size()); });

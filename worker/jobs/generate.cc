@@ -10,6 +10,7 @@
 #include "data/byte_level_bpe_tokenizer.h"
 #include "data/text_dataset.h"
 #include "worker/generation/generation.h"
+#include "worker/report/run_log.h"
 #include "worker/train/amp.h"
 
 namespace trainyard {
@@ -152,8 +153,11 @@ std::string GenerateRunner::GenerateBatch(size_t begin, size_t end, const Genera
                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
              "\n";
   }
-  LogInfo(StrFormat("generate: prompts %zu-%zu of %zu: first token %.1f ms, %ld new tokens", begin + 1, end,
-                    prompt_ids_.size(), result.first_token_ms, long(result.tokens.size(1))));
+  const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - stats->start).count();
+  LogInfo(StrFormat("generate: prompts %zu-%zu of %zu [%s]: first token %.1f ms, %ld new tokens", begin + 1, end,
+                    prompt_ids_.size(),
+                    ProgressLine::Clock(elapsed_s, int64_t(end), int64_t(prompt_ids_.size())).c_str(),
+                    result.first_token_ms, long(result.tokens.size(1))));
   return lines;
 }
 

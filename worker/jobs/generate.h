@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ class GenerateRunner {
     std::vector<double> first_token_ms;  // one per batch
     double decode_ms = 0, decode_tokens = 0, capture_ms = 0;
     int64_t new_tokens = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();  // of the timed batches
   };
   // Generates for prompts [begin, end): their generations.jsonl lines.
   std::string GenerateBatch(size_t begin, size_t end, const GenerationOptions& options, torch::ScalarType cache_dtype,

@@ -1,5 +1,6 @@
 #include "worker/jobs/inference.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include "worker/jobs/forward_modes.h"
 #include "worker/models/config_fields.h"
 #include "worker/models/hf_checkpoint.h"
+#include "worker/report/run_log.h"
 #include "worker/train/amp.h"
 #include "worker/train/batch_pipeline.h"
 #include "worker/train/device_transfer.h"
@@ -84,6 +86,10 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
   const auto start = Clock::now();
   BatchPipeline pipeline(input_, *tokenizer_, std::move(plan), options);
   DeviceTransfer transfer(device_);
+  // Rank 0's shard stands for all: the ranks' shards are the same size to within a text.
+  ProgressLine line(sort_by_length ? "inference (sorted by length)" : "inference (file order)", int64_t(batches.size()),
+                    spec_.log.progress && ranks_.rank == 0);
+  size_t texts = 0;
   for (size_t b = 0; !StopAsked(ranks_); ++b) {
     auto host = pipeline.Next();
     if (!host) break;
@@ -101,8 +107,11 @@ InferenceRunner::Pass InferenceRunner::Predict(bool sort_by_length) {
     torch::Tensor rows =
         torch::tensor(std::vector<int64_t>(batches[b].begin(), batches[b].end())) - int64_t(shard_begin_);
     pass.logits.index_copy_(0, rows, logits);
+    texts += batches[b].size();
+    line.Update(int64_t(b + 1), StrFormat("%.0f texts/s", double(texts) / std::max(1e-9, SecondsSince(start))));
   }
   pass.seconds = SecondsSince(start);
+  line.Finish();
   return pass;
 }
 

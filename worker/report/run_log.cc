@@ -18,7 +18,7 @@
 #include "common/csv.h"
 #include "common/epoch_table.h"
 #include "worker/report/event_file.h"
-#include "worker/report/svg_chart.h"
+#include "worker/report/run_curves.h"
 
 namespace trainyard {
 
@@ -81,45 +81,6 @@ EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string&
   return r;
 }
 
-ChartPanel EpochPanel(const std::vector<EpochRow>& rows, std::string title, std::string y_label) {
-  ChartPanel panel;
-  panel.title = std::move(title);
-  panel.x_label = "epoch";
-  panel.y_label = std::move(y_label);
-  if (rows.size() <= 12)
-    for (const EpochRow& r : rows) panel.x_ticks.push_back(double(r.epoch));
-  return panel;
-}
-
-ChartSeries EpochSeries(const std::vector<EpochRow>& rows, std::string name, double (*value)(const EpochRow&)) {
-  ChartSeries series{std::move(name), {}};
-  for (const EpochRow& r : rows) series.points.emplace_back(double(r.epoch), value(r));
-  return series;
-}
-
-// curves.svg: loss, dev accuracy, the step's parts (median across ranks) and throughput
-// per epoch.
-std::string EpochCurves(const std::vector<EpochRow>& rows) {
-  const bool evaluated = std::any_of(rows.begin(), rows.end(), [](const EpochRow& r) { return r.eval_loss > 0; });
-  ChartPanel loss = EpochPanel(rows, "loss", "cross-entropy");
-  loss.series.push_back(EpochSeries(rows, "train", [](const EpochRow& r) { return r.train_loss; }));
-  if (evaluated) loss.series.push_back(EpochSeries(rows, "dev", [](const EpochRow& r) { return r.eval_loss; }));
-  ChartPanel accuracy = EpochPanel(rows, "dev accuracy", "accuracy");
-  accuracy.y_scale = AxisScale::kLinear;
-  if (evaluated) accuracy.series.push_back(EpochSeries(rows, "dev", [](const EpochRow& r) { return r.eval_acc; }));
-  ChartPanel time = EpochPanel(rows, "time per step (median across ranks)", "ms / step");
-  time.series.push_back(EpochSeries(rows, "whole step", [](const EpochRow& r) { return r.ms_per_step; }));
-  for (int part = 0; part < kNumStepParts; ++part) {  // parts that never took time (comm on one rank) left out
-    ChartSeries series{kStepParts[part], {}};
-    for (const EpochRow& r : rows) series.points.emplace_back(double(r.epoch), r.parts[part].median);
-    if (std::any_of(series.points.begin(), series.points.end(), [](const auto& p) { return p.second > 0; }))
-      time.series.push_back(std::move(series));
-  }
-  ChartPanel speed = EpochPanel(rows, "throughput", "samples / s");
-  speed.series.push_back(EpochSeries(rows, "train", [](const EpochRow& r) { return r.samples_per_s; }));
-  return RenderChart({loss, accuracy, time, speed});
-}
-
 // The TensorBoard event files in `folder` (events.out.tfevents.*), and nothing else.
 void RemoveEventFiles(const std::string& folder) {
   std::error_code error;
@@ -131,12 +92,13 @@ void RemoveEventFiles(const std::string& folder) {
 
 }  // namespace
 
-RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) : dir_(std::move(run_dir)) {
+RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step)
+    : dir_(std::move(run_dir)), curves_(std::make_unique<RunCurves>()) {
   std::filesystem::create_directories(dir_);
   if (resume_epoch > 0) {
     LoadRows(resume_epoch);
-    TrimLines("steps.jsonl", resume_step);
-    TrimLines("evals.jsonl", resume_step);
+    for (const nlohmann::json& line : TrimLines("steps.jsonl", resume_step)) curves_->AddStep(line);
+    for (const nlohmann::json& line : TrimLines("evals.jsonl", resume_step)) curves_->AddEvaluation(line);
   } else {
     std::filesystem::remove(dir_ + "/steps.jsonl");
     std::filesystem::remove(dir_ + "/evals.jsonl");
@@ -152,7 +114,7 @@ RunLog::RunLog(std::string run_dir, int64_t resume_epoch, int64_t resume_step) :
   }
 }
 
-RunLog::RunLog(std::string run_dir) : dir_(std::move(run_dir)) {}
+RunLog::RunLog(std::string run_dir) : dir_(std::move(run_dir)), curves_(std::make_unique<RunCurves>()) {}
 
 RunLog RunLog::ReadFinished(std::string run_dir) {
   RunLog log(std::move(run_dir));
@@ -197,17 +159,21 @@ void RunLog::LoadRows(int64_t before_epoch) {
   }
 }
 
-void RunLog::TrimLines(const std::string& file, int64_t up_to_step) {
+std::vector<nlohmann::json> RunLog::TrimLines(const std::string& file, int64_t up_to_step) {
   const std::string path = dir_ + "/" + file;
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) return;
+  if (!std::filesystem::exists(path, error)) return {};
   std::ifstream in(path);
   std::string kept, line;
+  std::vector<nlohmann::json> kept_lines;
   while (std::getline(in, line)) {
     auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object() && parsed.value("step", int64_t(0)) <= up_to_step) kept += line + "\n";
+    if (!parsed.is_object() || parsed.value("step", int64_t(0)) > up_to_step) continue;
+    kept += line + "\n";
+    kept_lines.push_back(std::move(parsed));
   }
   WriteFileAtomically(path, kept);
+  return kept_lines;
 }
 
 void RunLog::WriteCsv() const {
@@ -223,11 +189,7 @@ void RunLog::AddEpoch(const EpochRow& r) {
   csv_lines_.push_back(EpochCsvLine(r));
   WriteCsv();
   PrintRow(r);
-  try {
-    WriteFileAtomically(dir_ + "/curves.svg", EpochCurves(rows_));
-  } catch (const std::exception& e) {
-    spdlog::warn("curves.svg not updated: {}", e.what());
-  }
+  WriteCurves();
   int64_t end_step = 0;
   for (const EpochRow& row : rows_) end_step += row.steps;
   const std::vector<std::string> header = SplitCsv(EpochCsvHeader()), cells = SplitCsv(csv_lines_.back());
@@ -249,9 +211,18 @@ void RunLog::PrintRow(const EpochRow& r) const {
   spdlog::info("{}", EpochTableRow(header, SplitCsv(EpochCsvLine(r))));
 }
 
+void RunLog::WriteCurves() const {
+  try {
+    WriteFileAtomically(dir_ + "/curves.svg", curves_->Render(rows_));
+  } catch (const std::exception& e) {
+    spdlog::warn("curves.svg not updated: {}", e.what());
+  }
+}
+
 void RunLog::AddStep(const nlohmann::json& line) {
   steps_ << line.dump() << "\n";
   steps_.flush();
+  curves_->AddStep(line);
   std::vector<std::pair<std::string, float>> scalars;
   std::vector<std::pair<std::string, double>> values;
   for (const auto& [key, value] : line.items())
@@ -266,6 +237,8 @@ void RunLog::AddStep(const nlohmann::json& line) {
 void RunLog::AddEvaluation(const nlohmann::json& line) {
   evals_ << line.dump() << "\n";
   evals_.flush();
+  curves_->AddEvaluation(line);
+  if (line.value("split", std::string()) == "eval") WriteCurves();
   const std::string split = line.value("split", std::string("eval"));
   std::vector<std::pair<std::string, float>> scalars;
   std::vector<std::pair<std::string, double>> values;
@@ -291,6 +264,12 @@ std::string ProgressLine::FormatClock(double seconds) {
   return fmt::format("{}:{:02d}", whole / 60, whole % 60);
 }
 
+std::string ProgressLine::Clock(double elapsed_s, int64_t done, int64_t total, int64_t first) {
+  const std::string left =
+      done > first ? FormatClock(elapsed_s * double(total - done) / double(done - first)) : std::string("?");
+  return FormatClock(elapsed_s) + "<" + left;
+}
+
 void ProgressLine::Update(int64_t done, const std::string& detail) {
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
@@ -298,10 +277,8 @@ void ProgressLine::Update(int64_t done, const std::string& detail) {
   if (tty_ && now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
   if (!tty_ && (decile == last_decile_ || decile == 0)) return;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const std::string left =
-      done > first_ ? FormatClock(elapsed * double(total_ - done) / double(done - first_)) : std::string("?");
-  const std::string line = fmt::format("{} {}/{} ({:.0f}%) [{}<{}] {}", label_, done, total_, 100.0 * done / total_,
-                                       FormatClock(elapsed), left, detail);
+  const std::string line = fmt::format("{} {}/{} ({:.0f}%) [{}] {}", label_, done, total_, 100.0 * done / total_,
+                                       Clock(elapsed, done, total_, first_), detail);
   if (tty_)
     std::fprintf(stderr, "\r\033[K%s", line.c_str());
   else

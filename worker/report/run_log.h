@@ -51,6 +51,7 @@ std::string EpochCsvHeader();
 std::string EpochCsvLine(const EpochRow& row);
 
 class EventFileWriter;
+class RunCurves;
 
 // Where a run's figures go besides its own files: MLflow (mlflow_logger.h). Calls must
 // return at once; a sink that talks to a server does so on a thread of its own.
@@ -105,15 +106,19 @@ class RunLog {
  private:
   explicit RunLog(std::string run_dir);  // opens nothing
   void LoadRows(int64_t before_epoch);
-  // Keeps the lines of a JSON-lines file whose "step" is at most `up_to_step`.
-  void TrimLines(const std::string& file, int64_t up_to_step);
+  // Keeps the lines of a JSON-lines file whose "step" is at most `up_to_step`, and
+  // returns them parsed.
+  std::vector<nlohmann::json> TrimLines(const std::string& file, int64_t up_to_step);
   void WriteCsv() const;
+  // Rewrites curves.svg (run_curves.h); a failure costs a warning.
+  void WriteCurves() const;
   // Hands scalars to the event file, or drops TensorBoard output after a failure.
   void AddTensorBoardScalars(int64_t step, const std::vector<std::pair<std::string, float>>& scalars);
 
   std::string dir_;
   std::unique_ptr<EventFileWriter> tensorboard_;
   std::unique_ptr<MetricSink> sink_;
+  std::unique_ptr<RunCurves> curves_;
   std::vector<EpochRow> rows_;
   std::vector<std::string> csv_lines_;  // rows_ as written, kept verbatim across resumes
   std::ofstream steps_, evals_;
@@ -132,6 +137,11 @@ class ProgressLine {
 
   // "m:ss", or "h:mm:ss" from an hour.
   static std::string FormatClock(double seconds);
+  // "ELAPSED<LEFT" after `elapsed_s` seconds with `done` of `total` done, LEFT at the rate
+  // of the work since `first` ("?" before any): what the line shows between brackets, for
+  // jobs that report each piece of work on a line of its own (benchmark cells, generation
+  // batches).
+  static std::string Clock(double elapsed_s, int64_t done, int64_t total, int64_t first = 0);
 
  private:
   std::string label_;

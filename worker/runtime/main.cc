@@ -96,7 +96,7 @@ void AddOptions(CLI::App& app, Options& o) {
                    std::string("serve: the ") + what + " port, instead of the job file's (0: any free port)")
         ->check(CLI::Range(0, 65535));
   app.add_flag("--no-progress", o.standalone.no_progress,
-               "standalone: no progress line while an epoch runs (pools never draw one)");
+               "standalone: no progress line while an epoch or an inference pass runs (pools never draw one)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 }

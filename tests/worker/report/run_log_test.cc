@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -55,6 +56,17 @@ nlohmann::json Evaluation(int64_t step) {
           {"split", "eval"},
           {"eval_loss", 1.0 / double(step)},
           {"eval_f1", 0.5}};
+}
+
+// The points drawn in curves.svg's panel titled `title`.
+int PointsInPanel(const std::string& svg, const std::string& title) {
+  const std::string heading = "font-weight='bold'>" + title + "<";
+  const size_t begin = svg.find(heading);
+  if (begin == std::string::npos) return -1;
+  const size_t end = std::min(svg.size(), svg.find("font-weight='bold'", begin + heading.size()));
+  int points = 0;
+  for (size_t at = svg.find("<circle", begin); at < end; at = svg.find("<circle", at + 1)) ++points;
+  return points;
 }
 
 // A finished three-epoch run of ten steps an epoch, evaluated every 5 steps, as a
@@ -139,6 +151,11 @@ TEST_F(RunLogTest, AResumeKeepsTheEarlierEpochsVerbatimAndDropsTheRest) {
   EXPECT_EQ(after[1], before[1]);
   EXPECT_EQ(after[2], EpochCsvLine(Row(2)));
   EXPECT_EQ(Lines(dir_ / "steps.jsonl").size(), 13u);
+  // curves.svg draws the kept steps and evaluations with the new ones: 13 train losses
+  // and 3 dev losses, 3 F1 values.
+  const std::string curves = Read(dir_ / "curves.svg");
+  EXPECT_EQ(PointsInPanel(curves, "loss"), 13 + 3);
+  EXPECT_EQ(PointsInPanel(curves, "dev metrics"), 3);
 }
 
 // Every file under `dir`, by path, with its bytes.
