@@ -122,9 +122,13 @@ size_t WhitespaceStart(std::string_view text, size_t end) {
   return static_cast<size_t>(i);
 }
 
-std::unordered_map<std::string, int32_t> ReadVocabJson(const std::string& path) {
+std::ifstream Open(const std::string& path, const char* what) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open the vocabulary");
+  if (!in) throw std::runtime_error(path + ": cannot open the " + what);
+  return in;
+}
+
+std::unordered_map<std::string, int32_t> ReadVocabJson(std::istream& in, const std::string& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(in);
@@ -156,13 +160,18 @@ const std::array<std::string, 256>& ByteLevelBpeTokenizer::ByteToUnicode() {
 
 ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(const std::string& vocab_path, const std::string& merges_path,
                                              Options options)
-    : vocab_(ReadVocabJson(vocab_path)), add_prefix_space_(options.add_prefix_space) {
+    : ByteLevelBpeTokenizer(vocab_path, Open(vocab_path, "vocabulary"), merges_path, Open(merges_path, "merges file"),
+                            options) {}
+
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(const std::string& vocab_path, std::istream&& vocab,
+                                             const std::string& merges_path, std::istream&& merges, Options options)
+    : vocab_(ReadVocabJson(vocab, vocab_path)), add_prefix_space_(options.add_prefix_space) {
   int32_t max_id = 0;
   for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
   id_to_token_.resize(static_cast<size_t>(max_id) + 1);
   for (const auto& [token, id] : vocab_) id_to_token_[id] = token;
   for (int b = 0; b < 256; ++b) byte_ids_[b] = IdOf(ByteToUnicode()[b]);
-  ReadMerges(merges_path);
+  ReadMerges(merges, merges_path);
   ChooseTemplate(vocab_path, options.sequence_template);
 }
 
@@ -173,9 +182,7 @@ int32_t ByteLevelBpeTokenizer::IdOf(const std::string& token) const {
 
 // Rank = the merge's position among the merge lines; a pair listed twice keeps its
 // last line, as HF's hash map does.
-void ByteLevelBpeTokenizer::ReadMerges(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open the merges file");
+void ByteLevelBpeTokenizer::ReadMerges(std::istream& in, const std::string& path) {
   std::string line;
   int line_number = 0;
   int32_t rank = 0;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <istream>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@ class ByteLevelBpeTokenizer : public Tokenizer {
   // starts with the file at fault ("merges.txt:12: ..." for a bad line), also when
   // kRoberta is asked of a vocabulary without <s> and </s>.
   ByteLevelBpeTokenizer(const std::string& vocab_path, const std::string& merges_path, Options options);
+  // The two files' text from streams (a converted tokenizer.json); the names are what
+  // errors start with.
+  ByteLevelBpeTokenizer(const std::string& vocab_path, std::istream&& vocab, const std::string& merges_path,
+                        std::istream&& merges, Options options);
 
   // Thread-safe, as are all const methods: words are cached under a shared lock. Bytes
   // that are not valid UTF-8 are encoded as themselves (HF only ever sees valid text).
@@ -73,7 +78,7 @@ class ByteLevelBpeTokenizer : public Tokenizer {
   };
   using WordCache = std::unordered_map<std::string, std::vector<int32_t>>;
 
-  void ReadMerges(const std::string& path);
+  void ReadMerges(std::istream& in, const std::string& path);
   void ChooseTemplate(const std::string& vocab_path, Template requested);
   int32_t IdOf(const std::string& token) const;  // -1 if absent
   const Merge* FindMerge(int32_t left, int32_t right) const;

@@ -8,9 +8,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "common/spec/job_spec.h"
+#include "common/tokenizer_json.h"
 #include "data/byte_level_bpe_tokenizer.h"
 #include "data/text_dataset.h"
 #include "data/wordpiece_tokenizer.h"
@@ -71,17 +73,36 @@ std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, int m
   return WrapWithClsSep(std::vector<int32_t>(pieces.begin(), pieces.end()), cls_id_, sep_id_, max_len);
 }
 
+namespace {
+
+ByteLevelBpeTokenizer::Options BpeOptions(const TokenizerSpec& t) {
+  ByteLevelBpeTokenizer::Options options;
+  options.add_prefix_space = t.add_prefix_space;
+  options.sequence_template = t.bpe_template == BpeTemplate::kRoberta ? ByteLevelBpeTokenizer::Template::kRoberta
+                              : t.bpe_template == BpeTemplate::kGpt2  ? ByteLevelBpeTokenizer::Template::kGpt2
+                                                                      : ByteLevelBpeTokenizer::Template::kAuto;
+  return options;
+}
+
+// A tokenizer.json's tokenizer: its converted files read from memory (the spec holds the
+// settings read from it).
+std::unique_ptr<Tokenizer> FromTokenizerJson(const TokenizerSpec& t) {
+  const HfTokenizerFiles files = ReadTokenizerJson(t.tokenizer_json);
+  if (files.model == HfTokenizerFiles::Model::kWordPiece)
+    return std::make_unique<WordPieceTokenizer>(t.tokenizer_json, std::istringstream(files.vocab), t.lowercase);
+  return std::make_unique<ByteLevelBpeTokenizer>(t.tokenizer_json, std::istringstream(files.vocab),
+                                                 t.tokenizer_json + " (its merges)", std::istringstream(files.merges),
+                                                 BpeOptions(t));
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> MakeTokenizer(const DataSpec& spec, const TextDataset& train) {
   const TokenizerSpec& t = spec.tokenizer;
+  if (!t.tokenizer_json.empty()) return FromTokenizerJson(t);
   if (t.kind == TokenizerKind::kWordPiece) return std::make_unique<WordPieceTokenizer>(t.vocab, t.lowercase);
-  if (t.kind == TokenizerKind::kByteLevelBpe) {
-    ByteLevelBpeTokenizer::Options options;
-    options.add_prefix_space = t.add_prefix_space;
-    options.sequence_template = t.bpe_template == BpeTemplate::kRoberta ? ByteLevelBpeTokenizer::Template::kRoberta
-                                : t.bpe_template == BpeTemplate::kGpt2  ? ByteLevelBpeTokenizer::Template::kGpt2
-                                                                        : ByteLevelBpeTokenizer::Template::kAuto;
-    return std::make_unique<ByteLevelBpeTokenizer>(t.vocab, t.merges, options);
-  }
+  if (t.kind == TokenizerKind::kByteLevelBpe)
+    return std::make_unique<ByteLevelBpeTokenizer>(t.vocab, t.merges, BpeOptions(t));
   if (!std::filesystem::exists(t.model)) {
     std::vector<std::string> texts;
     texts.reserve(train.examples.size());

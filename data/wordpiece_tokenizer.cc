@@ -118,9 +118,13 @@ void SplitOnPunctuation(const icu::UnicodeString& word, std::vector<std::string>
   flush();
 }
 
-std::unordered_map<std::string, int32_t> ReadVocab(const std::string& path) {
+std::ifstream OpenVocab(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open the vocabulary");
+  return in;
+}
+
+std::unordered_map<std::string, int32_t> ReadVocab(std::istream& in) {
   std::unordered_map<std::string, int32_t> vocab;
   std::string line;
   int32_t id = 0;
@@ -133,10 +137,13 @@ std::unordered_map<std::string, int32_t> ReadVocab(const std::string& path) {
 }  // namespace
 
 WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_path, bool lowercase)
-    : vocab_(ReadVocab(vocab_path)), lowercase_(lowercase) {
+    : WordPieceTokenizer(vocab_path, OpenVocab(vocab_path), lowercase) {}
+
+WordPieceTokenizer::WordPieceTokenizer(const std::string& source, std::istream&& vocab, bool lowercase)
+    : vocab_(ReadVocab(vocab)), lowercase_(lowercase) {
   auto require = [&](const char* token) {
     auto it = vocab_.find(token);
-    if (it == vocab_.end()) throw std::runtime_error(vocab_path + ": the vocabulary has no " + token + " token");
+    if (it == vocab_.end()) throw std::runtime_error(source + ": the vocabulary has no " + token + " token");
     return it->second;
   };
   pad_id_ = require("[PAD]");

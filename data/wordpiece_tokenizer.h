@@ -4,6 +4,7 @@
 // WordPiece with "##" continuations and [UNK] for words over 100 characters.
 #pragma once
 
+#include <istream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -17,6 +18,9 @@ class WordPieceTokenizer : public Tokenizer {
  public:
   // Throws std::runtime_error if vocab.txt is unreadable or lacks [PAD]/[UNK]/[CLS]/[SEP].
   WordPieceTokenizer(const std::string& vocab_path, bool lowercase);
+  // vocab.txt's lines from a stream (a converted tokenizer.json); `source` names it in
+  // errors.
+  WordPieceTokenizer(const std::string& source, std::istream&& vocab, bool lowercase);
 
   std::vector<int32_t> Encode(std::string_view text, int max_len) const override;
   int32_t pad_id() const override { return pad_id_; }

@@ -20,6 +20,7 @@
 #include "common/spec/spec_overrides.h"
 #include "common/spec/spec_reader.h"
 #include "common/spec/yaml_budget.h"
+#include "common/tokenizer_json.h"
 
 namespace trainyard {
 namespace {
@@ -121,13 +122,19 @@ void ParseTokenizer(const SpecReader& r, const YAML::Node& data, bool init_given
 }
 
 void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node d = root["data"];
-  if (!d.IsDefined() || d.IsNull()) r.Fail(root, "data", "required: a data mapping");
+  const YAML::Node given = root["data"];
+  const YAML::Node model = root["model"];
+  const bool init_given = model.IsDefined() && model.IsMap() && model["init"].IsDefined() && !model["init"].IsNull();
+  const bool needs_train = spec->kind != JobKind::kInference && spec->kind != JobKind::kGenerate;
+  // A generate or inference job with model.init may leave data out: the folder has the
+  // tokenizer, and nothing else of data is needed.
+  const bool absent = !given.IsDefined() || given.IsNull();
+  if (absent && (needs_train || !init_given)) r.Fail(root, "data", "required: a data mapping");
+  const YAML::Node d = absent ? YAML::Node(YAML::NodeType::Map) : given;
   r.CheckKeys(d, "data",
               {"train", "dev", "labels", "format", "text_field", "label_field", "tokenizer", "max_seq_len",
                "bucket_batches", "pad_buckets", "prefetch_batches", "loader_threads"});
   DataSpec& out = spec->data;
-  const bool needs_train = spec->kind != JobKind::kInference && spec->kind != JobKind::kGenerate;
   if (!r.ReadPath(d, "train", "data", &out.train, PathKind::kFile) && needs_train)
     r.Fail(d, "data.train",
            spec->kind == JobKind::kFinetune ? "required: path to the training file (.tsv or .jsonl)"
@@ -153,14 +160,28 @@ void ParseData(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadInt(d, "pad_buckets", "data", &out.pad_buckets, 0, kMaxPadBuckets);
   r.ReadInt(d, "prefetch_batches", "data", &out.prefetch_batches, 0, 1024);
   r.ReadInt(d, "loader_threads", "data", &out.loader_threads, 1, 256);
-  const YAML::Node model = root["model"];
-  const bool init_given = model.IsDefined() && model.IsMap() && model["init"].IsDefined() && !model["init"].IsNull();
   ParseTokenizer(r, d, init_given, &out);
+}
+
+// A tokenizer.json's kind and settings, read (and so checked) now: a file the worker
+// cannot use is bad input at the start, naming model.init.
+void TokenizerOfJson(const std::string& path, const SpecReader& r, const YAML::Node& init, TokenizerSpec* t) {
+  try {
+    const HfTokenizerFiles files = ReadTokenizerJson(path);
+    t->kind =
+        files.model == HfTokenizerFiles::Model::kWordPiece ? TokenizerKind::kWordPiece : TokenizerKind::kByteLevelBpe;
+    t->lowercase = files.lowercase;
+    t->add_prefix_space = files.add_prefix_space;
+    t->tokenizer_json = path;
+  } catch (const std::runtime_error& e) {
+    r.Fail(init, "model.init", std::string("its tokenizer (data.tokenizer is absent): ") + e.what());
+  }
 }
 
 // A model.init folder's tokenizer, where HF's AutoTokenizer finds it: vocab.txt
 // (WordPiece; tokenizer_config.json's do_lower_case, default true), or vocab.json with
-// merges.txt (byte-level BPE; its add_prefix_space, default false).
+// merges.txt (byte-level BPE; its add_prefix_space, default false), or else
+// tokenizer.json (its own settings).
 void TokenizerOfInit(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   const fs::path folder = spec->model.init;
   const FileRead read = ReadUserFile((folder / "tokenizer_config.json").string(), size_t(1) << 20);
@@ -180,10 +201,12 @@ void TokenizerOfInit(const SpecReader& r, const YAML::Node& root, JobSpec* spec)
     t.vocab = (folder / "vocab.json").string();
     t.merges = (folder / "merges.txt").string();
     t.add_prefix_space = flag("add_prefix_space", false);
+  } else if (present("tokenizer.json")) {
+    TokenizerOfJson((folder / "tokenizer.json").string(), r, root["model"]["init"], &t);
   } else {
     r.Fail(root["model"]["init"], "data.tokenizer",
-           std::string("absent, and the model.init folder holds no vocab.txt, nor vocab.json with merges.txt") +
-               (present("tokenizer.json") ? " (its tokenizer.json alone is not read)" : "") + ": give data.tokenizer");
+           "absent, and the model.init folder holds no vocab.txt, vocab.json with merges.txt, or tokenizer.json: give "
+           "data.tokenizer");
   }
 }
 

@@ -42,6 +42,11 @@ struct TokenizerSpec {
   std::string merges;
   bool add_prefix_space = false;
   BpeTemplate bpe_template = BpeTemplate::kAuto;
+  // A model.init folder's tokenizer.json (absolute path) when it has no classic files:
+  // then `vocab` and `merges` are empty and the tokenizer is built from this file
+  // (common/tokenizer_json.h), whose settings `kind`, `lowercase` and
+  // `add_prefix_space` hold.
+  std::string tokenizer_json;
 };
 
 struct DataSpec {

@@ -13,8 +13,9 @@ metrics, eval.test, checkpoint.best_metric and train.early_stopping.
                   makes with model/ on the same split. A run sent SIGTERM mid-epoch and
                   resumed writes the same evaluations (runtime aside), the same best and the
                   same model/, bit for bit. model/ evaluated on the test split by 2 ranks (a
-                  job that names no tokenizer: model/'s own is used) gives the same metrics
-                  (the loss within 1e-12).
+                  job that names no tokenizer, from a copy of model/ whose only tokenizer
+                  file is the tokenizer.json HF saves for it) gives the same metrics (the
+                  loss within 1e-12), and exports that vocabulary as vocab.txt.
   early_stopping  evaluated every 10 steps with patience 2, judged by eval_loss with the
                   direction inverted (greater_is_better: true), so that an early evaluation
                   stays the best and the run must stop inside epoch 1 once the loss falls:
@@ -27,6 +28,7 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +38,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+from transformers import BertTokenizerFast
 
 from e2e_common import LANGID, MPI_ENV, job_yaml, run_case, subset_tsv, weights, write
 
@@ -163,8 +166,13 @@ def two_ranks_evaluate_alike(args, work, train, test, run_dir, one_rank):
     extra = f"""train: {{epochs: 1, batch_size: 8, max_steps: 1}}
 eval: {{test: {test}, batch_size: 32}}
 """
-    # No data.tokenizer: model/'s own vocab.txt is used.
-    text = job_yaml("two", train, extra).replace("  preset: tiny\n", f"  init: {run_dir}/model\n")
+    # No data.tokenizer, and model/'s vocab.txt replaced by the tokenizer.json HF saves for
+    # it: the folder's own tokenizer is read from that.
+    init = os.path.join(work, "model_saved_by_hf")
+    shutil.copytree(os.path.join(run_dir, "model"), init)
+    BertTokenizerFast(vocab_file=os.path.join(init, "vocab.txt"), do_lower_case=True).save_pretrained(init)
+    os.remove(os.path.join(init, "vocab.txt"))
+    text = job_yaml("two", train, extra).replace("  preset: tiny\n", f"  init: {init}\n")
     text = text.replace(f"  tokenizer:\n    vocab: {os.path.join(LANGID, 'vocab.txt')}\n", "")
     assert "tokenizer" not in text, text
     job = write(os.path.join(work, "two.yaml"), text)
@@ -173,11 +181,14 @@ eval: {{test: {test}, batch_size: 32}}
                             timeout=600, env=MPI_ENV)
     if result.returncode != 0:
         sys.exit(f"the 2-rank job failed:\n{result.stderr[-3000:]}")
+    exported = open(os.path.join(work, "two_runs", "two", "model", "vocab.txt"), "rb").read()
+    ok = check(exported == open(os.path.join(LANGID, "vocab.txt"), "rb").read(),
+               "the model it exports has the tokenizer.json's vocabulary as vocab.txt, byte for byte")
     two = [l for l in read_lines(os.path.join(work, "two_runs", "two"), "evals.jsonl") if l["split"] == "test"]
     counted = ("test_accuracy", "test_f1", "test_precision", "test_recall")
     same = len(two) == 1 and all(two[0][k] == one_rank[k] for k in counted)
     loss = len(two) == 1 and abs(two[0]["test_loss"] - one_rank["test_loss"]) <= 1e-12 * abs(one_rank["test_loss"])
-    return check(same and loss, f"2 ranks: test metrics {({k: two[0][k] for k in counted + ('test_loss',)} if two else None)}"
+    return ok & check(same and loss, f"2 ranks: test metrics {({k: two[0][k] for k in counted + ('test_loss',)} if two else None)}"
                  f" equal one rank's (the loss within 1e-12)")
 
 

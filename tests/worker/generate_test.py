@@ -2,11 +2,13 @@
 """kind: generate end to end: the worker continues real fortunes prompts with a GPT-2 that
 Hugging Face saved, through our byte-level BPE and KV cache, and its tokens and text
 equal HF's GPT2TokenizerFast + generate(do_sample=False) on the same prompts, with left
-padding across batches; the same job runs under bf16. Bad input exits 2 with the file, line and field at fault."""
+padding across batches; the same job runs under bf16, and from a model folder whose only
+tokenizer file is HF's tokenizer.json with a job that names no tokenizer. Bad input exits 2 with the file, line and field at fault."""
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,15 +44,17 @@ def prompts():
     return [" ".join(l.replace("\\n", " ").replace("\\t", " ").split()[: 2 + 2 * i]) for i, l in enumerate(lines)]
 
 
-def job(work, model_dir, prompts_file, extra=""):
-    return f"""name: gen
-kind: generate
-data:
+def job(work, model_dir, prompts_file, extra="", name_tokenizer=True):
+    """The generate job; without `name_tokenizer` it takes model.init's own."""
+    tokenizer = f"""data:
   tokenizer:
     kind: bpe
     vocab: {VOCAB}
     merges: {MERGES}
-model:
+""" if name_tokenizer else ""
+    return f"""name: gen
+kind: generate
+{tokenizer}model:
   init: {model_dir}
 generate:
   prompts: {prompts_file}
@@ -81,12 +85,12 @@ def hf_generate(model, tokenizer, texts, eos):
     return rows
 
 
-def check_generations(worker, work, model, tokenizer, eos, model_dir):
+def check_generations(worker, work, model, tokenizer, eos, model_dir, name_tokenizer=True):
     texts = prompts()
     prompts_file = os.path.join(work, "prompts.txt")
     write(prompts_file, "\n".join(texts) + "\n")
     path = os.path.join(work, "gen.yaml")
-    write(path, job(work, model_dir, prompts_file))
+    write(path, job(work, model_dir, prompts_file, name_tokenizer=name_tokenizer))
     run = run_worker(worker, path)
     if run.returncode != 0:
         print(run.stderr[-3000:])
@@ -112,6 +116,18 @@ def check_generations(worker, work, model, tokenizer, eos, model_dir):
     clocked = [(int(a), int(b)) for a, b, _ in batches] == [(1, 3), (4, 6), (7, 7)] and batches[-1][2] == "0:00"
     print(f"per-batch lines with a clock: {clocked} {batches}")
     return ok and bool(summary) and clocked
+
+
+def check_tokenizer_json(worker, work, model, tokenizer, eos, model_dir):
+    """A model folder whose only tokenizer file is the tokenizer.json HF saved, and a job
+    that names none: the same generations."""
+    folder = os.path.join(work, "gpt2_tokenizer_json")
+    shutil.copytree(model_dir, folder)
+    tokenizer.save_pretrained(folder)
+    for name in ("vocab.json", "merges.txt"):
+        os.remove(os.path.join(folder, name))
+    print("model.init folder with tokenizer.json alone, job without data.tokenizer:")
+    return check_generations(worker, work, model, tokenizer, eos, folder, name_tokenizer=False)
 
 
 def check_bf16(worker, work, model_dir, vocab_size):
@@ -175,6 +191,7 @@ def main():
         model_dir = os.path.join(work, "gpt2")
         model, eos = make_model(model_dir, tokenizer)
         ok = check_generations(args.worker, work, model, tokenizer, eos, model_dir)
+        ok &= check_tokenizer_json(args.worker, work, model, tokenizer, eos, model_dir)
         ok &= check_bf16(args.worker, work, model_dir, len(tokenizer))
         ok &= check_bad_input(args.worker, work, model_dir)
     if not ok:

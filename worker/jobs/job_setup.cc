@@ -6,6 +6,7 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "common/tokenizer_json.h"
 #include "worker/kernels/compute_dtype_weights.h"
 #include "worker/kernels/cpu_block_cache.h"
 #include "worker/kernels/packed_linear.h"
@@ -152,14 +153,27 @@ void SaveTokenizerFiles(const std::string& folder, const TokenizerSpec& tokenize
   auto copy = [&](const std::string& from, const char* name) {
     fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing);
   };
+  const auto write = [&](const std::string& text, const char* name) {
+    WriteFileAtomically((fs::path(folder) / name).string(), text);
+  };
+  if (!tokenizer.tokenizer_json.empty()) {
+    // The classic files converted from it (what HF's slow tokenizers and our serving
+    // read), and the file itself (what HF's fast tokenizers prefer).
+    const HfTokenizerFiles files = ReadTokenizerJson(tokenizer.tokenizer_json);
+    write(files.vocab, files.model == HfTokenizerFiles::Model::kWordPiece ? "vocab.txt" : "vocab.json");
+    if (files.model == HfTokenizerFiles::Model::kByteLevelBpe) write(files.merges, "merges.txt");
+    copy(tokenizer.tokenizer_json, "tokenizer.json");
+  }
   switch (tokenizer.kind) {
     case TokenizerKind::kWordPiece:
-      copy(tokenizer.vocab, "vocab.txt");
+      if (tokenizer.tokenizer_json.empty()) copy(tokenizer.vocab, "vocab.txt");
       config = {{"do_lower_case", tokenizer.lowercase}, {"strip_accents", nullptr}};
       break;
     case TokenizerKind::kByteLevelBpe:
-      copy(tokenizer.vocab, "vocab.json");
-      copy(tokenizer.merges, "merges.txt");
+      if (tokenizer.tokenizer_json.empty()) {
+        copy(tokenizer.vocab, "vocab.json");
+        copy(tokenizer.merges, "merges.txt");
+      }
       config = {{"add_prefix_space", tokenizer.add_prefix_space}};
       break;
     case TokenizerKind::kSentencePiece:
@@ -175,6 +189,7 @@ std::unique_ptr<Tokenizer> LoadTokenizer(const JobSpec& spec, const TextDataset&
     // The messages begin with the file at fault; the key is the one that names it.
     const TokenizerSpec& t = spec.data.tokenizer;
     std::string key = "data.tokenizer.vocab";
+    if (!t.tokenizer_json.empty()) key = "model.init";
     if (t.kind == TokenizerKind::kSentencePiece) key = "data.tokenizer.model";
     if (t.kind == TokenizerKind::kByteLevelBpe && std::string(e.what()).rfind(t.merges, 0) == 0)
       key = "data.tokenizer.merges";

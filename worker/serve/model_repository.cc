@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 #include "common/safetensors.h"
+#include "common/tokenizer_json.h"
 #include "data/byte_level_bpe_tokenizer.h"
 #include "data/wordpiece_tokenizer.h"
 
@@ -41,7 +43,30 @@ bool TokenizerFlag(const fs::path& folder, const char* key, bool fallback) {
   return config.contains(key) && config[key].is_boolean() ? config[key].get<bool>() : fallback;
 }
 
+// A folder whose only tokenizer is tokenizer.json (common/tokenizer_json.h): its model
+// must be the family's.
+std::shared_ptr<const Tokenizer> TokenizerOfJson(const fs::path& file, const std::string& family) {
+  const HfTokenizerFiles files = ReadTokenizerJson(file.string());
+  const bool wordpiece = family == "bert" || family == "distilbert";
+  if (wordpiece != (files.model == HfTokenizerFiles::Model::kWordPiece))
+    throw std::runtime_error("tokenizer.json: a " + family + " model needs " +
+                             (wordpiece ? "a WordPiece" : "a byte-level BPE") + " tokenizer");
+  if (wordpiece)
+    return std::make_shared<WordPieceTokenizer>(file.string(), std::istringstream(files.vocab), files.lowercase);
+  ByteLevelBpeTokenizer::Options options;
+  options.add_prefix_space = files.add_prefix_space;
+  options.sequence_template =
+      family == "roberta" ? ByteLevelBpeTokenizer::Template::kRoberta : ByteLevelBpeTokenizer::Template::kGpt2;
+  return std::make_shared<ByteLevelBpeTokenizer>(file.string(), std::istringstream(files.vocab),
+                                                 file.string() + " (its merges)", std::istringstream(files.merges),
+                                                 options);
+}
+
+// The classic files where present (as AutoTokenizer's slow classes read them), else
+// tokenizer.json.
 std::shared_ptr<const Tokenizer> LoadTokenizer(const fs::path& folder, const std::string& family) {
+  const bool classic = fs::exists(folder / (family == "bert" || family == "distilbert" ? "vocab.txt" : "vocab.json"));
+  if (!classic && fs::exists(folder / "tokenizer.json")) return TokenizerOfJson(folder / "tokenizer.json", family);
   if (family == "bert" || family == "distilbert") {
     if (!fs::exists(folder / "vocab.txt")) throw std::runtime_error("vocab.txt: missing (a WordPiece vocabulary)");
     return std::make_shared<WordPieceTokenizer>((folder / "vocab.txt").string(),

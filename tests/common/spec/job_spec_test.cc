@@ -615,10 +615,34 @@ TEST_F(JobSpecTest, AModelInitFolderBringsItsOwnTokenizer) {
                 .data.tokenizer.vocab,
             (dir_ / "data/vocab.txt").string());
   fs::remove_all(dir_ / "hf");
-  HfFolder(dir_ / "hf", {{"tokenizer.json", "{}"}});
+  // Only a tokenizer.json: read now, its settings taken (common/tokenizer_json.h).
+  HfFolder(dir_ / "hf", {{"tokenizer.json", R"({"normalizer": null,
+      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true},
+      "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})"}});
+  spec = Parse(no_tokenizer);
+  EXPECT_EQ(spec.data.tokenizer.kind, TokenizerKind::kByteLevelBpe);
+  EXPECT_EQ(spec.data.tokenizer.tokenizer_json, (dir_ / "hf" / "tokenizer.json").string());
+  EXPECT_TRUE(spec.data.tokenizer.vocab.empty());
+  EXPECT_TRUE(spec.data.tokenizer.add_prefix_space);
+  // A generate job with model.init needs no data section at all.
+  const std::string generate =
+      "name: g\nkind: generate\ntask: causal_lm\nmodel: {init: hf}\n"
+      "generate: {prompts: data/train.tsv}\n";
+  EXPECT_EQ(Parse(generate).data.tokenizer.kind, TokenizerKind::kByteLevelBpe);
+  EXPECT_EQ(ErrorOf("name: g\nkind: generate\ntask: causal_lm\nmodel: {preset: tiny}\n"
+                    "generate: {prompts: data/train.tsv}\n"),
+            "job.yaml:1:1: data: required: a data mapping");
+  fs::remove_all(dir_ / "hf");
+  HfFolder(dir_ / "hf", {{"tokenizer.json", R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}})"}});
+  EXPECT_EQ(ErrorOf(no_tokenizer), "job.yaml:3:15: model.init: its tokenizer (data.tokenizer is absent): " +
+                                       (dir_ / "hf" / "tokenizer.json").string() +
+                                       ": model.type: \"Unigram\" is not read here; only WordPiece and byte-level "
+                                       "BPE are");
+  fs::remove_all(dir_ / "hf");
+  HfFolder(dir_ / "hf", {});
   EXPECT_EQ(ErrorOf(no_tokenizer),
-            "job.yaml:3:15: data.tokenizer: absent, and the model.init folder holds no vocab.txt, nor vocab.json "
-            "with merges.txt (its tokenizer.json alone is not read): give data.tokenizer");
+            "job.yaml:3:15: data.tokenizer: absent, and the model.init folder holds no vocab.txt, vocab.json with "
+            "merges.txt, or tokenizer.json: give data.tokenizer");
   EXPECT_EQ(ErrorOf("name: t\ndata: {train: data/train.tsv}\n"),
             "job.yaml:2:7: data.tokenizer: required: a tokenizer mapping (or a model.init folder that holds its "
             "tokenizer)");

@@ -130,6 +130,25 @@ TEST_F(ModelRepositoryTest, EveryBadConfigIsRefusedWithItsReason) {
   }
 }
 
+TEST_F(ModelRepositoryTest, AFolderWhoseOnlyTokenizerIsTokenizerJsonReadsIt) {
+  const RepositoryEntry entry = Version(BertConfig());
+  const fs::path folder = entry.path;
+  const std::vector<int32_t> from_vocab_txt = ReadVersion(entry).tokenizer->Encode("Hello worlds", 16);
+  fs::remove(folder / "vocab.txt");
+  std::ofstream(folder / "tokenizer.json") << R"({"normalizer": {"type": "BertNormalizer", "lowercase": true},
+      "pre_tokenizer": {"type": "BertPreTokenizer"}, "model": {"type": "WordPiece", "vocab": {"[PAD]": 0,
+      "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "hello": 5, "world": 6}}})";
+  const VersionMeta meta = ReadVersion(entry);
+  ASSERT_TRUE(meta.tokenizer);
+  EXPECT_EQ(meta.tokenizer->Encode("Hello worlds", 16), from_vocab_txt);
+  json gpt2 = BertConfig();
+  gpt2["model_type"] = "gpt2";
+  gpt2["architectures"] = {"GPT2ForSequenceClassification"};
+  gpt2["n_positions"] = 32;
+  std::ofstream(folder / "config.json") << gpt2.dump();
+  EXPECT_EQ(Refusal(entry), "tokenizer.json: a gpt2 model needs a byte-level BPE tokenizer");
+}
+
 TEST_F(ModelRepositoryTest, MissingOrBrokenFilesAreRefusedWithTheirNames) {
   const RepositoryEntry entry = Version(BertConfig());
   const fs::path folder = entry.path;
