@@ -768,6 +768,7 @@ JobSpec ParseJobSpec(const std::string& yaml_text, const std::string& source_nam
     JobSpec spec = ParseDocument(reader, root, source_name);
     spec.locations = std::move(locations);
     spec.values = std::move(values);
+    spec.base_dir = base_dir;
     YAML::Emitter effective;
     effective << root;
     spec.effective_yaml = std::string(effective.c_str()) + "\n";

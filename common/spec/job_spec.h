@@ -293,6 +293,7 @@ struct LogSpec {
 
 struct JobSpec {
   std::string source_file;  // the YAML the spec came from
+  std::string base_dir;     // the folder its relative paths were resolved against
   std::string name;
   JobKind kind = JobKind::kFinetune;
   TaskKind task = TaskKind::kClassification;  // kind: generate implies causal_lm

@@ -118,10 +118,10 @@ class Cluster:
             self.coordinator.send_signal(signal.SIGTERM)
             self.coordinator.wait(timeout=10)
 
-    def jobctl(self, *args):
+    def jobctl(self, *args, cwd=None):
         r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.keys, "--timeout", "3",
                             "--json", *args],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, cwd=cwd)
         assert r.returncode == 0, f"jobctl {' '.join(args)}: {r.stderr}"
         return json.loads(r.stdout)
 
@@ -465,8 +465,9 @@ def case_gpu(c, work):
 
 
 def case_serve(c, work):
-    """A serve job on a pool: jobctl status lists its endpoints, tritonclient gets answers
-    from them, and jobctl cancel stops the server."""
+    """A serve job on a pool, submitted as a relative path from its own folder (not the
+    agents'), its repository a relative path too: jobctl status lists its endpoints,
+    tritonclient gets answers from them, and jobctl cancel stops the server."""
     import numpy as np
     import torch
     import tritonclient.http as thttp
@@ -484,10 +485,11 @@ def case_serve(c, work):
         f.write(f"""name: served
 kind: serve
 runtime: {{device: cpu, threads: 1}}
-serve: {{repository: {os.path.join(work, "repo")}, http_port: 0, grpc_port: 0, metrics_port: 0}}
+serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
 """)
     c.start(1)
-    job_id = c.submit(job)
+    assert os.path.realpath(os.getcwd()) != os.path.realpath(work)
+    job_id = c.jobctl("submit", os.path.basename(job), cwd=work)["job_id"]
     status = wait_for(lambda: (lambda j: j if j.get("endpoints") else None)(c.job(job_id)), 60,
                       "the serve job to list its endpoints")
     http_url = next(e.split()[1] for e in status["endpoints"] if e.startswith("http "))

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <zmq.hpp>
 
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "worker/models/hf_checkpoint.h"
 #include "worker/train/amp.h"
@@ -88,10 +89,19 @@ std::string ServeRunner::Key(const nlohmann::json& header) {
   return header.value("model", "") + "/" + std::to_string(header.value("version", int64_t(0)));
 }
 
+// The front end parses the job as it ran (overrides applied), from a copy in the private
+// socket folder, its relative paths against the job's own folder: the file the job came
+// from may be on another host (a pool job's submitter) or say something else.
 void ServeRunner::StartFrontEnd(const std::string& endpoint) {
   const std::string& program = front_end_path_;
+  const std::string job_copy = socket_dir_ + "/job.yaml";
+  WriteFileAtomically(job_copy, spec_.effective_yaml);
   std::vector<std::string> args{program,
+                                job_copy,
+                                "--source",
                                 spec_.source_file,
+                                "--base-dir",
+                                spec_.base_dir.empty() ? std::string(".") : spec_.base_dir,
                                 "--link",
                                 endpoint,
                                 "--parent",

@@ -52,13 +52,18 @@ trainyard::HttpServerOptions HttpOptions(const trainyard::ServeSpec& serve, int 
 }
 
 struct Options {
-  std::string job_file, link, endpoints_file;
+  std::string job_file, source, base_dir, link, endpoints_file;
   int parent = 0;
   int http_port = -1, grpc_port = -1, metrics_port = -1;
 };
 
 int Serve(const Options& o) {
-  trainyard::JobSpec spec = trainyard::LoadJobSpec(o.job_file);
+  // With --base-dir, the worker's copy of the job as it ran (named in messages as
+  // --source); without, a job file of one's own.
+  trainyard::JobSpec spec = o.base_dir.empty()
+                                ? trainyard::LoadJobSpec(o.job_file)
+                                : trainyard::ParseJobSpec(trainyard::ReadJobFile(o.job_file),
+                                                          o.source.empty() ? o.job_file : o.source, o.base_dir);
   if (spec.kind != trainyard::JobKind::kServe) throw trainyard::SpecError(o.job_file + ": not a kind: serve job");
   if (o.http_port >= 0) spec.serve.http_port = o.http_port;
   if (o.grpc_port >= 0) spec.serve.grpc_port = o.grpc_port;
@@ -111,6 +116,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"Trainyard's serving front end, started by `worker JOB.yaml` for kind: serve jobs."};
   Options o;
   app.add_option("job", o.job_file, "the serve job's YAML file")->required();
+  app.add_option("--base-dir", o.base_dir, "resolve the job's relative paths against this folder (the job's own)");
+  app.add_option("--source", o.source, "the job file's name in messages");
   app.add_option("--link", o.link, "the model process's endpoint (ipc://...)")->required();
   app.add_option("--parent", o.parent, "the model process's pid: the front end ends when it goes")->required();
   app.add_option("--endpoints-file", o.endpoints_file, "write the bound endpoints here as JSON");
