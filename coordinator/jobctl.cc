@@ -1,5 +1,5 @@
 // jobctl: the user's command line for the coordinator.
-//   jobctl submit JOB.yaml | list | status ID | cancel ID | logs ID [-f] | report ID | workers
+//   jobctl submit JOB.yaml [--set K=V] [--wait] | list | status ID | cancel ID | logs ID [-f] | report ID | workers
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -237,33 +238,69 @@ std::string LoginName() {
   return entry && entry->pw_name ? entry->pw_name : "";
 }
 
-int Submit(const Options& o, const std::string& path, const std::string& key) {
+struct CommandArgs {
+  std::string job_file, key;
+  int64_t id = 0;
+  bool follow = false, csv = false, per_user = false;
+  // submit: keys set on the command line, and whether to wait for the job's end.
+  std::vector<std::string> sets;
+  std::string ranks, priority, name;  // as given; empty: the file's
+  bool wait = false;
+};
+
+// The submitter's overrides of a job file, as `worker` takes them: --set KEY=VALUE, and
+// --ranks, --priority and --name for their keys; ${VAR} expanded from this environment.
+trainyard::SpecOverrides SubmitOverrides(const CommandArgs& args) {
+  trainyard::SpecOverrides overrides;
+  overrides.expand_environment = true;
+  for (const std::string& set : args.sets) overrides.AddAssignment(set);
+  if (!args.ranks.empty()) overrides.Add("resources.ranks", args.ranks, "--ranks " + args.ranks);
+  if (!args.priority.empty()) overrides.Add("resources.priority", args.priority, "--priority " + args.priority);
+  if (!args.name.empty()) overrides.Add("name", args.name, "--name " + args.name, /*literal=*/true);
+  return overrides;
+}
+
+bool Overridden(const CommandArgs& args) {
+  return !args.sets.empty() || !args.ranks.empty() || !args.priority.empty() || !args.name.empty();
+}
+
+int WaitForEnd(const Options& o, int64_t id);
+
+int Submit(const Options& o, const CommandArgs& args) {
+  const std::string& path = args.job_file;
   // The same checks, and errors, as the coordinator and worker; the budget first, so a
   // huge file is refused before yaml-cpp spends memory on it.
   const std::string text = trainyard::ReadJobFile(path);
   trainyard::CheckYamlBudget(text, path, trainyard::YamlBudget{});
   const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
   trainyard::SearchSpec search;
-  if (trainyard::IsSearchFile(text))
+  std::string sent = text;  // a job file goes as it will run: overrides applied, ${VAR} expanded
+  if (trainyard::IsSearchFile(text)) {
+    if (Overridden(args))
+      throw trainyard::SpecError(path +
+                                 ": --set, --ranks, --priority and --name apply to job files; a search's "
+                                 "trials take theirs from its base file and space");
     search = trainyard::ParseSearchSpec(text, path, base_dir);
-  else
-    trainyard::ParseJobSpec(text, path, base_dir);
+  } else {
+    sent = trainyard::ParseJobSpec(text, path, base_dir, SubmitOverrides(args)).effective_yaml;
+  }
   wire::Envelope request;
   auto* submit = request.mutable_submit();
   submit->set_search_base_path(search.base_path);  // jobctl reads a search's base file, not the coordinator
   submit->set_search_base_yaml(search.base_text);
-  submit->set_yaml(text);
+  submit->set_yaml(sent);
   submit->set_source(path);
   submit->set_base_dir(base_dir);
-  submit->set_idempotency_key(key.empty() ? NewKey() : key);
+  submit->set_idempotency_key(args.key.empty() ? NewKey() : args.key);
   submit->set_user(LoginName());
   const auto reply = Expect(Request(o, request));
+  const int64_t id = reply.submitted().job_id();
   if (o.json)
-    std::cout << nlohmann::json{{"job_id", reply.submitted().job_id()}, {"created", reply.submitted().created()}}
-              << "\n";
+    std::cout << nlohmann::json{{"job_id", id}, {"created", reply.submitted().created()}} << "\n";
   else
-    std::cout << reply.submitted().job_id() << "\n";
-  return 0;
+    std::cout << id << "\n";
+  std::cout.flush();  // a script reading the id while the job runs (--wait) gets it now
+  return args.wait ? WaitForEnd(o, id) : 0;
 }
 
 int Show(const Options& o, const std::string& what, int64_t id) {
@@ -300,7 +337,35 @@ int FinalState(int64_t id, wire::JobState state, const std::string& reason) {
   return state == wire::JOB_SUCCEEDED ? 0 : 1;
 }
 
-// The rows as the worker prints them (common/epoch_table.h), or as CSV with --csv.
+// `submit --wait`: the job's state, polled each second, until it ends; then FinalState
+// (and with --json the job's status as one more line).
+int WaitForEnd(const Options& o, int64_t id) {
+  while (true) {
+    wire::Envelope request;
+    request.mutable_status()->set_job_id(id);
+    const wire::JobInfo job = Expect(Request(o, request)).job();
+    if (job.job_state() != wire::JOB_QUEUED && job.job_state() != wire::JOB_RUNNING) {
+      if (o.json) std::cout << ToJson(job).dump() << "\n";
+      return FinalState(id, job.job_state(), job.reason());
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+// One epochs.csv row as a JSON object by column, numbers as numbers.
+nlohmann::json RowObject(const std::vector<std::string>& columns, const std::vector<std::string>& cells) {
+  nlohmann::json row = nlohmann::json::object();
+  for (size_t i = 0; i < columns.size() && i < cells.size(); ++i) {
+    char* end = nullptr;
+    const double number = std::strtod(cells[i].c_str(), &end);
+    const bool numeric = !cells[i].empty() && *end == '\0' && std::isfinite(number);
+    row[columns[i]] = numeric ? nlohmann::json(number) : nlohmann::json(cells[i]);
+  }
+  return row;
+}
+
+// The rows as the worker prints them (common/epoch_table.h), as CSV with --csv, or with
+// --json as one object a line.
 int Logs(const Options& o, int64_t id, bool follow, bool csv) {
   int seen = 0;
   while (true) {
@@ -309,10 +374,14 @@ int Logs(const Options& o, int64_t id, bool follow, bool csv) {
     request.mutable_logs()->set_after(seen);
     const auto reply = Expect(Request(o, request));
     const std::string& header = reply.log_rows().csv_header();
-    if (seen == 0 && !header.empty()) std::cout << (csv ? header : trainyard::EpochTableHeader()) << "\n";
+    if (seen == 0 && !header.empty() && !o.json) std::cout << (csv ? header : trainyard::EpochTableHeader()) << "\n";
     const std::vector<std::string> columns = SplitCsv(header);
-    for (const auto& line : reply.log_rows().csv_lines())
-      std::cout << (csv ? line : trainyard::EpochTableRow(columns, SplitCsv(line))) << "\n";
+    for (const auto& line : reply.log_rows().csv_lines()) {
+      if (o.json)
+        std::cout << RowObject(columns, SplitCsv(line)).dump() << "\n";
+      else
+        std::cout << (csv ? line : trainyard::EpochTableRow(columns, SplitCsv(line))) << "\n";
+    }
     seen += reply.log_rows().csv_lines_size();
     const wire::JobState state = reply.log_rows().job_state();
     if (!follow) return 0;
@@ -453,11 +522,6 @@ CLI::Validator FiniteRange(double low, double high) {
 }
 
 // The subcommands' arguments.
-struct CommandArgs {
-  std::string job_file, key;
-  int64_t id = 0;
-  bool follow = false, csv = false, per_user = false;
-};
 
 int UsageCommand(const Options& o, bool per_user) {
   wire::Envelope request;
@@ -492,7 +556,11 @@ int RunCommand(Options& o, const std::string& command, const CommandArgs& args);
 int Main(int argc, char** argv) {
   CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
   Options o;
-  app.add_option("--coordinator", o.coordinator, "coordinator endpoint (default tcp://127.0.0.1:5555)");
+  // Subcommands take the flags above wherever they stand ("jobctl list --json").
+  app.fallthrough();
+  app.add_option("--coordinator", o.coordinator,
+                 "coordinator endpoint; default $TRAINYARD_COORDINATOR, else tcp://127.0.0.1:5555")
+      ->envname("TRAINYARD_COORDINATOR");
   app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply, 0.01 to 3600 (default 2.5)")
       ->check(FiniteRange(0.01, 3600.0));
   app.add_option("--retries", o.retries, "tries before giving up, 1 to 100 (default 3)")->check(CLI::Range(1, 100));
@@ -508,6 +576,17 @@ int Main(int argc, char** argv) {
   submit->add_option("job", args.job_file, "job YAML file")->required()->check(CLI::ExistingFile);
   submit->add_option("--key", args.key,
                      "idempotency key (default: random); a resend with the same key makes no new job");
+  submit
+      ->add_option("--set", args.sets,
+                   "KEY.PATH=VALUE: set a key of the job file, as `worker --set` does (repeatable); the job goes\n"
+                   "as it will run, with these applied and ${VAR} expanded from this environment")
+      ->allow_extra_args(false);
+  submit->add_option("--ranks", args.ranks, "resources.ranks for this submission");
+  submit->add_option("--priority", args.priority, "resources.priority for this submission");
+  submit->add_option("--name", args.name, "the job's name for this submission");
+  submit->add_flag("--wait", args.wait,
+                   "wait for the job to end; print its final state to stderr and exit 0 if it succeeded, 1 if it\n"
+                   "failed or was cancelled");
   app.add_subcommand("list", "all jobs");
   for (const char* name : {"status", "cancel"})
     app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
@@ -526,7 +605,8 @@ int Main(int argc, char** argv) {
                      "rank-hours and GPU-hours used by every attempt that ran (running ones until now), from\n"
                      "when its ranks started to when it ended")
       ->add_flag("--user", args.per_user, "one row per job owner, instead of a total");
-  auto* logs = app.add_subcommand("logs", "the job's epoch rows, as the worker's epoch table (or CSV with --csv)");
+  auto* logs = app.add_subcommand(
+      "logs", "the job's epoch rows, as the worker's epoch table (CSV with --csv; with --json one object a line)");
   logs->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
   logs->add_flag("--csv", args.csv, "print epochs.csv's header and lines instead of the table");
   logs->add_flag("-f,--follow", args.follow,
@@ -544,7 +624,7 @@ int Main(int argc, char** argv) {
 int RunCommand(Options& o, const std::string& command, const CommandArgs& args) {
   try {
     if (!o.insecure) o.keys = trainyard::LoadPeerKeys(o.keys_dir, trainyard::WireRole::kClient);
-    if (command == "submit") return Submit(o, args.job_file, args.key);
+    if (command == "submit") return Submit(o, args);
     if (command == "logs") return Logs(o, args.id, args.follow, args.csv);
     if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);

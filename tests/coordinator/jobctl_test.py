@@ -18,7 +18,11 @@
     the reason, and the daemon answers other requests meanwhile;
   - jobctl refuses bad options (a NaN or negative --timeout, job id 0) with exit 2,
     relays the coordinator's refusal of a request over its --max-message-bytes, and
-    `logs -f` of a failed job ends with its state and reason, exit 1."""
+    `logs -f` of a failed job ends with its state and reason, exit 1;
+  - jobctl for scripts: submit --set/--ranks/--priority/--name reach the stored job,
+    ${VAR} is expanded from jobctl's environment (unset: exit 2), flags work after the
+    subcommand, $TRAINYARD_COORDINATOR names the coordinator, and submit --wait exits 1
+    with the state of a job cancelled meanwhile."""
 import argparse
 import atexit
 import json
@@ -164,6 +168,53 @@ def submission_caps(a, work, endpoint, port, jobctl, listing, checks):
     daemon.kill(signal.SIGTERM)
 
 
+def submit_checks(a, work, endpoint, port, jobctl, checks):
+    """jobctl for scripts: overrides at submission, ${VAR} expanded on the submitter's side,
+    flags after the subcommand, the coordinator from $TRAINYARD_COORDINATOR, and
+    submit --wait ending with the job."""
+    daemon = Daemon(a.coordinator, os.path.join(work, "scripts.db"), port)
+    job = os.path.join(work, "vars.yaml")
+    open(job, "w").write(open(os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")).read()
+                         .replace("../../data", "${DATA_ROOT}").replace("name: langid_tiny", "name: ${JOB_NAME:-plain}"))
+    env = dict(os.environ, DATA_ROOT=os.path.join(SOURCE, "data"), TRAINYARD_COORDINATOR=endpoint)
+    env.pop("JOB_NAME", None)
+
+    def run(*args, environment=env):
+        return subprocess.run([a.jobctl, "--timeout", "2", *args], capture_output=True, text=True, timeout=30,
+                              env=environment)
+    submitted = run("submit", job, "--json", "--set", "train.epochs=1", "--ranks", "3", "--priority", "7",
+                    "--name", "renamed")
+    print("submit with overrides, flags after the subcommand, $TRAINYARD_COORDINATOR:", submitted.stdout.strip(),
+          submitted.stderr.strip())
+    status = json.loads(run("status", str(json.loads(submitted.stdout)["job_id"]), "--json").stdout) \
+        if submitted.returncode == 0 else {}
+    checks["submit --set/--ranks/--priority/--name reach the stored job"] = (
+        {k: status.get(k) for k in ("name", "ranks", "priority")} == {"name": "renamed", "ranks": 3, "priority": 7})
+    plain = run("submit", job, "--json")
+    plain_status = json.loads(run("status", str(json.loads(plain.stdout)["job_id"]), "--json").stdout) \
+        if plain.returncode == 0 else {}
+    checks["${VAR} and ${VAR:-default} are expanded by jobctl from its own environment"] = (
+        plain_status.get("name") == "plain")
+    unset = run("submit", job, environment={k: v for k, v in env.items() if k != "DATA_ROOT"})
+    bad = run("submit", job, "--set", "train.epochs=many")
+    search = run("submit", os.path.join(SOURCE, "configs", "jobs", "langid_search.yaml"), "--set", "train.lr=1")
+    print("unset variable:", unset.stderr.strip(), "| bad --set:", bad.stderr.strip(), "| search:", search.stderr.strip())
+    checks["an unset variable, a bad --set value and --set on a search are exit 2, no row"] = (
+        unset.returncode == 2 and "${DATA_ROOT} is not set" in unset.stderr and
+        bad.returncode == 2 and "--set train.epochs=many: train.epochs: expected an integer" in bad.stderr and
+        search.returncode == 2 and "apply to job files" in search.stderr and
+        len(json.loads(run("list", "--json").stdout)) == 2)
+    waiter = subprocess.Popen([a.jobctl, "submit", job, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+    waited_id = int(waiter.stdout.readline())
+    cancelled = run("cancel", str(waited_id))
+    out, err = waiter.communicate(timeout=30)
+    print("submit --wait, then cancelled:", waiter.returncode, err.strip())
+    checks["submit --wait ends with the job: exit 1 and its state for a cancelled one"] = (
+        cancelled.returncode == 0 and waiter.returncode == 1 and f"job {waited_id} CANCELLED" in err)
+    daemon.kill(signal.SIGTERM)
+
+
 def jobctl_checks(a, work, endpoint, port, jobctl, checks):
     bad = {"nan timeout": ["--timeout", "nan", "list"], "negative timeout": ["--timeout", "-1", "list"],
            "job id 0": ["status", "0"], "zero retries": ["--retries", "0", "list"]}
@@ -176,10 +227,8 @@ def jobctl_checks(a, work, endpoint, port, jobctl, checks):
     # Room for the example job, not for the example padded with 15,000 bytes.
     daemon = Daemon(a.coordinator, state, port, "--max-message-bytes", "16384")
     job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
-    padded = os.path.join(work, "padded.yaml")
-    open(padded, "w").write(open(job).read().replace("../../data", os.path.join(SOURCE, "data")) +
-                            "# padding\n" * 1500)
-    too_large = jobctl("submit", padded)
+    # A job goes as it will run (comments dropped): the padding is a value, set at submission.
+    too_large = jobctl("submit", job, "--set", "data.text_field=" + "x" * 15000)
     print("oversized request:", too_large.stderr.strip().splitlines()[-1])
     checks["an oversized request is refused naming the coordinator's --max-message-bytes"] = (
         too_large.returncode == 2 and "is over the coordinator's 16384 (--max-message-bytes)" in too_large.stderr)
@@ -289,6 +338,7 @@ def main():
         sweep_check(a, work, endpoint, port, jobctl, checks)
         submission_caps(a, work, endpoint, port, jobctl, listing, checks)
         jobctl_checks(a, work, endpoint, port, jobctl, checks)
+        submit_checks(a, work, endpoint, port, jobctl, checks)
 
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")

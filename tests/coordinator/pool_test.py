@@ -300,11 +300,15 @@ def case_isolation(c, work):
     assert done["state"] == "SUCCEEDED" and done["attempts"] == 1, done
     assert epoch_column(os.path.join(c.runs, str(bystander), "epochs.csv")) == [1, 2, 3, 4, 5]
     assert c.pool.poll() is None and agents(c) == before, (before, agents(c))
-    after = c.submit(write_job(work, "after", epochs=1))
-    assert c.wait_state(after, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
+    # submit --wait returns when the job ends: exit 0, the final status as its last line
+    after = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "submit",
+                            write_job(work, "after", epochs=1), "--wait", "--json"],
+                           capture_output=True, text=True, timeout=180)
+    assert after.returncode == 0 and json.loads(after.stdout.splitlines()[-1])["state"] == "SUCCEEDED", \
+        (after.returncode, after.stdout, after.stderr)
     assert agents(c) == before, (before, agents(c))
     print(f"isolation: the failing job ended alone ({failed['reason'][:160]}); the concurrent job succeeded as "
-          "attempt 1, and the same pool processes then ran a new job")
+          "attempt 1, and the same pool processes then ran a new job (jobctl submit --wait: exit 0)")
 
 
 def queue_view(c):
@@ -333,10 +337,11 @@ def case_coordinator_kill(c, work):
     def logs(*flags):
         return subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "logs", *flags, str(job)],
                               capture_output=True, text=True, timeout=30).stdout.splitlines()
-    table, csv_lines = logs(), logs("--csv")
+    table, csv_lines, objects = logs(), logs("--csv"), [json.loads(line) for line in logs("--json")]
     assert table[0].split()[:4] == ["epoch", "time_s", "steps", "ms/step"], table  # the worker's epoch table
     assert [int(line.split()[0]) for line in table[1:]] == list(range(1, 9)), table
     assert [int(line.split(",")[0]) for line in csv_lines[1:]] == list(range(1, 9)), csv_lines
+    assert [row["epoch"] for row in objects] == list(range(1, 9)) and objects[0]["steps"] > 0, objects
     assert c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
     print("coordinator_kill: queue identical after the restart; the job was re-adopted as attempt 1 and "
           "logged epochs 1..8 exactly once; the queued job then ran")
