@@ -203,19 +203,25 @@ ModelTask TaskOf(const JobSpec& spec) {
   return spec.task == TaskKind::kCausalLm ? ModelTask::kCausalLm : ModelTask::kSequenceClassification;
 }
 
+// The positions of the family's released models (BERT's 512, GPT-2's 1024).
+int64_t ReleasedPositions(ModelFamily family) { return family == ModelFamily::kGpt2 ? 1024 : 512; }
+
 // The config.json the job's model is built from: model.init's, or the preset's.
 nlohmann::json ModelConfig(const JobSpec& spec, const Tokenizer& tokenizer, const std::vector<std::string>& labels,
                            int64_t max_sequence, bool keep_init_labels) {
   const ModelTask task = TaskOf(spec);
   if (spec.model.init.empty()) {
+    const ModelFamily family = spec.model.family.empty() ? ModelFamily::kBert : FamilyNamed(spec.model.family);
     PresetArgs args;
     args.vocab_size = tokenizer.vocab_size();
-    args.max_sequence = max_sequence;
+    // A fine-tuned preset has its family's released positions however short the job's
+    // texts, so the model it exports can take longer inputs later.
+    args.max_sequence =
+        spec.kind == JobKind::kFinetune ? std::max(max_sequence, ReleasedPositions(family)) : max_sequence;
     args.pad_id = tokenizer.pad_id();
     args.bos_id = tokenizer.bos_id();
     args.eos_id = tokenizer.eos_id();
     args.labels = labels;
-    const ModelFamily family = spec.model.family.empty() ? ModelFamily::kBert : FamilyNamed(spec.model.family);
     return PresetConfig(family, task, spec.model.preset, args);
   }
   nlohmann::json config;

@@ -113,7 +113,8 @@ void SaveTokenizerFiles(const std::string& folder, const TokenizerSpec& tokenize
 
 // model.init (a Hugging Face folder, whose config.json names the family) or a fresh
 // model.preset of model.family; the classifier gets `labels` unless `keep_init_labels`
-// and the checkpoint names its own. A preset's positions cover max_sequence tokens.
+// and the checkpoint names its own. A preset's positions cover max_sequence tokens, and
+// a finetune job's at least its family's released count (512; GPT-2 1024).
 // With model.lora, the adapters are attached (and model.lora.adapter loaded) and only
 // they and modules_to_save keep requires_grad; *lora, if given, receives what was done.
 // Throws InputError located at the job-file key at fault.
