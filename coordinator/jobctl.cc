@@ -125,7 +125,8 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
     const int seen = watch.Seen();
     if (seen & ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
       throw Rejected(2, "the coordinator refused this client key (" + o.keys_dir +
-                            "/client.key): its public key is not on the coordinator's clients.allow");
+                            "/client.key): its public key is not on the coordinator's clients.allow (a key added\n"
+                            "there takes a SIGHUP to the coordinator, which then re-reads the list)");
     if (seen & (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
       throw Rejected(2, "the secure handshake with " + o.coordinator +
                             " failed: is it the coordinator of these keys, and do both sides agree on --insecure?");

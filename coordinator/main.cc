@@ -1,5 +1,6 @@
 // coordinator: the Trainyard daemon. Queues jobs durably in SQLite, answers jobctl, and
 // gang-schedules them onto registered worker ranks.
+// SIGHUP re-reads the allowlists (workers.allow, clients.allow) for new connections.
 // Exit codes: 0 after SIGINT/SIGTERM (and after --init), 2 for bad options, missing or
 // unusable keys, a corrupt or read-only state database, a runs folder that cannot be
 // written, or (--slurm) a slurmctld that does not answer.
@@ -22,7 +23,9 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_reload_keys{false};
 void OnSignal(int) { g_stop = true; }
+void OnHangup(int) { g_reload_keys = true; }
 
 int InitKeys(const std::string& dir) {
   try {
@@ -53,7 +56,7 @@ int AddClient(const std::string& keys_dir, const std::string& user, const std::s
   std::printf(
       "client key for %s (%s) made in %s and added to %s/clients.allow\n"
       "  jobctl:   jobctl --keys %s ...\n"
-      "A running coordinator reads clients.allow at start: restart it to admit the key.\n",
+      "A running coordinator admits the key once it re-reads clients.allow: kill -HUP its pid\n",
       user.c_str(), role.c_str(), out_dir.c_str(), keys_dir.c_str(), out_dir.c_str());
   return 0;
 }
@@ -225,7 +228,7 @@ int Serve(const CommandLine& c) {
                    dashboard->port());
     }
 #endif
-    server.Run(g_stop);
+    server.Run(g_stop, &g_reload_keys);
     spdlog::info("coordinator stopping; {} bad frames dropped", server.bad_frames());
     return 0;
   } catch (const trainyard::StoreError& e) {
@@ -273,6 +276,7 @@ int Main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %v");
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::signal(SIGHUP, OnHangup);
   std::signal(SIGPIPE, SIG_IGN);
   return Serve(c);
 }

@@ -175,7 +175,7 @@ void Server::CheckRunsDir() const {
 
 std::string Server::endpoint() const { return socket_.get(zmq::sockopt::last_endpoint); }
 
-void Server::Run(const std::atomic<bool>& stop) {
+void Server::Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_keys) {
   zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0},
                              {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0},
                              {static_cast<void*>(web_socket_), 0, ZMQ_POLLIN, 0}};
@@ -187,6 +187,10 @@ void Server::Run(const std::atomic<bool>& stop) {
       throw;
     }
     AdvanceListeningClock(Now());
+    if (reload_keys && reload_keys->exchange(false)) {
+      ReloadKeys();
+      ++key_reloads_;
+    }
     // Drain what arrived (bounded, so timers still run under a flood), then the timers.
     for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
       ReceiveOne();
@@ -200,6 +204,30 @@ void Server::Run(const std::atomic<bool>& stop) {
       spdlog::error("timer work failed: {}", e.what());
     }
   }
+}
+
+bool Server::ReloadKeys() {
+  if (!zap_) {
+    spdlog::warn("keys not re-read: an insecure coordinator (--insecure) admits every peer");
+    return false;
+  }
+  ServerKeys keys;
+  try {
+    keys = LoadServerKeys(options_.keys_dir);
+  } catch (const KeyError& e) {
+    spdlog::error("keys not re-read, the allowlists in use are kept: {}", e.what());
+    return false;
+  }
+  // The sockets were bound with the key pair read at start; a new coordinator.key takes
+  // a restart (and every peer's copy of its public key).
+  const bool own_key_changed = keys.own.public_key != zap_->own_public_key();
+  const ZapHandler::Change change = zap_->Replace(std::move(keys));
+  spdlog::info(
+      "re-read the allowlists in {}: {} worker and {} client keys ({} added, {} removed); connections "
+      "already made stay",
+      options_.keys_dir, change.workers, change.clients, change.added, change.removed);
+  if (own_key_changed) spdlog::warn("{}/coordinator.key changed: it takes effect at a restart", options_.keys_dir);
+  return true;
 }
 
 void Server::AdvanceListeningClock(double now) {

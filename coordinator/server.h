@@ -202,8 +202,18 @@ class Server {
   // checks that the runs folder can be written (ConfigError) and binds.
   explicit Server(ServerOptions options);
   ~Server();
-  // Serves until `stop` becomes true (checked every 100 ms).
-  void Run(const std::atomic<bool>& stop);
+  // Serves until `stop` becomes true (checked every 100 ms). When `reload_keys` is given
+  // and becomes true (the coordinator's SIGHUP), the loop clears it and re-reads the
+  // allowlists (ReloadKeys).
+  void Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_keys = nullptr);
+  // Re-reads workers.allow and clients.allow from the key folder for the connections
+  // made from now on; connections already admitted stay. A folder that does not load
+  // (KeyError: a bad line, a missing file) is logged and the lists in use are kept. True
+  // if the new lists are in use. An insecure coordinator has none and returns false.
+  bool ReloadKeys();
+  // How many times the loop has re-read the keys for `reload_keys` (whether they loaded
+  // or not); safe to read from any thread.
+  int64_t key_reloads() const { return key_reloads_; }
   // Handles one message as if `data` had arrived from the peer `identity` (its ZeroMQ
   // routing id) whose ZAP role is `role` ("worker", "client", or "" without CURVE):
   // parse, check the version and the role, dispatch, reply. Never throws for any bytes;
@@ -358,6 +368,7 @@ class Server {
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   std::unique_ptr<ZapHandler> zap_;       // null when insecure
   int64_t bad_frames_ = 0, refused_messages_ = 0;
+  std::atomic<int64_t> key_reloads_{0};
   LogLimiter log_limiter_;  // what peers can make the loop log
   // world id -> its token, as the store keeps it (Note [Worlds cannot be squatted])
   std::map<std::string, std::string> world_tokens_;

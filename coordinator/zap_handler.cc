@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.h>
 
+#include <set>
 #include <vector>
 
 #include "common/clock.h"
@@ -33,6 +34,51 @@ void ZapHandler::Serve() {
   }
 }
 
+std::string ZapHandler::UserIdOf(const std::string& z85) const {
+  std::lock_guard<std::mutex> lock(keys_mutex_);
+  if (keys_.workers.count(z85)) return ToString(WireRole::kWorker);
+  auto client = keys_.clients.find(z85);
+  return client == keys_.clients.end() ? std::string() : ZapUserId(WireRole::kClient, client->second);
+}
+
+namespace {
+
+// Every admission a key list grants, as text: a worker key, or a client key with its
+// name and role (a key whose name or role changed counts as one removed and one added).
+std::set<std::string> Admissions(const ServerKeys& keys) {
+  std::set<std::string> out;
+  for (const std::string& key : keys.workers) out.insert("worker " + key);
+  for (const auto& [key, client] : keys.clients)
+    out.insert("client " + key + " " + ZapUserId(WireRole::kClient, client));
+  return out;
+}
+
+size_t CountMissing(const std::set<std::string>& from, const std::set<std::string>& in) {
+  size_t n = 0;
+  for (const std::string& item : from) n += in.count(item) == 0;
+  return n;
+}
+
+}  // namespace
+
+ZapHandler::Change ZapHandler::Replace(ServerKeys keys) {
+  const std::set<std::string> now = Admissions(keys);
+  std::lock_guard<std::mutex> lock(keys_mutex_);
+  const std::set<std::string> before = Admissions(keys_);
+  Change change;
+  change.workers = keys.workers.size();
+  change.clients = keys.clients.size();
+  change.added = CountMissing(now, before);
+  change.removed = CountMissing(before, now);
+  keys_ = std::move(keys);
+  return change;
+}
+
+std::string ZapHandler::own_public_key() const {
+  std::lock_guard<std::mutex> lock(keys_mutex_);
+  return keys_.own.public_key;
+}
+
 // Request: version, request id, domain, address, routing id, mechanism, credentials...
 // Reply: version, request id, status code, status text, user id, metadata.
 void ZapHandler::Answer(zmq::socket_t& socket) {
@@ -50,17 +96,9 @@ void ZapHandler::Answer(zmq::socket_t& socket) {
   if (frames.size() >= 7 && mechanism == "CURVE" && frames[6].size() == 32) {
     char z85[41] = {};
     zmq_z85_encode(z85, static_cast<const uint8_t*>(frames[6].data()), 32);
-    if (keys_.workers.count(z85)) {
-      status = "200";
-      text = "OK";
-      user = ToString(WireRole::kWorker);
-    } else if (auto client = keys_.clients.find(z85); client != keys_.clients.end()) {
-      status = "200";
-      text = "OK";
-      user = ZapUserId(WireRole::kClient, client->second);
-    } else {
-      text = "key not allowed";
-    }
+    user = UserIdOf(z85);
+    status = user.empty() ? "400" : "200";
+    text = user.empty() ? "key not allowed" : "OK";
   }
   if (status != "200") {
     ++refused_;

@@ -7,11 +7,13 @@
 // then attaches to every message from that peer (the "User-Id"
 // property the coordinator reads). Any other key is refused during the handshake, so
 // its frames never reach the coordinator's loop and nothing it sends is stored.
-// One thread of its own; the allowlists are fixed at start.
+// One thread of its own; Replace() swaps the allowlists for the handshakes that follow
+// (a handshake already admitted is never asked again).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <zmq.hpp>
@@ -32,10 +34,22 @@ class ZapHandler {
 
   int64_t refused() const { return refused_; }
 
+  // What Replace() did: the new lists' sizes, and how many keys (of either list, a
+  // client key counted with its name and role) came and went.
+  struct Change {
+    size_t workers = 0, clients = 0, added = 0, removed = 0;
+  };
+  // Answers with `keys`' allowlists from now on. Thread-safe.
+  Change Replace(ServerKeys keys);
+  std::string own_public_key() const;
+
  private:
   void Serve();
   void Answer(zmq::socket_t& socket);
+  // The ZAP user id for the peer key `z85` (its Z85 text), or "" if it is not allowed.
+  std::string UserIdOf(const std::string& z85) const;
 
+  mutable std::mutex keys_mutex_;  // guards keys_: Replace() runs on the server's thread
   ServerKeys keys_;
   zmq::socket_t socket_;
   LogLimiter log_limiter_;  // the handler's thread's; refusals are logged at a bounded rate

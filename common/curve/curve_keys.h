@@ -84,7 +84,7 @@ ServerKeys LoadServerKeys(const std::string& dir);
 // Makes a client key pair for `user` with `role` ("user" or "admin"): writes
 // `out_dir`/client.key (0600) and a copy of the coordinator's public key there, which is
 // what jobctl --keys needs, and adds "<public key> <user> <role>" to `dir`/clients.allow.
-// A running coordinator reads the list at start. Throws KeyError.
+// A running coordinator reads the list at start and again on SIGHUP. Throws KeyError.
 void AddClientKey(const std::string& dir, const std::string& user, const std::string& role, const std::string& out_dir);
 
 // A worker's or jobctl's side: its key pair and the coordinator's public key.
