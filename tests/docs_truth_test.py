@@ -7,14 +7,14 @@ do not mention, in backticks:
   - every flag in the --help of worker, coordinator and jobctl (and jobctl's subcommands);
   - every fuzz target (tests/fuzz/fuzz_*.cc) and every ctest label (tests/CMakeLists.txt);
 and every link between the pages whose file or #anchor does not exist."""
-import argparse
 import glob
 import os
 import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import SOURCE_DIR as ROOT, check, run_test  # noqa: E402
 
 
 def docs():
@@ -99,11 +99,7 @@ def broken_links(texts):
     return broken
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    for flag in ("--worker", "--coordinator", "--jobctl"):
-        parser.add_argument(flag, required=True)
-    args = parser.parse_args()
+def test(args, work):
     texts = docs()
     spans = code_spans(texts)
     missing = []
@@ -122,8 +118,8 @@ def main():
         print("missing:", line)
     print(f"{counts[0]} job-file keys, {counts[1]} job kinds, the --help of {counts[2]} commands, fuzz targets, "
           f"ctest labels and links between {len(texts)} pages: {len(missing)} missing")
-    sys.exit(1 if missing else 0)
+    check(not missing, f"{len(missing)} things the docs do not mention (the missing: lines above)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--worker", "--coordinator", "--jobctl"), __doc__)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The same data-parallel job as 1 host x 4 ranks, 2 hosts x 2 and 4 hosts x 1, on the
-cluster rig of tests/cluster/cluster.py (network namespaces joined by veth pairs, mpirun
+cluster rig of tests/harness/rig.py (network namespaces joined by veth pairs, mpirun
 over ssh, MPI's TCP transport between hosts and shared memory within one). Prints ms/step
 (median of the steps after the warm-up, then median over --repeats runs), the exposed
 communication as a share of the step (comm%), and each layout's ms/step over 1 x 4's.
@@ -20,9 +20,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from cluster import Cluster, available  # noqa: E402
+from harness.rig import Rig, available  # noqa: E402
 
 LAYOUTS = {"1 x 4": {"h1": 4}, "2 x 2": {"h1": 2, "h2": 2}, "4 x 1": {"h1": 1, "h2": 1, "h3": 1, "h4": 1}}
 
@@ -74,7 +74,7 @@ def main():
     if why:
         sys.exit(f"error: {why}")
     results = {}
-    with Cluster(4) as c:
+    with Rig(4) as c:
         job = job_file(c, args)
         for _ in range(args.repeats):  # layouts interleaved, so drift on the machine hits all alike
             for name, slots in LAYOUTS.items():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The same job on 1 host x 4 ranks, 2 hosts x 2 and 4 hosts x 1 of the cluster rig
-# (tests/cluster/cluster.py: network namespaces, veth pairs, mpirun over ssh), in one run:
+# (tests/harness/rig.py: network namespaces, veth pairs, mpirun over ssh), in one run:
 # ms/step, comm% and each layout against 1 x 4. A veth pair is not a datacenter network:
 # scripts/bench/multihost_scaling.py says what the figures show and what they do not.
 # Needs root.

@@ -51,14 +51,11 @@ import time
 import urllib.error
 import urllib.request
 
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(SOURCE, "tests", "worker"))
-sys.path.insert(0, os.path.join(SOURCE, "tests"))
-import e2e_common  # noqa: E402
-from e2e_common import MPI_ENV, free_port  # noqa: E402
-from harness import wire  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, wire  # noqa: E402
+from harness.e2e import MPI_ENV, free_port, job_yaml, subset_tsv, terminate, write  # noqa: E402
 
-BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE, "build", "bin"))
+BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE_DIR, "build", "bin"))
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 USERS = ["alice", "bob"]
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
@@ -123,7 +120,7 @@ class Soak:
                                       "cancels", "squats", "planted_files", "crowds", "agent_replacements")}
         self.memory = []
         self.next_job = 0
-        e2e_common.subset_tsv(work, 160)
+        subset_tsv(work, 160)
         self.train = os.path.join(work, "train_160.tsv")
 
     # --- processes -------------------------------------------------------------------
@@ -183,7 +180,7 @@ resources:
   priority: {self.rng.choice([0, 0, 5])}
 """
         path = os.path.join(self.work, "jobs", f"{name}.yaml")
-        return name, e2e_common.write(path, e2e_common.job_yaml(name, self.train, extra))
+        return name, write(path, job_yaml(name, self.train, extra))
 
     def submit_pending(self, pending):
         """Submits (or resubmits, same key) until acknowledged; keeps the unacknowledged."""
@@ -441,18 +438,14 @@ resources:
 
     def stop(self):
         for pool in list(self.pools.values()) + self.agents:
-            if pool.poll() is None:
-                pool.send_signal(signal.SIGTERM)
-                try:
-                    pool.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(pool.pid, signal.SIGKILL)
+            terminate(pool, 30)
         if self.coordinator and self.coordinator.poll() is None:
             self.coordinator.send_signal(signal.SIGTERM)
             self.coordinator.wait(timeout=30)
 
     # --- invariants --------------------------------------------------------------------
-    def check(self):
+    def invariants_hold(self):
+        """Whether every invariant of the module's text holds; prints each one's line."""
         db = sqlite3.connect(f"file:{self.state}?mode=ro", uri=True)
         jobs = {row[0]: row for row in db.execute("SELECT id, state, idempotency_key, reason, user FROM jobs")}
         attempts = {}
@@ -555,12 +548,12 @@ def main():
         soak.run()
     finally:
         soak.stop()
-    ok = soak.check()
+    ok = soak.invariants_hold()
     if a.keep or not ok:
         print("scratch folder kept:", work)
     else:
         shutil.rmtree(work)
-    sys.exit(0 if ok else 1)
+    check(ok, "an invariant failed (the FAIL lines above)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checkpoints without a shared filesystem, on the cluster rig (tests/cluster/cluster.py).
+"""Checkpoints without a shared filesystem, on the cluster rig (tests/harness/rig.py).
 
 A job on h1 and h2 (2 ranks each) is killed (every job process on both hosts, SIGKILL)
 once both hosts' own disks hold a checkpoint. It is restarted on h3 and h2, with rank 0
@@ -8,18 +8,16 @@ stores it, and the run ends bitwise as an uninterrupted run on h1 and h2 does (e
 later step's loss, every final weight).
 The model and summary are on h3, and the summary names it. A run folder every host sees
 (a shared path) is written once, by rank 0. Exit 77 (skipped) where the rig cannot be made."""
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
-
-from cluster import Cluster, check, skip_unless_available  # noqa: E402
-from e2e_common import job_yaml, subset_tsv, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import job_yaml, subset_tsv, write  # noqa: E402
+from harness.rig import Rig, skip_unless_available  # noqa: E402
 
 
 def job(c, name):
@@ -38,8 +36,7 @@ def train(c, args, name, slots, *extra, runs=None):
         # hosts are busy): nothing of the job happened, so it is launched once more.
         print(f"{name}: mpirun could not start its daemons; launching it again")
         r = c.run(first, command, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        sys.exit(f"{name} on {slots} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    check(r.returncode == 0, f"{name} on {slots} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r.stdout + r.stderr
 
 
@@ -53,7 +50,7 @@ def interrupt(c, args, name, slots):
     deadline = time.time() + 120
     while not all(checkpoints(c, h, name) for h in slots) or max(steps(c, "h1", name), default=0) < 12:
         if run.poll() is not None or time.time() > deadline:
-            sys.exit(f"{name} ended (or stalled) before it could be interrupted: exit {run.poll()}")
+            raise AssertionError(f"{name} ended (or stalled) before it could be interrupted: exit {run.poll()}")
         time.sleep(0.02)
     for host in slots:
         c.kill(host, ("worker", "orted", "mpirun"))
@@ -80,45 +77,38 @@ def weights(c, host, name):
     return load_file(c.outside(host, f"runs/{name}/model/model.safetensors"))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    args = parser.parse_args()
+def test(args, work):
     skip_unless_available()
-    ok = True
-    with Cluster(3) as c:
+    with Rig(3) as c:
         train(c, args, "ref", {"h1": 2, "h2": 2})
         killed_at, first = interrupt(c, args, "moved", {"h1": 2, "h2": 2})
         on1, on2 = checkpoints(c, "h1", "moved"), checkpoints(c, "h2", "moved")
-        ok &= check(on1 and on2 and set(on1) & set(on2),
-                    f"killed at step {killed_at}: h1 and h2 each hold checkpoints on their own disk ({on1} / {on2})")
-        ok &= check("on each host's own disk, written by h1:0, h2:2" in first, "the log names the writers")
-        ok &= check(checkpoints(c, "h3", "moved") == [], "h3 holds none")
+        check(on1 and on2 and set(on1) & set(on2),
+              f"killed at step {killed_at}: h1 and h2 each hold checkpoints on their own disk ({on1} / {on2})")
+        check("on each host's own disk, written by h1:0, h2:2" in first, "the log names the writers")
+        check(checkpoints(c, "h3", "moved") == [], "h3 holds none")
         second = train(c, args, "moved", {"h3": 2, "h2": 2})
         resumed_at = int(on2[-1][len("step-"):-len(".safetensors")])
-        ok &= check(f"sending the checkpoint of step {resumed_at}" in second and "resuming from" in second,
-                    f"restarted on h3 and h2 (rank 0 on h3): h2 sends its newest checkpoint (step {resumed_at}), "
-                    "every rank resumes from it")
+        check(f"sending the checkpoint of step {resumed_at}" in second and "resuming from" in second,
+              f"restarted on h3 and h2 (rank 0 on h3): h2 sends its newest checkpoint (step {resumed_at}), "
+              "every rank resumes from it")
         ref, moved = steps(c, "h1", "ref"), steps(c, "h3", "moved")
         later = sorted(moved)
-        ok &= check(later and later[0] == resumed_at + 1 and all(moved[s] == ref[s] for s in later),
-                    f"steps {later[:1]}..{later[-1:]} on h3: every loss bitwise the uninterrupted run's")
+        check(later and later[0] == resumed_at + 1 and all(moved[s] == ref[s] for s in later),
+              f"steps {later[:1]}..{later[-1:]} on h3: every loss bitwise the uninterrupted run's")
         a, b = weights(c, "h1", "ref"), weights(c, "h3", "moved")
-        ok &= check(a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a),
-                    f"every final weight bitwise equal ({len(a)} tensors)")
+        check(a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a),
+              f"every final weight bitwise equal ({len(a)} tensors)")
         with open(c.outside("h3", "runs/moved/summary.json")) as f:
             summary = json.load(f)
-        ok &= check(summary.get("host") == "h3", f"summary.json names the model's host: {summary.get('host')} "
-                                                 f"({summary.get('model_dir')})")
-        ok &= check(checkpoints(c, "h3", "moved"), f"h3 now holds checkpoints: {checkpoints(c, 'h3', 'moved')}")
+        check(summary.get("host") == "h3", f"summary.json names the model's host: {summary.get('host')} "
+                                           f"({summary.get('model_dir')})")
+        check(checkpoints(c, "h3", "moved"), f"h3 now holds checkpoints: {checkpoints(c, 'h3', 'moved')}")
         shared = train(c, args, "shared", {"h1": 2, "h2": 2}, runs=os.path.join(c.shared, "runs"))
-        ok &= check("written once, by rank 0" in shared and
-                    os.listdir(os.path.join(c.shared, "runs/shared/checkpoints")),
-                    "a run folder every host sees is written once, by rank 0")
-    print("PASS" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+        check("written once, by rank 0" in shared and
+              os.listdir(os.path.join(c.shared, "runs/shared/checkpoints")),
+              "a run folder every host sees is written once, by rank 0")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--worker", "--mpirun"), __doc__)

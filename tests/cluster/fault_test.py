@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Faults on a real network, on the cluster rig (tests/cluster/cluster.py). One case a run:
+"""Faults on a real network, on the cluster rig (tests/harness/rig.py). One case a run:
 
   stopped_rank  standalone, 2 hosts x 2 ranks: SIGSTOP of rank 3 on h2 mid-epoch; every
                 report names `h2:3`, and the job exits non-zero within timeout_s + 10 s
@@ -14,19 +14,18 @@
                 back, the job goes on and succeeds as the attempt that was running
 
 Each case prints its time to recover. Exit 77 (skipped) where the rig cannot be made."""
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
-
-from cluster import Cluster, check, skip_unless_available  # noqa: E402
-from e2e_common import job_yaml, subset_tsv, wait_for, write  # noqa: E402
-from pool_test import Pool  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import job_yaml, subset_tsv, wait_for, world_rank, write  # noqa: E402
+from harness.pool import POOL_FLAGS  # noqa: E402
+from harness.rig import on_rig  # noqa: E402
+from harness.rig_pool import RigPool  # noqa: E402
 
 TIMEOUT_S = 6  # the jobs' distributed.timeout_s
 
@@ -36,9 +35,7 @@ def rank_pids(c, host):
     found = {}
     for pid in c.pids(host, ("worker",)):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = pid
+            found[world_rank(pid)] = pid
         except (OSError, KeyError, ValueError):
             pass
     return found
@@ -72,10 +69,10 @@ def stopped_rank(c, args):
     report = [line for line in out.splitlines() if "timed out" in line]
     for line in report[:3]:
         print(line)
-    ok = check(report and all("rank h2:3 did not reach it" in line for line in report),
-               "every rank that reports names h2:3")
-    return ok & check(run.returncode != 0 and elapsed <= TIMEOUT_S + 10,
-                      f"the job exits {run.returncode} {elapsed:.1f} s after the stop (timeout_s {TIMEOUT_S})")
+    check(report and all("rank h2:3 did not reach it" in line for line in report),
+          "every rank that reports names h2:3")
+    check(run.returncode != 0 and elapsed <= TIMEOUT_S + 10,
+          f"the job exits {run.returncode} {elapsed:.1f} s after the stop (timeout_s {TIMEOUT_S})")
 
 
 def pool_job(c, name, timeout_s=TIMEOUT_S):
@@ -95,7 +92,7 @@ def start_pool(c, args, hosts):
     # behind a cut link the job's own report must come first, and it takes the collective's
     # deadline (TIMEOUT_S), the agent's abort grace (5 s) and kill grace (10 s) for mpirun,
     # which waits on the unreachable host's daemon, plus whatever a loaded machine adds.
-    pool = Pool(c, args, liveness=80)
+    pool = RigPool(c, args, liveness=80)
     pool.start_coordinator()
     for host in hosts:
         pool.start_agents(host, 2)
@@ -149,21 +146,18 @@ def lose_a_host(c, args, how):
         else:
             named = (f"lost contact with host {other}" in reason or
                      "unable to reliably start one or more daemons" in reason) and failed_at < TIMEOUT_S
-        ok = check(named, f"attempt {attempt + 1} failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
+        check(named, f"attempt {attempt + 1} failed {failed_at:.1f} s later, naming {other}: {reason[:400]}")
         final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
             pool.jobctl("status", str(job_id))), 300, "the job to end")
         recovered = time.time() - faulted
         report = pool.jobctl("report", str(job_id))
         last = placement_hosts(pool, report, len(report["attempts"]) - 1)
-        ok &= check(final["state"] == "SUCCEEDED" and other not in last,
-                    f"the job {final['state']} on {sorted(set(last))} after {len(report['attempts'])} attempts, "
-                    f"{recovered:.1f} s after the fault")
+        check(final["state"] == "SUCCEEDED" and other not in last,
+              f"the job {final['state']} on {sorted(set(last))} after {len(report['attempts'])} attempts, "
+              f"{recovered:.1f} s after the fault")
         epochs = [int(e["epoch"]) for e in report["epochs"]]
-        ok &= check(epochs == [1, 2, 3], f"each epoch reported once: {epochs}")
+        check(epochs == [1, 2, 3], f"each epoch reported once: {epochs}")
         print(f"recovery: failed {failed_at:.1f} s after the fault, succeeded {recovered:.1f} s after it")
-        if not ok:
-            pool.dump_logs()
-        return ok
     except BaseException:
         pool.dump_logs()
         for host in ("h2", "h3", "h4"):
@@ -200,35 +194,19 @@ def partition(c, args):
         final = wait_for(lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED") else None)(
             pool.jobctl("status", str(job_id))), 300, "the job to end")
         report = pool.jobctl("report", str(job_id))
-        ok = check(final["state"] == "SUCCEEDED" and len(report["attempts"]) == running,
-                   f"h1 cut off for 6 s during attempt {running}: the job {final['state']} as attempt "
-                   f"{len(report['attempts'])}, {time.time() - healed:.1f} s after the link came back")
-        if not ok:
-            pool.dump_logs()
-        return ok
+        check(final["state"] == "SUCCEEDED" and len(report["attempts"]) == running,
+              f"h1 cut off for 6 s during attempt {running}: the job {final['state']} as attempt "
+              f"{len(report['attempts'])}, {time.time() - healed:.1f} s after the link came back")
     except BaseException:
         pool.dump_logs()
         raise
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl", "--worker"):
-        parser.add_argument(flag, required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=["stopped_rank", "link_cut", "power_off", "partition"])
-    args = parser.parse_args()
-    skip_unless_available()
-    with Cluster(4 if args.case in ("link_cut", "power_off") else 3) as c:
-        if args.case == "stopped_rank":
-            ok = stopped_rank(c, args)
-        elif args.case == "partition":
-            ok = partition(c, args)
-        else:
-            ok = lose_a_host(c, args, args.case)
-    print("PASS" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+CASES = {"stopped_rank": on_rig(3, stopped_rank),
+         "link_cut": on_rig(4, lambda c, args: lose_a_host(c, args, "link_cut")),
+         "power_off": on_rig(4, lambda c, args: lose_a_host(c, args, "power_off")),
+         "partition": on_rig(3, partition)}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, POOL_FLAGS, __doc__)

@@ -1,4 +1,4 @@
-"""A real Slurm cluster on the cluster rig (cluster.py): Debian's slurmctld on one host,
+"""A real Slurm cluster on the cluster rig (harness/rig.py): Debian's slurmctld on one host,
 a slurmd on each of the others, and a munged on every host, all from the distribution's
 packages (slurmctld, slurmd, slurm-client, munge, libpmix-dev).
 

@@ -16,7 +16,6 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
               (Restarts=1), and the second allocation resumes from the checkpoint; every
               step's loss and every final weight equal an uninterrupted run's, each step
               and the epoch logged once."""
-import argparse
 import os
 import pwd
 import re
@@ -24,13 +23,14 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
+import slurm
 
-import slurm  # noqa: E402
-from cluster import SUBNET, Cluster, check, skip_unless_available  # noqa: E402
-from e2e_common import job_yaml, steps, subset_tsv, wait_for, weights, write  # noqa: E402
-from pool_test import Pool  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case, skip  # noqa: E402
+from harness.e2e import job_yaml, steps, subset_tsv, wait_for, weights, write  # noqa: E402
+from harness.pool import POOL_FLAGS  # noqa: E402
+from harness.rig import SUBNET, Rig, skip_unless_available  # noqa: E402
+from harness.rig_pool import RigPool  # noqa: E402
 
 # Open MPI's links and MPI's TCP transport on the rig's network, for ranks started by
 # srun (which passes the environment on) and by mpirun inside an allocation alike. And
@@ -53,13 +53,13 @@ def launch(s, name, argv, host="h1"):
     outside, on whichever host ran rank 0, and the output."""
     result = s.client(argv, host=host, timeout=300, **RIG_NETWORK)
     if result.returncode != 0:
-        sys.exit(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n"
-                 f"{s.logs()}")
+        raise AssertionError(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-3000:]}\n{s.logs()}")
     for h in s.c.names:
         folder = s.c.outside(h, os.path.join("runs", name))
         if os.path.exists(os.path.join(folder, "summary.json")):
             return folder, h
-    sys.exit(f"{name}: no host has its run folder")
+    raise AssertionError(f"{name}: no host has its run folder")
 
 
 def standalone(c, s, args):
@@ -73,19 +73,17 @@ def standalone(c, s, args):
                                                *worker("salloc")])
     reference = steps(alone)
     want = {f"h2:{r}" for r in (0, 1)} | {f"h3:{r}" for r in (2, 3)}
-    ok = True
     for name, run, host in (("srun -N2 -n4", srun, srun_host), ("salloc -N2 -n4 mpirun", salloc, salloc_host)):
         got = steps(run)
-        ok &= check(len(got) == 16 and [x["loss"] for x in got] == [x["loss"] for x in reference],
-                    f"{name}: {len(got)} steps, every loss bitwise equal to 1 host x 4 ranks "
-                    f"(last {got[-1]['loss']!r})")
+        check(len(got) == 16 and [x["loss"] for x in got] == [x["loss"] for x in reference],
+              f"{name}: {len(got)} steps, every loss bitwise equal to 1 host x 4 ranks "
+              f"(last {got[-1]['loss']!r})")
         wa, wb = weights(run), weights(alone)
-        ok &= check(wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa),
-                    f"{name}: every final weight bitwise equal ({len(wa)} tensors)")
+        check(wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa),
+              f"{name}: every final weight bitwise equal ({len(wa)} tensors)")
         named = {x["slowest"] for x in got}
-        ok &= check(host == "h2" and named and named <= want,
-                    f"{name}: Slurm placed rank 0 on {host} and the logs name ranks {sorted(named)} (of {sorted(want)})")
-    return ok
+        check(host == "h2" and named and named <= want,
+              f"{name}: Slurm placed rank 0 on {host} and the logs name ranks {sorted(named)} (of {sorted(want)})")
 
 
 # The batch script of docs/many-hosts.md ("Preemption and time limits lose no step").
@@ -122,8 +120,7 @@ def preempt(c, s, args):
     script = write(os.path.join(c.shared, "requeued.sbatch"), BATCH_SCRIPT.format(
         out=os.path.join(c.shared, "requeued-%j.out"), worker=worker, job=job, runs=runs))
     submitted = s.client(["sbatch", "--parsable", script], **RIG_NETWORK)
-    if submitted.returncode != 0:
-        raise SystemExit(f"sbatch failed: {submitted.stderr}")
+    check(submitted.returncode == 0, f"sbatch failed: {submitted.stderr}")
     jid = submitted.stdout.strip().split(";")[0]
     steps_file = c.outside("h2", "runs/requeued/steps.jsonl")
     count = lambda: sum(1 for _ in open(steps_file)) if os.path.exists(steps_file) else 0  # noqa: E731
@@ -140,21 +137,20 @@ def preempt(c, s, args):
     numbers = [x["step"] for x in got]
     stopped = [line for line in output.splitlines() if "srun exited" in line]
     at = [int(n) for n in re.findall(r"checkpoint of step (\d+) written", output)]
-    ok = check(stopped[:1] == ["srun exited 3 (restart 0)"] and stopped[-1:] == ["srun exited 0 (restart 1)"]
-               and at and 5 <= at[0] < 20,
-               f"the first allocation's ranks stopped after step {at[:1]} of 20 and exited 3 (preempted), the "
-               f"second finished: {stopped}")
-    ok &= check(job_state(s, jid) == ("COMPLETED", 1), f"Slurm requeued the job once: {job_state(s, jid)}")
-    ok &= check(numbers == list(range(1, 21)), f"each of the 20 steps logged once: {numbers}")
-    ok &= check([x["loss"] for x in got] == [x["loss"] for x in want],
-                "every step's loss bitwise equal to an uninterrupted run's")
+    check(stopped[:1] == ["srun exited 3 (restart 0)"] and stopped[-1:] == ["srun exited 0 (restart 1)"]
+          and at and 5 <= at[0] < 20,
+          f"the first allocation's ranks stopped after step {at[:1]} of 20 and exited 3 (preempted), the "
+          f"second finished: {stopped}")
+    check(job_state(s, jid) == ("COMPLETED", 1), f"Slurm requeued the job once: {job_state(s, jid)}")
+    check(numbers == list(range(1, 21)), f"each of the 20 steps logged once: {numbers}")
+    check([x["loss"] for x in got] == [x["loss"] for x in want],
+          "every step's loss bitwise equal to an uninterrupted run's")
     wa, wb = weights(run), weights(straight)
-    ok &= check(wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa),
-                f"every final weight bitwise equal ({len(wa)} tensors)")
+    check(wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa),
+          f"every final weight bitwise equal ({len(wa)} tensors)")
     with open(os.path.join(run, "epochs.csv")) as f:
         rows = f.read().splitlines()[1:]
-    ok &= check(len(rows) == 1, f"the epoch logged once: {len(rows)} row(s)")
-    return ok
+    check(len(rows) == 1, f"the epoch logged once: {len(rows)} row(s)")
 
 
 def start_up_without_slurmctld(c, s, pool):
@@ -162,9 +158,9 @@ def start_up_without_slurmctld(c, s, pool):
     started = time.time()
     r = c.run("h1", pool.coordinator_command(["--slurm"]), capture_output=True, text=True, timeout=60)
     line = r.stderr.strip().splitlines()[-1:] or [""]
-    return check(r.returncode == 2 and "slurmctld is not reachable" in line[0],
-                 f"without slurmctld, coordinator --slurm exits {r.returncode} in {time.time() - started:.1f} s: "
-                 f"{line[0]}")
+    check(r.returncode == 2 and "slurmctld is not reachable" in line[0],
+          f"without slurmctld, coordinator --slurm exits {r.returncode} in {time.time() - started:.1f} s: "
+          f"{line[0]}")
 
 
 def first_step_after(c, submitted, job_id, name, runs="runs"):
@@ -179,12 +175,11 @@ def first_step_after(c, submitted, job_id, name, runs="runs"):
 
 
 def queue(c, s, args):
-    pool = Pool(c, args)
-    started = start_up_without_slurmctld(c, s.configure(), pool)
+    pool = RigPool(c, args)
+    start_up_without_slurmctld(c, s.configure(), pool)
     s.up()
 
     def body(pool):
-        ok = True
         jobs = {}
         submitted = time.time()
         # The 4-rank job waits for the 2-rank ones to end: 40 steps give it seconds in the queue.
@@ -193,64 +188,60 @@ def queue(c, s, args):
                             extra=f"resources:\n  ranks: {ranks}\n  max_restarts: 0\n")
             jobs[name] = (pool.jobctl("submit", path)["job_id"], ranks, path)
         latency = first_step_after(c, submitted, jobs["two_a"][0], "two_a")
-        ok &= slurm_shown(pool, jobs["four"][0])
+        slurm_shown(pool, jobs["four"][0])
         finals = {name: wait_for(lambda j=job_id: (lambda r: r if r["state"] in ("SUCCEEDED", "FAILED") else None)(
             pool.jobctl("status", str(j))), 150, f"job {name} to end") for name, (job_id, _, _) in jobs.items()}
         for name, (job_id, ranks, _) in jobs.items():
             report = pool.jobctl("report", str(job_id))
             attempts = report["attempts"]
             slurm_job = attempts[0]["placement"].removeprefix("slurm-").removesuffix(":0") if attempts else "?"
-            ok &= check(finals[name]["state"] == "SUCCEEDED" and len(attempts) == 1,
-                        f"{name} ({ranks} ranks): {finals[name]['state']} in {len(attempts)} attempt(s), as Slurm "
-                        f"job {slurm_job}: {finals[name]['reason']}")
+            check(finals[name]["state"] == "SUCCEEDED" and len(attempts) == 1,
+                  f"{name} ({ranks} ranks): {finals[name]['state']} in {len(attempts)} attempt(s), as Slurm "
+                  f"job {slurm_job}: {finals[name]['reason']}")
             epochs = [int(e["epoch"]) for e in report["epochs"]]
-            ok &= check(epochs == [1], f"{name}: each epoch logged once: {epochs}")
+            check(epochs == [1], f"{name}: each epoch logged once: {epochs}")
             script = c.outside("h1", f"runs/{job_id}/attempt-1/job.sbatch")
             text = open(script).read() if os.path.exists(script) else ""
-            ok &= check(f"#SBATCH --ntasks={ranks}" in text and "TRAINYARD_WORLD_TOKEN=" not in text,
-                        f"{name}: its generated script is in its folder, without a secret: {script}")
+            check(f"#SBATCH --ntasks={ranks}" in text and "TRAINYARD_WORLD_TOKEN=" not in text,
+                  f"{name}: its generated script is in its folder, without a secret: {script}")
             logs = [c.outside(h, f"runs/{job_id}/attempt-1/slurm-{slurm_job}.out") for h in c.names]
             said = "".join(open(p).read() for p in logs if os.path.exists(p))
             nodes = re.findall(r"tasks on (\S+)", said)
-            ok &= check(nodes and (ranks < 4 or nodes[0] == "h[2-3]"),
-                        f"{name}: Slurm placed its {ranks} tasks on {nodes[:1]}")
+            check(nodes and (ranks < 4 or nodes[0] == "h[2-3]"),
+                  f"{name}: Slurm placed its {ranks} tasks on {nodes[:1]}")
             events = [e for e in finals[name].get("events", []) if "Slurm job" in e]
             print(f"     {name}'s Slurm events: {events}")
         waited = [e for e in finals["four"].get("events", []) if "PENDING (" in e]
-        ok &= check(waited, f"the 4-rank job waited in Slurm's queue, with Slurm's reason: {waited[:1]}")
+        check(waited, f"the 4-rank job waited in Slurm's queue, with Slurm's reason: {waited[:1]}")
         # The 4-rank job over two nodes against srun's own 4 ranks of the same job file.
         straight, _ = launch(s, "four", ["srun", "-N2", "-n4", os.path.abspath(args.worker), jobs["four"][2],
                                          "--runs-dir", os.path.join(c.host_dir, "runs")])
         through = [x["loss"] for h in c.names for x in steps_if(c.outside(h, f"runs/{jobs['four'][0]}/four"))]
-        ok &= check(through and through == [x["loss"] for x in steps(straight)],
-                    f"the 4-rank job's {len(through)} losses equal srun -N2 -n4 of its file, bit for bit")
-        ok &= usage_matches_slurm(c, s, pool, {name: job_id for name, (job_id, _, _) in jobs.items()})
+        check(through and through == [x["loss"] for x in steps(straight)],
+              f"the 4-rank job's {len(through)} losses equal srun -N2 -n4 of its file, bit for bit")
+        usage_matches_slurm(c, s, pool, {name: job_id for name, (job_id, _, _) in jobs.items()})
         pool_latency = pool_start_latency(c, args)
         print(f"submit to first step, 2 ranks: {latency:.1f} s through Slurm (sched_interval=2), "
               f"{pool_latency:.1f} s on a pool's agents")
-        return ok
 
-    return with_slurm_coordinator(c, s, pool, body) & started
+    with_slurm_coordinator(c, s, pool, body)
 
 
 def with_slurm_coordinator(c, s, pool, body, extra=()):
-    """body(pool)'s verdict, run while coordinator --slurm (with `extra`) serves `pool` on
-    h1; sbatch passes its environment (the rig's network for MPI) on to the jobs. The
-    coordinator's logs are printed when body fails, Slurm's too when it raises."""
+    """body(pool), run while coordinator --slurm (with `extra`) serves `pool` on h1; sbatch
+    passes its environment (the rig's network for MPI) on to the jobs. The coordinator's
+    logs and Slurm's are printed when body fails."""
     process = c.popen("h1", pool.coordinator_command(["--slurm", *extra]), env=c.environment(**RIG_NETWORK),
                       stdout=pool.log("coordinator"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: answering(pool), 30, "the coordinator")
-        ok = body(pool)
+        body(pool)
     except BaseException:
         pool.dump_logs()
         print(s.logs())
         raise
     finally:
         process.terminate()
-    if not ok:
-        pool.dump_logs()
-    return ok
 
 
 def long_job(c, name, ranks, steps, extra="", pause_ms=0, file=None):
@@ -296,24 +287,23 @@ def time_limit(c, s, args):
         report = pool.jobctl("report", str(job_id))
         attempts = report["attempts"]
         outcomes = [a["outcome"] for a in attempts]
-        ok = check(final["state"] == "SUCCEEDED" and len(attempts) >= 2 and outcomes[-1] == "succeeded" and all(
-            o.startswith("interrupted: ") and "was preempted" in o for o in outcomes[:-1]),
-                   f"the job {final['state']} after {len(attempts)} attempts, each before the last preempted by "
-                   f"the time limit's signal and requeued without a restart (max_restarts 0): "
-                   f"{[o[:300] for o in outcomes[:-1]][:2]}")
+        check(final["state"] == "SUCCEEDED" and len(attempts) >= 2 and outcomes[-1] == "succeeded"
+              and all(o.startswith("interrupted: ") and "was preempted" in o for o in outcomes[:-1]),
+              f"the job {final['state']} after {len(attempts)} attempts, each before the last preempted by "
+              f"the time limit's signal and requeued without a restart (max_restarts 0): "
+              f"{[o[:300] for o in outcomes[:-1]][:2]}")
         got = all_steps(c, f"runs/{job_id}/limited")
-        ok &= check([x["step"] for x in got] == list(range(1, TIME_LIMIT_STEPS + 1)),
-                    f"each of the {TIME_LIMIT_STEPS} steps logged once ({len(got)} lines)")
+        check([x["step"] for x in got] == list(range(1, TIME_LIMIT_STEPS + 1)),
+              f"each of the {TIME_LIMIT_STEPS} steps logged once ({len(got)} lines)")
         epochs = [int(e["epoch"]) for e in report["epochs"]]
-        ok &= check(epochs == [1, 2], f"each epoch reported once: {epochs}")
+        check(epochs == [1, 2], f"each epoch reported once: {epochs}")
         unpaused = long_job(c, "limited", 1, TIME_LIMIT_STEPS, "  max_restarts: 0\n", file="limited_unpaused")
         straight, _ = launch(s, "limited", ["srun", "-n1", os.path.abspath(args.worker), unpaused,
                                             "--runs-dir", os.path.join(c.host_dir, "runs")])
-        ok &= check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],
-                    "every step's loss bitwise equal to an uninterrupted srun -n1 of the job file without its pause")
-        return ok
+        check([x["loss"] for x in got] == [x["loss"] for x in steps(straight)],
+              "every step's loss bitwise equal to an uninterrupted srun -n1 of the job file without its pause")
 
-    return with_slurm_coordinator(c, s, Pool(c, args), body, ["--slurm-time", "1", "--slurm-signal", "60"])
+    with_slurm_coordinator(c, s, RigPool(c, args), body, ["--slurm-time", "1", "--slurm-signal", "60"])
 
 
 def training(c, pool, job_id, name, at_least=20):
@@ -340,14 +330,14 @@ def external(c, s, args):
         s.client(["scancel", first])
         second = wait_for(lambda: (lambda a: a if len(a) >= 2 else None)(
             pool.jobctl("report", str(cancelled))["attempts"]), 60, "the next attempt")
-        ok = check(second[0]["outcome"].startswith(f"failed: its Slurm job {first} ended CANCELLED"),
-                   f"scancel {first}: attempt 1 failed with Slurm's word, and the job was retried "
-                   f"(restart 1 of 1): {second[0]['outcome'][:300]}")
+        check(second[0]["outcome"].startswith(f"failed: its Slurm job {first} ended CANCELLED"),
+              f"scancel {first}: attempt 1 failed with Slurm's word, and the job was retried "
+              f"(restart 1 of 1): {second[0]['outcome'][:300]}")
         again = training(c, pool, cancelled, "cancelled", at_least=1)
         pool.jobctl("cancel", str(cancelled))
         gone = wait_for(lambda: (lambda st: st if st in ("CANCELLED", "COMPLETED") else None)(
             job_state(s, again)[0]), 30, "jobctl cancel to reach Slurm")
-        ok &= check(gone == "CANCELLED", f"jobctl cancel ends the running Slurm job {again}: {gone}")
+        check(gone == "CANCELLED", f"jobctl cancel ends the running Slurm job {again}: {gone}")
 
         lost = pool.jobctl("submit", long_job(c, "lost", 4, 5000, "  max_restarts: 0\n"
                                               "distributed:\n  timeout_s: 120\n",
@@ -356,11 +346,10 @@ def external(c, s, args):
         c.kill("h3", None)  # every process of the host: its slurmd, its ranks
         final = ended(pool, lost, 90, "the job to end after losing h3")
         reason = pool.jobctl("report", str(lost))["attempts"][0]["outcome"]
-        ok &= check(final["state"] == "FAILED" and re.search(rf"Slurm job {slurm_job} ended (NODE_FAIL|FAILED)", reason),
-                    f"h3 lost mid-run: the job FAILED (max_restarts 0) with Slurm's state: {reason[:300]}")
-        return ok
+        check(final["state"] == "FAILED" and re.search(rf"Slurm job {slurm_job} ended (NODE_FAIL|FAILED)", reason),
+              f"h3 lost mid-run: the job FAILED (max_restarts 0) with Slurm's state: {reason[:300]}")
 
-    return with_slurm_coordinator(c, s, Pool(c, args), body)
+    with_slurm_coordinator(c, s, RigPool(c, args), body)
 
 
 def slurm_shown(pool, job_id):
@@ -392,8 +381,8 @@ def slurm_shown(pool, job_id):
         if agree or not still or "PENDING" not in still.get("slurm", ""):
             break
         status = still
-    return check(agree, f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', "
-                        f"/metrics {series[:1]}")
+    check(agree, f"while it waits: jobctl status says 'slurm: {shown}', the API '{api.get('slurm')}', "
+                 f"/metrics {series[:1]}")
 
 
 def slurm_spans(s, slurm_jobs):
@@ -429,28 +418,27 @@ def usage_matches_slurm(c, s, pool, jobs):
     metrics = pool.http_text("/metrics") or ""
     counted = [x.value for f in text_string_to_metric_families(metrics) if f.name == "trainyard_rank_seconds"
                for x in f.samples if x.name.endswith("_total") and x.labels.get("user") == user]
-    ok = check(mine.get("jobs") == len(jobs) and abs(mine.get("rank_seconds", 0) - sum(ours.values())) < 1e-6 and
-               counted and abs(counted[0] - sum(ours.values())) < 1e-6,
-               f"jobctl usage --user and /metrics: {user} used {sum(ours.values()):.1f} rank-seconds in "
-               f"{mine.get('jobs')} jobs, the sum of their attempts' ({ {k: round(v, 1) for k, v in ours.items()} })")
+    check(mine.get("jobs") == len(jobs) and abs(mine.get("rank_seconds", 0) - sum(ours.values())) < 1e-6 and
+          counted and abs(counted[0] - sum(ours.values())) < 1e-6,
+          f"jobctl usage --user and /metrics: {user} used {sum(ours.values()):.1f} rank-seconds in "
+          f"{mine.get('jobs')} jobs, the sum of their attempts' ({ {k: round(v, 1) for k, v in ours.items()} })")
     theirs = wait_for(lambda: (lambda f: f if len(f) == len(jobs) else None)(slurm_spans(s, slurm_of.values())),
                       30, "Slurm's records of the jobs")
     for name, a in attempts.items():
         start, end, cpus = theirs[slurm_of[name]]
         ran_from = a["ended_at"] - a["rank_seconds"] / cpus
-        ok &= check(a["rank_seconds"] > 0 and a["ended_at"] > 0 and start - 1 <= ran_from and
-                    a["ended_at"] <= end + 1,
-                    f"{name}: {a['rank_seconds']:.1f} rank-seconds here, {cpus} ranks from {ran_from - start:+.1f} s "
-                    f"to {a['ended_at'] - end:+.1f} s of Slurm's record of its {end - start} s on {cpus} CPUs "
-                    f"(sacct -c); {(end - start) * cpus - a['rank_seconds']:.1f} CPU-seconds of start-up and "
-                    f"exit not counted")
-    return ok
+        check(a["rank_seconds"] > 0 and a["ended_at"] > 0 and start - 1 <= ran_from and
+              a["ended_at"] <= end + 1,
+              f"{name}: {a['rank_seconds']:.1f} rank-seconds here, {cpus} ranks from {ran_from - start:+.1f} s "
+              f"to {a['ended_at'] - end:+.1f} s of Slurm's record of its {end - start} s on {cpus} CPUs "
+              f"(sacct -c); {(end - start) * cpus - a['rank_seconds']:.1f} CPU-seconds of start-up and "
+              f"exit not counted")
 
 
 def pool_start_latency(c, args):
     """Submit to first step of the same 2-rank job on a pool of two agents on h2 (a second
     coordinator, with a state and runs folder of its own)."""
-    pool = Pool(c, args, port=5556, http=8266, tag="-pool")
+    pool = RigPool(c, args, port=5556, http=8266, tag="-pool")
     pool.start_coordinator()
     pool.start_agents("h2", 2)
     wait_for(lambda: len(pool.workers()) == 2, 60, "the pool's agents")
@@ -471,29 +459,24 @@ def steps_if(run):
     return steps(run) if os.path.exists(os.path.join(run, "steps.jsonl")) else []
 
 
-CASES = {"standalone": standalone, "preempt": preempt, "queue": queue, "time_limit": time_limit,
-         "external": external}
+def under_slurm(case):
+    """A run_case() case that runs case(c, s, args) on a fresh rig c of 3 hosts with Slurm s
+    on it (slurmctld on h1, slurmd on h2 and h3), up but for the queue case, which starts
+    it itself; skipped (exit 77) where the rig or Slurm cannot run here."""
+    def run(args, work):
+        skip_unless_available()
+        why = slurm.available()
+        if why:
+            skip(why)
+        with Rig(3) as c:
+            s = slurm.Slurm(c, controller="h1", nodes=["h2", "h3"])
+            case(c, s if case is queue else s.up(), args)
+    return run
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl"):
-        parser.add_argument(flag)
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    skip_unless_available()
-    why = slurm.available()
-    if why:
-        print(f"skipped: {why}")
-        sys.exit(77)
-    with Cluster(3) as c:
-        s = slurm.Slurm(c, controller="h1", nodes=["h2", "h3"])
-        ok = CASES[args.case](c, s if args.case == "queue" else s.up(), args)
-    print("PASS" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+CASES = {"standalone": under_slurm(standalone), "preempt": under_slurm(preempt), "queue": under_slurm(queue),
+         "time_limit": under_slurm(time_limit), "external": under_slurm(external)}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, POOL_FLAGS, __doc__)

@@ -18,20 +18,18 @@ selenium, and prometheus_client's parser.
     stopped at the first rung (an earlier equal result ranks first); its page draws the
     3 curves on one chart, the 2 stopped ones grey, and lists them in its table.
 Screenshots of both pages are kept in --artifacts."""
-import argparse
 import csv
 import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pool_test import Cluster, wait_for, write_job  # noqa: E402
-from e2e_common import LANGID, free_port, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import LANGID, free_port, wait_for, write  # noqa: E402
+from harness.pool import POOL_FLAGS, Cluster, on_cluster, write_job  # noqa: E402
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from selenium import webdriver  # noqa: E402
@@ -68,7 +66,7 @@ class DashboardCluster(Cluster):
 
     def metrics(self):
         status, text = self.get("/metrics")
-        assert status == 200, (status, text)
+        check(status == 200, (status, text))
         samples = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
@@ -82,19 +80,19 @@ def value(samples, metric, **labels):
 
 def check_api_errors(c):
     status, body = c.get("/api/jobs/424242")
-    assert status == 404 and body == {"error": "no job 424242"}, (status, body)
+    check(status == 404 and body == {"error": "no job 424242"}, (status, body))
     status, body = c.get("/api/jobs/x1")
-    assert status == 404 and "no job x1" in body["error"], (status, body)
+    check(status == 404 and "no job x1" in body["error"], (status, body))
     status, body = c.get("/api/nothing")
-    assert status == 404 and "error" in body, (status, body)
+    check(status == 404 and "error" in body, (status, body))
     status, body = c.get("/no/such/page")
-    assert status == 404, status
+    check(status == 404, status)
     status, body = c.get("/api/jobs", method="POST")
-    assert status == 405 and "read-only" in body["error"], (status, body)
+    check(status == 405 and "read-only" in body["error"], (status, body))
     status, index = c.get("/api")
-    assert status == 200 and "GET /api/jobs/<id>" in index, index
+    check(status == 200 and "GET /api/jobs/<id>" in index, index)
     status, script = c.get("/static/chart.js")
-    assert status == 200 and "Chart.js v3" in script[:200], "Chart.js is served from the daemon"
+    check(status == 200 and "Chart.js v3" in script[:200], "Chart.js is served from the daemon")
 
 
 def check_crowd(c):
@@ -105,7 +103,7 @@ def check_crowd(c):
     idle = [socket.create_connection(("127.0.0.1", c.http_port), timeout=10) for _ in range(1500)]
     try:
         answers = [c.get("/api/jobs")[0] for _ in range(20)]
-        assert answers == [200] * 20, answers
+        check(answers == [200] * 20, answers)
     finally:
         for s in idle:
             s.close()
@@ -145,7 +143,9 @@ benchmark:
 """)
 
 
-def case_dashboard(c, work, artifacts):
+def case_dashboard(c, work):
+    artifacts = c.args.artifacts
+    os.makedirs(artifacts, exist_ok=True)
     c.start(2)
     check_api_errors(c)
     check_crowd(c)
@@ -160,30 +160,30 @@ def case_dashboard(c, work, artifacts):
         running = c.job(job)["state"] == "RUNNING"
         ms_metric = value(c.metrics(), "trainyard_job_ms_per_step", job=str(job), name="dash_train",
                           user=c.job(job)["user"])
-        assert running, f"job {job} ended before the test saw its curve grow; make it longer"
-        assert ms_metric and ms_metric > 0, f"a running job's ms/step in /metrics: {ms_metric}"
+        check(running, f"job {job} ended before the test saw its curve grow; make it longer")
+        check(ms_metric and ms_metric > 0, f"a running job's ms/step in /metrics: {ms_metric}")
         wait_for(lambda: chart_points(driver, "chart-loss") > first, 180, "the loss chart to gain a point")
         c.wait_state(job, ("SUCCEEDED",), 300)
         with open(os.path.join(c.runs, str(job), "epochs.csv"), encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-        assert len(rows) == 8, rows
+        check(len(rows) == 8, rows)
         wait_for(lambda: chart_points(driver, "chart-loss") == len(rows), 30, "every epoch on the chart")
         drawn = driver.execute_script("return Chart.getChart('chart-loss').data.datasets[0].data;")
-        assert [round(v, 5) for v in drawn] == [round(float(r["train_loss"]), 5) for r in rows], (drawn, rows)
+        check([round(v, 5) for v in drawn] == [round(float(r["train_loss"]), 5) for r in rows], (drawn, rows))
         # One stacked bar per rank, six parts each, the straggler named as the API names it.
         api = c.get(f"/api/jobs/{job}")[1]
         latest = api["breakdown"][-1]
-        assert len(latest["ranks"]) == 2 and all(len(r) == 6 for r in latest["ranks"]), latest
+        check(len(latest["ranks"]) == 2 and all(len(r) == 6 for r in latest["ranks"]), latest)
         labels = driver.execute_script("return Chart.getChart('chart-breakdown').data.labels;")
         parts = driver.execute_script(
             "return Chart.getChart('chart-breakdown').data.datasets.map(d => [d.label, d.data]);")
         slowest = latest["slowest_rank"]
-        assert labels[slowest] == f"rank {slowest} (slowest)" and len(labels) == 2, labels
-        assert [p[0] for p in parts] == ["wait", "h2d", "forward", "backward", "comm", "optimizer"], parts
+        check(labels[slowest] == f"rank {slowest} (slowest)" and len(labels) == 2, labels)
+        check([p[0] for p in parts] == ["wait", "h2d", "forward", "backward", "comm", "optimizer"], parts)
         for i, (_, data) in enumerate(parts):
-            assert [round(v, 6) for v in data] == [round(r[i], 6) for r in latest["ranks"]], (parts, latest)
+            check([round(v, 6) for v in data] == [round(r[i], 6) for r in latest["ranks"]], (parts, latest))
         straggler = driver.execute_script("return document.getElementById('straggler').dataset.rank;")
-        assert straggler == str(slowest), straggler
+        check(straggler == str(slowest), straggler)
         wait_for(lambda: driver.execute_script("return document.getElementById('job-state').textContent;") ==
                  "SUCCEEDED", 30, "the page to say SUCCEEDED")
         driver.save_screenshot(os.path.join(artifacts, "job.png"))
@@ -194,7 +194,7 @@ def case_dashboard(c, work, artifacts):
         width = wait_for(lambda: driver.execute_script(
             "const i = document.getElementById('heatmap'); return i.complete && i.naturalWidth;"), 30,
             "the benchmark's heatmap to load")
-        assert width > 100, width
+        check(width > 100, width)
         driver.save_screenshot(os.path.join(artifacts, "benchmark.png"))
 
         driver.get(f"{c.base}/?refresh=300")
@@ -205,13 +205,13 @@ def case_dashboard(c, work, artifacts):
         states = driver.execute_script(
             "return Object.fromEntries([...document.querySelectorAll('#jobs-table tbody tr')]"
             ".map(r => [r.dataset.job, r.querySelector('.state').textContent]));")
-        assert states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states
+        check(states == {str(job): "SUCCEEDED", str(bench): "SUCCEEDED"}, states)
         owners = driver.execute_script(
             "return [...document.querySelectorAll('#jobs-table tbody tr')].map(r => r.cells[2].textContent);")
-        assert owners == [c.job(job)["user"] or "-"] * 2, owners
+        check(owners == [c.job(job)["user"] or "-"] * 2, owners)
         alive = driver.execute_script(
             "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[8].textContent);")
-        assert alive == ["yes", "yes"], alive
+        check(alive == ["yes", "yes"], alive)
         driver.save_screenshot(os.path.join(artifacts, "overview.png"))
         driver.get(f"{c.base}/jobs/424242?refresh=300")
         wait_for(lambda: "no job 424242" in driver.execute_script("return document.getElementById('error').textContent;"),
@@ -220,18 +220,18 @@ def case_dashboard(c, work, artifacts):
         driver.quit()
 
     m = c.metrics()
-    assert value(m, "trainyard_jobs", state="SUCCEEDED") == 2, m
-    assert value(m, "trainyard_jobs", state="QUEUED") == 0 and value(m, "trainyard_queue_depth") == 0, m
-    assert value(m, "trainyard_submit_to_running_seconds_count") == 2, m
-    assert value(m, "trainyard_submit_to_running_seconds_bucket", le="+Inf") == 2, m
-    assert value(m, "trainyard_attempts_total", outcome="succeeded") == 2, m
-    assert value(m, "trainyard_running_attempts") == 0, m
+    check(value(m, "trainyard_jobs", state="SUCCEEDED") == 2, m)
+    check(value(m, "trainyard_jobs", state="QUEUED") == 0 and value(m, "trainyard_queue_depth") == 0, m)
+    check(value(m, "trainyard_submit_to_running_seconds_count") == 2, m)
+    check(value(m, "trainyard_submit_to_running_seconds_bucket", le="+Inf") == 2, m)
+    check(value(m, "trainyard_attempts_total", outcome="succeeded") == 2, m)
+    check(value(m, "trainyard_running_attempts") == 0, m)
     up = [v for (name, _), v in m.items() if name == "trainyard_worker_up"]
-    assert up == [1.0, 1.0], up
-    assert value(m, "trainyard_job_ms_per_step", job=str(job), name="dash_train") is None, \
-        "only running jobs have a ms/step gauge"
+    check(up == [1.0, 1.0], up)
+    check(value(m, "trainyard_job_ms_per_step", job=str(job), name="dash_train") is None,
+          "only running jobs have a ms/step gauge")
     check_search_page(c, work, artifacts)
-    print(f"PASS (screenshots in {artifacts})")
+    print(f"screenshots in {artifacts}")
 
 
 def check_search_page(c, work, artifacts):
@@ -248,9 +248,10 @@ search:
 """))
     c.wait_state(search, ("SUCCEEDED", "FAILED"), 300)
     api = c.get(f"/api/jobs/{search}")[1]["search"]
-    assert [t["state"] for t in api["trials"]] == ["SUCCEEDED", "STOPPED", "STOPPED"], api
-    assert [len(t["curve"]) for t in api["trials"]] == [3, 1, 1] and api["best_trial"] == 1, api
-    assert value(c.metrics(), "trainyard_jobs", state="STOPPED") == 2
+    check([t["state"] for t in api["trials"]] == ["SUCCEEDED", "STOPPED", "STOPPED"], api)
+    check([len(t["curve"]) for t in api["trials"]] == [3, 1, 1] and api["best_trial"] == 1, api)
+    stopped = value(c.metrics(), "trainyard_jobs", state="STOPPED")
+    check(stopped == 2, f"trainyard_jobs{{state=STOPPED}} in /metrics: {stopped}")
     driver = browser(artifacts)
     try:
         driver.get(f"{c.base}/jobs/{search}?refresh=300")
@@ -259,33 +260,16 @@ search:
         lines = driver.execute_script(
             "return Chart.getChart('chart-search').data.datasets.map(d => [d.label, d.borderColor, d.data.length]);")
         grey = driver.execute_script("return STOPPED_GREY;")
-        assert [line[0] for line in lines] == ["trial 1", "trial 2", "trial 3"], lines
-        assert lines[0][1] != grey and lines[1][1] == grey and lines[2][1] == grey, lines
-        assert [line[2] for line in lines] == [3, 1, 1], lines
+        check([line[0] for line in lines] == ["trial 1", "trial 2", "trial 3"], lines)
+        check(lines[0][1] != grey and lines[1][1] == grey and lines[2][1] == grey, lines)
+        check([line[2] for line in lines] == [3, 1, 1], lines)
         stopped_rows = driver.execute_script("return document.querySelectorAll('#trials-table tr.stopped').length;")
-        assert stopped_rows == 2 and driver.execute_script(
-            "return document.getElementById('curves').hidden;"), stopped_rows
+        check(stopped_rows == 2 and driver.execute_script(
+            "return document.getElementById('curves').hidden;"), stopped_rows)
         driver.save_screenshot(os.path.join(artifacts, "search.png"))
     finally:
         driver.quit()
 
 
-def main():
-    p = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun", "--artifacts"):
-        p.add_argument(flag, required=True)
-    a = p.parse_args()
-    os.makedirs(a.artifacts, exist_ok=True)
-    with tempfile.TemporaryDirectory() as work:
-        c = DashboardCluster(a, work)
-        try:
-            case_dashboard(c, work, a.artifacts)
-        except BaseException:
-            c.stop()
-            c.dump_logs()
-            raise
-        c.stop()
-
-
 if __name__ == "__main__":
-    main()
+    run_test(on_cluster(case_dashboard, DashboardCluster), POOL_FLAGS + ("--artifacts",), __doc__)

@@ -23,7 +23,6 @@
     ${VAR} is expanded from jobctl's environment (unset: exit 2), flags work after the
     subcommand, $TRAINYARD_COORDINATOR names the coordinator, and submit --wait exits 1
     with the state of a job cancelled meanwhile."""
-import argparse
 import atexit
 import json
 import os
@@ -32,14 +31,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
-from e2e_common import free_port  # noqa: E402
-
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, run_test  # noqa: E402
+from harness.e2e import free_port  # noqa: E402
 
 
 class Daemon:
@@ -70,7 +66,7 @@ atexit.register(Daemon.kill_the_rest)
 def auth_checks(a, work, jobctl, listing, checks):
     """Run with a coordinator up (its queue already holds jobs): none of these may add one."""
     before = len(listing())
-    job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
+    job = os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")
     empty = os.path.join(work, "no-keys")
     os.makedirs(empty)
     no_keys = jobctl("--keys", empty, "submit", job)
@@ -133,8 +129,8 @@ def startup_checks(a, work, checks):
 def sweep_check(a, work, endpoint, port, jobctl, checks):
     state = os.path.join(work, "sweep.db")
     daemon = Daemon(a.coordinator, state, port)
-    job_id = json.loads(jobctl("--json", "submit", os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")).stdout)[
-        "job_id"]
+    job = os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")
+    job_id = json.loads(jobctl("--json", "submit", job).stdout)["job_id"]
     daemon.kill(signal.SIGTERM)
     with sqlite3.connect(state) as db:  # what a kill between two writes of an attempt used to leave
         db.execute("UPDATE jobs SET state = 'RUNNING', attempts = 1 WHERE id = ?", (job_id,))
@@ -174,9 +170,9 @@ def submit_checks(a, work, endpoint, port, jobctl, checks):
     submit --wait ending with the job."""
     daemon = Daemon(a.coordinator, os.path.join(work, "scripts.db"), port)
     job = os.path.join(work, "vars.yaml")
-    open(job, "w").write(open(os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")).read()
+    open(job, "w").write(open(os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")).read()
                          .replace("../../data", "${DATA_ROOT}").replace("name: langid_tiny", "name: ${JOB_NAME:-plain}"))
-    env = dict(os.environ, DATA_ROOT=os.path.join(SOURCE, "data"), TRAINYARD_COORDINATOR=endpoint)
+    env = dict(os.environ, DATA_ROOT=os.path.join(SOURCE_DIR, "data"), TRAINYARD_COORDINATOR=endpoint)
     env.pop("JOB_NAME", None)
 
     def run(*args, environment=env):
@@ -197,7 +193,7 @@ def submit_checks(a, work, endpoint, port, jobctl, checks):
         plain_status.get("name") == "plain")
     unset = run("submit", job, environment={k: v for k, v in env.items() if k != "DATA_ROOT"})
     bad = run("submit", job, "--set", "train.epochs=many")
-    search = run("submit", os.path.join(SOURCE, "configs", "jobs", "langid_search.yaml"), "--set", "train.lr=1")
+    search = run("submit", os.path.join(SOURCE_DIR, "configs", "jobs", "langid_search.yaml"), "--set", "train.lr=1")
     print("unset variable:", unset.stderr.strip(), "| bad --set:", bad.stderr.strip(), "| search:", search.stderr.strip())
     checks["an unset variable, a bad --set value and --set on a search are exit 2, no row"] = (
         unset.returncode == 2 and "${DATA_ROOT} is not set" in unset.stderr and
@@ -226,7 +222,7 @@ def jobctl_checks(a, work, endpoint, port, jobctl, checks):
     state = os.path.join(work, "small.db")
     # Room for the example job, not for the example padded with 15,000 bytes.
     daemon = Daemon(a.coordinator, state, port, "--max-message-bytes", "16384")
-    job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
+    job = os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")
     # A job goes as it will run (comments dropped): the padding is a value, set at submission.
     too_large = jobctl("submit", job, "--set", "data.text_field=" + "x" * 15000)
     print("oversized request:", too_large.stderr.strip().splitlines()[-1])
@@ -245,11 +241,7 @@ def jobctl_checks(a, work, endpoint, port, jobctl, checks):
     daemon.kill(signal.SIGTERM)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--coordinator", required=True)
-    p.add_argument("--jobctl", required=True)
-    a = p.parse_args()
+def test(a, work):
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     checks = {}
@@ -260,90 +252,89 @@ def main():
 
     def listing():
         r = jobctl("--json", "list")
-        assert r.returncode == 0, r.stderr
+        check(r.returncode == 0, r.stderr)
         return json.loads(r.stdout)
 
-    with tempfile.TemporaryDirectory() as work:
-        os.environ["TRAINYARD_KEYS"] = os.path.join(work, "keys")  # for every coordinator and jobctl below
-        init = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
-        again = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
-        modes = {name: oct(os.stat(os.path.join(work, "keys", name)).st_mode & 0o777)
-                 for name in ("coordinator.key", "worker.key", "client.key", "coordinator.pub")}
-        print("keys:", modes, "| again:", again.stderr.strip())
-        checks["coordinator --init makes 0600 secrets and never overwrites them"] = (
-            init.returncode == 0 and again.returncode == 2 and "never overwritten" in again.stderr and
-            modes == {"coordinator.key": "0o600", "worker.key": "0o600", "client.key": "0o600",
-                      "coordinator.pub": "0o644"})
-        state = os.path.join(work, "state.db")
-        daemon = Daemon(a.coordinator, state, port)
-        job = os.path.join(SOURCE, "configs", "jobs", "langid_tiny.yaml")
-        first = jobctl("submit", job, "--key", "same-key")
-        again = jobctl("submit", job, "--key", "same-key")
-        checks["duplicate key makes one job"] = (first.stdout == again.stdout and len(listing()) == 1)
-        auth_checks(a, work, jobctl, listing, checks)
+    os.environ["TRAINYARD_KEYS"] = os.path.join(work, "keys")  # for every coordinator and jobctl below
+    init = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
+    again = subprocess.run([a.coordinator, "--init"], capture_output=True, text=True, timeout=10)
+    modes = {name: oct(os.stat(os.path.join(work, "keys", name)).st_mode & 0o777)
+             for name in ("coordinator.key", "worker.key", "client.key", "coordinator.pub")}
+    print("keys:", modes, "| again:", again.stderr.strip())
+    checks["coordinator --init makes 0600 secrets and never overwrites them"] = (
+        init.returncode == 0 and again.returncode == 2 and "never overwritten" in again.stderr and
+        modes == {"coordinator.key": "0o600", "worker.key": "0o600", "client.key": "0o600",
+                  "coordinator.pub": "0o644"})
+    state = os.path.join(work, "state.db")
+    daemon = Daemon(a.coordinator, state, port)
+    job = os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")
+    first = jobctl("submit", job, "--key", "same-key")
+    again = jobctl("submit", job, "--key", "same-key")
+    checks["duplicate key makes one job"] = (first.stdout == again.stdout and len(listing()) == 1)
+    auth_checks(a, work, jobctl, listing, checks)
 
-        bad = os.path.join(work, "bad.yaml")
-        text = open(job).read().replace("../../data", os.path.join(SOURCE, "data"))
-        open(bad, "w").write(text.replace("  preset: tiny", "  presett: tiny"))
-        rejected = jobctl("submit", bad)
-        print("bad job:", rejected.stderr.strip())
-        checks["bad job rejected with file:line, no row"] = (
-            rejected.returncode == 2 and f"{bad}:" in rejected.stderr and "model.presett: unknown key" in rejected.stderr
-            and len(listing()) == 1)
-        malformed = os.path.join(work, "malformed.yaml")
-        open(malformed, "w").write("name: [unclosed\n")
-        checks["malformed job rejected"] = jobctl("submit", malformed).returncode == 2 and len(listing()) == 1
+    bad = os.path.join(work, "bad.yaml")
+    text = open(job).read().replace("../../data", os.path.join(SOURCE_DIR, "data"))
+    open(bad, "w").write(text.replace("  preset: tiny", "  presett: tiny"))
+    rejected = jobctl("submit", bad)
+    print("bad job:", rejected.stderr.strip())
+    checks["bad job rejected with file:line, no row"] = (
+        rejected.returncode == 2 and f"{bad}:" in rejected.stderr and "model.presett: unknown key" in rejected.stderr
+        and len(listing()) == 1)
+    malformed = os.path.join(work, "malformed.yaml")
+    open(malformed, "w").write("name: [unclosed\n")
+    checks["malformed job rejected"] = jobctl("submit", malformed).returncode == 2 and len(listing()) == 1
 
-        for name in ("benchmark_grid.yaml", "train_step_bench.yaml"):
-            jobctl("submit", os.path.join(SOURCE, "configs", "jobs", name))
-        cancelled = jobctl("--json", "cancel", "2")
-        checks["cancel a queued job"] = json.loads(cancelled.stdout)["state"] == "CANCELLED"
-        before = listing()
-        daemon.kill(signal.SIGKILL)
-        time.sleep(1.0)
-        daemon = Daemon(a.coordinator, state, port)
-        after = listing()
-        print("queue before kill -9:", [(j["id"], j["name"], j["state"]) for j in before])
-        print("queue after restart: ", [(j["id"], j["name"], j["state"]) for j in after])
-        # "waiting" is the scheduler's live explanation, not stored state: a restarted
-        # coordinator says "not yet considered" until its first pass, which may come after
-        # this listing.
-        def stored(jobs):
-            return [{k: v for k, v in j.items() if k != "waiting"} for j in jobs]
-        checks["queue identical after kill -9 and restart"] = stored(before) == stored(after) and len(after) == 3
-        daemon.kill(signal.SIGTERM)
+    for name in ("benchmark_grid.yaml", "train_step_bench.yaml"):
+        jobctl("submit", os.path.join(SOURCE_DIR, "configs", "jobs", name))
+    cancelled = jobctl("--json", "cancel", "2")
+    checks["cancel a queued job"] = json.loads(cancelled.stdout)["state"] == "CANCELLED"
+    before = listing()
+    daemon.kill(signal.SIGKILL)
+    time.sleep(1.0)
+    daemon = Daemon(a.coordinator, state, port)
+    after = listing()
+    print("queue before kill -9:", [(j["id"], j["name"], j["state"]) for j in before])
+    print("queue after restart: ", [(j["id"], j["name"], j["state"]) for j in after])
+    # "waiting" is the scheduler's live explanation, not stored state: a restarted
+    # coordinator says "not yet considered" until its first pass, which may come after
+    # this listing.
+    def stored(jobs):
+        return [{k: v for k, v in j.items() if k != "waiting"} for j in jobs]
+    checks["queue identical after kill -9 and restart"] = stored(before) == stored(after) and len(after) == 3
+    daemon.kill(signal.SIGTERM)
 
-        start = time.time()
-        lost = subprocess.run([a.jobctl, "--coordinator", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.3",
-                               "--retries", "2", "list"], capture_output=True, text=True, timeout=30)
-        print("unreachable:", lost.stderr.strip().splitlines()[-1], f"({time.time() - start:.1f} s)")
-        checks["unreachable coordinator is a clear error"] = (lost.returncode == 1 and "did not answer" in lost.stderr
-                                                             and time.time() - start < 5)
-        malformed = subprocess.run([a.jobctl, "--coordinator", "127.0.0.1:5555", "list"], capture_output=True,
-                                   text=True, timeout=30)
-        checks["a malformed endpoint is bad input"] = (malformed.returncode == 2 and
-                                                       "not a usable ZeroMQ endpoint" in malformed.stderr)
+    start = time.time()
+    lost = subprocess.run([a.jobctl, "--coordinator", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.3",
+                           "--retries", "2", "list"], capture_output=True, text=True, timeout=30)
+    print("unreachable:", lost.stderr.strip().splitlines()[-1], f"({time.time() - start:.1f} s)")
+    checks["unreachable coordinator is a clear error"] = (lost.returncode == 1 and "did not answer" in lost.stderr
+                                                         and time.time() - start < 5)
+    malformed = subprocess.run([a.jobctl, "--coordinator", "127.0.0.1:5555", "list"], capture_output=True,
+                               text=True, timeout=30)
+    checks["a malformed endpoint is bad input"] = (malformed.returncode == 2 and
+                                                   "not a usable ZeroMQ endpoint" in malformed.stderr)
 
-        corrupt = os.path.join(work, "corrupt.db")
-        open(corrupt, "wb").write(b"x" * 8192)
-        refused = subprocess.run([a.coordinator, "--listen", f"tcp://127.0.0.1:{free_port()}", "--state", corrupt],
-                                 capture_output=True, text=True, timeout=10)
-        fresh = Daemon(a.coordinator, corrupt, port, "--fresh")
-        time.sleep(0.3)
-        checks["corrupt database refused unless --fresh"] = (
-            refused.returncode == 2 and "corrupt" in refused.stderr and listing() == [])
-        fresh.kill(signal.SIGTERM)
+    corrupt = os.path.join(work, "corrupt.db")
+    open(corrupt, "wb").write(b"x" * 8192)
+    refused = subprocess.run([a.coordinator, "--listen", f"tcp://127.0.0.1:{free_port()}", "--state", corrupt],
+                             capture_output=True, text=True, timeout=10)
+    fresh = Daemon(a.coordinator, corrupt, port, "--fresh")
+    time.sleep(0.3)
+    checks["corrupt database refused unless --fresh"] = (
+        refused.returncode == 2 and "corrupt" in refused.stderr and listing() == [])
+    fresh.kill(signal.SIGTERM)
 
-        startup_checks(a, work, checks)
-        sweep_check(a, work, endpoint, port, jobctl, checks)
-        submission_caps(a, work, endpoint, port, jobctl, listing, checks)
-        jobctl_checks(a, work, endpoint, port, jobctl, checks)
-        submit_checks(a, work, endpoint, port, jobctl, checks)
+    startup_checks(a, work, checks)
+    sweep_check(a, work, endpoint, port, jobctl, checks)
+    submission_caps(a, work, endpoint, port, jobctl, listing, checks)
+    jobctl_checks(a, work, endpoint, port, jobctl, checks)
+    submit_checks(a, work, endpoint, port, jobctl, checks)
 
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    sys.exit(0 if all(checks.values()) else 1)
+    check(all(checks.values()), f"failed: {[name for name, ok in checks.items() if not ok]}")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--coordinator", "--jobctl"), __doc__)

@@ -39,152 +39,19 @@ Cases:
   gpu               a 2-rank pool on one GPU (labelled gpu; exit 77 without one) runs a
                     CUDA job end to end over the MPI backend, and its losses equal a
                     standalone run's."""
-import argparse
-import csv
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
-import e2e_common  # noqa: E402
-from e2e_common import LANGID, MPI_ENV, free_port, wait_for  # noqa: E402
-
-
-class Cluster:
-    """One coordinator and its pools, in a scratch folder."""
-
-    def __init__(self, args, work):
-        self.args, self.work = args, work
-        self.port = free_port()
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.state = os.path.join(work, "state.db")
-        self.runs = os.path.join(work, "runs")
-        self.keys = os.path.join(work, "keys")
-        subprocess.run([args.coordinator, "--init", "--keys", self.keys], check=True, capture_output=True)
-        self.coordinator = None
-        self.pool = None
-        self.agents = []
-        self.logs = []
-
-    def start(self, ranks):
-        self.start_coordinator()
-        self.start_pool(ranks)
-
-    def start_coordinator(self):
-        log = open(os.path.join(self.work, f"coordinator-{len(self.logs)}.log"), "w")
-        self.logs.append(log.name)
-        self.coordinator = subprocess.Popen(
-            [self.args.coordinator, "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
-             "--keys", self.keys,
-             "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1"],
-            stdout=log, stderr=subprocess.STDOUT)
-
-    AGENT_FLAGS = ["--heartbeat", "0.5", "--liveness", "4"]
-
-    def start_pool(self, ranks, mpirun_flags=(), env=None):
-        """`ranks` agents started by one mpirun."""
-        log = open(os.path.join(self.work, f"pool-{len(self.logs)}.log"), "w")
-        self.logs.append(log.name)
-        self.pool = subprocess.Popen(
-            [self.args.mpirun, *mpirun_flags, "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
-             self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys, *self.AGENT_FLAGS],
-            stdout=log, stderr=subprocess.STDOUT, env=env or MPI_ENV, start_new_session=True)
-        wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
-
-    def start_agent(self, *flags, env=None):
-        """One agent started alone, as a service manager would: no mpirun."""
-        log = open(os.path.join(self.work, f"agent-{len(self.logs)}.log"), "w")
-        self.logs.append(log.name)
-        agent = subprocess.Popen([self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys,
-                                  *self.AGENT_FLAGS, *flags],
-                                 stdout=log, stderr=subprocess.STDOUT, env=env or MPI_ENV, start_new_session=True)
-        self.agents.append(agent)
-        return agent
-
-    def stop(self):
-        for process in [self.pool] + self.agents:
-            if process and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-        if self.coordinator and self.coordinator.poll() is None:
-            self.coordinator.send_signal(signal.SIGTERM)
-            self.coordinator.wait(timeout=10)
-
-    def jobctl(self, *args, cwd=None):
-        r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.keys, "--timeout", "3",
-                            "--json", *args],
-                           capture_output=True, text=True, timeout=60, cwd=cwd)
-        assert r.returncode == 0, f"jobctl {' '.join(args)}: {r.stderr}"
-        return json.loads(r.stdout)
-
-    def workers(self):
-        try:
-            return self.jobctl("workers")
-        except AssertionError:
-            return []
-
-    def submit(self, path):
-        return self.jobctl("submit", path)["job_id"]
-
-    def job(self, job_id):
-        return self.jobctl("status", str(job_id))
-
-    def wait_state(self, job_id, states, timeout):
-        return wait_for(lambda: (lambda j: j if j["state"] in states else None)(self.job(job_id)), timeout,
-                        f"job {job_id} to reach {states}")
-
-    def epochs_done(self, job_id):
-        return len(self.jobctl("report", str(job_id))["epochs"])
-
-    def dump_logs(self):
-        for name in self.logs:
-            with open(name, encoding="utf-8", errors="replace") as f:
-                print(f"--- {os.path.basename(name)} (last 40 lines)\n" + "".join(f.readlines()[-40:]))
-
-
-def write_job(folder, name, epochs, examples=300, max_restarts=0, device="cpu", pause_ms=0):
-    """A 2-rank langid job; `pause_ms` pauses it after each step (debug.step_pause_ms), for
-    a job that must still be running after a given time however fast the CPU. Written
-    once: rewriting it would race with jobs already reading it."""
-    train = os.path.join(folder, f"train_{examples}.tsv")
-    if not os.path.exists(train):
-        e2e_common.subset_tsv(folder, examples)
-    extra = f"""train:
-  epochs: {epochs}
-  batch_size: 16
-resources:
-  ranks: 2
-  max_restarts: {max_restarts}
-  device: {"cuda" if device == "cuda" else "any"}
-"""
-    if pause_ms:
-        extra += f"debug:\n  step_pause_ms: {pause_ms}\n"
-    if device == "cuda":  # two ranks share the one GPU, which NCCL does not allow
-        extra += "distributed:\n  backend: mpi\n"
-    return e2e_common.write(os.path.join(folder, f"{name}.yaml"),
-                            e2e_common.job_yaml(name, train, extra, device=device))
-
-
-def epoch_column(path):
-    with open(path, encoding="utf-8") as f:
-        return [int(row["epoch"]) for row in csv.DictReader(f)]
-
-
-def final_losses_of_standalone_run(c, work, job_file, name):
-    runs = os.path.join(work, "standalone")
-    r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
-                        job_file, "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=300)
-    assert r.returncode == 0, r.stderr
-    with open(os.path.join(runs, name, "summary.json")) as f:
-        return json.load(f)["final"]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case, skip  # noqa: E402
+from harness.e2e import LANGID, require_cuda, wait_for  # noqa: E402
+from harness.pool import (POOL_FLAGS, epoch_column, final_losses_of_standalone_run, job_processes,  # noqa: E402
+                          on_cluster, write_job)
 
 
 def case_gang(c, work):
@@ -192,60 +59,29 @@ def case_gang(c, work):
     jobs = [c.submit(write_job(work, f"gang{i}", epochs=3)) for i in range(3)]
     peak = wait_for(lambda: (lambda s: s if s.count("RUNNING") == 2 else None)(
         [c.job(j)["state"] for j in jobs]), 60, "two jobs running at once")
-    assert peak.count("QUEUED") == 1, peak
+    check(peak.count("QUEUED") == 1, peak)
     for j in jobs:
         c.wait_state(j, {"SUCCEEDED", "FAILED"}, 240)
     reports = [c.jobctl("report", str(j)) for j in jobs]
     for r in reports:
-        assert r["state"] == "SUCCEEDED", r
-        assert len(r["attempts"]) == 1, r
+        check(r["state"] == "SUCCEEDED", r)
+        check(len(r["attempts"]) == 1, r)
         attempt_dir = os.path.join(c.runs, str(r["id"]), "attempt-1")
-        assert epoch_column(os.path.join(attempt_dir, "epochs.csv")) == [1, 2, 3]
+        epochs = epoch_column(os.path.join(attempt_dir, "epochs.csv"))
+        check(epochs == [1, 2, 3], epochs)
         with open(os.path.join(attempt_dir, "summary.json")) as f:
-            assert json.load(f)["status"] == "succeeded"
+            status = json.load(f)["status"]
+        check(status == "succeeded", f"job {r['id']}'s summary.json: {status}")
     starts = sorted((r["attempts"][0]["started_at"], r["attempts"][0]["ended_at"]) for r in reports)
     # The third job started only once one of the first two had ended.
-    assert starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts
+    check(starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts)
     # The pool runs a job through the same code as standalone mode: same losses, bit for bit.
     standalone = final_losses_of_standalone_run(c, work, os.path.join(work, "gang0.yaml"), "gang0")
     with open(os.path.join(c.runs, str(jobs[0]), "summary.json")) as f:
         pooled = json.load(f)["final"]
-    assert pooled == standalone, (pooled, standalone)
+    check(pooled == standalone, (pooled, standalone))
     print("gang: 2 of 3 jobs ran at once on 4 ranks, the third followed; all succeeded with 3 epoch rows each; "
           f"the pool's losses equal a standalone run's exactly ({pooled})")
-
-
-def descends_from(pid, root):
-    while pid > 1:
-        if pid == root:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
-
-
-def job_processes(worker, pool_pid):
-    """{job rank: pid} of the running job processes (a lead agent's mpirun of `worker --pool-job`)
-    under this cluster's pool only: other tests' pools may run at the same time."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if os.fsencode(worker) not in argv or b"--pool-job" not in argv:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            if descends_from(int(entry), pool_pid):
-                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
-        except (OSError, KeyError, ValueError):
-            continue
-    return found
 
 
 def agents(c):
@@ -263,19 +99,20 @@ def case_rank_kill(c, work):
         c.job(job)), 30, "attempt 1 to end")
     report = c.jobctl("report", str(job))
     reason = report["attempts"][0]["outcome"]
-    assert "job rank 1" in reason and "SIGKILL" in reason and str(victim) in reason, (reason, ended)
+    check("job rank 1" in reason and "SIGKILL" in reason and str(victim) in reason, (reason, ended))
     final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
-    assert final["state"] == "SUCCEEDED", final
+    check(final["state"] == "SUCCEEDED", final)
     report = c.jobctl("report", str(job))
-    assert [a["attempt"] for a in report["attempts"]] == [1, 2], report["attempts"]
-    assert "signal 9 (SIGKILL)" in report["attempts"][0]["outcome"], report["attempts"][0]
-    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == [1, 2, 3, 4, 5, 6]
+    check([a["attempt"] for a in report["attempts"]] == [1, 2], report["attempts"])
+    check("signal 9 (SIGKILL)" in report["attempts"][0]["outcome"], report["attempts"][0])
+    epochs = epoch_column(os.path.join(c.runs, str(job), "epochs.csv"))
+    check(epochs == [1, 2, 3, 4, 5, 6], epochs)
     first = epoch_column(os.path.join(c.runs, str(job), "attempt-1", "epochs.csv"))
     second = epoch_column(os.path.join(c.runs, str(job), "attempt-2", "epochs.csv"))
-    assert first and second and max(first) < min(second) and sorted(first + second) == [1, 2, 3, 4, 5, 6], \
-        (first, second)
-    assert any("resum" in e for e in report["events"]), report["events"]
-    assert c.pool.poll() is None and agents(c) == before, (before, agents(c))
+    check(first and second and max(first) < min(second) and sorted(first + second) == [1, 2, 3, 4, 5, 6],
+          (first, second))
+    check(any("resum" in e for e in report["events"]), report["events"])
+    check(c.pool.poll() is None and agents(c) == before, (before, agents(c)))
     print(f"rank_kill: attempt 1 failed with '{reason}'; attempt 2 resumed at epoch {min(second)} on the same, "
           f"unrestarted pool; epochs {first} + {second}, each once")
 
@@ -294,19 +131,20 @@ def case_isolation(c, work):
     with open(checkpoints, "w") as f:
         f.write("not a folder\n")
     failed = c.wait_state(doomed, {"FAILED", "SUCCEEDED"}, 120)
-    assert failed["state"] == "FAILED" and "checkpoints" in failed["reason"], failed
-    assert c.job(bystander)["state"] == "RUNNING", c.job(bystander)
+    check(failed["state"] == "FAILED" and "checkpoints" in failed["reason"], failed)
+    check(c.job(bystander)["state"] == "RUNNING", c.job(bystander))
     done = c.wait_state(bystander, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
-    assert done["state"] == "SUCCEEDED" and done["attempts"] == 1, done
-    assert epoch_column(os.path.join(c.runs, str(bystander), "epochs.csv")) == [1, 2, 3, 4, 5]
-    assert c.pool.poll() is None and agents(c) == before, (before, agents(c))
+    check(done["state"] == "SUCCEEDED" and done["attempts"] == 1, done)
+    epochs = epoch_column(os.path.join(c.runs, str(bystander), "epochs.csv"))
+    check(epochs == [1, 2, 3, 4, 5], epochs)
+    check(c.pool.poll() is None and agents(c) == before, (before, agents(c)))
     # submit --wait returns when the job ends: exit 0, the final status as its last line
     after = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "submit",
                             write_job(work, "after", epochs=1), "--wait", "--json"],
                            capture_output=True, text=True, timeout=180)
-    assert after.returncode == 0 and json.loads(after.stdout.splitlines()[-1])["state"] == "SUCCEEDED", \
-        (after.returncode, after.stdout, after.stderr)
-    assert agents(c) == before, (before, agents(c))
+    check(after.returncode == 0 and json.loads(after.stdout.splitlines()[-1])["state"] == "SUCCEEDED",
+          (after.returncode, after.stdout, after.stderr))
+    check(agents(c) == before, (before, agents(c)))
     print(f"isolation: the failing job ended alone ({failed['reason'][:160]}); the concurrent job succeeded as "
           "attempt 1, and the same pool processes then ran a new job (jobctl submit --wait: exit 0)")
 
@@ -329,20 +167,22 @@ def case_coordinator_kill(c, work):
     time.sleep(5)
     c.start_coordinator()
     after = queue_view(c)
-    assert after == before, (before, after)
+    check(after == before, (before, after))
     final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
-    assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
-    assert any("re-adopted" in e for e in final["events"]), final["events"]
-    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 9))
+    check(final["state"] == "SUCCEEDED" and final["attempts"] == 1, final)
+    check(any("re-adopted" in e for e in final["events"]), final["events"])
+    epochs = epoch_column(os.path.join(c.runs, str(job), "epochs.csv"))
+    check(epochs == list(range(1, 9)), epochs)
     def logs(*flags):
         return subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.keys, "logs", *flags, str(job)],
                               capture_output=True, text=True, timeout=30).stdout.splitlines()
     table, csv_lines, objects = logs(), logs("--csv"), [json.loads(line) for line in logs("--json")]
-    assert table[0].split()[:4] == ["epoch", "time_s", "steps", "ms/step"], table  # the worker's epoch table
-    assert [int(line.split()[0]) for line in table[1:]] == list(range(1, 9)), table
-    assert [int(line.split(",")[0]) for line in csv_lines[1:]] == list(range(1, 9)), csv_lines
-    assert [row["epoch"] for row in objects] == list(range(1, 9)) and objects[0]["steps"] > 0, objects
-    assert c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
+    check(table[0].split()[:4] == ["epoch", "time_s", "steps", "ms/step"], table)  # the worker's epoch table
+    check([int(line.split()[0]) for line in table[1:]] == list(range(1, 9)), table)
+    check([int(line.split(",")[0]) for line in csv_lines[1:]] == list(range(1, 9)), csv_lines)
+    check([row["epoch"] for row in objects] == list(range(1, 9)) and objects[0]["steps"] > 0, objects)
+    ended = c.wait_state(waiting, {"SUCCEEDED", "FAILED"}, 120)
+    check(ended["state"] == "SUCCEEDED", ended)
     print("coordinator_kill: queue identical after the restart; the job was re-adopted as attempt 1 and "
           "logged epochs 1..8 exactly once; the queued job then ran")
 
@@ -352,14 +192,18 @@ def case_cancel(c, work):
     long_job = c.submit(write_job(work, "long", epochs=50))
     queued = c.submit(write_job(work, "next", epochs=1))
     wait_for(lambda: c.epochs_done(long_job) >= 1, 120, "the long job's first epoch")
-    assert c.job(queued)["state"] == "QUEUED"
+    status = c.job(queued)
+    check(status["state"] == "QUEUED", status)
     start = time.time()
-    assert c.jobctl("cancel", str(long_job))["state"] == "CANCELLED"
+    cancelled = c.jobctl("cancel", str(long_job))
+    check(cancelled["state"] == "CANCELLED", cancelled)
     wait_for(lambda: all(w["job_id"] != long_job for w in c.workers()), 15, "the cancelled job's ranks to stop")
     c.wait_state(queued, {"RUNNING", "SUCCEEDED"}, 15)
     freed_s = time.time() - start
-    assert c.wait_state(queued, {"SUCCEEDED", "FAILED"}, 120)["state"] == "SUCCEEDED"
-    assert c.epochs_done(long_job) < 50
+    ended = c.wait_state(queued, {"SUCCEEDED", "FAILED"}, 120)
+    check(ended["state"] == "SUCCEEDED", ended)
+    done = c.epochs_done(long_job)
+    check(done < 50, f"the cancelled job ran all {done} of its epochs")
     print(f"cancel: the running job stopped on both ranks and the queued job started {freed_s:.1f} s after the cancel")
     # Stopping the pool under a running job is not the job's failure: it is requeued
     # without using one of its (zero) restarts.
@@ -368,7 +212,7 @@ def case_cancel(c, work):
     c.pool.send_signal(signal.SIGTERM)
     c.pool.wait(timeout=60)
     job = c.wait_state(third, {"QUEUED", "FAILED"}, 30)
-    assert job["state"] == "QUEUED" and "interrupted" in job["reason"] and "SIGTERM" in job["reason"], job
+    check(job["state"] == "QUEUED" and "interrupted" in job["reason"] and "SIGTERM" in job["reason"], job)
     print(f"cancel: a pool stopped under a running job requeued it: {job['reason']}")
 
 
@@ -382,9 +226,10 @@ def pause(c, work, seconds):
     time.sleep(seconds)
     c.coordinator.send_signal(signal.SIGCONT)
     final = c.wait_state(job, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
-    assert final["state"] == "SUCCEEDED" and final["attempts"] == 1, final
-    assert epoch_column(os.path.join(c.runs, str(job), "epochs.csv")) == list(range(1, 7))
-    assert len(c.workers()) == 2, c.workers()
+    check(final["state"] == "SUCCEEDED" and final["attempts"] == 1, final)
+    epochs = epoch_column(os.path.join(c.runs, str(job), "epochs.csv"))
+    check(epochs == list(range(1, 7)), epochs)
+    check(len(c.workers()) == 2, c.workers())
     print(f"pause: a coordinator stopped for {seconds} s (liveness window 5 s) resumed, and the job succeeded as "
           "attempt 1 on the same two agents")
 
@@ -411,17 +256,18 @@ def case_agent_kill(c, work):
     ended = wait_for(lambda: (lambda r: r if r["attempts"][0]["outcome"] else None)(
         c.jobctl("report", str(victim_job))), 30, "the killed agent's attempt to end")
     outcome = ended["attempts"][0]["outcome"]
-    assert "SIGKILL" in outcome and lead in outcome, outcome
+    check("SIGKILL" in outcome and lead in outcome, outcome)
     done = c.wait_state(bystander, {"SUCCEEDED", "FAILED", "QUEUED"}, 240)
-    assert done["state"] == "SUCCEEDED" and done["attempts"] == 1, done
+    check(done["state"] == "SUCCEEDED" and done["attempts"] == 1, done)
     survivors = {w["world"]: w["pid"] for w in c.workers()}
-    assert survivors == {w: p for w, p in before.items() if w != lead}, (before, survivors)
-    assert c.pool.poll() is None, "the agents' mpirun ended with one agent"
+    check(survivors == {w: p for w, p in before.items() if w != lead}, (before, survivors))
+    check(c.pool.poll() is None, "the agents' mpirun ended with one agent")
     c.start_agent()  # a replacement, started alone
     wait_for(lambda: len(c.workers()) == 4, 60, "the replacement agent to register")
     final = c.wait_state(victim_job, {"SUCCEEDED", "FAILED"}, 240)
-    assert final["state"] == "SUCCEEDED" and final["attempts"] == 2, final
-    assert epoch_column(os.path.join(c.runs, str(victim_job), "epochs.csv")) == [1, 2, 3, 4]
+    check(final["state"] == "SUCCEEDED" and final["attempts"] == 2, final)
+    epochs = epoch_column(os.path.join(c.runs, str(victim_job), "epochs.csv"))
+    check(epochs == [1, 2, 3, 4], epochs)
     print(f"agent_kill: kill -9 of agent {lead} ended only its job's attempt ({outcome[:120]}); the other job "
           "succeeded as attempt 1, the other three agents and their mpirun lived on, and a replacement agent "
           "started alone let the requeued job finish as attempt 2")
@@ -429,15 +275,14 @@ def case_agent_kill(c, work):
 
 def case_root(c, work):
     if os.geteuid() != 0:
-        print("root: skipped (not running as root)")
-        sys.exit(77)
+        skip("root: not running as root")
     plain = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     plain["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
     c.start_coordinator()
     c.start_pool(2, mpirun_flags=["--allow-run-as-root"], env=plain)
     job = c.submit(write_job(work, "as_root", epochs=1))
     final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 180)
-    assert final["state"] == "SUCCEEDED", final
+    check(final["state"] == "SUCCEEDED", final)
     c.pool.send_signal(signal.SIGTERM)
     c.pool.wait(timeout=60)
     wait_for(lambda: not c.workers(), 30, "the pool's agents to leave")
@@ -446,27 +291,27 @@ def case_root(c, work):
     wait_for(lambda: len(c.workers()) == 2, 60, "two agents started alone")
     refused = c.submit(write_job(work, "no_consent", epochs=1))
     failed = c.wait_state(refused, {"SUCCEEDED", "FAILED"}, 120)
-    assert failed["state"] == "FAILED" and "attempt to run as root" in failed["reason"], failed
+    check(failed["state"] == "FAILED" and "attempt to run as root" in failed["reason"], failed)
     print(f"root: agents of `mpirun --allow-run-as-root` ran a job as root; agents without consent failed theirs "
           f"with: {failed['reason'][-120:]}")
 
 
 def case_gpu(c, work):
-    e2e_common.require_cuda()
+    require_cuda()
     c.start(2)
     workers = c.workers()
-    assert all(w["device"] == "cuda" for w in workers), workers
+    check(all(w["device"] == "cuda" for w in workers), workers)
     job_file = write_job(work, "on_gpu", epochs=2, examples=2000, device="cuda")
     job = c.submit(job_file)
     final = c.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
-    assert final["state"] == "SUCCEEDED", final
+    check(final["state"] == "SUCCEEDED", final)
     with open(os.path.join(c.runs, str(job), "summary.json")) as f:
         summary = json.load(f)
-    assert summary["device"].startswith("cuda"), summary
+    check(summary["device"].startswith("cuda"), summary)
     standalone = final_losses_of_standalone_run(c, work, job_file, "on_gpu")
     print(f"gpu: a 2-rank pool on {summary['device']} ran the job; final {summary['final']}; "
           f"standalone {standalone}")
-    assert summary["final"] == standalone, (summary["final"], standalone)
+    check(summary["final"] == standalone, (summary["final"], standalone))
 
 
 def case_serve(c, work):
@@ -493,7 +338,7 @@ runtime: {{device: cpu, threads: 1}}
 serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
 """)
     c.start(1)
-    assert os.path.realpath(os.getcwd()) != os.path.realpath(work)
+    check(os.path.realpath(os.getcwd()) != os.path.realpath(work), f"the test runs in its own work folder {work}")
     job_id = c.jobctl("submit", os.path.basename(job), cwd=work)["job_id"]
     status = wait_for(lambda: (lambda j: j if j.get("endpoints") else None)(c.job(job_id)), 60,
                       "the serve job to list its endpoints")
@@ -503,9 +348,10 @@ serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
     text = thttp.InferInput("TEXT", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"Guten Morgen"], dtype=object))
     label = client.infer("langid", [text]).as_numpy("label")[0]
-    assert label.decode() in labels, label
+    check(label.decode() in labels, label)
     print(f"serve: jobctl status lists {status['endpoints']}; the pool's server answered '{label.decode()}'")
-    assert c.jobctl("cancel", str(job_id))["state"] == "CANCELLED"
+    cancelled = c.jobctl("cancel", str(job_id))
+    check(cancelled["state"] == "CANCELLED", cancelled)
     wait_for(lambda: all(w["job_id"] != job_id for w in c.workers()), 30, "the serve job's rank to stop")
 
     def refused():
@@ -518,23 +364,12 @@ serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
     print("serve: jobctl cancel stopped it")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
-        p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["gang", "rank_kill", "isolation", "coordinator_kill", "cancel", "pause_45",
-                                    "pause_120", "agent_kill", "root", "serve", "gpu"])
-    a = p.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        c = Cluster(a, work)
-        try:
-            globals()[f"case_{a.case}"](c, work)
-        except BaseException:
-            c.stop()
-            c.dump_logs()
-            raise
-        c.stop()
+CASES = {name: on_cluster(case) for name, case in (
+    ("gang", case_gang), ("rank_kill", case_rank_kill), ("isolation", case_isolation),
+    ("coordinator_kill", case_coordinator_kill), ("cancel", case_cancel), ("pause_45", case_pause_45),
+    ("pause_120", case_pause_120), ("agent_kill", case_agent_kill), ("root", case_root), ("serve", case_serve),
+    ("gpu", case_gpu))}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, POOL_FLAGS, __doc__)

@@ -32,27 +32,24 @@ Cases:
          running;
   bad    bad search files are refused by jobctl (exit 2, with file:line) and leave no
          job behind (ServerTest checks the coordinator's own refusal)."""
-import argparse
 import csv
 import math
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
-import e2e_common  # noqa: E402
-from e2e_common import wait_for  # noqa: E402
-from pool_test import Cluster  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import dev_subset, job_yaml, subset_tsv, wait_for, write  # noqa: E402
+from harness.pool import POOL_FLAGS, Cluster, on_cluster  # noqa: E402
 
 TRIALS, ETA, SEED = 12, 3, 11
 EXAMPLES, DEV_EXAMPLES, EPOCHS, RUNGS = 1000, 750, 5, [1, 3]  # --examples, --epochs
 MAX_SEQ_LEN = 32  # --max-seq-len; scripts/bench/search.sh runs 1,500 examples of 64
 MASK = (1 << 64) - 1
-ARGS = None  # the command line, set by main()
+ARGS = None  # the command line, set by with_options()
 
 
 def splitmix_units(seed):
@@ -97,8 +94,8 @@ def asha_decisions(metrics_by_trial, rungs, eta):
 def base_job(work, name="base"):
     train = os.path.join(work, f"train_{EXAMPLES}.tsv")
     if not os.path.exists(train):
-        e2e_common.subset_tsv(work, EXAMPLES)
-    dev = e2e_common.dev_subset(work, DEV_EXAMPLES)  # every language
+        subset_tsv(work, EXAMPLES)
+    dev = dev_subset(work, DEV_EXAMPLES)  # every language
     # A short warm-up: a rung inside the warm-up would judge trials before their
     # learning rates have acted.
     extra = f"""train:
@@ -109,11 +106,11 @@ resources:
   ranks: 2
   max_restarts: 1
 """
-    text = e2e_common.job_yaml(name, train, extra, dev=dev)
+    text = job_yaml(name, train, extra, dev=dev)
     # MAX_SEQ_LEN tokens a text (32 in the test): a language shows in its first words, and
     # the trials take the same steps as at 64 (the benchmark's), for about half the work.
     text = text.replace("max_seq_len: 64", f"max_seq_len: {MAX_SEQ_LEN}")
-    return e2e_common.write(os.path.join(work, f"{name}.yaml"), text)
+    return write(os.path.join(work, f"{name}.yaml"), text)
 
 
 def search_file(work, name, method, params, extra=""):
@@ -127,7 +124,7 @@ search:
   seed: {SEED}
   params:
 {params}{extra}"""
-    return e2e_common.write(os.path.join(work, f"{name}.yaml"), text)
+    return write(os.path.join(work, f"{name}.yaml"), text)
 
 
 def report(c, job):
@@ -177,10 +174,10 @@ def epochs_logged(c, job):
 
 def check_trial_set(rep, rates):
     trials = rep["search"]["trials"]
-    assert len(trials) == TRIALS, trials
+    check(len(trials) == TRIALS, trials)
     for t, rate in zip(trials, rates):
         key, value = t["params"][0].split("=")
-        assert key == "train.lr" and float(value) == rate, (t["params"], rate)
+        check(key == "train.lr" and float(value) == rate, (t["params"], rate))
 
 
 def case_asha(c, work):
@@ -194,25 +191,26 @@ def case_asha(c, work):
     kill_coordinator_mid_search(c, search)
     rep = wait_search(c, search, 900)
     asha_wall = time.time() - started
-    assert rep["state"] == "SUCCEEDED", rep
+    check(rep["state"] == "SUCCEEDED", rep)
     trials = rep["search"]["trials"]
     rates = expected_learning_rates(SEED, TRIALS, 1e-5, 1e-1)
     check_trial_set(rep, rates)
     print("the search drew the 12 learning rates an independent SplitMix64 gives")
 
     jobs = [t["job"] for t in trials]
-    assert len(set(jobs)) == TRIALS and 0 not in jobs, jobs
-    assert len([j for j in c.jobctl("list") if j.get("search") == search]) == TRIALS
+    check(len(set(jobs)) == TRIALS and 0 not in jobs, jobs)
+    listed = [j for j in c.jobctl("list") if j.get("search") == search]
+    check(len(listed) == TRIALS, listed)
     for t in trials:
         logged = epochs_logged(c, t["job"])
         last = t["stopped_at"] or EPOCHS
-        assert logged == sorted(set(logged)), (t, logged)
+        check(logged == sorted(set(logged)), (t, logged))
         if t["trial"] == KILLED_DURING_TRIAL and t["stopped_at"]:
             # No trial waits for a decision: while the coordinator was down this one went on
             # past its rung, and the epochs it finished meanwhile stay logged.
-            assert logged == list(range(1, max(last, len(logged)) + 1)), (t, logged)
+            check(logged == list(range(1, max(last, len(logged)) + 1)), (t, logged))
         else:
-            assert logged == list(range(1, last + 1)), (t, logged)
+            check(logged == list(range(1, last + 1)), (t, logged))
     print("each trial ran as one job; no epoch was logged twice; a stopped trial logged up to its rung "
           f"(trial {KILLED_DURING_TRIAL}, which ran while the coordinator was down, perhaps past it)")
 
@@ -228,23 +226,23 @@ def case_asha(c, work):
         print(f"  trial {t['trial']:2d} lr {float(t['params'][0].split('=')[1]):.2e}: {t['state']:9s} "
               f"stopped at {t['stopped_at']} (expected {expected[t['trial']]}), "
               f"rung metrics {[metrics[t['trial']][r] for r in RUNGS]}")
-    assert got == expected, (got, expected)
-    assert all(t["state"] == "STOPPED" for t in trials if t["stopped_at"]), trials
-    assert all(t["state"] == "SUCCEEDED" for t in trials if not t["stopped_at"]), trials
+    check(got == expected, (got, expected))
+    check(all(t["state"] == "STOPPED" for t in trials if t["stopped_at"]), trials)
+    check(all(t["state"] == "SUCCEEDED" for t in trials if not t["stopped_at"]), trials)
     print("every decision equals ASHA's rule over the trials' own metrics, in trial order")
 
     # The best trial: the best metric of the trials that ran to the end.
     best = trials[rep["search"]["best_trial"] - 1]
-    assert best["best"] == max(t["best"] for t in trials if not t["stopped_at"]), (best, trials)
-    assert os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best
+    check(best["best"] == max(t["best"] for t in trials if not t["stopped_at"]), (best, trials))
+    check(os.path.exists(os.path.join(best["model_dir"], "model.safetensors")), best)
     trained = sum(len(epochs_logged(c, t["job"])) for t in trials)
     # The work ASHA saves, as epochs, which its decisions fix: the test shares the cores
     # with others, so its rank-seconds (scripts/bench/search.sh's figure) are not asserted.
-    assert trained <= 0.5 * TRIALS * EPOCHS, (trained, TRIALS * EPOCHS)
+    check(trained <= 0.5 * TRIALS * EPOCHS, (trained, TRIALS * EPOCHS))
     with open(os.path.join(c.runs, str(search), "search.csv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["trial"]) for r in rows] == list(range(1, TRIALS + 1)), rows
-    assert [int(r["stopped_at"]) for r in rows] == [expected[i] for i in range(1, TRIALS + 1)], rows
+    check([int(r["trial"]) for r in rows] == list(range(1, TRIALS + 1)), rows)
+    check([int(r["stopped_at"]) for r in rows] == [expected[i] for i in range(1, TRIALS + 1)], rows)
     print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f}; the search's wall time "
           f"{asha_wall:.0f} s; it trained {trained} of the full runs' {TRIALS * EPOCHS} epochs; "
           f"{sum(1 for t in trials if t['stopped_at'] == 0)} trials ran to the end")
@@ -262,28 +260,28 @@ def against_full_runs(c, work, trials, rep):
     values = ", ".join(t["params"][0].split("=")[1] for t in stopped)
     grid = wait_search(c, c.submit(search_file(work, "full", "grid", f"    train.lr: {{choice: [{values}]}}\n")),
                        1200)
-    assert grid["state"] == "SUCCEEDED", grid
+    check(grid["state"] == "SUCCEEDED", grid)
     full_of = {t["trial"]: t for t in trials if not t["stopped_at"]}
     for t, ran in zip(stopped, grid["search"]["trials"]):
-        assert ran["params"] == t["params"] and ran["state"] == "SUCCEEDED", (t, ran)
+        check(ran["params"] == t["params"] and ran["state"] == "SUCCEEDED", (t, ran))
         full_of[t["trial"]] = ran
     for t in full_of.values():
-        assert epochs_logged(c, t["job"]) == list(range(1, EPOCHS + 1)), t
+        check(epochs_logged(c, t["job"]) == list(range(1, EPOCHS + 1)), t)
     # The metric the search judged at each rung equals the full run's there.
     for t in stopped:
         for rung in RUNGS:
             if rung <= t["stopped_at"]:
-                assert metric_at(c, t["job"], rung) == metric_at(c, full_of[t["trial"]]["job"], rung), (t, rung)
+                check(metric_at(c, t["job"], rung) == metric_at(c, full_of[t["trial"]]["job"], rung), (t, rung))
     final = {n: t["best"] for n, t in full_of.items()}  # the best of each full run's epochs
     best_full = max(final.values())
     # Hopeless: a full run that never reaches half the best accuracy. The first trial at a
     # rung always goes on (Note [ASHA]); every later hopeless trial stops early.
     hopeless = [t for t in trials if final[t["trial"]] < 0.5 * best_full]
-    assert hopeless, final
+    check(hopeless, final)
     for t in hopeless:
-        assert t["trial"] == 1 or t["stopped_at"] > 0, (t, final)
+        check(t["trial"] == 1 or t["stopped_at"] > 0, (t, final))
     best = trials[rep["search"]["best_trial"] - 1]
-    assert best["best"] >= best_full - 0.005, (best, best_full)
+    check(best["best"] >= best_full - 0.005, (best, best_full))
     ours = rank_seconds(rep)
     theirs = sum(t["rank_seconds"] for t in full_of.values())
     print(f"figures: best trial {best['trial']} eval_acc {best['best']:.4f} against the full runs' best "
@@ -304,7 +302,7 @@ def record_full_runs(c, trials, full_of, path):
         with open(os.path.join(c.runs, str(full_of[t["trial"]]["job"]), "epochs.csv"), encoding="utf-8") as f:
             for row in csv.DictReader(f):
                 rows.append(f"{t['trial']},{t['params'][0].split('=')[1]},{row['epoch']},{row['eval_acc']}\n")
-    e2e_common.write(path, "".join(rows))
+    write(path, "".join(rows))
     print(f"recorded the full runs' metrics in {path}")
 
 
@@ -330,8 +328,8 @@ def case_draws(c, work):
         want = [math.exp(math.log(1e-5) + u[0] * math.log(1e4)), 1 + math.floor(u[1] * 9),
                 ["8", "16", "32"][math.floor(u[2] * 3)], u[3] * 0.2]
         got = [value.split("=")[1] for value in t["params"]]
-        assert float(got[0]) == want[0] and int(got[1]) == want[1] and got[2] == want[2] and \
-            float(got[3]) == want[3], (got, want)
+        check(float(got[0]) == want[0] and int(got[1]) == want[1] and got[2] == want[2] and
+              float(got[3]) == want[3], (got, want))
     print("the random search drew the 5 trials an independent SplitMix64 gives")
     params = "    train.lr: {choice: [1.0e-3, 3.0e-3]}\n    seed: {int_uniform: [1, 3]}\n"
     grid = c.submit(search_file(work, "grid", "grid", params))
@@ -339,17 +337,17 @@ def case_draws(c, work):
     rep = report(c, grid)
     got = [t["params"] for t in rep["search"]["trials"]]
     want = [[f"train.lr={lr}", f"seed={seed}"] for lr in ("1.0e-3", "3.0e-3") for seed in (1, 2, 3)]
-    assert got == want, got
+    check(got == want, got)
     print("the grid is the product of its values, the last parameter fastest")
     first = wait_for(lambda: report(c, grid)["search"]["trials"][0]["state"] == "RUNNING", 60, "trial 1 to run")
-    assert first
+    check(first, "trial 1 of the grid runs")
     cancelled = c.jobctl("cancel", str(grid))
-    assert cancelled["state"] == "CANCELLED", cancelled
+    check(cancelled["state"] == "CANCELLED", cancelled)
     rep = report(c, grid)
     states = [t["state"] for t in rep["search"]["trials"]]
-    assert states[0] == "CANCELLED" and all(s == "PENDING" for s in states[1:]), states
+    check(states[0] == "CANCELLED" and all(s == "PENDING" for s in states[1:]), states)
     time.sleep(3)  # nothing more is submitted
-    assert len([j for j in c.jobctl("list") if j.get("search") == grid]) == 1, c.jobctl("list")
+    check(len([j for j in c.jobctl("list") if j.get("search") == grid]) == 1, c.jobctl("list"))
     wait_for(lambda: all(w["job_id"] == 0 for w in c.workers()), 60, "the pool to be idle")
     print("cancelling the search cancelled its running trial and submitted no other")
 
@@ -377,12 +375,12 @@ def case_bad(c, work):
     base_job(work)
     wait_for(lambda: c.jobctl("list") == [], 30, "the coordinator")
     for i, (section, message) in enumerate(BAD):
-        path = e2e_common.write(os.path.join(work, f"bad{i}.yaml"),
-                                f"name: bad{i}\nkind: search\nbase: base.yaml\nsearch:\n  {section}")
+        path = write(os.path.join(work, f"bad{i}.yaml"),
+                     f"name: bad{i}\nkind: search\nbase: base.yaml\nsearch:\n  {section}")
         r = c.run_jobctl_raw("submit", path)
-        assert r.returncode == 2 and path + ":" in r.stderr and message in r.stderr, (section, r.stderr)
+        check(r.returncode == 2 and path + ":" in r.stderr and message in r.stderr, (section, r.stderr))
         print(f"jobctl refused bad{i}: {r.stderr.strip().splitlines()[-1]}")
-    assert c.jobctl("list") == [], "a refused search left a job behind"
+    check(c.jobctl("list") == [], "a refused search left a job behind")
 
 
 class SearchCluster(Cluster):
@@ -391,11 +389,8 @@ class SearchCluster(Cluster):
                                "3", *args], capture_output=True, text=True, timeout=60)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
-        p.add_argument(flag, required=True)
-    p.add_argument("case", choices=["asha", "draws", "bad"])
+def options(p):
+    """The asha case's own options (scripts/bench/search.sh sets them)."""
     p.add_argument("--examples", type=int, default=EXAMPLES, help="the trials' training examples")
     p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="the trials' data.max_seq_len")
     p.add_argument("--epochs", type=int, default=EPOCHS, choices=range(4, 10), metavar="4..9",
@@ -403,23 +398,22 @@ def main():
     p.add_argument("--reference", action="store_true",
                    help="asha: then run every trial to the end and check the decisions against those runs")
     p.add_argument("--record", metavar="CSV", help="asha --reference: write the full runs' metrics there")
-    a = p.parse_args()
-    if a.record and not a.reference:
-        p.error("--record needs --reference")
-    globals()["MAX_SEQ_LEN"] = a.max_seq_len
-    globals()["EXAMPLES"] = a.examples
-    globals()["EPOCHS"] = a.epochs
-    globals()["ARGS"] = a
-    with tempfile.TemporaryDirectory() as work:
-        c = SearchCluster(a, work)
-        try:
-            globals()[f"case_{a.case}"](c, work)
-        except BaseException:
-            c.stop()
-            c.dump_logs()
-            raise
-        c.stop()
+
+
+def with_options(case):
+    """`case`, run on a SearchCluster with the settings of the command line's options."""
+    def run(args, work):
+        check(args.reference or not args.record, "--record needs --reference")
+        globals()["MAX_SEQ_LEN"] = args.max_seq_len
+        globals()["EXAMPLES"] = args.examples
+        globals()["EPOCHS"] = args.epochs
+        globals()["ARGS"] = args
+        on_cluster(case, SearchCluster)(args, work)
+    return run
+
+
+CASES = {"asha": with_options(case_asha), "draws": with_options(case_draws), "bad": with_options(case_bad)}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, POOL_FLAGS, __doc__, options)

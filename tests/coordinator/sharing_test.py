@@ -27,21 +27,19 @@ Cases:
   owners       jobs belong to the key's user whatever jobctl says; bob cannot cancel
                alice's job (jobctl exits 2, nothing changes), an admin can, and
                --user-max-queued refuses a submission with exit 2."""
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker"))
-import e2e_common  # noqa: E402
-from e2e_common import wait_for  # noqa: E402
-from pool_test import Cluster, epoch_column, final_losses_of_standalone_run, job_processes  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import job_yaml, subset_tsv, wait_for, write  # noqa: E402
+from harness.pool import (POOL_FLAGS, Cluster, epoch_column, final_losses_of_standalone_run,  # noqa: E402
+                          job_processes, on_cluster)
 
 
 class SharedCluster(Cluster):
@@ -70,14 +68,14 @@ class SharedCluster(Cluster):
 
     def as_user(self, user, *args):
         r = self.run_jobctl(user, *args)
-        assert r.returncode == 0, f"jobctl {' '.join(args)} as {user}: {r.stderr}"
+        check(r.returncode == 0, f"jobctl {' '.join(args)} as {user}: {r.stderr}")
         return json.loads(r.stdout)
 
 
 def write_job(folder, name, epochs, examples=300, priority=0, ranks=2, extra="", preemptible=True):
     train = os.path.join(folder, f"train_{examples}.tsv")
     if not os.path.exists(train):
-        e2e_common.subset_tsv(folder, examples)
+        subset_tsv(folder, examples)
     resources = f"""train:
   epochs: {epochs}
   batch_size: 16
@@ -87,7 +85,7 @@ def write_job(folder, name, epochs, examples=300, priority=0, ranks=2, extra="",
   priority: {priority}
   preemptible: {"true" if preemptible else "false"}
 """
-    return e2e_common.write(os.path.join(folder, f"{name}.yaml"), e2e_common.job_yaml(name, train, resources))
+    return write(os.path.join(folder, f"{name}.yaml"), job_yaml(name, train, resources))
 
 
 def events(c, job):
@@ -110,13 +108,14 @@ def start_victim(c, work, **job):
 
 def check_resumed_like_uninterrupted(c, work, victim, job_file, name, epochs):
     report = c.jobctl("report", str(victim))
-    assert report["state"] == "SUCCEEDED", report
-    assert [a["attempt"] for a in report["attempts"]] == [1, 2], report["attempts"]
-    assert report["attempts"][0]["outcome"].startswith("interrupted: preempted by job"), report["attempts"][0]
-    assert epoch_column(os.path.join(c.runs, str(victim), "epochs.csv")) == list(range(1, epochs + 1))
+    check(report["state"] == "SUCCEEDED", report)
+    check([a["attempt"] for a in report["attempts"]] == [1, 2], report["attempts"])
+    check(report["attempts"][0]["outcome"].startswith("interrupted: preempted by job"), report["attempts"][0])
+    logged = epoch_column(os.path.join(c.runs, str(victim), "epochs.csv"))
+    check(logged == list(range(1, epochs + 1)), logged)
     reference = final_losses_of_standalone_run(c, work, job_file, name)
     got = final_losses(c, victim)
-    assert got == reference, (got, reference)
+    check(got == reference, (got, reference))
     print(f"the resumed victim's final losses equal an uninterrupted standalone run's exactly ({got})")
 
 
@@ -128,16 +127,17 @@ def case_preempt(c, work):
     wait_for(lambda: c.job(urgent)["state"] == "RUNNING", 60, "the urgent job to start")
     freed = time.time()
     status = c.job(victim)
-    assert status["state"] == "QUEUED", status
+    check(status["state"] == "QUEUED", status)
     said = [e for e in status["events"] if "preempted" in e]
-    assert any(e.startswith("preempted by job %d (priority 10)" % urgent) for e in said), status["events"]
-    assert any("checkpoint of step" in e and "not counted as a restart" in e for e in said), status["events"]
+    check(any(e.startswith("preempted by job %d (priority 10)" % urgent) for e in said), status["events"])
+    check(any("checkpoint of step" in e and "not counted as a restart" in e for e in said), status["events"])
     print(f"preempt: from the urgent job's submission to its start: {freed - asked:.1f} s")
     print("preempt: " + next(e for e in said if "checkpoint of step" in e))
-    assert status["waiting"].startswith("Priority: behind") or status["waiting"].startswith("Resources"), status
+    check(status["waiting"].startswith("Priority: behind") or status["waiting"].startswith("Resources"), status)
     c.wait_state(urgent, {"SUCCEEDED", "FAILED"}, 240)
-    assert c.job(urgent)["state"] == "SUCCEEDED"
-    assert not any("preempted" in e for e in events(c, urgent)), events(c, urgent)
+    status = c.job(urgent)
+    check(status["state"] == "SUCCEEDED", status)
+    check(not any("preempted" in e for e in events(c, urgent)), events(c, urgent))
     c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 300)
     check_resumed_like_uninterrupted(c, work, victim, victim_file, "victim", 3)
 
@@ -152,7 +152,7 @@ def case_last_step(c, work):
     c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 240)
     interrupted = [e for e in events(c, victim) if "interrupted: preempted" in e]
     print("last_step: " + (interrupted[0] if interrupted else "the victim ended before the preemption reached it"))
-    assert interrupted, events(c, victim)
+    check(interrupted, events(c, victim))
     check_resumed_like_uninterrupted(c, work, victim, victim_file, "victim", 1)
 
 
@@ -185,9 +185,9 @@ def case_grace(c, work):
         thawed.set()
         freezer.join()
     print(f"grace: the frozen victim's slots were free {waited:.1f} s after the preemption (--preempt-grace 8)")
-    assert waited >= 8, waited
+    check(waited >= 8, waited)
     said = [e for e in events(c, victim) if "interrupted" in e]
-    assert said and "it did not stop with a checkpoint" in said[-1], events(c, victim)
+    check(said and "it did not stop with a checkpoint" in said[-1], events(c, victim))
     c.wait_state(urgent, {"SUCCEEDED", "FAILED"}, 240)
     c.wait_state(victim, {"SUCCEEDED", "FAILED"}, 300)
     check_resumed_like_uninterrupted(c, work, victim, victim_file, "victim", 3)
@@ -200,13 +200,13 @@ def case_equal(c, work):
     second = c.as_user("bob", "submit", write_job(work, "second", epochs=1))["job_id"]
     waiting = wait_for(lambda: c.job(second).get("waiting", "").startswith("Resources"), 30,
                        "the second job's reason")
-    assert waiting, c.job(second)
+    check(waiting, c.job(second))
     c.wait_state(first, {"SUCCEEDED", "FAILED"}, 240)
     c.wait_state(second, {"SUCCEEDED", "FAILED"}, 240)
     for job in (first, second):
         report = c.jobctl("report", str(job))
-        assert report["state"] == "SUCCEEDED" and len(report["attempts"]) == 1, report
-        assert not any("preempted" in e for e in events(c, job)), events(c, job)
+        check(report["state"] == "SUCCEEDED" and len(report["attempts"]) == 1, report)
+        check(not any("preempted" in e for e in events(c, job)), events(c, job))
 
 
 def usage_by_user(c):
@@ -223,7 +223,7 @@ def case_fairshare(c, work):
     usage = usage_by_user(c)
     ratio = usage["alice"]["fairshare_rank_seconds"] / usage["bob"]["fairshare_rank_seconds"]
     print(f"fairshare: alice used {ratio:.1f}x bob's rank-seconds")
-    assert ratio > 10, usage
+    check(ratio > 10, usage)
     # While the pool is held by an admin's job, alice submits, then bob.
     blocker = c.as_user("root", "submit", write_job(work, "blocker", epochs=2))["job_id"]
     c.wait_state(blocker, {"RUNNING"}, 60)
@@ -236,13 +236,13 @@ def case_fairshare(c, work):
     c.coordinator.wait()
     c.start_coordinator()
     c.wait_state(his, {"RUNNING", "SUCCEEDED"}, 240)
-    assert c.job(hers)["state"] == "QUEUED", c.job(hers)
+    check(c.job(hers)["state"] == "QUEUED", c.job(hers))
     for job in (blocker, hers, his):
         c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
-        assert c.job(job)["state"] == "SUCCEEDED", c.job(job)
+        check(c.job(job)["state"] == "SUCCEEDED", c.job(job))
     first_start = {job: c.jobctl("report", str(job))["attempts"][0]["started_at"] for job in (hers, his)}
-    assert first_start[his] < first_start[hers], first_start
-    assert reason
+    check(first_start[his] < first_start[hers], first_start)
+    check(reason, "alice's job waited with a FairShare reason")
 
 
 def case_quota(c, work):
@@ -252,13 +252,13 @@ def case_quota(c, work):
     a2 = c.as_user("alice", "submit", write_job(work, "a2", epochs=1))["job_id"]
     waiting = wait_for(lambda: c.job(a2).get("waiting", "").startswith("QuotaRanks"), 30, "alice's quota reason")
     print("quota: alice's second job waits: " + c.job(a2)["waiting"])
-    assert "--user-max-ranks 2" in c.job(a2)["waiting"], waiting
+    check("--user-max-ranks 2" in c.job(a2)["waiting"], waiting)
     b1 = c.as_user("bob", "submit", write_job(work, "b1", epochs=1))["job_id"]
     c.wait_state(b1, {"RUNNING", "SUCCEEDED"}, 60)
-    assert c.job(a1)["state"] == "RUNNING" and c.job(a2)["state"] == "QUEUED", (c.job(a1), c.job(a2))
+    check(c.job(a1)["state"] == "RUNNING" and c.job(a2)["state"] == "QUEUED", (c.job(a1), c.job(a2)))
     for job in (a1, a2, b1):
         c.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
-        assert c.job(job)["state"] == "SUCCEEDED", c.job(job)
+        check(c.job(job)["state"] == "SUCCEEDED", c.job(job))
 
 
 def case_owners(c, work):
@@ -266,45 +266,35 @@ def case_owners(c, work):
     wait_for(lambda: c.run_jobctl("root", "list").returncode == 0, 30, "the coordinator")
     job = c.as_user("alice", "submit", write_job(work, "hers", epochs=1))["job_id"]
     status = c.as_user("bob", "status", str(job))
-    assert status["user"] == "alice" and status["events"][0].startswith("submitted by alice"), status
+    check(status["user"] == "alice" and status["events"][0].startswith("submitted by alice"), status)
     refused = c.run_jobctl("bob", "cancel", str(job))
-    assert refused.returncode == 2, refused
-    assert "belongs to alice; only its owner or an admin may cancel it" in refused.stderr, refused.stderr
-    assert c.as_user("alice", "status", str(job))["state"] == "QUEUED"
+    check(refused.returncode == 2, refused)
+    check("belongs to alice; only its owner or an admin may cancel it" in refused.stderr, refused.stderr)
+    status = c.as_user("alice", "status", str(job))
+    check(status["state"] == "QUEUED", status)
     over = c.run_jobctl("alice", "submit", write_job(work, "second", epochs=1))
-    assert over.returncode == 2 and "--user-max-queued" in over.stderr, over
-    assert len(c.as_user("root", "list")) == 1
+    check(over.returncode == 2 and "--user-max-queued" in over.stderr, over)
+    listed = c.as_user("root", "list")
+    check(len(listed) == 1, listed)
     cancelled = c.as_user("root", "cancel", str(job))
-    assert cancelled["state"] == "CANCELLED" and cancelled["reason"] == "cancelled while queued by root", cancelled
+    check(cancelled["state"] == "CANCELLED" and cancelled["reason"] == "cancelled while queued by root", cancelled)
+
+
+def on_shared_cluster(case, flags):
+    """`case` run on a SharedCluster whose coordinator takes `flags`."""
+    return on_cluster(case, lambda args, work: SharedCluster(args, work, flags))
 
 
 CASES = {
-    "preempt": ["--preemption", "on", "--preempt-grace", "30"],
-    "grace": ["--preemption", "on", "--preempt-grace", "8"],
-    "last_step": ["--preemption", "on"],
-    "equal": ["--preemption", "on"],
-    "fairshare": [],
-    "quota": ["--user-max-ranks", "2"],
-    "owners": ["--user-max-queued", "1"],
+    "preempt": on_shared_cluster(case_preempt, ["--preemption", "on", "--preempt-grace", "30"]),
+    "grace": on_shared_cluster(case_grace, ["--preemption", "on", "--preempt-grace", "8"]),
+    "last_step": on_shared_cluster(case_last_step, ["--preemption", "on"]),
+    "equal": on_shared_cluster(case_equal, ["--preemption", "on"]),
+    "fairshare": on_shared_cluster(case_fairshare, []),
+    "quota": on_shared_cluster(case_quota, ["--user-max-ranks", "2"]),
+    "owners": on_shared_cluster(case_owners, ["--user-max-queued", "1"]),
 }
 
 
-def main():
-    p = argparse.ArgumentParser()
-    for flag in ("--coordinator", "--jobctl", "--worker", "--mpirun"):
-        p.add_argument(flag, required=True)
-    p.add_argument("case", choices=sorted(CASES))
-    a = p.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        c = SharedCluster(a, work, CASES[a.case])
-        try:
-            globals()[f"case_{a.case}"](c, work)
-        except BaseException:
-            c.stop()
-            c.dump_logs()
-            raise
-        c.stop()
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, POOL_FLAGS, __doc__)

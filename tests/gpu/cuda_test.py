@@ -33,18 +33,15 @@ case exits 77 (ctest: skipped), saying so, where torch sees no CUDA device.
           the same ids as the growing decode steps; a benchmark job's generate cells,
           eager and cuda_graph in fp32/bf16/fp16, are all measured
 """
-import argparse
 import csv
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "worker"))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
-from e2e_common import FULL_DEV, LANGID, job_yaml, require_cuda, steps, subset_tsv, weights, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import FULL_DEV, LANGID, job_yaml, require_cuda, steps, subset_tsv, weights, write  # noqa: E402
 
 
 def relative_l2(a, b):
@@ -60,7 +57,7 @@ def probe_logits(args, folder, inputs_path, precision):
 
 def parity(args, work):
     import torch
-    from model_parity import make_model, padded_inputs
+    from reference.model_parity import make_model, padded_inputs
     torch.backends.cuda.matmul.allow_tf32 = False
     folder = os.path.join(work, "hf")
     model = make_model(folder).cuda()
@@ -83,7 +80,7 @@ def parity(args, work):
             print(f"{precision}: relative L2 vs HF under the same autocast {error:.2e} (limit {limits[precision]:.0e}); "
                   f"ours vs fp32 {relative_l2(ours, fp32):.2e}, HF vs fp32 {relative_l2(expected, fp32):.2e}")
         ok = ok and error <= limits[precision]
-    return ok
+    check(ok, "our logits are off HF's beyond a precision's limit (the lines above)")
 
 
 def epochs(run_dir):
@@ -99,7 +96,7 @@ def run_job(args, work, name, device, extra, train_count):
     result = subprocess.run([args.worker, job, "--runs-dir", runs], capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:])
-        raise SystemExit(f"{name} failed with exit code {result.returncode}")
+    check(result.returncode == 0, f"{name} failed with exit code {result.returncode}")
     return os.path.join(runs, name)
 
 
@@ -124,7 +121,7 @@ def train(args, work):
         ok = ok and float(last["eval_acc"]) > 0.9
         if precision == "fp16":
             ok = ok and last["loss_scale"] != "" and float(last["loss_scale"]) > 0 and len(scales) >= 1
-    return ok
+    check(ok, "CUDA's fp32 losses are off the CPU's, or a mixed-precision run fell short (the lines above)")
 
 
 GRAPH_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.0e-3\n  cuda_graph: {graph}\n"
@@ -146,7 +143,7 @@ def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0):
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:])
-        raise SystemExit(f"{name} failed with exit code {result.returncode}")
+    check(result.returncode == 0, f"{name} failed with exit code {result.returncode}")
     with open(os.path.join(runs, name, "summary.json")) as f:
         summary = json.load(f)
     return os.path.join(runs, name), summary
@@ -191,10 +188,11 @@ def graph_train(args, work):
     ea, ga = epochs(eager)[-1], epochs(graphed)[-1]
     evals = [float(ga[k]) for k in ("eval_loss", "eval_acc")], [float(ea[k]) for k in ("eval_loss", "eval_acc")]
     print(f"evaluation: graphed {evals[0]}, eager {evals[1]}")
-    return (close([s["loss"] for s in b], [s["loss"] for s in a]) and wdiff <= 1e-6 and len(b) == 20
-            and close(*evals)
-            and skipped == [s["skipped"] for s in a] and skipped[6] and sum(skipped) == 1
-            and [s["loss_scale"] for s in b] == expected and summary["cuda_graphs"] >= 1)
+    check(close([s["loss"] for s in b], [s["loss"] for s in a]) and wdiff <= 1e-6 and len(b) == 20
+          and close(*evals)
+          and skipped == [s["skipped"] for s in a] and skipped[6] and sum(skipped) == 1
+          and [s["loss_scale"] for s in b] == expected and summary["cuda_graphs"] >= 1,
+          "graphed steps differ from eager ones in losses, weights, skips, scales or evaluation (the lines above)")
 
 
 MASTER_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.0e-3\n  max_grad_norm: 1.0\n"
@@ -226,8 +224,10 @@ def graph_train_masters(args, work):
     print(f"saved {query}: {held.dtype}, {100 * beyond_bf16:.1f}% of its values not representable in bf16")
     print("losses (graphed, bf16 weights):", [round(s["loss"], 5) for s in b])
     print("losses (graphed, autocast):    ", [round(s["loss"], 5) for s in c])
-    return (len(a) == len(b) == len(c) == 20 and gap <= 1e-3 and wdiff <= 2e-3 and follow <= 5e-3
-            and summary["cuda_graphs"] >= 1 and held.dtype == torch.float32 and beyond_bf16 > 0.5)
+    check(len(a) == len(b) == len(c) == 20 and gap <= 1e-3 and wdiff <= 2e-3 and follow <= 5e-3
+          and summary["cuda_graphs"] >= 1 and held.dtype == torch.float32 and beyond_bf16 > 0.5,
+          "the graphed bf16-weights step is off the eager one or the autocast run, or saved no fp32 masters "
+          "(the lines above)")
 
 
 def graph_memory(args, work):
@@ -244,12 +244,12 @@ def graph_memory(args, work):
     spread = max(after) - min(after)
     print(f"{summary['cuda_graphs']} graphs for padded lengths {sorted(captured_at)}; last captured at step "
           f"{last_capture}; memory in use after it: {min(after):.1f} to {max(after):.1f} MB over {len(after)} steps")
-    return len(rows) == 200 and summary["cuda_graphs"] >= 3 and len(after) >= 20 and spread <= 1.0
+    check(len(rows) == 200 and summary["cuda_graphs"] >= 3 and len(after) >= 20 and spread <= 1.0,
+          f"{len(rows)} steps, {summary['cuda_graphs']} graphs, memory moved by {spread:.1f} MB after the last capture")
 
 
 def graph_nccl(args, work):
-    if not args.mpirun:
-        raise SystemExit("graph_nccl needs --mpirun")
+    check(args.mpirun, "graph_nccl needs --mpirun")
     eager, _ = run_graph_job(args, work, "eager", GRAPH_STEPS.format(graph="false"), 1000)
     text = GRAPH_STEPS.format(graph="true") + "distributed:\n  backend: nccl\n"
     graphed, summary = run_graph_job(args, work, "nccl", text, 1000, mpirun_ranks=1)
@@ -257,7 +257,8 @@ def graph_nccl(args, work):
     worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
     print(f"one NCCL rank, graphed, vs eager without a communicator over {len(b)} steps "
           f"({summary['cuda_graphs']} graphs): worst |loss diff| {worst:.2e} (limit 1e-6)")
-    return close([s["loss"] for s in b], [s["loss"] for s in a]) and summary["cuda_graphs"] >= 1 and len(b) == 20
+    check(close([s["loss"] for s in b], [s["loss"] for s in a]) and summary["cuda_graphs"] >= 1 and len(b) == 20,
+          "the NCCL rank's graphed losses are off the eager run's (the line above)")
 
 
 def run_benchmark(args, work, name, text):
@@ -300,17 +301,17 @@ benchmark:
   iters: 20
 """
     cells = run_benchmark(args, work, "graph_cells", bench)
-    if cells is None:
-        return False
+    check(cells is not None, "the benchmark job failed (its output is above)")
     for c in cells:
         if c["mode"] == "cuda_graph":
             print(f"cuda_graph {c['precision']} b{c['batch']} s{c['seq_len']}: {c['status']} p50 {c['p50_ms']} ms")
-    return diff <= 1e-5 and len(cells) == 24 and all(c["status"] == "ok" for c in cells)
+    check(diff <= 1e-5 and len(cells) == 24 and all(c["status"] == "ok" for c in cells),
+          "graph replays are off the eager logits, or a benchmark cell was not measured (the lines above)")
 
 
 def generate(args, work):
     import torch
-    from generate_parity import EOS, hf_greedy, make_model, prompts
+    from reference.generate_parity import EOS, hf_greedy, make_model, prompts
     torch.backends.cuda.matmul.allow_tf32 = False
     folder = os.path.join(work, "gpt2")
     model = make_model(folder).cuda()
@@ -325,9 +326,7 @@ def generate(args, work):
                                      "decode": decode}))
             out = subprocess.run([args.probe, "generate", folder, path, "--device", "cuda"], capture_output=True,
                                  text=True)
-            if out.returncode != 0:
-                print(out.stderr[-2000:])
-                return False
+            check(out.returncode == 0, f"probe generate failed:\n{out.stderr[-2000:]}")
             got[decode] = json.loads(out.stdout)["tokens"]
         same_hf, same_graph = got["growing"] == expected, got["graph"] == got["growing"]
         print(f"batch {batch}: greedy on CUDA vs HF generate: {same_hf}; CUDA-graph decode vs growing: {same_graph}")
@@ -351,32 +350,27 @@ benchmark:
   iters: 5
 """
     cells = run_benchmark(args, work, "generate_cells", bench)
-    if cells is None:
-        return False
+    check(cells is not None, "the benchmark job failed (its output is above)")
     for c in cells:
         print(f"{c['mode']} {c['precision']} b{c['batch']} prompt {c['seq_len']}: {c['status']} first token "
               f"{c['first_token_ms']} ms, {c['tokens_per_s']} tok/s")
-    return ok and len(cells) == 24 and all(c["status"] == "ok" for c in cells)
+    check(ok and len(cells) == 24 and all(c["status"] == "ok" for c in cells),
+          "greedy CUDA tokens differ from HF's or between decodes, or a benchmark cell was not measured "
+          "(the lines above)")
 
 
-CASES = {"parity": parity, "train": train, "graph": graph, "generate": generate, "graph_train": graph_train,
-         "graph_train_masters": graph_train_masters,
-         "graph_memory": graph_memory, "graph_nccl": graph_nccl}
+def on_cuda(case):
+    """`case`, skipped (exit 77) where torch sees no CUDA device."""
+    def run(args, work):
+        require_cuda()
+        case(args, work)
+    return run
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", help="Open MPI's mpirun (graph_nccl)")
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    require_cuda()
-    with tempfile.TemporaryDirectory() as work:
-        ok = CASES[args.case](args, work)
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+CASES = {case.__name__: on_cuda(case) for case in (parity, train, graph, generate, graph_train, graph_train_masters,
+                                                   graph_memory, graph_nccl)}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, ("--probe", "--worker"), __doc__,
+             options=lambda p: p.add_argument("--mpirun", help="Open MPI's mpirun (graph_nccl)"))

@@ -13,24 +13,21 @@ and run from C++ through libtorch's AOTIModelPackageLoader:
     lacks (ATEN_CPU_CAPABILITY=default makes ATen see a CPU without AVX), and a job whose
     batches do not fit the package.
 """
-import argparse
 import csv
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 
 import torch
 from random_bert import save_random_bert
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, run_test  # noqa: E402
 from harness.bounds import in_float64, within_rounding_of  # noqa: E402
-
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
+from harness.e2e import LANGID  # noqa: E402
 
 
 def make_model(work):
@@ -56,113 +53,107 @@ def retag(package, out, key, value):
     return changed
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
+def test(args, work):
     checks = {}
-    with tempfile.TemporaryDirectory() as work:
-        model, hf_dir, vocab = make_model(work)
-        package = os.path.join(work, "bert.pt2")
-        export = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "export_aoti.py"), "--model", hf_dir,
-                                 "--out", package, "--max-batch", "16", "--max-seq", "64"],
-                                capture_output=True, text=True)
-        print(export.stdout.strip() or export.stderr[-3000:])
-        if export.returncode != 0:
-            return 1
+    model, hf_dir, vocab = make_model(work)
+    package = os.path.join(work, "bert.pt2")
+    export = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "scripts", "export_aoti.py"), "--model",
+                             hf_dir, "--out", package, "--max-batch", "16", "--max-seq", "64"],
+                            capture_output=True, text=True)
+    print(export.stdout.strip() or export.stderr[-3000:])
+    check(export.returncode == 0, "scripts/export_aoti.py failed (its output is above)")
 
-        for batch, seq in ((3, 24), (8, 64)):
-            ids = torch.randint(5, vocab, (batch, seq))
-            mask = torch.ones_like(ids)
-            ids[1, seq // 2:] = 0
-            mask[1, seq // 2:] = 0
-            inputs = os.path.join(work, f"inputs_{batch}.json")
-            json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, open(inputs, "w"))
-            with torch.no_grad():
-                expected = model(ids, attention_mask=mask).logits
-                exact = in_float64(model)(ids, attention_mask=mask).logits
+    for batch, seq in ((3, 24), (8, 64)):
+        ids = torch.randint(5, vocab, (batch, seq))
+        mask = torch.ones_like(ids)
+        ids[1, seq // 2:] = 0
+        mask[1, seq // 2:] = 0
+        inputs = os.path.join(work, f"inputs_{batch}.json")
+        json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, open(inputs, "w"))
+        with torch.no_grad():
+            expected = model(ids, attention_mask=mask).logits
+            exact = in_float64(model)(ids, attention_mask=mask).logits
 
-            def probe(*cmd):
-                out = subprocess.run([args.probe, *cmd], capture_output=True, text=True, check=True).stdout
-                return torch.tensor(json.loads(out)["logits"])
+        def probe(*cmd):
+            out = subprocess.run([args.probe, *cmd], capture_output=True, text=True, check=True).stdout
+            return torch.tensor(json.loads(out)["logits"])
 
-            aoti, eager = probe("aoti", package, inputs), probe("logits", hf_dir, inputs)
-            close = True
-            for name, candidate in (("aoti", aoti), ("our eager", eager)):
-                ok, detail = within_rounding_of(candidate, expected, exact)
-                print(f"{batch} x {seq}: {name}: {detail}; max |logit diff| from HF "
-                      f"{(candidate - expected).abs().max().item():.2e}")
-                close &= ok
-            checks[f"{batch} x {seq}: aoti logits and ours equal HF's within its fp32 rounding"] = close
+        aoti, eager = probe("aoti", package, inputs), probe("logits", hf_dir, inputs)
+        close = True
+        for name, candidate in (("aoti", aoti), ("our eager", eager)):
+            ok, detail = within_rounding_of(candidate, expected, exact)
+            print(f"{batch} x {seq}: {name}: {detail}; max |logit diff| from HF "
+                  f"{(candidate - expected).abs().max().item():.2e}")
+            close &= ok
+        checks[f"{batch} x {seq}: aoti logits and ours equal HF's within its fp32 rounding"] = close
 
-        runs = os.path.join(work, "runs")
-        dev = os.path.join(work, "dev.tsv")
-        with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
-            open(dev, "w", encoding="utf-8").writelines(f.readlines()[:101])
+    runs = os.path.join(work, "runs")
+    dev = os.path.join(work, "dev.tsv")
+    with open(os.path.join(LANGID, "dev.tsv"), encoding="utf-8") as f:
+        open(dev, "w", encoding="utf-8").writelines(f.readlines()[:101])
 
-        def job(name, body, env=None):
-            path = os.path.join(work, name + ".yaml")
-            with open(path, "w") as f:
-                f.write(f"name: {name}\n{body}data:\n  train: {dev}\n  max_seq_len: 64\n"
-                        f"  tokenizer: {{vocab: {LANGID}/vocab.txt}}\nmodel: {{init: {hf_dir}}}\n"
-                        "runtime: {device: cpu, threads: 1}\nlog: {progress: false}\n")
-            return subprocess.run([args.worker, path, "--runs-dir", runs], capture_output=True, text=True,
-                                  env=dict(os.environ, **(env or {})))
+    def job(name, body, env=None):
+        path = os.path.join(work, name + ".yaml")
+        with open(path, "w") as f:
+            f.write(f"name: {name}\n{body}data:\n  train: {dev}\n  max_seq_len: 64\n"
+                    f"  tokenizer: {{vocab: {LANGID}/vocab.txt}}\nmodel: {{init: {hf_dir}}}\n"
+                    "runtime: {device: cpu, threads: 1}\nlog: {progress: false}\n")
+        return subprocess.run([args.worker, path, "--runs-dir", runs], capture_output=True, text=True,
+                              env=dict(os.environ, **(env or {})))
 
-        def predictions(name):
-            with open(os.path.join(runs, name, "predictions.tsv"), encoding="utf-8") as f:
-                return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    def predictions(name):
+        with open(os.path.join(runs, name, "predictions.tsv"), encoding="utf-8") as f:
+            return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
-        def inference(mode, extra="", batch=16):
-            return f"kind: inference\ninference: {{input: {dev}, batch_size: {batch}, mode: {mode}{extra}}}\n"
+    def inference(mode, extra="", batch=16):
+        return f"kind: inference\ninference: {{input: {dev}, batch_size: {batch}, mode: {mode}{extra}}}\n"
 
-        eager_run = job("eager", inference("eager"))
-        aoti_run = job("aoti", inference("aoti", f", aoti: {package}"))
-        print(aoti_run.stderr[-600:])
-        same = eager_run.returncode == 0 and aoti_run.returncode == 0 and all(
-            a["predicted"] == b["predicted"] and
-            max(abs(float(a[k]) - float(b[k])) for k in a if k.startswith("logit_")) < 1e-4
-            for a, b in zip(predictions("eager"), predictions("aoti")))
-        checks["an aoti inference job predicts what the eager one does"] = same
+    eager_run = job("eager", inference("eager"))
+    aoti_run = job("aoti", inference("aoti", f", aoti: {package}"))
+    print(aoti_run.stderr[-600:])
+    same = eager_run.returncode == 0 and aoti_run.returncode == 0 and all(
+        a["predicted"] == b["predicted"] and
+        max(abs(float(a[k]) - float(b[k])) for k in a if k.startswith("logit_")) < 1e-4
+        for a, b in zip(predictions("eager"), predictions("aoti")))
+    checks["an aoti inference job predicts what the eager one does"] = same
 
-        bench = job("bench", f"kind: benchmark\nbenchmark: {{batch_sizes: [2], seq_lens: [16, 128], precisions: "
-                             f"[fp32], modes: [eager, aoti], aoti: {package}, warmup: 1, iters: 3}}\n")
-        cells = {}
-        if bench.returncode == 0:
-            with open(os.path.join(runs, "bench", "benchmark.csv"), encoding="utf-8") as f:
-                cells = {(c["mode"], c["seq_len"]): c["status"] for c in csv.DictReader(f)}
-        print("benchmark cells:", cells)
-        checks["a benchmark times aoti cells; one beyond the package is N/A"] = (
-            cells.get(("aoti", "16")) == "ok" and cells.get(("aoti", "128")) == "N/A")
+    bench = job("bench", f"kind: benchmark\nbenchmark: {{batch_sizes: [2], seq_lens: [16, 128], precisions: "
+                         f"[fp32], modes: [eager, aoti], aoti: {package}, warmup: 1, iters: 3}}\n")
+    cells = {}
+    if bench.returncode == 0:
+        with open(os.path.join(runs, "bench", "benchmark.csv"), encoding="utf-8") as f:
+            cells = {(c["mode"], c["seq_len"]): c["status"] for c in csv.DictReader(f)}
+    print("benchmark cells:", cells)
+    checks["a benchmark times aoti cells; one beyond the package is N/A"] = (
+        cells.get(("aoti", "16")) == "ok" and cells.get(("aoti", "128")) == "N/A")
 
-        def refused(name, path, expect, env=None, batch=16):
-            run = job(name, inference("aoti", f", aoti: {path}", batch), env)
-            message = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
-            print(f"{name}: exit {run.returncode}: {message}")
-            return run.returncode == 2 and expect in message and "inference." in message
+    def refused(name, path, expect, env=None, batch=16):
+        run = job(name, inference("aoti", f", aoti: {path}", batch), env)
+        message = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+        print(f"{name}: exit {run.returncode}: {message}")
+        return run.returncode == 2 and expect in message and "inference." in message
 
-        garbage = os.path.join(work, "garbage.pt2")
-        open(garbage, "wb").write(b"not a zip file at all")
-        checks["a file that is not a package is refused"] = refused("garbage", garbage, "not an AOTInductor package")
-        other = os.path.join(work, "other_torch.pt2")
-        retagged = retag(package, other, "trainyard_torch_version", "2.0.0")
-        checks["a package from another torch version is refused"] = retagged and refused(
-            "other_torch", other, "compiled by torch 2.0.0")
-        # A run whose ATen is already held to its baseline (ATEN_CPU_CAPABILITY=default, a
-        # CI pass) exported a package without vector instructions: none is lacking.
-        if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
-            print("SKIP a package for vector instructions the CPU lacks is refused (ATen is at its baseline "
-                  "here: the package has no vector instructions to lack; the native run checks it)")
-        else:
-            checks["a package for vector instructions the CPU lacks is refused"] = refused(
-                "no_avx", package, "compiled for", env={"ATEN_CPU_CAPABILITY": "default"})
-        checks["batches larger than the package allows are refused"] = refused("too_big", package, "do not fit",
-                                                                                batch=64)
+    garbage = os.path.join(work, "garbage.pt2")
+    open(garbage, "wb").write(b"not a zip file at all")
+    checks["a file that is not a package is refused"] = refused("garbage", garbage, "not an AOTInductor package")
+    other = os.path.join(work, "other_torch.pt2")
+    retagged = retag(package, other, "trainyard_torch_version", "2.0.0")
+    checks["a package from another torch version is refused"] = retagged and refused(
+        "other_torch", other, "compiled by torch 2.0.0")
+    # A run whose ATen is already held to its baseline (ATEN_CPU_CAPABILITY=default, a
+    # CI pass) exported a package without vector instructions: none is lacking.
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        print("SKIP a package for vector instructions the CPU lacks is refused (ATen is at its baseline "
+              "here: the package has no vector instructions to lack; the native run checks it)")
+    else:
+        checks["a package for vector instructions the CPU lacks is refused"] = refused(
+            "no_avx", package, "compiled for", env={"ATEN_CPU_CAPABILITY": "default"})
+    checks["batches larger than the package allows are refused"] = refused("too_big", package, "do not fit",
+                                                                            batch=64)
     for name, ok in checks.items():
         print(("PASS " if ok else "FAIL ") + name)
-    return 0 if all(checks.values()) else 1
+    check(all(checks.values()), f"failed: {[name for name, ok in checks.items() if not ok]}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_test(test, ("--probe", "--worker"), __doc__)

@@ -9,19 +9,20 @@ vocabularies: the prepared langid one (RoBERTa's specials), the prepared lm one
 (<|endoftext|> only: the GPT-2 template by default) and one trained here on the test
 lines, so merges inside CJK, Cyrillic and emoji are exercised too. Prints the encode
 speed for information."""
-import argparse
 import os
 import random
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 from tokenizers import ByteLevelBPETokenizer
 from transformers import GPT2TokenizerFast, RobertaTokenizerFast
 
 from tokenizer_parity import corpus, escape
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<|endoftext|>"]
 
@@ -64,7 +65,7 @@ def run_ours(tool, vocab, merges, lines, flags):
     run = subprocess.run([tool, vocab, merges, *flags], input="".join(escape(l) + "\n" for l in lines),
                          capture_output=True, text=True, check=True)
     rows = [[int(t) for t in row.split()] for row in run.stdout.splitlines()]
-    assert len(rows) == len(lines), f"{len(rows)} outputs for {len(lines)} lines"
+    check(len(rows) == len(lines), f"{len(rows)} outputs for {len(lines)} lines")
     seconds = float(re.search(r"in ([0-9.]+) s", run.stderr).group(1))
     return rows, seconds
 
@@ -125,12 +126,7 @@ def report_speed(tool, vocab, merges, lines):
           f"batch call {hf * 1e3:.1f} ms (Rust, all cores)")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tokenize", required=True, help="the ty_tokenize binary")
-    parser.add_argument("--vocab-dir", required=True, help="folder with vocab.json and merges.txt (prepared langid)")
-    parser.add_argument("--lm-vocab-dir", required=True, help="the same, with <|endoftext|> only (prepared lm)")
-    args = parser.parse_args()
+def test(args, work):
     fortunes = corpus()
     lines = fortunes + EDGE_LINES + random_lines(1000)
     scripts = {"cyrillic": any("\u0400" <= c <= "\u04ff" for l in fortunes for c in l),
@@ -141,20 +137,25 @@ def main():
     mismatches = compare(args.tokenize, *prepared, lines, "prepared langid vocab")
     lm = (os.path.join(args.lm_vocab_dir, "vocab.json"), os.path.join(args.lm_vocab_dir, "merges.txt"))
     mismatches += compare(args.tokenize, *lm, lines, "prepared lm vocab", gpt2_configurations)
-    with tempfile.TemporaryDirectory() as work:
-        trained = ByteLevelBPETokenizer()
-        trained.train_from_iterator(fortunes + EDGE_LINES, vocab_size=8000, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                    show_progress=False)
-        trained.save_model(work)
-        own = (os.path.join(work, "vocab.json"), os.path.join(work, "merges.txt"))
-        merge_count = sum(1 for _ in open(own[1], encoding="utf-8")) - 1
-        print(f"vocab trained on these lines: {merge_count} merges")
-        mismatches += compare(args.tokenize, *own, lines, "vocab trained on the test lines")
-        report_speed(args.tokenize, *own, fortunes)
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(fortunes + EDGE_LINES, vocab_size=8000, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                show_progress=False)
+    trained.save_model(work)
+    own = (os.path.join(work, "vocab.json"), os.path.join(work, "merges.txt"))
+    merge_count = sum(1 for _ in open(own[1], encoding="utf-8")) - 1
+    print(f"vocab trained on these lines: {merge_count} merges")
+    mismatches += compare(args.tokenize, *own, lines, "vocab trained on the test lines")
+    report_speed(args.tokenize, *own, fortunes)
     print(f"total mismatches: {mismatches}")
-    if len(fortunes) < 2000 or not all(scripts.values()) or mismatches:
-        sys.exit(1)
+    check(len(fortunes) >= 2000 and all(scripts.values()) and not mismatches,
+          f"{len(fortunes)} fortunes (2,000 at least), scripts {scripts}, {mismatches} mismatches")
+
+
+def options(parser):
+    parser.add_argument("--tokenize", required=True, help="the ty_tokenize binary")
+    parser.add_argument("--vocab-dir", required=True, help="folder with vocab.json and merges.txt (prepared langid)")
+    parser.add_argument("--lm-vocab-dir", required=True, help="the same, with <|endoftext|> only (prepared lm)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, (), __doc__, options)

@@ -16,12 +16,10 @@ Cases:
 --precision bf16 runs both sides under bf16 autocast instead, and compares by relative L2
 error (bf16 keeps 8 bits of mantissa, so an elementwise float32 bound is not the measure).
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,6 +28,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassificati
                           GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
 from harness.bounds import in_float64, within_rounding_of  # noqa: E402
 
 VOCAB = 300
@@ -87,8 +86,7 @@ def our_logits(probe, folder, ids, mask, work):
     with open(path, "w") as f:
         json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, f)
     out = subprocess.run([probe, "logits", folder, path, "--precision", PRECISION], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"probe logits failed: {out.stderr.strip()}")
+    check(out.returncode == 0, f"probe logits failed: {out.stderr.strip()}")
     return torch.tensor(json.loads(out.stdout)["logits"])
 
 
@@ -177,19 +175,18 @@ def run(case, probe, work):
     return ok
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("case", choices=["roberta", "distilbert", "gpt2_lm", "gpt2_cls", "gpt2_legacy"])
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    args = parser.parse_args()
-    global PRECISION
-    PRECISION = args.precision
-    with tempfile.TemporaryDirectory() as work:
-        ok = run(args.case, args.probe, work)
-    if not ok:
-        sys.exit(1)
+def family(case):
+    """The run_case() case of `case`, at the command line's --precision."""
+    def run_family(args, work):
+        global PRECISION
+        PRECISION = args.precision
+        check(run(case, args.probe, work), f"{case}: logits are off HF's, or lost on the way back (the lines above)")
+    return run_family
+
+
+CASES = {case: family(case) for case in ("roberta", "distilbert", "gpt2_lm", "gpt2_cls", "gpt2_legacy")}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, ("--probe",), __doc__,
+             options=lambda p: p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32"))

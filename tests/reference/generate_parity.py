@@ -5,15 +5,16 @@ and at batch 4 with left padding, and with a stop token that ends rows early; ou
 path equals our no-cache path, and the fixed-shape decode steps a CUDA graph captures equal
 the growing ones; sampling is reproducible from its seed, and top_k=1 or a tiny top_p is
 greedy."""
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 
 VOCAB = 300
 EOS = VOCAB - 1
@@ -54,60 +55,55 @@ def ours(probe, folder, work, rows, **options):
     with open(path, "w") as f:
         json.dump({"prompts": rows, "max_new_tokens": NEW, "pad_id": EOS, "stop_ids": [EOS], **options}, f)
     out = subprocess.run([probe, "generate", folder, path], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"probe generate failed: {out.stderr.strip()}")
+    check(out.returncode == 0, f"probe generate failed: {out.stderr.strip()}")
     return json.loads(out.stdout)["tokens"]
 
 
-def check(name, got, expected):
-    same = got == expected
-    print(f"{name}: {'equal' if same else 'DIFFERENT'}")
-    if not same:
+def same(name, got, expected):
+    """Whether `got` equals `expected`, said in a line (and both shown when not)."""
+    equal = got == expected
+    print(f"{name}: {'equal' if equal else 'DIFFERENT'}")
+    if not equal:
         print(f"  expected {expected}\n  got      {got}")
-    return same
+    return equal
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    args = parser.parse_args()
+def test(args, work):
     ok = True
-    with tempfile.TemporaryDirectory() as work:
-        folder = os.path.join(work, "gpt2")
-        model = make_model(folder)
-        for batch in (1, 4):
-            rows = prompts(batch)
-            expected = hf_greedy(model, rows)
-            cached = ours(args.probe, folder, work, rows)
-            ok &= check(f"batch {batch}: greedy vs HF generate", cached, expected)
-            ok &= check(f"batch {batch}: cache vs no cache", ours(args.probe, folder, work, rows, use_cache=False),
-                        cached)
-            ok &= check(f"batch {batch}: fixed-shape decode (a CUDA graph's) vs growing",
-                        ours(args.probe, folder, work, rows, decode="fixed"), cached)
-            print(f"  {sum(len(r) for r in expected)} tokens, first row {expected[0][:10]}...")
-        rows = prompts(4)
-        greedy = ours(args.probe, folder, work, rows)
-        stop = greedy[0][2]  # a token row 0 emits third: rows stop early, at different steps
-        stopped = ours(args.probe, folder, work, rows, stop_ids=[stop])
-        ok &= check(f"batch 4, stop token {stop}: vs HF generate", stopped, hf_greedy(model, rows, stop))
-        ok &= check(f"batch 4, stop token {stop}: fixed-shape decode", ours(args.probe, folder, work, rows,
-                                                                            stop_ids=[stop], decode="fixed"), stopped)
-        ended = stopped[0][2] == stop and set(stopped[0][3:]) <= {EOS}
-        print(f"  row 0 ends at its stop token, padded after: {ended}")
-        ok &= ended
-        sampled = [ours(args.probe, folder, work, rows, sample=True, temperature=1.3, top_k=50, top_p=0.95, seed=s)
-                   for s in (7, 7, 8)]
-        ok &= check("sampling: the same seed gives the same tokens", sampled[0], sampled[1])
-        differs = sampled[0] != sampled[2] and sampled[0] != greedy
-        print(f"sampling: another seed / greedy differ: {differs}")
-        ok &= differs
-        ok &= check("sampling with top_k=1 is greedy", ours(args.probe, folder, work, rows, sample=True, top_k=1, seed=3),
-                    greedy)
-        ok &= check("sampling with top_p=1e-6 is greedy",
-                    ours(args.probe, folder, work, rows, sample=True, top_p=1e-6, seed=3), greedy)
-    if not ok:
-        sys.exit(1)
+    folder = os.path.join(work, "gpt2")
+    model = make_model(folder)
+    for batch in (1, 4):
+        rows = prompts(batch)
+        expected = hf_greedy(model, rows)
+        cached = ours(args.probe, folder, work, rows)
+        ok &= same(f"batch {batch}: greedy vs HF generate", cached, expected)
+        ok &= same(f"batch {batch}: cache vs no cache", ours(args.probe, folder, work, rows, use_cache=False),
+                   cached)
+        ok &= same(f"batch {batch}: fixed-shape decode (a CUDA graph's) vs growing",
+                   ours(args.probe, folder, work, rows, decode="fixed"), cached)
+        print(f"  {sum(len(r) for r in expected)} tokens, first row {expected[0][:10]}...")
+    rows = prompts(4)
+    greedy = ours(args.probe, folder, work, rows)
+    stop = greedy[0][2]  # a token row 0 emits third: rows stop early, at different steps
+    stopped = ours(args.probe, folder, work, rows, stop_ids=[stop])
+    ok &= same(f"batch 4, stop token {stop}: vs HF generate", stopped, hf_greedy(model, rows, stop))
+    ok &= same(f"batch 4, stop token {stop}: fixed-shape decode", ours(args.probe, folder, work, rows,
+                                                                       stop_ids=[stop], decode="fixed"), stopped)
+    ended = stopped[0][2] == stop and set(stopped[0][3:]) <= {EOS}
+    print(f"  row 0 ends at its stop token, padded after: {ended}")
+    ok &= ended
+    sampled = [ours(args.probe, folder, work, rows, sample=True, temperature=1.3, top_k=50, top_p=0.95, seed=s)
+               for s in (7, 7, 8)]
+    ok &= same("sampling: the same seed gives the same tokens", sampled[0], sampled[1])
+    differs = sampled[0] != sampled[2] and sampled[0] != greedy
+    print(f"sampling: another seed / greedy differ: {differs}")
+    ok &= differs
+    ok &= same("sampling with top_k=1 is greedy", ours(args.probe, folder, work, rows, sample=True, top_k=1, seed=3),
+               greedy)
+    ok &= same("sampling with top_p=1e-6 is greedy",
+               ours(args.probe, folder, work, rows, sample=True, top_p=1e-6, seed=3), greedy)
+    check(ok, "generations differ (the DIFFERENT lines above), or a row did not stop, or seeds did not tell")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--probe",), __doc__)

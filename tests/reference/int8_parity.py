@@ -12,23 +12,20 @@
             same; and a benchmark job times an int8 cell beside the eager one (a bf16
             int8 cell is N/A)
 """
-import argparse
 import csv
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from random_bert import save_random_bert
 from transformers import BertTokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 from harness.bounds import in_float64, within_rounding_of  # noqa: E402
-
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LANGID = os.path.join(SOURCE, "data", "prepared", "langid")
+from harness.e2e import LANGID  # noqa: E402
 
 
 def dev_texts(count):
@@ -64,14 +61,16 @@ def parity(args, work):
     print(f"parity: |ours int8 - torch int8| {d_int8:.2e}, |torch int8 - fp32| {d_quant:.2e}, "
           f"|ours fp32 - HF fp32| {d_fp32:.2e} (logit scale {hf_fp32.abs().max().item():.2f}); "
           f"ours fp32: {fp32_detail}")
-    return fp32_close and d_quant > 1e-3 and d_int8 < 0.1 * d_quant
+    check(fp32_close and d_quant > 1e-3 and d_int8 < 0.1 * d_quant,
+          "our int8 logits are not far closer to torch's int8 than int8 is to fp32, or our fp32 logits are off "
+          "HF's (the line above)")
 
 
 def run(cmd):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
-        raise SystemExit(f"failed: {' '.join(cmd)}")
+    check(proc.returncode == 0, f"failed: {' '.join(cmd)}")
     return proc.stdout + proc.stderr
 
 
@@ -106,9 +105,7 @@ log: {{progress: false}}
         with open(os.path.join(runs, f"int8_{mode}", "predictions.tsv"), encoding="utf-8") as f:
             rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
         predictions[mode] = rows
-        if mode == "int8" and "Linear layers quantized" not in log:
-            print("the int8 job did not say what it quantized")
-            return False
+        check(mode != "int8" or "Linear layers quantized" in log, "the int8 job did not say what it quantized")
     gold = [r["gold"] for r in predictions["eager"]]
     acc = {m: sum(r["predicted"] == g for r, g in zip(rows, gold)) / len(gold) for m, rows in predictions.items()}
     same = sum(a["predicted"] == b["predicted"] for a, b in zip(predictions["eager"], predictions["int8"])) / len(gold)
@@ -125,20 +122,14 @@ log: {{progress: false}}
     print("benchmark cells:", {f"{m}/{p}": (c["status"], c["p50_ms"]) for (m, p), c in by.items()})
     cells_ok = (by[("int8", "fp32")]["status"] == "ok" and by[("int8", "bf16")]["status"] == "N/A" and
                 by[("eager", "fp32")]["status"] == "ok")
-    return acc["eager"] > 0.9 and acc["eager"] - acc["int8"] <= 0.01 and same >= 0.97 and cells_ok
+    check(acc["eager"] > 0.9 and acc["eager"] - acc["int8"] <= 0.01 and same >= 0.97 and cells_ok,
+          "int8's accuracy or agreement falls short of fp32's, or a benchmark cell is wrong (the lines above)")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--case", choices=("parity", "accuracy"), required=True)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        ok = parity(args, work) if args.case == "parity" else accuracy(args, work)
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+CASES = {"parity": parity, "accuracy": accuracy}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The case is an option here (--case), as tests/CMakeLists.txt passes it.
+    run_test(lambda args, work: CASES[args.case](args, work), ("--probe", "--worker"), __doc__.split("\n")[0],
+             options=lambda p: p.add_argument("--case", choices=sorted(CASES), required=True))

@@ -14,28 +14,26 @@ Checked:
   - the merged folder we write loads as a plain HF model with the unmerged logits.
 Each pair of logits is held the same way: the fp32 result against the float64 one, within
 the rounding of the fp32 reference beside it."""
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case, skip  # noqa: E402
+from harness.bounds import in_float64, within_rounding_of  # noqa: E402
 try:
     from peft import LoraConfig, PeftModel, get_peft_model
 except ImportError:
     # A missing reference must not read as a pass: only a machine that cannot have peft
     # (the GPU box's bare python, scripts/gpu/build_and_test.sh) says so, and skips.
     if os.environ.get("TRAINYARD_TESTS_WITHOUT_PEFT") == "1":
-        print("skipped: the peft package is not installed (TRAINYARD_TESTS_WITHOUT_PEFT=1)")
-        sys.exit(77)
-    sys.exit("error: the peft package is not installed; scripts/setup.sh puts it in the venv "
-             "(TRAINYARD_TESTS_WITHOUT_PEFT=1 skips this test where it cannot be had)")
-from safetensors.torch import load_file
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness.bounds import in_float64, within_rounding_of  # noqa: E402
+        skip("the peft package is not installed (TRAINYARD_TESTS_WITHOUT_PEFT=1)")
+    raise AssertionError("the peft package is not installed; scripts/setup.sh puts it in the venv "
+                         "(TRAINYARD_TESTS_WITHOUT_PEFT=1 skips this test where it cannot be had)")
+from safetensors.torch import load_file  # noqa: E402
 from transformers import (DistilBertConfig, DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel,
                           RobertaConfig, RobertaForSequenceClassification)
 
@@ -101,8 +99,7 @@ def logits(model, b):
 
 def probe(args, *argv):
     run = subprocess.run([args.probe, *argv], capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit(f"probe {argv[0]} failed: {run.stderr.strip()[-2000:]}")
+    check(run.returncode == 0, f"probe {argv[0]} failed: {run.stderr.strip()[-2000:]}")
     return json.loads(run.stdout) if run.stdout.strip() else None
 
 
@@ -121,76 +118,71 @@ def close(name, candidate, baseline, exact):
     return ok
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("case", choices=["roberta", "distilbert", "gpt2"])
-    args = parser.parse_args()
+def test(args, work):
+    """The case args.case: one family's LoRA against PEFT's."""
     base, lora = base_model(args.case)
     causal = args.case == "gpt2"
     pad = 1 if args.case == "roberta" else (VOCAB - 1 if causal else 0)
     data = batches(args.case, pad)
     ok = True
-    with tempfile.TemporaryDirectory() as work:
-        base_dir, start, theirs, ours = (os.path.join(work, d) for d in ("base", "start", "peft", "ours"))
-        base.save_pretrained(base_dir, safe_serialization=True)
-        peft_model = get_peft_model(base, LoraConfig(lora_dropout=0.0, **lora))
-        with torch.no_grad():  # B starts at zero in PEFT; a random B makes step 1 move A too
-            for name, p in peft_model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0.0, 0.05)
-        peft_model.save_pretrained(start)
-        trainable = peft_model.get_nb_trainable_parameters()[0]
-        exact_model = in_float64(peft_model)  # the same steps in float64, for the bounds
+    base_dir, start, theirs, ours = (os.path.join(work, d) for d in ("base", "start", "peft", "ours"))
+    base.save_pretrained(base_dir, safe_serialization=True)
+    peft_model = get_peft_model(base, LoraConfig(lora_dropout=0.0, **lora))
+    with torch.no_grad():  # B starts at zero in PEFT; a random B makes step 1 move A too
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    peft_model.save_pretrained(start)
+    trainable = peft_model.get_nb_trainable_parameters()[0]
+    exact_model = in_float64(peft_model)  # the same steps in float64, for the bounds
 
-        steps_file = os.path.join(work, "steps.json")
-        with open(steps_file, "w") as f:
-            json.dump({"lr": LR, "weight_decay": DECAY,
-                       "batches": [{k: v.tolist() for k, v in b.items()} for b in data]}, f)
-        report = probe(args, "lora-steps", base_dir, start, steps_file, ours)
-        print(f"trainable parameters: ours {report['trainable']}, PEFT {trainable}; "
-              f"{len(report['adapted'])} layers adapted, e.g. {report['adapted'][0]}")
-        ok &= report["trainable"] == trainable
+    steps_file = os.path.join(work, "steps.json")
+    with open(steps_file, "w") as f:
+        json.dump({"lr": LR, "weight_decay": DECAY,
+                   "batches": [{k: v.tolist() for k, v in b.items()} for b in data]}, f)
+    report = probe(args, "lora-steps", base_dir, start, steps_file, ours)
+    print(f"trainable parameters: ours {report['trainable']}, PEFT {trainable}; "
+          f"{len(report['adapted'])} layers adapted, e.g. {report['adapted'][0]}")
+    ok &= report["trainable"] == trainable
 
-        peft_steps(peft_model, data, causal)
-        peft_model.save_pretrained(theirs)
-        peft_steps(exact_model, data, causal)
-        exact_dir = os.path.join(work, "exact")
-        exact_model.save_pretrained(exact_dir)
-        mine, reference, exact = (load_file(os.path.join(folder, "adapter_model.safetensors"))
-                                  for folder in (ours, theirs, exact_dir))
-        same_keys = sorted(mine) == sorted(reference) == sorted(exact)
-        worst = max((mine[k] - reference[k]).abs().max().item() for k in reference if k in mine)
-        moved = max((reference[k] - load_file(os.path.join(start, "adapter_model.safetensors"))[k]).abs().max().item()
-                    for k in reference)
-        print(f"after {STEPS} AdamW steps: {len(reference)} adapter tensors, same names: {same_keys}, "
-              f"max |ours - PEFT| = {worst:.3e} (the adapter moved by up to {moved:.3e})")
-        bounded = same_keys
-        for index, key in enumerate(sorted(reference) if same_keys else []):
-            within, detail = within_rounding_of(mine[key], reference[key], exact[key])
-            if not within or index == 0:
-                print(f"  {key}: {detail}")
-            bounded &= within
-        ok &= bounded and moved > 1e-3
+    peft_steps(peft_model, data, causal)
+    peft_model.save_pretrained(theirs)
+    peft_steps(exact_model, data, causal)
+    exact_dir = os.path.join(work, "exact")
+    exact_model.save_pretrained(exact_dir)
+    mine, reference, exact = (load_file(os.path.join(folder, "adapter_model.safetensors"))
+                              for folder in (ours, theirs, exact_dir))
+    same_keys = sorted(mine) == sorted(reference) == sorted(exact)
+    worst = max((mine[k] - reference[k]).abs().max().item() for k in reference if k in mine)
+    moved = max((reference[k] - load_file(os.path.join(start, "adapter_model.safetensors"))[k]).abs().max().item()
+                for k in reference)
+    print(f"after {STEPS} AdamW steps: {len(reference)} adapter tensors, same names: {same_keys}, "
+          f"max |ours - PEFT| = {worst:.3e} (the adapter moved by up to {moved:.3e})")
+    bounded = same_keys
+    for index, key in enumerate(sorted(reference) if same_keys else []):
+        within, detail = within_rounding_of(mine[key], reference[key], exact[key])
+        if not within or index == 0:
+            print(f"  {key}: {detail}")
+        bounded &= within
+    ok &= bounded and moved > 1e-3
 
-        probe_batch = data[0]
-        peft_logits = logits(peft_model, probe_batch)
-        peft_exact = logits(in_float64(peft_model), probe_batch)
-        reloaded = PeftModel.from_pretrained(type(base).from_pretrained(base_dir), ours).eval()
-        keep = probe_batch["attention_mask"].bool() if causal else slice(None)
-        ok &= close("PEFT loads our adapter: our logits vs its",
-                    our_logits(args, work, base_dir, probe_batch, ours)[keep], logits(reloaded, probe_batch)[keep],
-                    logits(in_float64(reloaded), probe_batch)[keep])
-        ok &= close("we load PEFT's adapter: our logits vs PEFT's",
-                    our_logits(args, work, base_dir, probe_batch, theirs)[keep], peft_logits[keep], peft_exact[keep])
-        merged = os.path.join(work, "merged")
-        probe(args, "merge", base_dir, theirs, merged)
-        plain = type(base).from_pretrained(merged).eval()
-        ok &= close("merged folder (plain HF) vs PEFT unmerged", logits(plain, probe_batch)[keep], peft_logits[keep],
-                    peft_exact[keep])
-    if not ok:
-        sys.exit(1)
+    probe_batch = data[0]
+    peft_logits = logits(peft_model, probe_batch)
+    peft_exact = logits(in_float64(peft_model), probe_batch)
+    reloaded = PeftModel.from_pretrained(type(base).from_pretrained(base_dir), ours).eval()
+    keep = probe_batch["attention_mask"].bool() if causal else slice(None)
+    ok &= close("PEFT loads our adapter: our logits vs its",
+                our_logits(args, work, base_dir, probe_batch, ours)[keep], logits(reloaded, probe_batch)[keep],
+                logits(in_float64(reloaded), probe_batch)[keep])
+    ok &= close("we load PEFT's adapter: our logits vs PEFT's",
+                our_logits(args, work, base_dir, probe_batch, theirs)[keep], peft_logits[keep], peft_exact[keep])
+    merged = os.path.join(work, "merged")
+    probe(args, "merge", base_dir, theirs, merged)
+    plain = type(base).from_pretrained(merged).eval()
+    ok &= close("merged folder (plain HF) vs PEFT unmerged", logits(plain, probe_batch)[keep], peft_logits[keep],
+                peft_exact[keep])
+    check(ok, "our LoRA steps, adapters or merged folder are off PEFT's (the lines above)")
 
 
 if __name__ == "__main__":
-    main()
+    run_case({"roberta": test, "distilbert": test, "gpt2": test}, ("--probe",), __doc__)

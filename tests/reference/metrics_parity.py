@@ -7,13 +7,16 @@ imbalanced, classes that are never predicted, classes predicted but absent from 
 truth, classes in neither (not averaged), one class, perfect and all-wrong predictions.
 A metric agrees when it is within 4 roundings of its value (|d| <= 4 * 2^-53 * max(1,
 |v|)): ours is a mean of the same per-class ratios, summed in another order."""
-import argparse
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 
 
 def cases():
@@ -39,10 +42,7 @@ def reference(truth, predicted):
             "recall": recall_score(truth, predicted, average="macro")}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--probe", required=True)
-    args = parser.parse_args()
+def test(args, work):
     import warnings
     warnings.simplefilter("ignore")  # scikit-learn warns of every zero division it counts as 0
     failures = 0
@@ -56,8 +56,8 @@ def main():
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {metric} ours {ours[metric]!r} scikit-learn {value!r}")
     print(f"{failures} of {sum(1 for _ in cases()) * 4} metrics disagree")
-    return 1 if failures else 0
+    check(not failures, f"{failures} metrics disagree with scikit-learn's (the FAIL lines above)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_test(test, ("--probe",), __doc__)

@@ -3,17 +3,16 @@
 the same model.safetensors and the same padded inputs, in fp32 to within the rounding HF's
 own fp32 forward makes against the same model in float64 (tests/harness/bounds.py), and
 a model saved by us loads in transformers with the same logits."""
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 from harness.bounds import in_float64, within_rounding_of  # noqa: E402
 
 
@@ -50,31 +49,28 @@ def our_logits(probe, folder, ids, mask, work):
     return torch.tensor(json.loads(out.stdout)["logits"])
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        hf_dir = os.path.join(work, "hf")
-        model = make_model(hf_dir)
-        ids, mask = padded_inputs()
-        with torch.no_grad():
-            expected = model(input_ids=ids, attention_mask=mask).logits
-            exact = in_float64(model)(input_ids=ids, attention_mask=mask).logits
-        ours = our_logits(args.probe, hf_dir, ids, mask, work)
-        close, detail = within_rounding_of(ours, expected, exact)
-        print(f"HF -> ours: {detail}; max |logit diff| from HF {(ours - expected).abs().max().item():.3e}")
+def test(args, work):
+    hf_dir = os.path.join(work, "hf")
+    model = make_model(hf_dir)
+    ids, mask = padded_inputs()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        exact = in_float64(model)(input_ids=ids, attention_mask=mask).logits
+    ours = our_logits(args.probe, hf_dir, ids, mask, work)
+    close, detail = within_rounding_of(ours, expected, exact)
+    print(f"HF -> ours: {detail}; max |logit diff| from HF {(ours - expected).abs().max().item():.3e}")
 
-        resaved = os.path.join(work, "ours")
-        subprocess.run([args.probe, "resave", hf_dir, resaved], check=True)
-        reloaded = BertForSequenceClassification.from_pretrained(resaved).eval()
-        with torch.no_grad():
-            back = reloaded(input_ids=ids, attention_mask=mask).logits
-        diff_back = (back - expected).abs().max().item()
-        print(f"ours -> HF: max |logit diff| = {diff_back:.3e}")
-    if not close or diff_back != 0.0 or expected.abs().max().item() < 0.5:
-        sys.exit(1)
+    resaved = os.path.join(work, "ours")
+    subprocess.run([args.probe, "resave", hf_dir, resaved], check=True)
+    reloaded = BertForSequenceClassification.from_pretrained(resaved).eval()
+    with torch.no_grad():
+        back = reloaded(input_ids=ids, attention_mask=mask).logits
+    diff_back = (back - expected).abs().max().item()
+    print(f"ours -> HF: max |logit diff| = {diff_back:.3e}")
+    check(close and diff_back == 0.0 and expected.abs().max().item() >= 0.5,
+          f"HF -> ours within its rounding {close}, ours -> HF exact {diff_back == 0.0}, logit scale "
+          f"{expected.abs().max().item():.2f} (0.5 at least)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--probe",), __doc__)

@@ -2,12 +2,15 @@
 """Loss-scaling parity: for the same planted pattern of inf gradients, our GradScaler
 produces the same sequence of scales and skipped steps as torch.amp.GradScaler, and
 AdamW leaves the same weights. --device cuda runs both on the GPU (exit 77 without one)."""
-import argparse
 import json
+import os
 import subprocess
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test, skip  # noqa: E402
 
 PATTERN = "00100001100000000010000000100"
 INIT_SCALE = 1024.0
@@ -34,14 +37,9 @@ def reference(device):
     return scales, skipped, w.detach().tolist()
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args()
+def test(args, work):
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("skipped: no CUDA device is visible to torch on this machine")
-        sys.exit(77)
+        skip("no CUDA device is visible to torch on this machine")
     out = subprocess.run([args.probe, "scaler", PATTERN, str(INIT_SCALE), str(GROWTH_INTERVAL),
                           "--device", args.device], capture_output=True, text=True, check=True)
     ours = json.loads(out.stdout)
@@ -55,9 +53,11 @@ def main():
     print(f"max |weight diff| after {len(PATTERN)} steps: {wdiff:.3e}")
     taken = len(PATTERN) - sum(skipped)
     print(f"optimizer steps taken: torch {taken}, ours {ours['optimizer_steps']}")
-    if not ok or wdiff > 1e-6 or not any(skipped) or ours["optimizer_steps"] != taken:
-        sys.exit(1)
+    check(ok and wdiff <= 1e-6 and any(skipped) and ours["optimizer_steps"] == taken,
+          f"scales and skips equal torch's {ok}, weights within {wdiff:.3e} (1e-6 at most), a step skipped "
+          f"{any(skipped)}, optimizer steps {ours['optimizer_steps']} (torch {taken})")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--probe",), __doc__,
+             options=lambda p: p.add_argument("--device", choices=("cpu", "cuda"), default="cpu"))

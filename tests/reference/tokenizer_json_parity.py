@@ -8,27 +8,27 @@ langid vocab.txt), RoBERTa byte-level BPE with and without add_prefix_space (lan
 vocab.json with <s> and </s>), and GPT-2 byte-level BPE (the lm vocabulary). Each BPE
 file is read twice, with its merges as ["a", "b"] pairs (tokenizers 0.20 and later) and
 rewritten as "a b" strings (earlier versions)."""
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 from tokenizers import Tokenizer
 from transformers import BertTokenizerFast, GPT2TokenizerFast, RobertaTokenizerFast
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe_parity import EDGE_LINES  # noqa: E402
-from tokenizer_parity import corpus, escape  # noqa: E402
+from bpe_parity import EDGE_LINES
+from tokenizer_parity import corpus, escape
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 
 
 def ours(tool, path, lines):
     run = subprocess.run([tool, "--tokenizer-json", path], input="".join(escape(l) + "\n" for l in lines),
                          capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    check(run.returncode == 0, run.stderr)
     rows = [[int(t) for t in row.split()] for row in run.stdout.splitlines()]
-    assert len(rows) == len(lines), f"{len(rows)} outputs for {len(lines)} lines"
+    check(len(rows) == len(lines), f"{len(rows)} outputs for {len(lines)} lines")
     return rows
 
 
@@ -45,7 +45,7 @@ def with_string_merges(path):
     """A copy of `path` whose merges are "a b" strings."""
     spec = json.load(open(path, encoding="utf-8"))
     merges = spec["model"]["merges"]
-    assert merges and isinstance(merges[0], list), "save_pretrained wrote merges as pairs"
+    check(merges and isinstance(merges[0], list), "save_pretrained wrote merges as pairs")
     spec["model"]["merges"] = [" ".join(pair) for pair in merges]
     out = path.replace(".json", ".strings.json")
     json.dump(spec, open(out, "w", encoding="utf-8"), ensure_ascii=False)
@@ -63,12 +63,7 @@ def compare(tool, path, lines, label):
     return len(bad)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tokenize", required=True, help="the ty_tokenize binary")
-    parser.add_argument("--langid", required=True, help="prepared langid folder (vocab.txt, bpe/)")
-    parser.add_argument("--lm", required=True, help="prepared lm folder (bpe/)")
-    args = parser.parse_args()
+def test(args, work):
     lines = corpus() + EDGE_LINES
     bpe = (os.path.join(args.langid, "bpe", "vocab.json"), os.path.join(args.langid, "bpe", "merges.txt"))
     lm = (os.path.join(args.lm, "bpe", "vocab.json"), os.path.join(args.lm, "bpe", "merges.txt"))
@@ -80,15 +75,19 @@ def main():
         ("gpt2", GPT2TokenizerFast(vocab_file=lm[0], merges_file=lm[1])),
     ]
     mismatches = 0
-    with tempfile.TemporaryDirectory() as work:
-        for label, tokenizer in cases:
-            path = saved(tokenizer, os.path.join(work, label.replace(" ", "_")))
-            mismatches += compare(args.tokenize, path, lines, label)
-            if "merges" in json.load(open(path, encoding="utf-8"))["model"]:
-                mismatches += compare(args.tokenize, with_string_merges(path), lines, label + ", merges as strings")
-    if len(lines) < 2000 or mismatches:
-        sys.exit(1)
+    for label, tokenizer in cases:
+        path = saved(tokenizer, os.path.join(work, label.replace(" ", "_")))
+        mismatches += compare(args.tokenize, path, lines, label)
+        if "merges" in json.load(open(path, encoding="utf-8"))["model"]:
+            mismatches += compare(args.tokenize, with_string_merges(path), lines, label + ", merges as strings")
+    check(len(lines) >= 2000 and not mismatches, f"{len(lines)} lines (2,000 at least), {mismatches} mismatches")
+
+
+def options(parser):
+    parser.add_argument("--tokenize", required=True, help="the ty_tokenize binary")
+    parser.add_argument("--langid", required=True, help="prepared langid folder (vocab.txt, bpe/)")
+    parser.add_argument("--lm", required=True, help="prepared lm folder (bpe/)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, (), __doc__, options)

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """WordPiece parity: our tokenizer's ids equal Hugging Face BertTokenizer's on real
 fortunes text (accented, Cyrillic, CJK, punctuation, long words), same vocab.txt."""
-import argparse
 import glob
 import os
 import subprocess
 import sys
 
 from transformers import BertTokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
 
 FORTUNES = "/usr/share/games/fortunes"
 
@@ -36,18 +38,14 @@ def escape(text):
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True)
-    parser.add_argument("--vocab", required=True)
-    args = parser.parse_args()
+def test(args, work):
     lines = corpus()
     reference = BertTokenizer(args.vocab, do_lower_case=True)
     expected = [reference(l, add_special_tokens=True)["input_ids"] for l in lines]
     run = subprocess.run([args.probe, "tokenize", args.vocab], input="\n".join(map(escape, lines)) + "\n",
                          capture_output=True, text=True, check=True)
     ours = [[int(t) for t in row.split()] for row in run.stdout.splitlines()]
-    assert len(ours) == len(lines), f"{len(ours)} outputs for {len(lines)} lines"
+    check(len(ours) == len(lines), f"{len(ours)} outputs for {len(lines)} lines")
     mismatches = [(l, e, o) for l, e, o in zip(lines, expected, ours) if e != o]
     scripts = {"cyrillic": any("\u0400" <= c <= "\u04ff" for l in lines for c in l),
                "cjk": any("\u4e00" <= c <= "\u9fff" for l in lines for c in l),
@@ -55,9 +53,9 @@ def main():
     print(f"{len(lines)} lines, {sum(map(len, expected))} tokens, {len(mismatches)} mismatches, scripts {scripts}")
     for line, e, o in mismatches[:5]:
         print(f"MISMATCH {line!r}\n  hf:   {e}\n  ours: {o}")
-    if len(lines) < 2000 or not all(scripts.values()) or mismatches:
-        sys.exit(1)
+    check(len(lines) >= 2000 and all(scripts.values()) and not mismatches,
+          f"{len(lines)} lines (2,000 at least), scripts {scripts}, {len(mismatches)} mismatches")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--probe", "--vocab"), __doc__)

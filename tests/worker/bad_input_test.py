@@ -6,7 +6,6 @@ not regular files (FIFO, /dev/zero, a folder), config.json sizes that are zero,
 negative, huge or inconsistent, and checkpoints or safetensors files that are truncated,
 bit-flipped, carry bad metadata or lie in their header. Each case ends within a
 timeout (a FIFO used to block every rank)."""
-import argparse
 import glob
 import json
 import os
@@ -15,9 +14,11 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
-from e2e_common import LANGID as LANGID_DIR, dev_subset, flip_bits, job_yaml, run_worker, set_metadata, subset_tsv, write
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import (LANGID as LANGID_DIR, dev_subset, flip_bits, job_yaml, run_worker, set_metadata,  # noqa: E402
+                         subset_tsv, write)
 
 
 HF_CONFIG = {"vocab_size": 8000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -47,7 +48,7 @@ def truncated_checkpoint(worker, work, train):
     job = write(os.path.join(work, "ckpt_job.yaml"),
                 job_yaml("ckpt_job", train, "train:\n  max_steps: 3\ncheckpoint:\n  every_steps: 3\n"))
     result = run_worker(worker, job, os.path.join(work, "ckpt_runs"))
-    assert result.returncode == 0, result.stderr
+    check(result.returncode == 0, result.stderr)
     path = sorted(glob.glob(os.path.join(work, "ckpt_runs", "ckpt_job", "checkpoints", "*.safetensors")))[-1]
     broken = os.path.join(work, "broken.safetensors")
     shutil.copy(path, broken)
@@ -205,34 +206,30 @@ def override_cases(worker, work, train):
     return failures
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
+def test(args, work):
     failures = 0
-    with tempfile.TemporaryDirectory() as work:
-        train = subset_tsv(work, 200)
-        checkpoints = truncated_checkpoint(args.worker, work, train)
-        for name, (yaml_text, expected) in cases(work, train, checkpoints).items():
-            job = write(os.path.join(work, "case", "runs_parent", "job.yaml"), yaml_text)
-            runs = os.path.join(work, "case", "runs_parent", "runs")
-            beside = sorted(os.listdir(os.path.dirname(runs)))
-            try:
-                result = run_worker(args.worker, job, runs, timeout=120)
-            except subprocess.TimeoutExpired:
-                print(f"FAIL {name}: still running after 120 s")
-                failures += 1
-                continue
-            lines = [l for l in result.stderr.splitlines() if l.strip()]
-            located = bool(lines) and re.match(r"error: .*job\.yaml:\d+:\d+: ", lines[0])
-            # `name: ..` wrote into the parent of runs/: nothing may appear beside it either.
-            ok = (result.returncode == 2 and len(lines) == 1 and located and re.search(expected, lines[0])
-                  and not os.path.exists(runs) and sorted(os.listdir(os.path.dirname(runs))) == beside)
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
-            failures += not ok
-            shutil.rmtree(os.path.join(work, "case"), ignore_errors=True)
-        failures += run_folder_cases(args.worker, work, train)
-        failures += override_cases(args.worker, work, train)
+    train = subset_tsv(work, 200)
+    checkpoints = truncated_checkpoint(args.worker, work, train)
+    for name, (yaml_text, expected) in cases(work, train, checkpoints).items():
+        job = write(os.path.join(work, "case", "runs_parent", "job.yaml"), yaml_text)
+        runs = os.path.join(work, "case", "runs_parent", "runs")
+        beside = sorted(os.listdir(os.path.dirname(runs)))
+        try:
+            result = run_worker(args.worker, job, runs, timeout=120)
+        except subprocess.TimeoutExpired:
+            print(f"FAIL {name}: still running after 120 s")
+            failures += 1
+            continue
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        located = bool(lines) and re.match(r"error: .*job\.yaml:\d+:\d+: ", lines[0])
+        # `name: ..` wrote into the parent of runs/: nothing may appear beside it either.
+        ok = (result.returncode == 2 and len(lines) == 1 and located and re.search(expected, lines[0])
+              and not os.path.exists(runs) and sorted(os.listdir(os.path.dirname(runs))) == beside)
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
+        failures += not ok
+        shutil.rmtree(os.path.join(work, "case"), ignore_errors=True)
+    failures += run_folder_cases(args.worker, work, train)
+    failures += override_cases(args.worker, work, train)
     pool = subprocess.run([args.worker, "--coordinator", "127.0.0.1:5555"], capture_output=True, text=True, timeout=60)
     ok = pool.returncode == 2 and "not a usable ZeroMQ endpoint" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} malformed --coordinator: exit {pool.returncode}: {pool.stderr.strip()}")
@@ -242,8 +239,8 @@ def main():
     ok = pool.returncode == 2 and "--mpirun" in pool.stderr and "no such executable" in pool.stderr
     print(f"{'ok  ' if ok else 'FAIL'} missing --mpirun: exit {pool.returncode}: {pool.stderr.strip()}")
     failures += not ok
-    sys.exit(1 if failures else 0)
+    check(not failures, f"{failures} bad inputs were not refused as they should be (the FAIL lines above)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, description=__doc__)

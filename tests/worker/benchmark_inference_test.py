@@ -15,16 +15,16 @@
               first token and decoded tokens/s; fp16 on CPU and a prompt that leaves no
               room for new_tokens are N/A, with their reasons, on either rank
 """
-import argparse
 import csv
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
-from e2e_common import LANGID, MPI_ENV, SOURCE_DIR, write
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, run_case  # noqa: E402
+from harness.e2e import LANGID, MPI_ENV, write  # noqa: E402
 
 TOPICS = os.path.join(SOURCE_DIR, "data", "prepared", "topics")
 LM = os.path.join(SOURCE_DIR, "data", "prepared", "lm")
@@ -49,7 +49,8 @@ def run(worker, work, name, text):
     return result, os.path.join(work, "runs", name)
 
 
-def sweep(worker, work):
+def sweep(args, work):
+    worker = args.worker
     ok = True
     for preset in ("tiny", "mini"):
         result, out = run(worker, work, f"sweep_{preset}", bench_job(f"sweep_{preset}", preset, """  batch_sizes: [1, 4, 2048]
@@ -58,9 +59,7 @@ def sweep(worker, work):
   iters: 3
   memory_cap_mb: 100
 """))
-        if result.returncode != 0:
-            print(result.stdout, result.stderr)
-            return False
+        check(result.returncode == 0, f"sweep_{preset} failed:\n{result.stdout}\n{result.stderr}")
         cells = list(csv.DictReader(open(os.path.join(out, "benchmark.csv"))))
         status = {(int(c["batch"]), int(c["seq_len"]), c["precision"]): c["status"] for c in cells}
         expected_na = all(status[(b, 600, p)] == "N/A" for b in (1, 4, 2048) for p in ("fp32", "bf16", "fp16"))
@@ -82,10 +81,11 @@ def sweep(worker, work):
         print(f"{preset}: {len(cells)} cells; statuses {sorted(set(status.values()))}; 2048x32 fp32 -> "
               f"{status[(2048, 32, 'fp32')]}; env torch {env['torch_version']} on {env['device']}")
         ok = ok and len(cells) == 27 and expected_na and fp16_na and measured and oom and files and bool(clocked)
-    return ok
+    check(ok, "a sweep's cells, statuses, files or cell lines are not as they should be (the lines above)")
 
 
-def train_step(worker, work):
+def train_step(args, work):
+    worker = args.worker
     result, out = run(worker, work, "train_step", bench_job("train_step", "tiny", """  mode: train_step
   precisions: [fp32, bf16]
   train_steps: 6
@@ -93,7 +93,8 @@ def train_step(worker, work):
     cells = list(csv.DictReader(open(os.path.join(out, "benchmark.csv")))) if result.returncode == 0 else []
     for c in cells:
         print(f"train_step {c['precision']}: mean {c['mean_ms']} ms, p50 {c['p50_ms']} ms")
-    return len(cells) == 2 and all(c["status"] == "ok" and float(c["mean_ms"]) > 0 for c in cells)
+    check(len(cells) == 2 and all(c["status"] == "ok" and float(c["mean_ms"]) > 0 for c in cells),
+          f"train_step: exit {result.returncode}, cells {cells}\n{result.stderr[-3000:]}")
 
 
 def inference_job(name, sort_by_length):
@@ -113,21 +114,18 @@ inference:
 """
 
 
-def inference(worker, work):
+def inference(args, work):
+    worker = args.worker
     predictions = {}
     for sort in ("true", "false", "both"):
         result, out = run(worker, work, f"infer_{sort}", inference_job(f"infer_{sort}", sort))
-        if result.returncode != 0:
-            print(result.stdout, result.stderr)
-            return False
+        check(result.returncode == 0, f"infer_{sort} failed:\n{result.stdout}\n{result.stderr}")
         # the progress line (not a terminal: every tenth) reaches 100% for each pass
         output = result.stdout + result.stderr
         for order, wanted in (("file order", sort in ("false", "both")), ("sorted by length", sort in ("true", "both"))):
             done = re.search(rf"inference \({order}\) (\d+)/\1 \(100%\) \[\d+:\d\d<0:00\] \d+ texts/s", output)
-            if bool(done) != wanted:
-                print(f"infer_{sort}: the '{order}' progress line at 100% is {'missing' if wanted else 'unexpected'}:",
-                      output[-2000:])
-                return False
+            check(bool(done) == wanted, f"infer_{sort}: the '{order}' progress line at 100% is "
+                                        f"{'missing' if wanted else 'unexpected'}: {output[-2000:]}")
         rows = list(csv.DictReader(open(os.path.join(out, "predictions.tsv")), delimiter="\t"))
         predictions[sort] = rows
         if sort == "both":
@@ -142,10 +140,12 @@ def inference(worker, work):
     diff = max(abs(float(x[k]) - float(y[k])) for x, y in zip(a, b) for k in logit_cols)
     print(f"{len(a)} predictions: same order {same_order}, gold column follows the input {in_input_order}, "
           f"same labels {same_labels}, max logit diff {diff:.1e}")
-    return same_order and same_labels and in_input_order and diff < 1e-4
+    check(same_order and same_labels and in_input_order and diff < 1e-4,
+          "sorted and file-order predictions differ, or are not in input order (the line above)")
 
 
-def validation(worker, work):
+def validation(args, work):
+    worker = args.worker
     cases = {
         "cuda_graph on CPU": ("  modes: [eager, cuda_graph]\n", r"benchmark\.modes: cuda_graph needs a CUDA device"),
         "empty list": ("  batch_sizes: []\n", r"benchmark\.batch_sizes: expected a non-empty list"),
@@ -166,7 +166,7 @@ def validation(worker, work):
                 and re.search(expected, lines[0]) and not os.path.exists(out))
         print(f"{'ok  ' if good else 'FAIL'} {name}: exit {result.returncode}: {' | '.join(lines)}")
         ok = ok and bool(good)
-    return ok
+    check(ok, "an invalid job was not refused as it should be (the FAIL lines above)")
 
 
 GENERATE_JOB = f"""name: {{name}}
@@ -188,7 +188,8 @@ benchmark:
 """
 
 
-def generate(worker, work, mpirun):
+def generate(args, work):
+    worker, mpirun = args.worker, args.mpirun
     ok = True
     for ranks in (1, 2):
         name = f"generate_{ranks}"
@@ -197,9 +198,7 @@ def generate(worker, work, mpirun):
         if ranks > 1:
             command = [mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + command
         result = subprocess.run(command, capture_output=True, text=True, env=MPI_ENV)
-        if result.returncode != 0:
-            print(result.stdout[-3000:], result.stderr[-3000:])
-            return False
+        check(result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         out = os.path.join(work, "runs", name)
         cells = {(int(c["batch"]), int(c["seq_len"]), c["precision"]): c
                  for c in csv.DictReader(open(os.path.join(out, "benchmark.csv")))}
@@ -219,11 +218,12 @@ def generate(worker, work, mpirun):
               f"510 + 8 N/A {too_long}; table {'## fp32 / generate' in table}")
         ok = ok and len(cells) == 12 and timed and fp16 and too_long and "## fp32 / generate" in table
         ok = ok and ranks_seen == [str(r) for r in range(ranks)]
-    return ok
+    check(ok, "a generate benchmark's cells are not as they should be (the lines above)")
 
 
-def multirank(worker, work, mpirun):
+def multirank(args, work):
     """2 ranks: sweep cells are dealt across ranks and gathered; inference shards too."""
+    worker, mpirun = args.worker, args.mpirun
     sweep_job = write(os.path.join(work, "mr_sweep.yaml"), bench_job("mr_sweep", "tiny", """  batch_sizes: [1, 2, 4]
   seq_lens: [8, 16]
   iters: 3
@@ -234,9 +234,7 @@ def multirank(worker, work, mpirun):
     for job in (sweep_job, infer_job):
         r = subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", worker, job, "--runs-dir", runs2],
                            capture_output=True, text=True, env=MPI_ENV)
-        if r.returncode != 0:
-            print(r.stdout, r.stderr)
-            return False
+        check(r.returncode == 0, f"{job} on 2 ranks failed:\n{r.stdout}\n{r.stderr}")
     subprocess.run([worker, infer_job, "--runs-dir", runs1], check=True, capture_output=True)
     cells = list(csv.DictReader(open(os.path.join(runs2, "mr_sweep", "benchmark.csv"))))
     ranks = sorted({c["rank"] for c in cells})
@@ -245,23 +243,13 @@ def multirank(worker, work, mpirun):
     same = [l.split("\t")[:3] for l in p1] == [l.split("\t")[:3] for l in p2]
     print(f"2-rank sweep: {len(cells)} cells measured by ranks {ranks}, all ok: {all(c['status'] == 'ok' for c in cells)}; "
           f"2-rank inference predictions equal 1-rank: {same}")
-    return len(cells) == 6 and ranks == ["0", "1"] and all(c["status"] == "ok" for c in cells) and same
+    check(len(cells) == 6 and ranks == ["0", "1"] and all(c["status"] == "ok" for c in cells) and same,
+          "the 2-rank sweep's cells or inference differ from what they should be (the line above)")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=["sweep", "train_step", "inference", "validation", "multirank", "generate"])
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        if args.case in ("multirank", "generate"):
-            ok = globals()[args.case](args.worker, work, args.mpirun)
-        else:
-            ok = globals()[args.case](args.worker, work)
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+CASES = {"sweep": sweep, "train_step": train_step, "inference": inference, "validation": validation,
+         "multirank": multirank, "generate": generate}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, description=__doc__)

@@ -3,20 +3,19 @@
 worker (byte-level BPE, length-bucketed batches, loss masked on padding). Dev perplexity
 falls epoch over epoch; Hugging Face loads the saved model and its mean next-token loss
 over the same dev texts equals the eval_loss we logged; and a generate job runs from it."""
-import argparse
 import csv
 import json
 import math
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import GPT2LMHeadModel, GPT2TokenizerFast
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import SOURCE_DIR, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, run_test  # noqa: E402
+from harness.e2e import write  # noqa: E402
 
 LM = os.path.join(SOURCE_DIR, "data", "prepared", "lm")
 VOCAB, MERGES = os.path.join(LM, "bpe", "vocab.json"), os.path.join(LM, "bpe", "merges.txt")
@@ -73,36 +72,31 @@ def hf_dev_loss(model_dir, texts):
     return total / count
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        train = os.path.join(work, "train.txt")
-        dev = os.path.join(work, "dev.txt")
-        subset(os.path.join(LM, "train.txt"), train, 1500)
-        dev_texts = subset(os.path.join(LM, "dev.txt"), dev, 250)
-        job = os.path.join(work, "lm.yaml")
-        write(job, finetune_yaml(work, train, dev))
-        run = subprocess.run([args.worker, job], capture_output=True, text=True, timeout=900)
-        print(run.stdout[-2500:])
-        if run.returncode != 0:
-            sys.exit(f"finetune failed:\n{run.stderr[-3000:]}")
-        with open(os.path.join(work, "runs", "lm", "epochs.csv")) as f:
-            losses = [float(row["eval_loss"]) for row in csv.DictReader(f)]
-        perplexities = [math.exp(l) for l in losses]
-        falling = all(b < a for a, b in zip(perplexities, perplexities[1:]))
-        print(f"dev perplexity by epoch: {[round(p, 1) for p in perplexities]} (falling: {falling})")
+def test(args, work):
+    train = os.path.join(work, "train.txt")
+    dev = os.path.join(work, "dev.txt")
+    subset(os.path.join(LM, "train.txt"), train, 1500)
+    dev_texts = subset(os.path.join(LM, "dev.txt"), dev, 250)
+    job = os.path.join(work, "lm.yaml")
+    write(job, finetune_yaml(work, train, dev))
+    run = subprocess.run([args.worker, job], capture_output=True, text=True, timeout=900)
+    print(run.stdout[-2500:])
+    check(run.returncode == 0, f"finetune failed:\n{run.stderr[-3000:]}")
+    with open(os.path.join(work, "runs", "lm", "epochs.csv")) as f:
+        losses = [float(row["eval_loss"]) for row in csv.DictReader(f)]
+    perplexities = [math.exp(l) for l in losses]
+    falling = all(b < a for a, b in zip(perplexities, perplexities[1:]))
+    print(f"dev perplexity by epoch: {[round(p, 1) for p in perplexities]} (falling: {falling})")
 
-        model_dir = os.path.join(work, "runs", "lm", "model")
-        hf_loss = hf_dev_loss(model_dir, dev_texts)
-        agree = abs(hf_loss - losses[-1]) < 1e-3 * max(1.0, hf_loss)
-        print(f"HF's dev loss on our saved model {hf_loss:.5f}, ours {losses[-1]:.5f} (agree: {agree})")
+    model_dir = os.path.join(work, "runs", "lm", "model")
+    hf_loss = hf_dev_loss(model_dir, dev_texts)
+    agree = abs(hf_loss - losses[-1]) < 1e-3 * max(1.0, hf_loss)
+    print(f"HF's dev loss on our saved model {hf_loss:.5f}, ours {losses[-1]:.5f} (agree: {agree})")
 
-        prompts = os.path.join(work, "prompts.txt")
-        write(prompts, "Time is\nThe computer\n")
-        gen = os.path.join(work, "gen.yaml")
-        write(gen, f"""name: lm_generate
+    prompts = os.path.join(work, "prompts.txt")
+    write(prompts, "Time is\nThe computer\n")
+    gen = os.path.join(work, "gen.yaml")
+    write(gen, f"""name: lm_generate
 kind: generate
 data:
   tokenizer: {{kind: bpe, vocab: {VOCAB}, merges: {MERGES}}}
@@ -112,19 +106,20 @@ generate: {{prompts: {prompts}, max_new_tokens: 12, batch_size: 2}}
 runtime: {{device: cpu, threads: 1}}
 log: {{runs_dir: {os.path.join(work, "runs")}}}
 """)
-        gen_run = subprocess.run([args.worker, gen], capture_output=True, text=True, timeout=300)
-        generated = []
-        if gen_run.returncode == 0:
-            with open(os.path.join(work, "runs", "lm_generate", "generations.jsonl")) as f:
-                generated = [json.loads(l) for l in f]
-        for g in generated:
-            print(f"generate: {g['prompt']!r} -> {g['completion']!r}")
-        ok_generate = gen_run.returncode == 0 and len(generated) == 2 and all(g["tokens"] for g in generated)
-        if not ok_generate:
-            print(gen_run.stderr[-2000:])
-    if not (falling and agree and ok_generate and len(losses) == 3):
-        sys.exit(1)
+    gen_run = subprocess.run([args.worker, gen], capture_output=True, text=True, timeout=300)
+    generated = []
+    if gen_run.returncode == 0:
+        with open(os.path.join(work, "runs", "lm_generate", "generations.jsonl")) as f:
+            generated = [json.loads(l) for l in f]
+    for g in generated:
+        print(f"generate: {g['prompt']!r} -> {g['completion']!r}")
+    ok_generate = gen_run.returncode == 0 and len(generated) == 2 and all(g["tokens"] for g in generated)
+    if not ok_generate:
+        print(gen_run.stderr[-2000:])
+    check(falling and agree and ok_generate and len(losses) == 3,
+          f"{len(losses)} epochs (3 wanted), perplexity falling {falling}, HF's loss agrees {agree}, "
+          f"generated {ok_generate}")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, description=__doc__)

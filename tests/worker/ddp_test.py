@@ -13,31 +13,32 @@
                and the job exits non-zero within timeout + 5 s
   kill         SIGKILL one rank mid-epoch: the job exits non-zero within bounds
 """
-import argparse
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-from e2e_common import MPI_ENV, job_yaml, rank_pids, subset_tsv, write
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness import e2e  # noqa: E402
+from harness.e2e import MPI_ENV, job_yaml, rank_pids, subset_tsv, write  # noqa: E402
 
 
 def mpirun(args, ranks):
     return [args.mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none", args.worker]
 
 
-def run_job(args, work, name, ranks, extra, train_count=1600, check=True):
+def run_job(args, work, name, ranks, extra, train_count=1600):
     train = subset_tsv(work, train_count)
     job = write(os.path.join(work, name + ".yaml"), job_yaml(name, train, extra))
     runs = os.path.join(work, "runs")
     result = subprocess.run(mpirun(args, ranks) + [job, "--runs-dir", runs], capture_output=True, text=True,
                             env=MPI_ENV, timeout=600)
-    if check and result.returncode != 0:
-        sys.exit(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    check(result.returncode == 0,
+          f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return os.path.join(runs, name), result
 
 
@@ -79,7 +80,8 @@ STEPS_20 = "  max_steps: 20\n  lr: 1.0e-3\n  epochs: 1\n"
 def equivalence(args, work):
     four, _ = run_job(args, work, "eq_four", 4, "train:\n  batch_size: 8\n" + STEPS_20)
     one, _ = run_job(args, work, "eq_one", 1, "train:\n  batch_size: 32\n" + STEPS_20)
-    return weights_agree(load_weights(four), load_weights(one), "4x8 vs 1x32")
+    check(weights_agree(load_weights(four), load_weights(one), "4x8 vs 1x32"),
+          "4 ranks x 8 and 1 rank x 32 disagree (the line above says by how much)")
 
 
 def accumulation(args, work):
@@ -100,7 +102,7 @@ def accumulation(args, work):
         print(f"{ranks} rank(s): {len(steps_of(split))} optimizer steps, each with the unsplit run's lr and "
               f"tokens: {same_steps}; losses differ by at most {loss_diff:.1e} relative")
         ok &= same_steps and loss_diff <= 1e-5
-    return ok
+    check(ok, "accumulated micro-batches disagree with whole batches (the lines above say how)")
 
 
 def dropout_off(text):
@@ -113,7 +115,7 @@ def consistency(args, work):
     with open(os.path.join(run, "summary.json")) as f:
         checks = json.load(f)["consistency_checks"]
     print(f"parameter hashes compared across 4 ranks after {checks} steps: all identical")
-    return checks == 30
+    check(checks == 30, f"parameter hashes compared after {checks} steps, not 30")
 
 
 def fp16_agree(args, work):
@@ -127,7 +129,8 @@ def fp16_agree(args, work):
     scales = [s["loss_scale"] for s in steps]
     print(f"skipped steps {skipped}; loss scale by step {scales}")
     planted = "planted an inf in rank 2" in result.stdout + result.stderr
-    return planted and skipped == [5] and scales[3] == 1024 and scales[4] == 512 and scales[-1] == 512
+    check(planted and skipped == [5] and scales[3] == 1024 and scales[4] == 512 and scales[-1] == 512,
+          f"the inf planted in rank 2 ({'said' if planted else 'not said'}): skipped steps {skipped}, scales {scales}")
 
 
 def small_vocab(text, work):
@@ -144,8 +147,7 @@ def overlap(args, work):
     backward still runs (steps.jsonl's buckets_in_backward), with it off none are, and
     the two give the same losses. How much exposed time that saves is a benchmark's
     question (scripts/bench/ddp_scaling.sh prints both settings' share of the step)."""
-    import e2e_common
-    original = e2e_common.job_yaml
+    original = e2e.job_yaml
     globals()["job_yaml"] = lambda *a, **k: small_vocab(original(*a, **k).replace("preset: tiny", "preset: mini"), work)
     steps = {}
     for flag in ("true", "false"):
@@ -163,7 +165,7 @@ def overlap(args, work):
         if on["step"] != off["step"] or abs(on["loss"] - off["loss"]) > 1e-6 * max(1.0, abs(off["loss"])):
             print(f"step {on['step']}: loss {on['loss']} with overlap, {off['loss']} without")
             ok = False
-    return ok
+    check(ok, "overlap on and off disagree on the buckets all-reduced during backward or the losses (lines above)")
 
 
 def fault(args, work, sig):
@@ -179,7 +181,7 @@ def fault(args, work, sig):
     steps_file = os.path.join(runs, name, "steps.jsonl")
     while not (os.path.exists(steps_file) and os.path.getsize(steps_file) > 2000):
         if proc.poll() is not None:
-            sys.exit(proc.stdout.read())
+            raise AssertionError(proc.stdout.read())
         time.sleep(0.05)
     os.kill(pids[2], sig)
     faulted = time.time()
@@ -194,34 +196,27 @@ def fault(args, work, sig):
         print(line)
     print(f"{signal.Signals(sig).name} of rank 2: job exited with {proc.returncode} {elapsed:.1f} s later "
           f"(limit {timeout_s + 5:.0f} s)")
+    check(proc.returncode != 0 and elapsed <= timeout_s + 5,
+          f"the job exited {proc.returncode} {elapsed:.1f} s after the fault (non-zero within {timeout_s + 5:.0f} s)")
     if sig == signal.SIGSTOP:
         host = socket.gethostname()
         named = report and all(f"rank {host}:2 did not reach it" in l and "collective #" in l for l in report)
-        return proc.returncode != 0 and elapsed <= timeout_s + 5 and bool(named)
-    return proc.returncode != 0 and elapsed <= timeout_s + 5
+        check(named, f"every report names rank {host}:2 and the collective: {report[:4]}")
 
 
-CASES = {"equivalence": equivalence, "accumulation": accumulation, "consistency": consistency, "fp16_agree": fp16_agree,
+def with_dropout_off(case):
+    """`case`, its jobs without dropout: runs that are compared numerically."""
+    def run(args, work):
+        globals()["job_yaml"] = lambda *a, **k: dropout_off(e2e.job_yaml(*a, **k))
+        case(args, work)
+    return run
+
+
+CASES = {"equivalence": with_dropout_off(equivalence), "accumulation": with_dropout_off(accumulation),
+         "consistency": with_dropout_off(consistency), "fp16_agree": with_dropout_off(fp16_agree),
          "overlap": overlap, "hang": lambda a, w: fault(a, w, signal.SIGSTOP),
          "kill": lambda a, w: fault(a, w, signal.SIGKILL)}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    import e2e_common
-    original = e2e_common.job_yaml
-    if args.case in ("equivalence", "accumulation", "consistency", "fp16_agree"):
-        e2e_common.job_yaml = lambda *a, **k: dropout_off(original(*a, **k))
-        globals()["job_yaml"] = e2e_common.job_yaml
-    with tempfile.TemporaryDirectory() as work:
-        ok = CASES[args.case](args, work)
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, description=__doc__)

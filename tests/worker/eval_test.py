@@ -25,7 +25,6 @@ metrics, eval.test, checkpoint.best_metric and train.early_stopping.
                   with resume: auto changes no file.
 """
 import csv
-import hashlib
 import json
 import os
 import shutil
@@ -40,7 +39,9 @@ from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 from transformers import BertTokenizerFast
 
-from e2e_common import LANGID, MPI_ENV, job_yaml, run_case, subset_tsv, weights, write
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import LANGID, MPI_ENV, job_yaml, subset_tsv, tree_digest, weights, write  # noqa: E402
 
 EXAMPLES, BATCH = 1200, 16  # 75 steps an epoch
 TIMINGS = ("eval_runtime", "eval_samples_per_second", "test_runtime", "test_samples_per_second")
@@ -73,11 +74,6 @@ def run(worker, job, runs, *extra, **kw):
                           **kw)
 
 
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    return bool(ok)
-
-
 def sklearn_on_inference(worker, work, model_dir, test):
     """scikit-learn's metrics of the predictions our inference job makes with model/ on
     `test`, batched as the evaluation batches it (64 a batch, sorted by length)."""
@@ -93,8 +89,7 @@ inference: {{input: {test}, batch_size: 64, sort_by_length: "true"}}
 log: {{progress: false}}
 """)
     result = run(worker, job, os.path.join(work, "predict_runs"))
-    if result.returncode != 0:
-        sys.exit(f"the inference job failed:\n{result.stderr[-3000:]}")
+    check(result.returncode == 0, f"the inference job failed:\n{result.stderr[-3000:]}")
     with open(os.path.join(work, "predict_runs", "predict", "predictions.tsv")) as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     gold, predicted = [r["gold"] for r in rows], [r["predicted"] for r in rows]
@@ -113,50 +108,49 @@ checkpoint: {{best_metric: eval_f1, keep: 1, resume: auto}}
 """
     job = write(os.path.join(work, "best.yaml"), job_yaml("best", train, extra))
     straight = run(args.worker, job, os.path.join(work, "straight"), "--set", "eval.every_steps=20")
-    if straight.returncode != 0:
-        sys.exit(f"the run failed:\n{straight.stdout[-2000:]}\n{straight.stderr[-3000:]}")
+    check(straight.returncode == 0, f"the run failed:\n{straight.stdout[-2000:]}\n{straight.stderr[-3000:]}")
     run_dir = os.path.join(work, "straight", "best")
     with open(os.path.join(run_dir, "job.yaml")) as f:
         ran = yaml.safe_load(f)
-    ok = check(ran["eval"]["every_steps"] == 20 and float(ran["train"]["lr"]) == 1e-3 and
-               ran["log"]["runs_dir"] == os.path.join(work, "straight"),
-               f"job.yaml is the job as it ran: eval {ran['eval']}, train {ran['train']}")
+    check(ran["eval"]["every_steps"] == 20 and float(ran["train"]["lr"]) == 1e-3 and
+          ran["log"]["runs_dir"] == os.path.join(work, "straight"),
+          f"job.yaml is the job as it ran: eval {ran['eval']}, train {ran['train']}")
     lines = read_lines(run_dir, "evals.jsonl")
     evals = [l for l in lines if l["split"] == "eval"]
-    ok &= check([l["step"] for l in evals] == [20, 40, 60, 75, 80, 100, 120, 140, 150],
-               f"evaluations at steps {[l['step'] for l in evals]}")
-    ok &= check(all({"eval_loss", "eval_accuracy", "eval_f1", "eval_precision", "eval_recall"} <= set(l) for l in evals),
-                "each evaluation has the loss and the four metrics")
+    check([l["step"] for l in evals] == [20, 40, 60, 75, 80, 100, 120, 140, 150],
+          f"evaluations at steps {[l['step'] for l in evals]}")
+    check(all({"eval_loss", "eval_accuracy", "eval_f1", "eval_precision", "eval_recall"} <= set(l) for l in evals),
+          "each evaluation has the loss and the four metrics")
     with open(os.path.join(run_dir, "epochs.csv")) as f:
         rows = list(csv.DictReader(f))
     at_ends = [f"{l['eval_accuracy']:.6f}" for l in evals if l["step"] in (75, 150)]
-    ok &= check([r["eval_acc"] for r in rows] == at_ends, f"epoch rows' eval_acc {[r['eval_acc'] for r in rows]} "
-                f"are the epoch ends' evaluations {at_ends}")
+    check([r["eval_acc"] for r in rows] == at_ends, f"epoch rows' eval_acc {[r['eval_acc'] for r in rows]} "
+          f"are the epoch ends' evaluations {at_ends}")
     best = None
     for l in evals:  # the first strictly greatest
         if best is None or l["eval_f1"] > best["eval_f1"]:
             best = l
     got = summary(run_dir).get("best", {})
-    ok &= check(got.get("step") == best["step"] and got.get("value") == best["eval_f1"] and
-                got.get("metric") == "eval_f1", f"summary's best {got} is step {best['step']}'s eval_f1")
+    check(got.get("step") == best["step"] and got.get("value") == best["eval_f1"] and
+          got.get("metric") == "eval_f1", f"summary's best {got} is step {best['step']}'s eval_f1")
     kept = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
     wanted = sorted({f"step-{best['step']:09d}.safetensors", "step-000000150.safetensors"})
-    ok &= check(kept == wanted, f"checkpoints kept: {kept}")
-    ok &= check(same_weights(weights(run_dir), checkpoint_weights(run_dir, best["step"])),
-                f"model/ holds step {best['step']}'s weights bit for bit"
-                f"{' (the last step: the best was the last evaluation)' if best['step'] == 150 else ''}")
+    check(kept == wanted, f"checkpoints kept: {kept}")
+    check(same_weights(weights(run_dir), checkpoint_weights(run_dir, best["step"])),
+          f"model/ holds step {best['step']}'s weights bit for bit"
+          f"{' (the last step: the best was the last evaluation)' if best['step'] == 150 else ''}")
     test_line = [l for l in lines if l["split"] == "test"]
     reference = sklearn_on_inference(args.worker, work, os.path.join(run_dir, "model"), test)
     agree = len(test_line) == 1 and all(abs(test_line[0][k] - v) <= 4 * 2.0 ** -53 * max(1.0, abs(v))
                                         for k, v in reference.items())
-    ok &= check(agree, f"test line {({k: test_line[0].get(k) for k in reference} if test_line else None)} equals "
-                f"scikit-learn on model/'s predictions {reference}")
+    check(agree, f"test line {({k: test_line[0].get(k) for k in reference} if test_line else None)} equals "
+          f"scikit-learn on model/'s predictions {reference}")
     in_summary = summary(run_dir).get("test")
-    ok &= check(bool(test_line) and in_summary == {k: v for k, v in test_line[0].items() if k.startswith("test_") and
-                                                   k not in TIMINGS}, f"summary.json's test: {in_summary}")
+    check(bool(test_line) and in_summary == {k: v for k, v in test_line[0].items() if k.startswith("test_") and
+                                             k not in TIMINGS}, f"summary.json's test: {in_summary}")
     if test_line:
-        ok &= two_ranks_evaluate_alike(args, work, train, test, run_dir, test_line[0])
-    return ok & signalled_and_resumed(args, work, job, run_dir)
+        two_ranks_evaluate_alike(args, work, train, test, run_dir, test_line[0])
+    signalled_and_resumed(args, work, job, run_dir)
 
 
 def two_ranks_evaluate_alike(args, work, train, test, run_dir, one_rank):
@@ -174,22 +168,21 @@ eval: {{test: {test}, batch_size: 32}}
     os.remove(os.path.join(init, "vocab.txt"))
     text = job_yaml("two", train, extra).replace("  preset: tiny\n", f"  init: {init}\n")
     text = text.replace(f"  tokenizer:\n    vocab: {os.path.join(LANGID, 'vocab.txt')}\n", "")
-    assert "tokenizer" not in text, text
+    check("tokenizer" not in text, text)
     job = write(os.path.join(work, "two.yaml"), text)
     result = subprocess.run([args.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", args.worker, job,
                              "--runs-dir", os.path.join(work, "two_runs")], capture_output=True, text=True,
                             timeout=600, env=MPI_ENV)
-    if result.returncode != 0:
-        sys.exit(f"the 2-rank job failed:\n{result.stderr[-3000:]}")
+    check(result.returncode == 0, f"the 2-rank job failed:\n{result.stderr[-3000:]}")
     exported = open(os.path.join(work, "two_runs", "two", "model", "vocab.txt"), "rb").read()
-    ok = check(exported == open(os.path.join(LANGID, "vocab.txt"), "rb").read(),
-               "the model it exports has the tokenizer.json's vocabulary as vocab.txt, byte for byte")
+    check(exported == open(os.path.join(LANGID, "vocab.txt"), "rb").read(),
+          "the model it exports has the tokenizer.json's vocabulary as vocab.txt, byte for byte")
     two = [l for l in read_lines(os.path.join(work, "two_runs", "two"), "evals.jsonl") if l["split"] == "test"]
     counted = ("test_accuracy", "test_f1", "test_precision", "test_recall")
     same = len(two) == 1 and all(two[0][k] == one_rank[k] for k in counted)
     loss = len(two) == 1 and abs(two[0]["test_loss"] - one_rank["test_loss"]) <= 1e-12 * abs(one_rank["test_loss"])
-    return ok & check(same and loss, f"2 ranks: test metrics {({k: two[0][k] for k in counted + ('test_loss',)} if two else None)}"
-                 f" equal one rank's (the loss within 1e-12)")
+    shown = {k: two[0][k] for k in counted + ("test_loss",)} if two else None
+    check(same and loss, f"2 ranks: test metrics {shown} equal one rank's (the loss within 1e-12)")
 
 
 def signalled_and_resumed(args, work, job, straight_dir):
@@ -203,26 +196,24 @@ def signalled_and_resumed(args, work, job, straight_dir):
     deadline = time.time() + 300
     while not (os.path.exists(steps_file) and sum(1 for _ in open(steps_file)) >= 90):
         if proc.poll() is not None or time.time() > deadline:
-            sys.exit(f"the paused run ended before step 90:\n{proc.stdout.read()[-3000:]}")
+            raise AssertionError(f"the paused run ended before step 90:\n{proc.stdout.read()[-3000:]}")
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     resumed = run(args.worker, paused, runs)
-    ok = check(proc.returncode == 3 and resumed.returncode == 0,
-               f"SIGTERM at step 90 or so: exit {proc.returncode}; resumed: exit {resumed.returncode}")
     if resumed.returncode != 0:
         print(out[-2000:], resumed.stderr[-3000:])
-        return False
+    check(proc.returncode == 3 and resumed.returncode == 0,
+          f"SIGTERM at step 90 or so: exit {proc.returncode}; resumed: exit {resumed.returncode}")
     run_dir = os.path.join(runs, "best")
 
     def untimed(lines):
         return [{k: v for k, v in l.items() if k not in TIMINGS} for l in lines]
-    ok &= check(untimed(read_lines(run_dir, "evals.jsonl")) == untimed(read_lines(straight_dir, "evals.jsonl")),
-                "the resumed run's evaluations are the uninterrupted run's (runtimes aside), each once")
-    ok &= check(summary(run_dir).get("best") == summary(straight_dir).get("best"), "the same best")
+    check(untimed(read_lines(run_dir, "evals.jsonl")) == untimed(read_lines(straight_dir, "evals.jsonl")),
+          "the resumed run's evaluations are the uninterrupted run's (runtimes aside), each once")
+    check(summary(run_dir).get("best") == summary(straight_dir).get("best"), "the same best")
     a, b = weights(run_dir), weights(straight_dir)
-    ok &= check(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "model/ bit for bit the same")
-    return ok
+    check(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "model/ bit for bit the same")
 
 
 def replay_early_stopping(evals, patience, threshold, greater):
@@ -241,16 +232,6 @@ def replay_early_stopping(evals, patience, threshold, greater):
     return None, best_step
 
 
-def tree_digest(folder):
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                digest.update(path.encode() + f.read())
-    return digest.hexdigest()
-
-
 def early_stopping_case(args, work):
     extra = f"""train:
   epochs: 2
@@ -263,36 +244,34 @@ checkpoint: {{best_metric: eval_loss, greater_is_better: true, resume: auto}}
     job = write(os.path.join(work, "early.yaml"), job_yaml("early", subset_tsv(work, EXAMPLES), extra))
     runs = os.path.join(work, "early_runs")
     result = run(args.worker, job, runs)
-    if result.returncode != 0:
-        sys.exit(f"the run failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    check(result.returncode == 0, f"the run failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     run_dir = os.path.join(runs, "early")
     evals = read_lines(run_dir, "evals.jsonl")
     stop, best_step = replay_early_stopping(evals, 2, 0.0, True)
     s = summary(run_dir)
     steps = [l["step"] for l in evals]
-    ok = check(stop is not None and s["global_step"] == stop < 150 and steps == list(range(10, stop + 1, 10)),
-               f"stopped at step {s['global_step']} after evaluations at {steps} (the rule replayed: {stop})")
-    ok &= check("stopped_early" in s and "in 2 evaluations" in s["stopped_early"],
-                f"summary says why: {s.get('stopped_early')}")
-    ok &= check("early stopping: eval_loss has not bettered" in result.stdout + result.stderr, "the log says so")
-    ok &= check(s.get("best", {}).get("step") == best_step and best_step < s["global_step"],
-                f"the best {s.get('best')} is the replayed rule's, step {best_step}")
+    check(stop is not None and s["global_step"] == stop < 150 and steps == list(range(10, stop + 1, 10)),
+          f"stopped at step {s['global_step']} after evaluations at {steps} (the rule replayed: {stop})")
+    check("stopped_early" in s and "in 2 evaluations" in s["stopped_early"],
+          f"summary says why: {s.get('stopped_early')}")
+    check("early stopping: eval_loss has not bettered" in result.stdout + result.stderr, "the log says so")
+    check(s.get("best", {}).get("step") == best_step and best_step < s["global_step"],
+          f"the best {s.get('best')} is the replayed rule's, step {best_step}")
     model = weights(run_dir)
-    ok &= check(same_weights(model, checkpoint_weights(run_dir, best_step)) and
-                not same_weights(model, checkpoint_weights(run_dir, s["global_step"])),
-                f"model/ holds step {best_step}'s weights, not the last step's")
+    check(same_weights(model, checkpoint_weights(run_dir, best_step)) and
+          not same_weights(model, checkpoint_weights(run_dir, s["global_step"])),
+          f"model/ holds step {best_step}'s weights, not the last step's")
     with open(os.path.join(run_dir, "epochs.csv")) as f:
         rows = list(csv.DictReader(f))
-    ok &= check([r["steps"] for r in rows] == [str(stop)], f"one epoch row, of {stop} steps: {[r['steps'] for r in rows]}")
+    check([r["steps"] for r in rows] == [str(stop)], f"one epoch row, of {stop} steps: {[r['steps'] for r in rows]}")
     before = tree_digest(run_dir)
     rerun = run(args.worker, job, runs)
-    ok &= check(rerun.returncode == 0 and "had already finished" in rerun.stdout + rerun.stderr and
-                tree_digest(run_dir) == before, f"a rerun: exit {rerun.returncode}, every file byte for byte")
-    return ok
+    check(rerun.returncode == 0 and "had already finished" in rerun.stdout + rerun.stderr and
+          tree_digest(run_dir) == before, f"a rerun: exit {rerun.returncode}, every file byte for byte")
 
 
 CASES = {"best": best_case, "early_stopping": early_stopping_case}
 
 
 if __name__ == "__main__":
-    sys.exit(run_case(CASES, __doc__))
+    run_case(CASES, description=__doc__)

@@ -5,17 +5,16 @@ BPE, <s> text </s>), DistilBERT (WordPiece) and the GPT-2 classifier (BPE, last 
 reach accuracy comparable to BERT's, and transformers' Auto classes load each saved model
 as its family's class, with the family's released position count (trained on 32-token
 texts)."""
-import argparse
 import csv
 import os
 import subprocess
 import sys
-import tempfile
 
 from transformers import AutoModelForSequenceClassification
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import LANGID, subset_tsv, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import LANGID, subset_tsv, write  # noqa: E402
 
 BPE = os.path.join(LANGID, "bpe")
 TOKENIZERS = {
@@ -64,22 +63,17 @@ def loads_in_transformers(work, family):
     return type(model).__name__, getattr(config, "n_positions", None) or config.max_position_embeddings
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
+def test(args, work):
     accuracy, classes, curve, positions = {}, {}, {}, {}
-    with tempfile.TemporaryDirectory() as work:
-        train = subset_tsv(work, 4000)
-        for family in TOKENIZERS:
-            path = os.path.join(work, f"{family}.yaml")
-            write(path, job(work, family, train))
-            run = subprocess.run([args.worker, path], capture_output=True, text=True, timeout=900)
-            if run.returncode != 0:
-                sys.exit(f"{family} failed:\n{run.stderr[-3000:]}")
-            curve[family] = accuracies(work, family)
-            accuracy[family] = curve[family][-1]
-            classes[family], positions[family] = loads_in_transformers(work, family)
+    train = subset_tsv(work, 4000)
+    for family in TOKENIZERS:
+        path = os.path.join(work, f"{family}.yaml")
+        write(path, job(work, family, train))
+        run = subprocess.run([args.worker, path], capture_output=True, text=True, timeout=900)
+        check(run.returncode == 0, f"{family} failed:\n{run.stderr[-3000:]}")
+        curve[family] = accuracies(work, family)
+        accuracy[family] = curve[family][-1]
+        classes[family], positions[family] = loads_in_transformers(work, family)
     ok = True
     for family, acc in accuracy.items():
         good = acc >= FLOOR and acc >= accuracy["bert"] - MARGIN and positions[family] == POSITIONS[family]
@@ -87,9 +81,8 @@ def main():
               f"by epoch {curve[family]}; transformers loads it as {classes[family]} with {positions[family]} "
               f"positions")
         ok &= good
-    if not ok:
-        sys.exit(1)
+    check(ok, "a family's accuracy falls short of BERT's, or its model has other positions (the FAIL lines above)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, description=__doc__)

@@ -4,20 +4,19 @@ Hugging Face saved, through our byte-level BPE and KV cache, and its tokens and 
 equal HF's GPT2TokenizerFast + generate(do_sample=False) on the same prompts, with left
 padding across batches; the same job runs under bf16, and from a model folder whose only
 tokenizer file is HF's tokenizer.json with a job that names no tokenizer. Bad input exits 2 with the file, line and field at fault."""
-import argparse
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import SOURCE_DIR, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import SOURCE_DIR, check, run_test  # noqa: E402
+from harness.e2e import write  # noqa: E402
 
 LM = os.path.join(SOURCE_DIR, "data", "prepared", "lm")
 VOCAB, MERGES = os.path.join(LM, "bpe", "vocab.json"), os.path.join(LM, "bpe", "merges.txt")
@@ -182,21 +181,16 @@ def check_bad_input(worker, work, model_dir):
     return ok
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
+def test(args, work):
     tokenizer = GPT2TokenizerFast(vocab_file=VOCAB, merges_file=MERGES)
-    with tempfile.TemporaryDirectory() as work:
-        model_dir = os.path.join(work, "gpt2")
-        model, eos = make_model(model_dir, tokenizer)
-        ok = check_generations(args.worker, work, model, tokenizer, eos, model_dir)
-        ok &= check_tokenizer_json(args.worker, work, model, tokenizer, eos, model_dir)
-        ok &= check_bf16(args.worker, work, model_dir, len(tokenizer))
-        ok &= check_bad_input(args.worker, work, model_dir)
-    if not ok:
-        sys.exit(1)
+    model_dir = os.path.join(work, "gpt2")
+    model, eos = make_model(model_dir, tokenizer)
+    ok = check_generations(args.worker, work, model, tokenizer, eos, model_dir)
+    ok &= check_tokenizer_json(args.worker, work, model, tokenizer, eos, model_dir)
+    ok &= check_bf16(args.worker, work, model_dir, len(tokenizer))
+    ok &= check_bad_input(args.worker, work, model_dir)
+    check(ok, "generations differ from HF's, or a bad input was not refused as it should be (the lines above)")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, description=__doc__)

@@ -9,21 +9,19 @@ store) started here on loopback, read back with MLflow's own Python client:
   - a tracking server that accepts connections but never answers costs a warning, not
     the job: it finishes, within the bounded flush time of its end;
   - a tracking URI that is not http(s) is refused at validation, exit 2, naming the field."""
-import argparse
 import csv
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
-import e2e_common
-from e2e_common import MPI_ENV, free_port, job_yaml, subset_tsv, write
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import MPI_ENV, free_port, job_yaml, subset_tsv, write  # noqa: E402
 
 READER = r"""
 import json, sys
@@ -105,7 +103,7 @@ def run_job(worker, job, runs, ranks=2):
 def read_runs(python, uri, out_dir):
     r = subprocess.run([python, "-c", READER, uri, "trainyard-test", out_dir], capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
+    check(r.returncode == 0, r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -118,86 +116,82 @@ def check_logged(run, run_dir, epochs):
     steps = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
     with open(os.path.join(run_dir, "epochs.csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == epochs, rows
+    check(len(rows) == epochs, rows)
     for key in ("loss", "lr", "ms"):
         want = [(s["step"], float(s[key])) for s in steps]
         got = run["metrics"][f"train/{key}"]
-        assert [st for st, _ in got] == [st for st, _ in want], (key, got[:5], want[:5])
-        assert all(abs(g - w) <= 1e-9 * max(1, abs(w)) for (_, g), (_, w) in zip(got, want)), key
+        check([st for st, _ in got] == [st for st, _ in want], (key, got[:5], want[:5]))
+        check(all(abs(g - w) <= 1e-9 * max(1, abs(w)) for (_, g), (_, w) in zip(got, want)), key)
     end_steps, total = [], 0
     for row in rows:
         total += int(row["steps"])
         end_steps.append(total)
     for column in ("train_loss", "eval_loss", "eval_acc", "ms_per_step", "forward_ms_med"):
         got = run["metrics"][f"epoch/{column}"]
-        assert [st for st, _ in got] == end_steps, (column, got, end_steps)
-        assert [v for _, v in got] == [float(r[column]) for r in rows], (column, got, rows)
+        check([st for st, _ in got] == end_steps, (column, got, end_steps))
+        check([v for _, v in got] == [float(r[column]) for r in rows], (column, got, rows))
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", required=True)
-    p.add_argument("--mlflow-python", required=True, help="python of the venv holding mlflow (scripts/setup.sh)")
-    a = p.parse_args()
-    if not os.path.exists(a.mlflow_python):
-        sys.exit(f"no MLflow venv at {a.mlflow_python}: run scripts/setup.sh")
-    work = tempfile.mkdtemp(prefix="ty_mlflow_")
+def test(a, work):
+    check(os.path.exists(a.mlflow_python), f"no MLflow venv at {a.mlflow_python}: run scripts/setup.sh")
     server = MlflowServer(a.mlflow_python, work)
     try:
         runs = os.path.join(work, "runs")
         # A 2-rank job, then the same job resumed for one more epoch.
         r, _ = run_job(a.worker, job_file(work, "tracked", 2, server.uri), runs)
-        assert r.returncode == 0, r.stderr[-3000:]
+        check(r.returncode == 0, r.stderr[-3000:])
         first = read_runs(a.mlflow_python, server.uri, os.path.join(work, "download1"))
-        assert len(first) == 1 and first[0]["status"] == "FINISHED", first
+        check(len(first) == 1 and first[0]["status"] == "FINISHED", first)
         run = first[0]
-        assert run["name"] == "tracked"
+        check(run["name"] == "tracked", f"the run's name: {run['name']}")
         params = run["params"]
-        assert params["train.epochs"] == "2" and params["ranks"] == "2" and params["model.preset"] == "tiny", params
-        assert params["global_batch"] == "32" and params["data.max_seq_len"] == "64", params
-        assert not any(k.startswith("log.mlflow") for k in params), params
+        check(params["train.epochs"] == "2" and params["ranks"] == "2" and params["model.preset"] == "tiny", params)
+        check(params["global_batch"] == "32" and params["data.max_seq_len"] == "64", params)
+        check(not any(k.startswith("log.mlflow") for k in params), params)
         run_dir = os.path.join(runs, "tracked")
         check_logged(run, run_dir, 2)
         model = os.path.join(run_dir, "model")
         uploaded = {os.path.basename(p) for p in run["artifacts"]}
-        assert uploaded == set(os.listdir(model)), (uploaded, os.listdir(model))
+        check(uploaded == set(os.listdir(model)), (uploaded, os.listdir(model)))
         for name in os.listdir(model):
-            assert sha256(os.path.join(model, name)) == sha256(os.path.join(run["local"], name)), name
+            check(sha256(os.path.join(model, name)) == sha256(os.path.join(run["local"], name)), name)
         saved = json.load(open(os.path.join(run_dir, "mlflow_run.json")))
-        assert saved["run_id"] == run["run_id"], saved
+        check(saved["run_id"] == run["run_id"], saved)
 
         r, _ = run_job(a.worker, job_file(work, "tracked", 3, server.uri), runs)
-        assert r.returncode == 0, r.stderr[-3000:]
+        check(r.returncode == 0, r.stderr[-3000:])
         resumed = read_runs(a.mlflow_python, server.uri, os.path.join(work, "download2"))
-        assert [x["run_id"] for x in resumed] == [run["run_id"]], "a resumed job logs into the same run"
+        check([x["run_id"] for x in resumed] == [run["run_id"]], "a resumed job logs into the same run")
         check_logged(resumed[0], run_dir, 3)
         print("logged and resumed: params, step and epoch metrics equal steps.jsonl and epochs.csv; "
               f"{len(uploaded)} model files uploaded byte for byte")
 
         # Unreachable tracking: a warning, and the job finishes.
         baseline_r, baseline_s = run_job(a.worker, job_file(work, "untracked", 2, server.uri, "none"), runs, 1)
-        assert baseline_r.returncode == 0, baseline_r.stderr[-3000:]
+        check(baseline_r.returncode == 0, baseline_r.stderr[-3000:])
         silent = SilentServer()
         r, took = run_job(a.worker, job_file(work, "hung", 2, silent.uri, "none"), runs, 1)
-        assert r.returncode == 0, r.stderr[-3000:]
+        check(r.returncode == 0, r.stderr[-3000:])
         output = r.stdout + r.stderr
-        assert "mlflow: cannot" in output and "training goes on" in output, output[-3000:]
-        assert "were not sent" in output, output[-3000:]
-        assert took < baseline_s + 10 + 20, f"{took:.1f} s against {baseline_s:.1f} s without a hung server"
-        assert os.path.exists(os.path.join(runs, "hung", "model", "model.safetensors"))
+        check("mlflow: cannot" in output and "training goes on" in output, output[-3000:])
+        check("were not sent" in output, output[-3000:])
+        check(took < baseline_s + 10 + 20, f"{took:.1f} s against {baseline_s:.1f} s without a hung server")
+        check(os.path.exists(os.path.join(runs, "hung", "model", "model.safetensors")),
+          "the job with a hung tracking server saved its model")
         print(f"a hung tracking server: the job finished in {took:.1f} s (tracked normally: {baseline_s:.1f} s)")
 
         # A URI that is not http(s): refused before anything runs.
         bad = job_file(work, "bad_uri", 1, "file:///tmp/mlruns")
         r = subprocess.run([a.worker, bad, "--runs-dir", runs], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and "log.mlflow.uri" in r.stderr and "http://HOST" in r.stderr, (r.returncode,
-                                                                                                  r.stderr)
-        print("PASS")
+        check(r.returncode == 2 and "log.mlflow.uri" in r.stderr and "http://HOST" in r.stderr,
+              (r.returncode, r.stderr))
     finally:
         server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+
+
+def options(p):
+    p.add_argument("--mlflow-python", required=True, help="python of the venv holding mlflow (scripts/setup.sh)")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    main()
+    run_test(test, description=__doc__, options=options)

@@ -9,19 +9,17 @@ render to a PNG without error, and in the PNG every series' legend colour must b
 per precision and mode, no colour repeated within a panel, both axes labelled with ticks,
 and the throughput axis logarithmic where the lines span more than a decade. The PNGs
 are kept in --artifacts for a person to look at."""
-import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 
 from PIL import Image
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import LANGID, job_yaml, subset_tsv, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import LANGID, job_yaml, subset_tsv, write  # noqa: E402
 
 SWATCH = re.compile(r"stroke='(#[0-9a-f]{6})' stroke-width='3'")
 
@@ -42,7 +40,7 @@ def render(svg, artifacts):
                        os.path.basename(svg).replace(".svg", ".png"))
     subprocess.run(["rsvg-convert", "-o", png, svg], check=True, capture_output=True)
     image = Image.open(png).convert("RGB")
-    assert image.width > 300 and image.height > 200, image.size
+    check(image.width > 300 and image.height > 200, image.size)
     return image
 
 
@@ -57,12 +55,12 @@ def check_chart(svg, artifacts, want_panels=None):
     panels = panels_of(text)
     drawn = colours_drawn(image)
     for title, colours in panels:
-        assert len(set(colours)) == len(colours), f"{svg}: a colour repeats in panel '{title}': {colours}"
+        check(len(set(colours)) == len(colours), f"{svg}: a colour repeats in panel '{title}': {colours}")
         missing = [c for c in colours if c not in drawn]
-        assert not missing, f"{svg}: panel '{title}' colours {missing} not in the rendered image"
+        check(not missing, f"{svg}: panel '{title}' colours {missing} not in the rendered image")
     if want_panels is not None:
         titles = [t for t, _ in panels]
-        assert titles == want_panels, titles
+        check(titles == want_panels, titles)
     print(f"{os.path.basename(svg)}: {len(panels)} panels, {image.width}x{image.height} PNG, "
           f"{sum(len(c) for _, c in panels)} series all drawn in distinct colours")
     return text
@@ -86,16 +84,18 @@ benchmark:
   iters: 3
 """)
     result = subprocess.run([worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
+    check(result.returncode == 0, result.stderr[-3000:])
     out = os.path.join(work, "runs", "plots_bench")
     # bf16 int8 cells are N/A (int8 takes fp32 activations), so that panel has no data and is left out
     want = ["throughput, bf16 / eager", "throughput, fp32 / eager", "throughput, fp32 / int8"]
     text = check_chart(os.path.join(out, "throughput.svg"), artifacts, want)
-    assert "batch size (log scale)" in text and "sequences / s (log scale)" in text  # seq 8 vs 256 spans decades
+    # seq 8 vs 256 spans decades
+    check("batch size (log scale)" in text and "sequences / s (log scale)" in text,
+          "both throughput axes are log scale")
     for tick in (">1<", ">2<", ">8<"):
-        assert tick in text, tick
+        check(tick in text, tick)
     heatmap = check_chart(os.path.join(out, "latency_heatmap.svg"), artifacts)
-    assert heatmap.count("log scale</text>") == 3, "every heatmap panel with measured cells has its colour key"
+    check(heatmap.count("log scale</text>") == 3, "every heatmap panel with measured cells has its colour key")
 
 
 def points_in_panel(svg_text, title):
@@ -110,35 +110,31 @@ def curves(worker, work, artifacts):
              "eval: {every_steps: 5, metrics: [accuracy, f1]}\n")
     job = write(os.path.join(work, "plots_curves.yaml"), job_yaml("plots_curves", subset_tsv(work, 320), extra))
     result = subprocess.run([worker, job, "--runs-dir", os.path.join(work, "runs")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
+    check(result.returncode == 0, result.stderr[-3000:])
     svg = os.path.join(work, "runs", "plots_curves", "curves.svg")
     text = check_chart(svg, artifacts, ["loss", "dev metrics", "learning rate",
                                         "time per step (median across ranks)", "throughput"])
     for label in ("optimizer step", "epoch", "value", "ms / step", "samples / s"):
-        assert label in text, label
+        check(label in text, label)
     for tick in (">1<", ">2<"):
-        assert tick in text, tick
+        check(tick in text, tick)
     # 40 steps, each logged (job_yaml's steps_every: 1), and 8 evaluations: 40 train and 8
     # dev losses, accuracy and F1 at each evaluation
-    assert points_in_panel(text, "loss") == 40 + 8, points_in_panel(text, "loss")
-    assert points_in_panel(text, "dev metrics") == 2 * 8, points_in_panel(text, "dev metrics")
-    assert points_in_panel(text, "learning rate") == 40
+    check(points_in_panel(text, "loss") == 40 + 8, points_in_panel(text, "loss"))
+    check(points_in_panel(text, "dev metrics") == 2 * 8, points_in_panel(text, "dev metrics"))
+    check(points_in_panel(text, "learning rate") == 40, points_in_panel(text, "learning rate"))
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", required=True)
-    p.add_argument("--artifacts", required=True, help="folder the rendered PNGs are kept in")
-    a = p.parse_args()
+def test(a, work):
     os.makedirs(a.artifacts, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="ty_plots_")
-    try:
-        benchmark(a.worker, work, a.artifacts)
-        curves(a.worker, work, a.artifacts)
-        print(f"PASS (PNGs in {a.artifacts})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    benchmark(a.worker, work, a.artifacts)
+    curves(a.worker, work, a.artifacts)
+    print(f"PNGs in {a.artifacts}")
+
+
+def options(p):
+    p.add_argument("--artifacts", required=True, help="folder the rendered PNGs are kept in")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, description=__doc__, options=options)

@@ -34,7 +34,6 @@
 """
 import csv
 import glob
-import hashlib
 import json
 import os
 import re
@@ -44,8 +43,10 @@ import subprocess
 import sys
 import time
 
-from e2e_common import (MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, run_case, set_metadata, subset_tsv,
-                        weights, write)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_case  # noqa: E402
+from harness.e2e import (MPI_ENV, dev_subset, flip_bits, job_yaml, rank_pids, set_metadata, subset_tsv,  # noqa: E402
+                         tree_digest, weights, write)
 
 EPOCHS, EXAMPLES, BATCH = 2, 1200, 16  # 75 steps an epoch on one rank, 38 on two
 EXTRA = f"""train:
@@ -81,20 +82,20 @@ def killed_then_resumed(args, ranks, job, runs, name):
     deadline = time.time() + 300
     while not glob.glob(pattern):
         if proc.poll() is not None or time.time() > deadline:
-            sys.exit(f"worker ended before its first checkpoint:\n{proc.stdout.read().decode()}")
+            raise AssertionError(f"worker ended before its first checkpoint:\n{proc.stdout.read().decode()}")
         time.sleep(0.005)
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
     proc.kill()
     proc.wait()
     killed_at = sorted(glob.glob(pattern))
-    if os.path.exists(os.path.join(runs, name, "summary.json")):
-        sys.exit("the run finished before the kill; the test proved nothing")
+    check(not os.path.exists(os.path.join(runs, name, "summary.json")),
+          "the run finished before the kill; the test proved nothing")
     print(f"killed {ranks} rank(s) after checkpoint(s) {[os.path.basename(p) for p in killed_at]}")
     resumed = run(args, ranks, job, runs)
     print(resumed.stdout[-1500:], resumed.stderr[-1500:])
-    if resumed.returncode != 0 or "resuming from" not in resumed.stdout + resumed.stderr:
-        sys.exit(f"resume failed (exit {resumed.returncode})")
+    check(resumed.returncode == 0 and "resuming from" in resumed.stdout + resumed.stderr,
+          f"resume failed (exit {resumed.returncode})")
 
 
 def outcome(run_dir):
@@ -120,13 +121,12 @@ def exact_resume(args, work, ranks):
     train = subset_tsv(work, EXAMPLES)
     job = write(os.path.join(work, "job.yaml"), job_yaml(name, train, EXTRA))
     straight = run(args, ranks, job, os.path.join(work, "straight"))
-    if straight.returncode != 0:
-        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    check(straight.returncode == 0, f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     killed_then_resumed(args, ranks, job, os.path.join(work, "killed"), name)
     ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), EPOCHS)
     if ranks == 1:
         ok &= stopped_by_max_steps_then_resumed(args, job, work, name)
-    return ok
+    check(ok, "a resumed run is not the uninterrupted run (the lines above say how)")
 
 
 def stopped_by_max_steps_then_resumed(args, job, work, name):
@@ -136,8 +136,7 @@ def stopped_by_max_steps_then_resumed(args, job, work, name):
     runs = os.path.join(work, "max_steps")
     stopped = subprocess.run(command(args, 1, job, runs) + ["--max-steps", "60"], capture_output=True, text=True,
                              timeout=600)
-    if stopped.returncode != 0:
-        sys.exit(f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
+    check(stopped.returncode == 0, f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
     resumed = run(args, 1, job, runs)
     out = resumed.stdout + resumed.stderr
     at = re.search(r"resuming from .*\(epoch (\d+), step (\d+)\)", out)
@@ -166,8 +165,7 @@ def finished_run(args, work):
     train = subset_tsv(work, 800)
     job = write(os.path.join(work, "job.yaml"), job_yaml("fb", train, FALLBACK_EXTRA))
     straight = run(args, 1, job, os.path.join(work, "straight"))
-    if straight.returncode != 0:
-        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    check(straight.returncode == 0, f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     kept = sorted(os.path.basename(p) for p in glob.glob(os.path.join(work, "straight", "fb", "checkpoints", "*")))
     print(f"uninterrupted run kept {kept}")
     return job, os.path.join(work, "straight", "fb")
@@ -205,17 +203,7 @@ def fallback(args, work):
         if not (warned and previous and aside and same):
             print(out[-3000:])
             ok = False
-    return ok
-
-
-def tree_digest(folder, skip=()):
-    """One hash of every file under `folder` (names and bytes), but for the names in `skip`."""
-    digest = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(folder)):
-        for name in sorted(set(files) - set(skip)):
-            path = os.path.join(root, name)
-            digest.update(path.encode() + read(path))
-    return digest.hexdigest()
+    check(ok, "a corrupt newest checkpoint was not set aside for the previous one (the FAIL lines above)")
 
 
 def rerun_changes_nothing(args, job, runs, name, extra_args=()):
@@ -246,15 +234,15 @@ def finished(args, work):
     runs = os.path.join(work, "max_steps")
     stopped = subprocess.run(command(args, 1, shown, runs) + ["--max-steps", "30"], capture_output=True, text=True,
                              timeout=600)
-    if stopped.returncode != 0:
-        sys.exit(f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
+    check(stopped.returncode == 0, f"--max-steps run failed:\n{stopped.stdout}\n{stopped.stderr}")
     progress = [line for line in stopped.stderr.splitlines() if line.startswith("epoch ")]
     said = "train.max_steps (30) ends the run in epoch 1 of 2: 30 of its 100 steps" in stopped.stdout + stopped.stderr
     counted = bool(progress) and re.match(r"epoch 1/1 30/30 \(100%\) \[\d+:\d\d<0:00\] loss ", progress[-1])
     print(f"{'ok  ' if said and counted else 'FAIL'} --max-steps 30: said at the start {said}; the progress "
           f"line's last: {progress[-1:]}")
     ok &= bool(said and counted)
-    return ok & rerun_changes_nothing(args, shown, runs, "fb", ["--max-steps", "30"])
+    ok &= rerun_changes_nothing(args, shown, runs, "fb", ["--max-steps", "30"])
+    check(ok, "rerunning a finished run changed it or did not say so (the lines above say how)")
 
 
 def none_valid(args, work):
@@ -271,7 +259,8 @@ def none_valid(args, work):
     untouched = tree_digest(runs) == before
     print(f"all {len(checkpoints)} checkpoints corrupt: exit {result.returncode}; {last[0]}")
     print(f"runs folder untouched: {untouched}")
-    return result.returncode == 2 and said and untouched
+    check(result.returncode == 2 and said and untouched,
+          f"with every checkpoint corrupt: exit {result.returncode} (2 wanted), said so {said}, untouched {untouched}")
 
 
 def signalled_then_resumed(args, work, ranks, sig, micro=1):
@@ -283,8 +272,7 @@ def signalled_then_resumed(args, work, ranks, sig, micro=1):
     per_epoch = -(-EXAMPLES // (BATCH * ranks))
     signal_after = per_epoch + per_epoch // 5  # inside epoch 2
     straight = run(args, ranks, job, os.path.join(work, "straight"))
-    if straight.returncode != 0:
-        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    check(straight.returncode == 0, f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     runs = os.path.join(work, "signalled")
     proc = subprocess.Popen(command(args, ranks, job, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=MPI_ENV, text=True)
@@ -292,7 +280,7 @@ def signalled_then_resumed(args, work, ranks, sig, micro=1):
     deadline = time.time() + 300
     while not (os.path.exists(steps_file) and sum(1 for _ in open(steps_file)) >= signal_after):
         if proc.poll() is not None or time.time() > deadline:
-            sys.exit(f"worker ended before step {signal_after}:\n{proc.stdout.read()}")
+            raise AssertionError(f"worker ended before step {signal_after}:\n{proc.stdout.read()}")
         time.sleep(0.01)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=300)
@@ -301,9 +289,11 @@ def signalled_then_resumed(args, work, ranks, sig, micro=1):
           f"{at.group(0) if at else 'no checkpoint line'}")
     resumed = run(args, ranks, job, runs)
     print(resumed.stdout[-600:], resumed.stderr[-600:])
-    return (proc.returncode == 3 and at is not None and signal_after <= int(at.group(1)) < per_epoch * EPOCHS
-            and resumed.returncode == 0 and compare(os.path.join(work, "straight", name), os.path.join(runs, name),
-                                                    EPOCHS))
+    check(proc.returncode == 3 and at is not None and signal_after <= int(at.group(1)) < per_epoch * EPOCHS
+          and resumed.returncode == 0 and compare(os.path.join(work, "straight", name), os.path.join(runs, name),
+                                                  EPOCHS),
+          f"signalled: exit {proc.returncode} (3 wanted) with a checkpoint after step {signal_after}; resumed: exit "
+          f"{resumed.returncode}, and the uninterrupted run's outcome (the lines above say how it differs)")
 
 
 BF16_EXTRA = """train:
@@ -331,15 +321,16 @@ def bf16_weights(args, work):
     text = job_yaml(name, train, BF16_EXTRA, dev=dev)
     job = write(os.path.join(work, "job.yaml"), text)
     straight = run(args, 2, job, os.path.join(work, "straight"))
-    if straight.returncode != 0:
-        sys.exit(f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
+    check(straight.returncode == 0, f"uninterrupted run failed:\n{straight.stdout}\n{straight.stderr}")
     killed_then_resumed(args, 2, job, os.path.join(work, "killed"), name)
     ok = compare(os.path.join(work, "straight", name), os.path.join(work, "killed", name), 2)
     saved = weights(os.path.join(work, "straight", name))
     query = saved["bert.encoder.layer.0.attention.self.query.weight"]
     beyond = (query.to(torch.bfloat16).float() != query).float().mean().item()
     print(f"saved query weight: {query.dtype}, {beyond:.0%} of its values not representable in bf16")
-    return ok and query.dtype == torch.float32 and beyond > 0.5 and offered_to_fp32_weights(args, work, text, name)
+    check(ok and query.dtype == torch.float32 and beyond > 0.5 and offered_to_fp32_weights(args, work, text, name),
+          "the bf16-weights run resumed unlike the uninterrupted one, saved other than its fp32 masters, or its "
+          "checkpoints were taken by fp32 weights (the lines above say which)")
 
 
 def offered_to_fp32_weights(args, work, text, name):
@@ -367,4 +358,4 @@ CASES = {"signal": lambda a, w: signalled_then_resumed(a, w, 1, signal.SIGTERM),
 
 
 if __name__ == "__main__":
-    sys.exit(run_case(CASES))
+    run_case(CASES, description=__doc__)

@@ -7,23 +7,21 @@ and every metric of every evals.jsonl line, one scalar at the right step equal t
 file's value as float32, and nothing else. A
 flipped payload byte is caught by the same reader. Rerunning the job fresh starts the
 curves empty rather than appending to the old ones."""
-import argparse
 import csv
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.tensorflow_stub import errors
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, run_test  # noqa: E402
+from harness.e2e import MPI_ENV, job_yaml, subset_tsv, write  # noqa: E402
 
 
 def records(path):
@@ -67,24 +65,24 @@ def expected_scalars(run_dir):
 
 def check_against_files(run_dir):
     files = glob.glob(os.path.join(run_dir, "tb", "events.out.tfevents.*"))
-    assert len(files) == 1, files
+    check(len(files) == 1, files)
     payloads = records(files[0])
     want = expected_scalars(run_dir)
     acc = event_accumulator.EventAccumulator(os.path.join(run_dir, "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     got_tags = set(acc.Tags()["scalars"])
-    assert got_tags == set(want), f"tags differ: extra {got_tags - set(want)}, missing {set(want) - got_tags}"
+    check(got_tags == set(want), f"tags differ: extra {got_tags - set(want)}, missing {set(want) - got_tags}")
     for tag, points in want.items():
         got = [(e.step, np.float32(e.value)) for e in acc.Scalars(tag)]
-        assert got == points, f"{tag}: {got[:5]} != {points[:5]}"
+        check(got == points, f"{tag}: {got[:5]} != {points[:5]}")
     for tag in ("epoch/eval_acc", "epoch/forward_ms_med", "epoch/forward_ms_max", "epoch/slowest_ms_per_step",
                 "eval/loss", "eval/f1"):
-        assert tag in want, tag
+        check(tag in want, tag)
     steps = sum(1 for line in open(os.path.join(run_dir, "steps.jsonl")))
     evals = sum(1 for line in open(os.path.join(run_dir, "evals.jsonl")))
     epochs = sum(1 for _ in open(os.path.join(run_dir, "epochs.csv"))) - 1
     # + the file-version event
-    assert len(payloads) == 1 + steps + evals + epochs, (len(payloads), steps, evals, epochs)
+    check(len(payloads) == 1 + steps + evals + epochs, (len(payloads), steps, evals, epochs))
     print(f"{len(want)} tags, {sum(len(p) for p in want.values())} scalars equal the files; "
           f"{len(payloads)} records pass the CRC checks")
     return files[0]
@@ -103,28 +101,19 @@ def check_flipped_byte_is_caught(path, folder):
     raise AssertionError("a flipped byte went unnoticed by TensorBoard's reader")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", required=True)
-    p.add_argument("--mpirun", required=True)
-    a = p.parse_args()
-    folder = tempfile.mkdtemp(prefix="ty_tb_")
-    try:
-        extra = "train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\neval: {every_steps: 5}\n"
-        job = write(os.path.join(folder, "tb.yaml"),
-                    job_yaml("tb", subset_tsv(folder, 480), extra).replace("steps_every: 1", "steps_every: 3"))
-        runs = os.path.join(folder, "runs")
-        cmd = [a.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", a.worker, job, "--runs-dir", runs,
-               "--resume", "none"]
-        for _ in range(2):  # the second, fresh run must replace the first one's curves
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=MPI_ENV, timeout=600)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            path = check_against_files(os.path.join(runs, "tb"))
-        check_flipped_byte_is_caught(path, folder)
-        print("PASS")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def test(a, folder):
+    extra = "train: {epochs: 2, batch_size: 16, lr: 1.0e-3}\neval: {every_steps: 5}\n"
+    job = write(os.path.join(folder, "tb.yaml"),
+                job_yaml("tb", subset_tsv(folder, 480), extra).replace("steps_every: 1", "steps_every: 3"))
+    runs = os.path.join(folder, "runs")
+    cmd = [a.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", a.worker, job, "--runs-dir", runs,
+           "--resume", "none"]
+    for _ in range(2):  # the second, fresh run must replace the first one's curves
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=MPI_ENV, timeout=600)
+        check(proc.returncode == 0, proc.stderr[-3000:])
+        path = check_against_files(os.path.join(runs, "tb"))
+    check_flipped_byte_is_caught(path, folder)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(test, ("--worker", "--mpirun"), __doc__)

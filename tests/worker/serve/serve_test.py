@@ -6,7 +6,6 @@ loopback ports and talks to it.
     serve_test.py --worker build/bin/worker CASE
 CASE: protocol | reload | overload | cancel | bad_input | auth | crowd | gpu (exit 77 without CUDA)
 """
-import argparse
 import http.client
 import json
 import os
@@ -16,14 +15,14 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from e2e_common import LANGID, job_yaml, run_worker, subset_tsv, write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from harness import check, run_case, skip  # noqa: E402
+from harness.e2e import LANGID, job_yaml, run_worker, subset_tsv, wait_for, write  # noqa: E402
 
 import tritonclient.grpc as tgrpc  # noqa: E402
 import tritonclient.http as thttp  # noqa: E402
@@ -152,11 +151,6 @@ def id_inputs(module, ids, mask, binary=True):
     return out
 
 
-def check(condition, message):
-    print(("ok   " if condition else "FAIL ") + message)
-    return bool(condition)
-
-
 # --- Cases ----------------------------------------------------------------------------
 
 def inference_logits(worker, work, model_dir, texts):
@@ -191,15 +185,12 @@ def protocol(worker, work):
   batch_size: 32
   lr: 0.001
 """)), os.path.join(work, "runs"), "--no-progress")
-    if result.returncode != 0:
-        print(result.stdout, result.stderr)
-        return False
+    check(result.returncode == 0, f"the fine-tune failed:\n{result.stdout}\n{result.stderr}")
     repo = os.path.join(work, "repo")
     shutil.copytree(os.path.join(work, "runs", "ft", "model"), os.path.join(repo, "langid", "1"))
     texts = DEV_TEXTS[:24] + ["x" * 3000]  # the last one runs past the positions: truncated
     expected = inference_logits(worker, work, os.path.join(repo, "langid", "1"), texts)
     server = Server(worker, work, repo, "  preferred_batch_sizes: [4, 8]\n  max_queue_delay_ms: 2.5\n")
-    ok = True
     try:
         from transformers import BertTokenizerFast
         hf_tokenizer = BertTokenizerFast(os.path.join(repo, "langid", "1", "vocab.txt"), do_lower_case=True)
@@ -225,36 +216,35 @@ def protocol(worker, work):
             logits = np.concatenate([r.as_numpy("logits") for r in results])
             labels = [x.decode() if isinstance(x, bytes) else x for r in results for x in r.as_numpy("label")]
             diff = float(np.abs(logits - expected).max())
-            ok &= check(diff <= 1e-5, f"{name}: logits equal the inference job's (max diff {diff:.2e})")
-            ok &= check(labels == [LABELS[i] for i in expected.argmax(1)], f"{name}: labels are the arg max")
-        ok &= statistics_and_config(h, g, requests=sum(len(r) for r in runs.values()), rows=len(texts) * len(runs))
-        ok &= check(h.is_server_live() and h.is_server_ready(), "http: live and ready")
-        ok &= check(g.is_server_live() and g.is_server_ready(), "grpc: live and ready")
-        ok &= check(h.is_model_ready("langid", "1") and not h.is_model_ready("langid", "2"),
-                    "http: model_ready per version (1 ready, 2 absent)")
-        ok &= check(g.is_model_ready("langid", "1") and not g.is_model_ready("nope"), "grpc: model_ready")
+            check(diff <= 1e-5, f"{name}: logits equal the inference job's (max diff {diff:.2e})")
+            check(labels == [LABELS[i] for i in expected.argmax(1)], f"{name}: labels are the arg max")
+        statistics_and_config(h, g, requests=sum(len(r) for r in runs.values()), rows=len(texts) * len(runs))
+        check(h.is_server_live() and h.is_server_ready(), "http: live and ready")
+        check(g.is_server_live() and g.is_server_ready(), "grpc: live and ready")
+        check(h.is_model_ready("langid", "1") and not h.is_model_ready("langid", "2"),
+              "http: model_ready per version (1 ready, 2 absent)")
+        check(g.is_model_ready("langid", "1") and not g.is_model_ready("nope"), "grpc: model_ready")
         meta = h.get_model_metadata("langid")
-        ok &= check(meta["versions"] == ["1"] and meta["outputs"][0]["shape"] == [-1, len(LABELS)],
-                    "http: model metadata names the versions and the logits shape")
-        ok &= check("model_repository" in g.get_server_metadata().extensions, "grpc: server metadata")
+        check(meta["versions"] == ["1"] and meta["outputs"][0]["shape"] == [-1, len(LABELS)],
+              "http: model metadata names the versions and the logits shape")
+        check("model_repository" in g.get_server_metadata().extensions, "grpc: server metadata")
         h.unload_model("langid")
         deadline = time.time() + 10
         while h.is_model_ready("langid") and time.time() < deadline:
             time.sleep(0.05)
         unloaded = {e["version"]: e for e in h.get_model_repository_index()}.get("1", {})
-        ok &= check(not h.is_model_ready("langid") and unloaded.get("reason") == "unloaded by request",
-                    f"after unload: the model is not ready ({unloaded})")
+        check(not h.is_model_ready("langid") and unloaded.get("reason") == "unloaded by request",
+              f"after unload: the model is not ready ({unloaded})")
         g.load_model("langid")
-        ok &= check(h.is_model_ready("langid") and h.is_server_ready(), "after load: ready again")
+        check(h.is_model_ready("langid") and h.is_server_ready(), "after load: ready again")
         index = h.get_model_repository_index()
-        ok &= check(any(e["version"] == "1" and e["state"] == "READY" for e in index), f"repository index: {index}")
+        check(any(e["version"] == "1" and e["state"] == "READY" for e in index), f"repository index: {index}")
         r = h.infer("langid", [text_input(thttp, texts[:2])])
         diff = float(np.abs(r.as_numpy("logits") - expected[:2]).max())
-        ok &= check(diff <= 1e-5, "after the reload the answers are the same")
-        ok &= metrics_agree(server, h, texts)
+        check(diff <= 1e-5, "after the reload the answers are the same")
+        metrics_agree(server, h, texts)
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly on SIGTERM")
 
 
 def gpu(worker, work):
@@ -264,8 +254,7 @@ def gpu(worker, work):
     within 1e-4 (fp32, TF32 off on both sides). Exits 77 (skipped) without a CUDA device."""
     import torch
     if not torch.cuda.is_available():
-        print("skipped: torch sees no CUDA device")
-        sys.exit(77)
+        skip("torch sees no CUDA device")
     from transformers import BertForSequenceClassification, BertTokenizerFast
     folder = hf_version(os.path.join(work, "repo", "langid", "1"), seed=11, hidden=128, layers=2)
     texts = DEV_TEXTS[:25]
@@ -280,7 +269,6 @@ def gpu(worker, work):
                              attention_mask=torch.from_numpy(mask).cuda()).logits.float().cpu().numpy()
     server = Server(worker, work, os.path.join(work, "repo"), "  max_batch_size: 16\n",
                     runtime="{device: cuda, tf32: false}")
-    ok = True
     try:
         h = thttp.InferenceServerClient(server.http_url)
         g = tgrpc.InferenceServerClient(server.grpc_url)
@@ -289,12 +277,11 @@ def gpu(worker, work):
             logits = np.concatenate([client.infer("langid", id_inputs(module, ids[a:b], mask[a:b])).as_numpy("logits")
                                      for a, b in chunks])
             diff = float(np.abs(logits - expected).max())
-            ok &= check(logits.shape == expected.shape and diff <= 1e-4,
-                        f"{name}: the GPU's answers equal HF's logits on the same GPU (max diff {diff:.2e}, "
-                        f"batches of {[b - a for a, b in chunks]})")
+            check(logits.shape == expected.shape and diff <= 1e-4,
+                  f"{name}: the GPU's answers equal HF's logits on the same GPU (max diff {diff:.2e}, "
+                  f"batches of {[b - a for a, b in chunks]})")
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly on SIGTERM")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly on SIGTERM")
 
 
 def statistics_and_config(h, g, requests, rows):
@@ -303,55 +290,55 @@ def statistics_and_config(h, g, requests, rows):
     configuration carries the serve job's batching settings."""
     from google.protobuf.json_format import MessageToDict
     stats = h.get_inference_statistics("langid")["model_stats"]
-    ok = check([(s["name"], s["version"]) for s in stats] == [("langid", "1")], f"stats: one entry per version ({[(s['name'], s['version']) for s in stats]})")
+    versions = [(s["name"], s["version"]) for s in stats]
+    check(versions == [("langid", "1")], f"stats: one entry per version ({versions})")
     s = stats[0]
     infer = s["inference_stats"]
     batches = s["batch_stats"]
-    ok &= check(infer["success"]["count"] == requests and s["inference_count"] == rows,
-                f"stats: {infer['success']['count']} requests and {s['inference_count']} rows, "
-                f"sent {requests} and {rows}")
-    ok &= check(infer["queue"]["count"] == requests and infer["compute_infer"]["count"] == requests
-                and infer["fail"]["count"] == 0, "stats: queue and compute per request, no failures")
-    ok &= check(sum(b["compute_infer"]["count"] for b in batches) == s["execution_count"] > 0
-                and sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == rows,
-                f"stats: batch_stats add up to {s['execution_count']} executions holding every row")
-    ok &= check(infer["success"]["ns"] >= infer["queue"]["ns"] and infer["compute_infer"]["ns"] > 0
-                and abs(s["last_inference"] / 1000 - time.time()) < 60,
-                "stats: durations are positive, a request's total covers its queueing, last_inference is now")
+    check(infer["success"]["count"] == requests and s["inference_count"] == rows,
+          f"stats: {infer['success']['count']} requests and {s['inference_count']} rows, "
+          f"sent {requests} and {rows}")
+    check(infer["queue"]["count"] == requests and infer["compute_infer"]["count"] == requests
+          and infer["fail"]["count"] == 0, "stats: queue and compute per request, no failures")
+    check(sum(b["compute_infer"]["count"] for b in batches) == s["execution_count"] > 0
+          and sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == rows,
+          f"stats: batch_stats add up to {s['execution_count']} executions holding every row")
+    check(infer["success"]["ns"] >= infer["queue"]["ns"] and infer["compute_infer"]["ns"] > 0
+          and abs(s["last_inference"] / 1000 - time.time()) < 60,
+          "stats: durations are positive, a request's total covers its queueing, last_inference is now")
     by_grpc = MessageToDict(g.get_inference_statistics("langid", "1"), preserving_proto_field_name=True)
     everything = h.get_inference_statistics()["model_stats"]
-    ok &= check(int(by_grpc["model_stats"][0]["inference_count"]) == rows and everything == stats,
-                "stats: gRPC and the all-models form agree")
+    check(int(by_grpc["model_stats"][0]["inference_count"]) == rows and everything == stats,
+          "stats: gRPC and the all-models form agree")
     try:
         wrong = thttp.InferInput("TEXT", [1], "INT64")  # TEXT must be BYTES
         wrong.set_data_from_numpy(np.array([7], dtype=np.int64))
         h.infer("langid", [wrong], model_version="1")
-        ok &= check(False, "stats: a bad request was refused")
+        check(False, "stats: a bad request was refused")
     except InferenceServerException:
         pass
     after = h.get_inference_statistics("langid", "1")["model_stats"][0]["inference_stats"]
-    ok &= check(after["fail"]["count"] == 1 and after["success"]["count"] == requests, "stats: the bad request failed")
+    check(after["fail"]["count"] == 1 and after["success"]["count"] == requests, "stats: the bad request failed")
     for missing in (("nope", ""), ("langid", "7")):
         try:
             h.get_inference_statistics(*missing)
-            ok &= check(False, f"stats of {missing} refused")
+            check(False, f"stats of {missing} refused")
         except InferenceServerException as e:
-            ok &= check(e.status() == "400", f"stats of {missing}: 400 ({e.message()})")
+            check(e.status() == "400", f"stats of {missing}: 400 ({e.message()})")
     config = h.get_model_config("langid")
-    ok &= check(config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
-                and config["dynamic_batching"]["max_queue_delay_microseconds"] == 2500
-                and config["parameters"]["max_batch_tokens"]["string_value"] == "4096",
-                f"config: the serve job's batching ({config['dynamic_batching']})")
-    ok &= check([(t["name"], t["data_type"], t["dims"]) for t in config["output"]]
-                == [("logits", "TYPE_FP32", [len(LABELS)]), ("label", "TYPE_STRING", [1])],
-                "config: outputs and their types")
+    check(config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+          and config["dynamic_batching"]["max_queue_delay_microseconds"] == 2500
+          and config["parameters"]["max_batch_tokens"]["string_value"] == "4096",
+          f"config: the serve job's batching ({config['dynamic_batching']})")
+    check([(t["name"], t["data_type"], t["dims"]) for t in config["output"]]
+          == [("logits", "TYPE_FP32", [len(LABELS)]), ("label", "TYPE_STRING", [1])],
+          "config: outputs and their types")
     by_grpc = MessageToDict(g.get_model_config("langid", "1").config, preserving_proto_field_name=True)
-    ok &= check(by_grpc["name"] == "langid" and by_grpc["max_batch_size"] == 32
-                and [t["name"] for t in by_grpc["input"]] == [t["name"] for t in config["input"]]
-                and by_grpc["input"][1]["data_type"] == "TYPE_INT64", "config: gRPC agrees")
-    ok &= check({"statistics", "model_configuration"} <= set(h.get_server_metadata()["extensions"]),
-                "server metadata lists both extensions")
-    return ok
+    check(by_grpc["name"] == "langid" and by_grpc["max_batch_size"] == 32
+          and [t["name"] for t in by_grpc["input"]] == [t["name"] for t in config["input"]]
+          and by_grpc["input"][1]["data_type"] == "TYPE_INT64", "config: gRPC agrees")
+    check({"statistics", "model_configuration"} <= set(h.get_server_metadata()["extensions"]),
+          "server metadata lists both extensions")
 
 
 def histogram(families, name):
@@ -379,16 +366,15 @@ def metrics_agree(server, client, texts, n=40):
         measured.append(time.perf_counter() - start)
     after = histogram(server.metrics(), "trainyard_serve_request_seconds")
     count, total = after[0] - before[0], after[1] - before[1]
-    ok = check(count == n, f"metrics: request_seconds counted {count:.0f} of {n} requests")
+    check(count == n, f"metrics: request_seconds counted {count:.0f} of {n} requests")
     # The server's time is the client's minus the transport: never more, and close.
     overhead_ms = (sum(measured) - total) / n * 1000
-    ok &= check(0 <= overhead_ms < 10, f"metrics: server latency sum {total * 1000:.1f} ms, client "
-                                       f"{sum(measured) * 1000:.1f} ms ({overhead_ms:.2f} ms transport per request)")
+    check(0 <= overhead_ms < 10, f"metrics: server latency sum {total * 1000:.1f} ms, client "
+                                 f"{sum(measured) * 1000:.1f} ms ({overhead_ms:.2f} ms transport per request)")
     slowest = max(measured)
     bound = min(le for le in after[2] if le >= slowest)
-    ok &= check(after[2][bound] - before[2].get(bound, 0) == n,
-                f"metrics: every request in the buckets up to the client's slowest ({slowest * 1000:.1f} ms)")
-    return ok
+    check(after[2][bound] - before[2].get(bound, 0) == n,
+          f"metrics: every request in the buckets up to the client's slowest ({slowest * 1000:.1f} ms)")
 
 
 def reload(worker, work):
@@ -415,13 +401,13 @@ def reload(worker, work):
     deadline = time.time() + 30
     while not h.is_model_ready("langid") and time.time() < deadline:
         time.sleep(0.05)
-    ok = check(h.is_server_live() and not h.is_server_ready() and h.is_model_ready("langid"),
-               "a model without a loadable version: live, not ready; the other model serves")
+    check(h.is_server_live() and not h.is_server_ready() and h.is_model_ready("langid"),
+          "a model without a loadable version: live, not ready; the other model serves")
     hf_version(os.path.join(work, "staged", "other2"), seed=6)
     shutil.copytree(os.path.join(work, "staged", "other2"), os.path.join(repo, "other", "2"))
     while not h.is_server_ready() and time.time() < deadline:
         time.sleep(0.05)
-    ok &= check(h.is_server_ready(), "ready once its version 2 loads")
+    check(h.is_server_ready(), "ready once its version 2 loads")
     results, stop = [], threading.Event()
 
     def client_loop(module, url):
@@ -442,13 +428,6 @@ def reload(worker, work):
     for t in threads:
         t.start()
 
-    def wait_for(predicate, what, limit=30):
-        deadline = time.time() + limit
-        while not predicate():
-            if time.time() > deadline:
-                return check(False, "timed out waiting for " + what)
-            time.sleep(0.05)
-        return True
 
     def index_state(version):
         return {e["version"]: e for e in h.get_model_repository_index() if e["name"] == "langid"}.get(version, {})
@@ -456,14 +435,15 @@ def reload(worker, work):
     try:
         time.sleep(1)
         shutil.copytree(staged[2], os.path.join(repo, "langid", "2"))
-        ok &= wait_for(lambda: any(r[2] == "2" for r in results), "version 2 to answer")
+        wait_for(lambda: any(r[2] == "2" for r in results), 30, "version 2 to answer", every=0.05)
         swap = min(r[1] for r in results if r[2] == "2")
         time.sleep(1)
         for broken, reason in ((3, ""), (4, ""), (5, "the tokenizer has")):
             shutil.copytree(staged[broken], os.path.join(repo, "langid", str(broken)))
-            ok &= wait_for(lambda: index_state(str(broken)).get("state") == "UNAVAILABLE", f"version {broken} refused")
-            ok &= check(reason in index_state(str(broken)).get("reason", ""),
-                        f"version {broken}: {index_state(str(broken))}")
+            wait_for(lambda: index_state(str(broken)).get("state") == "UNAVAILABLE", 30, f"version {broken} refused",
+                     every=0.05)
+            check(reason in index_state(str(broken)).get("reason", ""),
+                  f"version {broken}: {index_state(str(broken))}")
             time.sleep(1)
     finally:
         stop.set()
@@ -471,16 +451,15 @@ def reload(worker, work):
             t.join()
     failures = [r for r in results if r[3]]
     after = [r for r in results if r[0] > swap]
-    ok &= check(len(results) > 100 and not failures,
-                f"{len(results)} requests under reload, {len(failures)} failed {failures[:2]}")
-    ok &= check(after and all(r[2] == "2" for r in after),
-                f"all {len(after)} requests sent after the swap answered by version 2")
-    ok &= check(index_state("1").get("reason") == "replaced by version 2", f"version 1: {index_state('1')}")
-    ok &= check(h.is_model_ready("langid", "2"), "version 2 still serving after the broken versions")
-    ok &= check(server.stop() == 0, "the server stops cleanly")
+    check(len(results) > 100 and not failures,
+          f"{len(results)} requests under reload, {len(failures)} failed {failures[:2]}")
+    check(after and all(r[2] == "2" for r in after),
+          f"all {len(after)} requests sent after the swap answered by version 2")
+    check(index_state("1").get("reason") == "replaced by version 2", f"version 1: {index_state('1')}")
+    check(h.is_model_ready("langid", "2"), "version 2 still serving after the broken versions")
+    check(server.stop() == 0, "the server stops cleanly")
     log = open(server.log_path).read()
-    ok &= check(all(f"version {v} refused" in log for v in (3, 4, 5)), "the log names the refused versions")
-    return ok
+    check(all(f"version {v} refused" in log for v in (3, 4, 5)), "the log names the refused versions")
 
 
 def raw_http(port, method, path, body=b"", headers=None):
@@ -502,7 +481,6 @@ def cancel(worker, work):
     hf_version(os.path.join(repo, "langid", "1"), seed=1)
     # A lone request waits the whole queue delay for companions that never come.
     server = Server(worker, work, repo, "  max_queue_delay_ms: 3000\n")
-    ok = True
     try:
         s = socket.create_connection(("127.0.0.1", server.ep["http_port"]))
         body = infer_body(["a request nobody waits for"])
@@ -520,19 +498,18 @@ def cancel(worker, work):
         m = server.metrics()
         computed = sample(m, "trainyard_serve_computed_requests_total", model="langid")
         cancelled = sample(m, "trainyard_serve_requests_total", model="langid", outcome="cancelled")
-        ok &= check(computed == 0, f"cancelled requests never computed (computed {computed})")
-        ok &= check(cancelled == 2, f"both counted as cancelled ({cancelled})")
-        ok &= check(answers and answers[0][1] is not None, "the gRPC caller saw its call cancelled")
+        check(computed == 0, f"cancelled requests never computed (computed {computed})")
+        check(cancelled == 2, f"both counted as cancelled ({cancelled})")
+        check(answers and answers[0][1] is not None, "the gRPC caller saw its call cancelled")
         h = thttp.InferenceServerClient(server.http_url)
         start = time.time()
         h.infer("langid", [text_input(thttp, ["one that waits"])])
         waited = time.time() - start
         m = server.metrics()
-        ok &= check(sample(m, "trainyard_serve_computed_requests_total", model="langid") == 1,
-                    f"a request that waits is computed (after {waited:.1f} s, the queue delay)")
+        check(sample(m, "trainyard_serve_computed_requests_total", model="langid") == 1,
+              f"a request that waits is computed (after {waited:.1f} s, the queue delay)")
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly")
 
 
 def bad_input(worker, work):
@@ -585,11 +562,10 @@ def bad_input(worker, work):
         ("unknown output", "/v2/models/langid/infer",
          json.dumps(dict(good, outputs=[{"name": "probabilities"}])).encode(), {}, "probabilities"),
     ]
-    ok = True
     try:
         for name, path, body, headers, must_name in cases:
             status, answer = raw_http(port, "POST", path, body, dict(headers, **{"Content-Type": "application/json"}))
-            ok &= check(status == 400 and must_name.encode() in answer, f"{name}: {status} {answer[:150]!r}")
+            check(status == 400 and must_name.encode() in answer, f"{name}: {status} {answer[:150]!r}")
         g = tgrpc.InferenceServerClient(server.grpc_url)
         for name, model, inputs, must_name in (
                 ("grpc unknown model", "nope", [text_input(tgrpc, ["a"])], "nope"),
@@ -597,31 +573,30 @@ def bad_input(worker, work):
                  id_inputs(tgrpc, np.array([[1, 10**9]]), np.array([[1, 1]])), "input_ids")):
             try:
                 g.infer(model, inputs)
-                ok &= check(False, f"{name}: accepted")
+                check(False, f"{name}: accepted")
             except InferenceServerException as e:
-                ok &= check(e.status() == "StatusCode.INVALID_ARGUMENT" and must_name in e.message(),
-                            f"{name}: {e.status()} {e.message()[:120]}")
+                check(e.status() == "StatusCode.INVALID_ARGUMENT" and must_name in e.message(),
+                      f"{name}: {e.status()} {e.message()[:120]}")
         status, answer = raw_http(port, "GET", "/v2/models/" + "a" * 60000 + "/versions/1/ready")
-        ok &= check(status == 400, f"a 60 KB path (matched by hand, not by a backtracking regex): {status}")
+        check(status == 400, f"a 60 KB path (matched by hand, not by a backtracking regex): {status}")
         huge_timeout = json.dumps(dict(json.loads(infer_body(["patient"])), parameters={"timeout": 1e30})).encode()
         status, answer = raw_http(port, "POST", "/v2/models/langid/infer", huge_timeout)
-        ok &= check(status == 200, f"a timeout of 1e30 us is served (at most an hour), not expired: {status}")
+        check(status == 200, f"a timeout of 1e30 us is served (at most an hour), not expired: {status}")
         status, answer = raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["still serving"]))
-        ok &= check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
-                    "a good request after all of them: 200")
+        check(status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, len(LABELS)],
+              "a good request after all of them: 200")
         for i in range(20):  # made-up model names must not become metric series
             raw_http(port, "POST", f"/v2/models/made-up-{i}/infer", infer_body(["x"]))
         m = server.metrics()
         bad = sample(m, "trainyard_serve_requests_total", model="langid", outcome="bad_input")
-        ok &= check(bad >= 10, f"bad inputs counted in the metrics ({bad})")
+        check(bad >= 10, f"bad inputs counted in the metrics ({bad})")
         names = {s.labels.get("model") for s in m["trainyard_serve_requests"].samples}
-        ok &= check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
-        ok &= idle_connections_are_closed(port)
-        ok &= slow_senders_are_cut_off(port)
-        ok &= slow_readers_are_cut_off(port)
+        check(names <= {"langid", "<unknown>"}, f"unknown models share one label value: {sorted(names)}")
+        idle_connections_are_closed(port)
+        slow_senders_are_cut_off(port)
+        slow_readers_are_cut_off(port)
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly")
 
 
 def idle_connections_are_closed(port):
@@ -635,12 +610,11 @@ def idle_connections_are_closed(port):
     connection.request("GET", "/v2/health/ready")  # within the second: the same connection
     second = connection.getresponse().status
     time.sleep(2.5)
-    ok = check(silent.recv(1) == b"", "a client that never sends a request is closed after keep_alive_s")
-    ok &= check(connection.sock.recv(1) == b"", "an idle keep-alive connection is closed after keep_alive_s")
-    ok &= check(second == 200, f"a second request within keep_alive_s is served on the connection ({second})")
+    check(silent.recv(1) == b"", "a client that never sends a request is closed after keep_alive_s")
+    check(connection.sock.recv(1) == b"", "an idle keep-alive connection is closed after keep_alive_s")
+    check(second == 200, f"a second request within keep_alive_s is served on the connection ({second})")
     silent.close()
     connection.close()
-    return ok
 
 
 def slow_senders_are_cut_off(port):
@@ -682,12 +656,11 @@ def slow_senders_are_cut_off(port):
     served, _ = raw_http(port, "GET", "/v2/health/live")
     for t in threads:
         t.join()
-    ok = check(served == 200, "another client is served meanwhile")
+    check(served == 200, "another client is served meanwhile")
     for name, (answer, seconds) in results.items():
         status_line = answer.split(b"\r\n", 1)[0].decode() or "nothing"
-        ok &= check(answer.startswith(b"HTTP/1.1 408") and 1.8 <= seconds <= 4,
-                    f"slow {name}: {status_line} after {seconds:.1f} s, then closed")
-    return ok
+        check(answer.startswith(b"HTTP/1.1 408") and 1.8 <= seconds <= 4,
+              f"slow {name}: {status_line} after {seconds:.1f} s, then closed")
 
 
 def slow_readers_are_cut_off(port, requests=8000):
@@ -709,7 +682,7 @@ def slow_readers_are_cut_off(port, requests=8000):
     sender.start()
     time.sleep(1.0)
     served, _ = raw_http(port, "GET", "/v2/health/live")
-    ok = check(served == 200, "another client is served while a reader stalls")
+    check(served == 200, "another client is served while a reader stalls")
     time.sleep(4.0)  # past the 2 s deadline of the stalled response
     s.settimeout(10)
     start, answer, ended = time.time(), b"", False
@@ -721,10 +694,9 @@ def slow_readers_are_cut_off(port, requests=8000):
         ended = isinstance(sys.exc_info()[1], ConnectionResetError)
     s.close()
     answered = answer.count(b"HTTP/1.1 200")
-    ok &= check(ended and answered < requests and time.time() - start < 5,
-                f"a client that stops reading is cut off: {answered} of {requests} responses, then "
-                f"{'the end' if ended else 'nothing (the connection is held open)'}")
-    return ok
+    check(ended and answered < requests and time.time() - start < 5,
+          f"a client that stops reading is cut off: {answered} of {requests} responses, then "
+          f"{'the end' if ended else 'nothing (the connection is held open)'}")
 
 
 def auth(worker, work):
@@ -736,35 +708,34 @@ kind: serve
 serve: {{repository: {repo}, host: 0.0.0.0}}
 """)
     result = run_worker(worker, job, os.path.join(work, "runs"))
-    ok = check(result.returncode == 2 and "serve.host" in result.stderr and "access_token_file" in result.stderr,
-               f"host 0.0.0.0 without a token: exit {result.returncode}: {result.stderr.strip()[:160]}")
+    check(result.returncode == 2 and "serve.host" in result.stderr and "access_token_file" in result.stderr,
+          f"host 0.0.0.0 without a token: exit {result.returncode}: {result.stderr.strip()[:160]}")
     token = "s3cret-token-0123456789"
     token_file = write(os.path.join(work, "token"), token + "\n")
     server = Server(worker, work, repo, f"  access_token_file: {token_file}\n", expect_ready=False)
     try:
         status, _ = raw_http(server.ep["http_port"], "POST", "/v2/models/langid/infer", infer_body(["hi"]))
-        ok &= check(status == 401, f"http without the token: {status}")
+        check(status == 401, f"http without the token: {status}")
         auth_header = {"Authorization": "Bearer " + token}
         deadline = time.time() + 30
         while raw_http(server.ep["http_port"], "GET", "/v2/health/ready", headers=auth_header)[0] != 200:
             if time.time() > deadline:
-                return check(False, "never ready")
+                raise AssertionError("never ready")
             time.sleep(0.05)
         status, _ = raw_http(server.ep["http_port"], "POST", "/v2/models/langid/infer", infer_body(["hi"]), auth_header)
-        ok &= check(status == 200, f"http with the token: {status}")
+        check(status == 200, f"http with the token: {status}")
         status, _ = raw_http(server.ep["metrics_port"], "GET", "/metrics")
-        ok &= check(status == 401, f"metrics without the token: {status}")
+        check(status == 401, f"metrics without the token: {status}")
         g = tgrpc.InferenceServerClient(server.grpc_url)
         try:
             g.infer("langid", [text_input(tgrpc, ["hi"])])
-            ok &= check(False, "grpc without the token: accepted")
+            check(False, "grpc without the token: accepted")
         except InferenceServerException as e:
-            ok &= check(e.status() == "StatusCode.UNAUTHENTICATED", f"grpc without the token: {e.status()}")
+            check(e.status() == "StatusCode.UNAUTHENTICATED", f"grpc without the token: {e.status()}")
         r = g.infer("langid", [text_input(tgrpc, ["hi"])], headers={"authorization": "Bearer " + token})
-        ok &= check(r.as_numpy("logits").shape == (1, len(LABELS)), "grpc with the token: answered")
+        check(r.as_numpy("logits").shape == (1, len(LABELS)), "grpc with the token: answered")
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly")
 
 
 def crowd(worker, work):
@@ -780,7 +751,6 @@ def crowd(worker, work):
     server = Server(worker, work, repo, "  max_connections: 1000\n")
     port = server.ep["http_port"]
     front_end = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
-    ok = True
     crowd_sockets = []
     try:
         rss_before = rss_bytes(front_end)
@@ -797,9 +767,9 @@ def crowd(worker, work):
             answered += r.as_numpy("logits").shape == (1, len(LABELS))
         fresh = [raw_http(port, "POST", "/v2/models/langid/infer", infer_body(["fresh connection"]))[0]
                  for _ in range(50)]
-        ok &= check(answered == 100 and fresh == [200] * 50,
-                    f"amid 2,300 crowding connections a real client's requests all succeed: {answered}/100 over "
-                    f"tritonclient, {fresh.count(200)}/50 on fresh connections")
+        check(answered == 100 and fresh == [200] * 50,
+              f"amid 2,300 crowding connections a real client's requests all succeed: {answered}/100 over "
+              f"tritonclient, {fresh.count(200)}/50 on fresh connections")
         closed = 0
         for s in crowd_sockets:
             s.setblocking(False)
@@ -810,16 +780,15 @@ def crowd(worker, work):
                 pass
             except OSError:
                 closed += 1
-        ok &= check(closed >= 1300, f"{closed} of the 2,300 crowding connections were closed to make room "
-                                    "(max_connections 1000)")
+        check(closed >= 1300, f"{closed} of the 2,300 crowding connections were closed to make room "
+                              "(max_connections 1000)")
         growth = (rss_bytes(front_end) - rss_before) / 2**20
-        ok &= check(growth < 64, f"the front end's memory grew {growth:.1f} MB")
-        ok &= check(threads < 200, f"the front end ran {threads} threads while holding 1,000 connections")
+        check(growth < 64, f"the front end's memory grew {growth:.1f} MB")
+        check(threads < 200, f"the front end ran {threads} threads while holding 1,000 connections")
     finally:
         for s in crowd_sockets:
             s.close()
-        ok &= check(server.stop() == 0, "the server stops cleanly")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly")
 
 
 def rss_bytes(pid):
@@ -841,7 +810,6 @@ def overload(worker, work):
     server = Server(worker, work, repo, "  max_batch_size: 8\n  max_queue_delay_ms: 2\n")
     texts = [t for t in DEV_TEXTS if len(t) > 200][:64]
     deadline_ms = 300
-    ok = True
 
     def drive(rate, seconds, threads=24, timeout_ms=deadline_ms):
         """Open loop: request i goes at start + i / rate, each from a pool of threads."""
@@ -893,12 +861,12 @@ def overload(worker, work):
         refused = sorted(t for o, t in outcomes if o == 429)
         others = [o for o, _ in outcomes if o not in (200, 429)]
         p99 = admitted[int(0.99 * (len(admitted) - 1))] if admitted else 0
-        ok &= check(refused and admitted, f"{len(outcomes)} requests at 2x: {len(admitted)} admitted, "
-                                          f"{len(refused)} refused with 429, others {others[:5]}")
-        ok &= check(len(others) <= len(outcomes) // 50,
-                    f"hardly any answer other than 200 and 429: {len(others)} (504: queued past the deadline)")
+        check(refused and admitted, f"{len(outcomes)} requests at 2x: {len(admitted)} admitted, "
+                                    f"{len(refused)} refused with 429, others {others[:5]}")
+        check(len(others) <= len(outcomes) // 50,
+              f"hardly any answer other than 200 and 429: {len(others)} (504: queued past the deadline)")
         median_refusal = refused[len(refused) // 2] * 1000 if refused else 0
-        ok &= check(median_refusal < 15, f"429s answered at once: median {median_refusal:.1f} ms")
+        check(median_refusal < 15, f"429s answered at once: median {median_refusal:.1f} ms")
         print(f"client side: admitted p99 {p99 * 1000:.0f} ms (the Python client's own delays included)")
         m = server.metrics()
 
@@ -911,28 +879,23 @@ def overload(worker, work):
         server_p98 = min(le for le, v in buckets if v >= 0.98 * total)
         server_p99 = min(le for le, v in buckets if v >= 0.99 * total)
         cost = sample(m, "trainyard_serve_cost_ms_per_token")
-        ok &= check(server_p98 * 1000 <= deadline_ms,
-                    f"server side: p98 of admitted requests at most {server_p98 * 1000:.0f} ms (histogram bucket), "
-                    f"within the {deadline_ms} ms deadline (p99 at most {server_p99 * 1000:.0f} ms); "
-                    f"cost model {cost:.4f} ms per token")
+        check(server_p98 * 1000 <= deadline_ms,
+              f"server side: p98 of admitted requests at most {server_p98 * 1000:.0f} ms (histogram bucket), "
+              f"within the {deadline_ms} ms deadline (p99 at most {server_p99 * 1000:.0f} ms); "
+              f"cost model {cost:.4f} ms per token")
         growth = [(a - b) / 2**20 for a, b in zip(rss_after, rss_before)]
-        ok &= check(all(g < 64 for g in growth), f"resident memory flat: grew {growth[0]:.1f} / {growth[1]:.1f} MiB")
+        check(all(g < 64 for g in growth), f"resident memory flat: grew {growth[0]:.1f} / {growth[1]:.1f} MiB")
     finally:
-        ok &= check(server.stop() == 0, "the server stops cleanly")
-    return ok
+        check(server.stop() == 0, "the server stops cleanly")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("case", choices=["protocol", "reload", "overload", "cancel", "bad_input", "auth", "crowd",
-                                         "gpu"])
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        ok = globals()[args.case](args.worker, work)
-    print("PASS" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+def with_worker(case):
+    """The run_case() case of `case(worker, work)`."""
+    return lambda args, work: case(args.worker, work)
+
+
+CASES = {case.__name__: with_worker(case) for case in (protocol, reload, overload, cancel, bad_input, auth, crowd, gpu)}
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, ("--worker",), __doc__)

@@ -1,4 +1,4 @@
-"""A cluster of real hosts on one machine: what the cluster tests run on.
+"""The cluster rig: real hosts on one machine (Rig), what the cluster tests run on.
 
 Each host is a Linux network namespace (its own interfaces, addresses and ports) with a
 UTS namespace (its own hostname) and a mount namespace in which <rig>/host is that host's
@@ -19,11 +19,12 @@ would work too, but would test less: ssh is what users have.)
 `down()` kills every process in the rig's namespaces and deletes them, after a failure
 too (the context manager calls it); `leftovers()` says what a rig left behind, for a test
 to check. A test killed outright (ctest's timeout sends SIGKILL, which no `finally`
-survives) cannot call `down()`: a reaper does it instead. `up()` starts it as
-`cluster.py --reap PREFIX ROOT`, detached from the test's process tree (ctest kills that
-tree), with stdin the read end of a pipe whose only write end the test holds. The end
-closes however the test ends, and the reaper then tears down whatever the rig left. Needs root, iproute2, util-linux's unshare and nsenter, and sshd; `available()`
-says in one line why not."""
+survives) cannot call `down()`: a reaper does it instead. `up()` starts it as a Python
+process running reap(PREFIX, ROOT), detached from the test's process tree (ctest kills
+that tree), with stdin the read end of a pipe whose only write end the test holds. The
+end closes however the test ends, and the reaper then tears down whatever the rig left.
+Needs root, iproute2, util-linux's unshare and nsenter, and sshd; `available()` says in
+one line why not."""
 import os
 import shutil
 import signal
@@ -32,9 +33,13 @@ import sys
 import tempfile
 import time
 
+from harness import TESTS_DIR, skip
+
 SUBNET = "198.18.0.0/24"
 SSHD = "/usr/sbin/sshd"
 PREFIX = "tyc"  # every namespace and link a rig makes starts with it
+# The reaper's program (see the module's text): `python -c REAPER TESTS_DIR PREFIX ROOT`.
+REAPER = "import sys; sys.path.insert(0, sys.argv[1]); from harness.rig import reap; reap(sys.argv[2], sys.argv[3])"
 
 
 def available():
@@ -55,17 +60,10 @@ def available():
 
 
 def skip_unless_available():
-    """Exits 77 (ctest's skip) with one line where a rig cannot be made here."""
+    """Skips the test (exit 77) with one line where a rig cannot be made here."""
     why = available()
     if why:
-        print(f"skipped: {why}")
-        sys.exit(77)
-
-
-def check(ok, what):
-    """Prints one line of a test's verdict; returns ok as a bool."""
-    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    return bool(ok)
+        skip(why)
 
 
 def leftovers(prefix=PREFIX):
@@ -85,7 +83,7 @@ def run(argv, **kwargs):
     return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
 
 
-class Cluster:
+class Rig:
     """N hosts named h1..hN, at 198.18.0.11.. (see the module's text)."""
 
     def __init__(self, hosts, work=None, keep=False):
@@ -284,9 +282,9 @@ class Cluster:
         """The reaper of a test killed outright (see the module's docstring)."""
         read_end, self.reaper_pipe = os.pipe()  # neither end is inherited by what the test starts
         try:
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--reap", self.prefix,
-                            "" if self.keep else self.root], stdin=read_end, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True, check=True)
+            subprocess.run([sys.executable, "-c", REAPER, TESTS_DIR, self.prefix, "" if self.keep else self.root],
+                           stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True, check=True)
         finally:
             os.close(read_end)
 
@@ -338,5 +336,11 @@ def reap(prefix, root):
     tear_down(prefix, root or None)
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--reap":
-    reap(sys.argv[2], sys.argv[3])
+def on_rig(hosts, case):
+    """A run_case() case that runs case(c, args) on a fresh rig c of `hosts` hosts, taken
+    down after it; the test is skipped (exit 77) where no rig can be made."""
+    def run(args, work):
+        skip_unless_available()
+        with Rig(hosts) as c:
+            case(c, args)
+    return run

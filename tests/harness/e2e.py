@@ -1,0 +1,219 @@
+"""End-to-end pieces: small real jobs on the prepared langid data (job files, data subsets),
+the worker's runs (steps, weights, a digest of every file), safetensors files edited in
+place, free ports, polling, MPI ranks found by their environment, and stopping a process
+group."""
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+from harness import SOURCE_DIR, skip
+
+LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
+# The environment mpirun needs here: containers run as root, and tests oversubscribe the cores.
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+# Evaluation in a test's job: the first 750 of langid's 2,250 dev examples, which hold
+# every language. A test that asserts an accuracy floor or compares with a reference on
+# the whole set passes dev=FULL_DEV.
+FULL_DEV = os.path.join(LANGID, "dev.tsv")
+DEV_EXAMPLES = 750
+
+
+# --- files and jobs ----------------------------------------------------------------------
+def write(path, text):
+    """Writes `text` to `path`, making its folder; returns the path."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def subset_tsv(folder, count, split="train"):
+    """The first `count` examples of langid's `split`, as a TSV in `folder`."""
+    path = os.path.join(folder, f"{split}_{count}.tsv")
+    with open(os.path.join(LANGID, f"{split}.tsv"), encoding="utf-8") as f:
+        lines = f.readlines()[: count + 1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    return path
+
+
+def dev_subset(folder, count=DEV_EXAMPLES):
+    """The first `count` dev examples of langid, as a TSV in `folder`. Written whole under a
+    temporary name and renamed, as tests running at once may write the same file."""
+    path = os.path.join(folder, f"dev_{count}.tsv")
+    with open(FULL_DEV, encoding="utf-8") as f:
+        lines = f.readlines()[: count + 1]
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.replace(partial, path)
+    return path
+
+
+def job_yaml(name, train, extra="", device="cpu", dev=None):
+    """A tiny-BERT langid job training on `train`, evaluated on `dev` (by default
+    dev_subset() beside `train`)."""
+    dev = dev or dev_subset(os.path.dirname(os.path.abspath(train)))
+    return f"""name: {name}
+seed: 7
+data:
+  train: {train}
+  dev: {dev}
+  labels: {os.path.join(LANGID, "labels.txt")}
+  max_seq_len: 64
+  loader_threads: 1
+  tokenizer:
+    vocab: {os.path.join(LANGID, "vocab.txt")}
+model:
+  preset: tiny
+  dropout: 0.1
+runtime:
+  device: {device}
+  threads: 1
+log:
+  progress: false
+  steps_every: 1
+{extra}"""
+
+
+def run_worker(worker, job, runs, *extra, **kwargs):
+    """`worker job --runs-dir runs ...`, its output captured as text."""
+    return subprocess.run([worker, job, "--runs-dir", runs, *extra], capture_output=True, text=True, **kwargs)
+
+
+def steps(run_dir):
+    """A run's steps.jsonl, one dict a line."""
+    with open(os.path.join(run_dir, "steps.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(run_dir):
+    """A run's final weights (model/model.safetensors), by name."""
+    from safetensors.torch import load_file
+    return load_file(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+def tree_digest(folder, skip=()):
+    """One hash of every file under `folder` (names and bytes), but for the names in `skip`:
+    equal digests mean no file was added, removed or changed."""
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(set(files) - set(skip)):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digest.update(path.encode() + f.read())
+    return digest.hexdigest()
+
+
+def require_cuda():
+    """Skips the test, saying why, on a machine without a usable CUDA device."""
+    import torch
+    if not torch.cuda.is_available():
+        skip("no CUDA device is visible to torch on this machine")
+    print(f"CUDA device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+
+
+# --- safetensors files -------------------------------------------------------------------
+def read_safetensors_header(path):
+    """(header dict, data bytes) of a safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (size,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + size]), blob[8 + size:]
+
+
+def write_safetensors_header(path, header, data):
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def flip_bits(path, count=2000):
+    """Flips `count` bits spread over a safetensors file's tensor data, header untouched."""
+    header, data = read_safetensors_header(path)
+    data = bytearray(data)
+    for i in range(count):
+        at = (i * 7919 + 13) % len(data)
+        data[at] ^= 1 << (i % 8)
+    write_safetensors_header(path, header, bytes(data))
+
+
+def set_metadata(path, **changes):
+    """Rewrites a safetensors file's metadata (a value None removes the key); the data stay."""
+    header, data = read_safetensors_header(path)
+    for key, value in changes.items():
+        if value is None:
+            header["__metadata__"].pop(key, None)
+        else:
+            header["__metadata__"][key] = value
+    write_safetensors_header(path, header, data)
+
+
+# --- ports, polling, processes ---------------------------------------------------------
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout, what, every=0.25):
+    """predicate()'s first true value, polled every `every` s; AssertionError after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def world_rank(pid):
+    """The MPI rank (OMPI_COMM_WORLD_RANK) in the environment of process `pid`. Raises
+    OSError, KeyError or ValueError for a process gone, or one that is not a rank."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"OMPI_COMM_WORLD_RANK"])
+
+
+def rank_pids(mpirun_pid, count, deadline):
+    """The worker processes of an mpirun, by MPI rank (from their environment)."""
+    while time.time() < deadline:
+        found = {}
+        out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
+        for pid in out:
+            try:
+                found[world_rank(pid)] = int(pid)
+            except (OSError, KeyError, ValueError):
+                pass
+        if len(found) == count:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("could not find the worker ranks")
+
+
+def terminate(process, timeout):
+    """SIGTERM to `process`, and SIGKILL to its process group (it must lead one:
+    start_new_session=True) when it has not ended within `timeout` s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def print_tails(paths, lines):
+    """The last `lines` lines of each log in `paths`, for a failure's output."""
+    for name in paths:
+        with open(name, encoding="utf-8", errors="replace") as f:
+            print(f"--- {os.path.basename(name)} (last {lines} lines)\n" + "".join(f.readlines()[-lines:]))
+
