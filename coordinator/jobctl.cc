@@ -77,6 +77,8 @@ class ConnectionWatch {
     events_.set(zmq::sockopt::linger, 0);
     events_.connect(endpoint);
   }
+  // For zmq::poll: readable when an event arrives.
+  zmq::pollitem_t Item() { return {static_cast<void*>(events_), 0, ZMQ_POLLIN, 0}; }
   // The events seen so far, OR-ed.
   int Seen() {
     zmq::message_t event;
@@ -93,6 +95,23 @@ class ConnectionWatch {
   zmq::socket_t events_;
   int seen_ = 0;
 };
+
+// Waits up to `timeout_s` for `socket` to have a reply; true if it has. A refused
+// handshake ends the wait at once (no reply can follow it); the caller reads `watch`.
+bool AwaitReply(zmq::socket_t& socket, ConnectionWatch& watch, double timeout_s) {
+  constexpr int kHandshakeFailed =
+      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}, watch.Item()};
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    zmq::poll(items, 2, left);
+    if (items[0].revents & ZMQ_POLLIN) return true;
+    if ((items[1].revents & ZMQ_POLLIN) && (watch.Seen() & kHandshakeFailed)) return false;
+  }
+}
 
 // One request, one reply, with Lazy Pirate retries.
 wire::Envelope Request(const Options& o, wire::Envelope request) {
@@ -112,9 +131,7 @@ wire::Envelope Request(const Options& o, wire::Envelope request) {
                             "); expected e.g. tcp://127.0.0.1:5555");
     }
     socket.send(zmq::buffer(bytes), zmq::send_flags::none);
-    zmq::pollitem_t items[] = {{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 1, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
-    if (items[0].revents & ZMQ_POLLIN) {
+    if (AwaitReply(socket, watch, o.timeout_s)) {
       zmq::message_t reply;
       (void)socket.recv(reply);
       wire::Envelope envelope;

@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import SOURCE_DIR, check, run_test  # noqa: E402
-from harness.e2e import free_port  # noqa: E402
+from harness.e2e import free_port, wait_for  # noqa: E402
 
 
 class Daemon:
@@ -63,7 +63,7 @@ class Daemon:
 atexit.register(Daemon.kill_the_rest)
 
 
-def auth_checks(a, work, jobctl, listing, checks):
+def auth_checks(a, work, jobctl, listing, checks, daemon):
     """Run with a coordinator up (its queue already holds jobs): none of these may add one."""
     before = len(listing())
     job = os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")
@@ -88,6 +88,22 @@ def auth_checks(a, work, jobctl, listing, checks):
         foreign.returncode == 2 and "refused this client key" in foreign.stderr)
     checks["an unauthenticated client is not answered"] = insecure.returncode != 0
     checks["refused clients write no row"] = len(listing()) == before
+    checks["a key added to the running coordinator's list is admitted after its SIGHUP"] = sighup_admits(
+        a, work, jobctl, daemon)
+
+
+def sighup_admits(a, work, jobctl, daemon):
+    """coordinator --add-client while the coordinator runs: the new key is refused, saying
+    that the list is re-read on SIGHUP, until the coordinator gets one; then it is served."""
+    made = subprocess.run([a.coordinator, "--add-client", "carol"], capture_output=True, text=True, timeout=10)
+    carol = os.path.join(work, "keys", "clients", "carol")
+    before = jobctl("--keys", carol, "--retries", "1", "list")
+    daemon.proc.send_signal(signal.SIGHUP)
+    after = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(jobctl("--keys", carol, "list")), 10,
+                     "carol's key to be served after the SIGHUP")
+    print("new key before the SIGHUP:", before.stderr.strip().replace("\n", " "))
+    return (made.returncode == 0 and "kill -HUP" in made.stdout and before.returncode == 2 and
+            "SIGHUP" in before.stderr and after.returncode == 0 and daemon.proc.poll() is None)
 
 
 def make_read_only(path):
@@ -271,7 +287,7 @@ def test(a, work):
     first = jobctl("submit", job, "--key", "same-key")
     again = jobctl("submit", job, "--key", "same-key")
     checks["duplicate key makes one job"] = (first.stdout == again.stdout and len(listing()) == 1)
-    auth_checks(a, work, jobctl, listing, checks)
+    auth_checks(a, work, jobctl, listing, checks, daemon)
 
     bad = os.path.join(work, "bad.yaml")
     text = open(job).read().replace("../../data", os.path.join(SOURCE_DIR, "data"))
