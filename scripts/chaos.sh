@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos soak (tests/chaos/chaos_soak.py; ctest runs it for 75 s as chaos_soak): small
+# Chaos soak (tests/chaos/chaos_soak.py; ctest runs it for 60 s as chaos_soak): small
 # real jobs on two worker pools while ranks and the coordinator are killed (-9), stopped
 # and continued, and jobs cancelled; then checks that
 # every acknowledged job ended exactly once, each epoch is logged once, nothing is stuck,

@@ -28,6 +28,6 @@ echo "$(date -u '+%Y-%m-%d') on $(hostname): $(nproc) cores, $(grep -m1 'model n
 for run in $(seq "$runs"); do
   echo "run $run of $runs"
   "$PY" tests/coordinator/search_test.py --coordinator build/bin/coordinator --jobctl build/bin/jobctl \
-    --worker build/bin/worker --mpirun mpirun asha --examples 1500 --max-seq-len 64 --epochs 9 --reference "${record[@]}" |
+    --worker build/bin/worker --mpirun mpirun asha --trials 12 --examples 1500 --max-seq-len 64 --epochs 9 --reference "${record[@]}" |
     grep -E '^(figures:|  trial|killed|recorded)'
 done

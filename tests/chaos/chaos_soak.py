@@ -33,7 +33,7 @@ invariants 3 and 4 cover it.
 
 A killed agent is replaced by one started alone (no mpirun), as a service manager would.
 Exit 0 when every invariant holds.
-Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]; ctest runs it for 75 s, a fault every
+Usage: scripts/chaos.sh [--minutes 15] [--seed N] [--keep]; ctest runs it for 60 s, a fault every
 3 s on average (chaos_soak)."""
 import argparse
 import csv

@@ -75,7 +75,7 @@ def hf_dev_loss(model_dir, texts):
 def test(args, work):
     train = os.path.join(work, "train.txt")
     dev = os.path.join(work, "dev.txt")
-    subset(os.path.join(LM, "train.txt"), train, 1500)
+    subset(os.path.join(LM, "train.txt"), train, 750)
     dev_texts = subset(os.path.join(LM, "dev.txt"), dev, 250)
     job = os.path.join(work, "lm.yaml")
     write(job, finetune_yaml(work, train, dev))
