@@ -11,7 +11,7 @@
 # budget (docs/testing.md, "Time budgets").
 # TRAINYARD_WERROR=1 builds with -Werror (CI does). TRAINYARD_TEST_JOBS is how many tests
 # compute at once (2; on two cores more makes the tests that wait on their own deadlines
-# fail); one more test that mostly sleeps runs beside them (tests/CMakeLists.txt, "Cores").
+# fail); up to two tests that mostly sleep run beside them (tests/CMakeLists.txt, "Cores").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LABELS=()
@@ -51,7 +51,7 @@ set +e
 cores=${TRAINYARD_TEST_JOBS:-2}
 printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "0", "slots": %d}]}]}\n' "$cores" \
   > test-cores.json
-ctest --output-on-failure -j"$((cores + 1))" --resource-spec-file test-cores.json --timeout 900 "${LABELS[@]}" "$@" \
+ctest --output-on-failure -j"$((cores + 2))" --resource-spec-file test-cores.json --timeout 900 "${LABELS[@]}" "$@" \
   2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
