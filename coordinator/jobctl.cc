@@ -1,5 +1,6 @@
 // jobctl: the user's command line for the coordinator.
-//   jobctl submit JOB.yaml [--set K=V] [--wait] | list | status ID | cancel ID | logs ID [-f] | report ID | workers
+//   jobctl submit JOB.yaml [--set K=V] [--wait|--follow] | list [--state S] [--user U] [--name N] [--limit N]
+//          | status ID | cancel ID... [--user U] [--state S] | logs ID [-f] | report ID | workers | usage
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
@@ -193,8 +194,19 @@ nlohmann::json ToJson(const wire::JobInfo& j) {
                         {"preemptible", j.preemptible()},
                         {"submitted_at", j.submitted_at()}};
   if (!j.waiting().empty()) out["waiting"] = j.waiting();
-  if (j.events_size() > 0) out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
-  if (j.endpoints_size() > 0) out["endpoints"] = std::vector<std::string>(j.endpoints().begin(), j.endpoints().end());
+  if (!j.metric().empty()) {
+    out["metric"] = j.metric();
+    out["metric_value"] = j.metric_value();
+  }
+  if (j.events_size() > 0) {
+    out["events"] = std::vector<std::string>(j.events().begin(), j.events().end());
+    out["event_times"] = std::vector<double>(j.event_times().begin(), j.event_times().end());
+  }
+  if (j.listeners_size() > 0) {
+    out["endpoints"] = nlohmann::json::array();
+    for (const wire::Endpoint& e : j.listeners())
+      out["endpoints"].push_back({{"protocol", e.protocol()}, {"url", e.url()}});
+  }
   if (!j.slurm().empty()) out["slurm"] = j.slurm();
   if (j.is_search()) out["kind"] = "search";
   if (j.search_id() != 0) out["search"] = j.search_id();
@@ -240,13 +252,43 @@ void PrintSearchReport(const wire::SearchReport& s) {
   std::printf("rank-seconds of every trial: %.1f\n", total);
 }
 
+std::string FormatTime(double seconds_since_epoch) {
+  if (seconds_since_epoch <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(seconds_since_epoch);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return text;
+}
+
+// "eval_acc=0.9827", or "-" for a job with no metric yet (Note [A job's metric] in
+// coordinator/server.h).
+std::string MetricText(const wire::JobInfo& j) {
+  if (j.metric().empty()) return "-";
+  char value[32];
+  std::snprintf(value, sizeof value, "%.4g", j.metric_value());
+  return j.metric() + "=" + value;
+}
+
 void PrintTable(const std::vector<wire::JobInfo>& jobs) {
-  std::printf("%-6s %-24s %-12s %-10s %5s %5s %-5s %8s  %s\n", "id", "name", "user", "state", "prio", "ranks", "dev",
-              "attempts", "reason");
+  std::printf("%-6s %-24s %-12s %-10s %5s %5s %-5s %8s %-20s  %s\n", "id", "name", "user", "state", "prio", "ranks",
+              "dev", "attempts", "metric", "reason");
   for (const auto& j : jobs)
-    std::printf("%-6ld %-24s %-12s %-10s %5d %5d %-5s %8d  %s\n", long(j.id()), j.name().c_str(),
+    std::printf("%-6ld %-24s %-12s %-10s %5d %5d %-5s %8d %-20s  %s\n", long(j.id()), j.name().c_str(),
                 j.user().empty() ? "-" : j.user().c_str(), trainyard::JobStateName(j.job_state()).c_str(), j.priority(),
-                j.ranks(), j.device().c_str(), j.attempts(), (j.reason().empty() ? j.waiting() : j.reason()).c_str());
+                j.ranks(), j.device().c_str(), j.attempts(), MetricText(j).c_str(),
+                (j.reason().empty() ? j.waiting() : j.reason()).c_str());
+}
+
+// What is printed under the table: Slurm's view of each job; of one job, also why it
+// waits, its listeners and its events with their times (several jobs' would mix).
+void PrintDetails(const wire::JobInfo& j, bool one) {
+  if (!j.slurm().empty()) std::printf("  slurm: %s\n", j.slurm().c_str());
+  if (!one) return;
+  if (!j.waiting().empty()) std::printf("  waiting: %s\n", j.waiting().c_str());
+  for (const auto& e : j.listeners()) std::printf("  endpoint: %s %s\n", e.protocol().c_str(), e.url().c_str());
+  for (int i = 0; i < j.events_size(); ++i)
+    std::printf("  event: %s  %s\n", i < j.event_times_size() ? FormatTime(j.event_times(i)).c_str() : "-",
+                j.events(i).c_str());
 }
 
 // The login name this process runs as, for a submission (Note [Usage] in
@@ -259,7 +301,12 @@ std::string LoginName() {
 struct CommandArgs {
   std::string job_file, key;
   int64_t id = 0;
+  std::vector<int64_t> ids;  // cancel's
   bool follow = false, csv = false, per_user = false;
+  // list's and cancel's filters: states by name (each may be a comma-separated list).
+  std::vector<std::string> states;
+  std::string user, name_contains;
+  int limit = 0;
   // submit: keys set on the command line, and whether to wait for the job's end.
   std::vector<std::string> sets;
   std::string ranks, priority, name;  // as given; empty: the file's
@@ -283,6 +330,7 @@ bool Overridden(const CommandArgs& args) {
 }
 
 int WaitForEnd(const Options& o, int64_t id);
+int Logs(const Options& o, int64_t id, bool follow, bool csv);
 
 int Submit(const Options& o, const CommandArgs& args) {
   const std::string& path = args.job_file;
@@ -318,32 +366,93 @@ int Submit(const Options& o, const CommandArgs& args) {
   else
     std::cout << id << "\n";
   std::cout.flush();  // a script reading the id while the job runs (--wait) gets it now
+  if (args.follow) return Logs(o, id, /*follow=*/true, /*csv=*/false);
   return args.wait ? WaitForEnd(o, id) : 0;
 }
 
-int Show(const Options& o, const std::string& what, int64_t id) {
+// A job state as a person names it ("queued", "RUNNING"); bad input otherwise.
+wire::JobState ParseState(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  wire::JobState state = wire::JOB_STATE_UNSPECIFIED;
+  if (!wire::JobState_Parse("JOB_" + name, &state) || state == wire::JOB_STATE_UNSPECIFIED)
+    throw Rejected(2, "--state '" + name +
+                          "': expected queued, running, succeeded, failed, cancelled or stopped (several: "
+                          "--state queued,running)");
+  return state;
+}
+
+wire::Envelope ListRequestOf(const CommandArgs& args) {
   wire::Envelope request;
-  if (what == "list") request.mutable_list();
-  if (what == "status") request.mutable_status()->set_job_id(id);
-  if (what == "cancel") request.mutable_cancel()->set_job_id(id);
-  const auto reply = Expect(Request(o, request));
-  std::vector<wire::JobInfo> jobs;
-  if (reply.has_jobs()) jobs.assign(reply.jobs().jobs().begin(), reply.jobs().jobs().end());
-  if (reply.has_job()) jobs.push_back(reply.job());
+  wire::ListRequest* list = request.mutable_list();
+  for (const std::string& given : args.states) {
+    std::stringstream names(given);
+    for (std::string name; std::getline(names, name, ',');) list->add_states(ParseState(name));
+  }
+  list->set_user(args.user);
+  list->set_name_contains(args.name_contains);
+  list->set_limit(args.limit);
+  return request;
+}
+
+void PrintJobs(const Options& o, const std::vector<wire::JobInfo>& jobs, bool one) {
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& j : jobs) out.push_back(ToJson(j));
-    std::cout << (what == "list" ? out : out.at(0)).dump(2) << "\n";
-    return 0;
+    std::cout << (one ? out.at(0) : out).dump(2) << "\n";
+    return;
   }
   PrintTable(jobs);
-  for (const auto& j : jobs) {
-    if (!j.slurm().empty()) std::printf("  slurm: %s\n", j.slurm().c_str());
-    if (what != "list" && !j.waiting().empty()) std::printf("  waiting: %s\n", j.waiting().c_str());
-    for (const auto& e : j.endpoints()) std::printf("  endpoint: %s\n", e.c_str());
-    for (const auto& e : j.events()) std::printf("  event: %s\n", e.c_str());
-  }
+  for (const auto& j : jobs) PrintDetails(j, one);
+}
+
+int List(const Options& o, const CommandArgs& args) {
+  const auto reply = Expect(Request(o, ListRequestOf(args)));
+  PrintJobs(o, {reply.jobs().jobs().begin(), reply.jobs().jobs().end()}, false);
   return 0;
+}
+
+int Status(const Options& o, int64_t id) {
+  wire::Envelope request;
+  request.mutable_status()->set_job_id(id);
+  PrintJobs(o, {Expect(Request(o, request)).job()}, true);
+  return 0;
+}
+
+// The jobs `cancel` names: its ids, or the queued and running jobs (unless --state says
+// otherwise) of the user its filters name.
+std::vector<int64_t> JobsToCancel(const Options& o, CommandArgs args) {
+  const bool filtered = !args.user.empty() || !args.states.empty() || !args.name_contains.empty();
+  if (filtered == !args.ids.empty())
+    throw Rejected(2, "cancel takes job ids, or --user (with --state and --name if wanted) to choose them; not both");
+  if (!filtered) return args.ids;
+  if (args.user.empty())
+    throw Rejected(2, "cancel --state and --name need --user too: cancel does not choose every user's jobs at once");
+  if (args.states.empty()) args.states = {"queued,running"};
+  const wire::Envelope listed = Expect(Request(o, ListRequestOf(args)));
+  std::vector<int64_t> ids;
+  for (const wire::JobInfo& j : listed.jobs().jobs()) ids.push_back(j.id());
+  return ids;
+}
+
+// Cancels each job in turn; one refused or unknown does not keep the others running.
+// Prints the jobs cancelled (with --json: one job's object for one id given, else an
+// array). Exit status: the worst of them (2 for a refusal or an unknown job).
+int Cancel(const Options& o, const CommandArgs& args) {
+  std::vector<wire::JobInfo> cancelled;
+  int status = 0;
+  for (int64_t id : JobsToCancel(o, args)) {
+    wire::Envelope request;
+    request.mutable_cancel()->set_job_id(id);
+    try {
+      cancelled.push_back(Expect(Request(o, request)).job());
+    } catch (const Rejected& e) {
+      std::fprintf(stderr, "error: job %ld: %s\n", long(id), e.what());
+      status = std::max(status, e.code == 2 ? 2 : 1);
+    }
+  }
+  const bool one_id = args.ids.size() == 1;
+  if (one_id ? !cancelled.empty() : (o.json || !cancelled.empty())) PrintJobs(o, cancelled, one_id);
+  return status;
 }
 
 // How `logs -f` ends: the job's final state on stderr (stdout holds the CSV), and an
@@ -408,14 +517,6 @@ int Logs(const Options& o, int64_t id, bool follow, bool csv) {
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-}
-
-std::string FormatTime(double seconds_since_epoch) {
-  if (seconds_since_epoch <= 0) return "-";
-  std::time_t t = static_cast<std::time_t>(seconds_since_epoch);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  return text;
 }
 
 // The epoch rows as a table: the timing columns a user reads first, and where the
@@ -571,24 +672,7 @@ int UsageCommand(const Options& o, bool per_user) {
 
 int RunCommand(Options& o, const std::string& command, const CommandArgs& args);
 
-int Main(int argc, char** argv) {
-  CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
-  Options o;
-  // Subcommands take the flags above wherever they stand ("jobctl list --json").
-  app.fallthrough();
-  app.add_option("--coordinator", o.coordinator,
-                 "coordinator endpoint; default $TRAINYARD_COORDINATOR, else tcp://127.0.0.1:5555")
-      ->envname("TRAINYARD_COORDINATOR");
-  app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply, 0.01 to 3600 (default 2.5)")
-      ->check(FiniteRange(0.01, 3600.0));
-  app.add_option("--retries", o.retries, "tries before giving up, 1 to 100 (default 3)")->check(CLI::Range(1, 100));
-  app.add_flag("--json", o.json, "machine-readable output");
-  app.add_option("--keys", o.keys_dir,
-                 "key folder made by `coordinator --init` (client.key, coordinator.pub); default $TRAINYARD_KEYS,\n"
-                 "else ./keys");
-  app.add_flag("--insecure", o.insecure, "development only: talk to a coordinator started with --insecure");
-  app.require_subcommand(1);
-  CommandArgs args;
+void AddSubmit(CLI::App& app, CommandArgs& args) {
   auto* submit = app.add_subcommand(
       "submit", "queue a job file, or a kind: search file (with its base file's text); prints the job id");
   submit->add_option("job", args.job_file, "job YAML file")->required()->check(CLI::ExistingFile);
@@ -602,16 +686,40 @@ int Main(int argc, char** argv) {
   submit->add_option("--ranks", args.ranks, "resources.ranks for this submission");
   submit->add_option("--priority", args.priority, "resources.priority for this submission");
   submit->add_option("--name", args.name, "the job's name for this submission");
-  submit->add_flag("--wait", args.wait,
-                   "wait for the job to end; print its final state to stderr and exit 0 if it succeeded, 1 if it\n"
-                   "failed or was cancelled");
-  app.add_subcommand("list", "all jobs");
-  for (const char* name : {"status", "cancel"})
-    app.add_subcommand(name, std::string(name) == "status" ? "one job, with its events"
-                                                           : "cancel a job; a running one stops on all its ranks")
-        ->add_option("id", args.id, "job id")
-        ->required()
-        ->check(CLI::PositiveNumber);
+  auto* wait = submit->add_flag("--wait", args.wait,
+                                "wait for the job to end; print its final state to stderr and exit 0 if it succeeded, "
+                                "1 if it\nfailed or was cancelled");
+  submit
+      ->add_flag("--follow", args.follow,
+                 "as --wait, printing the job's epoch rows as they come (as `logs -f`) meanwhile")
+      ->excludes(wait);
+}
+
+// list's filters, which cancel shares (less --limit).
+void AddFilters(CLI::App* command, CommandArgs& args) {
+  command
+      ->add_option("--state", args.states,
+                   "only jobs in this state: queued, running, succeeded, failed, cancelled or stopped\n"
+                   "(repeatable, or comma-separated)")
+      ->allow_extra_args(false);
+  command->add_option("--user", args.user, "only jobs this user owns");
+  command->add_option("--name", args.name_contains, "only jobs whose name contains this text");
+}
+
+void AddQueries(CLI::App& app, CommandArgs& args) {
+  auto* list =
+      app.add_subcommand("list", "jobs, newest first, with each one's metric as its newest evaluation gave it");
+  AddFilters(list, args);
+  list->add_option("--limit", args.limit, "at most this many (the newest); 0: all")->check(CLI::NonNegativeNumber);
+  app.add_subcommand("status", "one job, with its events and when each happened")
+      ->add_option("id", args.id, "job id")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  auto* cancel = app.add_subcommand("cancel",
+                                    "cancel jobs by id, or a user's queued and running jobs (--user, narrowed by "
+                                    "--state\nand --name); a running one stops on all its ranks");
+  cancel->add_option("ids", args.ids, "job ids")->check(CLI::PositiveNumber);
+  AddFilters(cancel, args);
   app.add_subcommand("report",
                      "one job: attempts and their outcomes, epoch timings with the step breakdown, "
                      "summary and events; a search's trials as a leaderboard")
@@ -630,6 +738,28 @@ int Main(int argc, char** argv) {
   logs->add_flag("-f,--follow", args.follow,
                  "keep printing rows until the job ends, then print its final state to stderr and exit 0 if it\n"
                  "succeeded, 1 if it failed or was cancelled");
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"jobctl: submit and inspect Trainyard jobs.\nExit codes: 0 ok, 2 bad input, 1 failure."};
+  Options o;
+  // Subcommands take the flags above wherever they stand ("jobctl list --json").
+  app.fallthrough();
+  app.add_option("--coordinator", o.coordinator,
+                 "coordinator endpoint; default $TRAINYARD_COORDINATOR, else tcp://127.0.0.1:5555")
+      ->envname("TRAINYARD_COORDINATOR");
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for each reply, 0.01 to 3600 (default 2.5)")
+      ->check(FiniteRange(0.01, 3600.0));
+  app.add_option("--retries", o.retries, "tries before giving up, 1 to 100 (default 3)")->check(CLI::Range(1, 100));
+  app.add_flag("--json", o.json, "machine-readable output");
+  app.add_option("--keys", o.keys_dir,
+                 "key folder made by `coordinator --init` (client.key, coordinator.pub); default $TRAINYARD_KEYS,\n"
+                 "else ./keys");
+  app.add_flag("--insecure", o.insecure, "development only: talk to a coordinator started with --insecure");
+  app.require_subcommand(1);
+  CommandArgs args;
+  AddSubmit(app, args);
+  AddQueries(app, args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -647,7 +777,9 @@ int RunCommand(Options& o, const std::string& command, const CommandArgs& args) 
     if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);
     if (command == "usage") return UsageCommand(o, args.per_user);
-    return Show(o, command, args.id);
+    if (command == "list") return List(o, args);
+    if (command == "cancel") return Cancel(o, args);
+    return Status(o, args.id);
   } catch (const trainyard::SpecError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,9 +14,11 @@
 #include "common/atomic_file.h"
 #include "common/bounded_json.h"
 #include "common/clock.h"
+#include "common/csv.h"
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/search.h"
 #include "proto/wire_names.h"
 
 namespace trainyard {
@@ -80,17 +83,37 @@ std::string PlainUser(const std::string& user) {
 }
 
 // The listeners a running serve job wrote to its endpoints.json (serve_frontend does, once
-// bound), as "http http://127.0.0.1:8000" lines; none if there is no such file or it is
-// not what serve_frontend writes. A regular file of at most 64 KiB: read on the loop.
-std::vector<std::string> ServeEndpoints(const std::string& runs_dir, const std::string& relative) {
+// bound), as (protocol, URL) pairs: ("http", "http://127.0.0.1:8000"); none if there is no
+// such file or it is not what serve_frontend writes. A regular file of at most 64 KiB:
+// read on the loop.
+std::vector<std::pair<std::string, std::string>> ServeEndpoints(const std::string& runs_dir,
+                                                                const std::string& relative) {
   const FileRead read = ReadFileBeneath(runs_dir, relative, size_t(64) << 10);
   if (!read.ok()) return {};
   const nlohmann::json endpoints = ParseBoundedJsonOrDiscarded(read.bytes);
-  std::vector<std::string> out;
+  std::vector<std::pair<std::string, std::string>> out;
   if (!endpoints.is_object()) return out;
   for (const char* kind : {"http", "grpc", "metrics"})
-    if (endpoints.contains(kind) && endpoints[kind].is_string())
-      out.push_back(std::string(kind) + " " + endpoints[kind].get<std::string>());
+    if (endpoints.contains(kind) && endpoints[kind].is_string()) out.emplace_back(kind, endpoints[kind]);
+  return out;
+}
+
+// A listing's states as the store names them; an unknown or unset one is bad input.
+std::vector<JobState> StatesFromWire(const google::protobuf::RepeatedField<int>& states) {
+  std::vector<JobState> out;
+  for (int wire_state : states) {
+    bool known = false;
+    for (JobState state : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                           JobState::kCancelled, JobState::kStopped})
+      if (int(ToWire(state)) == wire_state) {
+        out.push_back(state);
+        known = true;
+      }
+    if (!known)
+      throw std::invalid_argument("a listing asked for job state " + std::to_string(wire_state) +
+                                  ", which is none of QUEUED, RUNNING, SUCCEEDED, FAILED, "
+                                  "CANCELLED and STOPPED");
+  }
   return out;
 }
 
@@ -365,7 +388,7 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
 wire::Envelope Server::Handle(const ClientIdentity& client, const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kList:
-      return List();
+      return List(request.list());
     case wire::Envelope::kStatus:
       return Status(request.status().job_id());
     case wire::Envelope::kCancel:
@@ -426,6 +449,7 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.estimate_s = spec.resources.estimate_minutes * 60.0;
   job.user = PlainUser(request.user());
   job.preemptible = spec.resources.preemptible;
+  job.metric = spec.checkpoint.best_metric;
   const std::string over_quota = QuotaRefusal(job.user, job.ranks);
   bool created = false;
   StateStore::Transaction transaction(*store_);
@@ -473,16 +497,71 @@ std::string Server::WaitingText(const JobRecord& job) const {
 
 void Server::FillWaiting(const JobRecord& job, wire::JobInfo* info) const { info->set_waiting(WaitingText(job)); }
 
-wire::Envelope Server::List() {
+wire::Envelope Server::List(const wire::ListRequest& request) {
+  JobFilter filter;
+  try {
+    filter.states = StatesFromWire(request.states());
+  } catch (const std::invalid_argument& e) {
+    return ErrorEnvelope(2, e.what());
+  }
+  if (request.limit() < 0) return ErrorEnvelope(2, "a listing's limit must be 0 (no limit) or more");
+  filter.user = request.user();
+  filter.name_contains = request.name_contains();
+  filter.limit = request.limit();
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
-  wire::ListReply* jobs = reply.mutable_jobs();  // set even when empty: it is the reply's body
-  for (const JobRecord& j : store_->Jobs()) {
+  wire::ListReply* jobs = reply.mutable_jobs();   // set even when empty: it is the reply's body
+  std::map<int64_t, std::string> search_metrics;  // a search's metric, once per listing
+  for (const JobRecord& j : store_->JobsMatching(filter)) {
     wire::JobInfo* info = jobs->add_jobs();
     Fill(j, info);
     FillWaiting(j, info);
+    FillMetric(j, &search_metrics, info);
   }
   return reply;
+}
+
+void Server::FillMetric(const JobRecord& job, std::map<int64_t, std::string>* search_metrics,
+                        wire::JobInfo* info) const {
+  if (job.is_search) {
+    wire::SearchReport search;
+    FillSearchReport(job.id, &search);
+    if (search.best_trial() > 0) {
+      info->set_metric(search.metric());
+      info->set_metric_value(search.trials(search.best_trial() - 1).best());
+    }
+    return;
+  }
+  std::string metric = job.metric;
+  if (job.search != 0) {
+    auto known = search_metrics->find(job.search);
+    if (known == search_metrics->end()) {
+      const auto search = store_->FindSearch(job.search);
+      known = search_metrics->emplace(job.search, search ? search->metric : "").first;
+    }
+    metric = known->second;
+  }
+  std::vector<std::string> candidates = FallbackMetrics(job.id);
+  if (!metric.empty()) candidates.insert(candidates.begin(), metric);
+  for (const std::string& name : candidates) {
+    const auto row = store_->NewestRowWith(job.id, name);
+    const double value = row ? MetricOf(row->csv_header, row->csv_line, name) : std::nan("");
+    if (std::isnan(value)) continue;
+    info->set_metric(name);
+    info->set_metric_value(value);
+    return;
+  }
+}
+
+std::vector<std::string> Server::FallbackMetrics(int64_t job) const {
+  const auto row = store_->NewestRowWith(job, "epoch");
+  if (!row) return {};
+  std::vector<std::string> out;
+  for (const std::string& column : SplitCsv(row->csv_header))
+    if (column.rfind("eval_", 0) == 0 && column != "eval_loss") out.push_back(column);
+  out.push_back("eval_loss");
+  out.push_back("train_loss");
+  return out;
 }
 
 wire::Envelope Server::Status(int64_t id) {
@@ -490,14 +569,24 @@ wire::Envelope Server::Status(int64_t id) {
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
-  Fill(*job, reply.mutable_job());
-  FillWaiting(*job, reply.mutable_job());
-  reply.mutable_job()->set_slurm(SlurmText(id));
-  for (const auto& event : store_->Events(id)) reply.mutable_job()->add_events(event);
+  wire::JobInfo* info = reply.mutable_job();
+  Fill(*job, info);
+  FillWaiting(*job, info);
+  std::map<int64_t, std::string> search_metrics;
+  FillMetric(*job, &search_metrics, info);
+  info->set_slurm(SlurmText(id));
+  for (const EventRecord& event : store_->TimedEvents(id)) {
+    info->add_events(event.text);
+    info->add_event_times(event.at);
+  }
   if (job->state == JobState::kRunning)
-    for (const std::string& endpoint :
-         ServeEndpoints(options_.runs_dir, std::to_string(id) + "/" + job->name + "/endpoints.json"))
-      reply.mutable_job()->add_endpoints(endpoint);
+    for (const auto& [protocol, url] :
+         ServeEndpoints(options_.runs_dir, std::to_string(id) + "/" + job->name + "/endpoints.json")) {
+      info->add_endpoints(protocol + " " + url);
+      wire::Endpoint* listener = info->add_listeners();
+      listener->set_protocol(protocol);
+      listener->set_url(url);
+    }
   return reply;
 }
 

@@ -196,6 +196,13 @@ inline constexpr double kWorldTokenDays = 30;
 inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
 inline constexpr size_t kMaxUserBytes = 256;  // of the user a submission names
 
+// Note [A job's metric]
+// `jobctl list` and `status` show each job's metric as its newest epoch row gave it (the
+// rows the coordinator keeps, so it holds across hosts). The first of these with a value
+// there: the metric the job names (checkpoint.best_metric) or its search judges it by (a
+// trial), the rows' evaluation metrics besides the loss (eval_acc), eval_loss, and
+// train_loss. A search shows its best trial's. A job with no row yet shows none.
+
 class Server {
  public:
   // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
@@ -259,8 +266,12 @@ class Server {
   // Why `user` may not queue one more job of `ranks` ranks, or "": past --user-max-queued,
   // or more ranks than --user-max-ranks lets one user run (it could never start).
   std::string QuotaRefusal(const std::string& user, int ranks) const;
-  wire::Envelope List();
+  wire::Envelope List(const wire::ListRequest& request);
   wire::Envelope Status(int64_t id);
+  // Note [A job's metric]. `search_metrics` caches each search's metric across one listing.
+  void FillMetric(const JobRecord& job, std::map<int64_t, std::string>* search_metrics, wire::JobInfo* info) const;
+  // The metrics tried after the one a job names, in order (Note [A job's metric]).
+  std::vector<std::string> FallbackMetrics(int64_t job) const;
   void FillWaiting(const JobRecord& job, wire::JobInfo* info) const;
   // Why a queued job waits ("<Code>: <detail>"); "" for a job not queued.
   std::string WaitingText(const JobRecord& job) const;

@@ -55,7 +55,7 @@ class Statement {
 
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
-    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind";
+    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind, metric";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -79,6 +79,7 @@ JobRecord ReadJob(const Statement& s) {
   j.preemptible = s.Int(17) != 0;
   j.search = s.Int(18);
   j.is_search = s.Text(19) == "search";
+  j.metric = s.Text(20);
   return j;
 }
 
@@ -257,6 +258,7 @@ void StateStore::CreateSchema() {
   AddColumnIfMissing("attempts", "preempted_by", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("jobs", "search", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("jobs", "kind", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("jobs", "metric", "TEXT NOT NULL DEFAULT ''");
   Exec(R"(CREATE TABLE IF NOT EXISTS searches(
       job INTEGER PRIMARY KEY REFERENCES jobs(id), method TEXT NOT NULL, metric TEXT NOT NULL,
       maximize INTEGER NOT NULL, eta INTEGER NOT NULL, max_epochs INTEGER NOT NULL,
@@ -317,13 +319,13 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   }
   Statement insert(db_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
-                   "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible, search, kind) "
-                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                   "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible, search, kind, metric) "
+                   "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
   insert.Bind(13, int64_t(job.preemptible ? 1 : 0)).Bind(14, job.search);
-  insert.Bind(15, std::string(job.is_search ? "search" : ""));
+  insert.Bind(15, std::string(job.is_search ? "search" : "")).Bind(16, job.metric);
   insert.Step();
   *created = true;
   return *Find(sqlite3_last_insert_rowid(db_));
@@ -475,6 +477,38 @@ std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
   std::vector<EpochRecord> out;
   while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)});
   return out;
+}
+
+std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
+  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs WHERE 1";
+  if (!filter.states.empty()) {
+    sql += " AND state IN (?";
+    for (size_t i = 1; i < filter.states.size(); ++i) sql += ", ?";
+    sql += ")";
+  }
+  if (!filter.user.empty()) sql += " AND user = ?";
+  if (!filter.name_contains.empty()) sql += " AND instr(name, ?) > 0";
+  sql += " ORDER BY id DESC";
+  if (filter.limit > 0) sql += " LIMIT ?";
+  Statement s(db_, sql);
+  int bound = 0;
+  for (JobState state : filter.states) s.Bind(++bound, std::string(ToString(state)));
+  if (!filter.user.empty()) s.Bind(++bound, filter.user);
+  if (!filter.name_contains.empty()) s.Bind(++bound, filter.name_contains);
+  if (filter.limit > 0) s.Bind(++bound, filter.limit);
+  std::vector<JobRecord> out;
+  while (s.Step()) out.push_back(ReadJob(s));
+  return out;
+}
+
+std::optional<EpochRecord> StateStore::NewestRowWith(int64_t id, const std::string& column) const {
+  // A header is its column names joined by commas (epochs.csv's first line).
+  Statement s(db_,
+              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? AND "
+              "instr(',' || csv_header || ',', ',' || ? || ',') > 0 ORDER BY epoch DESC LIMIT 1");
+  s.Bind(1, id).Bind(2, column);
+  if (!s.Step()) return std::nullopt;
+  return EpochRecord{int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)};
 }
 
 void StateStore::AddEvent(int64_t id, const std::string& text, double now) {

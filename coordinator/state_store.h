@@ -39,6 +39,15 @@ struct JobRecord {
   bool preemptible = true;                  // resources.preemptible
   int64_t search = 0;                       // a trial: the search it belongs to
   bool is_search = false;                   // a search: it runs trials, not ranks of its own
+  std::string metric;                       // checkpoint.best_metric; empty: none named
+};
+
+// Which jobs a listing holds (jobctl list's filters); each empty field matches every job.
+struct JobFilter {
+  std::vector<JobState> states;  // any of these
+  std::string user;              // exactly this owner
+  std::string name_contains;     // a name containing this text
+  int64_t limit = 0;             // at most this many, the newest; 0: no limit
 };
 
 struct NewJob {
@@ -48,6 +57,7 @@ struct NewJob {
   bool preemptible = true;
   int64_t search = 0;
   bool is_search = false;
+  std::string metric;  // checkpoint.best_metric (Note [A job's metric] in coordinator/server.h)
 };
 
 // A hyperparameter search (coordinator/search.h): how it judges its trials.
@@ -157,6 +167,8 @@ class StateStore {
   std::optional<JobRecord> Find(int64_t id) const;
   std::vector<JobRecord> Jobs() const;
   std::vector<JobRecord> JobsIn(JobState state) const;
+  // The jobs `filter` matches, newest first.
+  std::vector<JobRecord> JobsMatching(const JobFilter& filter) const;
   void SetState(int64_t id, JobState state, const std::string& reason);
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
@@ -180,6 +192,8 @@ class StateStore {
   bool AddEpochRow(int64_t id, const EpochRecord& row);
   // In epoch order.
   std::vector<EpochRecord> EpochRows(int64_t id) const;
+  // The job's newest epoch row whose header has column `column`; nullopt if none has.
+  std::optional<EpochRecord> NewestRowWith(int64_t id, const std::string& column) const;
   void AddEvent(int64_t id, const std::string& text, double now);
   std::vector<std::string> Events(int64_t id) const;
   std::vector<EventRecord> TimedEvents(int64_t id) const;

@@ -26,6 +26,7 @@
 import atexit
 import json
 import os
+import pwd
 import shutil
 import signal
 import sqlite3
@@ -224,7 +225,49 @@ def submit_checks(a, work, endpoint, port, jobctl, checks):
     print("submit --wait, then cancelled:", waiter.returncode, err.strip())
     checks["submit --wait ends with the job: exit 1 and its state for a cancelled one"] = (
         cancelled.returncode == 0 and waiter.returncode == 1 and f"job {waited_id} CANCELLED" in err)
+    filter_checks(run, [json.loads(submitted.stdout)["job_id"], json.loads(plain.stdout)["job_id"], waited_id],
+                  checks)
     daemon.kill(signal.SIGTERM)
+
+
+def filter_checks(run, ids, checks):
+    """list's filters, newest first; cancel of several ids and of a user's jobs; event
+    times. `ids`: a queued job named renamed, a queued one named plain, a cancelled one."""
+    renamed, plain, cancelled = ids
+    me = pwd.getpwuid(os.geteuid()).pw_name
+
+    def listed(*args):
+        r = run("list", "--json", *args)
+        return [j["id"] for j in json.loads(r.stdout)] if r.returncode == 0 else r.stderr.strip()
+    seen = {"all": listed(), "queued": listed("--state", "queued"), "queued,cancelled": listed("--state", "QUEUED,cancelled"),
+            "--name renam": listed("--name", "renam"), "--limit 1": listed("--limit", "1"),
+            "--user": listed("--user", me, "--state", "queued", "--limit", "1"), "nobody": listed("--user", "nobody")}
+    print("list filters:", seen)
+    checks["list filters by state, user and name, newest first, with a limit"] = seen == {
+        "all": [cancelled, plain, renamed], "queued": [plain, renamed], "queued,cancelled": [cancelled, plain, renamed],
+        "--name renam": [renamed], "--limit 1": [cancelled], "--user": [plain], "nobody": []}
+    bad = run("list", "--state", "sleeping")
+    unchosen = run("cancel", "--state", "queued")
+    both = run("cancel", str(plain), "--user", me)
+    print("bad filters:", bad.stderr.strip(), "|", unchosen.stderr.strip(), "|", both.stderr.strip())
+    checks["an unknown state, cancel --state without --user, and ids with filters are exit 2"] = (
+        bad.returncode == 2 and "expected queued, running" in bad.stderr and unchosen.returncode == 2 and
+        "need --user" in unchosen.stderr and both.returncode == 2 and listed("--state", "queued") == [plain, renamed])
+    by_user = run("cancel", "--json", "--user", me, "--name", "renam")
+    several = run("cancel", "--json", str(plain), "999")
+    by_user_ids = [j["id"] for j in json.loads(by_user.stdout)] if by_user.returncode == 0 else by_user.stderr
+    several_out = json.loads(several.stdout) if several.stdout.strip() else []
+    print("cancel --user --name:", by_user_ids, "| cancel 2 ids, one unknown:", several.returncode,
+          [(j["id"], j["state"]) for j in several_out], several.stderr.strip())
+    checks["cancel takes a user's jobs by filter, and several ids: the known one is cancelled, exit 2"] = (
+        by_user_ids == [renamed] and several.returncode == 2 and
+        [(j["id"], j["state"]) for j in several_out] == [(plain, "CANCELLED")] and "job 999: no job 999" in several.stderr
+        and listed("--state", "queued") == [])
+    status = json.loads(run("status", "--json", str(plain)).stdout)
+    times = status.get("event_times", [])
+    print("status events with times:", list(zip(times, status["events"])))
+    checks["status gives each event's time"] = (
+        len(times) == len(status["events"]) >= 2 and times == sorted(times) and abs(times[-1] - time.time()) < 60)
 
 
 def jobctl_checks(a, work, endpoint, port, jobctl, checks):

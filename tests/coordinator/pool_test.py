@@ -39,6 +39,7 @@ Cases:
   gpu               a 2-rank pool on one GPU (labelled gpu; exit 77 without one) runs a
                     CUDA job end to end over the MPI backend, and its losses equal a
                     standalone run's."""
+import csv
 import json
 import os
 import shutil
@@ -72,6 +73,14 @@ def case_gang(c, work):
         with open(os.path.join(attempt_dir, "summary.json")) as f:
             status = json.load(f)["status"]
         check(status == "succeeded", f"job {r['id']}'s summary.json: {status}")
+    # jobctl list shows each job's metric as its last epoch row gave it.
+    listed = {j["id"]: j for j in c.jobctl("list", "--state", "succeeded", "--name", "gang")}
+    for r in reports:
+        with open(os.path.join(c.runs, str(r["id"]), "attempt-1", "epochs.csv")) as f:
+            last = list(csv.DictReader(f))[-1]
+        got = listed.get(r["id"], {})
+        check(got.get("metric") == "eval_acc" and abs(got.get("metric_value", -1) - float(last["eval_acc"])) < 1e-9,
+              (got, last["eval_acc"]))
     starts = sorted((r["attempts"][0]["started_at"], r["attempts"][0]["ended_at"]) for r in reports)
     # The third job started only once one of the first two had ended.
     check(starts[2][0] >= min(starts[0][1], starts[1][1]) - 0.5, starts)
@@ -342,7 +351,7 @@ serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
     job_id = c.jobctl("submit", os.path.basename(job), cwd=work)["job_id"]
     status = wait_for(lambda: (lambda j: j if j.get("endpoints") else None)(c.job(job_id)), 60,
                       "the serve job to list its endpoints")
-    http_url = next(e.split()[1] for e in status["endpoints"] if e.startswith("http "))
+    http_url = next(e["url"] for e in status["endpoints"] if e["protocol"] == "http")
     client = thttp.InferenceServerClient(http_url.replace("http://", ""))
     wait_for(lambda: client.is_server_ready(), 30, "the served model to be ready")
     text = thttp.InferInput("TEXT", [1], "BYTES")

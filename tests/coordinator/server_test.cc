@@ -77,12 +77,13 @@ class ScriptedRank {
     result.mutable_result()->set_rank_token(rank_token_);
     return result;
   }
-  wire::Envelope Epoch(int64_t job, int attempt, int epoch, const std::string& line) const {
+  wire::Envelope Epoch(int64_t job, int attempt, int epoch, const std::string& line,
+                       const std::string& header = "epoch,loss") const {
     wire::Envelope e;
     e.mutable_epoch()->set_job_id(job);
     e.mutable_epoch()->set_attempt(attempt);
     e.mutable_epoch()->set_epoch(epoch);
-    e.mutable_epoch()->set_csv_header("epoch,loss");
+    e.mutable_epoch()->set_csv_header(header);
     e.mutable_epoch()->set_csv_line(line);
     e.mutable_epoch()->set_world("w");
     e.mutable_epoch()->set_world_rank(rank_);
@@ -1033,6 +1034,75 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   EXPECT_EQ(list->jobs().jobs_size(), 1);
 }
 
+wire::Envelope ListOf(std::vector<wire::JobState> states, const std::string& user, const std::string& name, int limit) {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  for (wire::JobState state : states) e.mutable_list()->add_states(state);
+  e.mutable_list()->set_user(user);
+  e.mutable_list()->set_name_contains(name);
+  e.mutable_list()->set_limit(limit);
+  return e;
+}
+
+// jobctl list's filters answered by the coordinator, newest first, each job with its
+// metric from its newest evaluation (Note [A job's metric]); status gives each event's
+// time; a state outside the enum is bad input.
+TEST_F(ServerTest, ListFiltersNewestFirstWithEachJobsMetricAndStatusTimesItsEvents) {
+  Stop();
+  AddUsers();
+  Start();
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob");
+  const double before = WallNow();
+  const int64_t running = SubmitTwoRankJob(alice);
+  auto a0 = r0.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && r1.Next(3000));
+  const int64_t queued = SubmitTwoRankJob(bob), later = SubmitTwoRankJob(alice);
+  r0.Send(r0.Epoch(running, 1, 1, "1,0.7,0.6,0.81,0.77", "epoch,train_loss,eval_loss,eval_acc,eval_f1"));
+  ASSERT_TRUE(r0.Next(2000, running, 1).value_or(wire::Envelope()).has_ack());
+  r0.Send(r0.Epoch(running, 1, 2, "2,0.5,0.4,0.86,0.83", "epoch,train_loss,eval_loss,eval_acc,eval_f1"));
+  ASSERT_TRUE(r0.Next(2000, running, 1).value_or(wire::Envelope()).has_ack());
+
+  auto ids = [&](const wire::Envelope& request) {
+    std::vector<int64_t> out;
+    auto reply = Send(bob, {request.SerializeAsString()});
+    EXPECT_TRUE(reply && reply->has_jobs()) << (reply && reply->has_error() ? reply->error().message() : "");
+    if (reply && reply->has_jobs())
+      for (const wire::JobInfo& j : reply->jobs().jobs()) out.push_back(j.id());
+    return out;
+  };
+  using Ids = std::vector<int64_t>;
+  EXPECT_EQ(ids(ListOf({}, "", "", 0)), (Ids{later, queued, running}));
+  EXPECT_EQ(ids(ListOf({}, "alice", "", 0)), (Ids{later, running}));
+  EXPECT_EQ(ids(ListOf({wire::JOB_RUNNING}, "", "", 0)), Ids{running});
+  EXPECT_EQ(ids(ListOf({wire::JOB_QUEUED}, "alice", "pro", 1)), Ids{later});
+  EXPECT_EQ(ids(ListOf({}, "", "nothing-so-named", 0)), Ids{});
+
+  auto list = Send(bob, {ListOf({wire::JOB_RUNNING}, "", "", 0).SerializeAsString()});
+  ASSERT_TRUE(list && list->jobs().jobs_size() == 1);
+  EXPECT_EQ(list->jobs().jobs(0).metric(), "eval_acc");  // the first besides the loss
+  EXPECT_DOUBLE_EQ(list->jobs().jobs(0).metric_value(), 0.86);
+  auto status = Send(bob, {StatusRequest(queued).SerializeAsString()});
+  ASSERT_TRUE(status && status->has_job());
+  EXPECT_EQ(status->job().metric(), "");  // not evaluated yet
+  ASSERT_EQ(status->job().event_times_size(), status->job().events_size());
+  ASSERT_GE(status->job().events_size(), 1);
+  EXPECT_GE(status->job().event_times(0), before);
+  EXPECT_LE(status->job().event_times(0), WallNow());
+
+  wire::Envelope bad = ListOf({}, "", "", 0);
+  bad.mutable_list()->add_states(static_cast<wire::JobState>(99));
+  auto refused = Send(bob, {bad.SerializeAsString()});
+  ASSERT_TRUE(refused && refused->has_error());
+  EXPECT_EQ(refused->error().code(), 2);
+  EXPECT_NE(refused->error().message().find("job state 99"), std::string::npos) << refused->error().message();
+  refused = Send(bob, {ListOf({}, "", "", -1).SerializeAsString()});
+  ASSERT_TRUE(refused && refused->has_error());
+  EXPECT_EQ(refused->error().code(), 2);
+}
+
 // Whether `socket`, a new connection, is answered within `timeout_ms`: a key not on the
 // allowlist is refused during the handshake, so its request never gets a reply, and a
 // short wait shows it; an admitted key's handshake may take long on a loaded machine.
@@ -1110,10 +1180,11 @@ TEST_F(ServerTest, ASearchQueuesItsTrialsAsJobsOnceAcrossARestart) {
     e.mutable_submit()->set_base_dir(dir_.string());
     return Send(client, {e.SerializeAsString()});
   };
-  auto jobs = [&](zmq::socket_t& client) {
+  auto jobs = [&](zmq::socket_t& client) {  // oldest first: the listing's order reversed
     auto list = Send(client, {ListRequest()});
-    return list && list->has_jobs() ? std::vector<wire::JobInfo>(list->jobs().jobs().begin(), list->jobs().jobs().end())
-                                    : std::vector<wire::JobInfo>{};
+    return list && list->has_jobs()
+               ? std::vector<wire::JobInfo>(list->jobs().jobs().rbegin(), list->jobs().jobs().rend())
+               : std::vector<wire::JobInfo>{};
   };
   auto wait_for_jobs = [&](zmq::socket_t& client, size_t count) {
     for (int i = 0; i < 100 && jobs(client).size() < count; ++i)

@@ -187,6 +187,61 @@ TEST_F(StateStoreTest, UsageCountsRankAndGpuSecondsFromWhenTheRanksRanPerUser) {
   EXPECT_NEAR(store.DecayedRankSeconds(105, h).at("bob"), 4 * h / ln2 * (1 - std::exp2(-5 / h)), 1e-9);
 }
 
+// jobctl list's filters: states, an exact owner and a name's substring, newest first,
+// and a limit that keeps the newest. Text that would be a pattern in SQL's LIKE is plain.
+TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
+  StateStore store(path_, false);
+  bool created = false;
+  auto submit = [&](const std::string& name, const std::string& user) {
+    NewJob j = Job(name + user);
+    j.name = name;
+    j.user = user;
+    return store.Submit(j, 1.0, &created).id;
+  };
+  const int64_t a1 = submit("bert-lr1e-5", "alice"), b1 = submit("bert-lr3e-5", "bob"),
+                a2 = submit("gpt2-small", "alice"), a3 = submit("bert_%", "alice");
+  store.SetState(a1, JobState::kSucceeded, "");
+  store.SetState(a2, JobState::kRunning, "");
+  auto ids = [&](std::vector<JobState> states, const std::string& user, const std::string& name, int64_t limit) {
+    JobFilter filter;
+    filter.states = std::move(states);
+    filter.user = user;
+    filter.name_contains = name;
+    filter.limit = limit;
+    std::vector<int64_t> out;
+    for (const JobRecord& j : store.JobsMatching(filter)) out.push_back(j.id);
+    return out;
+  };
+  using Ids = std::vector<int64_t>;
+  EXPECT_EQ(ids({}, "", "", 0), (Ids{a3, a2, b1, a1}));
+  EXPECT_EQ(ids({}, "alice", "", 0), (Ids{a3, a2, a1}));
+  EXPECT_EQ(ids({}, "alic", "", 0), Ids{});  // an owner is matched exactly
+  EXPECT_EQ(ids({}, "", "bert", 0), (Ids{a3, b1, a1}));
+  EXPECT_EQ(ids({}, "", "_%", 0), Ids{a3});  // not LIKE's wildcards
+  EXPECT_EQ(ids({JobState::kQueued}, "", "", 0), (Ids{a3, b1}));
+  EXPECT_EQ(ids({JobState::kSucceeded, JobState::kRunning}, "alice", "", 0), (Ids{a2, a1}));
+  EXPECT_EQ(ids({}, "", "", 2), (Ids{a3, a2}));
+  EXPECT_EQ(ids({}, "alice", "bert", 1), Ids{a3});
+}
+
+// A job's metric comes from its newest row that has the column, whatever rows without it
+// came later; a column's name must match whole, not as part of another's.
+TEST_F(StateStoreTest, NewestRowWithAColumnSkipsRowsWithoutIt) {
+  StateStore store(path_, false);
+  bool created = false;
+  const int64_t id = store.Submit(Job("m"), 1.0, &created).id;
+  EXPECT_FALSE(store.NewestRowWith(id, "eval_acc"));
+  store.AddEpochRow(id, {1, 1, "1,0.5,0.8", "epoch,train_loss,eval_acc", ""});
+  store.AddEpochRow(id, {1, 2, "2,0.4,0.9", "epoch,train_loss,eval_acc", ""});
+  store.AddEpochRow(id, {1, 3, "3,0.3", "epoch,train_loss", ""});
+  const auto row = store.NewestRowWith(id, "eval_acc");
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->epoch, 2);
+  EXPECT_EQ(store.NewestRowWith(id, "train_loss")->epoch, 3);
+  EXPECT_FALSE(store.NewestRowWith(id, "eval"));
+  EXPECT_FALSE(store.NewestRowWith(id, "acc"));
+}
+
 TEST_F(StateStoreTest, ADatabaseWithoutTheUsageColumnsGetsThemAndKeepsItsJobs) {
   {  // the tables as a store without usage made them
     sqlite3* db = nullptr;
