@@ -9,6 +9,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 
 from harness import SOURCE_DIR, skip
@@ -197,6 +198,29 @@ def rank_pids(mpirun_pid, count, deadline):
             return found
         time.sleep(0.1)
     raise AssertionError("could not find the worker ranks")
+
+
+class TimedOutput:
+    """A process's stdout (a text pipe) read line by line as it comes, each line with the
+    time it was read; a thread drains the pipe, so the process never blocks on it."""
+
+    def __init__(self, proc):
+        self.lines = []  # (time.time() when read, line)
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def text(self, timeout=10):
+        """All of it, once the pipe has closed (or after `timeout` seconds)."""
+        self._thread.join(timeout)
+        return "\n".join(line for _, line in self.lines)
+
+    def first(self, needle, since):
+        """Seconds from `since` to the first line holding `needle`; None if none came."""
+        return next((at - since for at, line in self.lines if needle in line), None)
 
 
 def terminate(process, timeout):

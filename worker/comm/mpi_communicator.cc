@@ -250,10 +250,14 @@ void MpiCommunicator::Execute(Operation& operation) {
     if ((polls & 63) == 0) {
       HandleDeviceFailure();
       ServeStatusRequests();
-      if (Clock::now() > deadline)
-        ReportAndAbort(StrFormat("rank %s: collective #%ld (%s) timed out after %.1f s", RankName(rank_).c_str(),
-                                 long(operation.number), operation.what.c_str(), timeout_.count()) +
-                       AttributeHang(operation.number, /*device=*/false));
+      if (Clock::now() > deadline) {
+        // How long this rank waited, taken before AttributeHang asks the others (which
+        // waits for their answers).
+        const std::string error = StrFormat("rank %s: collective #%ld (%s) timed out after %.1f s",
+                                            RankName(rank_).c_str(), long(operation.number), operation.what.c_str(),
+                                            std::chrono::duration<double>(Clock::now() - start).count());
+        ReportAndAbort(error + AttributeHang(operation.number, /*device=*/false));
+      }
     }
   }
 }
