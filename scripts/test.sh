@@ -59,6 +59,13 @@ set -e
 # budgets (docs/testing.md, "Time budgets").
 "${TRAINYARD_VENV:-$HOME/.cache/trainyard/venv}/bin/python" ../scripts/test_times.py --log "$log" --build . || true
 rm -f "$log"
+# A test must not replace a device the machine shares: a /dev/null turned into a regular
+# file feeds its content to every process that reads it.
+if [[ ! -c /dev/null ]]; then
+  echo "error: /dev/null is no longer a character device after the tests (restore it: rm /dev/null &&" \
+    "mknod -m 666 /dev/null c 1 3)" >&2
+  exit 1
+fi
 after=$(rig_leftovers)
 if [[ "$after" != "$before" ]]; then
   echo "error: the tests left cluster namespaces, links or processes behind:" >&2

@@ -3,7 +3,8 @@
 Each host is a Linux network namespace (its own interfaces, addresses and ports) with a
 UTS namespace (its own hostname) and a mount namespace in which <rig>/host is that host's
 own folder: its runs/ and its $TMPDIR live there, so no two hosts share a disk, while the
-build and the data are the machine's, read by all. Each host also has its own /dev/shm (a
+build and the data are the machine's, read by all, and so is /dev, read-only (a host may
+use its devices, not unlink or replace them). Each host also has its own /dev/shm (a
 tmpfs of its own, gone with the host): Open MPI's shared-memory segments are named by
 hostname and job id, and Slurm gives two rigs the same job ids on hosts of the same names,
 so with one /dev/shm for the machine, two rigs at once opened each other's segments (and
@@ -241,7 +242,11 @@ class Rig:
         # The process holding the host's UTS and mount namespaces (and sitting in its network
         # namespace): its pid is how everything else enters the host.
         pid_file = os.path.join(self.shared, f"init-{host}")
+        # /dev is the machine's, bound read-only: its devices work as ever, but nothing on a
+        # host can unlink or replace one (a /dev/null replaced by a regular file breaks every
+        # process on the machine that reads or writes it).
         script = (f"hostname {host} && mount --bind {self.outside(host)} {self.host_dir} && "
+                  "mount --rbind /dev /dev && mount -o remount,bind,ro /dev && "
                   "mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm && "
                   f"mount --bind {self.shared}/hosts /etc/hosts && echo $$ > {pid_file} && exec sleep infinity")
         self.processes.append(subprocess.Popen(
