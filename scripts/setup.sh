@@ -32,6 +32,7 @@ TENSORBOARD_VERSION="2.20.0"  # tests read our event files with its EventAccumul
 SELENIUM_VERSION="4.50.0"     # the dashboard test drives Debian's chromium with it
 PYZMQ_VERSION="27.3.0"        # the chaos soak's squatter: an independent CURVE client of the coordinator
 SCIKIT_LEARN_VERSION="1.9.1"  # evaluation metrics' reference (tests/reference/metrics_parity.py)
+WHEEL_VERSION="0.45.1"        # pip install ./python (the Python client) without fetching build tools
 # A real MLflow tracking server for the MLflow test, in a venv of its own: its many
 # dependencies (pandas, pyarrow, scikit-learn, SQLAlchemy...) stay out of torch's venv.
 MLFLOW_VERSION="3.5.1"
@@ -98,17 +99,19 @@ venv_is_ready() {
   [[ -x "$VENV/bin/python" ]] || return 1
   "$VENV/bin/python" - "$TORCH_VERSION" "$TRANSFORMERS_VERSION" "$PEFT_VERSION" "$TRITONCLIENT_VERSION" \
     "$PROMETHEUS_CLIENT_VERSION" "$ACCELERATE_VERSION" "$ONNXRUNTIME_VERSION" "$ONNX_VERSION" \
-    "$ONNXSCRIPT_VERSION" "$TENSORBOARD_VERSION" "$SELENIUM_VERSION" "$PYZMQ_VERSION" "$SCIKIT_LEARN_VERSION" <<'PY' 2>/dev/null
+    "$ONNXSCRIPT_VERSION" "$TENSORBOARD_VERSION" "$SELENIUM_VERSION" "$PYZMQ_VERSION" "$SCIKIT_LEARN_VERSION" \
+    "$WHEEL_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
 want_torch, want_tf, want_peft, want_triton, want_prom, want_acc, want_ort, want_onnx, want_script, want_tb, \
-    want_selenium, want_pyzmq, want_sklearn = sys.argv[1:14]
+    want_selenium, want_pyzmq, want_sklearn, want_wheel = sys.argv[1:15]
 ok = md.version("torch").split("+")[0] == want_torch and md.version("transformers") == want_tf
 ok = ok and md.version("peft") == want_peft and md.version("tritonclient") == want_triton
 ok = ok and md.version("prometheus_client") == want_prom and md.version("accelerate") == want_acc
 ok = ok and md.version("onnxruntime") == want_ort and md.version("onnx") == want_onnx
 ok = ok and md.version("onnxscript") == want_script and md.version("tensorboard") == want_tb
 ok = ok and md.version("selenium") == want_selenium and md.version("pyzmq") == want_pyzmq
-ok = ok and md.version("scikit-learn") == want_sklearn
+ok = ok and md.version("scikit-learn") == want_sklearn and md.version("wheel") == want_wheel
+import yaml  # noqa: F401  (the Python client's; transformers brings it)
 import tritonclient.grpc, tritonclient.http  # noqa: F401
 import numpy, safetensors  # noqa: F401
 sys.exit(0 if ok else 1)
@@ -129,7 +132,7 @@ install_python_env() {
     "prometheus_client==$PROMETHEUS_CLIENT_VERSION" "accelerate==$ACCELERATE_VERSION" \
     "onnxruntime==$ONNXRUNTIME_VERSION" "onnx==$ONNX_VERSION" "onnxscript==$ONNXSCRIPT_VERSION" \
     "tensorboard==$TENSORBOARD_VERSION" "selenium==$SELENIUM_VERSION" "pyzmq==$PYZMQ_VERSION" "scikit-learn==$SCIKIT_LEARN_VERSION" numpy safetensors \
-    pillow
+    pillow "wheel==$WHEEL_VERSION" pyyaml
 }
 
 install_mlflow_env() {
