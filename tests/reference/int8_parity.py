@@ -89,7 +89,7 @@ def accuracy(args, work):
   labels: {LANGID}/labels.txt
   max_seq_len: 64
   tokenizer: {{vocab: {LANGID}/vocab.txt}}
-runtime: {{device: cpu, threads: 2}}
+runtime: {{device: cpu, threads: 1}}
 log: {{progress: false}}
 """
     with open(os.path.join(work, "train.yaml"), "w") as f:

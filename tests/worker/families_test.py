@@ -41,7 +41,7 @@ data:
   tokenizer: {TOKENIZERS[family]}
 model: {{family: {family}, preset: tiny, dropout: 0.1}}
 train: {{epochs: 2, batch_size: 32, lr: 1.0e-3}}
-runtime: {{device: cpu, threads: 2}}
+runtime: {{device: cpu, threads: 1}}
 log: {{runs_dir: {os.path.join(work, "runs")}, progress: false}}
 """
 
