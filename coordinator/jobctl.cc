@@ -451,7 +451,7 @@ int Cancel(const Options& o, const CommandArgs& args) {
     }
   }
   const bool one_id = args.ids.size() == 1;
-  if (one_id ? !cancelled.empty() : (o.json || !cancelled.empty())) PrintJobs(o, cancelled, one_id);
+  if (!cancelled.empty() || (o.json && !one_id)) PrintJobs(o, cancelled, one_id);
   return status;
 }
 
@@ -707,8 +707,7 @@ void AddFilters(CLI::App* command, CommandArgs& args) {
 }
 
 void AddQueries(CLI::App& app, CommandArgs& args) {
-  auto* list =
-      app.add_subcommand("list", "jobs, newest first, with each one's metric as its newest evaluation gave it");
+  auto* list = app.add_subcommand("list", "jobs, newest first, with each one's metric from its newest epoch row");
   AddFilters(list, args);
   list->add_option("--limit", args.limit, "at most this many (the newest); 0: all")->check(CLI::NonNegativeNumber);
   app.add_subcommand("status", "one job, with its events and when each happened")

@@ -98,6 +98,17 @@ std::vector<std::pair<std::string, std::string>> ServeEndpoints(const std::strin
   return out;
 }
 
+// Note [A job's metric]: the metrics tried after the one a job names, in order, from its
+// newest epoch row's header.
+std::vector<std::string> FallbackMetrics(const std::string& csv_header) {
+  std::vector<std::string> out;
+  for (const std::string& column : SplitCsv(csv_header))
+    if (column.rfind("eval_", 0) == 0 && column != "eval_loss") out.push_back(column);
+  out.push_back("eval_loss");
+  out.push_back("train_loss");
+  return out;
+}
+
 // A listing's states as the store names them; an unknown or unset one is bad input.
 std::vector<JobState> StatesFromWire(const google::protobuf::RepeatedField<int>& states) {
   std::vector<JobState> out;
@@ -541,27 +552,22 @@ void Server::FillMetric(const JobRecord& job, std::map<int64_t, std::string>* se
     }
     metric = known->second;
   }
-  std::vector<std::string> candidates = FallbackMetrics(job.id);
+  // Most jobs' metric is in their newest row; an older row is read only where it is not.
+  const auto newest = store_->NewestRowWith(job.id, "epoch");
+  if (!newest) return;
+  std::vector<std::string> candidates = FallbackMetrics(newest->csv_header);
   if (!metric.empty()) candidates.insert(candidates.begin(), metric);
   for (const std::string& name : candidates) {
-    const auto row = store_->NewestRowWith(job.id, name);
-    const double value = row ? MetricOf(row->csv_header, row->csv_line, name) : std::nan("");
+    double value = MetricOf(newest->csv_header, newest->csv_line, name);
+    if (std::isnan(value)) {
+      const auto row = store_->NewestRowWith(job.id, name);
+      if (row) value = MetricOf(row->csv_header, row->csv_line, name);
+    }
     if (std::isnan(value)) continue;
     info->set_metric(name);
     info->set_metric_value(value);
     return;
   }
-}
-
-std::vector<std::string> Server::FallbackMetrics(int64_t job) const {
-  const auto row = store_->NewestRowWith(job, "epoch");
-  if (!row) return {};
-  std::vector<std::string> out;
-  for (const std::string& column : SplitCsv(row->csv_header))
-    if (column.rfind("eval_", 0) == 0 && column != "eval_loss") out.push_back(column);
-  out.push_back("eval_loss");
-  out.push_back("train_loss");
-  return out;
 }
 
 wire::Envelope Server::Status(int64_t id) {

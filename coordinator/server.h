@@ -270,8 +270,6 @@ class Server {
   wire::Envelope Status(int64_t id);
   // Note [A job's metric]. `search_metrics` caches each search's metric across one listing.
   void FillMetric(const JobRecord& job, std::map<int64_t, std::string>* search_metrics, wire::JobInfo* info) const;
-  // The metrics tried after the one a job names, in order (Note [A job's metric]).
-  std::vector<std::string> FallbackMetrics(int64_t job) const;
   void FillWaiting(const JobRecord& job, wire::JobInfo* info) const;
   // Why a queued job waits ("<Code>: <detail>"); "" for a job not queued.
   std::string WaitingText(const JobRecord& job) const;

@@ -192,7 +192,7 @@ class Client:
         import zmq
         payload = request.SerializeToString()
         context = zmq.Context.instance()
-        for attempt in range(1, self.retries + 1):
+        for _ in range(self.retries):
             reply = self._try_once(context, payload)
             if reply is not None:
                 envelope = wire.message("Envelope")()

@@ -16,7 +16,6 @@
 
 Each case prints its time to recover. Exit 77 (skipped) where the rig cannot be made."""
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case  # noqa: E402
-from harness.e2e import TimedOutput, job_yaml, subset_tsv, wait_for, world_rank, write  # noqa: E402
+from harness.e2e import TimedOutput, hang_waits, job_yaml, subset_tsv, wait_for, world_rank, write  # noqa: E402
 from harness.pool import POOL_FLAGS  # noqa: E402
 from harness.rig import on_rig  # noqa: E402
 from harness.rig_pool import RigPool  # noqa: E402
@@ -77,7 +76,7 @@ def stopped_rank(c, args):
     # The report comes at the collective's deadline (the ranks poll it often); the exit
     # after it is mpirun's teardown across hosts, which a loaded machine slows. A job that
     # does not end on its own runs until wait()'s limit.
-    waits = [float(m.group(1)) for m in (re.search(r"timed out after ([0-9.]+) s", l) for l in report) if m]
+    waits = hang_waits(report)
     reported = output.first("timed out", stopped)
     print(f"the ranks waited {waits} s; the first report came {reported:.1f} s after the stop, the exit "
           f"{elapsed:.1f} s after it")

@@ -5,6 +5,7 @@ group."""
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -221,6 +222,12 @@ class TimedOutput:
     def first(self, needle, since):
         """Seconds from `since` to the first line holding `needle`; None if none came."""
         return next((at - since for at, line in self.lines if needle in line), None)
+
+
+def hang_waits(lines):
+    """The seconds each collective timeout report among `lines` says its rank waited
+    ("... timed out after 6.0 s; ...")."""
+    return [float(m.group(1)) for m in (re.search(r"timed out after ([0-9.]+) s", l) for l in lines) if m]
 
 
 def terminate(process, timeout):

@@ -16,7 +16,6 @@
 """
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -26,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case  # noqa: E402
 from harness import e2e  # noqa: E402
-from harness.e2e import MPI_ENV, TimedOutput, job_yaml, rank_pids, subset_tsv, write  # noqa: E402
+from harness.e2e import MPI_ENV, TimedOutput, hang_waits, job_yaml, rank_pids, subset_tsv, write  # noqa: E402
 
 
 def mpirun(args, ranks):
@@ -183,11 +182,6 @@ REPORT_SLACK_S = 10
 EXIT_SLACK_S = 20
 
 
-def waits_reported(report):
-    """The seconds each hang report says its rank waited."""
-    return [float(m.group(1)) for m in (re.search(r"timed out after ([0-9.]+) s", l) for l in report) if m]
-
-
 def fault(args, work, sig):
     timeout_s = 6.0
     name = "hang" if sig == signal.SIGSTOP else "killed"
@@ -225,7 +219,7 @@ def fault(args, work, sig):
         host = socket.gethostname()
         named = report and all(f"rank {host}:2 did not reach it" in l and "collective #" in l for l in report)
         check(named, f"every report names rank {host}:2 and the collective: {report[:4]}")
-        waits = waits_reported(report)
+        waits = hang_waits(report)
         reported = output.first("timed out", faulted)
         print(f"the ranks waited {waits} s (deadline {timeout_s} s); the first report came {reported:.1f} s after "
               f"the stop")
