@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace trainyard {
@@ -22,6 +24,7 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -62,6 +65,7 @@ FileRead ReadOpened(int fd, const std::string& path, size_t max_bytes) {
   if (used > max_bytes)
     return Failed(FileRead::kTooLarge, path, "more than the " + std::to_string(max_bytes) + " bytes read here");
   read.bytes.resize(used);
+  read.size = int64_t(used);
   read.status = FileRead::kOk;
   return read;
 }
@@ -77,24 +81,93 @@ std::vector<std::string> Components(const std::string& relative) {
   }
 }
 
+// Opens the folder of `relative`'s last component beneath `root`, following no
+// symlink below `root`; -1 with errno set when it cannot. `parts` gets the components.
+int OpenParentBeneath(const std::string& root, const std::string& relative, std::vector<std::string>* parts) {
+  *parts = Components(relative);
+  for (const std::string& part : *parts)
+    if (part.empty() || part == "." || part == "..") {
+      errno = EINVAL;
+      return -1;
+    }
+  auto folder = std::make_unique<Fd>(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (folder->get() < 0) return -1;
+  for (size_t i = 0; i + 1 < parts->size(); ++i) {
+    const int next = ::openat(folder->get(), (*parts)[i].c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) return -1;
+    folder = std::make_unique<Fd>(next);
+  }
+  return folder->release();
+}
+
 }  // namespace
 
 FileRead ReadFileBeneath(const std::string& root, const std::string& relative, size_t max_bytes) {
   const std::string path = root + "/" + relative;
-  const std::vector<std::string> parts = Components(relative);
-  for (const std::string& part : parts)
-    if (part.empty() || part == "." || part == "..")
-      return Failed(FileRead::kRefused, path, "not a plain path beneath " + root);
-  auto folder = std::make_unique<Fd>(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (folder->get() < 0) return OpenFailed(root, errno);
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const int next = ::openat(folder->get(), parts[i].c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (next < 0) return OpenFailed(path, errno);
-    folder = std::make_unique<Fd>(next);
-  }
-  const Fd file(::openat(folder->get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  std::vector<std::string> parts;
+  const Fd folder(OpenParentBeneath(root, relative, &parts));
+  if (folder.get() < 0)
+    return errno == EINVAL ? Failed(FileRead::kRefused, path, "not a plain path beneath " + root)
+                           : OpenFailed(path, errno);
+  const Fd file(::openat(folder.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (file.get() < 0) return OpenFailed(path, errno);
   return ReadOpened(file.get(), path, max_bytes);
+}
+
+FileRead ReadRangeBeneath(const std::string& root, const std::string& relative, int64_t offset, size_t max_bytes) {
+  const std::string path = root + "/" + relative;
+  std::vector<std::string> parts;
+  const Fd folder(OpenParentBeneath(root, relative, &parts));
+  if (folder.get() < 0)
+    return errno == EINVAL ? Failed(FileRead::kRefused, path, "not a plain path beneath " + root)
+                           : OpenFailed(path, errno);
+  const Fd file(::openat(folder.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0) return OpenFailed(path, errno);
+  struct stat info {};
+  if (::fstat(file.get(), &info) != 0) return Failed(FileRead::kError, path, std::strerror(errno));
+  if (!S_ISREG(info.st_mode)) return Failed(FileRead::kRefused, path, "not a regular file");
+  FileRead read;
+  read.size = info.st_size;
+  read.status = FileRead::kOk;
+  if (offset < 0 || offset >= info.st_size) return read;
+  read.bytes.resize(std::min<size_t>(max_bytes, size_t(info.st_size - offset)));
+  size_t used = 0;
+  while (used < read.bytes.size()) {
+    const ssize_t n = ::pread(file.get(), read.bytes.data() + used, read.bytes.size() - used, offset + off_t(used));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Failed(FileRead::kError, path, std::strerror(errno));
+    if (n == 0) break;
+    used += size_t(n);
+  }
+  read.bytes.resize(used);
+  return read;
+}
+
+void AppendFileBeneath(const std::string& root, const std::string& relative, const std::string& bytes,
+                       int64_t rotate_at) {
+  const std::string path = root + "/" + relative;
+  std::vector<std::string> parts;
+  const Fd folder(OpenParentBeneath(root, relative, &parts));
+  if (folder.get() < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+  const std::string& name = parts.back();
+  constexpr int kFlags = O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  auto file = std::make_unique<Fd>(::openat(folder.get(), name.c_str(), kFlags, 0644));
+  struct stat info {};
+  if (file->get() < 0 || ::fstat(file->get(), &info) != 0)
+    throw std::runtime_error(path + ": " + (errno == ELOOP ? "a symbolic link (not followed)" : std::strerror(errno)));
+  if (!S_ISREG(info.st_mode)) throw std::runtime_error(path + ": not a regular file");
+  if (info.st_size > 0 && info.st_size + int64_t(bytes.size()) > rotate_at) {
+    if (::renameat(folder.get(), name.c_str(), folder.get(), (name + ".1").c_str()) != 0)
+      throw std::runtime_error(path + ": cannot rotate it: " + std::strerror(errno));
+    file = std::make_unique<Fd>(::openat(folder.get(), name.c_str(), kFlags | O_EXCL, 0644));
+    if (file->get() < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+  }
+  for (size_t used = 0; used < bytes.size();) {
+    const ssize_t n = ::write(file->get(), bytes.data() + used, bytes.size() - used);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+    used += size_t(n);
+  }
 }
 
 void MakeFoldersBeneath(const std::string& root, const std::string& relative) {

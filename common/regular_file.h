@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace trainyard {
@@ -22,6 +23,7 @@ struct FileRead {
   };
   Status status = kError;
   std::string bytes;  // kOk only
+  int64_t size = 0;   // kOk: the whole file's size (ReadRangeBeneath reads a part of it)
   std::string why;    // not kOk: "<path>: <reason>"
 
   bool ok() const { return status == kOk; }
@@ -30,6 +32,17 @@ struct FileRead {
 // `relative` (components split by '/'; none may be "..", "." or empty) beneath the
 // folder `root`: no component below `root` may be a symlink.
 FileRead ReadFileBeneath(const std::string& root, const std::string& relative, size_t max_bytes);
+
+// At most `max_bytes` of the file `relative` beneath `root` (as ReadFileBeneath), from
+// byte `offset` on; a file shorter than that gives no bytes. Never kTooLarge.
+FileRead ReadRangeBeneath(const std::string& root, const std::string& relative, int64_t offset, size_t max_bytes);
+
+// Appends `bytes` to the regular file `relative` beneath `root` (created 0644; its
+// folder must exist; no symlink below `root`). A file that would grow past
+// `rotate_at` bytes is renamed to <name>.1 first (replacing one there), and `bytes`
+// start a new one. Throws std::runtime_error naming the path.
+void AppendFileBeneath(const std::string& root, const std::string& relative, const std::string& bytes,
+                       int64_t rotate_at);
 
 // Creates the folders of `relative` beneath the folder `root` as needed. Throws
 // std::runtime_error naming the path if a component below `root` is a symlink or not a

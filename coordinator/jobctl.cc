@@ -1,6 +1,7 @@
 // jobctl: the user's command line for the coordinator.
 //   jobctl submit JOB.yaml [--set K=V] [--wait|--follow] | list [--state S] [--user U] [--name N] [--limit N]
-//          | status ID | cancel ID... [--user U] [--state S] | logs ID [-f] | report ID | workers | usage
+//          | status ID | cancel ID... [--user U] [--state S] | logs ID [-f] [--output [--attempt N] [--rank R]]
+//          | report ID | workers | usage
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
@@ -311,6 +312,9 @@ struct CommandArgs {
   std::vector<std::string> sets;
   std::string ranks, priority, name;  // as given; empty: the file's
   bool wait = false;
+  // logs --output: which attempt (0: the latest) and rank (-1: every one).
+  bool output = false;
+  int attempt = 0, rank = -1;
 };
 
 // The submitter's overrides of a job file, as `worker` takes them: --set KEY=VALUE, and
@@ -331,6 +335,7 @@ bool Overridden(const CommandArgs& args) {
 
 int WaitForEnd(const Options& o, int64_t id);
 int Logs(const Options& o, int64_t id, bool follow, bool csv);
+int OutputLogs(const Options& o, int64_t id, bool follow, int attempt, int rank);
 
 int Submit(const Options& o, const CommandArgs& args) {
   const std::string& path = args.job_file;
@@ -366,7 +371,7 @@ int Submit(const Options& o, const CommandArgs& args) {
   else
     std::cout << id << "\n";
   std::cout.flush();  // a script reading the id while the job runs (--wait) gets it now
-  if (args.follow) return Logs(o, id, /*follow=*/true, /*csv=*/false);
+  if (args.follow) return OutputLogs(o, id, /*follow=*/true, /*attempt=*/0, /*rank=*/-1);
   return args.wait ? WaitForEnd(o, id) : 0;
 }
 
@@ -516,6 +521,71 @@ int Logs(const Options& o, int64_t id, bool follow, bool csv) {
       return FinalState(id, state, reply.log_rows().reason());
     std::cout.flush();
     std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+// One line of an attempt's output as JSON: whose it is ("[rank R] " taken off), invalid
+// UTF-8 replaced.
+std::string OutputLineJson(int64_t id, int attempt, std::string line) {
+  nlohmann::json rank = nullptr;
+  if (line.rfind("[rank ", 0) == 0) {
+    const size_t close = line.find("] ");
+    char* end = nullptr;
+    const long number = std::strtol(line.c_str() + 6, &end, 10);
+    if (close != std::string::npos && end == line.c_str() + close) {
+      rank = number;
+      line.erase(0, close + 2);
+    }
+  }
+  return nlohmann::json{{"job", id}, {"attempt", attempt}, {"rank", rank}, {"line", line}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void PrintOutput(const Options& o, int64_t id, int attempt, const std::string& text) {
+  if (!o.json) {
+    std::cout << text;
+    return;
+  }
+  for (size_t begin = 0, end; begin < text.size(); begin = end + 1) {
+    end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::cout << OutputLineJson(id, attempt, text.substr(begin, end - begin)) << "\n";
+  }
+}
+
+// `logs --output`: an attempt's output.log, read through the coordinator by offset
+// (Note [Job output] in coordinator/job_output.h). With `follow`, until the job ends;
+// following the latest attempt moves on to each new one (a retry), saying so on stderr.
+int OutputLogs(const Options& o, int64_t id, bool follow, int attempt, int rank) {
+  const bool latest = attempt == 0;
+  int64_t offset = 0;
+  while (true) {
+    wire::Envelope request;
+    wire::LogsRequest* logs = request.mutable_logs();
+    logs->set_job_id(id);
+    logs->set_output(true);
+    logs->set_attempt(attempt);
+    logs->set_offset(offset);
+    if (rank >= 0) logs->set_rank(rank);
+    const wire::LogsReply reply = Expect(Request(o, request)).log_rows();
+    if (reply.output_restarted())
+      std::fprintf(stderr, "jobctl: attempt %d's output.log was rotated; reading on from its start\n", reply.attempt());
+    attempt = reply.attempt();
+    PrintOutput(o, id, attempt, reply.output());
+    offset = reply.output_offset();
+    if (!reply.output().empty() || reply.output_offset() > logs->offset()) continue;  // there may be more
+    if (latest && reply.attempts() > attempt) {
+      attempt = reply.attempts();
+      offset = 0;
+      std::cout.flush();
+      std::fprintf(stderr, "jobctl: job %ld attempt %d\n", long(id), attempt);
+      continue;
+    }
+    const wire::JobState state = reply.job_state();
+    if (!follow) return 0;
+    if (state != wire::JOB_QUEUED && state != wire::JOB_RUNNING) return FinalState(id, state, reply.reason());
+    std::cout.flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
 
@@ -691,7 +761,7 @@ void AddSubmit(CLI::App& app, CommandArgs& args) {
                                 "1 if it\nfailed or was cancelled");
   submit
       ->add_flag("--follow", args.follow,
-                 "as --wait, printing the job's epoch rows as they come (as `logs -f`) meanwhile")
+                 "as --wait, printing the job's output meanwhile as it comes (as `logs --output -f`)")
       ->excludes(wait);
 }
 
@@ -737,6 +807,17 @@ void AddQueries(CLI::App& app, CommandArgs& args) {
   logs->add_flag("-f,--follow", args.follow,
                  "keep printing rows until the job ends, then print its final state to stderr and exit 0 if it\n"
                  "succeeded, 1 if it failed or was cancelled");
+  auto* output =
+      logs->add_flag("--output", args.output,
+                     "the ranks' stdout and stderr (the attempt's output.log: \"[rank R] \" before each line of a\n"
+                     "job of several ranks) instead of the epoch rows; with --json one object a line");
+  logs->add_option("--attempt", args.attempt,
+                   "--output: this attempt (default: the latest; with -f, each new one as the job is retried)")
+      ->check(CLI::PositiveNumber)
+      ->needs(output);
+  logs->add_option("--rank", args.rank, "--output: only the lines of this job rank (and mpirun's own)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(output);
 }
 
 int Main(int argc, char** argv) {
@@ -772,6 +853,7 @@ int RunCommand(Options& o, const std::string& command, const CommandArgs& args) 
   try {
     if (!o.insecure) o.keys = trainyard::LoadPeerKeys(o.keys_dir, trainyard::WireRole::kClient);
     if (command == "submit") return Submit(o, args);
+    if (command == "logs" && args.output) return OutputLogs(o, args.id, args.follow, args.attempt, args.rank);
     if (command == "logs") return Logs(o, args.id, args.follow, args.csv);
     if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);

@@ -68,6 +68,7 @@ struct CommandLine {
   std::string add_client, client_role = "user", client_dir;
   CLI::Option* keys = nullptr;
   std::string http_address;
+  int64_t max_output_mb = 64;
   std::string chartjs = "/usr/share/javascript/chart.js/chart.min.js";
 };
 
@@ -167,6 +168,10 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                "submit jobs and forge worker messages");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--max-output-mb", c->max_output_mb,
+                 "each attempt's output (<runs>/<job id>/attempt-<n>/output.log) is rotated to output.log.1\n"
+                 "when it would grow past this many MiB (default 64)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   app.add_option("--max-submit-bytes", o.submit_budget.max_bytes,
                  "largest job file accepted by a submission (default 1 MiB); files are also capped at\n"
                  "10000 YAML nodes and 32 levels of nesting, checked before they are parsed")
@@ -251,8 +256,9 @@ int Main(int argc, char** argv) {
       "Trainyard coordinator: a crash-safe job queue (SQLite, WAL) behind a ZeroMQ socket.\n"
       "Once: coordinator --init (makes the CURVE keys in keys/ beside the state file).\n"
       "Worker pools join with: mpirun -n N worker --coordinator ENDPOINT --keys KEYS\n"
-      "Submit and inspect jobs with jobctl. Each attempt's epochs.csv and summary.json go to\n"
-      "<runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to <runs>/<job id>/.\n"
+      "Submit and inspect jobs with jobctl. Each attempt's epochs.csv, summary.json and its ranks'\n"
+      "output (output.log) go to <runs>/<job id>/attempt-<n>/, the job's combined epochs.csv to\n"
+      "<runs>/<job id>/.\n"
       "With --http 127.0.0.1:8265 it also serves a web dashboard, its read-only JSON API (GET /api)\n"
       "and Prometheus metrics (GET /metrics).\n"
       "With --slurm each attempt runs as a Slurm batch job (srun of the worker) instead of on pool agents."};
@@ -269,6 +275,7 @@ int Main(int argc, char** argv) {
                             ? std::string(env_keys)
                             : (std::filesystem::path(c.server.state_path).parent_path() / "keys").string();
   }
+  c.server.max_output_bytes = c.max_output_mb << 20;
   if (c.init) return InitKeys(c.server.keys_dir);
   if (!c.add_client.empty()) return AddClient(c.server.keys_dir, c.add_client, c.client_role, c.client_dir);
   if (c.server.slurm.enabled && c.server.slurm.worker.empty())

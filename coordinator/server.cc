@@ -149,6 +149,7 @@ Server::Server(ServerOptions options)
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).lexically_normal().string();
   if (options_.runs_dir.size() > 1 && options_.runs_dir.back() == '/') options_.runs_dir.pop_back();
   CheckRunsDir();
+  outputs_ = std::make_unique<OutputFiles>(options_.runs_dir, options_.max_output_bytes);
   if (options_.slurm.enabled) {  // before anything is bound or started: a clear exit 2 without Slurm
     const std::string why = SlurmUnreachable();
     if (!why.empty()) throw ConfigError("--slurm: " + why);
@@ -345,7 +346,7 @@ void Server::HandleFrame(const std::string& identity, const std::string& role, c
 std::string Server::RoleRefusal(const std::string& role, const wire::Envelope& request) const {
   if (options_.insecure) return "";
   const bool worker_message = request.has_register_() || request.has_heartbeat() || request.has_epoch() ||
-                              request.has_result() || request.has_rank_exit();
+                              request.has_result() || request.has_rank_exit() || request.has_output();
   const char* needed = ToString(worker_message ? WireRole::kWorker : WireRole::kClient);
   if (role == needed) return "";
   return "a " + (role.empty() ? std::string("key without a role") : role + " key") + " cannot send " +
@@ -388,6 +389,9 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
       return std::nullopt;
     case wire::Envelope::kRankExit:
       OnRankExit(identity, request.rank_exit());
+      return std::nullopt;
+    case wire::Envelope::kOutput:
+      OnOutput(identity, request.output());
       return std::nullopt;
     case wire::Envelope::kSubmit:
       return Submit(identity, client, request.submit());
@@ -703,6 +707,7 @@ wire::Envelope Server::Workers() {
 wire::Envelope Server::Logs(const wire::LogsRequest& request) {
   auto job = store_->Find(request.job_id());
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(request.job_id()));
+  if (request.output()) return OutputLogs(*job, request);
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
   reply.mutable_log_rows();
@@ -712,6 +717,31 @@ wire::Envelope Server::Logs(const wire::LogsRequest& request) {
   if (!rows.empty()) reply.mutable_log_rows()->set_csv_header(rows.front().csv_header);
   reply.mutable_log_rows()->set_job_state(ToWire(job->state));
   reply.mutable_log_rows()->set_reason(job->reason);
+  return reply;
+}
+
+// Note [Job output]: the latest attempt unless one is named; bad input for one the job
+// has not had.
+wire::Envelope Server::OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const {
+  const int attempt = request.attempt() > 0 ? request.attempt() : job.attempts;
+  if (attempt > job.attempts)
+    return ErrorEnvelope(2, "job " + std::to_string(job.id) + " has had " + std::to_string(job.attempts) +
+                                " attempt(s), not " + std::to_string(attempt));
+  if (request.offset() < 0) return ErrorEnvelope(2, "a negative output offset");
+  if (request.has_rank() && request.rank() < 0) return ErrorEnvelope(2, "a negative rank");
+  wire::Envelope reply;
+  reply.set_version(kProtocolVersion);
+  wire::LogsReply* logs = reply.mutable_log_rows();
+  logs->set_job_state(ToWire(job.state));
+  logs->set_reason(job.reason);
+  logs->set_attempt(attempt);
+  logs->set_attempts(job.attempts);
+  if (attempt == 0) return reply;
+  const OutputRead read =
+      outputs_->Read(job.id, attempt, request.offset(), kMaxOutputReadBytes, request.has_rank() ? request.rank() : -1);
+  logs->set_output(read.text);
+  logs->set_output_offset(read.next_offset);
+  logs->set_output_restarted(read.restarted);
   return reply;
 }
 

@@ -73,6 +73,7 @@
 
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
+#include "coordinator/job_output.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/slurm.h"
 #include "coordinator/state_store.h"
@@ -98,13 +99,14 @@ struct ServerOptions {
   std::string runs_dir = "runs";
   bool fresh = false;
   int64_t max_message_bytes = 16 << 20;
-  double heartbeat_s = 1.0;       // pulse period, and the period workers are expected to keep
-  int liveness = 3;               // heartbeats a rank may miss before it is gone
-  double grace_s = 30;            // for ranks to start an assignment, or to come back after a restart
-  double restart_backoff_s = 2;   // before retry k: backoff * 2^(k-1), at most 60 s
-  std::string keys_dir = "keys";  // coordinator.key, workers.allow, clients.allow
-  bool insecure = false;          // no CURVE, no roles: development only
-  YamlBudget submit_budget;       // size, node and depth caps of a submitted job file
+  int64_t max_output_bytes = int64_t(64) << 20;  // an attempt's output.log is rotated past this (Note [Job output])
+  double heartbeat_s = 1.0;                      // pulse period, and the period workers are expected to keep
+  int liveness = 3;                              // heartbeats a rank may miss before it is gone
+  double grace_s = 30;                           // for ranks to start an assignment, or to come back after a restart
+  double restart_backoff_s = 2;                  // before retry k: backoff * 2^(k-1), at most 60 s
+  std::string keys_dir = "keys";                 // coordinator.key, workers.allow, clients.allow
+  bool insecure = false;                         // no CURVE, no roles: development only
+  YamlBudget submit_budget;                      // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
   SlurmOptions slurm;  // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
   SchedulingPolicy policy;
@@ -300,6 +302,10 @@ class Server {
   void OnEpoch(const std::string& identity, const wire::EpochReport& message);
   void OnResult(const std::string& identity, const wire::JobResult& message);
   void OnRankExit(const std::string& identity, const wire::RankExit& message);
+  void OnOutput(const std::string& identity, const wire::JobOutput& message);
+  // Whether (world, rank) is job rank 0 of the job's attempt `attempt`, as the store placed it.
+  bool IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const;
+  wire::Envelope OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const;
   void Tick();
   void PulseRanks(double now);
   void ExpireSilentRanks();
@@ -376,6 +382,7 @@ class Server {
   zmq::socket_t web_socket_;              // Note [Dashboard queries]
   std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
   std::unique_ptr<ZapHandler> zap_;       // null when insecure
+  std::unique_ptr<OutputFiles> outputs_;  // Note [Job output]
   int64_t bad_frames_ = 0, refused_messages_ = 0;
   std::atomic<int64_t> key_reloads_{0};
   LogLimiter log_limiter_;  // what peers can make the loop log

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/clock.h"
+#include "common/log_limiter.h"
 #include "coordinator/server.h"
 
 namespace trainyard {
@@ -304,17 +306,44 @@ void Server::SendStopIfStale(const RankEntry& rank) {
   Send(rank.identity, StopFor(rank.job, rank.attempt, "the coordinator no longer runs this attempt"));
 }
 
+bool Server::IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const {
+  for (const AttemptRecord& a : store_->Attempts(job)) {
+    std::vector<RankKey> slots;
+    if (a.attempt == attempt && ParsePlacement(a.placement, &slots)) return slots.front() == RankKey{world, rank};
+  }
+  return false;
+}
+
+// Note [Job output]: from the attempt's job rank 0 only, authenticated, in whole lines
+// of a bounded size. A chunk that cannot be written is not acknowledged: the agent sends
+// it again.
+void Server::OnOutput(const std::string& identity, const wire::JobOutput& message) {
+  if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an output chunk")) return;
+  const std::string what =
+      "output of job " + std::to_string(message.job_id()) + " attempt " + std::to_string(message.attempt());
+  if (message.text().size() > kMaxOutputChunkBytes || message.offset() < 0 ||
+      (!message.text().empty() && message.text().back() != '\n'))
+    return Refuse(identity, what + " that is not whole lines of at most 64 KiB at an offset >= 0");
+  if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
+    return Refuse(identity, what + " from a rank that is not its job rank 0");
+  int64_t held = 0;
+  try {
+    held = outputs_->Append(message.job_id(), message.attempt(), message.offset(), message.text());
+  } catch (const std::exception& e) {
+    if (int64_t left_out = 0; log_limiter_.Allow("output", SteadySeconds(), &left_out))
+      spdlog::error("job {}: cannot keep its output: {}{}", message.job_id(), e.what(), LeftOutNote(left_out));
+    return;
+  }
+  wire::Envelope ack = AckFor(message.job_id(), message.attempt(), "output", 0);
+  ack.mutable_ack()->set_offset(held);
+  Send(identity, ack);
+}
+
 // Epoch reports come from the attempt's job rank 0 only, authenticated; the attempt
 // may have ended since (a report resent after a reconnect), so the store decides.
 void Server::OnEpoch(const std::string& identity, const wire::EpochReport& message) {
   if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an epoch report")) return;
-  bool from_rank_zero = false;
-  for (const AttemptRecord& a : store_->Attempts(message.job_id())) {
-    std::vector<RankKey> slots;
-    if (a.attempt == message.attempt() && ParsePlacement(a.placement, &slots))
-      from_rank_zero = slots.front() == RankKey{message.world(), message.world_rank()};
-  }
-  if (!from_rank_zero)
+  if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
     return Refuse(identity, "an epoch report for job " + std::to_string(message.job_id()) + " attempt " +
                                 std::to_string(message.attempt()) + " from a rank that is not its job rank 0");
   EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),

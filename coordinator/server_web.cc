@@ -25,6 +25,8 @@ namespace {
 
 using json = nlohmann::json;
 
+constexpr size_t kDashboardOutputBytes = 16 << 10;  // of a job's output on its page
+
 WebReply JsonReply(int status, const json& body) { return {status, "application/json", DumpJsonForPeer(body)}; }
 WebReply NotFound(const std::string& what) { return JsonReply(404, {{"error", what}}); }
 
@@ -149,6 +151,9 @@ WebReply Server::ApiJob(int64_t id) {
   job["epochs"] = epochs;
   job["breakdown"] = breakdowns;
   job["step_parts"] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
+  // Note [Job output]: the tail of the latest attempt's output.log.
+  job["output"] = {{"attempt", record->attempts},
+                   {"tail", record->attempts > 0 ? outputs_->Tail(id, record->attempts, kDashboardOutputBytes) : ""}};
   const bool heatmap = HeatmapFile(id, record->name).ok();
   job["heatmap"] = heatmap ? json("/api/jobs/" + std::to_string(id) + "/heatmap.svg") : json(nullptr);
   if (record->is_search) {

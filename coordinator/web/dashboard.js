@@ -215,6 +215,21 @@ async function refreshJob(id) {
   document.getElementById("breakdown").hidden = benchmark;
   if (job.heatmap && heatmap.getAttribute("src") !== job.heatmap) heatmap.src = job.heatmap;
   updateSearch(job);
+  updateOutput(job.output);
+}
+
+// The tail of the latest attempt's output.log (Note [Job output]), kept scrolled to its
+// end unless the reader scrolled up.
+function updateOutput(output) {
+  const pre = document.getElementById("output-tail");
+  const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  document.getElementById("no-output").hidden = Boolean(output.tail);
+  document.getElementById("output-attempt").textContent =
+      output.attempt ? `(attempt ${output.attempt}, its last lines; all of it: jobctl logs --output)` : "";
+  if (pre.textContent !== output.tail) {
+    pre.textContent = output.tail;
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
 }
 
 // ---- A search: every trial's curve on one chart, stopped trials in grey -----------

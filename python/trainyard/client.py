@@ -180,6 +180,30 @@ class Client:
                 return
             time.sleep(poll)
 
+    def output(self, job_id, follow=False, attempt=0, rank=None, poll=0.5):
+        """The ranks' stdout and stderr of one attempt (the latest unless `attempt` is
+        given), one str a line ("[rank R] " first in a job of several ranks); with `rank`,
+        that job rank's lines and mpirun's own. With `follow`, lines as they come until the
+        job ends, moving on to each new attempt when following the latest."""
+        latest, offset = attempt == 0, 0
+        while True:
+            request = wire.message("LogsRequest")(job_id=job_id, output=True, attempt=attempt, offset=offset)
+            if rank is not None:
+                request.rank = rank
+            reply = self._ask(logs=request).log_rows
+            attempt = reply.attempt
+            text = reply.output.decode("utf-8", errors="replace")
+            yield from text.splitlines()
+            moved, offset = reply.output_offset > offset, reply.output_offset
+            if text or moved:
+                continue
+            if latest and reply.attempts > attempt:
+                attempt, offset = reply.attempts, 0
+                continue
+            if not follow or _state_name(reply.job_state) not in ACTIVE_STATES:
+                return
+            time.sleep(poll)
+
     # --- the wire ---------------------------------------------------------------------
 
     def _ask(self, **body):

@@ -7,7 +7,8 @@ with protoc at build time), then: a job file submitted with overrides and a name
 epoch rows followed to its end and equal to `jobctl logs --json`'s, its status equal to
 `jobctl status --json`'s, its metric in a filtered listing; a job given as a dict queued
 behind it and cancelled by its owner; another user's cancel refused (code 2) with the job
-unaffected; an unset ${VAR} refused before anything is sent; a key not on the allowlist
+unaffected; the job's ranks' output the same from the client, `jobctl logs --output` (whole, as
+JSON, and one rank's) and its attempt's output.log, and streamed by `jobctl submit --follow`; an unset ${VAR} refused before anything is sent; a key not on the allowlist
 refused at once; an unreachable coordinator a clear error after its tries."""
 import json
 import os
@@ -52,11 +53,45 @@ class UsersCluster(Cluster):
     def user_keys(self, user):
         return os.path.join(self.keys, "clients", user)
 
-    def jobctl_as(self, user, *args):
+    def jobctl_as(self, user, *args, json_output=True):
         r = subprocess.run([self.args.jobctl, "--coordinator", self.endpoint, "--keys", self.user_keys(user),
-                            "--json", *args], capture_output=True, text=True, timeout=60)
+                            *(["--json"] if json_output else []), *args], capture_output=True, text=True, timeout=60)
         check(r.returncode == 0, f"jobctl {' '.join(args)}: {r.stderr}")
         return r.stdout
+
+
+def output_checks(c, alice, job):
+    """Note [Job output]: the ranks' lines of attempt 1, as the client, jobctl and the
+    file in the runs folder give them."""
+    lines = list(alice.output(job))
+    print(f"job {job}: {len(lines)} output line(s), e.g. {lines[:3]}")
+    check(any(line.startswith("[rank 0] ") and "done: " in line for line in lines) and
+          any(line.startswith("[rank 1] ") and "planted an inf in rank 1's gradients" in line for line in lines),
+          f"both ranks' lines, prefixed: {lines}")
+    check(not any("\x1b" in line or "\r" in line for line in lines), "escapes or carriage returns kept")
+    with open(os.path.join(c.runs, str(job), "attempt-1", "output.log"), encoding="utf-8") as f:
+        check(f.read() == "".join(line + "\n" for line in lines), "output.log differs from what the client read")
+    text = c.jobctl_as("alice", "logs", str(job), "--output", json_output=False)
+    check(text.splitlines() == lines, "jobctl logs --output differs from the client's")
+    objects = [json.loads(line) for line in c.jobctl_as("alice", "logs", str(job), "--output").splitlines()]
+    rendered = [(f"[rank {o['rank']}] " if o["rank"] is not None else "") + o["line"] for o in objects]
+    check(rendered == lines and {o["attempt"] for o in objects} == {1}, objects[:3])
+    rank1 = c.jobctl_as("alice", "logs", str(job), "--output", "--attempt", "1", "--rank", "1",
+                        json_output=False).splitlines()
+    check(rank1 == [line for line in lines if not line.startswith("[rank ") or line.startswith("[rank 1] ")],
+          rank1)
+    check(list(alice.output(job, rank=1)) == rank1, "the client's rank=1 differs from jobctl's --rank 1")
+
+
+def follow_check(c, path):
+    """submit --follow: the job's id, then its output as it comes, then its end."""
+    r = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.user_keys("alice"), "submit", path,
+                        "--set", "train.epochs=1", "--name", "followed", "--follow"],
+                       capture_output=True, text=True, timeout=120)
+    out = r.stdout.splitlines()
+    print("submit --follow:", r.returncode, out[:2], "...", r.stderr.strip())
+    check(r.returncode == 0 and out and out[0].isdigit() and f"job {out[0]} SUCCEEDED" in r.stderr and
+          any(line.startswith("[rank 0] ") and "done: " in line for line in out[1:]), (r.returncode, out, r.stderr))
 
 
 def refusals(trainyard, c, work, alice, queued_before):
@@ -98,7 +133,10 @@ def client_case(c, work, trainyard):
     alice = trainyard.Client(c.endpoint, keys=c.user_keys("alice"), timeout=3)
     bob = trainyard.Client(c.endpoint, keys=c.user_keys("bob"), timeout=3)
     path = write_job(work, "python_job", epochs=3)
-    job = alice.submit(path, overrides={"train.epochs": 1}, name="from-python")
+    # Rank 1 says one line of its own: an inf planted in its gradients, which the loss
+    # scaler skips (the step is not taken; the job goes on).
+    job = alice.submit(path, overrides={"train.epochs": 1, "debug.force_loss_scaling": True,
+                                        "debug.plant_inf_step": 3, "debug.plant_inf_rank": 1}, name="from-python")
     with open(path) as f:
         as_dict = dict(yaml.safe_load(f), name="as-a-dict")
     behind = alice.submit(as_dict)
@@ -126,6 +164,8 @@ def client_case(c, work, trainyard):
     check([j["id"] for j in listed] == [job], listed)
     check(listed[0].get("metric") == "eval_acc" and listed[0]["metric_value"] == rows[-1]["eval_acc"], listed)
     check([j["id"] for j in alice.list(state=["cancelled"], limit=1)] == [behind], alice.list())
+    output_checks(c, alice, job)
+    follow_check(c, path)
     refusals(trainyard, c, work, alice, len(alice.list()))
 
 

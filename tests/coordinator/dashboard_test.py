@@ -9,6 +9,7 @@ selenium, and prometheus_client's parser.
   - a running 2-rank finetune job's page: its loss curve gains points as epochs arrive,
     and ends with exactly the epochs.csv rows the coordinator wrote; the per-rank step
     breakdown has one stacked bar per rank, with the slowest rank marked as the API says;
+    the page shows the end of its output.log, rank-prefixed;
   - a benchmark job's page shows its latency heatmap (the image loads);
   - the overview lists the jobs with their states and both ranks as alive;
   - /metrics parses, and says 2 succeeded jobs, an empty queue, 2 submit-to-running
@@ -186,6 +187,13 @@ def case_dashboard(c, work):
         check(straggler == str(slowest), straggler)
         wait_for(lambda: driver.execute_script("return document.getElementById('job-state').textContent;") ==
                  "SUCCEEDED", 30, "the page to say SUCCEEDED")
+        # The output's tail: the lines of output.log, its last one ending it.
+        with open(os.path.join(c.runs, str(job), "attempt-1", "output.log"), encoding="utf-8") as f:
+            output = f.read()
+        shown = wait_for(lambda: driver.execute_script("return document.getElementById('output-tail').textContent;"),
+                         30, "the output's tail on the page")
+        check("[rank 0] " in shown and output.endswith(shown) and "done: " in shown.splitlines()[-1],
+              (shown[-300:], output[-300:]))
         driver.save_screenshot(os.path.join(artifacts, "job.png"))
 
         bench = c.submit(write_benchmark(work))

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <zmq_addon.hpp>
@@ -88,6 +89,17 @@ class ScriptedRank {
     e.mutable_epoch()->set_world("w");
     e.mutable_epoch()->set_world_rank(rank_);
     e.mutable_epoch()->set_rank_token(rank_token_);
+    return e;
+  }
+  wire::Envelope Output(int64_t job, int attempt, int64_t offset, const std::string& text) const {
+    wire::Envelope e;
+    e.mutable_output()->set_job_id(job);
+    e.mutable_output()->set_attempt(attempt);
+    e.mutable_output()->set_offset(offset);
+    e.mutable_output()->set_text(text);
+    e.mutable_output()->set_world("w");
+    e.mutable_output()->set_world_rank(rank_);
+    e.mutable_output()->set_rank_token(rank_token_);
     return e;
   }
   wire::Envelope Exit(int signal) const {
@@ -461,6 +473,75 @@ TEST_F(ServerTest, PoolLifeCycleOverTheWire) {
   text << csv.rdbuf();
   EXPECT_EQ(text.str(), "epoch,loss\n1,0.5\n");
   EXPECT_TRUE(fs::exists(dir_ / "runs" / std::to_string(job) / "summary.json"));
+}
+
+wire::Envelope OutputRequest(int64_t job, int attempt, int64_t offset, std::optional<int> rank = std::nullopt) {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  e.mutable_logs()->set_job_id(job);
+  e.mutable_logs()->set_output(true);
+  e.mutable_logs()->set_attempt(attempt);
+  e.mutable_logs()->set_offset(offset);
+  if (rank) e.mutable_logs()->set_rank(*rank);
+  return e;
+}
+
+// Note [Job output]: the lead's chunks are kept once each, in order, and read back by
+// offset and rank through `logs --output`; a chunk from the other rank, or one that is
+// not whole lines, is refused; the dashboard shows the tail.
+TEST_F(ServerTest, AnAttemptsOutputIsKeptFromItsLeadAndReadByOffsetAndRank) {
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  zmq::socket_t client = Connect();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  const std::string first = "[rank 0] hello\n[rank 1] hi\nmpirun: a note\n";
+  for (int copy = 0; copy < 2; ++copy) {  // the second is a resend
+    r0.Send(r0.Output(job, 1, 0, first));
+    auto ack = r0.Next(2000, job, 1);
+    ASSERT_TRUE(ack && ack->has_ack()) << (ack ? ack->DebugString() : "none");
+    EXPECT_EQ(ack->ack().what(), "output");
+    EXPECT_EQ(ack->ack().offset(), int64_t(first.size()));
+  }
+  for (const wire::Envelope& forged : {r1.Output(job, 1, int64_t(first.size()), "[rank 1] not the lead\n"),
+                                       r0.Output(job, 1, int64_t(first.size()), "no newline")}) {
+    (forged.output().world_rank() == 1 ? r1 : r0).Send(forged);
+    auto refused = (forged.output().world_rank() == 1 ? r1 : r0).Next(2000, job, 1);
+    ASSERT_TRUE(refused && refused->has_error()) << (refused ? refused->DebugString() : "none");
+    EXPECT_NE(refused->error().message().find("output of job"), std::string::npos) << refused->error().message();
+  }
+  r0.Send(r0.Output(job, 1, int64_t(first.size()), "[rank 1] bye\n"));
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_ack());
+
+  auto all = Send(client, {OutputRequest(job, 0, 0).SerializeAsString()});
+  ASSERT_TRUE(all && all->has_log_rows()) << (all ? all->DebugString() : "none");
+  EXPECT_EQ(all->log_rows().output(), first + "[rank 1] bye\n");
+  EXPECT_EQ(all->log_rows().attempt(), 1);
+  EXPECT_EQ(all->log_rows().attempts(), 1);
+  EXPECT_EQ(all->log_rows().job_state(), wire::JOB_RUNNING);
+  const int64_t end = all->log_rows().output_offset();
+  EXPECT_EQ(end, int64_t(first.size() + 13));
+  auto rank1 = Send(client, {OutputRequest(job, 1, 0, 1).SerializeAsString()});
+  ASSERT_TRUE(rank1 && rank1->has_log_rows());
+  EXPECT_EQ(rank1->log_rows().output(), "[rank 1] hi\nmpirun: a note\n[rank 1] bye\n");
+  auto later = Send(client, {OutputRequest(job, 1, end).SerializeAsString()});
+  ASSERT_TRUE(later && later->has_log_rows());
+  EXPECT_EQ(later->log_rows().output(), "");
+  EXPECT_EQ(later->log_rows().output_offset(), end);
+  for (const wire::Envelope& bad :
+       {OutputRequest(job, 2, 0), OutputRequest(job, 1, -1), OutputRequest(job, 1, 0, -1)}) {
+    auto refused = Send(client, {bad.SerializeAsString()});
+    ASSERT_TRUE(refused && refused->has_error());
+    EXPECT_EQ(refused->error().code(), 2) << refused->error().message();
+  }
+  const WebReply page = WebQuery("/api/jobs/" + std::to_string(job));
+  ASSERT_EQ(page.status, 200) << page.body;
+  const auto output = nlohmann::json::parse(page.body)["output"];
+  EXPECT_EQ(output["attempt"], 1);
+  EXPECT_EQ(output["tail"], first + "[rank 1] bye\n");
 }
 
 // The dashboard's API and /metrics, answered by the loop while a job runs: the job, its

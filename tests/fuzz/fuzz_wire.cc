@@ -77,6 +77,16 @@ void ResetStore() {
   if (!out.flush()) std::abort();
 }
 
+// The running attempt's folder, as the coordinator made it, without the output.log an
+// earlier input wrote.
+void ResetRunsFolder() {
+  const fs::path attempt =
+      fs::path(ScratchFolder()) / "runs" / std::to_string(kJob) / ("attempt-" + std::to_string(kAttempt));
+  fs::create_directories(attempt);
+  fs::remove(attempt / "output.log");
+  fs::remove(attempt / "output.log.1");
+}
+
 // The seeds' submissions say base_dir "." for the scratch folder, whose path changes
 // from run to run (the process must keep its working directory: libFuzzer writes the
 // corpus and artifacts relative to it). Other payloads pass through byte for byte.
@@ -99,6 +109,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainyard;
   fuzz::ResetStore();
+  fuzz::ResetRunsFolder();
   ServerOptions options;
   options.listen = "inproc://fuzz_wire";
   options.state_path = fuzz::StatePath();

@@ -96,7 +96,23 @@ Frame RankExit(int rank, int signal) {
   });
 }
 
+Frame Output(int rank, int64_t offset, const std::string& text) {
+  return FrameOf(rank, [rank, offset, text](wire::Envelope* e) {
+    wire::JobOutput* o = e->mutable_output();
+    o->set_job_id(kJob), o->set_attempt(kAttempt), o->set_offset(offset), o->set_text(text);
+    o->set_world(kWorld), o->set_world_rank(rank), o->set_rank_token(kRankTokens[rank]);
+  });
+}
+
 Frame Client(const Fill& fill) { return FrameOf(2, fill); }
+
+Frame OutputLogs(int attempt, int64_t offset, int rank) {
+  return Client([attempt, offset, rank](wire::Envelope* e) {
+    wire::LogsRequest* l = e->mutable_logs();
+    l->set_job_id(kJob), l->set_output(true), l->set_attempt(attempt), l->set_offset(offset);
+    if (rank >= 0) l->set_rank(rank);
+  });
+}
 
 Frame Submit() {
   return Client([](wire::Envelope* e) {
@@ -123,6 +139,9 @@ std::vector<std::pair<std::string, std::vector<Frame>>> Seeds() {
       {"epoch", {Epoch(1)}},
       {"result", {Result(1, "failed")}},
       {"rank_exit", {RankExit(0, 9)}},
+      {"output",
+       {Register(0), Output(0, 0, "[rank 0] a\n[rank 1] b\n"), Output(0, 0, "[rank 0] a\n[rank 1] b\n"),
+        Output(0, 100, "gap\n"), Output(1, 0, "not the lead\n"), OutputLogs(0, 0, 1), OutputLogs(1, 1 << 20, -1)}},
       {"from_coordinator",
        {FrameOf(3, [](wire::Envelope* e) { e->mutable_pulse(); }),
         FrameOf(3, [](wire::Envelope* e) { e->mutable_assign()->set_job_id(kJob); }),

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "worker/pool/output_lines.h"
 
 extern char** environ;
 
@@ -74,6 +75,8 @@ std::vector<std::string> MpirunCommand(const JobLaunch& launch) {
   }
   std::vector<std::string> argv{launch.mpirun};
   if (launch.allow_run_as_root) argv.push_back("--allow-run-as-root");
+  // More than one rank: each line says whose it is (output_lines.h).
+  if (launch.hosts.size() > 1) argv.push_back("--tag-output");
   argv.insert(argv.end(), {"--oversubscribe", "--bind-to", "none", "--host", host_list, "-n",
                            std::to_string(launch.hosts.size()), launch.worker, "--pool-job", launch.relay,
                            "--job-slots", JoinInts(slots), "--job-id", std::to_string(launch.job_id)});
@@ -111,7 +114,7 @@ RankEnd ParseMpirunReport(const std::vector<std::string>& lines) {
   return end;
 }
 
-JobProcess::JobProcess(const JobLaunch& launch) {
+JobProcess::JobProcess(const JobLaunch& launch, LineSink on_line) : on_line_(std::move(on_line)) {
   const std::vector<std::string> argv_text = MpirunCommand(launch);
   std::vector<std::string> env_text;
   for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
@@ -146,7 +149,8 @@ JobProcess::JobProcess(const JobLaunch& launch) {
   }
   ::close(fds[1]);
   const int read_fd = fds[0];
-  reader_ = std::thread([this, read_fd] { ReadOutput(read_fd); });
+  const bool tagged = launch.hosts.size() > 1;
+  reader_ = std::thread([this, read_fd, tagged] { ReadOutput(read_fd, tagged); });
 }
 
 JobProcess::~JobProcess() {
@@ -157,29 +161,41 @@ JobProcess::~JobProcess() {
   if (reader_.joinable()) reader_.join();
 }
 
-void JobProcess::ReadOutput(int fd) {
-  std::string pending;
+void JobProcess::ReadOutput(int fd, bool tagged) {
+  OutputLines splitter(tagged);
+  std::vector<OutputLine> lines;
   char buffer[4096];
-  while (!stop_reading_) {
-    pollfd ready{fd, POLLIN, 0};
-    if (::poll(&ready, 1, 100) == 0) continue;
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    ssize_t unused = ::write(2, buffer, static_cast<size_t>(n));  // the job's log, as it comes
-    (void)unused;
-    pending.append(buffer, static_cast<size_t>(n));
-    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1))
-      TakeLine(pending.substr(0, std::min<size_t>(end, kMaxLineBytes)));
-    // A job that writes megabytes without a newline gets them cut into lines, not kept.
-    if (pending.size() > kMaxLineBytes) {
-      TakeLine(pending.substr(0, kMaxLineBytes));
-      pending.clear();
+  for (bool open = true; open;) {
+    ssize_t n = 0;
+    if (stop_reading_) {
+      open = false;
+    } else {
+      pollfd ready{fd, POLLIN, 0};
+      if (::poll(&ready, 1, 100) == 0) continue;
+      n = ::read(fd, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      open = n > 0;
     }
+    if (open)
+      splitter.Feed(std::string_view(buffer, static_cast<size_t>(n)), &lines);
+    else
+      splitter.Finish(&lines);
+    for (OutputLine& line : lines) TakeOutputLine(std::move(line));
+    lines.clear();
   }
   ::close(fd);
   std::lock_guard<std::mutex> lock(mutex_);
   output_done_ = true;
+}
+
+void JobProcess::TakeOutputLine(OutputLine line) {
+  std::string rendered = RenderedLine(line) + "\n";
+  ssize_t unused = ::write(2, rendered.data(), rendered.size());  // the job's log, as it comes
+  (void)unused;
+  rendered.pop_back();
+  if (on_line_) on_line_(rendered);
+  if (line.text.size() > kMaxLineBytes) line.text.resize(kMaxLineBytes);
+  TakeLine(std::move(line.text));
 }
 
 void JobProcess::TakeLine(std::string line) {

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "worker/pool/output_lines.h"
 
 namespace trainyard {
 
@@ -67,10 +69,13 @@ RankEnd ParseMpirunReport(const std::vector<std::string>& lines);
 
 class JobProcess {
  public:
-  // Starts mpirun; its output (the job's log) is echoed to this process's stderr, and
-  // its latest line becomes LastLogLine(). Throws std::runtime_error if it cannot start.
-  // REQUIRES: the calling thread outlives the job (PR_SET_PDEATHSIG follows it).
-  explicit JobProcess(const JobLaunch& launch);
+  // Called with each line of the job's output as it comes (output_lines.h: plain text,
+  // "[rank R] " first when the job has more ranks), on the reader thread.
+  using LineSink = std::function<void(const std::string& line)>;
+  // Starts mpirun; each line of its output (the job's log) goes to `on_line`, is echoed to
+  // this process's stderr, and becomes LastLogLine(). Throws std::runtime_error if it
+  // cannot start. REQUIRES: the calling thread outlives the job (PR_SET_PDEATHSIG follows it).
+  explicit JobProcess(const JobLaunch& launch, LineSink on_line = {});
   // Kills a job still running, and waits for it.
   ~JobProcess();
   JobProcess(const JobProcess&) = delete;
@@ -100,9 +105,11 @@ class JobProcess {
   std::optional<Clock::time_point> EndingSince() const;
 
  private:
-  void ReadOutput(int fd);
+  void ReadOutput(int fd, bool tagged);
+  void TakeOutputLine(OutputLine line);
   void TakeLine(std::string line);
 
+  LineSink on_line_;
   pid_t pid_ = -1;
   int status_ = 0;
   bool exited_ = false;

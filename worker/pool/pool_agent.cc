@@ -20,6 +20,9 @@ namespace {
 
 constexpr double kMaxBackoffS = 16;
 constexpr int64_t kMaxMessageBytes = 64 << 20;  // an Assign carries a job file
+constexpr size_t kOutputChunkBytes = 64 << 10;  // coordinator/job_output.h: kMaxOutputChunkBytes
+constexpr double kOutputGatherS = 0.25;         // lines gather this long into one chunk
+constexpr double kOutputResendS = 5;            // a chunk not acknowledged by then goes again
 
 std::string Serialize(wire::Envelope envelope) {
   envelope.set_version(kProtocolVersion);
@@ -122,6 +125,9 @@ void PoolAgent::Begin(const Assignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
   job_id_ = assignment.job_id;
   attempt_ = assignment.attempt;
+  output_ = OutputStream{};
+  output_.job = assignment.job_id;
+  output_.attempt = assignment.attempt;
   stop_preempt_ = false;
   stop_grace_s_ = 0;
   stop_requested_ = false;
@@ -163,6 +169,32 @@ void PoolAgent::ReportEpoch(const wire::EpochReport& report) {
   out->set_world_rank(self_.rank);
   out->set_rank_token(self_.rank_token);
   Queue(EpochKey(out->job_id(), out->attempt(), out->epoch()), Serialize(e));
+}
+
+void PoolAgent::AppendOutput(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (output_.job == 0) return;
+  output_.pending += line;
+  output_.pending += '\n';
+  if (output_.pending.size() <= kMaxPendingOutputBytes) return;
+  // The coordinator has been away a while: the oldest lines go, and it notes the gap.
+  const size_t newline = output_.pending.find('\n', output_.pending.size() - kMaxPendingOutputBytes);
+  const size_t dropped = newline == std::string::npos ? output_.pending.size() : newline + 1;
+  output_.pending.erase(0, dropped);
+  output_.base += int64_t(dropped);
+  if (output_.in_flight_end <= output_.base) output_.in_flight_end = 0;
+}
+
+bool PoolAgent::DrainOutput(double timeout_s) {
+  const auto start = Clock::now();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (output_.pending.empty()) return true;
+    }
+    if (SecondsSince(start) >= timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void PoolAgent::Queue(std::string key, std::string bytes) {
@@ -212,6 +244,7 @@ void PoolAgent::Round(Link& link) {
     if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
   }
   FlushOutbox(link);
+  FlushOutput(link);
   if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
   const bool silent = SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness;
   if (silent && !link.reconnect_at) {
@@ -255,6 +288,7 @@ void PoolAgent::Register(Link& link) {
   reg->set_attempt(attempt_);
   link.Send(Serialize(e));
   for (const auto& [key, bytes] : unacked_) link.Send(bytes);
+  output_.in_flight_end = 0;  // sent again by the next round
 }
 
 void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
@@ -275,6 +309,8 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
       stop_requested_ = true;
       LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
     }
+  } else if (in.has_ack() && in.ack().what() == "output") {
+    OutputAcknowledged(in.ack());
   } else if (in.has_ack()) {
     const wire::Ack& ack = in.ack();
     const std::string key = ack.what() == "epoch" ? EpochKey(ack.job_id(), ack.attempt(), ack.epoch())
@@ -293,6 +329,43 @@ void PoolAgent::FlushOutbox(Link& link) {
     unacked_.push_back(std::move(item));
   }
   outbox_.clear();
+}
+
+// One chunk in flight at a time, of whole lines, once they have gathered a moment
+// (Note [Job output]).
+void PoolAgent::FlushOutput(Link& link) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  OutputStream& o = output_;
+  if (o.job == 0 || o.pending.empty()) return;
+  if (o.in_flight_end > 0 && SecondsSince(o.sent_at) < kOutputResendS) return;
+  if (o.in_flight_end == 0 && o.pending.size() < kOutputChunkBytes / 4 && SecondsSince(o.sent_at) < kOutputGatherS)
+    return;
+  size_t size = std::min(o.pending.size(), kOutputChunkBytes);
+  if (size < o.pending.size()) size = o.pending.rfind('\n', size - 1) + 1;  // lines are shorter than a chunk
+  wire::Envelope e;
+  wire::JobOutput* chunk = e.mutable_output();
+  chunk->set_job_id(o.job);
+  chunk->set_attempt(o.attempt);
+  chunk->set_offset(o.base);
+  chunk->set_text(o.pending.substr(0, size));
+  chunk->set_world(self_.world);
+  chunk->set_world_rank(self_.rank);
+  chunk->set_rank_token(self_.rank_token);
+  link.Send(Serialize(e));
+  o.in_flight_end = o.base + int64_t(size);
+  o.sent_at = Clock::now();
+}
+
+void PoolAgent::OutputAcknowledged(const wire::Ack& ack) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  OutputStream& o = output_;
+  if (ack.job_id() != o.job || ack.attempt() != o.attempt) return;
+  const int64_t held = std::min<int64_t>(ack.offset(), o.base + int64_t(o.pending.size()));
+  if (held > o.base) {
+    o.pending.erase(0, size_t(held - o.base));
+    o.base = held;
+  }
+  o.in_flight_end = 0;
 }
 
 void PoolAgent::Heartbeat(Link& link) {

@@ -27,10 +27,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/curve/curve_keys.h"
 
 namespace trainyard {
 namespace wire {
+class Ack;
 class Assign;
 class Envelope;
 class EpochReport;
@@ -105,6 +107,13 @@ class PoolAgent {
 
   // Sends the running job's epoch row on (kept until acknowledged), as this rank's.
   void ReportEpoch(const wire::EpochReport& report);
+  // Sends a line of the output of the attempt this rank leads on (Note [Job output] in
+  // coordinator/job_output.h): kept until acknowledged, at most kMaxPendingOutputBytes
+  // (past that, the oldest lines go). Thread-safe.
+  void AppendOutput(const std::string& line);
+  // Waits up to `timeout_s` for the output appended so far to be acknowledged.
+  bool DrainOutput(double timeout_s);
+  static constexpr size_t kMaxPendingOutputBytes = size_t(4) << 20;
   // True once the coordinator asked to stop the running attempt (or released its slot).
   bool StopRequested() const { return stop_requested_; }
   // Once StopRequested: whether the stop is a preemption (the job checkpoints), and
@@ -126,6 +135,8 @@ class PoolAgent {
   void Register(Link& link);
   void Handle(Link& link, const wire::Envelope& message);
   void FlushOutbox(Link& link);
+  void FlushOutput(Link& link);
+  void OutputAcknowledged(const wire::Ack& ack);
   void Heartbeat(Link& link);
   void Queue(std::string key, std::string bytes);
 
@@ -139,6 +150,16 @@ class PoolAgent {
   // Reliable messages by key, in send order; removed when acknowledged.
   std::vector<std::pair<std::string, std::string>> unacked_;
   std::vector<std::pair<std::string, std::string>> outbox_;  // not yet sent once
+  // The running attempt's output on its way (Note [Job output]).
+  struct OutputStream {
+    int64_t job = 0;
+    int attempt = 0;
+    int64_t base = 0;           // the offset of pending[0] in the attempt's output
+    std::string pending;        // whole lines not yet acknowledged
+    int64_t in_flight_end = 0;  // the end of the chunk sent and not yet acknowledged; 0: none
+    Clock::time_point sent_at{};
+  };
+  OutputStream output_;
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stop_preempt_{false};
   std::atomic<double> stop_grace_s_{0};

@@ -15,6 +15,8 @@
 namespace trainyard {
 namespace {
 
+constexpr double kOutputDrainS = 5;  // for the coordinator to take a job's last output
+
 JobOutcome Outcome(const std::string& outcome, const std::string& message) {
   JobOutcome o;
   o.outcome = outcome;
@@ -89,6 +91,10 @@ void PoolRank::Serve(const std::atomic<bool>& stop, std::atomic<bool>& busy) {
     const bool lead = !assignment->places.empty() && assignment->places.front().world == self.world &&
                       assignment->places.front().rank == self.rank;
     JobOutcome outcome = lead ? Lead(*assignment) : HoldSlot(*assignment);
+    // The output first, then the result (Note [Job output] in coordinator/job_output.h).
+    if (lead && !agent_.DrainOutput(kOutputDrainS))
+      LogWarn(StrFormat("job %ld: the coordinator has not taken all of its output yet; the rest follows the result",
+                        long(assignment->job_id)));
     agent_.Finish(outcome);
     busy = false;
   }
@@ -108,7 +114,7 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
       launch.hosts.push_back(place.host);
       launch.slots.push_back(place.slot);
     }
-    JobProcess job(launch);
+    JobProcess job(launch, [this](const std::string& line) { agent_.AppendOutput(line); });
     bool stop_asked = false, terminated = false, stuck = false;
     Clock::time_point asked_at, terminated_at;
     std::optional<Clock::time_point> failure_said;

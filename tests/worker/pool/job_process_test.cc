@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -25,11 +26,16 @@ TEST(JobProcessTest, MpirunCommandGroupsRanksByHostWithJobRankZeroFirst) {
   launch.slots = {2, 0, 3};
   launch.extra_args = {"--log-level", "info"};
   const std::vector<std::string> argv = MpirunCommand(launch);
+  // More than one rank: each line of output says whose it is (output_lines.h).
   const std::vector<std::string> expected{
-      "mpirun",      "--oversubscribe", "--bind-to",          "none",        "--host", "b:2,a:1",  "-n", "3",
-      "/bin/worker", "--pool-job",      "ipc:///tmp/x/relay", "--job-slots", "2,3,0",  "--job-id", "0",  "--log-level",
-      "info"};
+      "mpirun",      "--tag-output", "--oversubscribe", "--bind-to",          "none",        "--host", "b:2,a:1",  "-n",
+      "3",           "/bin/worker",  "--pool-job",      "ipc:///tmp/x/relay", "--job-slots", "2,3,0",  "--job-id", "0",
+      "--log-level", "info"};
   EXPECT_EQ(argv, expected);
+  launch.hosts = {"a"};
+  launch.slots = {1};
+  const std::vector<std::string> one = MpirunCommand(launch);
+  EXPECT_EQ(std::count(one.begin(), one.end(), "--tag-output"), 0);  // one rank: lines as they are
   launch.slots.pop_back();
   EXPECT_THROW(MpirunCommand(launch), std::invalid_argument);
 }
