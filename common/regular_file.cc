@@ -1,5 +1,6 @@
 #include "common/regular_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -168,6 +169,76 @@ void AppendFileBeneath(const std::string& root, const std::string& relative, con
     if (n < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
     used += size_t(n);
   }
+}
+
+namespace {
+
+// Opens `relative` beneath the open folder `root_fd` as a folder, following no symlink.
+int OpenFolderAt(int root_fd, const std::string& relative) {
+  auto folder = std::make_unique<Fd>(::dup(root_fd));
+  if (relative.empty()) return folder->release();
+  for (const std::string& part : Components(relative)) {
+    const int next = ::openat(folder->get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) return -1;
+    folder = std::make_unique<Fd>(next);
+  }
+  return folder->release();
+}
+
+}  // namespace
+
+std::vector<FileEntry> ListFilesBeneath(const std::string& root, const std::string& relative, size_t max_files,
+                                        int max_depth, bool* truncated) {
+  *truncated = false;
+  const std::string path = root + "/" + relative;
+  std::vector<std::string> parts;
+  const Fd parent(OpenParentBeneath(root, relative, &parts));
+  if (parent.get() < 0) {
+    if (errno == ENOENT) return {};
+    throw std::runtime_error(path + ": " +
+                             (errno == EINVAL ? "not a plain path beneath " + root : std::strerror(errno)));
+  }
+  const Fd top(::openat(parent.get(), parts.back().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (top.get() < 0) {
+    if (errno == ENOENT) return {};
+    throw std::runtime_error(path + ": " +
+                             (errno == ELOOP || errno == ENOTDIR ? "not a folder" : std::strerror(errno)));
+  }
+  std::vector<FileEntry> files;
+  std::vector<std::pair<std::string, int>> pending{{"", 0}};  // folders to read: path beneath, depth
+  while (!pending.empty()) {
+    const auto [folder, depth] = pending.back();
+    pending.pop_back();
+    const int fd = OpenFolderAt(top.get(), folder);
+    if (fd < 0) continue;  // replaced meanwhile
+    std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(fd), ::closedir);
+    if (!dir) {
+      ::close(fd);
+      continue;
+    }
+    while (const dirent* entry = ::readdir(dir.get())) {
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat info {};
+      if (::fstatat(::dirfd(dir.get()), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      const std::string beneath = folder.empty() ? name : folder + "/" + name;
+      if (S_ISDIR(info.st_mode) && depth + 1 < max_depth) {
+        if (pending.size() < max_files)
+          pending.emplace_back(beneath, depth + 1);
+        else
+          *truncated = true;
+      } else if (S_ISREG(info.st_mode)) {
+        if (files.size() == max_files) {
+          *truncated = true;
+          pending.clear();
+          break;
+        }
+        files.push_back({beneath, int64_t(info.st_size), double(info.st_mtim.tv_sec) + info.st_mtim.tv_nsec * 1e-9});
+      }
+    }
+  }
+  std::sort(files.begin(), files.end(), [](const FileEntry& a, const FileEntry& b) { return a.path < b.path; });
+  return files;
 }
 
 void MakeFoldersBeneath(const std::string& root, const std::string& relative) {

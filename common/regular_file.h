@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trainyard {
 
@@ -43,6 +44,22 @@ FileRead ReadRangeBeneath(const std::string& root, const std::string& relative, 
 // start a new one. Throws std::runtime_error naming the path.
 void AppendFileBeneath(const std::string& root, const std::string& relative, const std::string& bytes,
                        int64_t rotate_at);
+
+// A regular file found by ListFilesBeneath.
+struct FileEntry {
+  std::string path;  // beneath the folder listed, '/' between folders
+  int64_t size = 0;
+  double modified = 0;  // Unix seconds
+};
+
+// The regular files in the folder `relative` beneath `root` and its subfolders, by path:
+// no symlink is followed (below `root`, or in the tree), nothing but regular files is
+// listed, at most `max_files` (`*truncated` says whether there were more) and
+// `max_depth` folders deep. Iterative: the tree's depth never grows the stack. Throws
+// std::runtime_error naming the path when the folder cannot be opened; a missing one
+// lists as empty.
+std::vector<FileEntry> ListFilesBeneath(const std::string& root, const std::string& relative, size_t max_files,
+                                        int max_depth, bool* truncated);
 
 // Creates the folders of `relative` beneath the folder `root` as needed. Throws
 // std::runtime_error naming the path if a component below `root` is a symlink or not a

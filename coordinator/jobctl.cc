@@ -1,7 +1,7 @@
 // jobctl: the user's command line for the coordinator.
 //   jobctl submit JOB.yaml [--set K=V] [--wait|--follow] | list [--state S] [--user U] [--name N] [--limit N]
 //          | status ID | cancel ID... [--user U] [--state S] | logs ID [-f] [--output [--attempt N] [--rank R]]
-//          | report ID | workers | usage
+//          | report ID | workers | usage | artifacts ID | fetch ID PATH [--host H] [--to DIR]
 // Requests follow the ZeroMQ Guide's Lazy Pirate pattern: wait `--timeout` seconds for
 // the reply, then reconnect and resend, `--retries` times, then give up with a clear
 // error. A submission carries an idempotency key, so a resend never makes two jobs.
@@ -315,6 +315,8 @@ struct CommandArgs {
   // logs --output: which attempt (0: the latest) and rank (-1: every one).
   bool output = false;
   int attempt = 0, rank = -1;
+  // fetch: which file, from which host, to which folder.
+  std::string path, host, to = ".";
 };
 
 // The submitter's overrides of a job file, as `worker` takes them: --set KEY=VALUE, and
@@ -691,6 +693,97 @@ int Workers(const Options& o) {
   return 0;
 }
 
+// `artifacts`: the job's files on every host (Note [Artifacts] in coordinator/artifacts.h).
+wire::ArtifactsReply ListArtifacts(const Options& o, int64_t id) {
+  wire::Envelope request;
+  request.mutable_artifacts()->set_job_id(id);
+  return Expect(Request(o, request)).artifact_list();
+}
+
+int Artifacts(const Options& o, int64_t id) {
+  const wire::ArtifactsReply reply = ListArtifacts(o, id);
+  if (o.json) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& f : reply.files())
+      files.push_back({{"path", f.path()}, {"size", f.size()}, {"host", f.host()}, {"modified", f.modified()}});
+    std::cout << nlohmann::json{{"files", files},
+                                {"unreachable", reply.unreachable()},
+                                {"truncated", reply.truncated()}}
+                     .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+    return 0;
+  }
+  std::printf("%-16s %12s  %-19s  %s\n", "host", "bytes", "modified", "path");
+  for (const auto& f : reply.files()) {
+    char when[32] = "-";
+    const std::time_t t = static_cast<std::time_t>(f.modified());
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+    std::printf("%-16s %12ld  %-19s  %s\n", f.host().c_str(), long(f.size()), when, f.path().c_str());
+  }
+  if (reply.truncated()) std::printf("(a host had more files than one listing holds: %s)\n", "not all are shown");
+  for (const auto& why : reply.unreachable()) std::fprintf(stderr, "not listed: %s\n", why.c_str());
+  return 0;
+}
+
+// The host holding `path` of job `id` when the user named none: the only one, else an
+// error naming them.
+std::string HostOf(const Options& o, int64_t id, const std::string& path) {
+  std::vector<std::string> hosts;
+  const wire::ArtifactsReply listing = ListArtifacts(o, id);
+  for (const auto& f : listing.files())
+    if (f.path() == path) hosts.push_back(f.host());
+  if (hosts.empty())
+    throw Rejected(2, "job " + std::to_string(id) + " has no file " + path + " (see jobctl artifacts)");
+  if (hosts.size() > 1) {
+    std::string names;
+    for (const auto& h : hosts) names += (names.empty() ? "" : ", ") + h;
+    throw Rejected(2, path + " is on several hosts (" + names + "): name one with --host");
+  }
+  return hosts.front();
+}
+
+// `fetch`: one file in chunks by offset into <to>/<its name>.part, renamed when whole; a
+// .part left by a fetch that broke off is resumed from its size.
+int Fetch(const Options& o, int64_t id, const std::string& path, std::string host, const std::string& to) {
+  if (host.empty()) host = HostOf(o, id, path);
+  const std::filesystem::path target = std::filesystem::path(to) / std::filesystem::path(path).filename();
+  const std::string part = target.string() + ".part";
+  std::error_code error;
+  int64_t offset = std::filesystem::exists(part) ? int64_t(std::filesystem::file_size(part, error)) : 0;
+  std::ofstream out(part, std::ios::binary | std::ios::app);
+  if (!out) throw Rejected(2, "--to " + to + ": cannot write " + part);
+  const int64_t resumed_at = offset;
+  for (int64_t size = -1; size < 0 || offset < size;) {
+    wire::Envelope request;
+    wire::FetchRequest* fetch = request.mutable_fetch();
+    fetch->set_job_id(id);
+    fetch->set_path(path);
+    fetch->set_host(host);
+    fetch->set_offset(offset);
+    const wire::FetchReply reply = Expect(Request(o, request)).fetched();
+    size = reply.size();
+    if (offset > size)
+      throw Rejected(1, part + " is longer than " + path + " on " + host + ": remove it and fetch again");
+    if (reply.data().empty() && offset < size) throw Rejected(1, "the coordinator sent no bytes of " + path);
+    out.write(reply.data().data(), std::streamsize(reply.data().size()));
+    offset += int64_t(reply.data().size());
+  }
+  out.close();
+  if (!out) throw Rejected(1, "cannot write " + part);
+  std::filesystem::rename(part, target);
+  if (o.json)
+    std::cout << nlohmann::json{{"path", path},
+                                {"host", host},
+                                {"to", target.string()},
+                                {"bytes", offset},
+                                {"resumed_at", resumed_at}}
+              << "\n";
+  else
+    std::printf("%s from %s: %ld bytes to %s%s\n", path.c_str(), host.c_str(), long(offset), target.c_str(),
+                resumed_at > 0 ? (" (resumed at byte " + std::to_string(resumed_at) + ")").c_str() : "");
+  return 0;
+}
+
 // CLI11's Range lets NaN through (every comparison with it is false).
 CLI::Validator FiniteRange(double low, double high) {
   return CLI::Validator(
@@ -800,6 +893,18 @@ void AddQueries(CLI::App& app, CommandArgs& args) {
                      "rank-hours and GPU-hours used by every attempt that ran (running ones until now), from\n"
                      "when its ranks started to when it ended")
       ->add_flag("--user", args.per_user, "one row per job owner, instead of a total");
+  app.add_subcommand("artifacts",
+                     "the job's files on every host it used, with sizes and times: model, checkpoints, epochs,\n"
+                     "predictions, plots, reports, output (its owner or an admin)")
+      ->add_option("id", args.id, "job id")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  auto* fetch = app.add_subcommand(
+      "fetch", "copy one of the job's files here over the coordinator's wire, resuming a fetch that broke off");
+  fetch->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
+  fetch->add_option("path", args.path, "the file, as `jobctl artifacts` names it")->required();
+  fetch->add_option("--host", args.host, "the host to read it from (needed when it is on several)");
+  fetch->add_option("--to", args.to, "the folder to write it into (default .)")->check(CLI::ExistingDirectory);
   auto* logs = app.add_subcommand(
       "logs", "the job's epoch rows, as the worker's epoch table (CSV with --csv; with --json one object a line)");
   logs->add_option("id", args.id, "job id")->required()->check(CLI::PositiveNumber);
@@ -858,6 +963,8 @@ int RunCommand(Options& o, const std::string& command, const CommandArgs& args) 
     if (command == "report") return Report(o, args.id);
     if (command == "workers") return Workers(o);
     if (command == "usage") return UsageCommand(o, args.per_user);
+    if (command == "artifacts") return Artifacts(o, args.id);
+    if (command == "fetch") return Fetch(o, args.id, args.path, args.host, args.to);
     if (command == "list") return List(o, args);
     if (command == "cancel") return Cancel(o, args);
     return Status(o, args.id);

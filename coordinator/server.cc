@@ -346,7 +346,8 @@ void Server::HandleFrame(const std::string& identity, const std::string& role, c
 std::string Server::RoleRefusal(const std::string& role, const wire::Envelope& request) const {
   if (options_.insecure) return "";
   const bool worker_message = request.has_register_() || request.has_heartbeat() || request.has_epoch() ||
-                              request.has_result() || request.has_rank_exit() || request.has_output();
+                              request.has_result() || request.has_rank_exit() || request.has_output() ||
+                              request.has_file_list() || request.has_file_chunk();
   const char* needed = ToString(worker_message ? WireRole::kWorker : WireRole::kClient);
   if (role == needed) return "";
   return "a " + (role.empty() ? std::string("key without a role") : role + " key") + " cannot send " +
@@ -393,6 +394,16 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
     case wire::Envelope::kOutput:
       OnOutput(identity, request.output());
       return std::nullopt;
+    case wire::Envelope::kFileList:
+      OnFileList(identity, request.file_list());
+      return std::nullopt;
+    case wire::Envelope::kFileChunk:
+      OnFileChunk(identity, request.file_chunk());
+      return std::nullopt;
+    case wire::Envelope::kArtifacts:
+      return Artifacts(identity, client, request.artifacts());
+    case wire::Envelope::kFetch:
+      return Fetch(identity, client, request.fetch());
     case wire::Envelope::kSubmit:
       return Submit(identity, client, request.submit());
     default:

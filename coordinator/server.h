@@ -73,6 +73,7 @@
 
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
+#include "coordinator/artifacts.h"
 #include "coordinator/job_output.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/slurm.h"
@@ -303,6 +304,27 @@ class Server {
   void OnResult(const std::string& identity, const wire::JobResult& message);
   void OnRankExit(const std::string& identity, const wire::RankExit& message);
   void OnOutput(const std::string& identity, const wire::JobOutput& message);
+  // A job's files (server_artifacts.cc, Note [Artifacts]). Answered later (nullopt) when
+  // agents must be asked.
+  std::optional<wire::Envelope> Artifacts(const std::string& identity, const ClientIdentity& client,
+                                          const wire::ArtifactsRequest& request);
+  std::optional<wire::Envelope> Fetch(const std::string& identity, const ClientIdentity& client,
+                                      const wire::FetchRequest& request);
+  void OnFileList(const std::string& identity, const wire::FileList& message);
+  void OnFileChunk(const std::string& identity, const wire::FileChunk& message);
+  // The question `request_id` if the sender is an authenticated agent on a host it waits
+  // on (that host is then no longer waited on); null otherwise.
+  FileQuery* AnsweredQuery(const std::string& identity, int64_t request_id, const std::string& world, int rank,
+                           const std::string& token);
+  // Answers the question with what came (and, for the hosts still silent, why not).
+  void FinishFileQuery(int64_t id);
+  void ExpireFileQueries();
+  // Why `client` may not read job `id`'s files ("" if it may), with the job in `job`.
+  std::string FileRefusal(int64_t id, const ClientIdentity& client, std::optional<JobRecord>* job) const;
+  // A registered agent on each host (other than this one) the job's attempts ran on;
+  // the slots whose host is no longer known, as reasons, in `unknown`.
+  std::map<std::string, RankKey> AgentsOnJobHosts(int64_t job, std::vector<std::string>* unknown) const;
+  const std::string& OwnHost() const;
   // Whether (world, rank) is job rank 0 of the job's attempt `attempt`, as the store placed it.
   bool IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const;
   wire::Envelope OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const;
@@ -379,10 +401,12 @@ class Server {
   std::unique_ptr<StateStore> store_;
   zmq::context_t context_;
   zmq::socket_t socket_;
-  zmq::socket_t web_socket_;              // Note [Dashboard queries]
-  std::unique_ptr<SubmitParser> parser_;  // after context_: destroyed before it
-  std::unique_ptr<ZapHandler> zap_;       // null when insecure
-  std::unique_ptr<OutputFiles> outputs_;  // Note [Job output]
+  zmq::socket_t web_socket_;                   // Note [Dashboard queries]
+  std::unique_ptr<SubmitParser> parser_;       // after context_: destroyed before it
+  std::unique_ptr<ZapHandler> zap_;            // null when insecure
+  std::unique_ptr<OutputFiles> outputs_;       // Note [Job output]
+  std::map<int64_t, FileQuery> file_queries_;  // Note [Artifacts]: by request id
+  int64_t next_file_query_ = 1;
   int64_t bad_frames_ = 0, refused_messages_ = 0;
   std::atomic<int64_t> key_reloads_{0};
   LogLimiter log_limiter_;  // what peers can make the loop log
@@ -407,6 +431,9 @@ class Server {
 
 // A job state on the wire.
 wire::JobState ToWire(JobState state);
+// A placement as the store keeps it ("<world>:<rank>,...", in job rank order) as its
+// slots; false for anything else.
+bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots);
 // Who a request's key acts as, in events: its user, or the role of a key with no name.
 std::string Who(const ClientIdentity& client);
 // A submission's user (Note [Usage]) as kept: login-name characters only, each other

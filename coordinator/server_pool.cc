@@ -27,28 +27,6 @@ std::string PlacementText(const std::vector<std::pair<std::string, int>>& slots)
   return text;
 }
 
-// PlacementText back into its slots; false for anything else. An entry without a world
-// ("...,<rank>") continues the world before it, as protocol 3 wrote "<world>:<r>,<r>".
-bool ParsePlacement(const std::string& text, std::vector<std::pair<std::string, int>>* slots) {
-  std::stringstream in(text);
-  std::string world;
-  for (std::string cell; std::getline(in, cell, ',');) {
-    const size_t colon = cell.rfind(':');
-    if (colon != std::string::npos) world = cell.substr(0, colon);
-    if (world.empty()) return false;
-    try {
-      size_t used = 0;
-      const std::string number = colon == std::string::npos ? cell : cell.substr(colon + 1);
-      const int rank = std::stoi(number, &used);
-      if (used != number.size()) return false;
-      slots->emplace_back(world, rank);
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-  return !slots->empty();
-}
-
 // Tokens are 32 hex digits (128 bits); anything shorter is refused, so an empty or
 // guessable token can never bind a slot.
 bool PlausibleToken(const std::string& token) { return token.size() >= 32 && token.size() <= 128; }
@@ -105,6 +83,29 @@ wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epo
 }
 
 }  // namespace
+
+// A placement as the store keeps it (PlacementText) back into its slots; false for anything else. An entry without a
+// world
+// ("...,<rank>") continues the world before it, as protocol 3 wrote "<world>:<r>,<r>".
+bool ParsePlacement(const std::string& text, std::vector<std::pair<std::string, int>>* slots) {
+  std::stringstream in(text);
+  std::string world;
+  for (std::string cell; std::getline(in, cell, ',');) {
+    const size_t colon = cell.rfind(':');
+    if (colon != std::string::npos) world = cell.substr(0, colon);
+    if (world.empty()) return false;
+    try {
+      size_t used = 0;
+      const std::string number = colon == std::string::npos ? cell : cell.substr(colon + 1);
+      const int rank = std::stoi(number, &used);
+      if (used != number.size()) return false;
+      slots->emplace_back(world, rank);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return !slots->empty();
+}
 
 std::string Server::JobRunsDir(int64_t job) const { return options_.runs_dir + "/" + std::to_string(job); }
 
@@ -467,6 +468,7 @@ void Server::Tick() {
     TakeSlurmSubmissions(now);
     FollowSlurmJobs();
   }
+  ExpireFileQueries();
   AdvanceSearches(now);
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }

@@ -204,6 +204,40 @@ class Client:
                 return
             time.sleep(poll)
 
+    def artifacts(self, job_id):
+        """The job's files on every host it used (its owner or an admin): a dict with
+        `files` (each {path, size, host, modified}, by host then path), `unreachable` (the
+        hosts not listed, and why) and `truncated`."""
+        reply = self._ask(artifacts=wire.message("ArtifactsRequest")(job_id=job_id)).artifact_list
+        return {"files": [{"path": f.path, "size": f.size, "host": f.host, "modified": f.modified}
+                          for f in reply.files],
+                "unreachable": list(reply.unreachable), "truncated": reply.truncated}
+
+    def fetch(self, job_id, path, to=".", host=None):
+        """Copies one of the job's files into the folder `to` (resuming a `<name>.part` left
+        by a fetch that broke off); returns the file's path. `host` is needed when the file
+        is on several hosts."""
+        if host is None:
+            hosts = [f["host"] for f in self.artifacts(job_id)["files"] if f["path"] == path]
+            if len(hosts) != 1:
+                raise Refused(2, f"job {job_id}: {path} is on {len(hosts)} hosts {hosts}; name one with host=")
+            host = hosts[0]
+        target = os.path.join(to, os.path.basename(path))
+        part = target + ".part"
+        offset = os.path.getsize(part) if os.path.exists(part) else 0
+        with open(part, "ab") as out:
+            size = None
+            while size is None or offset < size:
+                request = wire.message("FetchRequest")(job_id=job_id, path=path, host=host, offset=offset)
+                reply = self._ask(fetch=request).fetched
+                size = reply.size
+                if offset > size or (not reply.data and offset < size):
+                    raise Refused(1, f"{part} does not continue {path} on {host} ({offset} of {size} bytes)")
+                out.write(reply.data)
+                offset += len(reply.data)
+        os.replace(part, target)
+        return target
+
     # --- the wire ---------------------------------------------------------------------
 
     def _ask(self, **body):

@@ -112,6 +112,31 @@ TEST_F(RegularFileTest, FifosDevicesAndLinksAreRefusedWithoutBlocking) {
   EXPECT_TRUE(ReadUserFile((root_ / "job" / "link.txt").string(), 64).ok());  // a user's own link is followed
 }
 
+// A job's files as the coordinator and agents list them (Note [Artifacts]): regular files
+// only, no link followed, within the bounds, by path.
+TEST_F(RegularFileTest, ListingsHoldRegularFilesOnlyNeverFollowALinkAndAreBounded) {
+  fs::create_directories(root_ / "job" / "model" / "deep" / "er");
+  std::ofstream(root_ / "job" / "model" / "w.bin") << "12345";
+  std::ofstream(root_ / "job" / "model" / "deep" / "er" / "x") << "x";
+  ASSERT_EQ(::mkfifo((root_ / "job" / "fifo").c_str(), 0600), 0);
+  fs::create_symlink(root_ / "outside.txt", root_ / "job" / "link.txt");
+  fs::create_directory_symlink(root_, root_ / "job" / "loop");
+  bool truncated = true;
+  std::vector<std::string> paths;
+  for (const FileEntry& f : ListFilesBeneath(root_.string(), "job", 100, 16, &truncated)) paths.push_back(f.path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"model/deep/er/x", "model/w.bin", "ok.json"}));
+  EXPECT_FALSE(truncated);
+  const auto shallow = ListFilesBeneath(root_.string(), "job", 100, 2, &truncated);
+  EXPECT_EQ(shallow.size(), 2u);  // model/deep/er is three folders down
+  EXPECT_EQ(shallow.front().path, "model/w.bin");
+  EXPECT_EQ(shallow.front().size, 5);
+  EXPECT_EQ(ListFilesBeneath(root_.string(), "job", 1, 16, &truncated).size(), 1u);
+  EXPECT_TRUE(truncated);
+  EXPECT_TRUE(ListFilesBeneath(root_.string(), "none", 100, 16, &truncated).empty());
+  EXPECT_THROW(ListFilesBeneath(root_.string(), "job/loop", 100, 16, &truncated), std::runtime_error);
+  EXPECT_THROW(ListFilesBeneath(root_.string(), "../job", 100, 16, &truncated), std::runtime_error);
+}
+
 TEST_F(RegularFileTest, FoldersAreMadeBeneathTheRootAndNeverThroughALink) {
   MakeFoldersBeneath(root_.string(), "7/attempt-1");
   EXPECT_TRUE(fs::is_directory(root_ / "7" / "attempt-1"));

@@ -8,7 +8,8 @@ epoch rows followed to its end and equal to `jobctl logs --json`'s, its status e
 `jobctl status --json`'s, its metric in a filtered listing; a job given as a dict queued
 behind it and cancelled by its owner; another user's cancel refused (code 2) with the job
 unaffected; the job's ranks' output the same from the client, `jobctl logs --output` (whole, as
-JSON, and one rank's) and its attempt's output.log, and streamed by `jobctl submit --follow`; an unset ${VAR} refused before anything is sent; a key not on the allowlist
+JSON, and one rank's) and its attempt's output.log, and streamed by `jobctl submit --follow`; its files listed and its model fetched (whole, resumed,
+by the client) by its owner only; an unset ${VAR} refused before anything is sent; a key not on the allowlist
 refused at once; an unreachable coordinator a clear error after its tries."""
 import json
 import os
@@ -83,11 +84,51 @@ def output_checks(c, alice, job):
     check(list(alice.output(job, rank=1)) == rank1, "the client's rank=1 differs from jobctl's --rank 1")
 
 
+def artifact_checks(trainyard, c, alice, bob, job, work):
+    """Note [Artifacts]: the job's files, listed by the client and jobctl alike, and its
+    model fetched in chunks, whole, resumed from a broken-off copy, and by the client;
+    another user and a path out of the job's folder refused."""
+    listing = alice.artifacts(job)
+    by_path = {f["path"]: f for f in listing["files"]}
+    model = os.path.join(c.runs, str(job), "from-python", "model", "model.safetensors")
+    print(f"job {job}: {len(listing['files'])} file(s), e.g. {sorted(by_path)[:4]}; unreachable "
+          f"{listing['unreachable']}")
+    check("from-python/model/model.safetensors" in by_path and "attempt-1/output.log" in by_path and
+          by_path["from-python/model/model.safetensors"]["size"] == os.path.getsize(model) > (1 << 20), by_path)
+    check(json.loads(c.jobctl_as("alice", "artifacts", str(job))) == listing, "jobctl artifacts --json differs")
+    with open(model, "rb") as f:
+        whole = f.read()
+    for name, partial in (("whole", b""), ("resumed", whole[:1000])):
+        folder = os.path.join(work, f"fetched_{name}")
+        os.makedirs(folder)
+        if partial:
+            with open(os.path.join(folder, "model.safetensors.part"), "wb") as f:
+                f.write(partial)
+        said = json.loads(c.jobctl_as("alice", "fetch", str(job), "from-python/model/model.safetensors", "--to",
+                                      folder))
+        with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+            check(f.read() == whole and said["resumed_at"] == len(partial), (name, said))
+    fetched = alice.fetch(job, "from-python/model/model.safetensors", to=os.path.join(work, "fetched_whole"))
+    with open(fetched, "rb") as f:
+        check(f.read() == whole, "the client's fetch differs from the model")
+    outside = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.user_keys("alice"), "fetch",
+                              str(job), "../state.db", "--host", listing["files"][0]["host"]],
+                             capture_output=True, text=True, timeout=60)
+    check(outside.returncode == 2 and "not a file's place beneath the job's folder" in outside.stderr,
+          (outside.returncode, outside.stderr))
+    try:
+        bob.artifacts(job)
+        check(False, "bob listed alice's job's files")
+    except trainyard.Refused as e:
+        check(e.code == 2 and "belongs to alice" in str(e), str(e))
+
+
 def follow_check(c, path):
-    """submit --follow: the job's id, then its output as it comes, then its end."""
-    r = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.user_keys("alice"), "submit", path,
-                        "--set", "train.epochs=1", "--name", "followed", "--follow"],
-                       capture_output=True, text=True, timeout=120)
+    """submit --follow of a job file named relative to jobctl's folder (not the agents'):
+    the job's id, then its output as it comes, then its end."""
+    r = subprocess.run([c.args.jobctl, "--coordinator", c.endpoint, "--keys", c.user_keys("alice"), "submit",
+                        os.path.basename(path), "--set", "train.epochs=1", "--name", "followed", "--follow"],
+                       capture_output=True, text=True, timeout=120, cwd=os.path.dirname(path))
     out = r.stdout.splitlines()
     print("submit --follow:", r.returncode, out[:2], "...", r.stderr.strip())
     check(r.returncode == 0 and out and out[0].isdigit() and f"job {out[0]} SUCCEEDED" in r.stderr and
@@ -165,6 +206,7 @@ def client_case(c, work, trainyard):
     check(listed[0].get("metric") == "eval_acc" and listed[0]["metric_value"] == rows[-1]["eval_acc"], listed)
     check([j["id"] for j in alice.list(state=["cancelled"], limit=1)] == [behind], alice.list())
     output_checks(c, alice, job)
+    artifact_checks(trainyard, c, alice, bob, job, work)
     follow_check(c, path)
     refusals(trainyard, c, work, alice, len(alice.list()))
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +14,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <zmq_addon.hpp>
 
 #include "common/curve/curve_keys.h"
@@ -102,6 +105,7 @@ class ScriptedRank {
     e.mutable_output()->set_rank_token(rank_token_);
     return e;
   }
+  const std::string& token() const { return rank_token_; }
   wire::Envelope Exit(int signal) const {
     wire::Envelope e;
     e.mutable_rank_exit()->mutable_rank()->set_world("w");
@@ -542,6 +546,116 @@ TEST_F(ServerTest, AnAttemptsOutputIsKeptFromItsLeadAndReadByOffsetAndRank) {
   const auto output = nlohmann::json::parse(page.body)["output"];
   EXPECT_EQ(output["attempt"], 1);
   EXPECT_EQ(output["tail"], first + "[rank 1] bye\n");
+}
+
+wire::Envelope ArtifactsOf(int64_t job) {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  e.mutable_artifacts()->set_job_id(job);
+  return e;
+}
+
+wire::Envelope FetchOf(int64_t job, const std::string& path, const std::string& host, int64_t offset) {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  e.mutable_fetch()->set_job_id(job);
+  e.mutable_fetch()->set_path(path);
+  e.mutable_fetch()->set_host(host);
+  e.mutable_fetch()->set_offset(offset);
+  return e;
+}
+
+// The reply to a request sent earlier on `client`, or nullopt after its receive timeout.
+std::optional<wire::Envelope> Receive(zmq::socket_t& client) {
+  zmq::message_t reply;
+  if (!client.recv(reply)) return std::nullopt;
+  wire::Envelope e;
+  if (!e.ParseFromArray(reply.data(), static_cast<int>(reply.size()))) return std::nullopt;
+  return e;
+}
+
+// Note [Artifacts]: the owner's listing joins the coordinator's own files with those the
+// agent on the job's host lists; a fetch from that host goes through the agent by offset;
+// another user, a path out of the job's folder and a silent agent get clear answers.
+TEST_F(ServerTest, AJobsFilesAreListedAndFetchedAcrossItsHostsByItsOwner) {
+  AddUsers();
+  Stop();
+  Start();
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob");
+  const int64_t job = SubmitTwoRankJob(alice);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  std::ofstream(dir_ / "runs" / std::to_string(job) / "summary.json") << "{}";
+
+  alice.send(zmq::buffer(ArtifactsOf(job).SerializeAsString()));
+  auto ask = r0.Next(3000, job, 1);
+  ASSERT_TRUE(ask && ask->has_list_files()) << (ask ? ask->DebugString() : "none");
+  EXPECT_EQ(ask->list_files().relative(), std::to_string(job));
+  wire::Envelope listed;
+  wire::FileList* list = listed.mutable_file_list();
+  list->set_request_id(ask->list_files().request_id());
+  list->set_world("w");
+  list->set_world_rank(0);
+  wire::Artifact* remote = list->add_files();
+  remote->set_path("proto/model/w.bin");
+  remote->set_size(5);
+  wire::Envelope forged = listed;  // the right request, the wrong token: not taken
+  forged.mutable_file_list()->set_rank_token("0123");
+  r0.Send(forged);
+  ASSERT_TRUE(r0.Next(2000, job, 1).value_or(wire::Envelope()).has_error());
+  list->set_rank_token(r0.token());
+  r0.Send(listed);
+  auto files = Receive(alice);
+  ASSERT_TRUE(files && files->has_artifact_list()) << (files ? files->DebugString() : "none");
+  std::set<std::string> seen;
+  for (const auto& f : files->artifact_list().files()) seen.insert(f.host() + ":" + f.path());
+  char here[256] = {};
+  ASSERT_EQ(::gethostname(here, sizeof here - 1), 0);
+  EXPECT_EQ(seen, (std::set<std::string>{"h:proto/model/w.bin", std::string(here) + ":summary.json"}));
+  EXPECT_TRUE(files->artifact_list().unreachable().empty());
+
+  alice.send(zmq::buffer(FetchOf(job, "proto/model/w.bin", "h", 2).SerializeAsString()));
+  auto read = r0.Next(3000, job, 1);
+  ASSERT_TRUE(read && read->has_read_file()) << (read ? read->DebugString() : "none");
+  EXPECT_EQ(read->read_file().relative(), std::to_string(job) + "/proto/model/w.bin");
+  EXPECT_EQ(read->read_file().offset(), 2);
+  wire::Envelope chunk;
+  chunk.mutable_file_chunk()->set_request_id(read->read_file().request_id());
+  chunk.mutable_file_chunk()->set_data("345");
+  chunk.mutable_file_chunk()->set_size(5);
+  chunk.mutable_file_chunk()->set_world("w");
+  chunk.mutable_file_chunk()->set_world_rank(0);
+  chunk.mutable_file_chunk()->set_rank_token(r0.token());
+  r0.Send(chunk);
+  auto fetched = Receive(alice);
+  ASSERT_TRUE(fetched && fetched->has_fetched()) << (fetched ? fetched->DebugString() : "none");
+  EXPECT_EQ(fetched->fetched().data(), "345");
+  EXPECT_EQ(fetched->fetched().size(), 5);
+  auto local = Send(alice, {FetchOf(job, "summary.json", "", 0).SerializeAsString()});
+  ASSERT_TRUE(local && local->has_fetched()) << (local ? local->DebugString() : "none");
+  EXPECT_EQ(local->fetched().data(), "{}");
+
+  for (const auto& [socket, request, words] :
+       {std::make_tuple(&bob, ArtifactsOf(job), "belongs to alice"),
+        std::make_tuple(&alice, FetchOf(job, "../state.db", "", 0), "not a file's place beneath the job's folder"),
+        std::make_tuple(&alice, FetchOf(job, "attempt-1", "", 0), "not a regular file")}) {
+    auto refused = Send(*socket, {request.SerializeAsString()});
+    ASSERT_TRUE(refused && refused->has_error()) << (refused ? refused->DebugString() : "none");
+    EXPECT_EQ(refused->error().code(), 2);
+    EXPECT_NE(refused->error().message().find(words), std::string::npos) << refused->error().message();
+  }
+  // An agent that never answers: the listing comes after kFileQuerySeconds, naming its host.
+  alice.send(zmq::buffer(ArtifactsOf(job).SerializeAsString()));
+  ASSERT_TRUE(r0.Next(3000, job, 1).value_or(wire::Envelope()).has_list_files());
+  auto partial = Receive(alice);
+  ASSERT_TRUE(partial && partial->has_artifact_list()) << (partial ? partial->DebugString() : "none");
+  ASSERT_EQ(partial->artifact_list().unreachable_size(), 1);
+  EXPECT_EQ(partial->artifact_list().unreachable(0), "h: its agent did not answer within 2 s");
+  EXPECT_EQ(partial->artifact_list().files_size(), 1);
 }
 
 // The dashboard's API and /metrics, answered by the loop while a job runs: the job, its

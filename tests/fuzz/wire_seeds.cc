@@ -106,6 +106,24 @@ Frame Output(int rank, int64_t offset, const std::string& text) {
 
 Frame Client(const Fill& fill) { return FrameOf(2, fill); }
 
+// An agent's answers to the coordinator's file questions (numbered from 1).
+Frame FileListAnswer(int rank, int64_t request) {
+  return FrameOf(rank, [rank, request](wire::Envelope* e) {
+    wire::FileList* l = e->mutable_file_list();
+    l->set_request_id(request), l->set_world(kWorld), l->set_world_rank(rank), l->set_rank_token(kRankTokens[rank]);
+    wire::Artifact* f = l->add_files();
+    f->set_path("seeded/model/model.safetensors"), f->set_size(4096), f->set_modified(1.5e9);
+  });
+}
+
+Frame FileChunkAnswer(int rank, int64_t request) {
+  return FrameOf(rank, [rank, request](wire::Envelope* e) {
+    wire::FileChunk* c = e->mutable_file_chunk();
+    c->set_request_id(request), c->set_world(kWorld), c->set_world_rank(rank), c->set_rank_token(kRankTokens[rank]);
+    c->set_data("0123456789"), c->set_size(4096);
+  });
+}
+
 Frame OutputLogs(int attempt, int64_t offset, int rank) {
   return Client([attempt, offset, rank](wire::Envelope* e) {
     wire::LogsRequest* l = e->mutable_logs();
@@ -139,6 +157,15 @@ std::vector<std::pair<std::string, std::vector<Frame>>> Seeds() {
       {"epoch", {Epoch(1)}},
       {"result", {Result(1, "failed")}},
       {"rank_exit", {RankExit(0, 9)}},
+      {"artifacts",
+       {Register(0), Register(1), Client([](wire::Envelope* e) { e->mutable_artifacts()->set_job_id(kJob); }),
+        FileListAnswer(0, 1), FileListAnswer(1, 1), Client([](wire::Envelope* e) {
+          e->mutable_fetch()->set_job_id(kJob), e->mutable_fetch()->set_path("seeded/model/model.safetensors");
+          e->mutable_fetch()->set_host("localhost"), e->mutable_fetch()->set_offset(10);
+        }),
+        FileChunkAnswer(0, 2), Client([](wire::Envelope* e) {
+          e->mutable_fetch()->set_job_id(kJob), e->mutable_fetch()->set_path("attempt-1/output.log");
+        })}},
       {"output",
        {Register(0), Output(0, 0, "[rank 0] a\n[rank 1] b\n"), Output(0, 0, "[rank 0] a\n[rank 1] b\n"),
         Output(0, 100, "gap\n"), Output(1, 0, "not the lead\n"), OutputLogs(0, 0, 1), OutputLogs(1, 1 << 20, -1)}},

@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/regular_file.h"
 #include "proto/wire_names.h"
 #include "proto/wire_version.h"
 #include "trainyard.pb.h"
@@ -23,6 +24,10 @@ constexpr int64_t kMaxMessageBytes = 64 << 20;  // an Assign carries a job file
 constexpr size_t kOutputChunkBytes = 64 << 10;  // coordinator/job_output.h: kMaxOutputChunkBytes
 constexpr double kOutputGatherS = 0.25;         // lines gather this long into one chunk
 constexpr double kOutputResendS = 5;            // a chunk not acknowledged by then goes again
+// Note [Artifacts] in coordinator/artifacts.h: the bounds of one answer about a job's files.
+constexpr size_t kMaxListedFiles = 10000;
+constexpr int kMaxListedDepth = 16;
+constexpr size_t kMaxChunkBytes = size_t(1) << 20;
 
 std::string Serialize(wire::Envelope envelope) {
   envelope.set_version(kProtocolVersion);
@@ -309,6 +314,10 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
       stop_requested_ = true;
       LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
     }
+  } else if (in.has_list_files()) {
+    link.Send(Serialize(FilesOf(in.list_files())));
+  } else if (in.has_read_file()) {
+    link.Send(Serialize(ChunkOf(in.read_file())));
   } else if (in.has_ack() && in.ack().what() == "output") {
     OutputAcknowledged(in.ack());
   } else if (in.has_ack()) {
@@ -320,6 +329,67 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
         std::remove_if(unacked_.begin(), unacked_.end(), [&](const auto& item) { return item.first == key; }),
         unacked_.end());
   }
+}
+
+namespace {
+
+// Note [Artifacts]: an agent answers only for a job's folder beneath the runs folder.
+bool JobFolder(const std::string& relative) {
+  const std::string first = relative.substr(0, relative.find('/'));
+  return !first.empty() && first.size() <= 18 && first.find_first_not_of("0123456789") == std::string::npos;
+}
+
+}  // namespace
+
+wire::Envelope PoolAgent::FilesOf(const wire::ListFiles& ask) const {
+  wire::Envelope e;
+  wire::FileList* out = e.mutable_file_list();
+  out->set_request_id(ask.request_id());
+  out->set_world(self_.world);
+  out->set_world_rank(self_.rank);
+  out->set_rank_token(self_.rank_token);
+  if (!JobFolder(ask.relative()) || ask.relative().find('/') != std::string::npos) {
+    out->set_error("not a job's folder: " + ask.relative());
+    return e;
+  }
+  try {
+    bool truncated = false;
+    for (const FileEntry& file :
+         ListFilesBeneath(ask.root(), ask.relative(), kMaxListedFiles, kMaxListedDepth, &truncated)) {
+      wire::Artifact* added = out->add_files();
+      added->set_path(file.path);
+      added->set_size(file.size);
+      added->set_modified(file.modified);
+    }
+    out->set_truncated(truncated);
+  } catch (const std::exception& err) {
+    out->set_error(err.what());
+  }
+  return e;
+}
+
+wire::Envelope PoolAgent::ChunkOf(const wire::ReadFileChunk& ask) const {
+  wire::Envelope e;
+  wire::FileChunk* out = e.mutable_file_chunk();
+  out->set_request_id(ask.request_id());
+  out->set_world(self_.world);
+  out->set_world_rank(self_.rank);
+  out->set_rank_token(self_.rank_token);
+  if (!JobFolder(ask.relative())) {
+    out->set_error("not in a job's folder: " + ask.relative());
+    out->set_missing(true);
+    return e;
+  }
+  const size_t most = std::min<size_t>(std::max(0, ask.max_bytes()), kMaxChunkBytes);
+  const FileRead read = ReadRangeBeneath(ask.root(), ask.relative(), ask.offset(), most);
+  if (!read.ok()) {
+    out->set_error(read.why);
+    out->set_missing(read.status == FileRead::kMissing || read.status == FileRead::kRefused);
+    return e;
+  }
+  out->set_data(read.bytes);
+  out->set_size(read.size);
+  return e;
 }
 
 void PoolAgent::FlushOutbox(Link& link) {

@@ -34,6 +34,8 @@ namespace trainyard {
 namespace wire {
 class Ack;
 class Assign;
+class ListFiles;
+class ReadFileChunk;
 class Envelope;
 class EpochReport;
 }  // namespace wire
@@ -136,6 +138,9 @@ class PoolAgent {
   void Handle(Link& link, const wire::Envelope& message);
   void FlushOutbox(Link& link);
   void FlushOutput(Link& link);
+  // Answers about the files of a job's folder (Note [Artifacts] in coordinator/artifacts.h).
+  wire::Envelope FilesOf(const wire::ListFiles& ask) const;
+  wire::Envelope ChunkOf(const wire::ReadFileChunk& ask) const;
   void OutputAcknowledged(const wire::Ack& ack);
   void Heartbeat(Link& link);
   void Queue(std::string key, std::string bytes);
