@@ -150,8 +150,13 @@ void AddSchedulingOptions(CLI::App& app, CommandLine* c) {
                  "most ranks one user's jobs may run at once; their other jobs wait (default 0: no limit)")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--user-max-queued", p.user_max_queued,
-                 "most jobs one user may have queued; a submission past it is refused (default 0: no limit)")
+                 "most jobs one user may have queued; a submission past it is refused, and a search counts as\n"
+                 "its max_concurrent trials (default 0: no limit)")
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--user-max-priority", p.user_max_priority,
+                 "highest resources.priority a user key's job may ask; admin keys may ask more, and only they\n"
+                 "may submit preemptible: false (default 0)")
+      ->check(CLI::Range(-1000000, 1000000));
 }
 
 void AddOptions(CLI::App& app, CommandLine* c) {

@@ -197,12 +197,27 @@ class Pass {
       result_.waiting[head.id] = "Preempting: waiting for preempted jobs to stop and free their slots";
       return;
     }
-    if (!found) return;
+    if (!found) return NameHolders(head);
     for (const std::string& id : best) running_[id].stopping = true;
     result_.preempt.insert(result_.preempt.end(), best.begin(), best.end());
     std::string names;
     for (const std::string& id : best) names += (names.empty() ? "job " : ", job ") + id;
     result_.waiting[head.id] = "Preempting: stopping " + names + " (lower priority) to make room";
+  }
+
+  // A head that preemption cannot help: names the lower-priority jobs it may not preempt
+  // (preemptible: false) that hold slots of a kind it could run on, so that its reason
+  // says who holds the pool.
+  void NameHolders(const QueuedJob& head) {
+    std::string names;
+    for (const auto& [id, count] : job_slots_) {
+      auto it = running_.find(id);
+      if (it == running_.end() || it->second.preemptible || it->second.priority >= head.priority) continue;
+      if (!Matches(head, job_device_[id])) continue;
+      names += (names.empty() ? "job " : ", job ") + id + " (" + std::to_string(count) + " slots, priority " +
+               std::to_string(it->second.priority) + ")";
+    }
+    if (!names.empty()) result_.waiting[head.id] += "; not preemptible: " + names;
   }
 
   // Rule 5's choice within one device kind: the largest candidates until one more

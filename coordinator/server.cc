@@ -334,6 +334,7 @@ void Server::HandleFrame(const std::string& identity, const std::string& role, c
     Refuse(identity, refusal);
     return;
   }
+  BoundPeerText(&request);
   try {
     if (auto reply = Dispatch(identity, client, request)) Send(identity, *reply);
   } catch (const std::exception& e) {  // a failed request never ends the daemon
@@ -438,7 +439,15 @@ std::optional<wire::Envelope> Server::Submit(const std::string& identity, const 
                                              const wire::SubmitRequest& request) {
   wire::SubmitRequest owned = request;
   if (!client.user.empty()) owned.set_user(client.user);
-  if (parser_->Post(identity, owned)) return std::nullopt;
+  if (owned.idempotency_key().size() > kMaxIdempotencyKeyBytes)
+    return ErrorEnvelope(2, "an idempotency key (--key) is at most " + std::to_string(kMaxIdempotencyKeyBytes) +
+                                " bytes; this one is " + std::to_string(owned.idempotency_key().size()));
+  // A user whose queue is full is refused before the file is parsed (a resend of a job
+  // already queued is not a new one).
+  const std::string user = PlainUser(owned.user());
+  if (options_.policy.user_max_queued > 0 && !store_->FindByKey(user, owned.idempotency_key()))
+    if (const std::string full = QueueFullRefusal(user); !full.empty()) return ErrorEnvelope(2, "refused: " + full);
+  if (parser_->Post(identity, owned, client.admin)) return std::nullopt;
   return ErrorEnvelope(1, "the coordinator is busy: " + std::to_string(options_.max_pending_submits) +
                               " submissions are being checked; retry shortly");
 }
@@ -476,12 +485,20 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.user = PlainUser(request.user());
   job.preemptible = spec.resources.preemptible;
   job.metric = spec.checkpoint.best_metric;
+  if (const std::string refusal = PolicyRefusal(parsed.admin, job.priority, job.preemptible); !refusal.empty()) {
+    Send(parsed.identity, ErrorEnvelope(2, "refused: " + refusal));
+    return;
+  }
   const std::string over_quota = QuotaRefusal(job.user, job.ranks);
   bool created = false;
   StateStore::Transaction transaction(*store_);
   JobRecord record = store_->Submit(job, Now(), &created);
   if (created && !over_quota.empty()) {  // rolled back: a refused submission changes nothing
     Send(parsed.identity, ErrorEnvelope(2, "refused: " + over_quota));
+    return;
+  }
+  if (!created && record.spec_yaml != job.spec_yaml) {
+    Send(parsed.identity, ErrorEnvelope(2, KeyReuseRefusal(job.idempotency_key, record)));
     return;
   }
   if (created)
@@ -501,18 +518,60 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   Send(parsed.identity, reply);
 }
 
+std::string Server::PolicyRefusal(bool admin, int priority, bool preemptible) const {
+  if (admin) return "";
+  const int most = options_.policy.user_max_priority;
+  if (priority > most)
+    return "priority " + std::to_string(priority) + " is above --user-max-priority " + std::to_string(most) +
+           ", the most a user key may ask; an admin key (--client-role admin) may ask more";
+  if (!preemptible)
+    return "preemptible: false is for admin keys (--client-role admin); a user key's jobs may always be preempted "
+           "by higher priorities";
+  return "";
+}
+
+std::string KeyReuseRefusal(const std::string& key, const JobRecord& existing) {
+  return "idempotency key '" + key + "' already names job " + std::to_string(existing.id) + " ('" + existing.name +
+         "'), submitted with another file; a resend must carry the same file: give a new --key, or none";
+}
+
 std::string Server::QuotaRefusal(const std::string& user, int ranks) const {
   const int max_ranks = options_.policy.user_max_ranks;
   if (max_ranks > 0 && ranks > max_ranks)
     return "the job needs " + std::to_string(ranks) + " ranks, more than one user may run at once (--user-max-ranks " +
            std::to_string(max_ranks) + ")";
+  return QueueFullRefusal(user);
+}
+
+std::string Server::QueueFullRefusal(const std::string& user) const {
   const int limit = options_.policy.user_max_queued;
   if (limit <= 0) return "";
-  const auto queued = store_->JobsIn(JobState::kQueued);
-  const auto mine = std::count_if(queued.begin(), queued.end(), [&](const JobRecord& j) { return j.user == user; });
+  const int mine = QueuedJobsOf(user);
   if (mine < limit) return "";
   return "user " + (user.empty() ? std::string("''") : user) + " has " + std::to_string(mine) +
          " jobs queued, the most --user-max-queued allows (" + std::to_string(limit) + ")";
+}
+
+std::string Server::SearchQuotaRefusal(const std::string& user, int concurrent, int ranks) const {
+  const int max_ranks = options_.policy.user_max_ranks;
+  const int64_t at_once = int64_t(concurrent) * ranks;
+  if (max_ranks > 0 && at_once > max_ranks)
+    return "the search runs up to " + std::to_string(concurrent) + " trials of up to " + std::to_string(ranks) +
+           " ranks at once (" + std::to_string(at_once) + " ranks), more than one user may run (--user-max-ranks " +
+           std::to_string(max_ranks) + "); lower max_concurrent";
+  const int limit = options_.policy.user_max_queued;
+  if (limit <= 0) return "";
+  const int mine = QueuedJobsOf(user);
+  if (mine + concurrent <= limit) return "";
+  return "user " + (user.empty() ? std::string("''") : user) + " has " + std::to_string(mine) +
+         " jobs queued and the search queues up to " + std::to_string(concurrent) +
+         " trials at once (max_concurrent); --user-max-queued allows " + std::to_string(limit);
+}
+
+int Server::QueuedJobsOf(const std::string& user) const {
+  const auto queued = store_->JobsIn(JobState::kQueued);
+  return static_cast<int>(
+      std::count_if(queued.begin(), queued.end(), [&](const JobRecord& j) { return j.user == user; }));
 }
 
 std::string Server::WaitingText(const JobRecord& job) const {

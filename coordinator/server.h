@@ -85,6 +85,18 @@
 
 namespace trainyard {
 
+// Note [Policy by role]
+// A named client key of role `user` (coordinator --add-client NAME) may not ask for what
+// would take the pool from others: a priority above --user-max-priority (default 0),
+// which would preempt everyone's jobs, or `preemptible: false`, which would hold its
+// slots against every priority. Both are refused at submission (exit 2, naming the rule),
+// as Slurm's QOS bounds the priority and preempt mode an association may use. Admin
+// keys, keys with no name, and every client of an --insecure coordinator are admins. A
+// queued head that preemption cannot help names the jobs that opted out and hold the
+// slots it needs (coordinator/scheduler.h, rule 5). A search counts as its
+// max_concurrent jobs against --user-max-queued, and as that many of its largest trial
+// against --user-max-ranks.
+
 // How the pool is shared (coordinator/scheduler.h, Note [Preemption]).
 struct SchedulingPolicy {
   bool preemption = false;             // --preemption on
@@ -92,6 +104,7 @@ struct SchedulingPolicy {
   double fairshare_half_life_h = 168;  // Note [Fair share]; 0: no decay
   int user_max_ranks = 0;              // 0: no limit
   int user_max_queued = 0;             // 0: no limit
+  int user_max_priority = 0;           // the most a user key's job may ask (Note [Policy by role])
 };
 
 struct ServerOptions {
@@ -197,7 +210,21 @@ inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
 inline constexpr int64_t kWireMarginBytes = 64 << 10;
 inline constexpr double kWorldTokenDays = 30;
 inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
-inline constexpr size_t kMaxUserBytes = 256;  // of the user a submission names
+inline constexpr size_t kMaxUserBytes = 256;            // of the user a submission names
+inline constexpr size_t kMaxIdempotencyKeyBytes = 256;  // of a submission's --key
+
+// Note [Peer text is bounded at reception]
+// Free text a worker key sends (a heartbeat's or a rank exit's last log line, a result's
+// message) is cut to kMaxPeerLineBytes as it arrives, at a UTF-8 character boundary,
+// with the cut marked; a registration's host and device past kMaxPeerNameBytes are
+// refused (its world id already is). So the failure reasons, events, log lines and API
+// answers made from them are bounded whatever a peer sends.
+inline constexpr size_t kMaxPeerLineBytes = 2048;
+inline constexpr size_t kMaxPeerNameBytes = 256;
+// `text` cut to at most `max` bytes, its end marked, at a UTF-8 character boundary.
+std::string CutText(const std::string& text, size_t max);
+// Cuts the free text of a worker message (Note [Peer text is bounded at reception]).
+void BoundPeerText(wire::Envelope* message);
 
 // Note [A job's metric]
 // `jobctl list` and `status` show each job's metric as its newest epoch row gave it (the
@@ -262,13 +289,27 @@ class Server {
   RankEntry* Authenticated(const std::string& identity, const std::string& world, int rank, const std::string& token,
                            const char* what);
   void Refuse(const std::string& identity, const std::string& why);
-  void RefuseSquat(const std::string& identity, const RankKey& key);
+  // Refuses a registration as `key` that would take a world bound to another token, or,
+  // under --slurm, a "slurm-<id>" world none of the coordinator's attempts expects (`why`
+  // says so): counted and shown on the dashboard (Note [Worlds cannot be squatted]).
+  void RefuseSquat(const std::string& identity, const RankKey& key, const std::string& why = "");
   wire::Envelope Handle(const ClientIdentity& client, const wire::Envelope& request);
   std::optional<wire::Envelope> Submit(const std::string& identity, const ClientIdentity& client,
                                        const wire::SubmitRequest& request);
+  // Why a job of `priority` (and `preemptible`) may not be submitted with a user key, or
+  // "" (Note [Policy by role]).
+  std::string PolicyRefusal(bool admin, int priority, bool preemptible) const;
+  // PolicyRefusal of the first of the search's trials it refuses, or "".
+  std::string SearchPolicyRefusal(const SearchSpec& spec, bool admin) const;
   // Why `user` may not queue one more job of `ranks` ranks, or "": past --user-max-queued,
   // or more ranks than --user-max-ranks lets one user run (it could never start).
   std::string QuotaRefusal(const std::string& user, int ranks) const;
+  // QuotaRefusal for a search that runs at most `concurrent` trials of at most `ranks`
+  // ranks at once (Note [Policy by role]).
+  std::string SearchQuotaRefusal(const std::string& user, int concurrent, int ranks) const;
+  int QueuedJobsOf(const std::string& user) const;
+  // Why `user` may not queue one more job (--user-max-queued), or "".
+  std::string QueueFullRefusal(const std::string& user) const;
   wire::Envelope List(const wire::ListRequest& request);
   wire::Envelope Status(int64_t id);
   // Note [A job's metric]. `search_metrics` caches each search's metric across one listing.
@@ -369,6 +410,12 @@ class Server {
   void TakeSlurmSubmissions(double now);
   void FollowSlurmJobs();
   void AssignSlurmLead(const RankKey& key);
+  // Whether a registration as the Slurm world `world` with `token` is one of the
+  // coordinator's own attempts (Note [Worlds cannot be squatted]).
+  bool ExpectedSlurmWorld(const std::string& world, const std::string& token) const;
+  // A Slurm job whose world was bound to another token before it was submitted: cancelled,
+  // and its job requeued after a backoff, with an event and a dashboard warning.
+  void GiveUpSquattedSlurmJob(const JobRecord& job, const std::string& slurm_job, double now);
   void NoteSlurmStart(RunningAttempt* attempt);
   // "job <id>: <state> (<reason>)" for a running Slurm attempt of job `id`; "" otherwise.
   std::string SlurmText(int64_t id) const;
@@ -439,6 +486,10 @@ std::string Who(const ClientIdentity& client);
 // A submission's user (Note [Usage]) as kept: login-name characters only, each other
 // byte as '?', and at most kMaxUserBytes.
 std::string PlainUser(const std::string& user);
+
+// The refusal of a submission whose idempotency key already names `existing`, a job
+// submitted with another file.
+std::string KeyReuseRefusal(const std::string& key, const JobRecord& existing);
 
 // An Envelope holding an ErrorReply.
 wire::Envelope ErrorEnvelope(int code, const std::string& message);

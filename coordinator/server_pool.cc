@@ -209,6 +209,23 @@ RankEntry* Server::Authenticated(const std::string& identity, const std::string&
 
 // World ids go into placements ("<world>:<rank>,...") and logs: letters, digits, '.',
 // '_' and '-' only.
+std::string CutText(const std::string& text, size_t max) {
+  if (text.size() <= max) return text;
+  const std::string mark = " [cut: " + std::to_string(text.size()) + " bytes in all]";
+  size_t keep = max > mark.size() ? max - mark.size() : 0;
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // a continuation byte
+  return text.substr(0, keep) + mark;
+}
+
+void BoundPeerText(wire::Envelope* message) {
+  auto cut = [](std::string* text) {
+    if (text->size() > kMaxPeerLineBytes) *text = CutText(*text, kMaxPeerLineBytes);
+  };
+  if (message->has_heartbeat()) cut(message->mutable_heartbeat()->mutable_last_log_line());
+  if (message->has_rank_exit()) cut(message->mutable_rank_exit()->mutable_last_log_line());
+  if (message->has_result()) cut(message->mutable_result()->mutable_message());
+}
+
 bool PlausibleWorldId(const std::string& world) {
   return !world.empty() && world.size() <= 256 && std::all_of(world.begin(), world.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
@@ -220,11 +237,15 @@ bool PlausibleWorldId(const std::string& world) {
 // restarts too, and whether or not its agent is heard from: a silent agent (a stalled
 // host) comes back with its own token and is taken back, while anyone else claiming the
 // id (a worker-key holder hoping for the silent agent's next assignment) is refused,
-// counted, and shown on the dashboard as a warning.
-void Server::RefuseSquat(const std::string& identity, const RankKey& key) {
+// counted, and shown on the dashboard as a warning. Under --slurm the ids "slurm-<id>"
+// are the coordinator's own, and Slurm's job ids are easy to guess: only a registration
+// with the world token of the coordinator's own submission of that Slurm job may bind
+// one (ExpectedSlurmWorld), so no one can claim the next job's world ahead of it.
+void Server::RefuseSquat(const std::string& identity, const RankKey& key, const std::string& why) {
   ++squat_attempts_;
-  const std::string what = "a registration as " + DescribeRank(key) +
-                           " with another world token: the world is bound to the token it first registered with";
+  const std::string what =
+      "a registration as " + DescribeRank(key) +
+      (why.empty() ? " with another world token: the world is bound to the token it first registered with" : why);
   squat_warnings_.push_back({Now(), "refused " + what});
   if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
   Refuse(identity, what);
@@ -233,11 +254,12 @@ void Server::RefuseSquat(const std::string& identity, const RankKey& key) {
 void Server::OnRegister(const std::string& identity, const wire::Register& message) {
   const wire::RankInfo& rank = message.rank();
   if (!PlausibleWorldId(rank.world()) || rank.rank() < 0 || rank.rank() >= std::max(1, rank.world_size()) ||
-      rank.slot() < 0) {
+      rank.slot() < 0 || rank.host().size() > kMaxPeerNameBytes || rank.device().size() > kMaxPeerNameBytes) {
     ++bad_frames_;
     Send(identity, ErrorEnvelope(2,
                                  "a registration needs a world id of letters, digits, '.', '_' and '-', a rank "
-                                 "below the world size and a slot of 0 or more"));
+                                 "below the world size, a slot of 0 or more, and a host and device of at most " +
+                                     std::to_string(kMaxPeerNameBytes) + " bytes"));
     return;
   }
   if (!PlausibleToken(message.world_token()) || !PlausibleToken(message.rank_token()))
@@ -245,6 +267,10 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   const RankKey key{rank.world(), rank.rank()};
   auto world = world_tokens_.find(key.first);
   if (world != world_tokens_.end() && world->second != message.world_token()) return RefuseSquat(identity, key);
+  if (slurm_ && !SlurmJobOfWorld(key.first).empty() && !ExpectedSlurmWorld(key.first, message.world_token()))
+    return RefuseSquat(identity, key,
+                       ": under --slurm a slurm-<id> world is one of the coordinator's own Slurm jobs, and no "
+                       "submission of it carries this world token");
   auto held = ranks_.find(key);
   const double limit = options_.heartbeat_s * options_.liveness;
   if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)

@@ -83,6 +83,14 @@ std::string Cell(std::string text) {
 
 }  // namespace
 
+std::string Server::SearchPolicyRefusal(const SearchSpec& spec, bool admin) const {
+  for (const SearchTrial& t : spec.trials)
+    if (std::string refusal = PolicyRefusal(admin, t.spec.resources.priority, t.spec.resources.preemptible);
+        !refusal.empty())
+      return refusal;
+  return "";
+}
+
 void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   const SearchSpec& spec = *parsed.search;
   const wire::SubmitRequest& request = parsed.request;
@@ -98,15 +106,23 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   job.is_search = true;
   int most_ranks = 0;
   for (const SearchTrial& t : spec.trials) most_ranks = std::max(most_ranks, t.spec.resources.ranks);
+  if (const std::string refusal = SearchPolicyRefusal(spec, parsed.admin); !refusal.empty()) {
+    Send(parsed.identity, ErrorEnvelope(2, "refused: " + refusal));
+    return;
+  }
   job.priority = spec.trials.front().spec.resources.priority;
   job.device = spec.trials.front().spec.resources.device;
-  const std::string over_quota = QuotaRefusal(job.user, most_ranks);
+  const std::string over_quota = SearchQuotaRefusal(job.user, spec.max_concurrent, most_ranks);
   const double now = Now();
   bool created = false;
   StateStore::Transaction transaction(*store_);
   const JobRecord record = store_->Submit(job, now, &created);
   if (created && !over_quota.empty()) {  // rolled back: a refused submission changes nothing
     Send(parsed.identity, ErrorEnvelope(2, "refused: " + over_quota));
+    return;
+  }
+  if (!created && record.spec_yaml != job.spec_yaml) {
+    Send(parsed.identity, ErrorEnvelope(2, KeyReuseRefusal(job.idempotency_key, record)));
     return;
   }
   if (created) {
@@ -162,11 +178,15 @@ void Server::AdvanceSearch(const JobRecord& search, double now) {
     }
   }
   if (all_ended) return FinishSearch(search, now);
+  // Under --user-max-queued, trials wait while their user's queue is full.
+  const int queue_limit = options_.policy.user_max_queued;
+  int queued = queue_limit > 0 ? QueuedJobsOf(search.user) : 0;
   for (const TrialRecord& t : trials) {
-    if (active >= record->max_concurrent) break;
+    if (active >= record->max_concurrent || (queue_limit > 0 && queued >= queue_limit)) break;
     if (t.job != 0) continue;
     SubmitTrial(search, t, now);
     ++active;
+    ++queued;
   }
 }
 

@@ -2,6 +2,7 @@
 // See Note [Attempts as Slurm jobs] in slurm.h for the protocol.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "common/curve/curve_keys.h"
@@ -54,20 +55,14 @@ void Server::TakeSlurmSubmissions(double now) {
       continue;
     }
     // The Slurm job's rank 0 registers as this world, with this token (Note [Worlds
-    // cannot be squatted]), bound here unless its rank 0 was quicker. Slurm's job ids are
-    // easy to guess: a world bound to another token was claimed ahead by another worker
-    // key's holder, so this Slurm job is given up and the job submitted again, under a
-    // new id.
+    // cannot be squatted]), bound here unless its rank 0 was quicker. Under --slurm no
+    // one else can bind a slurm-<id> world (ExpectedSlurmWorld); one bound to another
+    // token before (by a pool agent of a coordinator without --slurm) makes this Slurm
+    // job unusable: it is given up and the job submitted again, under a new id, after a
+    // backoff, with an event.
     const std::string world = SlurmWorld(done.slurm_job);
     if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end() && bound->second != world_token) {
-      ++squat_attempts_;
-      squat_warnings_.push_back({Now(), "the world of Slurm job " + done.slurm_job +
-                                            " was registered before the job was submitted; the job is "
-                                            "submitted again"});
-      if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
-      spdlog::warn("job {}: {}", done.job, squat_warnings_.back().text);
-      slurm_->Cancel(done.slurm_job);
-      ranks_.erase({world, 0});
+      GiveUpSquattedSlurmJob(*job, done.slurm_job, now);
       continue;
     }
     store_->KeepWorldToken(world, world_token, now);  // ignored where it is bound already
@@ -77,6 +72,34 @@ void Server::TakeSlurmSubmissions(double now) {
     const auto rank = ranks_.find({world, 0});
     if (rank != ranks_.end() && rank->second.job == 0) AssignSlurmLead(rank->first);  // it was quicker
   }
+}
+
+void Server::GiveUpSquattedSlurmJob(const JobRecord& job, const std::string& slurm_job, double now) {
+  ++squat_attempts_;
+  const double backoff = std::max(10.0, options_.restart_backoff_s);
+  const std::string what = "the world of Slurm job " + slurm_job +
+                           " was registered before the job was submitted; it is cancelled and the job submitted "
+                           "again in " +
+                           std::to_string(static_cast<int>(backoff)) + " s";
+  squat_warnings_.push_back({now, what});
+  if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
+  spdlog::warn("job {}: {}", job.id, what);
+  StateStore::Transaction transaction(*store_);
+  store_->Requeue(job.id, what, now + backoff);
+  store_->AddEvent(job.id, what, now);
+  transaction.Commit();
+  slurm_->Cancel(slurm_job);
+  ranks_.erase({SlurmWorld(slurm_job), 0});
+}
+
+// A "slurm-<id>" world is the coordinator's own: bound already to this token (a rank
+// re-registering, after a restart too), or the world token of an sbatch in flight (a
+// rank 0 quicker than sbatch's answer). Any other registration as one is a squat.
+bool Server::ExpectedSlurmWorld(const std::string& world, const std::string& token) const {
+  if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end()) return bound->second == token;
+  for (const auto& [job, pending] : slurm_tokens_)
+    if (pending == token) return true;
+  return false;
 }
 
 // Once the Slurm job's rank 0 has registered (idle), it gets the Assign; from then on

@@ -53,6 +53,14 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
 };
 
+// The schema this build writes; StateStore::Migrate says what each version changed.
+constexpr int kSchemaVersion = 2;
+
+int SchemaVersion(sqlite3* db) {
+  Statement s(db, "PRAGMA user_version");
+  return s.Step() ? static_cast<int>(s.Int(0)) : 0;
+}
+
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
     "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind, metric";
@@ -127,6 +135,7 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
     }
     CheckWritable(path);
     CreateSchema();
+    Migrate();
   } catch (...) {
     sqlite3_close(db_);  // no destructor runs for a constructor that throws
     db_ = nullptr;
@@ -210,8 +219,8 @@ void StateStore::Transaction::Commit() {
 }
 
 void StateStore::CheckWritable(const std::string& path) const {
-  try {
-    Exec("BEGIN IMMEDIATE; PRAGMA user_version = 1; COMMIT;");
+  try {  // rewrites the schema version it read: a write that changes nothing
+    Exec("BEGIN IMMEDIATE; PRAGMA user_version = " + std::to_string(SchemaVersion(db_)) + "; COMMIT;");
   } catch (const StoreError& e) {
     sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
     throw StoreError(path + ": the state database cannot be written (" + e.what() +
@@ -274,6 +283,16 @@ void StateStore::CreateSchema() {
       value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));)");
 }
 
+// Schema versions (PRAGMA user_version): 1 and before, idempotency keys as the client
+// sent them; 2, keys scoped by owner as "<user>/<key>" (a user name has no '/').
+void StateStore::Migrate() {
+  if (SchemaVersion(db_) >= kSchemaVersion) return;
+  Exec(
+      "BEGIN IMMEDIATE; UPDATE jobs SET idempotency_key = user || '/' || idempotency_key "
+      "WHERE idempotency_key IS NOT NULL; PRAGMA user_version = " +
+      std::to_string(kSchemaVersion) + "; COMMIT;");
+}
+
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
                                     const std::string& declaration) {
   Statement columns(db_, "SELECT name FROM pragma_table_info(?)");
@@ -310,18 +329,25 @@ std::string StateStore::journal_mode() const {
   return s.Step() ? s.Text(0) : "";
 }
 
-JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
+std::optional<JobRecord> StateStore::FindByKey(const std::string& user, const std::string& key) const {
+  if (key.empty()) return std::nullopt;
   Statement existing(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE idempotency_key = ?");
-  existing.Bind(1, job.idempotency_key);
-  if (!job.idempotency_key.empty() && existing.Step()) {
+  existing.Bind(1, user + "/" + key);
+  if (!existing.Step()) return std::nullopt;
+  return ReadJob(existing);
+}
+
+JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
+  if (auto existing = FindByKey(job.user, job.idempotency_key)) {
     *created = false;
-    return ReadJob(existing);
+    return *existing;
   }
+  const std::string scoped_key = job.idempotency_key.empty() ? "" : job.user + "/" + job.idempotency_key;
   Statement insert(db_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
                    "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible, search, kind, metric) "
                    "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-  insert.Bind(1, job.name).Bind(2, job.idempotency_key).Bind(3, job.spec_yaml).Bind(4, job.source);
+  insert.Bind(1, job.name).Bind(2, scoped_key).Bind(3, job.spec_yaml).Bind(4, job.source);
   insert.Bind(5, int64_t(job.priority)).Bind(6, int64_t(job.ranks)).Bind(7, int64_t(job.max_restarts));
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
   insert.Bind(13, int64_t(job.preemptible ? 1 : 0)).Bind(14, job.search);

@@ -161,10 +161,13 @@ class StateStore {
     bool done_ = false;
   };
 
-  // Inserts a queued job, or returns the existing one with the same idempotency key.
+  // Inserts a queued job, or returns the existing one with the same idempotency key of the
+  // same user: keys are scoped by owner, so one user's key never names another's job.
   // `*created` tells which.
   JobRecord Submit(const NewJob& job, double now, bool* created);
   std::optional<JobRecord> Find(int64_t id) const;
+  // The job `user` submitted with idempotency key `key`, if any.
+  std::optional<JobRecord> FindByKey(const std::string& user, const std::string& key) const;
   std::vector<JobRecord> Jobs() const;
   std::vector<JobRecord> JobsIn(JobState state) const;
   // The jobs `filter` matches, newest first.
@@ -235,6 +238,8 @@ class StateStore {
   // folder the journal cannot be created in): found at start, not at the first change.
   void CheckWritable(const std::string& path) const;
   void CreateSchema();
+  // Brings a database made by an earlier schema version to this one, in one transaction.
+  void Migrate();
   // Adds `column` (with its SQL declaration) to `table` of a database made by a version
   // that did not have it.
   void AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& declaration);

@@ -22,7 +22,7 @@ SubmitParser::~SubmitParser() {
   thread_.join();
 }
 
-bool SubmitParser::Post(std::string identity, wire::SubmitRequest request) {
+bool SubmitParser::Post(std::string identity, wire::SubmitRequest request, bool admin) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_ >= max_pending_) return false;
@@ -30,6 +30,7 @@ bool SubmitParser::Post(std::string identity, wire::SubmitRequest request) {
     ParsedSubmission item;
     item.identity = std::move(identity);
     item.request = std::move(request);
+    item.admin = admin;
     todo_.push_back(std::move(item));
   }
   posted_.notify_one();
@@ -59,6 +60,7 @@ void SubmitParser::Work(const std::string& wake_endpoint) {
     todo_.pop_front();
     lock.unlock();
     ParsedSubmission parsed = Parse(std::move(item.identity), std::move(item.request));
+    parsed.admin = item.admin;
     lock.lock();
     done_.push_back(std::move(parsed));
     wake.send(zmq::str_buffer("!"), zmq::send_flags::dontwait);  // a full pipe already means "wake up"

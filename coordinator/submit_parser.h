@@ -29,6 +29,7 @@ namespace trainyard {
 struct ParsedSubmission {
   std::string identity;  // the sender's routing id, to answer
   wire::SubmitRequest request;
+  bool admin = true;                 // sent with an admin key: the policy for user keys does not apply
   std::optional<JobSpec> spec;       // set when the job file is valid
   std::optional<SearchSpec> search;  // set instead for a valid kind: search file
   std::string error;                 // otherwise, the one-line reason (file:line:col: field: ...)
@@ -44,7 +45,7 @@ class SubmitParser {
 
   // False when `max_pending` submissions are already waiting: the caller answers "busy".
   // Loop thread only, like every member below.
-  bool Post(std::string identity, wire::SubmitRequest request);
+  bool Post(std::string identity, wire::SubmitRequest request, bool admin);
   // Readable when TakeDone() has something.
   zmq::socket_t& ready_socket() { return ready_; }
   std::vector<ParsedSubmission> TakeDone();

@@ -648,6 +648,7 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
                             "keep_alive_s",
                             "request_timeout_s",
                             "max_connections",
+                            "grpc_max_connections",
                             "poll_s",
                             "truncate",
                             "length_aware",
@@ -676,6 +677,7 @@ void ParseServe(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
   r.ReadDouble(n, "keep_alive_s", "serve", &out.keep_alive_s, 0.1, 3600);
   r.ReadDouble(n, "request_timeout_s", "serve", &out.request_timeout_s, 0.1, 3600);
   r.ReadInt(n, "max_connections", "serve", &out.max_connections, 16, 1'000'000);
+  r.ReadInt(n, "grpc_max_connections", "serve", &out.grpc_max_connections, 16, 1'000'000);
   r.ReadDouble(n, "poll_s", "serve", &out.poll_s, 0.0, 86'400.0);
   r.ReadBool(n, "truncate", "serve", &out.truncate);
   r.ReadBool(n, "length_aware", "serve", &out.length_aware);

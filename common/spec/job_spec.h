@@ -260,6 +260,7 @@ struct ServeSpec {
   double keep_alive_s = 60;                // an HTTP connection idle this long is closed
   double request_timeout_s = 30;           // an HTTP request must arrive whole, and its response be taken, within this
   int max_connections = 4096;              // HTTP connections held; beyond: the longest idle is closed
+  int grpc_max_connections = 1024;         // gRPC connections held; beyond: the quietest is closed (grpc_gate.h)
   double poll_s = 2;                       // repository poll period for new versions (0: load requests only)
   bool truncate = true;                    // text past the model's positions: cut (true) or rejected (false)
   bool length_aware = true;                // group requests of similar length (off: arrival order)

@@ -180,6 +180,30 @@ std::string DrawValue(const SearchParam& param, double u) {
   return "";
 }
 
+// The most bytes one trial's values add to its job file: each key with its longest value
+// (a drawn number is at most 32 characters), and room for the YAML around them.
+size_t MostValueBytes(const std::vector<SearchParam>& params) {
+  size_t bytes = 0;
+  for (const SearchParam& param : params) {
+    size_t longest = 32;
+    for (const std::string& choice : param.choices) longest = std::max(longest, choice.size());
+    bytes += param.key.size() + longest + 16;
+  }
+  return bytes;
+}
+
+// Prices `count` trials of at most `trial_bytes` each before any is made: a search file
+// of a few KiB must not expand into gigabytes of job files.
+void CheckTrialBytes(const SpecReader& r, const YAML::Node& search, size_t count, size_t trial_bytes) {
+  if (count == 0 || trial_bytes <= kMaxTrialBytes / count) return;
+  r.Fail(search, "search",
+         std::to_string(count) + " trials of up to " + std::to_string(trial_bytes >> 10) +
+             " KiB each (the base and the longest values) would hold more than " +
+             std::to_string(kMaxTrialBytes >> 20) +
+             " MiB of job files; use fewer trials, shorter values or a "
+             "smaller base");
+}
+
 std::vector<std::vector<std::string>> RandomValues(const SearchSpec& spec) {
   SplitMix64 random(spec.seed);
   std::vector<std::vector<std::string>> trials(spec.max_trials);
@@ -198,7 +222,8 @@ std::vector<std::string> GridValues(const SearchParam& param) {
   return values;
 }
 
-std::vector<std::vector<std::string>> GridTrials(const SpecReader& r, const YAML::Node& search, SearchSpec* spec) {
+std::vector<std::vector<std::string>> GridTrials(const SpecReader& r, const YAML::Node& search, SearchSpec* spec,
+                                                 size_t trial_bytes) {
   std::vector<std::vector<std::string>> axes;
   size_t size = 1;
   for (const SearchParam& param : spec->params) {
@@ -212,6 +237,7 @@ std::vector<std::vector<std::string>> GridTrials(const SpecReader& r, const YAML
              "the grid has more than " + std::to_string(kMaxTrials) + " trials; use method: random or asha");
   }
   if (spec->max_trials > 0) size = std::min(size, size_t(spec->max_trials));
+  CheckTrialBytes(r, search, size, trial_bytes);
   std::vector<std::vector<std::string>> trials;
   for (size_t t = 0; t < size; ++t) {  // mixed radix, the last parameter fastest
     std::vector<std::string> values(axes.size());
@@ -447,14 +473,10 @@ SearchSpec ParseSearchSpec(const std::string& yaml_text, const std::string& sour
     if (base_spec.kind != JobKind::kFinetune)
       throw SpecError(base_spec.Where("kind") + ": a search's base must be kind: finetune (its trials report epochs)");
     ReadSearchSection(r, root, base_spec, &spec);
+    const size_t trial_bytes = std::string(emitted.c_str()).size() + MostValueBytes(spec.params);
+    if (spec.method != SearchMethod::kGrid) CheckTrialBytes(r, root["search"], size_t(spec.max_trials), trial_bytes);
     const auto values_of =
-        spec.method == SearchMethod::kGrid ? GridTrials(r, root["search"], &spec) : RandomValues(spec);
-    const size_t base_bytes = std::string(emitted.c_str()).size();
-    if (base_bytes * values_of.size() > kMaxTrialBytes)
-      r.Fail(root["search"], "search",
-             std::to_string(values_of.size()) + " trials of a " + std::to_string(base_bytes >> 10) +
-                 " KiB base would hold more than " + std::to_string(kMaxTrialBytes >> 20) +
-                 " MiB of job files; use fewer trials or a smaller base");
+        spec.method == SearchMethod::kGrid ? GridTrials(r, root["search"], &spec, trial_bytes) : RandomValues(spec);
     for (size_t i = 0; i < values_of.size(); ++i)
       spec.trials.push_back(BuildTrial(spec, base, int(i + 1), values_of[i], values_of.size()));
     return spec;

@@ -5,9 +5,10 @@ with a named client key) at priority 0 or 5, so that urgent jobs preempt others,
 this script kill -9s job processes, pool agents and the coordinator, SIGSTOPs them (the
 coordinator now and then for 45 s), cancels jobs (as an admin, and as the user who does
 not own them), tries to squat live agents' worlds with a worker key, plants FIFOs and
-links to /dev/zero in running jobs' run folders, and crowds the dashboard with idle and
-trickling clients, for a bounded time. Then it stops the chaos, lets every job finish,
-and checks:
+links to /dev/zero in running jobs' run folders, crowds the dashboard with idle and
+trickling clients, floods it with a worker key's 4 MB log line, and sends search files
+that would expand into gigabytes (a search bomb), for a bounded time. Then it stops the
+chaos, lets every job finish, and checks:
 
   1. every acknowledged submission is exactly one job (idempotency keys: a submission
      retried across a coordinator kill never makes two), and it ended in a terminal state;
@@ -22,7 +23,8 @@ and checks:
      and crowding clients make no victims at all;
   5. the coordinator's memory stays bounded (resident set sampled every few seconds);
   6. every squat attempt was refused, and every query made while FIFOs and links were
-     planted or the dashboard was crowded was answered within 5 s;
+     planted, the dashboard was crowded or a log line flooded it was answered within 5 s,
+     with the line cut to 2 KiB; every search bomb was refused within 5 s;
   7. every job belongs to the user who submitted it, every cancel by the user who does
      not own the job was refused, and no job was cancelled but by an admin;
   8. every kind of fault was met: the chaos starts with a tour of them all, in a random
@@ -80,6 +82,36 @@ class Squatter:
         return reply.error.message if reply.WhichOneof("body") == "error" else ""
 
 
+class Flooder:
+    """A worker-key holder speaking the wire itself: an agent of its own world, busy with a
+    job that does not exist (so that no job is ever placed on it), whose heartbeat carries
+    a 4 MB last log line."""
+
+    def __init__(self, endpoint, keys):
+        self.endpoint = endpoint
+        self.keys = wire.read_keys(keys, "worker.key")
+
+    def flood(self, world):
+        rank_token = os.urandom(16).hex()
+        rank = wire.message("RankInfo")(world=world, world_size=1, host="flooder", device="cpu")
+        register = wire.message("Register")(rank=rank, world_token=os.urandom(16).hex(), rank_token=rank_token,
+                                            job_id=10**9, attempt=1)
+        if wire.ask(self.endpoint, self.keys, wire.envelope(register=register)) is None:
+            return False
+        beat = wire.message("Heartbeat")(world=world, rank=0, job_id=10**9, attempt=1, rank_token=rank_token,
+                                         last_log_line="x" * (4 << 20))
+        wire.ask(self.endpoint, self.keys, wire.envelope(heartbeat=beat), timeout_ms=500)  # no answer comes
+        return True
+
+
+def search_bomb(train):
+    """A search file of 1 MB whose 200 trials would hold 200 MB of job files."""
+    base = "".join("  " + line + "\n" for line in job_yaml("b", train).splitlines())
+    value = "v" * 1_000_000  # the file stays under the 1 MiB a job file may be
+    return (f"name: bomb\nkind: search\nbase:\n{base}search:\n  method: random\n  max_trials: 200\n"
+            f"  max_concurrent: 1\n  params:\n    data.train: {{choice: [\"{value}\", b]}}\n")
+
+
 def rss_mb(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -117,7 +149,10 @@ class Soak:
         self.victims = set()  # jobs a chaos action hit directly
         self.counts = {k: 0 for k in ("submitted", "foreign_cancels", "job_process_kills", "job_process_stops", "agent_kills",
                                       "agent_stops", "coordinator_kills", "coordinator_stops", "coordinator_long_stops",
-                                      "cancels", "squats", "planted_files", "crowds", "agent_replacements")}
+                                      "cancels", "squats", "planted_files", "crowds", "agent_replacements",
+                                      "log_floods", "search_bombs")}
+        self.floods = 0
+        self.bombs = []  # (seconds to the answer, refused as it should be, the answer)
         self.memory = []
         self.next_job = 0
         subset_tsv(work, 160)
@@ -130,7 +165,7 @@ class Soak:
             [os.path.join(BIN, "coordinator"), "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
              "--keys", self.keys, "--heartbeat", str(HEARTBEAT), "--liveness", str(LIVENESS), "--grace", "15",
              "--restart-backoff", "0.5", "--http", f"127.0.0.1:{self.http_port}", "--preemption", "on",
-             "--preempt-grace", "10"], stdout=log, stderr=subprocess.STDOUT)
+             "--preempt-grace", "10", "--user-max-priority", "5"], stdout=log, stderr=subprocess.STDOUT)
 
     def start_pool(self, index):
         log = open(os.path.join(self.work, f"pool-{index}.log"), "a")
@@ -318,6 +353,38 @@ resources:
         self.probe("jobctl report with planted files", lambda: self.jobctl("report", str(job["id"])))
         self.probe("dashboard job page with planted files", lambda: self.dashboard(f"/api/jobs/{job['id']}"))
 
+    def flood_log_line(self):
+        """A worker key's 4 MB log line: the dashboard's workers answer stays small and quick."""
+        self.floods += 1
+        if not Flooder(self.endpoint, self.keys).flood(f"flood-{self.floods}"):
+            return  # the coordinator was down
+        def small_answer():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/api/workers", timeout=5) as r:
+                    body = r.read()
+            except (OSError, urllib.error.URLError):
+                return None
+            lines = [w["last_log_line"] for w in json.loads(body)["workers"]]
+            return r.status == 200 and all(len(line.encode()) <= 2048 for line in lines)
+        self.probe("the workers answer after a 4 MB log line", small_answer)
+        self.counts["log_floods"] += 1
+
+    def search_bomb(self):
+        """A user's search file that would expand into 200 MB of job files, sent over the wire
+        (jobctl would refuse it before sending): refused at once, the coordinator unhurt."""
+        keys = wire.read_keys(os.path.join(self.keys, "clients", USERS[0]), "client.key")
+        submit = wire.message("SubmitRequest")(yaml=search_bomb(self.train), source="bomb.yaml", base_dir=self.work,
+                                               idempotency_key=os.urandom(8).hex(), user=USERS[0])
+        start = time.time()
+        reply = wire.ask(self.endpoint, keys, wire.envelope(submit=submit))
+        if reply is None and self.coordinator.poll() is not None:
+            return  # the coordinator was down
+        refused = (reply is not None and reply.WhichOneof("body") == "error" and reply.error.code == 2 and
+                   "MiB of job files" in reply.error.message)
+        said = "no answer" if reply is None else str(reply)[:300]
+        self.bombs.append((time.time() - start, refused, said))
+        self.counts["search_bombs"] += 1
+
     def crowd_dashboard(self):
         """300 idle and 50 trickling connections to the dashboard while it is asked."""
         crowd = []
@@ -373,7 +440,7 @@ resources:
         return [(self.kill_job_process, 3), (self.stop_job_process, 2), (self.kill_agent, 1), (self.stop_agent, 1),
                 (self.kill_coordinator, 2), (self.stop_coordinator, 2), (self.stop_coordinator_long, 0.5),
                 (self.cancel_one, 2), (self.cancel_foreign, 1), (self.squat, 1), (self.plant_files, 1),
-                (self.crowd_dashboard, 1)]
+                (self.crowd_dashboard, 1), (self.flood_log_line, 0.5), (self.search_bomb, 0.5)]
 
     def act(self):
         """The tour first: every kind of fault once, in a random order (the 45 s pause of the
@@ -453,8 +520,10 @@ resources:
             attempts.setdefault(job, []).append((attempt, outcome or "", ended_at or 0))
         checks = {}
         keys = [row[2] for row in jobs.values()]
+        # The store scopes each idempotency key by its owner: "<user>/<key>".
         checks["every acknowledged submission is exactly one job"] = (
-            len(keys) == len(set(keys)) and all(jobs.get(j, (0, 0, ""))[2] == k for k, j in self.acknowledged.items()))
+            len(keys) == len(set(keys)) and
+            all(j in jobs and jobs[j][2] == f"{jobs[j][4]}/{k}" for k, j in self.acknowledged.items()))
         states = {s: sum(1 for row in jobs.values() if row[1] == s) for s in
                   ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")}
         checks["every job ended in a terminal state"] = states["QUEUED"] == 0 and states["RUNNING"] == 0
@@ -494,6 +563,10 @@ resources:
             if not refused:
                 print("a squat attempt on", world, "was not refused")
         checks["every squat attempt was refused"] = all(refused for _, refused in self.squats)
+        for seconds, refused, said in self.bombs:
+            if not refused or seconds > 5:
+                print(f"a search bomb was not refused within 5 s: in {seconds:.1f} s, the answer: {said}")
+        checks["every search bomb was refused within 5 s"] = all(r and t <= 5 for t, r, _ in self.bombs)
         slow = [(what, round(seconds, 1)) for what, seconds, answered in self.probes if not answered or seconds > 5]
         for what, seconds in slow:
             print("a query went unanswered, or took more than 5 s:", what, seconds)

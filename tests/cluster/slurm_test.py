@@ -180,6 +180,9 @@ def queue(c, s, args):
     s.up()
 
     def body(pool):
+        squats = squat_slurm_worlds(c, pool, 8)
+        check(all("under --slurm a slurm-<id> world is one of the coordinator's own" in said for said in squats),
+              f"a worker key registering slurm-1..8 ahead of their Slurm jobs is refused each time: {squats[:1]}")
         jobs = {}
         submitted = time.time()
         # The 4-rank job waits for the 2-rank ones to end: 40 steps give it seconds in the queue.
@@ -225,6 +228,28 @@ def queue(c, s, args):
               f"{pool_latency:.1f} s on a pool's agents")
 
     with_slurm_coordinator(c, s, pool, body)
+
+
+SQUATTER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from harness import wire
+keys = wire.read_keys({keys!r}, "worker.key")
+for n in range(1, {count} + 1):
+    rank = wire.message("RankInfo")(world=f"slurm-{{n}}", world_size=1, host="squatter", device="cpu")
+    body = wire.message("Register")(rank=rank, world_token=os.urandom(16).hex(), rank_token=os.urandom(16).hex())
+    reply = wire.ask({endpoint!r}, keys, wire.envelope(register=body))
+    print(reply.error.message if reply is not None and reply.WhichOneof("body") == "error" else "not refused")
+"""
+
+
+def squat_slurm_worlds(c, pool, count):
+    """A worker-key holder on h1 registers as slurm-1..count, the worlds of the next Slurm
+    jobs, before they exist; the coordinator's answer to each."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = SQUATTER.format(tests=tests, keys=pool.keys, endpoint=pool.endpoint, count=count)
+    result = c.run("h1", [sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    return result.stdout.splitlines() if result.returncode == 0 else [result.stderr[-500:]]
 
 
 def with_slurm_coordinator(c, s, pool, body, extra=()):

@@ -1,7 +1,9 @@
-// HttpServer over real sockets on 127.0.0.1: a request is answered, and a server
-// destroyed while a handler blocks ends that handler (client_gone() turns true) and
-// joins every thread before its memory goes; under ASan (scripts/test_sanitized.sh) a
-// thread that outlived it would be a use after free.
+// HttpServer over real sockets on 127.0.0.1: a request is answered; a request framed by
+// anything but one final chunked Transfer-Encoding is refused and its connection closed,
+// so that its body is never read as a second request; and a server destroyed while a
+// handler blocks ends that handler (client_gone() turns true) and joins every thread
+// before its memory goes; under ASan (scripts/test_sanitized.sh) a thread that outlived
+// it would be a use after free.
 #include "common/http/http_server.h"
 
 #include <arpa/inet.h>
@@ -15,6 +17,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace trainyard {
 namespace {
@@ -67,6 +71,66 @@ TEST(HttpServer, AnswersARequest) {
   ::close(fd);
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
   EXPECT_NE(reply.find("{\"path\":\"/v2/health\"}"), std::string::npos) << reply;
+}
+
+// Counts the requests its handler sees and answers each with its target.
+struct CountingServer {
+  std::shared_ptr<std::atomic<int>> handled = std::make_shared<std::atomic<int>>(0);
+  HttpServer server{{}, [handled = handled](const HttpRequest& request, const std::function<bool()>&) {
+                      ++*handled;
+                      HttpResponse response;
+                      response.body = "{\"path\":\"" + request.target + "\"}";
+                      return response;
+                    }};
+  CountingServer() { server.Start(); }
+};
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The body that a server which trusts the wrong framing would run as a second request.
+constexpr char kSmuggled[] = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+
+TEST(HttpServer, ARequestFramedByAnythingButAFinalChunkedCodingIsRefusedAndItsConnectionClosed) {
+  const std::vector<std::pair<std::string, std::string>> framings = {
+      {"Transfer-Encoding: gzip\r\n", "400"},
+      {"Transfer-Encoding: identity\r\n", "400"},
+      {"Transfer-Encoding: xchunked\r\n", "400"},
+      {"Transfer-Encoding: chunked, gzip\r\n", "400"},
+      {"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n", "400"},
+      {"Transfer-Encoding: gzip, chunked\r\n", "501"},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 40\r\n", "400"},
+  };
+  for (const auto& [headers, status] : framings) {
+    CountingServer counting;
+    const int fd = Connect(counting.server.port());
+    ASSERT_GE(fd, 0);
+    SendAll(fd, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n" + kSmuggled);
+    const std::string reply = ReadUntil(fd, "a reply that never comes: read until the server closes");
+    ::close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + status, 0), 0u) << headers << reply;
+    EXPECT_EQ(Count(reply, "HTTP/1.1 "), 1u) << headers << "a second answer means the body ran as a request:\n"
+                                             << reply;
+    EXPECT_EQ(reply.find("/smuggled"), std::string::npos) << headers << reply;
+    EXPECT_EQ(*counting.handled, 0) << headers;
+  }
+}
+
+TEST(HttpServer, AChunkedRequestAndTheRequestPipelinedAfterItAreBothAnswered) {
+  CountingServer counting;
+  const int fd = Connect(counting.server.port());
+  ASSERT_GE(fd, 0);
+  SendAll(fd,
+          "POST /first HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+          "GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string reply = ReadUntil(fd, "{\"path\":\"/second\"}");
+  ::close(fd);
+  EXPECT_EQ(Count(reply, "HTTP/1.1 200"), 2u) << reply;
+  EXPECT_NE(reply.find("{\"path\":\"/first\"}"), std::string::npos) << reply;
+  EXPECT_EQ(*counting.handled, 2);
 }
 
 TEST(HttpServer, DestroyedWhileAHandlerBlocksEndsItAndJoinsEveryThread) {

@@ -204,6 +204,24 @@ TEST_F(Preemption, NeverEqualOrHigherPriorityNorJobsThatOptedOut) {
   EXPECT_EQ(s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_, on_).preempt, std::vector<std::string>{"mid"});
 }
 
+// A head that preemption cannot help says which lower-priority jobs hold the pool
+// because they opted out of preemption; a holder of equal priority is not named.
+TEST_F(Preemption, AHeadBlockedByJobsThatOptedOutNamesThem) {
+  running_[0].preemptible = false;
+  running_[1].preemptible = false;
+  ScheduleResult r = s_.Schedule({Job("urgent", 2, 9, 10)}, slots_, 0, running_, on_);
+  EXPECT_TRUE(r.preempt.empty());
+  const std::string& why = r.waiting.at("urgent");
+  EXPECT_EQ(why.rfind("Resources: needs 2 slots, 0 free; first in line", 0), 0u) << why;
+  EXPECT_NE(why.find("; not preemptible: job low (2 slots, priority 0), job mid (2 slots, priority 5)"),
+            std::string::npos)
+      << why;
+  r = s_.Schedule({Job("peer", 2, 9, 5)}, slots_, 0, running_, on_);
+  EXPECT_NE(r.waiting.at("peer").find("not preemptible: job low (2 slots, priority 0)"), std::string::npos)
+      << r.waiting.at("peer");
+  EXPECT_EQ(r.waiting.at("peer").find("job mid"), std::string::npos) << r.waiting.at("peer");
+}
+
 // Two jobs of equal priority never take turns stopping each other, however fair share
 // orders them; and while a victim stops, nothing more is stopped.
 TEST_F(Preemption, NoPingPongAndNoSecondVictimWhileTheFirstStops) {

@@ -723,6 +723,59 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
 // summary.json), and a symlinked attempt folder where it writes epochs.csv: every query
 // is answered at once (a blocked loop would time the 3 s receives out), nothing is
 // written through the link, and the job goes on.
+TEST(CutText, KeepsShortTextAndCutsLongTextAtACharacterBoundaryWithAMark) {
+  EXPECT_EQ(CutText("short", 64), "short");
+  std::string accents;
+  for (int i = 0; i < 100; ++i) accents += "\xc3\xa9";  // U+00E9, two bytes each
+  const std::string cut = CutText(accents, 64);
+  EXPECT_LE(cut.size(), 64u);
+  const size_t mark = cut.find(" [cut: 200 bytes in all]");
+  ASSERT_NE(mark, std::string::npos) << cut;
+  EXPECT_EQ(mark % 2, 0u) << "a character was split";
+  EXPECT_EQ(cut.substr(0, mark), accents.substr(0, mark));
+}
+
+// A worker key's 60 KB log line (the test's message bound is 64 KiB; the coordinator's
+// default is larger) is kept as at most kMaxPeerLineBytes, in the registry, in the
+// dashboard's answer and in the failure reason stored for the job's owner.
+TEST_F(ServerTest, APeersLongLogLinesAreCutAtReception) {
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  zmq::socket_t client = Connect();
+  const int64_t job = SubmitTwoRankJob(client);
+  ASSERT_GT(job, 0);
+  auto a0 = r0.Next(3000), a1 = r1.Next(3000);
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign());
+  const std::string flood(60000, 'x');
+  wire::Envelope beat = r0.HeartbeatMessage(job, 1);
+  beat.mutable_heartbeat()->set_last_log_line(flood);
+  r0.Send(beat);
+  std::string line, body;
+  for (int i = 0; i < 100 && line.empty(); ++i) {
+    body = WebQuery("/api/workers").body;
+    const nlohmann::json workers = nlohmann::json::parse(body);
+    for (const auto& w : workers["workers"])
+      if (w["rank"].get<int>() == 0) line = w["last_log_line"].get<std::string>();
+    if (line.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(line.empty()) << body.substr(0, 500);
+  EXPECT_LE(line.size(), kMaxPeerLineBytes);
+  EXPECT_NE(line.find("[cut: 60000 bytes in all]"), std::string::npos) << line.substr(line.size() - 64);
+
+  wire::Envelope exit = r1.Exit(9);
+  exit.mutable_rank_exit()->set_last_log_line(flood);
+  r1.Send(exit);
+  auto failed = WaitForState(client, job, "QUEUED", 3000);  // requeued: max_restarts 1
+  ASSERT_TRUE(failed && failed->has_job());
+  std::string reason;
+  for (const std::string& event : failed->job().events())
+    if (event.find("signal 9") != std::string::npos) reason = event;
+  ASSERT_FALSE(reason.empty());
+  EXPECT_LT(reason.size(), kMaxPeerLineBytes + 512) << reason.substr(0, 200);
+  EXPECT_NE(reason.find("[cut: 60000 bytes in all]"), std::string::npos) << reason.substr(0, 200);
+}
+
 TEST_F(ServerTest, FifosAndLinksInARunFolderNeverStallTheLoop) {
   ScriptedRank r0 = Rank(0), r1 = Rank(1);
   r0.Register();
@@ -1227,6 +1280,73 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   list = Send(bob_again, {ListRequest()});
   ASSERT_TRUE(list && list->has_jobs());
   EXPECT_EQ(list->jobs().jobs_size(), 1);
+}
+
+TEST_F(ServerTest, AUserKeyMayNotTakeThePoolAndItsIdempotencyKeysAreItsOwn) {
+  Stop();
+  AddUsers();
+  options_.policy.user_max_queued = 3;
+  Start();
+  std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
+  std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob"), root = ConnectAs("root");
+  auto submit = [&](zmq::socket_t& client, const std::string& resources, const std::string& key) {
+    wire::Envelope e;
+    e.set_version(kProtocolVersion);
+    e.mutable_submit()->set_yaml(
+        "name: policy\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+        "resources:\n  ranks: 2\n" +
+        resources);
+    e.mutable_submit()->set_source("job.yaml");
+    e.mutable_submit()->set_base_dir(dir_.string());
+    e.mutable_submit()->set_idempotency_key(key);
+    return Send(client, {e.SerializeAsString()});
+  };
+  auto refusal = [](const std::optional<wire::Envelope>& reply) {
+    return reply && reply->has_error() && reply->error().code() == 2 ? reply->error().message() : "(not refused)";
+  };
+  EXPECT_EQ(refusal(submit(bob, "  priority: 1\n", "p1")),
+            "refused: priority 1 is above --user-max-priority 0, the most a user key may ask; an admin key "
+            "(--client-role admin) may ask more");
+  EXPECT_NE(refusal(submit(bob, "  preemptible: false\n  priority: -1000000\n", "p2"))
+                .find("preemptible: false is "
+                      "for admin keys"),
+            std::string::npos);
+  auto admins = submit(root, "  priority: 1000\n  preemptible: false\n", "p3");
+  ASSERT_TRUE(admins && admins->has_submitted()) << refusal(admins);
+
+  // One key, two owners: two jobs. A resend finds its own; another file under it is refused.
+  auto bobs = submit(bob, "", "shared");
+  auto alices = submit(alice, "", "shared");
+  ASSERT_TRUE(bobs && bobs->has_submitted() && alices && alices->has_submitted());
+  EXPECT_TRUE(alices->submitted().created());
+  const int64_t alice_job = alices->submitted().job_id();
+  EXPECT_NE(alice_job, bobs->submitted().job_id());
+  auto resent = submit(alice, "", "shared");
+  ASSERT_TRUE(resent && resent->has_submitted());
+  EXPECT_EQ(resent->submitted().job_id(), alice_job);
+  EXPECT_FALSE(resent->submitted().created());
+  EXPECT_EQ(refusal(submit(alice, "  max_restarts: 2\n", "shared")),
+            "idempotency key 'shared' already names job " + std::to_string(alice_job) +
+                " ('policy'), submitted with another file; a resend must carry the same file: give a new --key, or "
+                "none");
+  EXPECT_NE(refusal(submit(alice, "", std::string(257, 'k'))).find("at most 256 bytes"), std::string::npos);
+
+  // A search counts as its max_concurrent trials against --user-max-queued (3): alice has 1.
+  wire::Envelope search;
+  search.set_version(kProtocolVersion);
+  search.mutable_submit()->set_yaml(
+      "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
+      "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 40\n"
+      "  max_concurrent: 40\n  params:\n    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n");
+  search.mutable_submit()->set_source("sweep.yaml");
+  search.mutable_submit()->set_base_dir(dir_.string());
+  EXPECT_EQ(refusal(Send(alice, {search.SerializeAsString()})),
+            "refused: user alice has 1 jobs queued and the search queues up to 40 trials at once (max_concurrent); "
+            "--user-max-queued allows 3");
+  auto list = Send(root, {ListRequest()});
+  ASSERT_TRUE(list && list->has_jobs());
+  EXPECT_EQ(list->jobs().jobs_size(), 3);  // root's, bob's and alice's
 }
 
 wire::Envelope ListOf(std::vector<wire::JobState> states, const std::string& user, const std::string& name, int limit) {

@@ -286,9 +286,9 @@ def on_shared_cluster(case, flags):
 
 
 CASES = {
-    "preempt": on_shared_cluster(case_preempt, ["--preemption", "on", "--preempt-grace", "30"]),
-    "grace": on_shared_cluster(case_grace, ["--preemption", "on", "--preempt-grace", "8"]),
-    "last_step": on_shared_cluster(case_last_step, ["--preemption", "on"]),
+    "preempt": on_shared_cluster(case_preempt, ["--preemption", "on", "--preempt-grace", "30", "--user-max-priority", "10"]),
+    "grace": on_shared_cluster(case_grace, ["--preemption", "on", "--preempt-grace", "8", "--user-max-priority", "10"]),
+    "last_step": on_shared_cluster(case_last_step, ["--preemption", "on", "--user-max-priority", "10"]),
     "equal": on_shared_cluster(case_equal, ["--preemption", "on"]),
     "fairshare": on_shared_cluster(case_fairshare, []),
     "quota": on_shared_cluster(case_quota, ["--user-max-ranks", "2"]),

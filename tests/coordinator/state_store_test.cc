@@ -95,6 +95,61 @@ TEST_F(StateStoreTest, SameIdempotencyKeyMakesOneJob) {
   EXPECT_EQ(store.Jobs().size(), 1u);
 }
 
+TEST_F(StateStoreTest, AnIdempotencyKeyIsScopedByItsOwner) {
+  StateStore store(path_, false);
+  bool created = false;
+  NewJob bobs = Job("shared-key"), alices = Job("shared-key");
+  bobs.user = "bob";
+  alices.user = "alice";
+  const JobRecord bob = store.Submit(bobs, 1.0, &created);
+  ASSERT_TRUE(created);
+  const JobRecord alice = store.Submit(alices, 2.0, &created);
+  EXPECT_TRUE(created) << "alice's submission was taken for bob's job " << bob.id;
+  EXPECT_NE(alice.id, bob.id);
+  EXPECT_EQ(alice.user, "alice");
+  EXPECT_EQ(store.Submit(alices, 3.0, &created).id, alice.id);
+  EXPECT_FALSE(created);
+  EXPECT_EQ(store.Jobs().size(), 2u);
+}
+
+// A database of schema version 1 kept the keys as sent; opening it scopes them by owner,
+// so a resend after the upgrade still finds its job, and the version becomes 2.
+TEST_F(StateStoreTest, AVersionOneDatabaseHasItsKeysScopedByOwner) {
+  {
+    StateStore old(path_, false);
+    bool created = false;
+    NewJob job = Job("resent-key");
+    job.user = "carol";
+    old.Submit(job, 1.0, &created);
+  }
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET idempotency_key = 'resent-key'; PRAGMA user_version = 1;", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  StateStore store(path_, false);
+  bool created = true;
+  NewJob resend = Job("resent-key");
+  resend.user = "carol";
+  EXPECT_EQ(store.Submit(resend, 2.0, &created).id, 1);
+  EXPECT_FALSE(created);
+  NewJob other = Job("resent-key");
+  other.user = "dave";
+  store.Submit(other, 3.0, &created);
+  EXPECT_TRUE(created);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* version = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(version), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(version, 0), 2);
+  sqlite3_finalize(version);
+  sqlite3_close(db);
+}
+
 TEST_F(StateStoreTest, EpochRowsAreNeverDuplicated) {
   StateStore store(path_, false);
   bool created = false;

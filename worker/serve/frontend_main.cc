@@ -7,6 +7,7 @@
 #include <absl/synchronization/mutex.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include "common/http/http_server.h"
 #include "common/log.h"
 #include "common/spec/job_spec.h"
+#include "worker/serve/grpc_gate.h"
 #include "worker/serve/grpc_service.h"
 #include "worker/serve/kserve_http.h"
 #include "worker/serve/server_core.h"
@@ -51,6 +53,30 @@ trainyard::HttpServerOptions HttpOptions(const trainyard::ServeSpec& serve, int 
   return http;
 }
 
+// A gRPC connection silent this long may be closed to make room for a new one.
+constexpr double kMinIdleToEvictS = 1;
+
+trainyard::GrpcServerLimits GrpcLimits(const trainyard::ServeSpec& serve, size_t max_body) {
+  trainyard::GrpcServerLimits limits;
+  limits.max_message_bytes = int(max_body);
+  limits.idle_s = serve.keep_alive_s;
+  limits.max_threads = std::clamp(serve.max_queue, 16, kMaxHandlerThreads);
+  return limits;
+}
+
+// Every connection is a descriptor, a gRPC one two (grpc_gate.h): the soft limit is
+// raised, as far as the hard limit allows, so that both listeners can hold their most at
+// once and HTTP keeps its own whatever gRPC's clients do.
+void RaiseOpenFileLimit(const trainyard::ServeSpec& serve) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t wanted = std::min<rlim_t>(
+      limit.rlim_max, rlim_t(2) * serve.max_connections + rlim_t(2) * serve.grpc_max_connections + 1024);
+  if (limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = wanted;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 struct Options {
   std::string job_file, source, base_dir, link, endpoints_file;
   int parent = 0;
@@ -70,6 +96,7 @@ int Serve(const Options& o) {
   if (o.metrics_port >= 0) spec.serve.metrics_port = o.metrics_port;
   const std::string host = spec.serve.host;
   const size_t max_body = size_t(spec.serve.max_body_mb) << 20;
+  RaiseOpenFileLimit(spec.serve);
 
   trainyard::ServerCore core(spec.serve, o.link);
   trainyard::KserveHttp kserve(&core);
@@ -86,11 +113,14 @@ int Serve(const Options& o) {
     return kserve.HandleMetrics(r);
   });
   trainyard::KserveGrpc grpc_service(&core);
-  int grpc_port = 0;
-  auto grpc = trainyard::StartGrpcServer(&grpc_service, host, spec.serve.grpc_port, int(max_body), &grpc_port);
+  auto grpc = trainyard::StartGrpcServer(&grpc_service, GrpcLimits(spec.serve, max_body));
+  trainyard::GrpcConnectionGate grpc_gate(
+      grpc.get(), {host, spec.serve.grpc_port, size_t(spec.serve.grpc_max_connections), kMinIdleToEvictS});
+  const int grpc_port = grpc_gate.port();
   core.Start();
   http.Start();
   metrics.Start();
+  grpc_gate.Start();
   const nlohmann::json endpoints = {{"http", "http://" + host + ":" + std::to_string(http.port())},
                                     {"grpc", host + ":" + std::to_string(grpc_port)},
                                     {"metrics", "http://" + host + ":" + std::to_string(metrics.port()) + "/metrics"},
@@ -103,6 +133,7 @@ int Serve(const Options& o) {
                      endpoints["metrics"].get<std::string>());
   while (!g_stop && ::getppid() == o.parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   trainyard::LogInfo("serve: front end stopping");
+  grpc_gate.Stop();
   grpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   http.Stop();
   metrics.Stop();

@@ -288,17 +288,17 @@ grpc::Status KserveGrpc::ModelConfig(grpc::ServerContext* context, const inferen
   return grpc::Status::OK;
 }
 
-std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const std::string& host, int port,
-                                              int max_message_bytes, int* bound_port) {
+std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const GrpcServerLimits& limits) {
   grpc::ServerBuilder builder;
-  const std::string address =
-      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
   builder.RegisterService(service);
-  builder.SetMaxReceiveMessageSize(max_message_bytes);
-  builder.SetMaxSendMessageSize(max_message_bytes);
+  builder.SetMaxReceiveMessageSize(limits.max_message_bytes);
+  builder.SetMaxSendMessageSize(limits.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(limits.idle_s * 1000));
+  grpc::ResourceQuota quota("serve_grpc");
+  quota.SetMaxThreads(limits.max_threads);
+  builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *bound_port == 0) throw std::runtime_error("cannot listen for gRPC on " + address);
+  if (!server) throw std::runtime_error("cannot start the gRPC server");
   return server;
 }
 

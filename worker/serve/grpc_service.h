@@ -46,9 +46,14 @@ class KserveGrpc final : public inference::GRPCInferenceService::Service {
   ServerCore* core_;
 };
 
-// Builds and starts the gRPC server on host:port (0: any free port, written to
-// *bound_port). Throws std::runtime_error if it cannot bind.
-std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const std::string& host, int port,
-                                              int max_message_bytes, int* bound_port);
+struct GrpcServerLimits {
+  int max_message_bytes = 16 << 20;
+  double idle_s = 60;    // a connection with no call for this long is closed (max_connection_idle)
+  int max_threads = 64;  // the resource quota's threads: calls beyond wait or get RESOURCE_EXHAUSTED
+};
+
+// Builds and starts the gRPC server with no listening port of its own: its connections
+// come through a GrpcConnectionGate (Note [gRPC connections are gated] in grpc_gate.h).
+std::unique_ptr<grpc::Server> StartGrpcServer(KserveGrpc* service, const GrpcServerLimits& limits);
 
 }  // namespace trainyard

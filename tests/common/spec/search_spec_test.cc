@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -175,6 +176,26 @@ TEST_F(SearchSpecTest, HugeCountsAndDeepNestingAreRefusedCheaply) {
   EXPECT_NE(ErrorOf("  method: grid\n  params:\n    seed: {int_uniform: [1, 9000000000000000]}\n")
                 .find("more than 1000 trials"),
             std::string::npos);
+}
+
+// A search file of 1 MB whose one choice value is 1 MB would expand into 200 MB of job
+// files at 200 trials: priced by its values, before any trial is made. The same value
+// at 30 trials fits.
+TEST_F(SearchSpecTest, TrialsArePricedByTheirValuesBeforeAnyIsMade) {
+  const std::string huge(size_t(1) << 20, 'v');
+  const auto search = [&](int trials, const std::string& method) {
+    return "  method: " + method + "\n  max_trials: " + std::to_string(trials) +
+           "\n  params:\n    data.train: {choice: [\"" + huge + "\", b]}\n";
+  };
+  const auto started = std::chrono::steady_clock::now();
+  const std::string random = ErrorOf(search(200, "random"));
+  EXPECT_NE(random.find("200 trials of up to 1024 KiB each"), std::string::npos) << random.substr(0, 300);
+  EXPECT_NE(random.find("more than 64 MiB of job files"), std::string::npos) << random.substr(0, 300);
+  const std::string grid = ErrorOf(search(200, "grid") + "    seed: {int_uniform: [1, 100]}\n");
+  EXPECT_NE(grid.find("200 trials of up to"), std::string::npos) << grid.substr(0, 300);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 10.0);
+  const std::string fits = ErrorOf(search(30, "random"));
+  EXPECT_EQ(fits.find("MiB of job files"), std::string::npos) << fits.substr(0, 300);
 }
 
 TEST_F(SearchSpecTest, ShippedExampleSearchParses) {

@@ -742,13 +742,16 @@ def crowd(worker, work):
     """2,000 idle connections and 300 that trickle in half a request, against
     serve.max_connections 1000: the front end closes the longest-waiting ones to make
     room, every request of a real client (tritonclient, and fresh raw connections) is
-    served, and the front end's memory stays bounded. No connection costs a thread."""
+    served, and the front end's memory stays bounded. No connection costs a thread.
+    At the same time 600 idle connections to the gRPC port (100 of them past HTTP/2's
+    preface), against serve.grpc_max_connections 64: the front end holds at most 64 of
+    them, so its descriptors stay bounded, and a real gRPC client is answered within 5 s."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
     repo = os.path.join(work, "repo")
     hf_version(os.path.join(repo, "langid", "1"), seed=1)
-    server = Server(worker, work, repo, "  max_connections: 1000\n")
+    server = Server(worker, work, repo, "  max_connections: 1000\n  grpc_max_connections: 64\n")
     port = server.ep["http_port"]
     front_end = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
     crowd_sockets = []
@@ -759,6 +762,24 @@ def crowd(worker, work):
             if i >= 2000:  # half a request: headers that never end
                 s.sendall(b"POST /v2/models/langid/infer HTTP/1.1\r\nHost: x\r\nX-Slow: a")
             crowd_sockets.append(s)
+        grpc_crowd = grpc_crowding(server.ep["grpc_port"], 600)
+        crowd_sockets += grpc_crowd
+        time.sleep(1.5)  # the crowd falls silent: a quiet connection may now make room
+        started = time.monotonic()
+        g = tgrpc.InferenceServerClient(server.grpc_url)
+        live = g.is_server_live()
+        grpc_answered = sum(g.infer("langid", [text_input(tgrpc, [DEV_TEXTS[k]])]).as_numpy("logits").shape ==
+                            (1, len(LABELS)) for k in range(10))
+        grpc_seconds = time.monotonic() - started
+        check(live and grpc_answered == 10 and grpc_seconds < 5,
+              f"amid 600 idle gRPC connections a gRPC client is answered: live {live}, {grpc_answered}/10 "
+              f"inferences, in {grpc_seconds:.2f} s")
+        descriptors = len(os.listdir(f"/proc/{front_end}/fd"))
+        check(descriptors < 1000 + 2 * 64 + 200,
+              f"the front end holds {descriptors} descriptors for 1,000 HTTP connections and at most 64 gRPC "
+              "ones (two descriptors each)")
+        check(closed_count(grpc_crowd) >= 600 - 64, f"{closed_count(grpc_crowd)} of the 600 crowding gRPC "
+              "connections were closed (serve.grpc_max_connections 64)")
         threads = int(open(f"/proc/{front_end}/status").read().split("Threads:")[1].split()[0])
         client = thttp.InferenceServerClient(server.http_url)
         answered = 0
@@ -770,18 +791,9 @@ def crowd(worker, work):
         check(answered == 100 and fresh == [200] * 50,
               f"amid 2,300 crowding connections a real client's requests all succeed: {answered}/100 over "
               f"tritonclient, {fresh.count(200)}/50 on fresh connections")
-        closed = 0
-        for s in crowd_sockets:
-            s.setblocking(False)
-            try:
-                s.recv(1 << 16)  # an answer or the end: the server let it go
-                closed += 1
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed += 1
+        closed = closed_count(crowd_sockets[:2300])
         check(closed >= 1300, f"{closed} of the 2,300 crowding connections were closed to make room "
-                              "(max_connections 1000)")
+              "(max_connections 1000)")
         growth = (rss_bytes(front_end) - rss_before) / 2**20
         check(growth < 64, f"the front end's memory grew {growth:.1f} MB")
         check(threads < 200, f"the front end ran {threads} threads while holding 1,000 connections")
@@ -789,6 +801,33 @@ def crowd(worker, work):
         for s in crowd_sockets:
             s.close()
         check(server.stop() == 0, "the server stops cleanly")
+
+
+def grpc_crowding(port, count):
+    """`count` idle connections to a gRPC port, every sixth past HTTP/2's client preface."""
+    sockets = []
+    for i in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if i % 6 == 0:
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        sockets.append(s)
+    return sockets
+
+
+def closed_count(sockets):
+    """How many of `sockets` the server has let go (an answer or the end waiting)."""
+    closed = 0
+    for s in sockets:
+        s.setblocking(False)
+        try:
+            while s.recv(1 << 16):  # an answer (or HTTP/2 settings), then the end
+                pass
+            closed += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+    return closed
 
 
 def rss_bytes(pid):
