@@ -13,12 +13,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <iterator>
 #include <list>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "common/http/http_framing.h"
 #include "common/log.h"
 
 namespace trainyard {
@@ -51,26 +51,6 @@ HttpResponse Plain(int status, const std::string& message) {
   r.status = status;
   r.body = "{\"error\":\"" + message + "\"}";
   return r;
-}
-
-// RFC 9112 section 6.1: a request whose body length rests on anything but one
-// Transfer-Encoding field that ends in `chunked` cannot be framed reliably, and whatever
-// follows its header could be read as another request (smuggling, behind a proxy that
-// frames it differently). Such a request is answered 400, or 501 for a coding this server
-// does not decode, and its connection closed. Returns the refusal, or nothing.
-std::optional<HttpResponse> FramingRefusal(const http::request_parser<http::string_body>& parser) {
-  const auto& message = parser.get();
-  const auto codings = message.equal_range(http::field::transfer_encoding);
-  const auto fields = std::distance(codings.first, codings.second);
-  if (fields == 0) return std::nullopt;
-  if (fields > 1) return Plain(400, "Transfer-Encoding: given more than once");
-  if (!parser.chunked()) return Plain(400, "Transfer-Encoding: only a final chunked coding frames a request body");
-  const std::string value(codings.first->value());
-  if (value.find(',') != std::string::npos)
-    return Plain(501, "Transfer-Encoding: only chunked is supported, without other codings");
-  if (message.find(http::field::content_length) != message.end())
-    return Plain(400, "a request may not carry both Transfer-Encoding and Content-Length");
-  return std::nullopt;
 }
 
 HttpResponse Busy(const std::string& message) {
@@ -280,7 +260,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
       return End();
     // What is left of a request refused for its size or slowness is drained, not reset.
     if (error) return Refuse(ErrorResponse(error), error == beast::error::timeout || error == http::error::body_limit);
-    if (auto refusal = FramingRefusal(*parser_)) return Refuse(std::move(*refusal), true);
+    if (auto refusal = FramingRefusal(*parser_)) return Refuse(Plain(refusal->status, refusal->message), true);
     // The body's bytes count against the server-wide budget before they are read.
     const size_t limit = server_->options.max_body_bytes;
     const size_t claimed =

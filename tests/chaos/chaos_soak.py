@@ -61,6 +61,9 @@ BIN = os.environ.get("TRAINYARD_BIN", os.path.join(SOURCE_DIR, "build", "bin"))
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 USERS = ["alice", "bob"]
 HEARTBEAT, LIVENESS = 0.5, 6  # a rank silent for 3 s of listening time is lost
+# In the environment of the soak's agents and so of their jobs' processes: the soak kills
+# and stops only its own, whatever other tests run beside it.
+SOAK_MARK = "TRAINYARD_CHAOS_SOAK"
 
 
 class Squatter:
@@ -167,12 +170,16 @@ class Soak:
              "--restart-backoff", "0.5", "--http", f"127.0.0.1:{self.http_port}", "--preemption", "on",
              "--preempt-grace", "10", "--user-max-priority", "5"], stdout=log, stderr=subprocess.STDOUT)
 
+    def agent_env(self):
+        """MPI_ENV and the soak's mark, which its agents pass on to their jobs' processes."""
+        return {**MPI_ENV, SOAK_MARK: self.work}
+
     def start_pool(self, index):
         log = open(os.path.join(self.work, f"pool-{index}.log"), "a")
         self.pools[index] = subprocess.Popen(
             ["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(self.args.ranks), os.path.join(BIN, "worker"),
              "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat", str(HEARTBEAT), "--liveness", "4"],
-            stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, env=self.agent_env(), start_new_session=True)
 
     def replace_lost_agents(self):
         """An agent killed is replaced by one started alone, as a service manager would."""
@@ -181,7 +188,7 @@ class Soak:
             log = open(os.path.join(self.work, "agents.log"), "a")
             self.agents.append(subprocess.Popen(
                 [os.path.join(BIN, "worker"), "--coordinator", self.endpoint, "--keys", self.keys, "--heartbeat",
-                 str(HEARTBEAT), "--liveness", "4"], stdout=log, stderr=subprocess.STDOUT, env=MPI_ENV,
+                 str(HEARTBEAT), "--liveness", "4"], stdout=log, stderr=subprocess.STDOUT, env=self.agent_env(),
                 start_new_session=True))
             self.counts["agent_replacements"] += 1
 
@@ -234,15 +241,21 @@ resources:
         return self.jobctl("workers") or []
 
     def job_processes(self):
-        """{pid: job id} of every running job process (`worker --pool-job ... --job-id N`)."""
+        """{pid: job id} of every running job process of this soak's pools (`worker --pool-job
+        ... --job-id N` whose environment carries the soak's mark): never another test's."""
         worker = os.fsencode(os.path.join(BIN, "worker"))
+        mark = os.fsencode(f"{SOAK_MARK}={self.work}")
         found = {}
         for entry in os.listdir("/proc"):
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     argv = f.read().split(b"\0")
-                if entry.isdigit() and worker in argv and b"--pool-job" in argv:
-                    found[int(entry)] = int(argv[argv.index(b"--job-id") + 1])
+                if not (entry.isdigit() and worker in argv and b"--pool-job" in argv):
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark not in f.read().split(b"\0"):
+                        continue
+                found[int(entry)] = int(argv[argv.index(b"--job-id") + 1])
             except (OSError, ValueError, IndexError):
                 continue
         return found
