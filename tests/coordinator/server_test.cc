@@ -1349,6 +1349,61 @@ TEST_F(ServerTest, AUserKeyMayNotTakeThePoolAndItsIdempotencyKeysAreItsOwn) {
   EXPECT_EQ(list->jobs().jobs_size(), 3);  // root's, bob's and alice's
 }
 
+// Under --user-max-queued a search's trials wait while their user's queue is full. The
+// limit is lowered across a restart below what is queued: a trial that ends then makes
+// no room, and a job of the same user that is cancelled does.
+TEST_F(ServerTest, ASearchsTrialsWaitWhileTheirUsersQueueIsFull) {
+  zmq::socket_t client = Connect();
+  const int64_t first_job = SubmitTwoRankJob(client);
+  ASSERT_GT(first_job, 0);
+  ASSERT_GT(SubmitTwoRankJob(client), 0);
+  wire::Envelope search;
+  search.set_version(kProtocolVersion);
+  search.mutable_submit()->set_yaml(
+      "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
+      "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 4\n"
+      "  max_concurrent: 2\n  params:\n    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n");
+  search.mutable_submit()->set_source("sweep.yaml");
+  search.mutable_submit()->set_base_dir(dir_.string());
+  auto accepted = Send(client, {search.SerializeAsString()});
+  ASSERT_TRUE(accepted && accepted->has_submitted());
+  auto jobs_named = [&](const std::string& prefix) {
+    std::vector<int64_t> ids;
+    auto list = Send(client, {ListRequest()});
+    if (list && list->has_jobs())
+      for (const auto& j : list->jobs().jobs())
+        if (j.name().rfind(prefix, 0) == 0 && !j.is_search()) ids.push_back(j.id());
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  auto trials_once = [&](size_t count, int timeout_ms) {
+    std::vector<int64_t> trials = jobs_named("sweep.t");
+    for (int waited = 0; trials.size() < count && waited < timeout_ms; waited += 50) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      trials = jobs_named("sweep.t");
+    }
+    return trials;
+  };
+  const std::vector<int64_t> trials = trials_once(2, 3000);
+  ASSERT_EQ(trials.size(), 2u);
+
+  Stop();  // four queued, and now a limit of three
+  options_.policy.user_max_queued = 3;
+  Start();
+  client = Connect();
+  auto cancel = [&](int64_t job) {
+    wire::Envelope e;
+    e.set_version(kProtocolVersion);
+    e.mutable_cancel()->set_job_id(job);
+    auto reply = Send(client, {e.SerializeAsString()});
+    return reply && reply->has_job() && JobStateName(reply->job().job_state()) == "CANCELLED";
+  };
+  ASSERT_TRUE(cancel(trials[0]));  // three queued: the search may run another trial, but the queue is full
+  EXPECT_EQ(trials_once(3, 2500).size(), 2u) << "a trial was queued past --user-max-queued";
+  ASSERT_TRUE(cancel(first_job));
+  EXPECT_EQ(trials_once(3, 3000).size(), 3u) << "the trial did not take the room a cancelled job made";
+}
+
 wire::Envelope ListOf(std::vector<wire::JobState> states, const std::string& user, const std::string& name, int limit) {
   wire::Envelope e;
   e.set_version(kProtocolVersion);
