@@ -1282,6 +1282,21 @@ TEST_F(ServerTest, OnlyTheOwnerOrAnAdminCancelsAndQueuedQuotaRefusesCleanly) {
   EXPECT_EQ(list->jobs().jobs_size(), 1);
 }
 
+// A submission of a random search over train.lr whose 2-rank base reads train.tsv and
+// vocab.txt in `dir`; `params` replaces the default parameter lines.
+wire::Envelope SearchSubmission(const fs::path& dir, int max_trials, int max_concurrent,
+                                const std::string& params = "    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n") {
+  wire::Envelope e;
+  e.set_version(kProtocolVersion);
+  e.mutable_submit()->set_yaml(
+      "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
+      "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: " +
+      std::to_string(max_trials) + "\n  max_concurrent: " + std::to_string(max_concurrent) + "\n  params:\n" + params);
+  e.mutable_submit()->set_source("sweep.yaml");
+  e.mutable_submit()->set_base_dir(dir.string());
+  return e;
+}
+
 TEST_F(ServerTest, AUserKeyMayNotTakeThePoolAndItsIdempotencyKeysAreItsOwn) {
   Stop();
   AddUsers();
@@ -1333,15 +1348,7 @@ TEST_F(ServerTest, AUserKeyMayNotTakeThePoolAndItsIdempotencyKeysAreItsOwn) {
   EXPECT_NE(refusal(submit(alice, "", std::string(257, 'k'))).find("at most 256 bytes"), std::string::npos);
 
   // A search counts as its max_concurrent trials against --user-max-queued (3): alice has 1.
-  wire::Envelope search;
-  search.set_version(kProtocolVersion);
-  search.mutable_submit()->set_yaml(
-      "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
-      "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 40\n"
-      "  max_concurrent: 40\n  params:\n    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n");
-  search.mutable_submit()->set_source("sweep.yaml");
-  search.mutable_submit()->set_base_dir(dir_.string());
-  EXPECT_EQ(refusal(Send(alice, {search.SerializeAsString()})),
+  EXPECT_EQ(refusal(Send(alice, {SearchSubmission(dir_, 40, 40).SerializeAsString()})),
             "refused: user alice has 1 jobs queued and the search queues up to 40 trials at once (max_concurrent); "
             "--user-max-queued allows 3");
   auto list = Send(root, {ListRequest()});
@@ -1357,15 +1364,7 @@ TEST_F(ServerTest, ASearchsTrialsWaitWhileTheirUsersQueueIsFull) {
   const int64_t first_job = SubmitTwoRankJob(client);
   ASSERT_GT(first_job, 0);
   ASSERT_GT(SubmitTwoRankJob(client), 0);
-  wire::Envelope search;
-  search.set_version(kProtocolVersion);
-  search.mutable_submit()->set_yaml(
-      "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
-      "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 4\n"
-      "  max_concurrent: 2\n  params:\n    train.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n");
-  search.mutable_submit()->set_source("sweep.yaml");
-  search.mutable_submit()->set_base_dir(dir_.string());
-  auto accepted = Send(client, {search.SerializeAsString()});
+  auto accepted = Send(client, {SearchSubmission(dir_, 4, 2).SerializeAsString()});
   ASSERT_TRUE(accepted && accepted->has_submitted());
   auto jobs_named = [&](const std::string& prefix) {
     std::vector<int64_t> ids;
@@ -1539,16 +1538,7 @@ TEST_F(ServerTest, ASearchQueuesItsTrialsAsJobsOnceAcrossARestart) {
   std::ofstream(dir_ / "train.tsv") << "label\ttext\nen\thello world\n";
   std::ofstream(dir_ / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n";
   auto submit = [&](zmq::socket_t& client, const std::string& params) {
-    wire::Envelope e;
-    e.set_version(kProtocolVersion);
-    e.mutable_submit()->set_yaml(
-        "name: sweep\nkind: search\nbase:\n  name: b\n  data: {train: train.tsv, tokenizer: {vocab: vocab.txt}}\n"
-        "  resources: {ranks: 2}\nsearch:\n  method: random\n  metric: train_loss\n  max_trials: 3\n"
-        "  max_concurrent: 2\n  params:\n" +
-        params);
-    e.mutable_submit()->set_source("sweep.yaml");
-    e.mutable_submit()->set_base_dir(dir_.string());
-    return Send(client, {e.SerializeAsString()});
+    return Send(client, {SearchSubmission(dir_, 3, 2, params).SerializeAsString()});
   };
   auto jobs = [&](zmq::socket_t& client) {  // oldest first: the listing's order reversed
     auto list = Send(client, {ListRequest()});
