@@ -36,9 +36,12 @@ std::string ContentTypeOf(std::string_view name) {
 // GET /api: what the pages read, for anyone scripting against the dashboard.
 const nlohmann::json& ApiIndex() {
   static const nlohmann::json index = {
-      {"GET /api/jobs",
-       "every job: id, name, state, priority, ranks, device, attempts, max_restarts, reason, submitted_at "
-       "(seconds since the epoch), epochs (the latest epoch reported) and ms_per_step (its mean step time)"},
+      {"GET /api/jobs?limit=N&before=ID&state=S,S&user=U",
+       "one page of jobs, newest first: at most limit (1 to 1000, default 200), only those older than job "
+       "before, in the states named, of that owner. Each job: id, name, user, state, priority, ranks, device, "
+       "attempts, max_restarts, reason, waiting, submitted_at (seconds since the epoch), epochs (the latest "
+       "epoch reported) and ms_per_step (its mean step time). With total (the jobs the filters match on "
+       "every page) and next (the next page's URL, null on the last); 400 for a bad field"},
       {"GET /api/jobs/<id>",
        "one job as above, plus attempt_list (attempt, placement, outcome, started_at, ended_at), events "
        "(at, text), epochs (each epochs.csv row as {column: value}, with its attempt), breakdown (per epoch: "

@@ -412,9 +412,23 @@ void PrintJobs(const Options& o, const std::vector<wire::JobInfo>& jobs, bool on
   for (const auto& j : jobs) PrintDetails(j, one);
 }
 
+// Every job the filters match, up to --limit, newest first: page after page, as the
+// coordinator answers at most one page a request (ListReply in trainyard.proto).
+std::vector<wire::JobInfo> ListedJobs(const Options& o, const CommandArgs& args) {
+  std::vector<wire::JobInfo> jobs;
+  wire::Envelope request = ListRequestOf(args);
+  while (true) {
+    const wire::Envelope reply = Expect(Request(o, request));
+    jobs.insert(jobs.end(), reply.jobs().jobs().begin(), reply.jobs().jobs().end());
+    const bool enough = args.limit > 0 && int64_t(jobs.size()) >= args.limit;
+    if (enough || reply.jobs().next_before_id() == 0) return jobs;
+    request.mutable_list()->set_before_id(reply.jobs().next_before_id());
+    if (args.limit > 0) request.mutable_list()->set_limit(int(args.limit - int64_t(jobs.size())));
+  }
+}
+
 int List(const Options& o, const CommandArgs& args) {
-  const auto reply = Expect(Request(o, ListRequestOf(args)));
-  PrintJobs(o, {reply.jobs().jobs().begin(), reply.jobs().jobs().end()}, false);
+  PrintJobs(o, ListedJobs(o, args), false);
   return 0;
 }
 
@@ -435,9 +449,8 @@ std::vector<int64_t> JobsToCancel(const Options& o, CommandArgs args) {
   if (args.user.empty())
     throw Rejected(2, "cancel --state and --name need --user too: cancel does not choose every user's jobs at once");
   if (args.states.empty()) args.states = {"queued,running"};
-  const wire::Envelope listed = Expect(Request(o, ListRequestOf(args)));
   std::vector<int64_t> ids;
-  for (const wire::JobInfo& j : listed.jobs().jobs()) ids.push_back(j.id());
+  for (const wire::JobInfo& j : ListedJobs(o, args)) ids.push_back(j.id());
   return ids;
 }
 

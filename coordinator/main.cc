@@ -173,6 +173,10 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                "submit jobs and forge worker messages");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--list-page", o.list_page,
+                 "jobs in one reply to a listing (default 500); jobctl list and the Python client ask\n"
+                 "page after page, so a long history never holds the loop for long")
+      ->check(CLI::Range(int64_t(1), int64_t(100000)));
   app.add_option("--max-output-mb", c->max_output_mb,
                  "each attempt's output (<runs>/<job id>/attempt-<n>/output.log) is rotated to output.log.1\n"
                  "when it would grow past this many MiB (default 64)")

@@ -590,14 +590,24 @@ wire::Envelope Server::List(const wire::ListRequest& request) {
     return ErrorEnvelope(2, e.what());
   }
   if (request.limit() < 0) return ErrorEnvelope(2, "a listing's limit must be 0 (no limit) or more");
+  if (request.before_id() < 0) return ErrorEnvelope(2, "a listing's before_id must be 0 (none) or more");
   filter.user = request.user();
   filter.name_contains = request.name_contains();
-  filter.limit = request.limit();
+  filter.before_id = request.before_id();
+  // One job past the page says whether there is a next one (ListReply in trainyard.proto).
+  const int64_t most = options_.list_page;
+  const int64_t page = request.limit() > 0 ? std::min<int64_t>(request.limit(), most) : most;
+  filter.limit = page + 1;
+  std::vector<JobRecord> matched = store_->JobsMatching(filter);
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
-  wire::ListReply* jobs = reply.mutable_jobs();   // set even when empty: it is the reply's body
+  wire::ListReply* jobs = reply.mutable_jobs();  // set even when empty: it is the reply's body
+  if (int64_t(matched.size()) > page) {
+    matched.pop_back();
+    jobs->set_next_before_id(matched.back().id);
+  }
   std::map<int64_t, std::string> search_metrics;  // a search's metric, once per listing
-  for (const JobRecord& j : store_->JobsMatching(filter)) {
+  for (const JobRecord& j : matched) {
     wire::JobInfo* info = jobs->add_jobs();
     Fill(j, info);
     FillWaiting(j, info);

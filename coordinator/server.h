@@ -85,6 +85,8 @@
 
 namespace trainyard {
 
+class Metrics;  // common/metrics.h
+
 // Note [Policy by role]
 // A named client key of role `user` (coordinator --add-client NAME) may not ask for what
 // would take the pool from others: a priority above --user-max-priority (default 0),
@@ -122,7 +124,8 @@ struct ServerOptions {
   bool insecure = false;                         // no CURVE, no roles: development only
   YamlBudget submit_budget;                      // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
-  SlurmOptions slurm;  // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
+  int64_t list_page = 500;  // jobs in one listing reply (ListReply in proto/trainyard.proto)
+  SlurmOptions slurm;       // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
   SchedulingPolicy policy;
   // Seconds since the epoch, read by the loop thread: what the store records, what usage
   // and fair share accrue on, and what restart backoffs and the listening clock (Note
@@ -327,7 +330,7 @@ class Server {
 
   // The dashboard's API (server_web.cc).
   void AnswerWebQueries();
-  WebReply ApiJobs();
+  WebReply ApiJobs(const std::string& target);
   WebReply ApiJob(int64_t id);
   WebReply HeatmapSvg(int64_t id);
   // The job's latency_heatmap.svg, a regular file beneath the runs folder (never a
@@ -335,6 +338,9 @@ class Server {
   FileRead HeatmapFile(int64_t id, const std::string& job_name) const;
   WebReply ApiWorkers();
   std::string MetricsText();
+  void AddJobMetrics(Metrics* m);
+  void AddAttemptMetrics(Metrics* m);
+  void AddWorkerMetrics(Metrics* m);
   void Send(const std::string& identity, const wire::Envelope& message);
 
   // Worker pools (server_pool.cc).

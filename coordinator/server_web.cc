@@ -5,16 +5,23 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
+#include <vector>
 #include <zmq_addon.hpp>
 
 #include "common/bounded_json.h"
 #include "common/csv.h"
 #include "common/metrics.h"
+#include "common/query_string.h"
 #include "common/regular_file.h"
 #include "coordinator/search_json.h"
 #include "coordinator/server.h"
@@ -29,6 +36,8 @@ constexpr size_t kDashboardOutputBytes = 16 << 10;  // of a job's output on its 
 
 WebReply JsonReply(int status, const json& body) { return {status, "application/json", DumpJsonForPeer(body)}; }
 WebReply NotFound(const std::string& what) { return JsonReply(404, {{"error", what}}); }
+
+constexpr int64_t kMaxJobId = 999'999'999'999'999'999;  // 18 digits
 
 // A job id as a path segment: 1 to 18 digits, nothing else.
 std::optional<int64_t> ParseJobId(const std::string& text) {
@@ -72,10 +81,84 @@ json EpochJson(const std::vector<std::string>& header, const EpochRecord& row) {
   return out;
 }
 
-// The latest epoch row of a job, parsed; null if it has none.
-json LatestEpoch(const std::vector<EpochRecord>& rows) {
-  if (rows.empty()) return nullptr;
-  return EpochJson(SplitCsv(rows.back().csv_header), rows.back());
+// A job's newest epoch row, parsed; null if it has none.
+json LatestEpoch(const std::optional<EpochRecord>& newest) {
+  if (!newest) return nullptr;
+  return EpochJson(SplitCsv(newest->csv_header), *newest);
+}
+
+// Note [Paged job listing]
+// GET /api/jobs answers one page of jobs, newest first: at most `limit` (default
+// kDefaultJobPage, at most kMaxJobPage), optionally only those older than job `before`,
+// in states `state` (comma-separated) or of owner `user`. Each job costs the loop a row
+// and its newest epoch row, so a page costs the same with 20 jobs stored or 20 million.
+// The reply's `next` is the URL of the following page (null on the last one) and
+// `total` counts the jobs the filters match on every page. Ids only grow, so paging by
+// id never shows a job twice or skips one, however many are submitted meanwhile.
+constexpr int64_t kDefaultJobPage = 200, kMaxJobPage = 1000;
+
+// A bad query is the client's mistake: 400, naming the field and what it takes.
+struct BadQuery : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+int64_t WholeNumberIn(const std::string& field, const std::string& text, int64_t low, int64_t high) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  if (text.empty() || text.size() > 18 || !std::all_of(text.begin(), text.end(), digit) || std::stoll(text) < low ||
+      std::stoll(text) > high)
+    throw BadQuery(field + ": expected a whole number from " + std::to_string(low) + " to " + std::to_string(high) +
+                   ", got '" + text.substr(0, 32) + "'");
+  return std::stoll(text);
+}
+
+std::vector<JobState> StatesIn(const std::string& text) {
+  std::vector<JobState> states;
+  std::stringstream names(text);
+  for (std::string name; std::getline(names, name, ',');) {
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+    try {
+      states.push_back(JobStateFromString(name));
+    } catch (const StoreError&) {
+      throw BadQuery(
+          "state: expected QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED or STOPPED (comma-separated), "
+          "got '" +
+          name.substr(0, 32) + "'");
+    }
+  }
+  return states;
+}
+
+// The filter a GET /api/jobs asks for; throws BadQuery.
+JobFilter JobPageFilter(const std::string& target) {
+  std::map<std::string, std::string> fields;
+  try {
+    fields = ParseQueryString(target);
+  } catch (const QueryError& e) {
+    throw BadQuery(e.what());
+  }
+  JobFilter filter;
+  filter.limit = fields.count("limit") ? WholeNumberIn("limit", fields["limit"], 1, kMaxJobPage) : kDefaultJobPage;
+  if (fields.count("before")) filter.before_id = WholeNumberIn("before", fields["before"], 1, kMaxJobId);
+  if (fields.count("state")) filter.states = StatesIn(fields["state"]);
+  if (fields.count("user")) filter.user = fields["user"];
+  return filter;
+}
+
+// The URL of the page after one that ended at job `last_id`.
+std::string NextPageUrl(const JobFilter& filter, int64_t last_id) {
+  std::string url = "/api/jobs?limit=" + std::to_string(filter.limit) + "&before=" + std::to_string(last_id);
+  std::string states;
+  for (JobState state : filter.states) states += (states.empty() ? "" : ",") + std::string(ToString(state));
+  if (!states.empty()) url += "&state=" + states;
+  static const char* kHex = "0123456789ABCDEF";
+  if (!filter.user.empty()) url += "&user=";
+  for (unsigned char c : filter.user) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.')
+      url += char(c);
+    else
+      url += std::string("%") + kHex[c >> 4] + kHex[c & 15];
+  }
+  return url;
 }
 
 double NumberOr(const json& object, const char* key, double fallback) {
@@ -88,7 +171,7 @@ double NumberOr(const json& object, const char* key, double fallback) {
 WebReply Server::AnswerWebQuery(const std::string& target) {
   const std::string path = target.substr(0, target.find('?'));
   try {
-    if (path == "/api/jobs") return ApiJobs();
+    if (path == "/api/jobs") return ApiJobs(target);
     if (path == "/api/workers") return ApiWorkers();
     if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", MetricsText()};
     const std::string jobs_prefix = "/api/jobs/";
@@ -101,24 +184,37 @@ WebReply Server::AnswerWebQuery(const std::string& target) {
       if (rest.substr(slash) == "/heatmap.svg") return HeatmapSvg(*id);
     }
     return NotFound("no such API path: " + path + " (see GET /api)");
+  } catch (const BadQuery& e) {
+    return JsonReply(400, {{"error", e.what()}});
   } catch (const std::exception& e) {  // a store error: the loop goes on
     spdlog::error("dashboard query {}: {}", path, e.what());
     return JsonReply(500, {{"error", e.what()}});
   }
 }
 
-WebReply Server::ApiJobs() {
+// Note [Paged job listing].
+WebReply Server::ApiJobs(const std::string& target) {
+  const JobFilter filter = JobPageFilter(target);
+  JobFilter one_more = filter;  // a row past the page says whether there is a next one
+  ++one_more.limit;
+  std::vector<JobRecord> page = store_->JobsMatching(one_more);
+  const bool more = int64_t(page.size()) > filter.limit;
+  if (more) page.pop_back();
   json jobs = json::array();
-  for (const JobRecord& j : store_->Jobs()) {
+  for (const JobRecord& j : page) {
     json job = JobJson(j);
     job["slurm"] = SlurmText(j.id);
     job["waiting"] = WaitingText(j);
-    const json latest = LatestEpoch(store_->EpochRows(j.id));
+    const json latest = LatestEpoch(store_->NewestEpochRow(j.id));
     job["epochs"] = latest.is_null() ? 0 : NumberOr(latest, "epoch", 0);
     job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
     jobs.push_back(job);
   }
-  return JsonReply(200, {{"jobs", jobs}, {"now", Now()}});
+  return JsonReply(200, {{"jobs", jobs},
+                         {"now", Now()},
+                         {"total", store_->CountMatching(filter)},
+                         {"limit", filter.limit},
+                         {"next", more ? json(NextPageUrl(filter, page.back().id)) : json(nullptr)}});
 }
 
 WebReply Server::ApiJob(int64_t id) {
@@ -207,34 +303,49 @@ WebReply Server::ApiWorkers() {
                          {"lost_after_s", lost_after}});
 }
 
+namespace {
+
+void DeclareCoordinatorMetrics(Metrics* m) {
+  m->DeclareGauge("trainyard_jobs", "Jobs by state.");
+  m->DeclareGauge("trainyard_queue_depth", "Jobs waiting to run (QUEUED).");
+  m->DeclareHistogram("trainyard_submit_to_running_seconds",
+                      "From a job's submission to the start of its first attempt.",
+                      {0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400});
+  m->DeclareCounter("trainyard_attempts_total", "Ended attempts by outcome.");
+  m->DeclareGauge("trainyard_running_attempts", "Attempts running now.");
+  m->DeclareGauge("trainyard_worker_up", "1 for a registered rank heard within its liveness window, else 0.");
+  m->DeclareGauge("trainyard_worker_heartbeat_age_seconds", "Listening time since a rank's last message.");
+  m->DeclareGauge("trainyard_job_ms_per_step", "A running job's mean ms per step in its latest epoch.");
+  m->DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
+  m->DeclareGauge("trainyard_slurm_job",
+                  "Under --slurm: 1 per running attempt, labelled with its Slurm job id, state and reason.");
+  m->DeclareCounter("trainyard_rank_seconds_total",
+                    "Rank-seconds used by every attempt that ran, per user (running ones until now).");
+  m->DeclareCounter("trainyard_gpu_seconds_total",
+                    "GPU-seconds used by every attempt that ran, per user (running ones until now).");
+  m->DeclareGauge("trainyard_user_jobs", "Jobs by owner and state.");
+  m->DeclareCounter("trainyard_preemptions_total",
+                    "Running jobs asked to stop for a job of higher priority since start.");
+  m->DeclareCounter("trainyard_squat_attempts_total",
+                    "Registrations refused since start for claiming another agent's world id with another token.");
+}
+
+}  // namespace
+
 // Everything is derived from the store and the registry at scrape time, so the counters
 // and the histogram survive a coordinator restart unchanged: they only ever grow with
 // the durable history.
 std::string Server::MetricsText() {
   Metrics m;
-  m.DeclareGauge("trainyard_jobs", "Jobs by state.");
-  m.DeclareGauge("trainyard_queue_depth", "Jobs waiting to run (QUEUED).");
-  m.DeclareHistogram("trainyard_submit_to_running_seconds",
-                     "From a job's submission to the start of its first attempt.",
-                     {0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400});
-  m.DeclareCounter("trainyard_attempts_total", "Ended attempts by outcome.");
-  m.DeclareGauge("trainyard_running_attempts", "Attempts running now.");
-  m.DeclareGauge("trainyard_worker_up", "1 for a registered rank heard within its liveness window, else 0.");
-  m.DeclareGauge("trainyard_worker_heartbeat_age_seconds", "Listening time since a rank's last message.");
-  m.DeclareGauge("trainyard_job_ms_per_step", "A running job's mean ms per step in its latest epoch.");
-  m.DeclareGauge("trainyard_job_data_wait_ms", "A running job's mean data wait per step in its latest epoch.");
-  m.DeclareGauge("trainyard_slurm_job",
-                 "Under --slurm: 1 per running attempt, labelled with its Slurm job id, state and reason.");
-  m.DeclareCounter("trainyard_rank_seconds_total",
-                   "Rank-seconds used by every attempt that ran, per user (running ones until now).");
-  m.DeclareCounter("trainyard_gpu_seconds_total",
-                   "GPU-seconds used by every attempt that ran, per user (running ones until now).");
-  m.DeclareGauge("trainyard_user_jobs", "Jobs by owner and state.");
-  m.DeclareCounter("trainyard_preemptions_total",
-                   "Running jobs asked to stop for a job of higher priority since start.");
-  m.DeclareCounter("trainyard_squat_attempts_total",
-                   "Registrations refused since start for claiming another agent's world id with another token.");
+  DeclareCoordinatorMetrics(&m);
+  AddJobMetrics(&m);
+  AddAttemptMetrics(&m);
+  AddWorkerMetrics(&m);
+  return m.Render();
+}
 
+// Jobs by state and owner, submit-to-running latency, and running jobs' step times.
+void Server::AddJobMetrics(Metrics* m) {
   std::map<std::string, int64_t> by_state;
   for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"}) by_state[state] = 0;
   const std::vector<JobRecord> jobs = store_->Jobs();
@@ -245,44 +356,51 @@ std::string Server::MetricsText() {
     ++by_user[{j.user, ToString(j.state)}];
     const auto start = first_starts.find(j.id);
     if (start != first_starts.end())
-      m.Observe("trainyard_submit_to_running_seconds", {}, std::max(0.0, start->second - j.submitted_at));
+      m->Observe("trainyard_submit_to_running_seconds", {}, std::max(0.0, start->second - j.submitted_at));
     if (j.state != JobState::kRunning) continue;
-    const json latest = LatestEpoch(store_->EpochRows(j.id));
+    const json latest = LatestEpoch(store_->NewestEpochRow(j.id));
     if (latest.is_null()) continue;
     const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}, {"user", j.user}};
-    m.Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
-    m.Set("trainyard_job_data_wait_ms", labels, NumberOr(latest, "wait_ms", 0));
+    m->Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
+    m->Set("trainyard_job_data_wait_ms", labels, NumberOr(latest, "wait_ms", 0));
   }
-  for (const auto& [state, count] : by_state) m.Set("trainyard_jobs", {{"state", state}}, double(count));
-  m.Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
+  for (const auto& [state, count] : by_state) m->Set("trainyard_jobs", {{"state", state}}, double(count));
+  m->Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
   for (const auto& [user_state, count] : by_user)
-    m.Set("trainyard_user_jobs", {{"user", user_state.first}, {"state", user_state.second}}, double(count));
-  m.Add("trainyard_preemptions_total", {}, double(preemptions_));
+    m->Set("trainyard_user_jobs", {{"user", user_state.first}, {"state", user_state.second}}, double(count));
+}
+
+// Ended attempts, running ones (with their Slurm jobs), usage, preemptions and squats.
+void Server::AddAttemptMetrics(Metrics* m) {
+  m->Add("trainyard_preemptions_total", {}, double(preemptions_));
   for (const auto& [outcome, count] : store_->AttemptOutcomes())
-    m.Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
-  m.Set("trainyard_running_attempts", {}, double(running_.size()));
-  m.Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
+    m->Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
+  m->Set("trainyard_running_attempts", {}, double(running_.size()));
+  m->Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
   for (const Usage& u : store_->UsageBy(/*per_user=*/true, Now())) {
-    m.Add("trainyard_rank_seconds_total", {{"user", u.user}}, u.rank_seconds);
-    m.Add("trainyard_gpu_seconds_total", {{"user", u.user}}, u.gpu_seconds);
+    m->Add("trainyard_rank_seconds_total", {{"user", u.user}}, u.rank_seconds);
+    m->Add("trainyard_gpu_seconds_total", {{"user", u.user}}, u.gpu_seconds);
   }
   for (const auto& [id, attempt] : running_)
     if (!attempt.slurm_job.empty())
-      m.Set("trainyard_slurm_job",
-            {{"job", std::to_string(id)},
-             {"slurm_job", attempt.slurm_job},
-             {"state", attempt.slurm_state.state.empty() ? "SUBMITTED" : attempt.slurm_state.state},
-             {"reason", attempt.slurm_state.reason}},
-            1);
+      m->Set("trainyard_slurm_job",
+             {{"job", std::to_string(id)},
+              {"slurm_job", attempt.slurm_job},
+              {"state", attempt.slurm_state.state.empty() ? "SUBMITTED" : attempt.slurm_state.state},
+              {"reason", attempt.slurm_state.reason}},
+             1);
+}
+
+// Each registered rank's liveness.
+void Server::AddWorkerMetrics(Metrics* m) {
   const double lost_after = options_.heartbeat_s * options_.liveness;
   for (const auto& [key, entry] : ranks_) {
     const MetricLabels labels = {
         {"world", key.first}, {"rank", std::to_string(key.second)}, {"host", entry.info.host()}};
     const double silent = listened_ - entry.last_seen;
-    m.Set("trainyard_worker_up", labels, silent <= lost_after ? 1 : 0);
-    m.Set("trainyard_worker_heartbeat_age_seconds", labels, silent);
+    m->Set("trainyard_worker_up", labels, silent <= lost_after ? 1 : 0);
+    m->Set("trainyard_worker_heartbeat_age_seconds", labels, silent);
   }
-  return m.Render();
 }
 
 void Server::AnswerWebQueries() {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -17,14 +18,20 @@
 namespace trainyard {
 namespace {
 
-// A prepared statement with positional binds; finalized on scope exit.
+std::atomic<int64_t> full_scan_steps{0};  // FullScanSteps()
+
+// A prepared statement with positional binds; finalized on scope exit, when its
+// full-scan steps are added to FullScanSteps().
 class Statement {
  public:
   Statement(sqlite3* db, const std::string& sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
       throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db)) + " in: " + sql);
   }
-  ~Statement() { sqlite3_finalize(stmt_); }
+  ~Statement() {
+    full_scan_steps += sqlite3_stmt_status(stmt_, SQLITE_STMTSTATUS_FULLSCAN_STEP, 0);
+    sqlite3_finalize(stmt_);
+  }
   Statement& Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
   Statement& Bind(int i, double v) { return Check(sqlite3_bind_double(stmt_, i, v)); }
   Statement& Bind(int i, const std::string& v) {
@@ -209,6 +216,7 @@ StateStore::Transaction::~Transaction() {
   char* error = nullptr;  // no throwing from a destructor: a failed rollback leaves SQLite's own
   sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, &error);
   sqlite3_free(error);
+  store_.ended_usage_.reset();  // it may hold an attempt's end that was rolled back
 }
 
 void StateStore::Transaction::Commit() {
@@ -268,6 +276,12 @@ void StateStore::CreateSchema() {
   AddColumnIfMissing("jobs", "search", "INTEGER NOT NULL DEFAULT 0");
   AddColumnIfMissing("jobs", "kind", "TEXT NOT NULL DEFAULT ''");
   AddColumnIfMissing("jobs", "metric", "TEXT NOT NULL DEFAULT ''");
+  // An index for each query the loop makes per job or per scheduling pass, so that none
+  // reads a whole table however long the history (FullScanSteps() counts what still does).
+  Exec(R"(CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, id);
+    CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs(user, id);
+    CREATE INDEX IF NOT EXISTS attempts_open ON attempts(job, attempt) WHERE ended_at IS NULL;
+    CREATE INDEX IF NOT EXISTS events_by_job ON events(job);)");
   Exec(R"(CREATE TABLE IF NOT EXISTS searches(
       job INTEGER PRIMARY KEY REFERENCES jobs(id), method TEXT NOT NULL, metric TEXT NOT NULL,
       maximize INTEGER NOT NULL, eta INTEGER NOT NULL, max_epochs INTEGER NOT NULL,
@@ -280,7 +294,8 @@ void StateStore::CreateSchema() {
       stopped_at INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(search, trial));
     CREATE TABLE IF NOT EXISTS rung_results(
       search INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, trial INTEGER NOT NULL,
-      value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));)");
+      value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));
+    CREATE INDEX IF NOT EXISTS trials_by_job ON trials(job) WHERE job != 0;)");
 }
 
 // Schema versions (PRAGMA user_version): 1 and before, idempotency keys as the client
@@ -399,9 +414,19 @@ int StateStore::StartAttempt(int64_t id, const std::string& placement, double no
 }
 
 void StateStore::EndAttempt(int64_t id, int attempt, const std::string& outcome, double now) {
+  Statement was(db_,
+                "SELECT j.user, a.ranks, a.ran_from, a.ended_at IS NULL FROM attempts a JOIN jobs j ON j.id = a.job "
+                "WHERE a.job = ? AND a.attempt = ?");
+  was.Bind(1, id).Bind(2, int64_t(attempt));
+  const bool found = was.Step();
   Statement s(db_, "UPDATE attempts SET ended_at = ?, outcome = ? WHERE job = ? AND attempt = ?");
   s.Bind(1, now).Bind(2, outcome).Bind(3, id).Bind(4, int64_t(attempt));
   s.Step();
+  if (!ended_usage_ || !found) return;
+  if (was.Int(3) == 0)  // ended again: its end moved, so the totals are read afresh
+    ended_usage_.reset();
+  else if (was.Real(2) > 0)
+    ended_usage_->AddEnded(was.Text(0), double(was.Int(1)), was.Real(2), now);
 }
 
 void StateStore::StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus) {
@@ -430,21 +455,23 @@ std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
   return out;
 }
 
-std::map<std::string, double> StateStore::DecayedRankSeconds(double now, double half_life_s) const {
+void StateStore::LoadEndedUsage(double half_life_s) const {
   Statement s(db_,
-              "SELECT j.user, a.ranks, a.ran_from, IFNULL(a.ended_at, 0) FROM attempts a JOIN jobs j ON j.id = a.job "
-              "WHERE a.ran_from > 0");
-  std::map<std::string, double> usage;
-  while (s.Step()) {
-    const double ranks = double(s.Int(1)), from = s.Real(2), to = s.Real(3) > 0 ? s.Real(3) : now;
-    if (to <= from) continue;
-    double seconds = to - from;
-    if (half_life_s > 0) {
-      const double decay = std::log(2.0) / half_life_s;
-      seconds = (std::exp(-decay * std::max(0.0, now - to)) - std::exp(-decay * std::max(0.0, now - from))) / decay;
-    }
-    usage[s.Text(0)] += ranks * seconds;
-  }
+              "SELECT j.user, a.ranks, a.ran_from, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job "
+              "WHERE a.ran_from > 0 AND a.ended_at IS NOT NULL");
+  ended_usage_.emplace(half_life_s);
+  while (s.Step()) ended_usage_->AddEnded(s.Text(0), double(s.Int(1)), s.Real(2), s.Real(3));
+}
+
+std::map<std::string, double> StateStore::DecayedRankSeconds(double now, double half_life_s) const {
+  if (!ended_usage_ || ended_usage_->half_life_s() != half_life_s) LoadEndedUsage(half_life_s);
+  std::map<std::string, double> usage = ended_usage_->At(now);
+  Statement running(db_,
+                    "SELECT j.user, a.ranks, a.ran_from FROM attempts a JOIN jobs j ON j.id = a.job "
+                    "WHERE a.ended_at IS NULL AND a.ran_from > 0");
+  while (running.Step())
+    if (running.Real(2) < now)
+      usage[running.Text(0)] += DecayedUsage::Of(double(running.Int(1)), running.Real(2), now, now, half_life_s);
   return usage;
 }
 
@@ -505,8 +532,11 @@ std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
   return out;
 }
 
-std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
-  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs WHERE 1";
+namespace {
+
+// The WHERE clause of a job listing, with a '?' for each value BindFilter binds.
+std::string FilterClause(const JobFilter& filter, bool paged) {
+  std::string sql = " WHERE 1";
   if (!filter.states.empty()) {
     sql += " AND state IN (?";
     for (size_t i = 1; i < filter.states.size(); ++i) sql += ", ?";
@@ -514,17 +544,48 @@ std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
   }
   if (!filter.user.empty()) sql += " AND user = ?";
   if (!filter.name_contains.empty()) sql += " AND instr(name, ?) > 0";
-  sql += " ORDER BY id DESC";
+  if (paged && filter.before_id > 0) sql += " AND id < ?";
+  return sql;
+}
+
+// Binds FilterClause's values from 1 on; returns the last index bound.
+int BindFilter(const JobFilter& filter, bool paged, Statement* s) {
+  int bound = 0;
+  for (JobState state : filter.states) s->Bind(++bound, std::string(ToString(state)));
+  if (!filter.user.empty()) s->Bind(++bound, filter.user);
+  if (!filter.name_contains.empty()) s->Bind(++bound, filter.name_contains);
+  if (paged && filter.before_id > 0) s->Bind(++bound, filter.before_id);
+  return bound;
+}
+
+}  // namespace
+
+std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
+  std::string sql =
+      std::string("SELECT ") + kJobColumns + " FROM jobs" + FilterClause(filter, true) + " ORDER BY id DESC";
   if (filter.limit > 0) sql += " LIMIT ?";
   Statement s(db_, sql);
-  int bound = 0;
-  for (JobState state : filter.states) s.Bind(++bound, std::string(ToString(state)));
-  if (!filter.user.empty()) s.Bind(++bound, filter.user);
-  if (!filter.name_contains.empty()) s.Bind(++bound, filter.name_contains);
-  if (filter.limit > 0) s.Bind(++bound, filter.limit);
+  const int bound = BindFilter(filter, true, &s);
+  if (filter.limit > 0) s.Bind(bound + 1, filter.limit);
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
   return out;
+}
+
+int64_t StateStore::CountMatching(const JobFilter& filter) const {
+  Statement s(db_, "SELECT COUNT(*) FROM jobs" + FilterClause(filter, false));
+  BindFilter(filter, false, &s);
+  s.Step();
+  return s.Int(0);
+}
+
+std::optional<EpochRecord> StateStore::NewestEpochRow(int64_t id) const {
+  Statement s(db_,
+              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
+              "ORDER BY epoch DESC LIMIT 1");
+  s.Bind(1, id);
+  if (!s.Step()) return std::nullopt;
+  return EpochRecord{int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)};
 }
 
 std::optional<EpochRecord> StateStore::NewestRowWith(int64_t id, const std::string& column) const {
@@ -704,5 +765,7 @@ std::vector<RungResult> StateStore::RungResults(int64_t search, int epoch) const
     out.push_back({int(s.Int(0)), s.IsNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.Real(1), s.Int(2) != 0});
   return out;
 }
+
+int64_t FullScanSteps() { return full_scan_steps.load(); }
 
 }  // namespace trainyard

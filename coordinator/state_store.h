@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/decayed_usage.h"
+
 namespace trainyard {
 
 class StoreError : public std::runtime_error {
@@ -25,6 +27,11 @@ class StoreError : public std::runtime_error {
 enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled, kStopped };
 const char* ToString(JobState state);
 JobState JobStateFromString(const std::string& text);
+
+// The rows SQLite has stepped through in full-table scans, summed over every store of
+// this process (SQLITE_STMTSTATUS_FULLSCAN_STEP): what the store's indexes leave
+// unindexed. A test holds it at 0 for the queries the loop makes per job or per pass.
+int64_t FullScanSteps();
 
 struct JobRecord {
   int64_t id = 0;  // also the submission order
@@ -48,6 +55,7 @@ struct JobFilter {
   std::string user;              // exactly this owner
   std::string name_contains;     // a name containing this text
   int64_t limit = 0;             // at most this many, the newest; 0: no limit
+  int64_t before_id = 0;         // only jobs with a smaller id (the next page's cursor); 0: any
 };
 
 struct NewJob {
@@ -126,6 +134,9 @@ struct AttemptRecord {
 // that ran from t0 to t1 thus count ranks x H/ln 2 x (2^(-(now-t1)/H) - 2^(-(now-t0)/H)),
 // with H the half-life, computed from the store at each pass, so a restarted
 // coordinator orders the queue as the one before it did. A half-life of 0 does not decay.
+// The ended attempts' part is a running total per user (coordinator/decayed_usage.h),
+// read from the store once and then added to as attempts end; only the running ones are
+// read at each pass.
 struct Usage {
   std::string user;  // empty in a total over every user
   int64_t jobs = 0, attempts = 0;
@@ -172,6 +183,9 @@ class StateStore {
   std::vector<JobRecord> JobsIn(JobState state) const;
   // The jobs `filter` matches, newest first.
   std::vector<JobRecord> JobsMatching(const JobFilter& filter) const;
+  // How many jobs match `filter`'s states, user and name, on every page: its limit and
+  // before_id are ignored.
+  int64_t CountMatching(const JobFilter& filter) const;
   void SetState(int64_t id, JobState state, const std::string& reason);
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
@@ -195,6 +209,8 @@ class StateStore {
   bool AddEpochRow(int64_t id, const EpochRecord& row);
   // In epoch order.
   std::vector<EpochRecord> EpochRows(int64_t id) const;
+  // The job's newest epoch row; nullopt if it has none.
+  std::optional<EpochRecord> NewestEpochRow(int64_t id) const;
   // The job's newest epoch row whose header has column `column`; nullopt if none has.
   std::optional<EpochRecord> NewestRowWith(int64_t id, const std::string& column) const;
   void AddEvent(int64_t id, const std::string& text, double now);
@@ -244,9 +260,15 @@ class StateStore {
   // that did not have it.
   void AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& declaration);
 
+  // Loads ended_usage_ from every ended attempt in the store.
+  void LoadEndedUsage(double half_life_s) const;
+
   sqlite3* db_ = nullptr;
   int lock_fd_ = -1;
   int transaction_depth_ = 0;
+  // Note [Fair share]: the ended attempts' decayed usage; empty until the first
+  // DecayedRankSeconds, and again after a rollback (it is then read afresh).
+  mutable std::optional<DecayedUsage> ended_usage_;
 };
 
 }  // namespace trainyard

@@ -3,7 +3,8 @@
 // (Debian's libjs-chart.js). `?refresh=MS` sets the polling period (default 2000).
 "use strict";
 
-const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 2000;
+const PAGE_QUERY = new URLSearchParams(location.search);
+const REFRESH_MS = Number(PAGE_QUERY.get("refresh")) || 2000;
 const PART_COLOURS = ["#8c8c8c", "#9467bd", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c"];
 
 function el(tag, text, className) {
@@ -81,11 +82,34 @@ function workerRow(worker) {
   return tr;
 }
 
+// The overview shows one page of the job listing, newest first (Note [Paged job listing]
+// in coordinator/server_web.cc): the page's own ?limit (default 100), ?before, ?state
+// and ?user go to /api/jobs as they are, and the API's `next` becomes the older-jobs link.
+function jobsQuery() {
+  const query = new URLSearchParams({limit: PAGE_QUERY.get("limit") || "100"});
+  for (const field of ["before", "state", "user"]) {
+    if (PAGE_QUERY.get(field)) query.set(field, PAGE_QUERY.get(field));
+  }
+  return `/api/jobs?${query}`;
+}
+
+function showJobPaging(jobs) {
+  document.getElementById("job-count").textContent = `(${jobs.jobs.length} of ${jobs.total} shown)`;
+  const older = document.getElementById("older-jobs");
+  older.hidden = !jobs.next;
+  if (jobs.next) {
+    const query = new URLSearchParams(jobs.next.split("?")[1]);
+    if (PAGE_QUERY.get("refresh")) query.set("refresh", PAGE_QUERY.get("refresh"));
+    older.href = `/?${query}`;
+  }
+  document.getElementById("newest-jobs").hidden = !PAGE_QUERY.get("before");
+}
+
 async function refreshOverview() {
-  const [jobs, workers] = await Promise.all([getJson("/api/jobs"), getJson("/api/workers")]);
-  fillTable("jobs-table", jobs.jobs.slice().reverse().map(jobRow));
+  const [jobs, workers] = await Promise.all([getJson(jobsQuery()), getJson("/api/workers")]);
+  fillTable("jobs-table", jobs.jobs.map(jobRow));
   fillTable("workers-table", workers.workers.map(workerRow));
-  document.getElementById("job-count").textContent = `(${jobs.jobs.length})`;
+  showJobPaging(jobs);
   document.getElementById("worker-count").textContent =
       `(${workers.workers.length} slots; lost after ${workers.lost_after_s} s without a heartbeat)`;
   // Refused registrations as another agent's world (squat attempts), newest first.

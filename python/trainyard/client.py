@@ -136,7 +136,8 @@ class Client:
 
     def list(self, state=None, user=None, name=None, limit=0):
         """Jobs, newest first: `state` a state name or several ("queued", ["queued",
-        "running"]), `user` an exact owner, `name` a part of the name, `limit` the newest N."""
+        "running"]), `user` an exact owner, `name` a part of the name, `limit` the newest N.
+        Asked a page at a time, as the coordinator answers (coordinator --list-page)."""
         states = [state] if isinstance(state, str) else list(state or [])
         job_state = wire.enum("JobState")
         numbers = []
@@ -147,7 +148,15 @@ class Client:
             numbers.append(value.number)
         request = wire.message("ListRequest")(states=numbers, user=user or "", name_contains=name or "",
                                               limit=limit)
-        return [_job_dict(j) for j in self._ask(list=request).jobs.jobs]
+        jobs = []
+        while True:  # the coordinator answers a page at a time (ListReply in trainyard.proto)
+            page = self._ask(list=request).jobs
+            jobs += [_job_dict(j) for j in page.jobs]
+            if page.next_before_id == 0 or (limit and len(jobs) >= limit):
+                return jobs
+            request.before_id = page.next_before_id
+            if limit:
+                request.limit = limit - len(jobs)
 
     def cancel(self, job_id):
         """Cancels the job (a running one stops on all its ranks); returns it. Refused

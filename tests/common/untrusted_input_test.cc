@@ -1,19 +1,21 @@
 // Readers of bytes someone else chose: linear-time module patterns (common/module_pattern.h),
 // depth-bounded JSON (common/bounded_json.h), files read without blocking or following
-// links (common/regular_file.h); and the rate limit on what peers can make us log
-// (common/log_limiter.h).
+// links (common/regular_file.h), URL query strings (common/query_string.h); and the rate limit on what peers can make
+// us log (common/log_limiter.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "common/atomic_file.h"
 #include "common/bounded_json.h"
 #include "common/log_limiter.h"
 #include "common/module_pattern.h"
+#include "common/query_string.h"
 #include "common/regular_file.h"
 
 namespace trainyard {
@@ -57,6 +59,34 @@ TEST(BoundedJson, RefusesNestingPastTheLimitAndKeepsTheRest) {
 
 // A flood of refusals is written as `burst` lines a window; the first line after it says
 // how many were left out. Kinds are counted apart.
+TEST(QueryString, DecodesNamesAndValuesAfterTheFirstQuestionMark) {
+  using Fields = std::map<std::string, std::string>;
+  EXPECT_EQ(ParseQueryString("/api/jobs"), Fields{});
+  EXPECT_EQ(ParseQueryString("/api/jobs?"), Fields{});
+  EXPECT_EQ(ParseQueryString("/api/jobs?limit=5&user=a%2Fb+c&&flag&x=?y=1"),
+            (Fields{{"limit", "5"}, {"user", "a/b c"}, {"flag", ""}, {"x", "?y=1"}}));
+  EXPECT_EQ(ParseQueryString("/?a%3Db=%41%7e"), (Fields{{"a=b", "A~"}}));
+}
+
+TEST(QueryString, RefusesBadEscapesRepeatsAndTooManyFieldsNamingTheField) {
+  const auto why = [](const std::string& target) {
+    try {
+      ParseQueryString(target);
+    } catch (const QueryError& e) {
+      return std::string(e.what());
+    }
+    return std::string("parsed");
+  };
+  EXPECT_EQ(why("/?user=a%2"), "'a%2' has a '%' not followed by two hexadecimal digits");
+  EXPECT_EQ(why("/?user=%zz"), "'%zz' has a '%' not followed by two hexadecimal digits");
+  EXPECT_EQ(why("/?limit=1&limit=2"), "'limit' is given twice in the query");
+  std::string many = "/?";
+  for (size_t i = 0; i <= kMaxQueryFields; ++i) many += "f" + std::to_string(i) + "=1&";
+  EXPECT_EQ(why(many), "the query has more than 32 fields");
+  // An echoed field is cut, so an 8 KB one does not come back whole in the error.
+  EXPECT_LT(why("/?v=" + std::string(8192, 'a') + "%").size(), 200u);
+}
+
 TEST(LogLimiter, WritesABurstPerWindowAndCountsTheRest) {
   LogLimiter limiter(3, 10.0);
   int64_t left_out = -1;

@@ -43,7 +43,10 @@ def install(work):
 
 
 class UsersCluster(Cluster):
-    """A Cluster whose key folder also holds keys for alice and bob (users)."""
+    """A Cluster whose key folder also holds keys for alice and bob (users), and whose
+    coordinator answers listings a job at a time, so that every list() walks pages."""
+
+    coordinator_flags = ("--list-page", "1")
 
     def __init__(self, args, work):
         super().__init__(args, work)
@@ -205,6 +208,9 @@ def client_case(c, work, trainyard):
     check([j["id"] for j in listed] == [job], listed)
     check(listed[0].get("metric") == "eval_acc" and listed[0]["metric_value"] == rows[-1]["eval_acc"], listed)
     check([j["id"] for j in alice.list(state=["cancelled"], limit=1)] == [behind], alice.list())
+    every = [j["id"] for j in alice.list()]
+    check(len(every) >= 2 and every == [j["id"] for j in json.loads(c.jobctl_as("alice", "list"))] ==
+          sorted(every, reverse=True), f"paged listings: the client's {every}, jobctl's differ or repeat")
     output_checks(c, alice, job)
     artifact_checks(trainyard, c, alice, bob, job, work)
     follow_check(c, path)

@@ -221,6 +221,17 @@ def case_dashboard(c, work):
             "return [...document.querySelectorAll('#workers-table tbody tr')].map(r => r.cells[8].textContent);")
         check(alive == ["yes", "yes"], alive)
         driver.save_screenshot(os.path.join(artifacts, "overview.png"))
+        # One job a page (Note [Paged job listing]): the newest, then the older one by the link.
+        driver.get(f"{c.base}/?limit=1&refresh=300")
+        shown = lambda: driver.execute_script(
+            "return [[...document.querySelectorAll('#jobs-table tbody tr')].map(r => r.dataset.job),"
+            " document.getElementById('job-count').textContent, document.getElementById('older-jobs').hidden];")
+        first = wait_for(lambda: shown() if shown()[0] else None, 30, "the first page of jobs")
+        check(first == [[str(bench)], "(1 of 2 shown)", False], first)
+        driver.find_element("id", "older-jobs").click()
+        second = wait_for(lambda: shown() if shown()[0] == [str(job)] else None, 30, "the older page of jobs")
+        check(second == [[str(job)], "(1 of 2 shown)", True] and "before=" in driver.current_url,
+              (second, driver.current_url))
         driver.get(f"{c.base}/jobs/424242?refresh=300")
         wait_for(lambda: "no job 424242" in driver.execute_script("return document.getElementById('error').textContent;"),
                  30, "the unknown job's error")

@@ -184,8 +184,9 @@ def submission_caps(a, work, endpoint, port, jobctl, listing, checks):
 def submit_checks(a, work, endpoint, port, jobctl, checks):
     """jobctl for scripts: overrides at submission, ${VAR} expanded on the submitter's side,
     flags after the subcommand, the coordinator from $TRAINYARD_COORDINATOR, and
-    submit --wait ending with the job."""
-    daemon = Daemon(a.coordinator, os.path.join(work, "scripts.db"), port)
+    submit --wait ending with the job. The coordinator answers listings two jobs a page,
+    so the three-job listings below are walked page by page."""
+    daemon = Daemon(a.coordinator, os.path.join(work, "scripts.db"), port, "--list-page", "2")  # listings page
     job = os.path.join(work, "vars.yaml")
     open(job, "w").write(open(os.path.join(SOURCE_DIR, "configs", "jobs", "langid_tiny.yaml")).read()
                          .replace("../../data", "${DATA_ROOT}").replace("name: langid_tiny", "name: ${JOB_NAME:-plain}"))

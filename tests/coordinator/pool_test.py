@@ -341,10 +341,10 @@ def case_serve(c, work):
     shutil.copy(os.path.join(LANGID, "vocab.txt"), version)
     job = os.path.join(work, "serve.yaml")
     with open(job, "w") as f:
-        f.write(f"""name: served
+        f.write("""name: served
 kind: serve
-runtime: {{device: cpu, threads: 1}}
-serve: {{repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}}
+runtime: {device: cpu, threads: 1}
+serve: {repository: repo, http_port: 0, grpc_port: 0, metrics_port: 0}
 """)
     c.start(1)
     check(os.path.realpath(os.getcwd()) != os.path.realpath(work), f"the test runs in its own work folder {work}")

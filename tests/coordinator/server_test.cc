@@ -658,6 +658,104 @@ TEST_F(ServerTest, AJobsFilesAreListedAndFetchedAcrossItsHostsByItsOwner) {
   EXPECT_EQ(partial->artifact_list().files_size(), 1);
 }
 
+// Note [Paged job listing]: /api/jobs walks every job once, newest first, in pages of
+// `limit`, with the filters kept from page to page and `total` counting every page's
+// jobs; a bad query is a 400 naming the field, not a listing of everything.
+TEST_F(ServerTest, TheJobListingIsPagedNewestFirstAndFiltered) {
+  Stop();
+  AddUsers();
+  Start();
+  zmq::socket_t alice = ConnectAs("alice"), bob = ConnectAs("bob");
+  std::vector<int64_t> ids;  // bob's are ids[0], [3], [6] and [9]
+  for (int i = 0; i < 12; ++i) {
+    ids.push_back(SubmitTwoRankJob(i % 3 == 0 ? bob : alice));
+    ASSERT_GT(ids.back(), 0);
+  }
+  const auto page = [&](const std::string& target) {
+    const WebReply reply = WebQuery(target);
+    EXPECT_EQ(reply.status, 200) << target << ": " << reply.body;
+    return nlohmann::json::parse(reply.body);
+  };
+  const auto ids_of = [](const nlohmann::json& listing) {
+    std::vector<int64_t> out;
+    for (const auto& job : listing["jobs"]) out.push_back(job["id"]);
+    return out;
+  };
+  std::vector<int64_t> walked;
+  int pages = 0;
+  for (std::string next = "/api/jobs?limit=5"; !next.empty() && pages < 10; ++pages) {
+    const auto listing = page(next);
+    EXPECT_EQ(listing["total"], 12);
+    EXPECT_LE(listing["jobs"].size(), 5u);
+    for (int64_t id : ids_of(listing)) walked.push_back(id);
+    next = listing["next"].is_null() ? "" : listing["next"].get<std::string>();
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(walked, std::vector<int64_t>(ids.rbegin(), ids.rend()));
+  EXPECT_TRUE(page("/api/jobs?limit=12")["next"].is_null());  // exactly one full page
+  EXPECT_EQ(page("/api/jobs")["limit"], 200);
+
+  using Ids = std::vector<int64_t>;
+  const auto bobs = page("/api/jobs?user=bob&limit=2&state=queued,running");
+  EXPECT_EQ(bobs["total"], 4);
+  EXPECT_EQ(ids_of(bobs), (Ids{ids[9], ids[6]}));
+  EXPECT_EQ(bobs["next"], "/api/jobs?limit=2&before=" + std::to_string(ids[6]) + "&state=QUEUED,RUNNING&user=bob");
+  const auto rest = page(bobs["next"].get<std::string>());
+  EXPECT_TRUE(ids_of(rest) == (Ids{ids[3], ids[0]}) && rest["next"].is_null()) << rest.dump();
+  EXPECT_EQ(page("/api/jobs?state=SUCCEEDED")["total"], 0);
+
+  for (const auto& [target, error] : std::vector<std::pair<std::string, std::string>>{
+           {"/api/jobs?limit=0", "limit: expected a whole number from 1 to 1000, got '0'"},
+           {"/api/jobs?limit=1001", "limit: expected a whole number from 1 to 1000, got '1001'"},
+           {"/api/jobs?limit=-5", "limit: expected a whole number from 1 to 1000, got '-5'"},
+           {"/api/jobs?before=x", "before: expected a whole number from 1 to 999999999999999999, got 'x'"},
+           {"/api/jobs?state=DONE",
+            "state: expected QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED or STOPPED "
+            "(comma-separated), got 'DONE'"},
+           {"/api/jobs?limit=1&limit=2", "'limit' is given twice in the query"},
+           {"/api/jobs?user=%zz", "'%zz' has a '%' not followed by two hexadecimal digits"}}) {
+    const WebReply reply = WebQuery(target);
+    EXPECT_EQ(reply.status, 400) << target;
+    EXPECT_EQ(nlohmann::json::parse(reply.body)["error"], error) << target;
+  }
+}
+
+// A listing over the wire is answered a page (--list-page) at a time, newest first, each
+// reply naming where the next page starts, so that walking before_id sees every job once;
+// a limit under the page is kept, and a negative before_id is refused.
+TEST_F(ServerTest, AWireListingIsAnsweredAPageAtATime) {
+  Stop();
+  options_.list_page = 5;
+  Start();
+  zmq::socket_t client = Connect();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(SubmitTwoRankJob(client));
+  const auto list = [&](int limit, int64_t before_id) {
+    wire::Envelope e;
+    e.set_version(kProtocolVersion);
+    e.mutable_list()->set_limit(limit);
+    e.mutable_list()->set_before_id(before_id);
+    return Send(client, {e.SerializeAsString()}).value_or(wire::Envelope());
+  };
+  std::vector<int64_t> walked, page_sizes;
+  int64_t before_id = 0;
+  do {
+    const wire::Envelope reply = list(0, before_id);
+    ASSERT_TRUE(reply.has_jobs()) << reply.DebugString();
+    for (const wire::JobInfo& j : reply.jobs().jobs()) walked.push_back(j.id());
+    page_sizes.push_back(reply.jobs().jobs_size());
+    before_id = reply.jobs().next_before_id();
+  } while (before_id != 0 && page_sizes.size() < 10);
+  EXPECT_EQ(page_sizes, (std::vector<int64_t>{5, 5, 2}));
+  EXPECT_EQ(walked, std::vector<int64_t>(ids.rbegin(), ids.rend()));
+
+  const wire::Envelope three = list(3, 0);
+  EXPECT_EQ(three.jobs().jobs_size(), 3);
+  EXPECT_EQ(three.jobs().next_before_id(), ids[9]);
+  EXPECT_EQ(list(0, ids[2]).jobs().jobs_size(), 2);
+  EXPECT_EQ(list(0, -1).error().message(), "a listing's before_id must be 0 (none) or more");
+}
+
 // The dashboard's API and /metrics, answered by the loop while a job runs: the job, its
 // attempt and epoch row, both ranks alive, and 404 for what does not exist.
 TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {

@@ -7,6 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace trainyard {
 namespace {
@@ -242,6 +246,69 @@ TEST_F(StateStoreTest, UsageCountsRankAndGpuSecondsFromWhenTheRanksRanPerUser) {
   EXPECT_NEAR(store.DecayedRankSeconds(105, h).at("bob"), 4 * h / ln2 * (1 - std::exp2(-5 / h)), 1e-9);
 }
 
+// Note [Fair share]: the decayed figures kept as running totals while attempts end (read
+// between the ends, as the scheduling passes do) equal the closed form summed over every
+// attempt, and so does a store opened afresh on the same file. An attempt ended twice
+// counts to its last end; one whose end was rolled back is still running.
+TEST_F(StateStoreTest, FairShareTotalsKeptAsAttemptsEndEqualTheClosedForm) {
+  const double h = 3600, t0 = 1.8e9;
+  struct Interval {
+    std::string user;
+    double ranks, from, to;  // to = 0: still running
+  };
+  std::vector<Interval> intervals;
+  const auto closed_form = [&](double now) {  // ranks x H/ln 2 x (2^(-(now-t1)/H) - 2^(-(now-t0)/H))
+    std::map<std::string, double> out;
+    for (const Interval& i : intervals) {
+      const double to = i.to > 0 ? i.to : now;
+      out[i.user] += i.ranks * h / std::log(2.0) * (std::exp2(-(now - to) / h) - std::exp2(-(now - i.from) / h));
+    }
+    return out;
+  };
+  const auto expect_equal = [](const std::map<std::string, double>& got, const std::map<std::string, double>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [user, value] : want) EXPECT_NEAR(got.at(user), value, 1e-9 * value) << user;
+  };
+  {
+    StateStore store(path_, false);
+    bool created = false;
+    double now = t0;
+    for (int i = 0; i < 60; ++i) {
+      NewJob job = Job("k" + std::to_string(i));
+      job.user = std::string(1, char('a' + i % 3));
+      const int64_t id = store.Submit(job, now, &created).id;
+      store.StartAttempt(id, "w:0", now);
+      const double from = now + i % 5, ranks = 1 + i % 4;
+      store.StartUsage(id, 1, from, int(ranks), 0);
+      now += 600 + 97 * (i % 7);
+      if (i % 4 == 3) {  // left running
+        intervals.push_back({job.user, ranks, from, 0});
+        continue;
+      }
+      store.EndAttempt(id, 1, "succeeded", now);
+      if (i == 10) store.EndAttempt(id, 1, "succeeded", now + 5);  // ended twice: counts to the last end
+      intervals.push_back({job.user, ranks, from, i == 10 ? now + 5 : now});
+      if (i == 20) {  // an end rolled back: still running
+        const int64_t rolled = store.Submit(Job("rolled"), now, &created).id;
+        store.StartAttempt(rolled, "w:0", now);
+        store.StartUsage(rolled, 1, now, 2, 0);
+        intervals.push_back({"", 2, now, 0});
+        try {
+          StateStore::Transaction transaction(store);
+          store.EndAttempt(rolled, 1, "failed: x", now + 1);
+          throw std::runtime_error("rolled back");
+        } catch (const std::runtime_error&) {
+        }
+      }
+      if (i % 6 == 0) expect_equal(store.DecayedRankSeconds(now + 10, h), closed_form(now + 10));
+    }
+    expect_equal(store.DecayedRankSeconds(now + 7200, h), closed_form(now + 7200));
+  }
+  StateStore reopened(path_, false);
+  const double later = t0 + 90 * 86400.0;
+  expect_equal(reopened.DecayedRankSeconds(later, h), closed_form(later));
+}
+
 // jobctl list's filters: states, an exact owner and a name's substring, newest first,
 // and a limit that keeps the newest. Text that would be a pattern in SQL's LIKE is plain.
 TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
@@ -257,14 +324,20 @@ TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
                 a2 = submit("gpt2-small", "alice"), a3 = submit("bert_%", "alice");
   store.SetState(a1, JobState::kSucceeded, "");
   store.SetState(a2, JobState::kRunning, "");
-  auto ids = [&](std::vector<JobState> states, const std::string& user, const std::string& name, int64_t limit) {
+  auto filter_of = [](std::vector<JobState> states, const std::string& user, const std::string& name, int64_t limit,
+                      int64_t before_id) {
     JobFilter filter;
     filter.states = std::move(states);
     filter.user = user;
     filter.name_contains = name;
     filter.limit = limit;
+    filter.before_id = before_id;
+    return filter;
+  };
+  auto ids = [&](std::vector<JobState> states, const std::string& user, const std::string& name, int64_t limit,
+                 int64_t before_id = 0) {
     std::vector<int64_t> out;
-    for (const JobRecord& j : store.JobsMatching(filter)) out.push_back(j.id);
+    for (const JobRecord& j : store.JobsMatching(filter_of(states, user, name, limit, before_id))) out.push_back(j.id);
     return out;
   };
   using Ids = std::vector<int64_t>;
@@ -277,15 +350,77 @@ TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
   EXPECT_EQ(ids({JobState::kSucceeded, JobState::kRunning}, "alice", "", 0), (Ids{a2, a1}));
   EXPECT_EQ(ids({}, "", "", 2), (Ids{a3, a2}));
   EXPECT_EQ(ids({}, "alice", "bert", 1), Ids{a3});
+  // Pages: before a cursor, with the same filters; a count sees every page.
+  EXPECT_EQ(ids({}, "", "", 2, a2), (Ids{b1, a1}));
+  EXPECT_EQ(ids({}, "alice", "", 0, a3), (Ids{a2, a1}));
+  EXPECT_EQ(ids({}, "", "", 0, a1), Ids{});
+  EXPECT_EQ(store.CountMatching(filter_of({}, "", "", 2, a2)), 4);
+  EXPECT_EQ(store.CountMatching(filter_of({}, "alice", "", 1, a3)), 3);
+  EXPECT_EQ(store.CountMatching(filter_of({JobState::kQueued}, "", "bert", 0, 0)), 2);
+  EXPECT_EQ(store.CountMatching(filter_of({JobState::kFailed}, "", "", 0, 0)), 0);
+}
+
+// Every query the loop makes per job or per scheduling pass searches an index: with a
+// hundred finished jobs stored (their attempts, epochs and events too), none of them
+// steps through a whole table, by SQLite's own count.
+TEST_F(StateStoreTest, TheLoopsQueriesSearchIndexesInsteadOfScanningTables) {
+  StateStore store(path_, false);
+  bool created = false;
+  int64_t last = 0;
+  const auto add = [&](int i, bool finish) {
+    NewJob job = Job("k" + std::to_string(i));
+    job.user = i % 2 ? "alice" : "bob";
+    last = store.Submit(job, 1.0, &created).id;
+    const int attempt = store.StartAttempt(last, "w:0", 2.0);
+    store.StartUsage(last, attempt, 2.0, 1, 0);
+    store.AddEpochRow(last, {attempt, 1, "1,0.5", "epoch,loss", ""});
+    store.AddEvent(last, "started", 2.0);
+    if (!finish) return;
+    store.EndAttempt(last, attempt, "succeeded", 3.0);
+    store.SetState(last, JobState::kSucceeded, "");
+  };
+  for (int i = 0; i < 100; ++i) add(i, true);
+  add(100, false);  // one running
+  JobFilter alices;
+  alices.user = "alice";
+  alices.limit = 5;
+  JobFilter queued;
+  queued.states = {JobState::kQueued};
+
+  store.DecayedRankSeconds(4.0, 3600);  // reads the ended attempts' usage once
+
+  const int64_t before = FullScanSteps();
+  EXPECT_EQ(store.DecayedRankSeconds(5.0, 3600).size(), 2u);  // then only the running ones
+  EXPECT_TRUE(store.Find(last));
+  EXPECT_TRUE(store.JobsIn(JobState::kQueued).empty());
+  EXPECT_EQ(store.JobsIn(JobState::kRunning).size(), 1u);
+  EXPECT_EQ(store.OpenAttempts().size(), 1u);
+  EXPECT_EQ(store.Attempts(last).size(), 1u);
+  EXPECT_EQ(store.EpochRows(last).size(), 1u);
+  EXPECT_TRUE(store.NewestEpochRow(last));
+  EXPECT_TRUE(store.NewestRowWith(last, "loss"));
+  EXPECT_EQ(store.TimedEvents(last).size(), 1u);
+  EXPECT_EQ(store.JobsMatching(alices).size(), 5u);
+  EXPECT_EQ(store.CountMatching(queued), 0);
+  EXPECT_FALSE(store.TrialOfJob(last));
+  EXPECT_EQ(FullScanSteps() - before, 0);
+
+  // The count itself: a query on a column with no index steps from each row to the next.
+  JobFilter named;
+  named.name_contains = "langid";
+  EXPECT_EQ(store.CountMatching(named), 101);
+  EXPECT_EQ(FullScanSteps() - before, 100);
 }
 
 // A job's metric comes from its newest row that has the column, whatever rows without it
-// came later; a column's name must match whole, not as part of another's.
+// came later; a column's name must match whole, not as part of another's. NewestEpochRow
+// is the newest row of all.
 TEST_F(StateStoreTest, NewestRowWithAColumnSkipsRowsWithoutIt) {
   StateStore store(path_, false);
   bool created = false;
   const int64_t id = store.Submit(Job("m"), 1.0, &created).id;
   EXPECT_FALSE(store.NewestRowWith(id, "eval_acc"));
+  EXPECT_FALSE(store.NewestEpochRow(id));
   store.AddEpochRow(id, {1, 1, "1,0.5,0.8", "epoch,train_loss,eval_acc", ""});
   store.AddEpochRow(id, {1, 2, "2,0.4,0.9", "epoch,train_loss,eval_acc", ""});
   store.AddEpochRow(id, {1, 3, "3,0.3", "epoch,train_loss", ""});
@@ -293,6 +428,7 @@ TEST_F(StateStoreTest, NewestRowWithAColumnSkipsRowsWithoutIt) {
   ASSERT_TRUE(row);
   EXPECT_EQ(row->epoch, 2);
   EXPECT_EQ(store.NewestRowWith(id, "train_loss")->epoch, 3);
+  EXPECT_EQ(store.NewestEpochRow(id)->csv_line, "3,0.3");
   EXPECT_FALSE(store.NewestRowWith(id, "eval"));
   EXPECT_FALSE(store.NewestRowWith(id, "acc"));
 }

@@ -17,7 +17,10 @@ POOL_FLAGS = ("--coordinator", "--jobctl", "--worker", "--mpirun")
 
 class Cluster:
     """One coordinator and its pools, in a scratch folder. `args` holds the binaries
-    (POOL_FLAGS); keys are made at once, processes by the start_* methods."""
+    (POOL_FLAGS); keys are made at once, processes by the start_* methods. A subclass
+    may give the coordinator more flags (coordinator_flags)."""
+
+    coordinator_flags = ()
 
     AGENT_FLAGS = ["--heartbeat", "0.5", "--liveness", "4"]
 
@@ -44,7 +47,8 @@ class Cluster:
         self.coordinator = subprocess.Popen(
             [self.args.coordinator, "--listen", self.endpoint, "--state", self.state, "--runs", self.runs,
              "--keys", self.keys,
-             "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1"],
+             "--heartbeat", "0.5", "--liveness", "10", "--grace", "20", "--restart-backoff", "1",
+             *self.coordinator_flags],
             stdout=log, stderr=subprocess.STDOUT)
 
     def start_pool(self, ranks, mpirun_flags=(), env=None):
