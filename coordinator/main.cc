@@ -173,6 +173,10 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                "submit jobs and forge worker messages");
   app.add_option("--max-message-bytes", o.max_message_bytes, "largest message accepted (default 16 MiB)")
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--max-ranks-per-worker-key", o.max_ranks_per_worker_key,
+                 "ranks registered at once with one worker key (default 4096); a registration past it is\n"
+                 "refused, so what a key holder makes the coordinator keep is bounded")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   app.add_option("--list-page", o.list_page,
                  "jobs in one reply to a listing (default 500); jobctl list and the Python client ask\n"
                  "page after page, so a long history never holds the loop for long")

@@ -378,7 +378,7 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
                                                const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kRegister:
-      OnRegister(identity, request.register_());
+      OnRegister(identity, client.user, request.register_());  // a worker's `user` is its key
       return std::nullopt;
     case wire::Envelope::kHeartbeat:
       OnHeartbeat(identity, request.heartbeat());

@@ -124,8 +124,9 @@ struct ServerOptions {
   bool insecure = false;                         // no CURVE, no roles: development only
   YamlBudget submit_budget;                      // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
-  int64_t list_page = 500;  // jobs in one listing reply (ListReply in proto/trainyard.proto)
-  SlurmOptions slurm;       // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
+  int64_t list_page = 500;                  // jobs in one listing reply (ListReply in proto/trainyard.proto)
+  int64_t max_ranks_per_worker_key = 4096;  // registered at once (Note [Peer text is bounded at reception])
+  SlurmOptions slurm;                       // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
   SchedulingPolicy policy;
   // Seconds since the epoch, read by the loop thread: what the store records, what usage
   // and fair share accrue on, and what restart backoffs and the listening clock (Note
@@ -157,6 +158,7 @@ struct RankEntry {
   int64_t job = 0;       // what its latest heartbeat says it runs; 0: idle
   int attempt = 0;
   std::string last_log_line;
+  std::string worker_key;  // the public key it registered with (Note [Peer text is bounded at reception])
 };
 
 // A pool slot: (world, rank) of an agent (an agent is a world of its own, rank 0).
@@ -221,7 +223,10 @@ inline constexpr size_t kMaxIdempotencyKeyBytes = 256;  // of a submission's --k
 // message) is cut to kMaxPeerLineBytes as it arrives, at a UTF-8 character boundary,
 // with the cut marked; a registration's host and device past kMaxPeerNameBytes are
 // refused (its world id already is). So the failure reasons, events, log lines and API
-// answers made from them are bounded whatever a peer sends.
+// answers made from them are bounded whatever a peer sends. And so is what one worker key
+// holds: at most --max-ranks-per-worker-key ranks registered with it at once (a
+// re-registration of a rank it holds does not count twice), so at most that many times
+// a registration's few KiB; a registration past it is refused.
 inline constexpr size_t kMaxPeerLineBytes = 2048;
 inline constexpr size_t kMaxPeerNameBytes = 256;
 // `text` cut to at most `max` bytes, its end marked, at a UTF-8 character boundary.
@@ -345,7 +350,10 @@ class Server {
 
   // Worker pools (server_pool.cc).
   void ReloadRunningAttempts();
-  void OnRegister(const std::string& identity, const wire::Register& message);
+  // `worker_key`: the public key the registration came with (empty under --insecure).
+  void OnRegister(const std::string& identity, const std::string& worker_key, const wire::Register& message);
+  // Ranks registered with `worker_key`, other than `except`.
+  int64_t RanksOfKey(const std::string& worker_key, const RankKey& except) const;
   void OnHeartbeat(const std::string& identity, const wire::Heartbeat& message);
   void OnEpoch(const std::string& identity, const wire::EpochReport& message);
   void OnResult(const std::string& identity, const wire::JobResult& message);

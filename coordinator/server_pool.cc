@@ -251,7 +251,13 @@ void Server::RefuseSquat(const std::string& identity, const RankKey& key, const 
   Refuse(identity, what);
 }
 
-void Server::OnRegister(const std::string& identity, const wire::Register& message) {
+int64_t Server::RanksOfKey(const std::string& worker_key, const RankKey& except) const {
+  return std::count_if(ranks_.begin(), ranks_.end(), [&](const auto& entry) {
+    return entry.first != except && entry.second.worker_key == worker_key;
+  });
+}
+
+void Server::OnRegister(const std::string& identity, const std::string& worker_key, const wire::Register& message) {
   const wire::RankInfo& rank = message.rank();
   if (!PlausibleWorldId(rank.world()) || rank.rank() < 0 || rank.rank() >= std::max(1, rank.world_size()) ||
       rank.slot() < 0 || rank.host().size() > kMaxPeerNameBytes || rank.device().size() > kMaxPeerNameBytes) {
@@ -275,6 +281,10 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   const double limit = options_.heartbeat_s * options_.liveness;
   if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)
     return Refuse(identity, DescribeRank(key) + " is held by a live process; a registration cannot take its slot");
+  if (!worker_key.empty() && RanksOfKey(worker_key, key) >= options_.max_ranks_per_worker_key)
+    return Refuse(identity, "worker key " + worker_key.substr(0, 8) + "... already holds " +
+                                std::to_string(options_.max_ranks_per_worker_key) +
+                                " registered ranks, the most --max-ranks-per-worker-key allows");
   if (world == world_tokens_.end()) {  // a new world: bound to its token in the store (S8)
     store_->KeepWorldToken(key.first, message.world_token(), Now());
     world_tokens_[key.first] = message.world_token();
@@ -284,6 +294,7 @@ void Server::OnRegister(const std::string& identity, const wire::Register& messa
   entry.info = rank;
   entry.token = message.rank_token();
   entry.identity = identity;
+  entry.worker_key = worker_key;
   entry.last_seen = listened_;
   entry.job = message.job_id();
   entry.attempt = message.attempt();

@@ -36,7 +36,7 @@ void ZapHandler::Serve() {
 
 std::string ZapHandler::UserIdOf(const std::string& z85) const {
   std::lock_guard<std::mutex> lock(keys_mutex_);
-  if (keys_.workers.count(z85)) return ToString(WireRole::kWorker);
+  if (keys_.workers.count(z85)) return ZapUserId(WireRole::kWorker, {z85, false});
   auto client = keys_.clients.find(z85);
   return client == keys_.clients.end() ? std::string() : ZapUserId(WireRole::kClient, client->second);
 }

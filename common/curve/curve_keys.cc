@@ -133,7 +133,8 @@ bool PlausibleUserName(const std::string& name) {
 }
 
 std::string ZapUserId(WireRole role, const ClientIdentity& client) {
-  if (role == WireRole::kWorker || client.user.empty()) return ToString(role);
+  if (client.user.empty()) return ToString(role);
+  if (role == WireRole::kWorker) return std::string(ToString(role)) + ":" + client.user;
   return std::string(ToString(role)) + ":" + client.user + ":" + (client.admin ? "admin" : "user");
 }
 
@@ -142,6 +143,10 @@ void ParseZapUserId(const std::string& text, std::string* role, ClientIdentity* 
   *role = text.substr(0, first);
   *client = ClientIdentity{};
   if (first == std::string::npos) return;
+  if (*role == ToString(WireRole::kWorker)) {  // a Z85 key may itself hold ':'
+    *client = ClientIdentity{text.substr(first + 1), false};
+    return;
+  }
   const size_t second = text.find(':', first + 1);
   client->user = text.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
   client->admin = second != std::string::npos && text.substr(second + 1) == "admin";

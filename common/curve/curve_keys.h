@@ -62,11 +62,12 @@ struct ClientIdentity {
   bool admin = true;
 };
 
-// What the ZAP handler tags a peer's messages with ("User-Id"): "worker", "client" for a
-// client key with no name, "client:<name>:user" or "client:<name>:admin".
+// What the ZAP handler tags a peer's messages with ("User-Id"): "worker:<public key>" for a
+// worker key (`client.user` holds the key; "worker" without one), "client" for a client key
+// with no name, "client:<name>:user" or "client:<name>:admin".
 std::string ZapUserId(WireRole role, const ClientIdentity& client);
 // ZapUserId's text back: the role ("worker", "client", or what else it was) and, for a
-// client, who it acts as.
+// client, who it acts as; for a worker, its public key in `client->user`.
 void ParseZapUserId(const std::string& text, std::string* role, ClientIdentity* client);
 
 // User names on clients.allow: 1 to 64 of letters, digits, '.', '_', '-' and '@'.

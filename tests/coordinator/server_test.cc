@@ -44,13 +44,18 @@ class ScriptedRank {
     MakeCurveClient(socket_, keys);
     socket_.connect(endpoint);
   }
+  // Speaks as a rank of `world` instead of "w".
+  ScriptedRank InWorld(std::string world) && {
+    world_ = std::move(world);
+    return std::move(*this);
+  }
   void Send(wire::Envelope e) {
     e.set_version(kProtocolVersion);
     socket_.send(zmq::buffer(e.SerializeAsString()), zmq::send_flags::none);
   }
   void Register(int64_t job = 0, int attempt = 0) {
     wire::Envelope e;
-    e.mutable_register_()->mutable_rank()->set_world("w");
+    e.mutable_register_()->mutable_rank()->set_world(world_);
     e.mutable_register_()->mutable_rank()->set_rank(rank_);
     e.mutable_register_()->mutable_rank()->set_world_size(2);
     e.mutable_register_()->mutable_rank()->set_device("cpu");
@@ -64,7 +69,7 @@ class ScriptedRank {
   }
   wire::Envelope HeartbeatMessage(int64_t job, int attempt) const {
     wire::Envelope e;
-    e.mutable_heartbeat()->set_world("w");
+    e.mutable_heartbeat()->set_world(world_);
     e.mutable_heartbeat()->set_rank(rank_);
     e.mutable_heartbeat()->set_job_id(job);
     e.mutable_heartbeat()->set_attempt(attempt);
@@ -75,7 +80,7 @@ class ScriptedRank {
     wire::Envelope result;
     result.mutable_result()->set_job_id(job);
     result.mutable_result()->set_attempt(attempt);
-    result.mutable_result()->set_world("w");
+    result.mutable_result()->set_world(world_);
     result.mutable_result()->set_end(OutcomeFromName(outcome));
     result.mutable_result()->set_world_rank(rank_);
     result.mutable_result()->set_rank_token(rank_token_);
@@ -89,7 +94,7 @@ class ScriptedRank {
     e.mutable_epoch()->set_epoch(epoch);
     e.mutable_epoch()->set_csv_header(header);
     e.mutable_epoch()->set_csv_line(line);
-    e.mutable_epoch()->set_world("w");
+    e.mutable_epoch()->set_world(world_);
     e.mutable_epoch()->set_world_rank(rank_);
     e.mutable_epoch()->set_rank_token(rank_token_);
     return e;
@@ -100,7 +105,7 @@ class ScriptedRank {
     e.mutable_output()->set_attempt(attempt);
     e.mutable_output()->set_offset(offset);
     e.mutable_output()->set_text(text);
-    e.mutable_output()->set_world("w");
+    e.mutable_output()->set_world(world_);
     e.mutable_output()->set_world_rank(rank_);
     e.mutable_output()->set_rank_token(rank_token_);
     return e;
@@ -108,7 +113,7 @@ class ScriptedRank {
   const std::string& token() const { return rank_token_; }
   wire::Envelope Exit(int signal) const {
     wire::Envelope e;
-    e.mutable_rank_exit()->mutable_rank()->set_world("w");
+    e.mutable_rank_exit()->mutable_rank()->set_world(world_);
     e.mutable_rank_exit()->mutable_rank()->set_rank(rank_);
     e.mutable_rank_exit()->set_signal(signal);
     e.mutable_rank_exit()->set_rank_token(rank_token_);
@@ -136,6 +141,7 @@ class ScriptedRank {
   zmq::socket_t socket_;
   int rank_;
   std::string rank_token_, world_token_;
+  std::string world_ = "w";
 };
 
 wire::Envelope StatusRequest(int64_t job) {
@@ -718,6 +724,37 @@ TEST_F(ServerTest, TheJobListingIsPagedNewestFirstAndFiltered) {
     EXPECT_EQ(reply.status, 400) << target;
     EXPECT_EQ(nlohmann::json::parse(reply.body)["error"], error) << target;
   }
+}
+
+// Note [Peer text is bounded at reception]: one worker key holds at most
+// --max-ranks-per-worker-key registered ranks; past it a registration is refused and
+// stored nothing, a rank it holds still re-registers, and another key is not held back.
+TEST_F(ServerTest, AWorkerKeyHoldsAtMostItsRegisteredRanks) {
+  Stop();
+  options_.max_ranks_per_worker_key = 2;
+  const CurveKeyPair other = NewCurveKeyPair();
+  std::ofstream(fs::path(options_.keys_dir) / "workers.allow", std::ios::app) << other.public_key << "\n";
+  Start();
+  ScriptedRank r0 = Rank(0), r1 = Rank(1);
+  r0.Register();
+  r1.Register();
+  ScriptedRank third = Rank(0).InWorld("v");
+  third.Register();
+  const auto refused = third.Next(2000);
+  ASSERT_TRUE(refused && refused->has_error());
+  EXPECT_EQ(refused->error().message(), "refused: worker key " + worker_keys_.own.public_key.substr(0, 8) +
+                                            "... already holds 2 registered ranks, the most "
+                                            "--max-ranks-per-worker-key allows");
+  r0.Register();  // held already: not a third
+  EXPECT_FALSE(r0.Next(300).has_value()) << "a re-registration was refused";
+  ScriptedRank others =
+      ScriptedRank(context_, endpoint_, 0, PeerKeys{other, worker_keys_.server_public_key}).InWorld("u");
+  others.Register();
+  EXPECT_FALSE(others.Next(300).has_value()) << "another key's registration was refused";
+  const auto workers = nlohmann::json::parse(WebQuery("/api/workers").body);
+  std::set<std::string> worlds;
+  for (const auto& w : workers["workers"]) worlds.insert(w["world"]);
+  EXPECT_EQ(worlds, (std::set<std::string>{"u", "w"})) << workers.dump();
 }
 
 // A listing over the wire is answered a page (--list-page) at a time, newest first, each
@@ -1317,6 +1354,11 @@ TEST(ClientKeys, NamesAndRolesAreReadAndBadLinesNameTheirFileAndLine) {
   EXPECT_EQ(role, "client");
   EXPECT_EQ(who.user, "root");
   EXPECT_TRUE(who.admin);
+  // A worker is tagged with its public key, which Z85 may write with ':' in it.
+  ParseZapUserId(ZapUserId(WireRole::kWorker, {"a:b=c", true}), &role, &who);
+  EXPECT_EQ(role, "worker");
+  EXPECT_EQ(who.user, "a:b=c");
+  EXPECT_FALSE(who.admin);
 
   std::ofstream(dir / "clients.allow", std::ios::app) << legacy.substr(0, 39) + "x carol superuser\n";
   try {
