@@ -389,7 +389,7 @@ class Server {
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
   // The queue and the running jobs as the scheduler takes them.
-  std::vector<QueuedJob> QueueForScheduler(double now, std::map<std::string, JobRecord>* records);
+  std::vector<QueuedJob> QueueForScheduler(double now);
   std::vector<RunningJob> RunningForScheduler() const;
   // Note [Preemption].
   void Preempt(int64_t victim, const std::string& head);

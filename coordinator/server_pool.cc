@@ -571,8 +571,7 @@ void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
   if (slurm_) return ScheduleOnSlurm(now);
-  std::map<std::string, JobRecord> records;
-  std::vector<QueuedJob> queue = QueueForScheduler(now, &records);
+  std::vector<QueuedJob> queue = QueueForScheduler(now);
   if (queue.empty() || ranks_.empty()) return;
   // A rank is busy while an attempt awaits its result, and while its heartbeats still
   // name a job (one being cancelled, or given up on).
@@ -593,7 +592,8 @@ void Server::ScheduleQueued(double now) {
   for (const auto& [id, why] : result.waiting) waiting_[std::stoll(id)] = why;
   for (const Placement& placement : result.start) {
     waiting_.erase(std::stoll(placement.job));
-    StartAttempt(records.at(placement.job), placement, now);
+    if (const auto job = store_->Find(std::stoll(placement.job)))  // with its job file, which the queue lacks
+      StartAttempt(*job, placement, now);
   }
   for (const std::string& victim : result.preempt) Preempt(std::stoll(victim), result.reservation->job);
   for (const std::string& id : result.unplaceable) {
@@ -604,14 +604,14 @@ void Server::ScheduleQueued(double now) {
 
 // The queued jobs the scheduler may start now, with their owners' fair-share usage
 // (Note [Fair share]); the others say why they wait.
-std::vector<QueuedJob> Server::QueueForScheduler(double now, std::map<std::string, JobRecord>* records) {
+std::vector<QueuedJob> Server::QueueForScheduler(double now) {
   std::vector<JobRecord> queued = store_->JobsIn(JobState::kQueued);
   std::vector<QueuedJob> queue;
   waiting_.clear();
   if (queued.empty()) return queue;
   const std::map<std::string, double> usage =
       store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
-  for (JobRecord& job : queued) {
+  for (const JobRecord& job : queued) {
     if (job.not_before > now) {
       waiting_[job.id] = "Backoff: requeued after a failed attempt; eligible again in " + Seconds(job.not_before - now);
       continue;
@@ -620,7 +620,6 @@ std::vector<QueuedJob> Server::QueueForScheduler(double now, std::map<std::strin
     auto used = usage.find(job.user);
     queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s, job.user,
                      used == usage.end() ? 0.0 : used->second});
-    records->emplace(std::to_string(job.id), std::move(job));
   }
   return queue;
 }

@@ -71,6 +71,10 @@ int SchemaVersion(sqlite3* db) {
 constexpr const char* kJobColumns =
     "id, name, idempotency_key, spec_yaml, source, state, priority, ranks, max_restarts, attempts, device, "
     "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind, metric";
+// The same, less the job file (up to the submission bound, 1 MiB): what a listing reads.
+constexpr const char* kListedJobColumns =
+    "id, name, idempotency_key, '', source, state, priority, ranks, max_restarts, attempts, device, "
+    "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind, metric";
 
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
@@ -380,14 +384,14 @@ std::optional<JobRecord> StateStore::Find(int64_t id) const {
 }
 
 std::vector<JobRecord> StateStore::Jobs() const {
-  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs ORDER BY id");
+  Statement s(db_, std::string("SELECT ") + kListedJobColumns + " FROM jobs ORDER BY id");
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
   return out;
 }
 
 std::vector<JobRecord> StateStore::JobsIn(JobState state) const {
-  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE state = ? ORDER BY id");
+  Statement s(db_, std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE state = ? ORDER BY id");
   s.Bind(1, std::string(ToString(state)));
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
@@ -562,7 +566,7 @@ int BindFilter(const JobFilter& filter, bool paged, Statement* s) {
 
 std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
   std::string sql =
-      std::string("SELECT ") + kJobColumns + " FROM jobs" + FilterClause(filter, true) + " ORDER BY id DESC";
+      std::string("SELECT ") + kListedJobColumns + " FROM jobs" + FilterClause(filter, true) + " ORDER BY id DESC";
   if (filter.limit > 0) sql += " LIMIT ?";
   Statement s(db_, sql);
   const int bound = BindFilter(filter, true, &s);

@@ -35,8 +35,9 @@ int64_t FullScanSteps();
 
 struct JobRecord {
   int64_t id = 0;  // also the submission order
-  std::string name, idempotency_key, spec_yaml, source, base_dir;
-  std::string user;  // who submitted it, as jobctl says (Note [Usage])
+  std::string name, idempotency_key, source, base_dir;
+  std::string spec_yaml;  // the job file; empty in a listing (StateStore::Jobs)
+  std::string user;       // who submitted it, as jobctl says (Note [Usage])
   JobState state = JobState::kQueued;
   int priority = 0, ranks = 1, max_restarts = 0, attempts = 0;
   std::string device = "any";
@@ -179,6 +180,8 @@ class StateStore {
   std::optional<JobRecord> Find(int64_t id) const;
   // The job `user` submitted with idempotency key `key`, if any.
   std::optional<JobRecord> FindByKey(const std::string& user, const std::string& key) const;
+  // Listings: Jobs, JobsIn and JobsMatching leave each record's spec_yaml empty (a
+  // scheduling pass or a page of the API need not read every job file); Find reads it.
   std::vector<JobRecord> Jobs() const;
   std::vector<JobRecord> JobsIn(JobState state) const;
   // The jobs `filter` matches, newest first.

@@ -310,7 +310,8 @@ TEST_F(StateStoreTest, FairShareTotalsKeptAsAttemptsEndEqualTheClosedForm) {
 }
 
 // jobctl list's filters: states, an exact owner and a name's substring, newest first,
-// and a limit that keeps the newest. Text that would be a pattern in SQL's LIKE is plain.
+// and a limit that keeps the newest; pages before an id; counts of every page. Text that
+// would be a pattern in SQL's LIKE is plain. Listings leave the job files out.
 TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
   StateStore store(path_, false);
   bool created = false;
@@ -358,6 +359,10 @@ TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
   EXPECT_EQ(store.CountMatching(filter_of({}, "alice", "", 1, a3)), 3);
   EXPECT_EQ(store.CountMatching(filter_of({JobState::kQueued}, "", "bert", 0, 0)), 2);
   EXPECT_EQ(store.CountMatching(filter_of({JobState::kFailed}, "", "", 0, 0)), 0);
+  // Listings leave the job files out; Find reads one.
+  for (const auto& listing : {store.Jobs(), store.JobsIn(JobState::kQueued), store.JobsMatching({})})
+    for (const JobRecord& j : listing) EXPECT_EQ(j.spec_yaml, "") << j.id;
+  EXPECT_EQ(store.Find(a1)->spec_yaml, "name: langid\n");
 }
 
 // Every query the loop makes per job or per scheduling pass searches an index: with a
