@@ -101,29 +101,37 @@ int OpenParentBeneath(const std::string& root, const std::string& relative, std:
   return folder->release();
 }
 
+// Opens `relative` beneath `root` for reading, without following a link or blocking:
+// its descriptor (owned by the caller), or -1 with `*failure` saying why not.
+int OpenForReadBeneath(const std::string& root, const std::string& relative, const std::string& path,
+                       FileRead* failure) {
+  std::vector<std::string> parts;
+  const Fd folder(OpenParentBeneath(root, relative, &parts));
+  if (folder.get() < 0) {
+    *failure = errno == EINVAL ? Failed(FileRead::kRefused, path, "not a plain path beneath " + root)
+                               : OpenFailed(path, errno);
+    return -1;
+  }
+  const int file = ::openat(folder.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (file < 0) *failure = OpenFailed(path, errno);
+  return file;
+}
+
 }  // namespace
 
 FileRead ReadFileBeneath(const std::string& root, const std::string& relative, size_t max_bytes) {
   const std::string path = root + "/" + relative;
-  std::vector<std::string> parts;
-  const Fd folder(OpenParentBeneath(root, relative, &parts));
-  if (folder.get() < 0)
-    return errno == EINVAL ? Failed(FileRead::kRefused, path, "not a plain path beneath " + root)
-                           : OpenFailed(path, errno);
-  const Fd file(::openat(folder.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (file.get() < 0) return OpenFailed(path, errno);
+  FileRead failure;
+  const Fd file(OpenForReadBeneath(root, relative, path, &failure));
+  if (file.get() < 0) return failure;
   return ReadOpened(file.get(), path, max_bytes);
 }
 
 FileRead ReadRangeBeneath(const std::string& root, const std::string& relative, int64_t offset, size_t max_bytes) {
   const std::string path = root + "/" + relative;
-  std::vector<std::string> parts;
-  const Fd folder(OpenParentBeneath(root, relative, &parts));
-  if (folder.get() < 0)
-    return errno == EINVAL ? Failed(FileRead::kRefused, path, "not a plain path beneath " + root)
-                           : OpenFailed(path, errno);
-  const Fd file(::openat(folder.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (file.get() < 0) return OpenFailed(path, errno);
+  FileRead failure;
+  const Fd file(OpenForReadBeneath(root, relative, path, &failure));
+  if (file.get() < 0) return failure;
   struct stat info {};
   if (::fstat(file.get(), &info) != 0) return Failed(FileRead::kError, path, std::strerror(errno));
   if (!S_ISREG(info.st_mode)) return Failed(FileRead::kRefused, path, "not a regular file");

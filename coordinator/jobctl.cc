@@ -378,10 +378,11 @@ int Submit(const Options& o, const CommandArgs& args) {
 }
 
 // A job state as a person names it ("queued", "RUNNING"); bad input otherwise.
-wire::JobState ParseState(std::string name) {
-  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+wire::JobState ParseState(const std::string& name) {
+  std::string upper = name;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   wire::JobState state = wire::JOB_STATE_UNSPECIFIED;
-  if (!wire::JobState_Parse("JOB_" + name, &state) || state == wire::JOB_STATE_UNSPECIFIED)
+  if (!wire::JobState_Parse("JOB_" + upper, &state) || state == wire::JOB_STATE_UNSPECIFIED)
     throw Rejected(2, "--state '" + name +
                           "': expected queued, running, succeeded, failed, cancelled or stopped (several: "
                           "--state queued,running)");

@@ -252,7 +252,8 @@ def filter_checks(run, ids, checks):
     both = run("cancel", str(plain), "--user", me)
     print("bad filters:", bad.stderr.strip(), "|", unchosen.stderr.strip(), "|", both.stderr.strip())
     checks["an unknown state, cancel --state without --user, and ids with filters are exit 2"] = (
-        bad.returncode == 2 and "expected queued, running" in bad.stderr and unchosen.returncode == 2 and
+        bad.returncode == 2 and "--state 'sleeping': expected queued, running" in bad.stderr and
+        unchosen.returncode == 2 and
         "need --user" in unchosen.stderr and both.returncode == 2 and listed("--state", "queued") == [plain, renamed])
     by_user = run("cancel", "--json", "--user", me, "--name", "renam")
     several = run("cancel", "--json", str(plain), "999")

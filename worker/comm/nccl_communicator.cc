@@ -170,11 +170,11 @@ void NcclCommunicator::Watch() {
     if (async_error != ncclSuccess && async_error != ncclInProgress)
       bootstrap_.AbortForDeviceFailure(
           StrFormat("rank %s: NCCL error: %s", RankName(rank()).c_str(), ncclGetErrorString(async_error)), 0);
-    if (overdue) {
-      const double seconds = std::chrono::duration<double>(s.timeout).count();
+    if (overdue) {  // how long it has waited since it was issued, as MpiCommunicator says it
+      const double waited = std::chrono::duration<double>(Clock::now() - (overdue->deadline - s.timeout)).count();
       bootstrap_.AbortForDeviceFailure(
           StrFormat("rank %s: NCCL collective #%ld (%s) timed out after %.1f s", RankName(rank()).c_str(),
-                    long(overdue->number), overdue->what.c_str(), seconds),
+                    long(overdue->number), overdue->what.c_str(), waited),
           overdue->number);
     }
   }

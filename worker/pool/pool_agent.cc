@@ -341,13 +341,19 @@ bool JobFolder(const std::string& relative) {
 
 }  // namespace
 
-wire::Envelope PoolAgent::FilesOf(const wire::ListFiles& ask) const {
-  wire::Envelope e;
-  wire::FileList* out = e.mutable_file_list();
-  out->set_request_id(ask.request_id());
+// The request an answer is to, and this rank (its name and token) as its sender.
+template <typename Answer>
+void PoolAgent::FillSender(int64_t request_id, Answer* out) const {
+  out->set_request_id(request_id);
   out->set_world(self_.world);
   out->set_world_rank(self_.rank);
   out->set_rank_token(self_.rank_token);
+}
+
+wire::Envelope PoolAgent::FilesOf(const wire::ListFiles& ask) const {
+  wire::Envelope e;
+  wire::FileList* out = e.mutable_file_list();
+  FillSender(ask.request_id(), out);
   if (!JobFolder(ask.relative()) || ask.relative().find('/') != std::string::npos) {
     out->set_error("not a job's folder: " + ask.relative());
     return e;
@@ -371,10 +377,7 @@ wire::Envelope PoolAgent::FilesOf(const wire::ListFiles& ask) const {
 wire::Envelope PoolAgent::ChunkOf(const wire::ReadFileChunk& ask) const {
   wire::Envelope e;
   wire::FileChunk* out = e.mutable_file_chunk();
-  out->set_request_id(ask.request_id());
-  out->set_world(self_.world);
-  out->set_world_rank(self_.rank);
-  out->set_rank_token(self_.rank_token);
+  FillSender(ask.request_id(), out);
   if (!JobFolder(ask.relative())) {
     out->set_error("not in a job's folder: " + ask.relative());
     out->set_missing(true);

@@ -141,6 +141,8 @@ class PoolAgent {
   // Answers about the files of a job's folder (Note [Artifacts] in coordinator/artifacts.h).
   wire::Envelope FilesOf(const wire::ListFiles& ask) const;
   wire::Envelope ChunkOf(const wire::ReadFileChunk& ask) const;
+  template <typename Answer>
+  void FillSender(int64_t request_id, Answer* out) const;
   void OutputAcknowledged(const wire::Ack& ack);
   void Heartbeat(Link& link);
   void Queue(std::string key, std::string bytes);
