@@ -348,26 +348,20 @@ std::string Server::MetricsText() {
 void Server::AddJobMetrics(Metrics* m) {
   std::map<std::string, int64_t> by_state;
   for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"}) by_state[state] = 0;
-  const std::vector<JobRecord> jobs = store_->Jobs();
-  const std::map<int64_t, double> first_starts = store_->FirstAttemptStarts();
-  std::map<std::pair<std::string, std::string>, int64_t> by_user;
-  for (const JobRecord& j : jobs) {
-    ++by_state[ToString(j.state)];
-    ++by_user[{j.user, ToString(j.state)}];
-    const auto start = first_starts.find(j.id);
-    if (start != first_starts.end())
-      m->Observe("trainyard_submit_to_running_seconds", {}, std::max(0.0, start->second - j.submitted_at));
-    if (j.state != JobState::kRunning) continue;
+  for (const auto& [state_user, count] : store_->JobCountsByStateAndUser()) {
+    by_state[state_user.first] += count;
+    m->Set("trainyard_user_jobs", {{"user", state_user.second}, {"state", state_user.first}}, double(count));
+  }
+  for (const auto& [state, count] : by_state) m->Set("trainyard_jobs", {{"state", state}}, double(count));
+  m->Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
+  for (double seconds : store_->SecondsToFirstStart()) m->Observe("trainyard_submit_to_running_seconds", {}, seconds);
+  for (const JobRecord& j : store_->JobsIn(JobState::kRunning)) {
     const json latest = LatestEpoch(store_->NewestEpochRow(j.id));
     if (latest.is_null()) continue;
     const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}, {"user", j.user}};
     m->Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
     m->Set("trainyard_job_data_wait_ms", labels, NumberOr(latest, "wait_ms", 0));
   }
-  for (const auto& [state, count] : by_state) m->Set("trainyard_jobs", {{"state", state}}, double(count));
-  m->Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
-  for (const auto& [user_state, count] : by_user)
-    m->Set("trainyard_user_jobs", {{"user", user_state.first}, {"state", user_state.second}}, double(count));
 }
 
 // Ended attempts, running ones (with their Slurm jobs), usage, preemptions and squats.

@@ -624,10 +624,19 @@ std::vector<EventRecord> StateStore::TimedEvents(int64_t id) const {
   return out;
 }
 
-std::map<int64_t, double> StateStore::FirstAttemptStarts() const {
-  Statement s(db_, "SELECT job, MIN(started_at) FROM attempts GROUP BY job");
-  std::map<int64_t, double> out;
-  while (s.Step()) out[s.Int(0)] = s.Real(1);
+std::map<std::pair<std::string, std::string>, int64_t> StateStore::JobCountsByStateAndUser() const {
+  Statement s(db_, "SELECT state, user, COUNT(*) FROM jobs GROUP BY state, user");
+  std::map<std::pair<std::string, std::string>, int64_t> out;
+  while (s.Step()) out[{s.Text(0), s.Text(1)}] = s.Int(2);
+  return out;
+}
+
+std::vector<double> StateStore::SecondsToFirstStart() const {
+  Statement s(db_,
+              "SELECT MAX(0, MIN(a.started_at) - j.submitted_at) FROM attempts a JOIN jobs j ON j.id = a.job "
+              "GROUP BY a.job");
+  std::vector<double> out;
+  while (s.Step()) out.push_back(s.Real(0));
   return out;
 }
 

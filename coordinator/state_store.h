@@ -219,10 +219,12 @@ class StateStore {
   void AddEvent(int64_t id, const std::string& text, double now);
   std::vector<std::string> Events(int64_t id) const;
   std::vector<EventRecord> TimedEvents(int64_t id) const;
-  // For the metrics: each job's first attempt start (jobs that never started are
-  // absent), and the number of ended attempts by outcome ("succeeded", "failed",
+  // For the metrics, counted by SQLite without building a record per job: jobs by
+  // (state, user); each started job's seconds from submission to its first attempt's
+  // start (at least 0); and the ended attempts by outcome ("succeeded", "failed",
   // "interrupted", "cancelled", "abandoned": the outcome's first word).
-  std::map<int64_t, double> FirstAttemptStarts() const;
+  std::map<std::pair<std::string, std::string>, int64_t> JobCountsByStateAndUser() const;
+  std::vector<double> SecondsToFirstStart() const;
   std::map<std::string, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
 

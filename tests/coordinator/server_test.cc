@@ -767,7 +767,7 @@ TEST_F(ServerTest, AWorkerKeyHoldsAtMostItsRegisteredRanks) {
 
 // A listing over the wire is answered a page (--list-page) at a time, newest first, each
 // reply naming where the next page starts, so that walking before_id sees every job once;
-// a limit under the page is kept, and a negative before_id is refused.
+// a limit under the page is kept, and a negative before_id is refused. /metrics counts all.
 TEST_F(ServerTest, AWireListingIsAnsweredAPageAtATime) {
   Stop();
   options_.list_page = 5;
@@ -799,6 +799,11 @@ TEST_F(ServerTest, AWireListingIsAnsweredAPageAtATime) {
   EXPECT_EQ(three.jobs().next_before_id(), ids[9]);
   EXPECT_EQ(list(0, ids[2]).jobs().jobs_size(), 2);
   EXPECT_EQ(list(0, -1).error().message(), "a listing's before_id must be 0 (none) or more");
+  // /metrics counts every job, whatever the page.
+  const std::string metrics = WebQuery("/metrics").body;
+  for (const char* line : {"trainyard_jobs{state=\"QUEUED\"} 12\n", "trainyard_jobs{state=\"RUNNING\"} 0\n",
+                           "trainyard_user_jobs{user=\"\",state=\"QUEUED\"} 12\n"})
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << metrics;
 }
 
 // The dashboard's API and /metrics, answered by the loop while a job runs: the job, its
