@@ -103,12 +103,11 @@ struct BadQuery : std::invalid_argument {
 };
 
 int64_t WholeNumberIn(const std::string& field, const std::string& text, int64_t low, int64_t high) {
-  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  if (text.empty() || text.size() > 18 || !std::all_of(text.begin(), text.end(), digit) || std::stoll(text) < low ||
-      std::stoll(text) > high)
+  const std::optional<int64_t> number = ParseJobId(text);  // 1 to 18 digits
+  if (!number || *number < low || *number > high)
     throw BadQuery(field + ": expected a whole number from " + std::to_string(low) + " to " + std::to_string(high) +
                    ", got '" + text.substr(0, 32) + "'");
-  return std::stoll(text);
+  return *number;
 }
 
 std::vector<JobState> StatesIn(const std::string& text) {

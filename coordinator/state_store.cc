@@ -76,6 +76,10 @@ constexpr const char* kListedJobColumns =
     "id, name, idempotency_key, '', source, state, priority, ranks, max_restarts, attempts, device, "
     "reason, submitted_at, not_before, base_dir, estimate_s, user, preemptible, search, kind, metric";
 
+constexpr const char* kEpochColumns = "attempt, epoch, csv_line, csv_header, breakdown_json";
+
+EpochRecord ReadEpochRow(const Statement& s) { return {int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)}; }
+
 JobRecord ReadJob(const Statement& s) {
   JobRecord j;
   j.id = s.Int(0);
@@ -527,12 +531,10 @@ bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
 }
 
 std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
-  Statement s(db_,
-              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
-              "ORDER BY epoch");
+  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch");
   s.Bind(1, id);
   std::vector<EpochRecord> out;
-  while (s.Step()) out.push_back({int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)});
+  while (s.Step()) out.push_back(ReadEpochRow(s));
   return out;
 }
 
@@ -584,22 +586,19 @@ int64_t StateStore::CountMatching(const JobFilter& filter) const {
 }
 
 std::optional<EpochRecord> StateStore::NewestEpochRow(int64_t id) const {
-  Statement s(db_,
-              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? "
-              "ORDER BY epoch DESC LIMIT 1");
+  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch DESC LIMIT 1");
   s.Bind(1, id);
   if (!s.Step()) return std::nullopt;
-  return EpochRecord{int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)};
+  return ReadEpochRow(s);
 }
 
 std::optional<EpochRecord> StateStore::NewestRowWith(int64_t id, const std::string& column) const {
   // A header is its column names joined by commas (epochs.csv's first line).
-  Statement s(db_,
-              "SELECT attempt, epoch, csv_line, csv_header, breakdown_json FROM epochs WHERE job = ? AND "
-              "instr(',' || csv_header || ',', ',' || ? || ',') > 0 ORDER BY epoch DESC LIMIT 1");
+  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? AND " +
+                       "instr(',' || csv_header || ',', ',' || ? || ',') > 0 ORDER BY epoch DESC LIMIT 1");
   s.Bind(1, id).Bind(2, column);
   if (!s.Step()) return std::nullopt;
-  return EpochRecord{int(s.Int(0)), int(s.Int(1)), s.Text(2), s.Text(3), s.Text(4)};
+  return ReadEpochRow(s);
 }
 
 void StateStore::AddEvent(int64_t id, const std::string& text, double now) {
