@@ -178,8 +178,7 @@ std::string NewKey() {
 // "failed: <reason>", "succeeded"; "running" while the attempt runs.
 std::string DescribeEnd(const wire::AttemptInfo& a) {
   if (a.end() == wire::OUTCOME_UNSPECIFIED) return "running";
-  std::string text = trainyard::OutcomeName(a.end());
-  return a.end_reason().empty() ? text : text + ": " + a.end_reason();
+  return trainyard::DescribeEnd(a.end(), a.end_reason());
 }
 
 nlohmann::json ToJson(const wire::JobInfo& j) {

@@ -24,14 +24,6 @@
 namespace trainyard {
 namespace {
 
-// An attempt's outcome as the store keeps it ("failed: <reason>", "succeeded") on the
-// wire: the outcome and its reason apart.
-void FillEnd(const std::string& stored, wire::AttemptInfo* info) {
-  const size_t colon = stored.find(": ");
-  info->set_end(OutcomeFromName(stored.substr(0, colon)));
-  if (colon != std::string::npos) info->set_end_reason(stored.substr(colon + 2));
-}
-
 void Fill(const JobRecord& j, wire::JobInfo* info) {
   info->set_id(j.id);
   info->set_name(j.name);
@@ -698,17 +690,9 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
     transaction.Commit();
     spdlog::info("job {} cancelled", id);
   } else if (job->state == JobState::kRunning) {
-    auto running = running_.find(id);
-    StateStore::Transaction transaction(*store_);
-    if (running != running_.end()) store_->EndAttempt(id, running->second.attempt, "cancelled", now);
-    store_->SetState(id, JobState::kCancelled, "cancelled while running by " + Who(client));
-    store_->AddEvent(id, "cancelled while running by " + Who(client) + "; its ranks were told to stop", now);
-    transaction.Commit();
-    if (running != running_.end()) {
-      StopRanks(running->second, "cancelled by the user");
-      if (slurm_ && !running->second.slurm_job.empty()) slurm_->Cancel(running->second.slurm_job);
-      running_.erase(running);
-    }
+    EndJobsAttempt(
+        id, {wire::OUTCOME_CANCELLED, "", JobState::kCancelled, "cancelled while running by " + Who(client), 0,
+             "cancelled while running by " + Who(client) + "; its ranks were told to stop", "cancelled by the user"});
     spdlog::info("job {} cancelled while running", id);
   }
   search_due_ = search_due_ || job->search != 0;
@@ -730,7 +714,8 @@ wire::Envelope Server::Report(int64_t id) {
     info->set_ended_at(a.ended_at);
     info->set_rank_seconds(a.RankSeconds(Now()));
     info->set_gpu_seconds(a.GpuSeconds(Now()));
-    FillEnd(a.outcome, info);
+    info->set_end(a.end);
+    info->set_end_reason(a.end_reason);
   }
   for (const EpochRecord& row : store_->EpochRows(id)) {
     if (report->csv_header().empty()) report->set_csv_header(row.csv_header);

@@ -434,6 +434,25 @@ class Server {
   // "job <id>: <state> (<reason>)" for a running Slurm attempt of job `id`; "" otherwise.
   std::string SlurmText(int64_t id) const;
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);
+  // What ending an attempt leaves behind: its outcome and reason in the store, the job
+  // ended in `job_state` (or, for kQueued, queued again from `requeue_at`) with
+  // `job_reason`, an event, and the message its gang's ranks are freed with.
+  struct AttemptEnding {
+    wire::Outcome outcome = wire::OUTCOME_UNSPECIFIED;
+    std::string reason;
+    JobState job_state = JobState::kQueued;
+    std::string job_reason;
+    double requeue_at = 0;
+    std::string event;
+    std::string stop_message;
+  };
+  // Every path that ends a job's running attempt (success, failure, interruption, a
+  // cancel, a search's stop) ends it here: the attempt's outcome, the job's state and
+  // its event in one transaction, committed before anyone is told; then the attempt
+  // leaves the running set, its ranks are freed, a Slurm allocation it still holds is
+  // cancelled, and a scheduling pass is due. A job with no running attempt changes state
+  // the same way.
+  void EndJobsAttempt(int64_t job, const AttemptEnding& ending);
   void SucceedAttempt(RunningAttempt attempt);
   // How an ended attempt counts against resources.max_restarts.
   enum class Retry {

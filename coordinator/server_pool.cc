@@ -146,7 +146,8 @@ void Server::ReloadRunningAttempts() {
     RunningAttempt attempt;
     if (!job || job->state != JobState::kRunning || !ParsePlacement(open.placement, &attempt.slots)) {
       StateStore::Transaction transaction(*store_);
-      store_->EndAttempt(open.job, open.attempt, "abandoned: not running after a coordinator restart", started_at_);
+      store_->EndAttempt(open.job, open.attempt, wire::OUTCOME_ABANDONED, "not running after a coordinator restart",
+                         started_at_);
       transaction.Commit();
       continue;
     }
@@ -757,23 +758,39 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   Send(ranks_.at(to).identity, e);
 }
 
-void Server::SucceedAttempt(RunningAttempt attempt) {
+void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
   const double now = Now();
+  auto it = running_.find(id);
+  const std::optional<RunningAttempt> attempt =
+      it != running_.end() ? std::optional<RunningAttempt>(it->second) : std::nullopt;
   StateStore::Transaction transaction(*store_);
-  store_->EndAttempt(attempt.job, attempt.attempt, "succeeded", now);
-  store_->SetState(attempt.job, JobState::kSucceeded, "");
-  store_->AddEvent(attempt.job, "attempt " + std::to_string(attempt.attempt) + " succeeded", now);
+  if (attempt) store_->EndAttempt(id, attempt->attempt, ending.outcome, ending.reason, now);
+  if (ending.job_state == JobState::kQueued)
+    store_->Requeue(id, ending.job_reason, ending.requeue_at);
+  else
+    store_->SetState(id, ending.job_state, ending.job_reason);
+  store_->AddEvent(id, ending.event, now);
   transaction.Commit();
-  running_.erase(attempt.job);
-  StopRanks(attempt, "the attempt succeeded: this slot is free");  // the gang's other ranks hold their slots until told
+  if (attempt) {
+    running_.erase(id);
+    StopRanks(*attempt, ending.stop_message);  // the gang's other ranks hold their slots until told
+    if (slurm_ && !attempt->slurm_job.empty() && ending.outcome != wire::OUTCOME_SUCCEEDED)
+      slurm_->Cancel(attempt->slurm_job);  // its allocation, if any is left
+  }
+  schedule_due_ = true;
+  search_due_ = true;
+}
+
+void Server::SucceedAttempt(RunningAttempt attempt) {  // a copy: ending it erases the running one
+  EndJobsAttempt(attempt.job, {wire::OUTCOME_SUCCEEDED, "", JobState::kSucceeded, "", 0,
+                               "attempt " + std::to_string(attempt.attempt) + " succeeded",
+                               "the attempt succeeded: this slot is free"});
   WriteEpochFiles(attempt.job);  // again: a crash may have come between a row's commit and its file
   if (!attempt.summary_json.empty()) {
     WriteJobFile(JobRunsDir(attempt.job), "summary.json", attempt.summary_json + "\n", attempt.job);
     WriteJobFile(AttemptDir(attempt.job, attempt.attempt), "summary.json", attempt.summary_json + "\n", attempt.job);
   }
   spdlog::info("job {} succeeded (attempt {})", attempt.job, attempt.attempt);
-  schedule_due_ = true;
-  search_due_ = true;
 }
 
 void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
@@ -781,40 +798,37 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
   if (it == running_.end()) return;
   // A trial its search stopped is never retried, however its ranks ended.
   if (it->second.search_stop_at != 0) return EndStoppedTrial(id, it->second.search_stop_at);
-  const RunningAttempt attempt = it->second;
-  const double now = Now();
+  const int attempt = it->second.attempt;
   const bool free = retry == Retry::kFree;
-  const std::string what =
-      "attempt " + std::to_string(attempt.attempt) + (free ? " interrupted: " : " failed: ") + reason;
-  StateStore::Transaction transaction(*store_);
-  store_->EndAttempt(id, attempt.attempt, (free ? "interrupted: " : "failed: ") + reason, now);
+  const std::string what = "attempt " + std::to_string(attempt) + (free ? " interrupted: " : " failed: ") + reason;
   const JobRecord job = *store_->Find(id);
-  int restarts_used = 0;  // failed attempts after the first; interrupted ones are free
-  for (const AttemptRecord& a : store_->Attempts(id)) restarts_used += a.outcome.rfind("failed", 0) == 0;
+  int restarts_used = free ? 0 : 1;  // failed attempts after the first, this one included; interrupted ones are free
+  for (const AttemptRecord& a : store_->Attempts(id)) restarts_used += a.end == wire::OUTCOME_FAILED;
   restarts_used = std::max(0, restarts_used - 1);
   const bool counted_retry_left = retry == Retry::kCounted && restarts_used < job.max_restarts;
-  std::string event;
+  AttemptEnding ending{free ? wire::OUTCOME_INTERRUPTED : wire::OUTCOME_FAILED,
+                       reason,
+                       JobState::kQueued,
+                       what,
+                       0,
+                       "",
+                       "attempt ended: " + reason};
   if (free || counted_retry_left) {
     const double backoff = free ? 0 : std::min(60.0, options_.restart_backoff_s * std::pow(2.0, restarts_used));
-    store_->Requeue(id, what, now + backoff);
-    event = what + "; requeued to resume from its last checkpoint" +
-            (free ? " (not counted as a restart)"
-                  : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
-                        std::to_string(job.max_restarts) + ")");
+    ending.requeue_at = Now() + backoff;
+    ending.event = what + "; requeued to resume from its last checkpoint" +
+                   (free ? " (not counted as a restart)"
+                         : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
+                               std::to_string(job.max_restarts) + ")");
   } else {
-    event = what + (retry == Retry::kNever
-                        ? " (not retried: the input is at fault)"
-                        : " (no restarts left: resources.max_restarts is " + std::to_string(job.max_restarts) + ")");
-    store_->SetState(id, JobState::kFailed, event);
+    ending.event = what + (retry == Retry::kNever ? " (not retried: the input is at fault)"
+                                                  : " (no restarts left: resources.max_restarts is " +
+                                                        std::to_string(job.max_restarts) + ")");
+    ending.job_state = JobState::kFailed;
+    ending.job_reason = ending.event;
   }
-  store_->AddEvent(id, event, now);
-  transaction.Commit();  // the outcome is durable before anyone is told
-  running_.erase(id);
-  StopRanks(attempt, "attempt ended: " + reason);
-  if (slurm_ && !attempt.slurm_job.empty()) slurm_->Cancel(attempt.slurm_job);  // its allocation, if any is left
-  spdlog::warn("job {}: {}", id, event);
-  schedule_due_ = true;
-  search_due_ = true;
+  EndJobsAttempt(id, ending);
+  spdlog::warn("job {}: {}", id, ending.event);
 }
 
 void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason) {

@@ -298,23 +298,11 @@ void Server::SendSearchStop(const RunningAttempt& attempt) {
 void Server::EndStoppedTrial(int64_t job, int epoch) {
   const auto record = store_->Find(job);
   if (!record || Ended(record->state)) return;
-  auto it = running_.find(job);
-  const double now = Now();
   const std::string why = "stopped by search " + std::to_string(record->search) + " at epoch " + std::to_string(epoch) +
                           " (Note [ASHA]: not among the best at that rung)";
-  StateStore::Transaction transaction(*store_);
-  if (it != running_.end()) store_->EndAttempt(job, it->second.attempt, "stopped: " + why, now);
-  store_->SetState(job, JobState::kStopped, why);
-  store_->AddEvent(job, why, now);
-  transaction.Commit();
-  if (it != running_.end()) {
-    StopRanks(it->second, "the trial was stopped by its search: this slot is free");
-    if (slurm_ && !it->second.slurm_job.empty()) slurm_->Cancel(it->second.slurm_job);
-    running_.erase(it);
-  }
+  EndJobsAttempt(job, {wire::OUTCOME_STOPPED, why, JobState::kStopped, why, 0, why,
+                       "the trial was stopped by its search: this slot is free"});
   spdlog::info("job {} {}", job, why);
-  schedule_due_ = true;
-  search_due_ = true;
   WriteSearchCsv(record->search);
 }
 

@@ -226,7 +226,7 @@ WebReply Server::ApiJob(int64_t id) {
   for (const AttemptRecord& a : store_->Attempts(id))
     attempts.push_back({{"attempt", a.attempt},
                         {"placement", a.placement},
-                        {"outcome", a.outcome},
+                        {"outcome", DescribeEnd(a.end, a.end_reason)},
                         {"started_at", a.started_at},
                         {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)},
                         {"rank_seconds", a.RankSeconds(Now())},
@@ -367,7 +367,7 @@ void Server::AddJobMetrics(Metrics* m) {
 void Server::AddAttemptMetrics(Metrics* m) {
   m->Add("trainyard_preemptions_total", {}, double(preemptions_));
   for (const auto& [outcome, count] : store_->AttemptOutcomes())
-    m->Add("trainyard_attempts_total", {{"outcome", outcome}}, double(count));
+    m->Add("trainyard_attempts_total", {{"outcome", OutcomeName(outcome)}}, double(count));
   m->Set("trainyard_running_attempts", {}, double(running_.size()));
   m->Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
   for (const Usage& u : store_->UsageBy(/*per_user=*/true, Now())) {

@@ -15,6 +15,8 @@
 #include <limits>
 #include <sstream>
 
+#include "proto/wire_names.h"
+
 namespace trainyard {
 namespace {
 
@@ -60,8 +62,8 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
 };
 
-// The schema this build writes; StateStore::Migrate says what each version changed.
-constexpr int kSchemaVersion = 2;
+// The schema this build writes; the versions are listed above StateStore::Migrate.
+constexpr int kSchemaVersion = 3;
 
 int SchemaVersion(sqlite3* db) {
   Statement s(db, "PRAGMA user_version");
@@ -150,7 +152,7 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
     }
     CheckWritable(path);
     CreateSchema();
-    Migrate();
+    Migrate(path);
   } catch (...) {
     sqlite3_close(db_);  // no destructor runs for a constructor that throws
     db_ = nullptr;
@@ -253,20 +255,38 @@ void StateStore::Exec(const std::string& sql) const {
   }
 }
 
+bool StateStore::HasTable(const std::string& table) const {
+  Statement s(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  s.Bind(1, table);
+  return s.Step();
+}
+
+bool StateStore::HasColumn(const std::string& table, const std::string& column) const {
+  Statement columns(db_, "SELECT name FROM pragma_table_info(?)");
+  columns.Bind(1, table);
+  while (columns.Step())
+    if (columns.Text(0) == column) return true;
+  return false;
+}
+
 void StateStore::CreateSchema() {
   Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
-  Exec(R"(CREATE TABLE IF NOT EXISTS jobs(
+  const bool new_database = !HasTable("jobs");
+  Exec(R"(BEGIN IMMEDIATE;
+    CREATE TABLE IF NOT EXISTS jobs(
       id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, idempotency_key TEXT UNIQUE,
       spec_yaml TEXT NOT NULL, source TEXT NOT NULL, state TEXT NOT NULL, priority INTEGER NOT NULL,
       ranks INTEGER NOT NULL, max_restarts INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
       device TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', submitted_at REAL NOT NULL,
       not_before REAL NOT NULL DEFAULT 0, base_dir TEXT NOT NULL DEFAULT '',
       estimate_s REAL NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '',
-      preemptible INTEGER NOT NULL DEFAULT 1);
+      preemptible INTEGER NOT NULL DEFAULT 1, search INTEGER NOT NULL DEFAULT 0,
+      kind TEXT NOT NULL DEFAULT '', metric TEXT NOT NULL DEFAULT '');
     CREATE TABLE IF NOT EXISTS attempts(
       job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
       started_at REAL NOT NULL, ended_at REAL, outcome TEXT, ran_from REAL NOT NULL DEFAULT 0,
-      ranks INTEGER NOT NULL DEFAULT 0, gpus INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job, attempt));
+      ranks INTEGER NOT NULL DEFAULT 0, gpus INTEGER NOT NULL DEFAULT 0,
+      preempted_by INTEGER NOT NULL DEFAULT 0, end_reason TEXT NOT NULL DEFAULT '', PRIMARY KEY(job, attempt));
     CREATE TABLE IF NOT EXISTS epochs(
       job INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, attempt INTEGER NOT NULL,
       csv_line TEXT NOT NULL, csv_header TEXT NOT NULL DEFAULT '', breakdown_json TEXT NOT NULL DEFAULT '',
@@ -274,23 +294,8 @@ void StateStore::CreateSchema() {
     CREATE TABLE IF NOT EXISTS events(
       job INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, text TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS worlds(
-      world TEXT PRIMARY KEY, token TEXT NOT NULL, registered_at REAL NOT NULL);)");
-  AddColumnIfMissing("jobs", "user", "TEXT NOT NULL DEFAULT ''");
-  AddColumnIfMissing("attempts", "ran_from", "REAL NOT NULL DEFAULT 0");
-  AddColumnIfMissing("attempts", "ranks", "INTEGER NOT NULL DEFAULT 0");
-  AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
-  AddColumnIfMissing("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1");
-  AddColumnIfMissing("attempts", "preempted_by", "INTEGER NOT NULL DEFAULT 0");
-  AddColumnIfMissing("jobs", "search", "INTEGER NOT NULL DEFAULT 0");
-  AddColumnIfMissing("jobs", "kind", "TEXT NOT NULL DEFAULT ''");
-  AddColumnIfMissing("jobs", "metric", "TEXT NOT NULL DEFAULT ''");
-  // An index for each query the loop makes per job or per scheduling pass, so that none
-  // reads a whole table however long the history (FullScanSteps() counts what still does).
-  Exec(R"(CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, id);
-    CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs(user, id);
-    CREATE INDEX IF NOT EXISTS attempts_open ON attempts(job, attempt) WHERE ended_at IS NULL;
-    CREATE INDEX IF NOT EXISTS events_by_job ON events(job);)");
-  Exec(R"(CREATE TABLE IF NOT EXISTS searches(
+      world TEXT PRIMARY KEY, token TEXT NOT NULL, registered_at REAL NOT NULL);
+    CREATE TABLE IF NOT EXISTS searches(
       job INTEGER PRIMARY KEY REFERENCES jobs(id), method TEXT NOT NULL, metric TEXT NOT NULL,
       maximize INTEGER NOT NULL, eta INTEGER NOT NULL, max_epochs INTEGER NOT NULL,
       max_concurrent INTEGER NOT NULL, rungs TEXT NOT NULL);
@@ -303,26 +308,94 @@ void StateStore::CreateSchema() {
     CREATE TABLE IF NOT EXISTS rung_results(
       search INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, trial INTEGER NOT NULL,
       value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));
-    CREATE INDEX IF NOT EXISTS trials_by_job ON trials(job) WHERE job != 0;)");
+    COMMIT;)");
+  if (new_database) Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
 }
 
-// Schema versions (PRAGMA user_version): 1 and before, idempotency keys as the client
-// sent them; 2, keys scoped by owner as "<user>/<key>" (a user name has no '/').
-void StateStore::Migrate() {
-  if (SchemaVersion(db_) >= kSchemaVersion) return;
+// Schema versions (PRAGMA user_version), each brought to the next by a step below:
+//   0  no version written. The first layouts: epochs keyed by (job, attempt, epoch),
+//      without their header and breakdown, and jobs without base_dir and estimate_s.
+//   1  columns added by features as they came (a job's user, preemptible, search, kind
+//      and metric; an attempt's usage and preempted_by), any of which may be missing.
+//   2  every column of 1; idempotency keys scoped by owner as "<user>/<key>" (a user
+//      name has no '/').
+//   3  an attempt's outcome is the wire's Outcome by its name alone ("failed", as
+//      proto/wire_names.h gives it), its reason in end_reason; before, one text
+//      ("failed: <reason>").
+// Each step is tested on a database made by that version's own schema
+// (tests/coordinator/data/schema_v*.sql).
+void StateStore::Migrate(const std::string& path) {
+  const int from = SchemaVersion(db_);
+  if (from > kSchemaVersion)
+    throw StoreError(path + ": the state database was written by a newer coordinator (schema version " +
+                     std::to_string(from) + "; this one knows up to " + std::to_string(kSchemaVersion) +
+                     "); run that coordinator, or one at least as new");
+  if (from < kSchemaVersion) {
+    Transaction transaction(*this);
+    if (from < 2) MigrateToVersionTwoColumns();
+    if (from < 2)
+      Exec("UPDATE jobs SET idempotency_key = user || '/' || idempotency_key WHERE idempotency_key IS NOT NULL");
+    if (from < 3) MigrateToOutcomeNames();
+    Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
+    transaction.Commit();
+  }
+  CreateIndexes();
+}
+
+void StateStore::MigrateToVersionTwoColumns() {
+  if (!HasColumn("epochs", "csv_header")) {  // version 0's epochs: one row per epoch, the first one stored
+    Exec(R"(CREATE TABLE epochs_keyed(
+        job INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, attempt INTEGER NOT NULL,
+        csv_line TEXT NOT NULL, csv_header TEXT NOT NULL DEFAULT '', breakdown_json TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY(job, epoch));
+      INSERT OR IGNORE INTO epochs_keyed(job, epoch, attempt, csv_line)
+        SELECT job, epoch, attempt, csv_line FROM epochs ORDER BY job, epoch, attempt;
+      DROP TABLE epochs;
+      ALTER TABLE epochs_keyed RENAME TO epochs;)");
+  }
+  AddColumnIfMissing("jobs", "base_dir", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("jobs", "estimate_s", "REAL NOT NULL DEFAULT 0");
+  AddColumnIfMissing("jobs", "user", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1");
+  AddColumnIfMissing("jobs", "search", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("jobs", "kind", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("jobs", "metric", "TEXT NOT NULL DEFAULT ''");
+  AddColumnIfMissing("attempts", "ran_from", "REAL NOT NULL DEFAULT 0");
+  AddColumnIfMissing("attempts", "ranks", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("attempts", "gpus", "INTEGER NOT NULL DEFAULT 0");
+  AddColumnIfMissing("attempts", "preempted_by", "INTEGER NOT NULL DEFAULT 0");
+}
+
+// "failed: <reason>" becomes "failed" and the reason. A text whose first word names no
+// outcome (none was ever written) is kept whole as the reason of a failure.
+void StateStore::MigrateToOutcomeNames() {
+  AddColumnIfMissing("attempts", "end_reason", "TEXT NOT NULL DEFAULT ''");
+  std::string names;
+  for (int value = wire::Outcome_MIN; value <= wire::Outcome_MAX; ++value)
+    if (wire::Outcome_IsValid(value) && value != wire::OUTCOME_UNSPECIFIED)
+      names += std::string(names.empty() ? "" : ", ") + "'" + OutcomeName(wire::Outcome(value)) + "'";
+  const std::string word =
+      "CASE WHEN instr(outcome, ': ') > 0 THEN substr(outcome, 1, instr(outcome, ': ') - 1) ELSE outcome END";
+  Exec("UPDATE attempts SET end_reason = outcome, outcome = 'failed' WHERE outcome IS NOT NULL AND " + word +
+       " NOT IN (" + names + ")");
   Exec(
-      "BEGIN IMMEDIATE; UPDATE jobs SET idempotency_key = user || '/' || idempotency_key "
-      "WHERE idempotency_key IS NOT NULL; PRAGMA user_version = " +
-      std::to_string(kSchemaVersion) + "; COMMIT;");
+      "UPDATE attempts SET end_reason = substr(outcome, instr(outcome, ': ') + 2), "
+      "outcome = substr(outcome, 1, instr(outcome, ': ') - 1) WHERE instr(outcome, ': ') > 0");
+}
+
+// An index for each query the loop makes per job or per scheduling pass, so that none
+// reads a whole table however long the history (FullScanSteps() counts what still does).
+void StateStore::CreateIndexes() {
+  Exec(R"(CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, id);
+    CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs(user, id);
+    CREATE INDEX IF NOT EXISTS attempts_open ON attempts(job, attempt) WHERE ended_at IS NULL;
+    CREATE INDEX IF NOT EXISTS events_by_job ON events(job);
+    CREATE INDEX IF NOT EXISTS trials_by_job ON trials(job) WHERE job != 0;)");
 }
 
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
                                     const std::string& declaration) {
-  Statement columns(db_, "SELECT name FROM pragma_table_info(?)");
-  columns.Bind(1, table);
-  while (columns.Step())
-    if (columns.Text(0) == column) return;
-  Exec("ALTER TABLE " + table + " ADD COLUMN " + column + " " + declaration);
+  if (!HasColumn(table, column)) Exec("ALTER TABLE " + table + " ADD COLUMN " + column + " " + declaration);
 }
 
 void StateStore::KeepWorldToken(const std::string& world, const std::string& token, double now) {
@@ -421,14 +494,14 @@ int StateStore::StartAttempt(int64_t id, const std::string& placement, double no
   return attempt;
 }
 
-void StateStore::EndAttempt(int64_t id, int attempt, const std::string& outcome, double now) {
+void StateStore::EndAttempt(int64_t id, int attempt, wire::Outcome end, const std::string& reason, double now) {
   Statement was(db_,
                 "SELECT j.user, a.ranks, a.ran_from, a.ended_at IS NULL FROM attempts a JOIN jobs j ON j.id = a.job "
                 "WHERE a.job = ? AND a.attempt = ?");
   was.Bind(1, id).Bind(2, int64_t(attempt));
   const bool found = was.Step();
-  Statement s(db_, "UPDATE attempts SET ended_at = ?, outcome = ? WHERE job = ? AND attempt = ?");
-  s.Bind(1, now).Bind(2, outcome).Bind(3, id).Bind(4, int64_t(attempt));
+  Statement s(db_, "UPDATE attempts SET ended_at = ?, outcome = ?, end_reason = ? WHERE job = ? AND attempt = ?");
+  s.Bind(1, now).Bind(2, OutcomeName(end)).Bind(3, reason).Bind(4, id).Bind(5, int64_t(attempt));
   s.Step();
   if (!ended_usage_ || !found) return;
   if (was.Int(3) == 0)  // ended again: its end moved, so the totals are read afresh
@@ -497,26 +570,43 @@ void StateStore::Requeue(int64_t id, const std::string& reason, double not_befor
   s.Step();
 }
 
+namespace {
+
+constexpr const char* kAttemptColumns =
+    "job, attempt, placement, started_at, IFNULL(ended_at, 0), IFNULL(outcome, ''), end_reason, ran_from, ranks, "
+    "gpus, preempted_by";
+
+AttemptRecord ReadAttemptRow(const Statement& s) {
+  AttemptRecord a;
+  a.job = s.Int(0);
+  a.attempt = int(s.Int(1));
+  a.placement = s.Text(2);
+  a.started_at = s.Real(3);
+  a.ended_at = s.Real(4);
+  a.end = OutcomeFromName(s.Text(5));
+  a.end_reason = s.Text(6);
+  a.ran_from = s.Real(7);
+  a.ranks = int(s.Int(8));
+  a.gpus = int(s.Int(9));
+  a.preempted_by = s.Int(10);
+  return a;
+}
+
+}  // namespace
+
 std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
-  Statement s(db_,
-              "SELECT job, attempt, placement, IFNULL(outcome, ''), started_at, IFNULL(ended_at, 0), ran_from, "
-              "ranks, gpus, preempted_by FROM attempts WHERE job = ? ORDER BY attempt");
+  Statement s(db_, std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE job = ? ORDER BY attempt");
   s.Bind(1, id);
   std::vector<AttemptRecord> out;
-  while (s.Step())
-    out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)),
-                   int(s.Int(8)), s.Int(9)});
+  while (s.Step()) out.push_back(ReadAttemptRow(s));
   return out;
 }
 
 std::vector<AttemptRecord> StateStore::OpenAttempts() const {
   Statement s(db_,
-              "SELECT job, attempt, placement, '', started_at, 0, ran_from, ranks, gpus, preempted_by FROM attempts "
-              "WHERE ended_at IS NULL ORDER BY job, attempt");
+              std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE ended_at IS NULL ORDER BY job, attempt");
   std::vector<AttemptRecord> out;
-  while (s.Step())
-    out.push_back({s.Int(0), int(s.Int(1)), s.Text(2), s.Text(3), s.Real(4), s.Real(5), s.Real(6), int(s.Int(7)),
-                   int(s.Int(8)), s.Int(9)});
+  while (s.Step()) out.push_back(ReadAttemptRow(s));
   return out;
 }
 
@@ -639,13 +729,10 @@ std::vector<double> StateStore::SecondsToFirstStart() const {
   return out;
 }
 
-std::map<std::string, int64_t> StateStore::AttemptOutcomes() const {
-  // An outcome is a word, then ": why" for some (server_pool.cc): counted by the word.
-  Statement s(db_,
-              "SELECT CASE WHEN instr(outcome, ':') > 0 THEN substr(outcome, 1, instr(outcome, ':') - 1) "
-              "ELSE outcome END AS kind, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY kind");
-  std::map<std::string, int64_t> out;
-  while (s.Step()) out[s.Text(0)] = s.Int(1);
+std::map<wire::Outcome, int64_t> StateStore::AttemptOutcomes() const {
+  Statement s(db_, "SELECT outcome, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY outcome");
+  std::map<wire::Outcome, int64_t> out;
+  while (s.Step()) out[OutcomeFromName(s.Text(0))] += s.Int(1);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "coordinator/decayed_usage.h"
+#include "trainyard.pb.h"
 
 namespace trainyard {
 
@@ -108,8 +109,12 @@ struct EventRecord {
 struct AttemptRecord {
   int64_t job = 0;
   int attempt = 0;
-  std::string placement, outcome;  // outcome: empty while it runs
+  std::string placement;
   double started_at = 0, ended_at = 0;
+  // How it ended (the wire's enum, kept in the store by its name: "failed"), and why;
+  // OUTCOME_UNSPECIFIED while it runs.
+  wire::Outcome end = wire::OUTCOME_UNSPECIFIED;
+  std::string end_reason;
   // Note [Usage]: when its ranks began to run (0: not yet), how many, and of them on a GPU.
   double ran_from = 0;
   int ranks = 0, gpus = 0;
@@ -192,7 +197,7 @@ class StateStore {
   void SetState(int64_t id, JobState state, const std::string& reason);
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
-  void EndAttempt(int64_t id, int attempt, const std::string& outcome, double now);
+  void EndAttempt(int64_t id, int attempt, wire::Outcome end, const std::string& reason, double now);
   // Note [Usage]: the attempt's ranks run from `ran_from` on (set once; later calls do nothing).
   void StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus);
   // Records that the attempt was asked to stop for job `by` (Note [Preemption]), so that a
@@ -221,11 +226,10 @@ class StateStore {
   std::vector<EventRecord> TimedEvents(int64_t id) const;
   // For the metrics, counted by SQLite without building a record per job: jobs by
   // (state, user); each started job's seconds from submission to its first attempt's
-  // start (at least 0); and the ended attempts by outcome ("succeeded", "failed",
-  // "interrupted", "cancelled", "abandoned": the outcome's first word).
+  // start (at least 0); and the ended attempts by outcome.
   std::map<std::pair<std::string, std::string>, int64_t> JobCountsByStateAndUser() const;
   std::vector<double> SecondsToFirstStart() const;
-  std::map<std::string, int64_t> AttemptOutcomes() const;
+  std::map<wire::Outcome, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
 
   // Searches (coordinator/search.h). AddSearch stores the search and its trials, none
@@ -258,9 +262,17 @@ class StateStore {
   // Throws StoreError unless the database can be written (a read-only file, or a
   // folder the journal cannot be created in): found at start, not at the first change.
   void CheckWritable(const std::string& path) const;
+  bool HasTable(const std::string& table) const;
+  bool HasColumn(const std::string& table, const std::string& column) const;
+  // The tables this version has and the database lacks; a new database is marked as
+  // this version's.
   void CreateSchema();
-  // Brings a database made by an earlier schema version to this one, in one transaction.
-  void Migrate();
+  // Brings a database made by an earlier schema version to this one, in one transaction
+  // (the versions are listed above it); refuses one made by a later version.
+  void Migrate(const std::string& path);
+  void MigrateToVersionTwoColumns();
+  void MigrateToOutcomeNames();
+  void CreateIndexes();
   // Adds `column` (with its SQL declaration) to `table` of a database made by a version
   // that did not have it.
   void AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& declaration);

@@ -34,4 +34,9 @@ wire::Outcome OutcomeFromName(std::string_view name) {
   return outcome;
 }
 
+std::string DescribeEnd(wire::Outcome end, const std::string& reason) {
+  const std::string name = OutcomeName(end);
+  return name.empty() || reason.empty() ? name : name + ": " + reason;
+}
+
 }  // namespace trainyard

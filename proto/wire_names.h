@@ -19,5 +19,7 @@ std::string JobStateName(wire::JobState state);
 std::string OutcomeName(wire::Outcome outcome);
 // The outcome named `name`; OUTCOME_UNSPECIFIED for any other text.
 wire::Outcome OutcomeFromName(std::string_view name);
+// An ended attempt as people read it: "succeeded", "failed: <reason>"; "" while it runs.
+std::string DescribeEnd(wire::Outcome end, const std::string& reason);
 
 }  // namespace trainyard

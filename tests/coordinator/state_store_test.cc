@@ -4,13 +4,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "tests/common/source_path.h"
 
 namespace trainyard {
 namespace {
@@ -50,7 +54,7 @@ TEST_F(StateStoreTest, TransactionCommitsTogetherOrRollsBackOnAnException) {
     try {
       StateStore::Transaction transaction(store);
       const int attempt = store.StartAttempt(id, "w:0,1", 2.0);  // nested: commits with the outer one
-      store.EndAttempt(id, attempt, "failed: boom", 3.0);
+      store.EndAttempt(id, attempt, wire::OUTCOME_FAILED, "boom", 3.0);
       store.AddEvent(id, "attempt 1 failed", 3.0);
       throw std::runtime_error("killed between the writes");
     } catch (const std::runtime_error&) {
@@ -60,14 +64,14 @@ TEST_F(StateStoreTest, TransactionCommitsTogetherOrRollsBackOnAnException) {
     EXPECT_TRUE(store.Attempts(id).empty());
     EXPECT_TRUE(store.Events(id).empty());
     StateStore::Transaction transaction(store);
-    store.EndAttempt(id, store.StartAttempt(id, "w:0,1", 2.0), "succeeded", 4.0);
+    store.EndAttempt(id, store.StartAttempt(id, "w:0,1", 2.0), wire::OUTCOME_SUCCEEDED, "", 4.0);
     store.SetState(id, JobState::kSucceeded, "");
     transaction.Commit();
   }
   StateStore reopened(path_, false);
   EXPECT_EQ(reopened.Find(id)->state, JobState::kSucceeded);
   ASSERT_EQ(reopened.Attempts(id).size(), 1u);
-  EXPECT_EQ(reopened.Attempts(id)[0].outcome, "succeeded");
+  EXPECT_EQ(reopened.Attempts(id)[0].end, wire::OUTCOME_SUCCEEDED);
 }
 
 TEST_F(StateStoreTest, UsesWalAndKeepsJobsAcrossReopen) {
@@ -149,7 +153,7 @@ TEST_F(StateStoreTest, AVersionOneDatabaseHasItsKeysScopedByOwner) {
   sqlite3_stmt* version = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_step(version), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(version, 0), 2);
+  EXPECT_EQ(sqlite3_column_int(version, 0), 3);
   sqlite3_finalize(version);
   sqlite3_close(db);
 }
@@ -177,12 +181,13 @@ TEST_F(StateStoreTest, OpenAttemptsAreWhatARestartReadopts) {
   store.Submit(Job("b"), 1.0, &created);
   store.StartAttempt(1, "w:0,1", 2.0);
   store.StartAttempt(2, "w:2,3", 2.0);
-  store.EndAttempt(1, 1, "succeeded", 3.0);
+  store.EndAttempt(1, 1, wire::OUTCOME_SUCCEEDED, "", 3.0);
   auto open = store.OpenAttempts();
   ASSERT_EQ(open.size(), 1u);
   EXPECT_EQ(open[0].job, 2);
   EXPECT_EQ(open[0].placement, "w:2,3");
-  EXPECT_EQ(store.Attempts(1).at(0).outcome, "succeeded");
+  EXPECT_EQ(store.Attempts(1).at(0).end, wire::OUTCOME_SUCCEEDED);
+  EXPECT_EQ(open[0].end, wire::OUTCOME_UNSPECIFIED);
 }
 
 TEST_F(StateStoreTest, RequeueAndFailureKeepTheReason) {
@@ -190,7 +195,7 @@ TEST_F(StateStoreTest, RequeueAndFailureKeepTheReason) {
   bool created = false;
   store.Submit(Job("k"), 1.0, &created);
   store.StartAttempt(1, "w:0,1", 2.0);
-  store.EndAttempt(1, 1, "rank 1 killed by signal 9", 3.0);
+  store.EndAttempt(1, 1, wire::OUTCOME_FAILED, "rank 1 killed by signal 9", 3.0);
   store.Requeue(1, "attempt 1: rank 1 killed by signal 9", 13.0);
   store.AddEvent(1, "requeued", 3.0);
   auto job = *store.Find(1);
@@ -212,10 +217,10 @@ TEST_F(StateStoreTest, UsageCountsRankAndGpuSecondsFromWhenTheRanksRanPerUser) {
   store.StartAttempt(ja, "w:0,w:1", 10);
   store.StartUsage(ja, 1, 12, 2, 0);  // queued from 10 to 12 (Slurm's queue): not counted
   store.StartUsage(ja, 1, 50, 2, 0);  // only the first start counts
-  store.EndAttempt(ja, 1, "failed: x", 22);
+  store.EndAttempt(ja, 1, wire::OUTCOME_FAILED, "x", 22);
   store.StartAttempt(ja, "w:0,w:1", 30);
   store.StartUsage(ja, 2, 30, 2, 2);
-  store.EndAttempt(ja, 2, "succeeded", 40);
+  store.EndAttempt(ja, 2, wire::OUTCOME_SUCCEEDED, "", 40);
   store.StartAttempt(jb, "v:0", 100);
   store.StartUsage(jb, 1, 100, 4, 4);  // still running at 105
   EXPECT_DOUBLE_EQ(store.Attempts(ja)[0].RankSeconds(105), 20);
@@ -285,8 +290,9 @@ TEST_F(StateStoreTest, FairShareTotalsKeptAsAttemptsEndEqualTheClosedForm) {
         intervals.push_back({job.user, ranks, from, 0});
         continue;
       }
-      store.EndAttempt(id, 1, "succeeded", now);
-      if (i == 10) store.EndAttempt(id, 1, "succeeded", now + 5);  // ended twice: counts to the last end
+      store.EndAttempt(id, 1, wire::OUTCOME_SUCCEEDED, "", now);
+      if (i == 10)
+        store.EndAttempt(id, 1, wire::OUTCOME_SUCCEEDED, "", now + 5);  // ended twice: counts to the last end
       intervals.push_back({job.user, ranks, from, i == 10 ? now + 5 : now});
       if (i == 20) {  // an end rolled back: still running
         const int64_t rolled = store.Submit(Job("rolled"), now, &created).id;
@@ -295,7 +301,7 @@ TEST_F(StateStoreTest, FairShareTotalsKeptAsAttemptsEndEqualTheClosedForm) {
         intervals.push_back({"", 2, now, 0});
         try {
           StateStore::Transaction transaction(store);
-          store.EndAttempt(rolled, 1, "failed: x", now + 1);
+          store.EndAttempt(rolled, 1, wire::OUTCOME_FAILED, "x", now + 1);
           throw std::runtime_error("rolled back");
         } catch (const std::runtime_error&) {
         }
@@ -381,7 +387,7 @@ TEST_F(StateStoreTest, TheLoopsQueriesSearchIndexesInsteadOfScanningTables) {
     store.AddEpochRow(last, {attempt, 1, "1,0.5", "epoch,loss", ""});
     store.AddEvent(last, "started", 2.0);
     if (!finish) return;
-    store.EndAttempt(last, attempt, "succeeded", 3.0);
+    store.EndAttempt(last, attempt, wire::OUTCOME_SUCCEEDED, "", 3.0);
     store.SetState(last, JobState::kSucceeded, "");
   };
   for (int i = 0; i < 100; ++i) add(i, true);
@@ -466,6 +472,129 @@ TEST_F(StateStoreTest, ADatabaseWithoutTheUsageColumnsGetsThemAndKeepsItsJobs) {
   EXPECT_EQ(store.Jobs()[0].user, "");
   EXPECT_EQ(store.Attempts(1).at(0).ran_from, 0);  // its usage is unknown: not counted
   EXPECT_TRUE(store.UsageBy(false, 10).empty());
+}
+
+// Runs `sql` on the database at `path` (made if missing), outside any store.
+void ExecOn(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+  const std::string text = error ? error : "";
+  sqlite3_free(error);
+  sqlite3_close(db);
+  ASSERT_EQ(rc, SQLITE_OK) << text;
+}
+
+// Each table's columns (name, type, not null, default), sorted, and the schema version.
+std::map<std::string, std::vector<std::string>> Layout(const std::string& path, int* version) {
+  std::map<std::string, std::vector<std::string>> layout;
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(
+      db,
+      "SELECT m.name, c.name || ' ' || c.type || ' ' || c.\"notnull\" || ' ' || IFNULL(c.dflt_value, '') "
+      "FROM sqlite_master m, pragma_table_info(m.name) c WHERE m.type = 'table'",
+      -1, &s, nullptr);
+  while (sqlite3_step(s) == SQLITE_ROW)
+    layout[reinterpret_cast<const char*>(sqlite3_column_text(s, 0))].push_back(
+        reinterpret_cast<const char*>(sqlite3_column_text(s, 1)));
+  sqlite3_finalize(s);
+  sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, nullptr);
+  *version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  for (auto& [table, columns] : layout) std::sort(columns.begin(), columns.end());
+  return layout;
+}
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every schema a coordinator has written (tests/coordinator/data/schema_*.sql, each made
+// with that version's own table definitions) is brought to this one: the columns of a new
+// database, every row kept, outcomes as the enum and its reason, keys scoped by owner,
+// and the first layout's epochs one row per epoch.
+TEST_F(StateStoreTest, EveryEarlierSchemaIsBroughtToThisOneKeepingItsRows) {
+  { StateStore fresh(path_, false); }
+  int fresh_version = 0;
+  const auto fresh_layout = Layout(path_, &fresh_version);
+  EXPECT_EQ(fresh_version, 3);
+  int fixtures = 0;
+  for (const auto& entry : fs::directory_iterator(SourcePath("tests/coordinator/data"))) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("schema_", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    ++fixtures;
+    const std::string old = (dir_ / (name + ".db")).string();
+    const std::string sql = ReadAll(entry.path());
+    const bool has_searches = sql.find("CREATE TABLE searches") != std::string::npos;  // and a trial, job 6
+    ExecOn(old, sql);
+    {
+      StateStore store(old, false);
+      ASSERT_EQ(store.Jobs().size(), has_searches ? 6u : 4u);
+      const auto retried = store.Attempts(1);
+      ASSERT_EQ(retried.size(), 2u);
+      EXPECT_EQ(retried[0].end, wire::OUTCOME_FAILED);
+      EXPECT_EQ(retried[0].end_reason, "job rank 1 (pid 41 on h1) was killed by signal 9 (SIGKILL): out of memory");
+      EXPECT_EQ(retried[1].end, wire::OUTCOME_SUCCEEDED);
+      EXPECT_EQ(retried[1].end_reason, "");
+      const auto requeued = store.Attempts(3);
+      ASSERT_EQ(requeued.size(), 2u);
+      EXPECT_EQ(requeued[0].end, wire::OUTCOME_INTERRUPTED);
+      EXPECT_EQ(requeued[0].end_reason, "its pool went away");
+      EXPECT_EQ(requeued[1].end, wire::OUTCOME_ABANDONED);
+      EXPECT_EQ(store.Attempts(4).at(0).end, wire::OUTCOME_CANCELLED);
+      if (has_searches) {
+        EXPECT_EQ(store.Attempts(6).at(0).end, wire::OUTCOME_STOPPED);
+      }
+      const auto open = store.OpenAttempts();
+      ASSERT_EQ(open.size(), 1u);
+      EXPECT_EQ(open[0].job, 2);
+      EXPECT_EQ(open[0].end, wire::OUTCOME_UNSPECIFIED);
+      const auto rows = store.EpochRows(1);
+      ASSERT_EQ(rows.size(), 2u);
+      EXPECT_EQ(rows[0].csv_line, "1,0.9");  // the first stored row of an epoch is kept
+      EXPECT_EQ(rows[1].csv_line, "2,0.5");
+      EXPECT_EQ(store.Find(1)->spec_yaml, "name: retried\nkind: finetune\n");
+      EXPECT_EQ(store.Events(1).size(), 1u);
+      const std::string owner = store.Find(1)->user;
+      ASSERT_TRUE(store.FindByKey(owner, "key-1"));
+      EXPECT_EQ(store.FindByKey(owner, "key-1")->id, 1);
+      EXPECT_FALSE(store.FindByKey(owner + "x", "key-1"));
+      // Written to as this version writes.
+      store.EndAttempt(2, 1, wire::OUTCOME_PREEMPTED, "a time limit ahead", 140);
+      EXPECT_EQ(store.AttemptOutcomes().at(wire::OUTCOME_PREEMPTED), 1);
+      EXPECT_EQ(store.AttemptOutcomes().at(wire::OUTCOME_FAILED), 1);
+      bool created = false;
+      EXPECT_EQ(store.Submit(Job("key-3"), 150, &created).id, has_searches ? 7 : 5);
+      EXPECT_TRUE(created);
+    }
+    int version = 0;
+    const auto layout = Layout(old, &version);
+    EXPECT_EQ(version, 3);
+    for (const auto& [table, columns] : fresh_layout) EXPECT_EQ(layout.at(table), columns) << table;
+    StateStore again(old, false);  // a second opening changes nothing
+    EXPECT_EQ(again.Attempts(1).at(0).end_reason,
+              "job rank 1 (pid 41 on h1) was killed by signal 9 (SIGKILL): out of memory");
+  }
+  EXPECT_GE(fixtures, 10);
+}
+
+TEST_F(StateStoreTest, ADatabaseOfANewerSchemaIsRefused) {
+  { StateStore store(path_, false); }
+  ExecOn(path_, "PRAGMA user_version = 9;");
+  try {
+    StateStore store(path_, false);
+    FAIL() << "a database of schema version 9 was opened";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("written by a newer coordinator (schema version 9; this one knows up to 3)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(StateStoreTest, CorruptDatabaseIsRefusedUnlessStartingFresh) {

@@ -90,7 +90,7 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
     } else if (in.has_epoch()) {
       agent.ReportEpoch(in.epoch());
     } else if (in.has_result()) {
-      result_ = JobOutcome{OutcomeName(in.result().end()), in.result().message(), in.result().summary_json()};
+      result_ = JobOutcome{JobEndFromWire(in.result().end()), in.result().message(), in.result().summary_json()};
       wire::Envelope ack;
       ack.mutable_ack()->set_what("result");
       socket_->socket.send(zmq::buffer(Serialize(ack)), zmq::send_flags::dontwait);
@@ -203,7 +203,7 @@ bool RelayClient::PreemptRequested() const {
 bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
   wire::Envelope e;
   wire::JobResult* result = e.mutable_result();
-  result->set_end(OutcomeFromName(outcome.outcome));
+  result->set_end(ToWire(outcome.end));
   result->set_message(outcome.message);
   result->set_summary_json(outcome.summary_json);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -214,7 +214,7 @@ bool RelayClient::SendResult(const JobOutcome& outcome, double timeout_s) {
 void RelayClient::Aborting(const std::string& error) {
   wire::Envelope e;
   wire::JobResult* result = e.mutable_result();
-  result->set_end(OutcomeFromName("failed"));
+  result->set_end(wire::OUTCOME_FAILED);
   result->set_message(error);
   std::lock_guard<std::mutex> lock(mutex_);
   // Queued here, the message leaves on ZeroMQ's I/O thread while the caller goes on: the

@@ -44,6 +44,24 @@ std::string ResultKey(int64_t job, int attempt) {
 
 }  // namespace
 
+static_assert(int(JobEnd::kSucceeded) == wire::OUTCOME_SUCCEEDED && int(JobEnd::kFailed) == wire::OUTCOME_FAILED &&
+                  int(JobEnd::kBadInput) == wire::OUTCOME_BAD_INPUT &&
+                  int(JobEnd::kCancelled) == wire::OUTCOME_CANCELLED &&
+                  int(JobEnd::kReleased) == wire::OUTCOME_RELEASED &&
+                  int(JobEnd::kPreempted) == wire::OUTCOME_PREEMPTED,
+              "JobEnd's values are the wire's Outcome");
+
+std::string JobEndName(JobEnd end) { return OutcomeName(ToWire(end)); }
+
+wire::Outcome ToWire(JobEnd end) { return static_cast<wire::Outcome>(end); }
+
+JobEnd JobEndFromWire(wire::Outcome end) {
+  for (JobEnd known : {JobEnd::kSucceeded, JobEnd::kFailed, JobEnd::kBadInput, JobEnd::kCancelled, JobEnd::kReleased,
+                       JobEnd::kPreempted})
+    if (ToWire(known) == end) return known;
+  return JobEnd::kFailed;
+}
+
 Assignment AssignmentFrom(const wire::Assign& a) {
   Assignment out{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(), {}, a.resume()};
   for (const wire::JobPlace& p : a.places()) out.places.push_back({p.world(), p.rank(), p.host(), p.slot()});
@@ -154,7 +172,7 @@ void PoolAgent::Finish(const JobOutcome& outcome) {
   result->set_attempt(attempt);
   result->set_world_rank(self_.rank);
   result->set_world(self_.world);
-  result->set_end(OutcomeFromName(outcome.outcome));
+  result->set_end(ToWire(outcome.end));
   result->set_message(outcome.message);
   result->set_summary_json(outcome.summary_json);
   result->set_rank_token(self_.rank_token);

@@ -38,6 +38,7 @@ class ListFiles;
 class ReadFileChunk;
 class Envelope;
 class EpochReport;
+enum Outcome : int;
 }  // namespace wire
 
 struct PoolOptions {
@@ -77,8 +78,17 @@ struct Assignment {
   bool resume = false;
 };
 
+// How a job rank's part in an attempt ended. The values are the wire's Outcome
+// (trainyard.proto), whose generated header no file that includes libtorch may include
+// (proto/CMakeLists.txt); pool_agent.cc holds each equal to the wire's of the same name.
+enum class JobEnd { kSucceeded = 1, kFailed = 2, kBadInput = 3, kCancelled = 4, kReleased = 5, kPreempted = 8 };
+std::string JobEndName(JobEnd end);  // "bad_input": the wire's name (proto/wire_names.h)
+wire::Outcome ToWire(JobEnd end);
+// A value JobEnd lacks (an attempt-only outcome, a newer peer's) is a failure.
+JobEnd JobEndFromWire(wire::Outcome end);
+
 struct JobOutcome {
-  std::string outcome = "succeeded";  // succeeded | failed | bad_input | cancelled | released
+  JobEnd end = JobEnd::kSucceeded;
   std::string message, summary_json;
 };
 

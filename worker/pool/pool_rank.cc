@@ -17,9 +17,9 @@ namespace {
 
 constexpr double kOutputDrainS = 5;  // for the coordinator to take a job's last output
 
-JobOutcome Outcome(const std::string& outcome, const std::string& message) {
+JobOutcome Outcome(JobEnd end, const std::string& message) {
   JobOutcome o;
-  o.outcome = outcome;
+  o.end = end;
   o.message = message;
   return o;
 }
@@ -48,8 +48,8 @@ std::string DescribeJobRank(int rank, const JobRelay& relay, const std::string& 
 // `stuck`: the agent ended an mpirun that did not end a failed job (Lead).
 JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked, bool stuck) {
   const std::optional<JobOutcome>& said = relay.result();
-  if (said && (job.Succeeded() || said->outcome != "succeeded")) return *said;
-  if (stop_asked) return Outcome("cancelled", "stopped on request; its mpirun " + job.ExitText());
+  if (said && (job.Succeeded() || said->end != JobEnd::kSucceeded)) return *said;
+  if (stop_asked) return Outcome(JobEnd::kCancelled, "stopped on request; its mpirun " + job.ExitText());
   const std::vector<std::string> tail = job.OutputTail();
   const RankEnd end = ParseMpirunReport(tail);
   std::string what;
@@ -71,7 +71,7 @@ JobOutcome EndOf(const JobProcess& job, const JobRelay& relay, bool stop_asked, 
   // start, e.g. as root, or could not reach a host).
   std::string why = FailureLine(tail);
   if (why.empty()) why = job.MpirunMessage();
-  return Outcome("failed", why.empty() ? what : what + ": " + why);
+  return Outcome(JobEnd::kFailed, why.empty() ? what : what + ": " + why);
 }
 
 std::optional<Clock::time_point> Earliest(std::optional<Clock::time_point> a, std::optional<Clock::time_point> b) {
@@ -140,7 +140,7 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
       // starts when mpirun says a rank failed or when rank 0 says the job failed,
       // whichever comes first: mpirun's own words may never come (its help text can fail
       // to print while a host is unreachable).
-      if (!failure_said && relay.result() && relay.result()->outcome == "failed") failure_said = Clock::now();
+      if (!failure_said && relay.result() && relay.result()->end == JobEnd::kFailed) failure_said = Clock::now();
       const auto ending = Earliest(job.EndingSince(), failure_said);
       if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s) {
         stuck = true;
@@ -155,9 +155,9 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
     relay.Pump(0, a, agent_);    // what it said last
     outcome = EndOf(job, relay, stop_asked, stuck);
   } catch (const std::exception& e) {
-    outcome = Outcome("failed", std::string("the pool agent could not run the job: ") + e.what());
+    outcome = Outcome(JobEnd::kFailed, std::string("the pool agent could not run the job: ") + e.what());
   }
-  LogInfo(StrFormat("job %ld attempt %d: %s%s%s", long(a.job_id), a.attempt, outcome.outcome.c_str(),
+  LogInfo(StrFormat("job %ld attempt %d: %s%s%s", long(a.job_id), a.attempt, JobEndName(outcome.end).c_str(),
                     outcome.message.empty() ? "" : ": ", outcome.message.c_str()));
   return outcome;
 }
@@ -166,7 +166,7 @@ JobOutcome PoolRank::HoldSlot(const Assignment& a) {
   LogDebug(StrFormat("job %ld attempt %d: holding this slot for the mpirun of %s", long(a.job_id), a.attempt,
                      a.places.empty() ? "?" : a.places.front().world.c_str()));
   while (!agent_.StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return Outcome("released", "");
+  return Outcome(JobEnd::kReleased, "");
 }
 
 }  // namespace trainyard

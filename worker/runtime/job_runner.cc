@@ -142,10 +142,10 @@ void KeepSchedulerSignalsFromNow() { StopSignals::KeepFromNow({SIGTERM, SIGUSR1}
 
 namespace {
 
-RankResult Failed(int code, const std::string& outcome, const std::string& message) {
+RankResult Failed(int code, JobEnd end, const std::string& message) {
   RankResult r;
   r.exit_code = code;
-  r.outcome.outcome = outcome;
+  r.outcome.end = end;
   r.outcome.message = message;
   return r;
 }
@@ -182,7 +182,7 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
 #endif
   } catch (const InputError& e) {
     if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    return Failed(2, "bad_input", e.what());
+    return Failed(2, JobEnd::kBadInput, e.what());
   }
   Communicator* communicator = nccl ? nccl.get() : static_cast<Communicator*>(mpi.get());
   RankContext ranks{rank, world, local_rank, communicator, hooks};
@@ -193,16 +193,16 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
     return result;
   } catch (const InputError& e) {
     if (*e.what()) std::fprintf(stderr, "error: %s\n", e.what());
-    return Failed(2, "bad_input", *e.what() ? e.what() : "another rank of the job rejected its input");
+    return Failed(2, JobEnd::kBadInput, *e.what() ? e.what() : "another rank of the job rejected its input");
   } catch (const JobPreempted& e) {
     LogInfo(e.what());
-    return Failed(kPreemptedExitCode, "preempted", e.what());
+    return Failed(kPreemptedExitCode, JobEnd::kPreempted, e.what());
   } catch (const JobStopped& e) {
     LogInfo(e.what());
-    return Failed(1, "cancelled", e.what());
+    return Failed(1, JobEnd::kCancelled, e.what());
   } catch (const std::exception& e) {
     LogError("rank " + std::to_string(rank) + ": job failed: " + e.what());
-    RankResult result = Failed(1, "failed", e.what());
+    RankResult result = Failed(1, JobEnd::kFailed, e.what());
     result.abort_world = world > 1;
     return result;
   }

@@ -91,7 +91,7 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
     result = RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks);
   } catch (const SpecError& e) {  // the coordinator checked it; its files may have changed since
     result.exit_code = 2;
-    result.outcome.outcome = "bad_input";
+    result.outcome.end = JobEnd::kBadInput;
     result.outcome.message = e.what();
   }
   return result;
@@ -205,7 +205,7 @@ int RunPoolJob(const std::string& relay, const std::vector<int>& slots) {
   // stop (EndOf in pool_rank.cc). Its ranks exit 0, because mpirun answers a non-zero
   // exit by aborting the job, which takes it a second or more: time the stopped
   // attempt's slots would be held and charged for.
-  if (result.outcome.outcome == "cancelled") return 0;
+  if (result.outcome.end == JobEnd::kCancelled) return 0;
   return result.exit_code;
 }
 

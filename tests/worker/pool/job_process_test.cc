@@ -192,7 +192,7 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
     while (!client.StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     stopped = true;
     JobOutcome outcome;
-    outcome.outcome = "cancelled";
+    outcome.end = JobEnd::kCancelled;
     outcome.message = "stopped on request";
     confirmed = client.SendResult(outcome, 10);
     done = true;
@@ -218,7 +218,7 @@ TEST(JobRelayTest, CarriesTheAssignmentAStopAndTheResult) {
   EXPECT_TRUE(stopped);
   EXPECT_TRUE(confirmed);
   ASSERT_TRUE(relay.result().has_value());
-  EXPECT_EQ(relay.result()->outcome, "cancelled");
+  EXPECT_EQ(relay.result()->end, JobEnd::kCancelled);
   EXPECT_THROW(ParseAssignment("\x01garbage"), std::invalid_argument);
 }
 
@@ -255,7 +255,7 @@ TEST(JobRelayTest, AnAbortingRankZeroLeavesAFailedResultWithoutWaitingForTheAgen
   leave = true;
   job.join();
   ASSERT_TRUE(relay.result().has_value());
-  EXPECT_EQ(relay.result()->outcome, "failed");
+  EXPECT_EQ(relay.result()->end, JobEnd::kFailed);
   EXPECT_EQ(relay.result()->message, error);
 }
 
