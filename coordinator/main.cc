@@ -12,9 +12,11 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 
+#include "common/open_file_limit.h"
 #include "coordinator/server.h"
 #ifdef TRAINYARD_HAVE_DASHBOARD
 #include "coordinator/dashboard_server.h"
@@ -228,6 +230,8 @@ int Serve(const CommandLine& c) {
     return 2;
   }
 #endif
+  // A connection, hence a descriptor, per agent rank and client: as many as allowed.
+  trainyard::RaiseOpenFileLimit(std::numeric_limits<size_t>::max());
   try {
     trainyard::Server server(o);
     spdlog::info("coordinator listening on {} (state {})", server.endpoint(), o.state_path);

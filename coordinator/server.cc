@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/csv.h"
 #include "common/log_limiter.h"
+#include "common/metrics.h"
 #include "common/regular_file.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/search.h"
@@ -139,6 +140,11 @@ Server::Server(ServerOptions options)
       socket_(context_, zmq::socket_type::router),
       web_socket_(context_, zmq::socket_type::router) {
   options_.runs_dir = std::filesystem::absolute(options_.runs_dir).lexically_normal().string();
+  loop_metrics_ = std::make_unique<Metrics>();
+  loop_metrics_->DeclareHistogram("trainyard_scheduling_pass_seconds",
+                                  "Scheduling passes over a non-empty queue since the coordinator started: from "
+                                  "reading the queue to the last assignment sent, on the loop.",
+                                  {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5});
   if (options_.runs_dir.size() > 1 && options_.runs_dir.back() == '/') options_.runs_dir.pop_back();
   CheckRunsDir();
   outputs_ = std::make_unique<OutputFiles>(options_.runs_dir, options_.max_output_bytes);

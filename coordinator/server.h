@@ -388,6 +388,9 @@ class Server {
   void ExpireSilentRanks();
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
+  // Starts what the scheduler places of `queue` (not empty), preempts its victims and
+  // notes why the rest waits.
+  void PlaceQueued(const std::vector<QueuedJob>& queue, double now);
   // The queue and the running jobs as the scheduler takes them.
   std::vector<QueuedJob> QueueForScheduler(double now);
   std::vector<RunningJob> RunningForScheduler() const;
@@ -479,6 +482,9 @@ class Server {
 
   ServerOptions options_;
   std::unique_ptr<StateStore> store_;
+  // What the loop measures of itself since it started (scheduling passes), rendered
+  // after the store's figures on /metrics.
+  std::unique_ptr<Metrics> loop_metrics_;
   zmq::context_t context_;
   zmq::socket_t socket_;
   zmq::socket_t web_socket_;                   // Note [Dashboard queries]

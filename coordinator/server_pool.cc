@@ -14,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
+#include "common/metrics.h"
 #include "coordinator/server.h"
 
 namespace trainyard {
@@ -572,8 +573,14 @@ void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
   if (slurm_) return ScheduleOnSlurm(now);
+  const Clock::time_point began = Clock::now();
   std::vector<QueuedJob> queue = QueueForScheduler(now);
   if (queue.empty() || ranks_.empty()) return;
+  PlaceQueued(queue, now);
+  loop_metrics_->Observe("trainyard_scheduling_pass_seconds", {}, SecondsSince(began));
+}
+
+void Server::PlaceQueued(const std::vector<QueuedJob>& queue, double now) {
   // A rank is busy while an attempt awaits its result, and while its heartbeats still
   // name a job (one being cancelled, or given up on).
   std::vector<WorkerRank> workers;

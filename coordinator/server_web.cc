@@ -340,7 +340,7 @@ std::string Server::MetricsText() {
   AddJobMetrics(&m);
   AddAttemptMetrics(&m);
   AddWorkerMetrics(&m);
-  return m.Render();
+  return m.Render() + loop_metrics_->Render();
 }
 
 // Jobs by state and owner, submit-to-running latency, and running jobs' step times.

@@ -1,7 +1,6 @@
 #include "common/http/http_server.h"
 
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 
 #include "common/http/http_framing.h"
 #include "common/log.h"
+#include "common/open_file_limit.h"
 
 namespace trainyard {
 namespace {
@@ -473,24 +473,9 @@ void HttpServer::Impl::Unregister(Session* session) {
   if (--per_peer_count[session->peer()] == 0) per_peer_count.erase(session->peer());
 }
 
-namespace {
-
-// Every connection is a file descriptor: raise the soft limit toward what
-// `connections` need, as far as the hard limit allows.
-void RaiseOpenFileLimit(size_t connections) {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-  const rlim_t wanted = std::min<rlim_t>(limit.rlim_max, rlim_t(connections) + 256);
-  if (limit.rlim_cur >= wanted) return;
-  limit.rlim_cur = wanted;
-  ::setrlimit(RLIMIT_NOFILE, &limit);
-}
-
-}  // namespace
-
 HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
     : impl_(std::make_unique<Impl>(options, std::move(handler))) {
-  RaiseOpenFileLimit(options.max_connections);
+  RaiseOpenFileLimit(options.max_connections + 256);  // a descriptor per connection
   beast::error_code error;
   const std::string& host = options.host;
   const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, error);

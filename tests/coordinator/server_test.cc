@@ -857,6 +857,11 @@ TEST_F(ServerTest, DashboardQueriesAreAnsweredFromTheLoopsState) {
         std::string("trainyard_submit_to_running_seconds_count 1"), std::string("trainyard_running_attempts 1"),
         "trainyard_job_ms_per_step{job=\"" + std::to_string(job) + "\",name=\"proto\",user=\"\"} 0"})
     EXPECT_NE(metrics.find(line + "\n"), std::string::npos) << line << " in\n" << metrics;
+  // The pass that placed the job, at least, timed on the loop's own histogram.
+  const std::string pass_count = "trainyard_scheduling_pass_seconds_count ";
+  const size_t passes = metrics.find(pass_count);
+  ASSERT_NE(passes, std::string::npos) << metrics;
+  EXPECT_GE(std::stoi(metrics.substr(passes + pass_count.size())), 1) << metrics;
 
   for (const char* missing : {"/api/jobs/9999", "/api/jobs/abc", "/api/jobs/1/other", "/api/nothing", "/metricsx"}) {
     const WebReply reply = WebQuery(missing);

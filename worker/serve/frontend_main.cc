@@ -7,7 +7,6 @@
 #include <absl/synchronization/mutex.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +20,7 @@
 #include "common/atomic_file.h"
 #include "common/http/http_server.h"
 #include "common/log.h"
+#include "common/open_file_limit.h"
 #include "common/spec/job_spec.h"
 #include "worker/serve/grpc_gate.h"
 #include "worker/serve/grpc_service.h"
@@ -64,17 +64,11 @@ trainyard::GrpcServerLimits GrpcLimits(const trainyard::ServeSpec& serve, size_t
   return limits;
 }
 
-// Every connection is a descriptor, a gRPC one two (grpc_gate.h): the soft limit is
-// raised, as far as the hard limit allows, so that both listeners can hold their most at
-// once and HTTP keeps its own whatever gRPC's clients do.
-void RaiseOpenFileLimit(const trainyard::ServeSpec& serve) {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-  const rlim_t wanted = std::min<rlim_t>(
-      limit.rlim_max, rlim_t(2) * serve.max_connections + rlim_t(2) * serve.grpc_max_connections + 1024);
-  if (limit.rlim_cur >= wanted) return;
-  limit.rlim_cur = wanted;
-  ::setrlimit(RLIMIT_NOFILE, &limit);
+// Every connection is a descriptor, a gRPC one two (grpc_gate.h): the limit is raised so
+// that both listeners can hold their most at once and HTTP keeps its own whatever gRPC's
+// clients do.
+void RaiseOpenFileLimitFor(const trainyard::ServeSpec& serve) {
+  trainyard::RaiseOpenFileLimit(size_t(2) * serve.max_connections + size_t(2) * serve.grpc_max_connections + 1024);
 }
 
 struct Options {
@@ -96,7 +90,7 @@ int Serve(const Options& o) {
   if (o.metrics_port >= 0) spec.serve.metrics_port = o.metrics_port;
   const std::string host = spec.serve.host;
   const size_t max_body = size_t(spec.serve.max_body_mb) << 20;
-  RaiseOpenFileLimit(spec.serve);
+  RaiseOpenFileLimitFor(spec.serve);
 
   trainyard::ServerCore core(spec.serve, o.link);
   trainyard::KserveHttp kserve(&core);

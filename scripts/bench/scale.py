@@ -1,0 +1,573 @@
+#!/usr/bin/env python3
+"""A cluster simulated against a real coordinator: many pool agents, each a CURVE client
+of its own speaking the wire (proto/trainyard.proto) as worker/pool/pool_agent.cc does,
+whose jobs run no process (a lead reports its result when the job's simulated duration
+has passed), a real coordinator and a real SQLite store. See scripts/bench/scale.sh.
+
+Each agent is one rank of a world of its own on a simulated host of --slots-per-host
+slots. It registers, heartbeats, answers Reregister with a Register, and on an Assign
+names the attempt in its heartbeats at once; the lead reports SUCCEEDED (or FAILED for a
+job named to fail) after the job's duration; a rank told to stop reports CANCELLED,
+PREEMPTED (a preemption, after --preempt-delay) or RELEASED (a held slot). Results are
+resent until acknowledged, as the agents do. A job's name carries its simulated duration
+in milliseconds ("sim-<ms>", "simfail-<ms>").
+
+Scenarios (--scenario, repeatable):
+  steady      jobs arrive at a rate that keeps about half the slots busy, for --seconds;
+  burst       --jobs jobs submitted at once, until every one has ended;
+  restart     a burst, with the coordinator killed (SIGKILL) and started again on the
+              same state file when a third of the jobs have ended;
+  lost        steady load, with 10% of the agents gone at once (their sockets closed
+              without a word) midway;
+  preemption  the cluster filled with preemptible jobs of priority 0, then a wave of
+              priority-10 jobs each needing a whole host, under --preemption on.
+
+It prints one JSON object per scenario and writes them all to --out."""
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tests"))
+from harness import wire  # noqa: E402
+
+SPAWN = multiprocessing.get_context("spawn")  # no child inherits a ZeroMQ context
+NAME = re.compile(r"^name: sim(fail)?-(\d+)$", re.M)
+RANKS = re.compile(r"^  ranks: (\d+)$", re.M)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """One simulated rank: its socket, its registration and the attempt it holds."""
+
+    def __init__(self, context, endpoint, keys, index, slots_per_host):
+        import zmq
+        self.world = f"sim-{index}"
+        self.host = f"simhost-{index // slots_per_host}"
+        self.slot = index % slots_per_host
+        self.world_token, self.rank_token = secrets.token_hex(16), secrets.token_hex(16)
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.curve_publickey, self.socket.curve_secretkey, self.socket.curve_serverkey = (
+            k.encode() for k in keys)
+        self.socket.linger = 0
+        self.socket.connect(endpoint)
+        self.job, self.attempt, self.lead, self.done_at, self.failing = 0, 0, False, None, False
+        self.unacked = {}  # (job, attempt) -> serialized JobResult envelope
+
+    def send(self, env):
+        self.socket.send(env.SerializeToString())
+
+    def register(self):
+        rank = wire.message("RankInfo")(world=self.world, rank=0, world_size=1, host=self.host, device="cpu",
+                                        pid=os.getpid(), slot=self.slot)
+        self.send(wire.envelope(register=wire.message("Register")(
+            rank=rank, job_id=self.job, attempt=self.attempt, world_token=self.world_token,
+            rank_token=self.rank_token)))
+        for data in self.unacked.values():
+            self.socket.send(data)
+
+    def heartbeat(self):
+        self.send(wire.envelope(heartbeat=wire.message("Heartbeat")(
+            world=self.world, rank=0, job_id=self.job, attempt=self.attempt, rank_token=self.rank_token)))
+
+    def finish(self, outcome, message=""):
+        env = wire.envelope(result=wire.message("JobResult")(
+            job_id=self.job, attempt=self.attempt, world_rank=0, world=self.world, end=outcome, message=message,
+            rank_token=self.rank_token))
+        data = env.SerializeToString()
+        self.unacked[(self.job, self.attempt)] = data
+        self.socket.send(data)
+        self.job, self.attempt, self.lead, self.done_at = 0, 0, False, None
+        self.heartbeat()
+
+
+def handle(agent, env, now, preempt_delay, events):
+    """One message from the coordinator to `agent`."""
+    body = env.WhichOneof("body")
+    if body == "reregister":
+        agent.register()
+    elif body == "assign":
+        a = env.assign
+        agent.job, agent.attempt = a.job_id, a.attempt
+        agent.lead = a.places[0].world == agent.world
+        if agent.lead:
+            name = NAME.search(a.yaml)
+            agent.failing = bool(name and name.group(1))
+            agent.done_at = now + (int(name.group(2)) / 1000.0 if name else 1.0)
+            events.append(("assigned", a.job_id, a.attempt, now))
+        agent.heartbeat()
+    elif body == "stop":
+        s = env.stop
+        if s.job_id != agent.job or s.attempt != agent.attempt:
+            return
+        if not agent.lead:
+            agent.finish(OUTCOME["RELEASED"])
+        elif s.preempt:
+            agent.done_at = now + preempt_delay  # a step, then a checkpoint
+            agent.failing = None                 # None: ends as preempted
+        else:
+            agent.finish(OUTCOME["CANCELLED"], "stopped on request")
+    elif body == "ack":
+        agent.unacked.pop((env.ack.job_id, env.ack.attempt), None)
+
+
+OUTCOME = {}
+
+
+def load_outcomes():
+    enum = wire.message("JobResult").DESCRIPTOR.fields_by_name["end"].enum_type
+    for value in enum.values:
+        OUTCOME[value.name[len("OUTCOME_"):]] = value.number
+
+
+def agents_main(endpoint, keys, first, count, slots_per_host, heartbeat_s, preempt_delay, control, seed):
+    """A process of `count` agents; `control` takes "lose <fraction>" and "report"."""
+    import zmq
+    load_outcomes()
+    random.seed(seed)
+    context = zmq.Context()
+    agents = [Agent(context, endpoint, keys, i, slots_per_host) for i in range(first, first + count)]
+    by_socket = {a.socket: a for a in agents}
+    alive = set(by_socket)
+    poller = zmq.Poller()
+    for a in agents:
+        poller.register(a.socket, zmq.POLLIN)
+        a.register()
+    poller.register(control.fileno(), zmq.POLLIN)
+    events = []
+    next_beat = time.time() + heartbeat_s
+    while True:
+        ready = dict(poller.poll(20))
+        now = time.time()
+        if control.fileno() in ready:
+            command = control.recv()
+            if command == "report":
+                control.send(events)
+                events = []
+            elif command == "quit":
+                break
+            elif command.startswith("lose "):
+                gone = random.sample(agents, int(len(agents) * float(command.split()[1])))
+                for a in gone:
+                    alive.discard(a.socket)
+                    poller.unregister(a.socket)
+                    a.socket.close(linger=0)
+                    agents.remove(a)
+                control.send([a.world for a in gone])
+        for sock, _ in ready.items():
+            if sock not in alive:
+                continue
+            agent = by_socket[sock]
+            while True:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                handle(agent, wire.message("Envelope").FromString(data), now, preempt_delay, events)
+        for a in agents:
+            if a.lead and a.done_at is not None and now >= a.done_at:
+                job, attempt = a.job, a.attempt
+                if a.failing is None:
+                    a.finish(OUTCOME["PREEMPTED"], "preempted after a step, with a checkpoint")
+                    events.append(("preempted", job, attempt, now))
+                elif a.failing:
+                    a.finish(OUTCOME["FAILED"], "simulated failure")
+                    events.append(("failed", job, attempt, now))
+                else:
+                    a.finish(OUTCOME["SUCCEEDED"])
+                    events.append(("succeeded", job, attempt, now))
+        if now >= next_beat:
+            next_beat = now + heartbeat_s
+            for a in agents:
+                a.heartbeat()
+                for data in a.unacked.values():
+                    a.socket.send(data)
+    for a in agents:
+        a.socket.close(linger=0)
+    context.term()
+
+
+class Sim:
+    """A coordinator, its keys and state, and the processes of simulated agents."""
+
+    def __init__(self, args, work, coordinator_flags=()):
+        self.args, self.work = args, work
+        self.keys_dir = os.path.join(work, "keys")
+        subprocess.run([args.coordinator, "--init", "--keys", self.keys_dir], check=True, capture_output=True)
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.http = free_port()
+        self.flags = list(coordinator_flags)
+        self.worker_keys = wire.read_keys(self.keys_dir, "worker.key")
+        self.client_keys = wire.read_keys(self.keys_dir, "client.key")
+        self.coordinator = None
+        self.start_coordinator()
+        self.procs, self.pipes = [], []
+        per = -(-args.agents // args.procs)
+        for p in range(args.procs):
+            first, count = p * per, min(per, args.agents - p * per)
+            if count <= 0:
+                break
+            mine, theirs = SPAWN.Pipe()
+            proc = SPAWN.Process(target=agents_main, args=(
+                self.endpoint, self.worker_keys, first, count, args.slots_per_host, args.heartbeat,
+                args.preempt_delay, theirs, args.seed + p), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.pipes.append(mine)
+        self.events = []
+        self.submitted = {}  # job id -> time its submission was sent
+
+    def start_coordinator(self):
+        log = open(os.path.join(self.work, "coordinator.log"), "a")
+        self.coordinator = subprocess.Popen(
+            [self.args.coordinator, "--listen", self.endpoint, "--state", os.path.join(self.work, "state.db"),
+             "--runs", os.path.join(self.work, "runs"), "--keys", self.keys_dir, "--http", f"127.0.0.1:{self.http}",
+             "--heartbeat", str(self.args.heartbeat), "--liveness", "3", "--grace", "30", "--restart-backoff", "1",
+             *self.flags], stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_registered(self, count, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                up = self.metric_sum("trainyard_worker_up")
+            except OSError:
+                up = 0
+            if up >= count:
+                return time.time()
+            time.sleep(0.5)
+        raise RuntimeError(f"only {up:.0f} of {count} agents registered within {timeout} s")
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metric_sum(self, name):
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def pass_p99_ms(self):
+        """The 99th percentile of trainyard_scheduling_pass_seconds, interpolated within
+        its bucket as Prometheus's histogram_quantile does."""
+        buckets = []
+        for line in self.metrics().splitlines():
+            m = re.match(r'trainyard_scheduling_pass_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+            if m:
+                buckets.append((float("inf") if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2))))
+        if not buckets or buckets[-1][1] == 0:
+            return None
+        rank, lower, below = 0.99 * buckets[-1][1], 0.0, 0.0
+        for bound, count in buckets:
+            if count >= rank:
+                if bound == float("inf"):
+                    return lower * 1000
+                return (lower + (bound - lower) * (rank - below) / max(count - below, 1e-9)) * 1000
+            lower, below = bound, count
+        return None
+
+    def submit(self, jobs, window=64):
+        """Submits each (name, ranks, priority, preemptible) over one CURVE client, with
+        up to `window` in flight; returns the ids in order."""
+        import zmq
+        context = zmq.Context()
+        s = context.socket(zmq.DEALER)
+        s.curve_publickey, s.curve_secretkey, s.curve_serverkey = (k.encode() for k in self.client_keys)
+        s.linger = 0
+        s.connect(self.endpoint)
+        ids, pending, sent_at, queue = [], 0, {}, list(enumerate(jobs))
+        queue.reverse()
+        while queue or pending:
+            while queue and pending < window:
+                i, (name, ranks, priority, preemptible) = queue.pop()
+                yaml = (f"name: {name}\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\n"
+                        f"model:\n  preset: tiny\nresources:\n  ranks: {ranks}\n  max_restarts: 1\n"
+                        f"  priority: {priority}\n  preemptible: {'true' if preemptible else 'false'}\n")
+                s.send(wire.envelope(submit=wire.message("SubmitRequest")(
+                    yaml=yaml, source=f"{name}.yaml", base_dir=self.work,
+                    idempotency_key=f"sim-{time.time_ns()}-{i}")).SerializeToString())
+                sent_at[i] = time.time()
+                pending += 1
+            if not s.poll(30000):
+                raise RuntimeError("the coordinator did not answer a submission within 30 s")
+            reply = wire.message("Envelope").FromString(s.recv())
+            pending -= 1
+            if reply.WhichOneof("body") != "submitted":
+                raise RuntimeError(f"a submission was refused: {reply}")
+            ids.append(reply.submitted.job_id)
+        s.close()
+        context.term()
+        first_sent = min(sent_at.values()) if sent_at else time.time()
+        for job in ids:
+            self.submitted.setdefault(job, first_sent)
+        return ids
+
+    def collect(self):
+        for pipe in self.pipes:
+            pipe.send("report")
+        for pipe in self.pipes:
+            self.events.extend(pipe.recv())
+        return self.events
+
+    def lose(self, fraction):
+        gone = []
+        for pipe in self.pipes:
+            pipe.send(f"lose {fraction}")
+        for pipe in self.pipes:
+            gone.extend(pipe.recv())
+        return gone
+
+    def usage(self):
+        """The coordinator's CPU seconds so far and its resident MiB now, from /proc."""
+        with open(f"/proc/{self.coordinator.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{self.coordinator.pid}/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+        return cpu, rss
+
+    def ended_jobs(self):
+        return sum(self.metric_sum_state(state) for state in ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"))
+
+    def metric_sum_state(self, state):
+        for line in self.metrics().splitlines():
+            if line.startswith(f'trainyard_jobs{{state="{state}"}}'):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def close(self):
+        for pipe in self.pipes:
+            try:
+                pipe.send("quit")
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        if self.coordinator.poll() is None:
+            self.coordinator.send_signal(signal.SIGTERM)
+            try:
+                self.coordinator.wait(10)
+            except subprocess.TimeoutExpired:
+                self.coordinator.kill()
+
+
+def job_mix(rng, count, slots_per_host, min_ms, max_ms, fail_fraction=0.0):
+    """`count` jobs of 1 to a host's worth of ranks (most small), each a duration drawn
+    between min_ms and max_ms."""
+    jobs = []
+    for _ in range(count):
+        ranks = rng.choice([1, 1, 1, 2, 2, 4, slots_per_host])
+        ms = rng.randint(min_ms, max_ms)
+        name = f"simfail-{ms}" if rng.random() < fail_fraction else f"sim-{ms}"
+        jobs.append((name, ranks, 0, True))
+    return jobs
+
+
+def wait_ended(sim, count, timeout, on_progress=None):
+    deadline, last = time.time() + timeout, -1
+    while time.time() < deadline:
+        ended = sim.ended_jobs()
+        if on_progress:
+            on_progress(ended)
+        if ended >= count:
+            return True
+        if ended != last:
+            print(f"  {ended:.0f} of {count} jobs ended", file=sys.stderr, flush=True)
+            last = ended
+        time.sleep(2)
+    return False
+
+
+def lead_figures(sim, since=0.0):
+    """From the agents' events: submit-to-running latencies (ms) of each job's first
+    attempt, jobs run twice (an attempt that succeeded after another of the same job had)
+    and the first-assignment times."""
+    events = sim.collect()
+    first_assign, succeeded = {}, {}
+    for kind, job, attempt, at in events:
+        if kind == "assigned":
+            first_assign[job] = min(first_assign.get(job, at), at)
+        elif kind == "succeeded":
+            succeeded.setdefault(job, set()).add(attempt)
+    latencies = sorted((first_assign[j] - sim.submitted[j]) * 1000 for j in first_assign
+                       if j in sim.submitted and sim.submitted[j] >= since)
+    run_twice = sum(1 for attempts in succeeded.values() if len(attempts) > 1)
+    return latencies, run_twice, first_assign
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def result(sim, scenario, jobs, latencies, run_twice, placed_per_s, cpu_pct, extra=None):
+    ended = sim.ended_jobs()
+    out = {"scenario": scenario, "agents": sim.args.agents, "jobs": jobs,
+           "placed_per_s": round(placed_per_s, 1) if placed_per_s is not None else None,
+           "submit_to_running_p50_ms": round(percentile(latencies, 0.5), 1) if latencies else None,
+           "submit_to_running_p99_ms": round(percentile(latencies, 0.99), 1) if latencies else None,
+           "pass_p99_ms": round(sim.pass_p99_ms() or 0, 2),
+           "coordinator_cpu_pct": round(cpu_pct, 1), "coordinator_rss_mb": round(sim.usage()[1], 1),
+           "restart_to_scheduling_s": None, "jobs_lost": int(jobs - ended), "jobs_run_twice": run_twice}
+    out.update(extra or {})
+    return out
+
+
+def scenario_steady(args, work, lose_fraction=0.0):
+    """Poisson arrivals keeping about half the slots busy for args.seconds."""
+    rng = random.Random(args.seed)
+    sim = Sim(args, work)
+    try:
+        sim.wait_registered(args.agents)
+        mean_ms = (args.min_ms + args.max_ms) / 2
+        mean_ranks = (1 + 1 + 1 + 2 + 2 + 4 + args.slots_per_host) / 7
+        rate = 0.5 * args.agents / (mean_ranks * mean_ms / 1000)  # jobs a second
+        cpu0, start = sim.usage()[0], time.time()
+        jobs, lost_at, gone = 0, None, []
+        while time.time() - start < args.seconds:
+            tick = time.time()
+            batch = job_mix(rng, max(1, int(rate)), args.slots_per_host, args.min_ms, args.max_ms)
+            jobs += len(sim.submit(batch))
+            if lose_fraction and lost_at is None and time.time() - start > args.seconds / 2:
+                gone, lost_at = sim.lose(lose_fraction), time.time()
+            time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+        cpu = sim.usage()[0] - cpu0
+        elapsed = time.time() - start
+        wait_ended(sim, jobs, args.max_ms / 1000 * 4 + 120)
+        latencies, run_twice, first = lead_figures(sim)
+        extra = {"seconds": round(elapsed, 1), "arrivals_per_s": round(rate, 1)}
+        if lose_fraction:
+            extra.update(agents_lost=len(gone))
+        return result(sim, "lost" if lose_fraction else "steady", jobs, latencies, run_twice,
+                      len(first) / elapsed, 100 * cpu / elapsed, extra)
+    finally:
+        sim.close()
+
+
+def scenario_burst(args, work, restart=False):
+    rng = random.Random(args.seed)
+    sim = Sim(args, work)
+    try:
+        sim.wait_registered(args.agents)
+        jobs = job_mix(rng, args.jobs, args.slots_per_host, args.min_ms // 4, args.max_ms // 4)
+        cpu0, start = sim.usage()[0], time.time()
+        ids = sim.submit(jobs)
+        submitted_in = time.time() - start
+        extra = {"submitted_in_s": round(submitted_in, 1)}
+        restarted = {}
+
+        def maybe_restart(ended):
+            if restart and not restarted and ended >= len(ids) / 3:
+                cpu_before = sim.usage()[0]
+                sim.coordinator.kill()
+                sim.coordinator.wait()
+                restarted["at"] = time.time()
+                restarted["cpu"] = cpu_before
+                sim.start_coordinator()
+
+        ok = wait_ended(sim, len(ids), 60 + args.jobs * args.max_ms / 1000 / args.agents * 8, maybe_restart)
+        elapsed = time.time() - start
+        cpu = sim.usage()[0] + restarted.get("cpu", 0) - (0 if restarted else cpu0)
+        latencies, run_twice, first = lead_figures(sim)
+        if restarted:
+            after = sorted(at for at in first.values() if at > restarted["at"])
+            extra["restart_to_scheduling_s"] = round(after[0] - restarted["at"], 2) if after else None
+        extra.update(all_ended=ok, seconds=round(elapsed, 1))
+        out = result(sim, "restart" if restart else "burst", len(ids), latencies, run_twice,
+                     len(first) / elapsed, 100 * cpu / elapsed)
+        out.update(extra)
+        return out
+    finally:
+        sim.close()
+
+
+def scenario_preemption(args, work):
+    rng = random.Random(args.seed)
+    sim = Sim(args, work, ["--preemption", "on"])
+    try:
+        sim.wait_registered(args.agents)
+        hosts = args.agents // args.slots_per_host
+        low = [(f"sim-{args.max_ms * 20}", args.slots_per_host, 0, True) for _ in range(hosts)]
+        sim.submit(low)
+        wait_for_running = time.time() + 60
+        while time.time() < wait_for_running and sim.metric_sum("trainyard_running_attempts") < hosts:
+            time.sleep(0.5)
+        cpu0, start = sim.usage()[0], time.time()
+        high = [(f"sim-{rng.randint(args.min_ms, args.max_ms)}", args.slots_per_host, 10, True)
+                for _ in range(hosts // 2)]
+        ids = sim.submit(high)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            latencies, _, first = lead_figures(sim, since=start)
+            if all(j in first for j in ids):
+                break
+            time.sleep(1)
+        elapsed = time.time() - start
+        latencies, run_twice, first = lead_figures(sim, since=start)
+        placed = [j for j in ids if j in first]
+        cpu = sim.usage()[0] - cpu0
+        return result(sim, "preemption", len(ids), latencies, run_twice, len(placed) / elapsed, 100 * cpu / elapsed,
+                      {"jobs_lost": len(ids) - len(placed), "preempted_jobs": hosts - hosts // 2 if placed else 0,
+                       "high_priority_placed": len(placed), "preemptions": sim.metric_sum("trainyard_preemptions_total")})
+    finally:
+        sim.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--coordinator", required=True)
+    p.add_argument("--agents", type=int, default=1000)
+    p.add_argument("--procs", type=int, default=4, help="processes the agents are spread over")
+    p.add_argument("--slots-per-host", type=int, default=8)
+    p.add_argument("--jobs", type=int, default=20000, help="jobs of a burst")
+    p.add_argument("--seconds", type=float, default=60, help="length of the steady load")
+    p.add_argument("--min-ms", type=int, default=4000, help="shortest simulated job")
+    p.add_argument("--max-ms", type=int, default=20000, help="longest simulated job")
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--preempt-delay", type=float, default=0.5, help="seconds a preempted job takes to stop")
+    p.add_argument("--scenario", action="append", choices=["steady", "burst", "restart", "lost", "preemption"])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", help="write the figures here as a JSON list")
+    args = p.parse_args()
+    scenarios = args.scenario or ["steady", "burst", "restart", "lost", "preemption"]
+    runs = {"steady": lambda w: scenario_steady(args, w), "burst": lambda w: scenario_burst(args, w),
+            "restart": lambda w: scenario_burst(args, w, restart=True),
+            "lost": lambda w: scenario_steady(args, w, lose_fraction=0.1),
+            "preemption": lambda w: scenario_preemption(args, w)}
+    figures = []
+    for name in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"ty_scale_{name}_") as work:
+            with open(os.path.join(work, "train.tsv"), "w") as f:
+                f.write("label\ttext\nen\thello world\n")
+            with open(os.path.join(work, "vocab.txt"), "w") as f:
+                f.write("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+            print(f"scenario {name}: {args.agents} agents", file=sys.stderr, flush=True)
+            figures.append(runs[name](work))
+            print(json.dumps(figures[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(figures, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
