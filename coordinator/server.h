@@ -15,9 +15,11 @@
 // kWireMarginBytes are refused by ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops that
 // peer's connection.
 //
-// Worker pools (server_pool.cc), per the ZeroMQ Guide's Paranoid Pirate: each rank
-// registers and heartbeats; the coordinator pulses every registered rank. A rank
-// silent for `liveness` heartbeats is gone, and so is any attempt it was part of.
+// Worker pools (server_pool.cc), after the ZeroMQ Guide's Paranoid Pirate: each rank
+// registers and heartbeats. A rank silent for `liveness` heartbeats is gone, and so is
+// any attempt it was part of. The coordinator sends a rank nothing unasked (no pulse per
+// rank per second on the loop): the agents watch their connections with ZMTP heartbeats,
+// which ZeroMQ's I/O thread answers (Note [Link liveness] in worker/pool/pool_agent.cc).
 // Life of an attempt: Assign to every rank of the placement -> the agent of its first
 // rank (the lead) runs the job as its own mpirun, while the others hold their slots
 // (Note [Job isolation] in worker/pool/job_process.h) -> epoch reports and then one
@@ -116,7 +118,7 @@ struct ServerOptions {
   bool fresh = false;
   int64_t max_message_bytes = 16 << 20;
   int64_t max_output_bytes = int64_t(64) << 20;  // an attempt's output.log is rotated past this (Note [Job output])
-  double heartbeat_s = 1.0;                      // pulse period, and the period workers are expected to keep
+  double heartbeat_s = 1.0;                      // the period workers are expected to heartbeat at
   int liveness = 3;                              // heartbeats a rank may miss before it is gone
   double grace_s = 30;                           // for ranks to start an assignment, or to come back after a restart
   double restart_backoff_s = 2;                  // before retry k: backoff * 2^(k-1), at most 60 s
@@ -384,7 +386,6 @@ class Server {
   bool IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const;
   wire::Envelope OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const;
   void Tick();
-  void PulseRanks(double now);
   void ExpireSilentRanks();
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
@@ -398,7 +399,11 @@ class Server {
   void Preempt(int64_t victim, const std::string& head);
   void SendPreemptStop(const RunningAttempt& attempt);
   void CheckPreemptions();
-  void StartAttempt(const JobRecord& job, const Placement& placement, double now);
+  // Starts the attempts of a pass's placements (one transaction, then the assignments).
+  void StartAttempts(const std::vector<Placement>& placements, double now);
+  // Records one attempt of `job` on its placement, inside the caller's transaction; false
+  // (the job failed, said why) if its folder cannot be made.
+  bool StartAttempt(const JobRecord& job, const Placement& placement, double now);
   // Records a new attempt of `job` on `slots` (one transaction) and keeps it running.
   RunningAttempt& OpenAttempt(const JobRecord& job, const std::vector<RankKey>& slots, const std::string& how,
                               double now);
@@ -509,7 +514,7 @@ class Server {
   bool schedule_due_ = true;
   bool search_due_ = true;  // a search may submit trials, or end
   double last_search_pass_ = 0;
-  double last_pulse_ = 0, last_schedule_ = 0, started_at_ = 0;
+  double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only
   std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token

@@ -497,8 +497,8 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
 
 void Server::Tick() {
   const double now = Now();
-  if (now - last_pulse_ >= options_.heartbeat_s) {
-    PulseRanks(now);
+  if (now - last_liveness_check_ >= options_.heartbeat_s) {
+    last_liveness_check_ = now;
     ExpireSilentRanks();
     CheckAttemptsStarted();
     CheckPreemptions();
@@ -510,13 +510,6 @@ void Server::Tick() {
   ExpireFileQueries();
   AdvanceSearches(now);
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
-}
-
-void Server::PulseRanks(double now) {
-  last_pulse_ = now;
-  wire::Envelope pulse;
-  pulse.mutable_pulse();
-  for (const auto& [key, entry] : ranks_) Send(entry.identity, pulse);
 }
 
 void Server::ExpireSilentRanks() {
@@ -598,11 +591,7 @@ void Server::PlaceQueued(const std::vector<QueuedJob>& queue, double now) {
   const SchedulerPolicy policy{options_.policy.preemption, options_.policy.user_max_ranks};
   ScheduleResult result = scheduler_.Schedule(queue, workers, now, RunningForScheduler(), policy);
   for (const auto& [id, why] : result.waiting) waiting_[std::stoll(id)] = why;
-  for (const Placement& placement : result.start) {
-    waiting_.erase(std::stoll(placement.job));
-    if (const auto job = store_->Find(std::stoll(placement.job)))  // with its job file, which the queue lacks
-      StartAttempt(*job, placement, now);
-  }
+  StartAttempts(result.start, now);
   for (const std::string& victim : result.preempt) Preempt(std::stoll(victim), result.reservation->job);
   for (const std::string& id : result.unplaceable) {
     const int64_t job = std::stoll(id);
@@ -732,16 +721,39 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
   return running_[job.id] = attempt;
 }
 
-void Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
+// The attempts a pass starts are recorded in one transaction (one fsync however many
+// start), and their ranks are told only once it has committed. A commit that fails takes
+// the pass's attempts out of the running set again, as if the pass had not been.
+void Server::StartAttempts(const std::vector<Placement>& placements, double now) {
+  std::vector<JobRecord> started;
+  try {
+    StateStore::Transaction transaction(*store_);
+    for (const Placement& placement : placements) {
+      waiting_.erase(std::stoll(placement.job));
+      auto job = store_->Find(std::stoll(placement.job));  // with its job file, which the queue lacks
+      if (job && StartAttempt(*job, placement, now)) started.push_back(std::move(*job));
+    }
+    transaction.Commit();
+  } catch (...) {
+    for (const JobRecord& job : started) running_.erase(job.id);
+    throw;
+  }
+  for (const JobRecord& job : started) {
+    const RunningAttempt& attempt = running_.at(job.id);
+    for (const RankKey& slot : attempt.slots) SendAssign(job, attempt, slot);
+  }
+}
+
+bool Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
   std::vector<RankKey> slots;
   for (const SlotRef& slot : placement.slots) slots.emplace_back(slot.world, slot.rank);
-  if (!MakeAttemptFolder(job, now)) return;
+  if (!MakeAttemptFolder(job, now)) return false;
   const RunningAttempt& attempt = OpenAttempt(
       job, slots, "started on " + PlacementText(slots) + (placement.backfilled ? " (backfilled)" : ""), now);
   const auto gpus = std::count_if(slots.begin(), slots.end(),
                                   [this](const RankKey& slot) { return ranks_.at(slot).info.device() == "cuda"; });
   store_->StartUsage(job.id, attempt.attempt, now, static_cast<int>(slots.size()), static_cast<int>(gpus));
-  for (const RankKey& slot : slots) SendAssign(job, attempt, slot);
+  return true;
 }
 
 void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) {

@@ -11,6 +11,7 @@ namespace trainyard {
 // 4: agents are independent processes; Assign places each job rank on a slot of any
 //    agent (JobPlace), and RankInfo names the slot's index on its host.
 // 5: job states and outcomes are enums (JobState, Outcome), no longer strings.
-inline constexpr uint32_t kProtocolVersion = 5;
+// 6: the coordinator pulses no rank; agents watch their link with ZMTP heartbeats.
+inline constexpr uint32_t kProtocolVersion = 6;
 
 }  // namespace trainyard

@@ -42,8 +42,8 @@ declare -A MAY_USE=(
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
 TORCH_FOLDERS="worker/kernels/ worker/models/ worker/compiled/ worker/generation/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"
-WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ worker/report/event_file.cc tests/coordinator/ tests/fuzz/ tests/worker/serve/"
-ZMQ_FOLDERS="$WIRE_FOLDERS common/curve/ worker/jobs/ tests/worker/pool/"
+WIRE_FOLDERS="proto/ coordinator/ worker/pool/ worker/serve/ worker/report/event_file.cc tests/coordinator/ tests/fuzz/ tests/worker/pool/ tests/worker/serve/"
+ZMQ_FOLDERS="$WIRE_FOLDERS common/curve/ worker/jobs/"
 
 folder_of() {  # the MAY_USE key that is the longest prefix of $1
   local file=$1 best="" key

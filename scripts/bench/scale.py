@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -56,7 +57,7 @@ def free_port():
 class Agent:
     """One simulated rank: its socket, its registration and the attempt it holds."""
 
-    def __init__(self, context, endpoint, keys, index, slots_per_host):
+    def __init__(self, context, endpoint, keys, index, slots_per_host, heartbeat_s):
         import zmq
         self.world = f"sim-{index}"
         self.host = f"simhost-{index // slots_per_host}"
@@ -66,6 +67,9 @@ class Agent:
         self.socket.curve_publickey, self.socket.curve_secretkey, self.socket.curve_serverkey = (
             k.encode() for k in keys)
         self.socket.linger = 0
+        # As worker/pool/pool_agent.cc does (Note [Link liveness]): ZMTP heartbeats watch the link.
+        self.socket.heartbeat_ivl = int(heartbeat_s * 1000)
+        self.socket.heartbeat_timeout = self.socket.heartbeat_ttl = int(3 * heartbeat_s * 1000)
         self.socket.connect(endpoint)
         self.job, self.attempt, self.lead, self.done_at, self.failing = 0, 0, False, None, False
         self.unacked = {}  # (job, attempt) -> serialized JobResult envelope
@@ -142,7 +146,7 @@ def agents_main(endpoint, keys, first, count, slots_per_host, heartbeat_s, preem
     load_outcomes()
     random.seed(seed)
     context = zmq.Context()
-    agents = [Agent(context, endpoint, keys, i, slots_per_host) for i in range(first, first + count)]
+    agents = [Agent(context, endpoint, keys, i, slots_per_host, heartbeat_s) for i in range(first, first + count)]
     by_socket = {a.socket: a for a in agents}
     alive = set(by_socket)
     poller = zmq.Poller()
@@ -336,12 +340,20 @@ class Sim:
 
     def usage(self):
         """The coordinator's CPU seconds so far and its resident MiB now, from /proc."""
-        with open(f"/proc/{self.coordinator.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = self.cpu_seconds(f"/proc/{self.coordinator.pid}/stat")
         with open(f"/proc/{self.coordinator.pid}/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
         return cpu, rss
+
+    def loop_cpu(self):
+        """CPU seconds of the coordinator's loop, its main thread (ZeroMQ's I/O thread apart)."""
+        return self.cpu_seconds(f"/proc/{self.coordinator.pid}/task/{self.coordinator.pid}/stat")
+
+    @staticmethod
+    def cpu_seconds(stat_path):
+        with open(stat_path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def ended_jobs(self):
         return sum(self.metric_sum_state(state) for state in ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"))
@@ -433,6 +445,19 @@ def result(sim, scenario, jobs, latencies, run_twice, placed_per_s, cpu_pct, ext
     return out
 
 
+def watch_loss(sim, survivors, detected, timeout=60):
+    """Sets detected["at"] when /metrics first counts no more than `survivors` ranks up."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if sim.metric_sum("trainyard_worker_up") <= survivors:
+                detected["at"] = time.time()
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
 def scenario_steady(args, work, lose_fraction=0.0):
     """Poisson arrivals keeping about half the slots busy for args.seconds."""
     rng = random.Random(args.seed)
@@ -442,22 +467,27 @@ def scenario_steady(args, work, lose_fraction=0.0):
         mean_ms = (args.min_ms + args.max_ms) / 2
         mean_ranks = (1 + 1 + 1 + 2 + 2 + 4 + args.slots_per_host) / 7
         rate = 0.5 * args.agents / (mean_ranks * mean_ms / 1000)  # jobs a second
-        cpu0, start = sim.usage()[0], time.time()
-        jobs, lost_at, gone = 0, None, []
+        cpu0, loop0, start = sim.usage()[0], sim.loop_cpu(), time.time()
+        jobs, lost_at, gone, detected = 0, None, [], {}
         while time.time() - start < args.seconds:
             tick = time.time()
             batch = job_mix(rng, max(1, int(rate)), args.slots_per_host, args.min_ms, args.max_ms)
             jobs += len(sim.submit(batch))
             if lose_fraction and lost_at is None and time.time() - start > args.seconds / 2:
                 gone, lost_at = sim.lose(lose_fraction), time.time()
+                detector = threading.Thread(target=watch_loss, args=(sim, args.agents - len(gone), detected))
+                detector.start()
             time.sleep(max(0.0, 1.0 - (time.time() - tick)))
-        cpu = sim.usage()[0] - cpu0
+        cpu, loop = sim.usage()[0] - cpu0, sim.loop_cpu() - loop0
         elapsed = time.time() - start
         wait_ended(sim, jobs, args.max_ms / 1000 * 4 + 120)
         latencies, run_twice, first = lead_figures(sim)
-        extra = {"seconds": round(elapsed, 1), "arrivals_per_s": round(rate, 1)}
+        extra = {"seconds": round(elapsed, 1), "arrivals_per_s": round(rate, 1),
+                 "coordinator_loop_cpu_pct": round(100 * loop / elapsed, 1)}
         if lose_fraction:
-            extra.update(agents_lost=len(gone))
+            detector.join()
+            extra.update(agents_lost=len(gone),
+                         lost_detected_s=round(detected["at"] - lost_at, 2) if "at" in detected else None)
         return result(sim, "lost" if lose_fraction else "steady", jobs, latencies, run_twice,
                       len(first) / elapsed, 100 * cpu / elapsed, extra)
     finally:
@@ -527,8 +557,8 @@ def scenario_preemption(args, work):
         placed = [j for j in ids if j in first]
         cpu = sim.usage()[0] - cpu0
         return result(sim, "preemption", len(ids), latencies, run_twice, len(placed) / elapsed, 100 * cpu / elapsed,
-                      {"jobs_lost": len(ids) - len(placed), "preempted_jobs": hosts - hosts // 2 if placed else 0,
-                       "high_priority_placed": len(placed), "preemptions": sim.metric_sum("trainyard_preemptions_total")})
+                      {"jobs_lost": len(ids) - len(placed), "high_priority_placed": len(placed),
+                       "preemptions": sim.metric_sum("trainyard_preemptions_total")})
     finally:
         sim.close()
 
@@ -567,6 +597,23 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(figures, f, indent=1)
+    print(markdown_table(figures))
+
+
+COLUMNS = [("scenario", "scenario"), ("agents", "agents"), ("jobs", "jobs"), ("placed_per_s", "placed/s"),
+           ("submit_to_running_p50_ms", "submit→running p50 ms"), ("submit_to_running_p99_ms", "p99 ms"),
+           ("pass_p99_ms", "pass p99 ms"), ("coordinator_cpu_pct", "coordinator CPU %"), ("coordinator_loop_cpu_pct", "its loop %"),
+           ("coordinator_rss_mb", "RSS MB"), ("restart_to_scheduling_s", "restart→scheduling s"),
+           ("lost_detected_s", "lost agents found s"),
+           ("jobs_lost", "lost"), ("jobs_run_twice", "run twice")]
+
+
+def markdown_table(figures):
+    """The figures as the Markdown table docs/coordinator.md shows."""
+    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for f in figures:
+        lines.append("| " + " | ".join("–" if f.get(key) is None else str(f[key]) for key, _ in COLUMNS) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

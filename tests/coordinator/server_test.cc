@@ -404,7 +404,7 @@ TEST_F(ServerTest, OversizedAndNodeHeavySubmissionsAreRefusedWithoutStallingTheL
 
 TEST_F(ServerTest, WrongProtocolVersionIsRejected) {
   zmq::socket_t s = Connect();
-  // A newer peer, and one from before job states and outcomes were enums (version 4).
+  // A newer peer, and one whose agents still waited for the coordinator's pulses (version 5).
   for (uint32_t version : {99U, kProtocolVersion - 1}) {
     wire::Envelope e;
     e.set_version(version);

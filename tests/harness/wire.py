@@ -6,6 +6,7 @@ The classes are built when first asked for, from the descriptor set Debian's pro
 writes for the .proto (`protoc --descriptor_set_out`), not from generated code: a
 descriptor is data, so the Python protobuf runtime of the venv reads it whatever protoc
 version wrote it. The protocol version is kProtocolVersion of proto/wire_version.h."""
+import functools
 import os
 import subprocess
 import tempfile
@@ -15,8 +16,9 @@ PROTO_DIR = os.path.join(SOURCE, "proto")
 _classes = {}
 
 
+@functools.lru_cache(maxsize=None)
 def protocol_version():
-    """kProtocolVersion, read from proto/wire_version.h."""
+    """kProtocolVersion, read from proto/wire_version.h (once)."""
     with open(os.path.join(PROTO_DIR, "wire_version.h")) as header:
         for line in header:
             if "kProtocolVersion =" in line:

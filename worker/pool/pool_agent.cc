@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <stdexcept>
 #include <zmq.hpp>
 
@@ -100,9 +101,11 @@ void CheckEndpoint(const std::string& endpoint) {
 struct PoolAgent::Link {
   zmq::context_t context{1};
   std::unique_ptr<zmq::socket_t> socket;
-  Clock::time_point last_heard = Clock::now(), last_beat{};
-  double backoff_s = 0.5;
-  std::optional<Clock::time_point> reconnect_at;  // set while waiting out a backoff
+  std::unique_ptr<zmq::socket_t> events;  // the socket's connection events (zmq_socket_monitor)
+  int sockets_made = 0;                   // names each one's monitor endpoint
+  bool up = false;                        // a handshake succeeded, and no drop since
+  bool was_up = false;                    // registered before: a handshake now is a reconnection
+  Clock::time_point last_beat{};
 
   void Send(const std::string& bytes) { (void)socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
 };
@@ -237,10 +240,20 @@ bool PoolAgent::Drain(double timeout_s) {
   return false;
 }
 
-// The link never stops listening or heartbeating: a coordinator that was only paused
-// (SIGSTOP, a stalled host) hears this rank the moment it resumes, from the messages
-// queued meanwhile, even while a reconnect is being waited out. Every failure of one
-// round (EINTR from a signal, a socket error) is logged and the next round goes on.
+// Note [Link liveness]
+// The coordinator sends a rank nothing unasked, so that its loop does not pulse every
+// rank every second. Whether the coordinator is there is ZeroMQ's own business: the
+// agent's socket sends ZMTP PINGs (RFC 37) every `heartbeat` seconds, which the
+// coordinator's I/O thread answers without its loop. No traffic for `liveness`
+// heartbeats (a stopped or unreachable coordinator, a half-open connection), or a closed
+// one, drops the connection, and ZeroMQ connects again with backoff (0.5 s, doubling to
+// 16 s); the PINGs' TTL tells the coordinator's side to drop a silent agent's connection
+// too. Every handshake that succeeds (the first one, and each after a drop) is followed
+// by a registration naming the job still running and by every unacknowledged report, so
+// a restarted coordinator re-adopts the rank and a paused one hears it the moment it
+// resumes. Heartbeats, reports and output go only while the link is up; they wait for
+// the registration meanwhile. Every failure of one round (EINTR from a signal, a socket
+// error) is logged and the next round goes on, on a new socket if the old one failed.
 void PoolAgent::Loop() {
   Link link;
   while (!quitting_) {
@@ -257,40 +270,64 @@ void PoolAgent::Loop() {
 }
 
 void PoolAgent::Round(Link& link) {
-  zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0}};
-  zmq::poll(items, 1, std::chrono::milliseconds(20));
+  zmq::pollitem_t items[] = {{static_cast<void*>(*link.socket), 0, ZMQ_POLLIN, 0},
+                             {static_cast<void*>(*link.events), 0, ZMQ_POLLIN, 0}};
+  zmq::poll(items, 2, std::chrono::milliseconds(20));
   for (zmq::message_t frame; link.socket->recv(frame, zmq::recv_flags::dontwait);) {
-    link.last_heard = Clock::now();
-    link.backoff_s = 0.5;
-    link.reconnect_at.reset();
     wire::Envelope in;
     if (in.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) Handle(link, in);
   }
+  ReadLinkEvents(link);
+  if (!link.up) return;
   FlushOutbox(link);
   FlushOutput(link);
   if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
-  const bool silent = SecondsSince(link.last_heard) > options_.heartbeat_s * options_.liveness;
-  if (silent && !link.reconnect_at) {
-    LogWarn(StrFormat("the coordinator at %s is silent; reconnecting in %.1f s (still heartbeating meanwhile)",
-                      options_.endpoint.c_str(), link.backoff_s));
-    link.reconnect_at =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(link.backoff_s));
-  }
-  if (link.reconnect_at && Clock::now() >= *link.reconnect_at) {
-    link.backoff_s = std::min(kMaxBackoffS, link.backoff_s * 2);
-    link.reconnect_at.reset();
-    Connect(link);
+}
+
+// Note [Link liveness]: a handshake makes the link up and registers; a drop (ZMTP
+// heartbeats unanswered, or the coordinator gone) makes it down until ZeroMQ's next
+// handshake.
+void PoolAgent::ReadLinkEvents(Link& link) {
+  for (zmq::message_t event; link.events->recv(event, zmq::recv_flags::dontwait);) {
+    zmq::message_t address;
+    (void)link.events->recv(address, zmq::recv_flags::dontwait);  // the event's second frame
+    uint16_t id = 0;
+    if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      if (link.was_up) LogInfo(StrFormat("the link to the coordinator at %s is back", options_.endpoint.c_str()));
+      link.up = link.was_up = true;
+      Register(link);
+    } else if (id == ZMQ_EVENT_DISCONNECTED && link.up) {
+      LogWarn(
+          StrFormat("the link to the coordinator at %s dropped (no answer for %.1f s, or it closed); "
+                    "connecting again with backoff",
+                    options_.endpoint.c_str(), options_.heartbeat_s * options_.liveness));
+      link.up = false;
+    }
   }
 }
 
 void PoolAgent::Connect(Link& link) {
+  link.events.reset();
   link.socket = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::dealer);
   link.socket->set(zmq::sockopt::linger, 0);
   link.socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+  const int beat_ms = std::max(1, int(options_.heartbeat_s * 1000));
+  const int silent_ms = std::max(beat_ms, int(options_.heartbeat_s * options_.liveness * 1000));
+  link.socket->set(zmq::sockopt::heartbeat_ivl, beat_ms);
+  link.socket->set(zmq::sockopt::heartbeat_timeout, silent_ms);
+  link.socket->set(zmq::sockopt::heartbeat_ttl, silent_ms);
+  link.socket->set(zmq::sockopt::reconnect_ivl, 500);
+  link.socket->set(zmq::sockopt::reconnect_ivl_max, int(kMaxBackoffS * 1000));
   if (!options_.insecure) MakeCurveClient(*link.socket, options_.keys);
+  const std::string events = "inproc://pool-agent-link-" + std::to_string(++link.sockets_made);
+  if (zmq_socket_monitor(static_cast<void*>(*link.socket), events.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw zmq::error_t();
+  link.events = std::make_unique<zmq::socket_t>(link.context, zmq::socket_type::pair);
+  link.events->connect(events);
+  link.up = false;
   link.socket->connect(options_.endpoint);
-  Register(link);
-  link.last_heard = Clock::now();
 }
 
 void PoolAgent::Register(Link& link) {

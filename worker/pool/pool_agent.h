@@ -1,14 +1,14 @@
 // A worker rank's link to the coordinator in pool mode (the ZeroMQ Guide's Paranoid
 // Pirate worker). Torch-free.
 //
-// One background thread owns the DEALER socket. It registers the rank, heartbeats
-// (naming the job it runs and its last log line), watches the coordinator's pulses,
-// and when they stop for `liveness` periods reconnects with exponential backoff and
-// registers again, naming the job it still runs, so a restarted coordinator re-adopts
-// it. It goes on reading and heartbeating while it waits out the backoff, so a
-// coordinator that was only paused hears it at once. Epoch reports and job results are kept until the coordinator
-// acknowledges them and resent after every reconnect: none is lost while the coordinator is away, and the coordinator
-// drops the duplicates.
+// One background thread owns the DEALER socket. It heartbeats (naming the job it runs
+// and its last log line) and watches its connection with ZMTP heartbeats; after every
+// handshake (the first, and each after a drop: no answer for `liveness` periods, or a
+// closed peer) it registers the rank, naming the job it still runs, so a restarted
+// coordinator re-adopts it and a paused one hears it the moment it resumes (Note [Link
+// liveness] in pool_agent.cc). Epoch reports and job results are kept until the
+// coordinator acknowledges them and resent after every reconnect: none is lost while
+// the coordinator is away, and the coordinator drops the duplicates.
 //
 // The rank's main thread waits for an assignment, leads it or holds its slot for it
 // (Note [Job isolation] in job_process.h) and reports the outcome; it never touches
@@ -138,12 +138,14 @@ class PoolAgent {
   struct Link;  // the socket and the protocol state the thread owns
 
   void Loop();
-  // One round of the link: read, flush the outbox, heartbeat, and reconnect when the
-  // coordinator has been silent for a backoff.
+  // One round of the link: read, follow the connection, and while it is up flush the
+  // outbox and heartbeat (Note [Link liveness] in pool_agent.cc).
   void Round(Link& link);
-  // (Re)connects, then registers: names the job still running and resends every
-  // unacknowledged report, in order.
+  // Registers after each handshake; marks the link down when ZeroMQ drops it.
+  void ReadLinkEvents(Link& link);
+  // A new socket, connecting; it registers once its handshake succeeds.
   void Connect(Link& link);
+  // Names the job still running and resends every unacknowledged report, in order.
   void Register(Link& link);
   void Handle(Link& link, const wire::Envelope& message);
   void FlushOutbox(Link& link);

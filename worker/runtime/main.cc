@@ -53,8 +53,10 @@ void AddOptions(CLI::App& app, Options& o) {
   job->excludes(pool);
   app.add_option("--heartbeat", o.pool.heartbeat_s, "pool: seconds between heartbeats (default 1)")
       ->check(CLI::Range(0.05, 60.0));
-  app.add_option("--liveness", o.pool.liveness,
-                 "pool: missed coordinator heartbeats before reconnecting, with backoff (default 3)")
+  app.add_option(
+         "--liveness", o.pool.liveness,
+         "pool: heartbeats' worth of silence on the link to the coordinator before it is dropped and made again, "
+         "with backoff (default 3)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--keys", o.pool.keys_dir,
                  "pool: key folder made by `coordinator --init` (worker.key, coordinator.pub); default\n"
