@@ -734,8 +734,8 @@ void Server::StartAttempts(const std::vector<Placement>& placements, double now)
       if (job && StartAttempt(*job, placement, now)) started.push_back(std::move(*job));
     }
     transaction.Commit();
-  } catch (...) {
-    for (const JobRecord& job : started) running_.erase(job.id);
+  } catch (...) {  // the placed jobs were queued: none of them ran before this pass
+    for (const Placement& placement : placements) running_.erase(std::stoll(placement.job));
     throw;
   }
   for (const JobRecord& job : started) {
