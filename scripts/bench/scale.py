@@ -6,11 +6,10 @@ has passed), a real coordinator and a real SQLite store. See scripts/bench/scale
 
 Each agent is one rank of a world of its own on a simulated host of --slots-per-host
 slots. It registers, heartbeats, answers Reregister with a Register, and on an Assign
-names the attempt in its heartbeats at once; the lead reports SUCCEEDED (or FAILED for a
-job named to fail) after the job's duration; a rank told to stop reports CANCELLED,
-PREEMPTED (a preemption, after --preempt-delay) or RELEASED (a held slot). Results are
-resent until acknowledged, as the agents do. A job's name carries its simulated duration
-in milliseconds ("sim-<ms>", "simfail-<ms>").
+names the attempt in its heartbeats at once; the lead reports SUCCEEDED after the job's
+duration; a rank told to stop reports CANCELLED, PREEMPTED (a preemption, after
+--preempt-delay) or RELEASED (a held slot). Results are resent until acknowledged, as the
+agents do. A job's name carries its simulated duration in milliseconds ("sim-<ms>").
 
 Scenarios (--scenario, repeatable):
   steady      jobs arrive at a rate that keeps about half the slots busy, for --seconds;
@@ -44,8 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from harness import wire  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")  # no child inherits a ZeroMQ context
-NAME = re.compile(r"^name: sim(fail)?-(\d+)$", re.M)
-RANKS = re.compile(r"^  ranks: (\d+)$", re.M)
+NAME = re.compile(r"^name: sim-(\d+)$", re.M)
 
 
 def free_port():
@@ -71,7 +69,7 @@ class Agent:
         self.socket.heartbeat_ivl = int(heartbeat_s * 1000)
         self.socket.heartbeat_timeout = self.socket.heartbeat_ttl = int(3 * heartbeat_s * 1000)
         self.socket.connect(endpoint)
-        self.job, self.attempt, self.lead, self.done_at, self.failing = 0, 0, False, None, False
+        self.job, self.attempt, self.lead, self.done_at, self.ending = 0, 0, False, None, "SUCCEEDED"
         self.unacked = {}  # (job, attempt) -> serialized JobResult envelope
 
     def send(self, env):
@@ -112,8 +110,8 @@ def handle(agent, env, now, preempt_delay, events):
         agent.lead = a.places[0].world == agent.world
         if agent.lead:
             name = NAME.search(a.yaml)
-            agent.failing = bool(name and name.group(1))
-            agent.done_at = now + (int(name.group(2)) / 1000.0 if name else 1.0)
+            agent.ending = "SUCCEEDED"
+            agent.done_at = now + (int(name.group(1)) / 1000.0 if name else 1.0)
             events.append(("assigned", a.job_id, a.attempt, now))
         agent.heartbeat()
     elif body == "stop":
@@ -124,7 +122,7 @@ def handle(agent, env, now, preempt_delay, events):
             agent.finish(OUTCOME["RELEASED"])
         elif s.preempt:
             agent.done_at = now + preempt_delay  # a step, then a checkpoint
-            agent.failing = None                 # None: ends as preempted
+            agent.ending = "PREEMPTED"
         else:
             agent.finish(OUTCOME["CANCELLED"], "stopped on request")
     elif body == "ack":
@@ -186,16 +184,9 @@ def agents_main(endpoint, keys, first, count, slots_per_host, heartbeat_s, preem
                 handle(agent, wire.message("Envelope").FromString(data), now, preempt_delay, events)
         for a in agents:
             if a.lead and a.done_at is not None and now >= a.done_at:
-                job, attempt = a.job, a.attempt
-                if a.failing is None:
-                    a.finish(OUTCOME["PREEMPTED"], "preempted after a step, with a checkpoint")
-                    events.append(("preempted", job, attempt, now))
-                elif a.failing:
-                    a.finish(OUTCOME["FAILED"], "simulated failure")
-                    events.append(("failed", job, attempt, now))
-                else:
-                    a.finish(OUTCOME["SUCCEEDED"])
-                    events.append(("succeeded", job, attempt, now))
+                job, attempt, ending = a.job, a.attempt, a.ending
+                a.finish(OUTCOME[ending])
+                events.append((ending.lower(), job, attempt, now))
         if now >= next_beat:
             next_beat = now + heartbeat_s
             for a in agents:
@@ -356,13 +347,10 @@ class Sim:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def ended_jobs(self):
-        return sum(self.metric_sum_state(state) for state in ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"))
-
-    def metric_sum_state(self, state):
-        for line in self.metrics().splitlines():
-            if line.startswith(f'trainyard_jobs{{state="{state}"}}'):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        """Jobs in an ended state, from one scrape of /metrics."""
+        ended = [f'trainyard_jobs{{state="{state}"}} ' for state in ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in self.metrics().splitlines()
+                   if any(line.startswith(prefix) for prefix in ended))
 
     def close(self):
         for pipe in self.pipes:
@@ -382,15 +370,14 @@ class Sim:
                 self.coordinator.kill()
 
 
-def job_mix(rng, count, slots_per_host, min_ms, max_ms, fail_fraction=0.0):
+def job_mix(rng, count, slots_per_host, min_ms, max_ms):
     """`count` jobs of 1 to a host's worth of ranks (most small), each a duration drawn
     between min_ms and max_ms."""
     jobs = []
     for _ in range(count):
         ranks = rng.choice([1, 1, 1, 2, 2, 4, slots_per_host])
         ms = rng.randint(min_ms, max_ms)
-        name = f"simfail-{ms}" if rng.random() < fail_fraction else f"sim-{ms}"
-        jobs.append((name, ranks, 0, True))
+        jobs.append((f"sim-{ms}", ranks, 0, True))
     return jobs
 
 
