@@ -54,12 +54,12 @@ double ShadowTime(const Pool& p, int needed, double now) {
 
 // Rule 2: the job's slots, from the hosts with the most free slots first.
 Placement Take(const QueuedJob& job, Pool& p, bool backfilled) {
-  std::vector<std::string> hosts;
-  for (const auto& [host, list] : p.free) hosts.push_back(host);
-  std::stable_sort(hosts.begin(), hosts.end(),
-                   [&](const std::string& a, const std::string& b) { return p.free[a].size() > p.free[b].size(); });
+  std::vector<std::pair<std::string, size_t>> hosts;  // (host, free slots), in name order
+  hosts.reserve(p.free.size());
+  for (const auto& [host, list] : p.free) hosts.emplace_back(host, list.size());
+  std::stable_sort(hosts.begin(), hosts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   Placement placement{job.id, {}, backfilled};
-  for (const std::string& host : hosts) {
+  for (const auto& [host, count] : hosts) {
     std::vector<SlotRef>& list = p.free[host];
     while (!list.empty() && static_cast<int>(placement.slots.size()) < job.ranks) {
       placement.slots.push_back(list.front());
@@ -85,9 +85,10 @@ std::string WhenText(double start, double now) {
 // One call of Schedule: the pools as they fill, and what each user runs.
 class Pass {
  public:
-  Pass(const std::vector<QueuedJob>& queue, const std::vector<WorkerRank>& slots, double now,
+  Pass(const std::vector<const QueuedJob*>& queue, const std::vector<WorkerRank>& slots, double now,
        const std::vector<RunningJob>& running, const SchedulerPolicy& policy)
       : queue_(queue), now_(now), policy_(policy), pools_(Pools(slots, now)) {
+    result_.waiting.reserve(queue.size());
     for (const RunningJob& r : running) running_[r.id] = r;
     for (const WorkerRank& slot : slots) {
       if (slot.job.empty()) continue;
@@ -99,7 +100,7 @@ class Pass {
   }
 
   ScheduleResult Run() {
-    for (const QueuedJob& job : queue_) Consider(job);
+    for (const QueuedJob* job : queue_) Consider(*job);
     return std::move(result_);
   }
 
@@ -276,7 +277,7 @@ class Pass {
     return "Resources: needs " + SlotsText(job.ranks, job.device) + "; behind " + head + ", which was submitted first";
   }
 
-  const std::vector<QueuedJob>& queue_;
+  const std::vector<const QueuedJob*>& queue_;
   const double now_;
   const SchedulerPolicy& policy_;
   std::map<std::string, Pool> pools_;
@@ -290,14 +291,18 @@ class Pass {
 
 }  // namespace
 
-ScheduleResult Scheduler::Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots, double now,
-                                   const std::vector<RunningJob>& running, const SchedulerPolicy& policy) const {
-  std::stable_sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    if (a.usage != b.usage) return a.usage < b.usage;
-    return a.order < b.order;
+ScheduleResult Scheduler::Schedule(const std::vector<QueuedJob>& queue, const std::vector<WorkerRank>& slots,
+                                   double now, const std::vector<RunningJob>& running,
+                                   const SchedulerPolicy& policy) const {
+  std::vector<const QueuedJob*> order;  // rule 1; pointers, so that sorting moves no strings
+  order.reserve(queue.size());
+  for (const QueuedJob& job : queue) order.push_back(&job);
+  std::stable_sort(order.begin(), order.end(), [](const QueuedJob* a, const QueuedJob* b) {
+    if (a->priority != b->priority) return a->priority > b->priority;
+    if (a->usage != b->usage) return a->usage < b->usage;
+    return a->order < b->order;
   });
-  return Pass(queue, slots, now, running, policy).Run();
+  return Pass(order, slots, now, running, policy).Run();
 }
 
 }  // namespace trainyard

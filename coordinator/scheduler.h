@@ -41,6 +41,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace trainyard {
@@ -102,16 +103,16 @@ struct Reservation {
 struct ScheduleResult {
   std::vector<Placement> start;
   std::optional<Reservation> reservation;
-  std::vector<std::string> unplaceable;        // need more slots than the matching kind has
-  std::vector<std::string> preempt;            // running jobs to stop (rule 5)
-  std::map<std::string, std::string> waiting;  // why each queued job that does not start waits
+  std::vector<std::string> unplaceable;                  // need more slots than the matching kind has
+  std::vector<std::string> preempt;                      // running jobs to stop (rule 5)
+  std::unordered_map<std::string, std::string> waiting;  // why each queued job that does not start waits
 };
 
 class Scheduler {
  public:
   // `running` describes the jobs the slots name (any not listed: priority 0, not
   // preemptible, no user).
-  ScheduleResult Schedule(std::vector<QueuedJob> queue, const std::vector<WorkerRank>& slots, double now,
+  ScheduleResult Schedule(const std::vector<QueuedJob>& queue, const std::vector<WorkerRank>& slots, double now,
                           const std::vector<RunningJob>& running = {}, const SchedulerPolicy& policy = {}) const;
 };
 

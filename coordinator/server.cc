@@ -567,15 +567,16 @@ std::string Server::SearchQuotaRefusal(const std::string& user, int concurrent, 
 }
 
 int Server::QueuedJobsOf(const std::string& user) const {
-  const auto queued = store_->JobsIn(JobState::kQueued);
+  const auto& queued = store_->Queued();
   return static_cast<int>(
-      std::count_if(queued.begin(), queued.end(), [&](const JobRecord& j) { return j.user == user; }));
+      std::count_if(queued.begin(), queued.end(), [&](const auto& entry) { return entry.second.user == user; }));
 }
 
 std::string Server::WaitingText(const JobRecord& job) const {
   if (job.state != JobState::kQueued) return "";
-  auto it = waiting_.find(job.id);
-  return it != waiting_.end() ? it->second : "Pending: not yet considered by the scheduler";
+  auto it = waiting_.find(std::to_string(job.id));
+  if (it != waiting_.end()) return it->second;
+  return ranks_.empty() ? "Resources: no pool agent is registered" : "Pending: not yet considered by the scheduler";
 }
 
 void Server::FillWaiting(const JobRecord& job, wire::JobInfo* info) const { info->set_waiting(WaitingText(job)); }
@@ -743,7 +744,7 @@ wire::Envelope Server::UsageReport(bool per_user) {
       store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
   std::map<std::string, int> running_ranks, queued;
   for (const auto& [id, attempt] : running_) running_ranks[per_user ? attempt.user : ""] += int(attempt.slots.size());
-  for (const JobRecord& j : store_->JobsIn(JobState::kQueued)) ++queued[per_user ? j.user : ""];
+  for (const auto& [id, j] : store_->Queued()) ++queued[per_user ? j.user : ""];
   for (const Usage& u : store_->UsageBy(per_user, now)) {
     wire::UsageRow* row = rows->add_rows();
     row->set_user(u.user);

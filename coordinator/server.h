@@ -69,6 +69,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 #include <zmq.hpp>
@@ -394,6 +395,7 @@ class Server {
   void PlaceQueued(const std::vector<QueuedJob>& queue, double now);
   // The queue and the running jobs as the scheduler takes them.
   std::vector<QueuedJob> QueueForScheduler(double now);
+  std::vector<WorkerRank> SlotsForScheduler() const;
   std::vector<RunningJob> RunningForScheduler() const;
   // Note [Preemption].
   void Preempt(int64_t victim, const std::string& head);
@@ -509,11 +511,14 @@ class Server {
   std::map<RankKey, RankEntry> ranks_;
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;
-  std::map<int64_t, std::string> waiting_;  // why each queued job waits, as of the last pass
+  // Why each queued job waits, as of the last pass, by job id in decimal (the scheduler's
+  // ids): a pass replaces it whole.
+  std::unordered_map<std::string, std::string> waiting_;
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
   bool search_due_ = true;  // a search may submit trials, or end
   double last_search_pass_ = 0;
+  std::set<int64_t> stale_search_csvs_;  // searches whose search.csv the next search pass rewrites
   double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only

@@ -397,7 +397,7 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
   if (added) WriteEpochFiles(message.job_id());  // committed first
   Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
   if (stop_at > 0) StopTrial(message.job_id(), message.attempt(), stop_at);
-  if (const auto trial = store_->TrialOfJob(message.job_id())) WriteSearchCsv(trial->search);
+  if (const auto trial = store_->TrialOfJob(message.job_id())) stale_search_csvs_.insert(trial->search);
 }
 
 void Server::WriteEpochFiles(int64_t job) {
@@ -574,51 +574,62 @@ void Server::ScheduleQueued(double now) {
 }
 
 void Server::PlaceQueued(const std::vector<QueuedJob>& queue, double now) {
-  // A rank is busy while an attempt awaits its result, and while its heartbeats still
-  // name a job (one being cancelled, or given up on).
-  std::vector<WorkerRank> workers;
-  for (const auto& [key, entry] : ranks_) {
-    if (!SlurmJobOfWorld(key.first).empty()) continue;  // a Slurm job's rank 0, never a pool slot
-    WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
-    if (const RunningAttempt* attempt = AttemptAwaiting(key)) {
-      w.job = std::to_string(attempt->job);
-      w.estimated_end = attempt->estimated_end;
-    } else if (entry.job != 0) {
-      w.job = std::to_string(entry.job);
-    }
-    workers.push_back(w);
-  }
   const SchedulerPolicy policy{options_.policy.preemption, options_.policy.user_max_ranks};
-  ScheduleResult result = scheduler_.Schedule(queue, workers, now, RunningForScheduler(), policy);
-  for (const auto& [id, why] : result.waiting) waiting_[std::stoll(id)] = why;
+  ScheduleResult result = scheduler_.Schedule(queue, SlotsForScheduler(), now, RunningForScheduler(), policy);
+  for (auto& backoff : waiting_) result.waiting.insert(std::move(backoff));
+  waiting_ = std::move(result.waiting);
   StartAttempts(result.start, now);
   for (const std::string& victim : result.preempt) Preempt(std::stoll(victim), result.reservation->job);
   for (const std::string& id : result.unplaceable) {
     const int64_t job = std::stoll(id);
-    if (reported_unplaceable_.insert(job).second) store_->AddEvent(job, "waiting: " + result.waiting.at(id), now);
+    if (reported_unplaceable_.insert(job).second) store_->AddEvent(job, "waiting: " + waiting_.at(id), now);
   }
 }
 
 // The queued jobs the scheduler may start now, with their owners' fair-share usage
-// (Note [Fair share]); the others say why they wait.
+// (Note [Fair share]); waiting_ is left holding why the others wait (their backoff).
 std::vector<QueuedJob> Server::QueueForScheduler(double now) {
-  std::vector<JobRecord> queued = store_->JobsIn(JobState::kQueued);
+  const std::map<int64_t, JobRecord>& queued = store_->Queued();
   std::vector<QueuedJob> queue;
   waiting_.clear();
   if (queued.empty()) return queue;
   const std::map<std::string, double> usage =
       store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
-  for (const JobRecord& job : queued) {
+  queue.reserve(queued.size());
+  for (const auto& [id, job] : queued) {
     if (job.not_before > now) {
-      waiting_[job.id] = "Backoff: requeued after a failed attempt; eligible again in " + Seconds(job.not_before - now);
+      waiting_[std::to_string(id)] =
+          "Backoff: requeued after a failed attempt; eligible again in " + Seconds(job.not_before - now);
       continue;
     }
-    waiting_[job.id] = ranks_.empty() ? "Resources: no pool agent is registered" : "Pending";
     auto used = usage.find(job.user);
     queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s, job.user,
                      used == usage.end() ? 0.0 : used->second});
   }
   return queue;
+}
+
+// The pool's slots. A slot is busy while an attempt awaits its result, and while its
+// heartbeats still name a job (one being cancelled, or given up on).
+std::vector<WorkerRank> Server::SlotsForScheduler() const {
+  std::map<RankKey, const RunningAttempt*> awaiting;  // AttemptAwaiting's answer for every rank, in one walk
+  for (const auto& [id, attempt] : running_)
+    for (const RankKey& slot : attempt.slots)
+      if (!attempt.finished.count(slot)) awaiting.emplace(slot, &attempt);
+  std::vector<WorkerRank> slots;
+  slots.reserve(ranks_.size());
+  for (const auto& [key, entry] : ranks_) {
+    if (!SlurmJobOfWorld(key.first).empty()) continue;  // a Slurm job's rank 0, never a pool slot
+    WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
+    if (auto it = awaiting.find(key); it != awaiting.end()) {
+      w.job = std::to_string(it->second->job);
+      w.estimated_end = it->second->estimated_end;
+    } else if (entry.job != 0) {
+      w.job = std::to_string(entry.job);
+    }
+    slots.push_back(std::move(w));
+  }
+  return slots;
 }
 
 std::vector<RunningJob> Server::RunningForScheduler() const {
@@ -729,7 +740,7 @@ void Server::StartAttempts(const std::vector<Placement>& placements, double now)
   try {
     StateStore::Transaction transaction(*store_);
     for (const Placement& placement : placements) {
-      waiting_.erase(std::stoll(placement.job));
+      waiting_.erase(placement.job);
       auto job = store_->Find(std::stoll(placement.job));  // with its job file, which the queue lacks
       if (job && StartAttempt(*job, placement, now)) started.push_back(std::move(*job));
     }

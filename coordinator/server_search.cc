@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "common/bounded_json.h"
 #include "common/regular_file.h"
@@ -158,6 +159,7 @@ void Server::AdvanceSearches(double now) {
   last_search_pass_ = now;
   for (const JobRecord& job : store_->JobsIn(JobState::kRunning))
     if (job.is_search) AdvanceSearch(job, now);
+  for (int64_t search : std::exchange(stale_search_csvs_, {})) WriteSearchCsv(search);
 }
 
 void Server::AdvanceSearch(const JobRecord& search, double now) {
@@ -215,7 +217,7 @@ void Server::SubmitTrial(const JobRecord& search, const TrialRecord& trial, doub
   transaction.Commit();
   spdlog::info("search {}: trial {} queued as job {}", search.id, trial.trial, record.id);
   schedule_due_ = true;
-  WriteSearchCsv(search.id);
+  stale_search_csvs_.insert(search.id);
 }
 
 void Server::FinishSearch(const JobRecord& search, double now) {
@@ -303,7 +305,7 @@ void Server::EndStoppedTrial(int64_t job, int epoch) {
   EndJobsAttempt(job, {wire::OUTCOME_STOPPED, why, JobState::kStopped, why, 0, why,
                        "the trial was stopped by its search: this slot is free"});
   spdlog::info("job {} {}", job, why);
-  WriteSearchCsv(record->search);
+  stale_search_csvs_.insert(record->search);
 }
 
 // The search ends first, so that a crash midway leaves no search submitting trials;
@@ -374,8 +376,11 @@ void Server::FillSearchReport(int64_t search_id, wire::SearchReport* out) const 
   }
 }
 
-// runs/<search id>/search.csv: a row per trial, rewritten as the search goes.
+// runs/<search id>/search.csv: a row per trial. Writing it reads every trial, so a change
+// to one trial (submitted, a new epoch row, stopped) only marks it stale, and the next
+// search pass (within 2 s) rewrites it once; the search's end writes it at once.
 void Server::WriteSearchCsv(int64_t search) {
+  stale_search_csvs_.erase(search);
   wire::SearchReport report;
   FillSearchReport(search, &report);
   std::string text = "trial,job,name,state,epochs,stopped_at,best_" + report.metric() + ",rank_seconds,model_dir";

@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <unordered_map>
 
 #include "proto/wire_names.h"
 
@@ -22,18 +23,72 @@ namespace {
 
 std::atomic<int64_t> full_scan_steps{0};  // FullScanSteps()
 
-// A prepared statement with positional binds; finalized on scope exit, when its
-// full-scan steps are added to FullScanSteps().
+}  // namespace
+
+// Note [Prepared statements]
+// Preparing a statement (parsing and planning its SQL) costs more than running most of
+// the loop's queries, and the loop runs the same few dozen texts again and again. So each
+// connection keeps one idle prepared statement per SQL text: a Statement takes it (or
+// prepares one when it is taken already, as by a query nested in another's loop) and gives
+// it back reset, with its binds cleared, when it goes out of scope. Texts are the store's
+// own, with every value bound, so they are few; past kMaxIdle the extra ones are finalized.
+// All are finalized before the connection closes.
+class StatementCache {
+ public:
+  explicit StatementCache(sqlite3* db) : db_(db) {}
+  ~StatementCache() {
+    for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
+  }
+  StatementCache(const StatementCache&) = delete;
+  StatementCache& operator=(const StatementCache&) = delete;
+  sqlite3* db() const { return db_; }
+
+  sqlite3_stmt* Take(const std::string& sql) {
+    if (auto it = idle_.find(sql); it != idle_.end()) {
+      sqlite3_stmt* stmt = it->second;
+      idle_.erase(it);
+      return stmt;
+    }
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK)
+      throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db_)) + " in: " + sql);
+    return stmt;
+  }
+
+  void GiveBack(const std::string& sql, sqlite3_stmt* stmt) {
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+    if (idle_.size() >= kMaxIdle || !idle_.emplace(sql, stmt).second) sqlite3_finalize(stmt);
+  }
+
+ private:
+  static constexpr size_t kMaxIdle = 256;
+  sqlite3* db_;
+  std::unordered_map<std::string, sqlite3_stmt*> idle_;
+};
+
+namespace {
+
+// A prepared statement with positional binds: the cache's (Note [Prepared statements]),
+// or, made from a bare connection, one of its own. On scope exit its full-scan steps are
+// added to FullScanSteps(), and it is given back or finalized.
 class Statement {
  public:
+  Statement(StatementCache& cache, std::string sql)
+      : db_(cache.db()), cache_(&cache), sql_(std::move(sql)), stmt_(cache.Take(sql_)) {}
   Statement(sqlite3* db, const std::string& sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
       throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db)) + " in: " + sql);
   }
   ~Statement() {
-    full_scan_steps += sqlite3_stmt_status(stmt_, SQLITE_STMTSTATUS_FULLSCAN_STEP, 0);
-    sqlite3_finalize(stmt_);
+    full_scan_steps += sqlite3_stmt_status(stmt_, SQLITE_STMTSTATUS_FULLSCAN_STEP, 1);
+    if (cache_)
+      cache_->GiveBack(sql_, stmt_);
+    else
+      sqlite3_finalize(stmt_);
   }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
   Statement& Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
   Statement& Bind(int i, double v) { return Check(sqlite3_bind_double(stmt_, i, v)); }
   Statement& Bind(int i, const std::string& v) {
@@ -59,6 +114,8 @@ class Statement {
     return *this;
   }
   sqlite3* db_;
+  StatementCache* cache_ = nullptr;
+  std::string sql_;
   sqlite3_stmt* stmt_ = nullptr;
 };
 
@@ -144,8 +201,7 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
       CheckIntegrity(path);
     } catch (const StoreError&) {
       if (!start_fresh) throw;
-      sqlite3_close(db_);
-      db_ = nullptr;
+      CloseDatabase();
       std::filesystem::rename(path, path + ".corrupt");
       for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
       Open(path);
@@ -154,15 +210,14 @@ StateStore::StateStore(const std::string& path, bool start_fresh) {
     CreateSchema();
     Migrate(path);
   } catch (...) {
-    sqlite3_close(db_);  // no destructor runs for a constructor that throws
-    db_ = nullptr;
+    CloseDatabase();  // no destructor runs for a constructor that throws
     if (lock_fd_ >= 0) ::close(lock_fd_);
     throw;
   }
 }
 
 StateStore::~StateStore() {
-  sqlite3_close(db_);
+  CloseDatabase();
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
 }
 
@@ -202,6 +257,13 @@ void StateStore::Open(const std::string& path) {
   if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK)
     throw StoreError(path + ": cannot open the state database: " + sqlite3_errmsg(db_));
   sqlite3_busy_timeout(db_, 5000);
+  statements_ = std::make_unique<StatementCache>(db_);
+}
+
+void StateStore::CloseDatabase() {
+  statements_.reset();  // its statements first: a connection with statements left does not close
+  sqlite3_close(db_);
+  db_ = nullptr;
 }
 
 void StateStore::CheckIntegrity(const std::string& path) const {
@@ -227,6 +289,7 @@ StateStore::Transaction::~Transaction() {
   sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, &error);
   sqlite3_free(error);
   store_.ended_usage_.reset();  // it may hold an attempt's end that was rolled back
+  store_.queued_.reset();       // and a state change that was
 }
 
 void StateStore::Transaction::Commit() {
@@ -256,13 +319,13 @@ void StateStore::Exec(const std::string& sql) const {
 }
 
 bool StateStore::HasTable(const std::string& table) const {
-  Statement s(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  Statement s(*statements_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
   s.Bind(1, table);
   return s.Step();
 }
 
 bool StateStore::HasColumn(const std::string& table, const std::string& column) const {
-  Statement columns(db_, "SELECT name FROM pragma_table_info(?)");
+  Statement columns(*statements_, "SELECT name FROM pragma_table_info(?)");
   columns.Bind(1, table);
   while (columns.Step())
     if (columns.Text(0) == column) return true;
@@ -399,21 +462,21 @@ void StateStore::AddColumnIfMissing(const std::string& table, const std::string&
 }
 
 void StateStore::KeepWorldToken(const std::string& world, const std::string& token, double now) {
-  Statement s(db_, "INSERT OR IGNORE INTO worlds(world, token, registered_at) VALUES(?, ?, ?)");
+  Statement s(*statements_, "INSERT OR IGNORE INTO worlds(world, token, registered_at) VALUES(?, ?, ?)");
   s.Bind(1, world).Bind(2, token).Bind(3, now);
   s.Step();
 }
 
 std::map<std::string, std::string> StateStore::WorldTokens() const {
   std::map<std::string, std::string> tokens;
-  Statement s(db_, "SELECT world, token FROM worlds");
+  Statement s(*statements_, "SELECT world, token FROM worlds");
   while (s.Step()) tokens[s.Text(0)] = s.Text(1);
   return tokens;
 }
 
 void StateStore::ForgetWorldsRegisteredBefore(double before) {
   // A placement names a world as "<world>:<rank>", after a comma or at the start.
-  Statement s(db_,
+  Statement s(*statements_,
               "DELETE FROM worlds WHERE registered_at < ? AND NOT EXISTS (SELECT 1 FROM attempts WHERE "
               "ended_at IS NULL AND instr(',' || placement, ',' || world || ':') > 0)");
   s.Bind(1, before);
@@ -421,13 +484,13 @@ void StateStore::ForgetWorldsRegisteredBefore(double before) {
 }
 
 std::string StateStore::journal_mode() const {
-  Statement s(db_, "PRAGMA journal_mode");
+  Statement s(*statements_, "PRAGMA journal_mode");
   return s.Step() ? s.Text(0) : "";
 }
 
 std::optional<JobRecord> StateStore::FindByKey(const std::string& user, const std::string& key) const {
   if (key.empty()) return std::nullopt;
-  Statement existing(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE idempotency_key = ?");
+  Statement existing(*statements_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE idempotency_key = ?");
   existing.Bind(1, user + "/" + key);
   if (!existing.Step()) return std::nullopt;
   return ReadJob(existing);
@@ -439,7 +502,7 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
     return *existing;
   }
   const std::string scoped_key = job.idempotency_key.empty() ? "" : job.user + "/" + job.idempotency_key;
-  Statement insert(db_,
+  Statement insert(*statements_,
                    "INSERT INTO jobs(name, idempotency_key, spec_yaml, source, state, priority, ranks, "
                    "max_restarts, device, submitted_at, base_dir, estimate_s, user, preemptible, search, kind, metric) "
                    "VALUES(?, NULLIF(?, ''), ?, ?, 'QUEUED', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
@@ -450,25 +513,66 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   insert.Bind(15, std::string(job.is_search ? "search" : "")).Bind(16, job.metric);
   insert.Step();
   *created = true;
-  return *Find(sqlite3_last_insert_rowid(db_));
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  UpdateQueued(id);
+  return *Find(id);
 }
 
 std::optional<JobRecord> StateStore::Find(int64_t id) const {
-  Statement s(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE id = ?");
+  Statement s(*statements_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE id = ?");
   s.Bind(1, id);
   if (!s.Step()) return std::nullopt;
   return ReadJob(s);
 }
 
 std::vector<JobRecord> StateStore::Jobs() const {
-  Statement s(db_, std::string("SELECT ") + kListedJobColumns + " FROM jobs ORDER BY id");
+  Statement s(*statements_, std::string("SELECT ") + kListedJobColumns + " FROM jobs ORDER BY id");
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
   return out;
 }
 
+// Note [The queue in memory]
+// A scheduling pass reads every queued job, up to twice a second; with tens of thousands
+// queued, reading them from SQLite was most of the pass. So the store keeps the queued
+// jobs' listed rows (no job file) in memory, read once, and every method that writes a
+// job's state or its scheduling fields (Submit, SetState, StartAttempt, Requeue) updates
+// the copy in the same call, after its statement succeeded. Each of those is the only
+// writer of the jobs table's state, so the copy equals `WHERE state = 'QUEUED'` as this
+// connection sees it. A rolled-back transaction may have undone updates already applied
+// to the copy, so a rollback drops it, and the next Queued() reads it afresh.
+const std::map<int64_t, JobRecord>& StateStore::Queued() const {
+  if (!queued_) {
+    queued_.emplace();
+    Statement s(*statements_, std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE state = 'QUEUED'");
+    while (s.Step()) {
+      JobRecord job = ReadJob(s);
+      const int64_t id = job.id;
+      queued_->emplace(id, std::move(job));
+    }
+  }
+  return *queued_;
+}
+
+void StateStore::UpdateQueued(int64_t id) {
+  if (!queued_) return;
+  Statement s(*statements_,
+              std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE id = ? AND state = 'QUEUED'");
+  s.Bind(1, id);
+  if (s.Step())
+    queued_->insert_or_assign(id, ReadJob(s));
+  else
+    queued_->erase(id);
+}
+
 std::vector<JobRecord> StateStore::JobsIn(JobState state) const {
-  Statement s(db_, std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE state = ? ORDER BY id");
+  if (state == JobState::kQueued) {
+    std::vector<JobRecord> out;
+    out.reserve(Queued().size());
+    for (const auto& [id, job] : Queued()) out.push_back(job);
+    return out;
+  }
+  Statement s(*statements_, std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE state = ? ORDER BY id");
   s.Bind(1, std::string(ToString(state)));
   std::vector<JobRecord> out;
   while (s.Step()) out.push_back(ReadJob(s));
@@ -476,18 +580,20 @@ std::vector<JobRecord> StateStore::JobsIn(JobState state) const {
 }
 
 void StateStore::SetState(int64_t id, JobState state, const std::string& reason) {
-  Statement s(db_, "UPDATE jobs SET state = ?, reason = ? WHERE id = ?");
+  Statement s(*statements_, "UPDATE jobs SET state = ?, reason = ? WHERE id = ?");
   s.Bind(1, std::string(ToString(state))).Bind(2, reason).Bind(3, id);
   s.Step();
+  UpdateQueued(id);
 }
 
 int StateStore::StartAttempt(int64_t id, const std::string& placement, double now) {
   Transaction transaction(*this);
-  Statement bump(db_, "UPDATE jobs SET attempts = attempts + 1, state = 'RUNNING' WHERE id = ?");
+  Statement bump(*statements_, "UPDATE jobs SET attempts = attempts + 1, state = 'RUNNING' WHERE id = ?");
   bump.Bind(1, id);
   bump.Step();
+  UpdateQueued(id);
   const int attempt = Find(id)->attempts;
-  Statement insert(db_, "INSERT INTO attempts(job, attempt, placement, started_at) VALUES(?, ?, ?, ?)");
+  Statement insert(*statements_, "INSERT INTO attempts(job, attempt, placement, started_at) VALUES(?, ?, ?, ?)");
   insert.Bind(1, id).Bind(2, int64_t(attempt)).Bind(3, placement).Bind(4, now);
   insert.Step();
   transaction.Commit();
@@ -495,12 +601,13 @@ int StateStore::StartAttempt(int64_t id, const std::string& placement, double no
 }
 
 void StateStore::EndAttempt(int64_t id, int attempt, wire::Outcome end, const std::string& reason, double now) {
-  Statement was(db_,
+  Statement was(*statements_,
                 "SELECT j.user, a.ranks, a.ran_from, a.ended_at IS NULL FROM attempts a JOIN jobs j ON j.id = a.job "
                 "WHERE a.job = ? AND a.attempt = ?");
   was.Bind(1, id).Bind(2, int64_t(attempt));
   const bool found = was.Step();
-  Statement s(db_, "UPDATE attempts SET ended_at = ?, outcome = ?, end_reason = ? WHERE job = ? AND attempt = ?");
+  Statement s(*statements_,
+              "UPDATE attempts SET ended_at = ?, outcome = ?, end_reason = ? WHERE job = ? AND attempt = ?");
   s.Bind(1, now).Bind(2, OutcomeName(end)).Bind(3, reason).Bind(4, id).Bind(5, int64_t(attempt));
   s.Step();
   if (!ended_usage_ || !found) return;
@@ -511,25 +618,26 @@ void StateStore::EndAttempt(int64_t id, int attempt, wire::Outcome end, const st
 }
 
 void StateStore::StartUsage(int64_t id, int attempt, double ran_from, int ranks, int gpus) {
-  Statement s(db_,
+  Statement s(*statements_,
               "UPDATE attempts SET ran_from = ?, ranks = ?, gpus = ? WHERE job = ? AND attempt = ? AND ran_from = 0");
   s.Bind(1, ran_from).Bind(2, int64_t(ranks)).Bind(3, int64_t(gpus)).Bind(4, id).Bind(5, int64_t(attempt));
   s.Step();
 }
 
 void StateStore::MarkPreempted(int64_t id, int attempt, int64_t by) {
-  Statement s(db_, "UPDATE attempts SET preempted_by = ? WHERE job = ? AND attempt = ?");
+  Statement s(*statements_, "UPDATE attempts SET preempted_by = ? WHERE job = ? AND attempt = ?");
   s.Bind(1, by).Bind(2, id).Bind(3, int64_t(attempt));
   s.Step();
 }
 
 std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
   const std::string user = per_user ? "j.user" : "''";
-  Statement s(db_, "SELECT " + user +
-                       ", COUNT(DISTINCT a.job), COUNT(*), "
-                       "SUM(a.ranks * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)), "
-                       "SUM(a.gpus * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)) "
-                       "FROM attempts a JOIN jobs j ON j.id = a.job WHERE a.ran_from > 0 GROUP BY 1 ORDER BY 1");
+  Statement s(*statements_,
+              "SELECT " + user +
+                  ", COUNT(DISTINCT a.job), COUNT(*), "
+                  "SUM(a.ranks * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)), "
+                  "SUM(a.gpus * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)) "
+                  "FROM attempts a JOIN jobs j ON j.id = a.job WHERE a.ran_from > 0 GROUP BY 1 ORDER BY 1");
   s.Bind(1, now);
   std::vector<Usage> out;
   while (s.Step()) out.push_back({s.Text(0), s.Int(1), s.Int(2), s.Real(3), s.Real(4)});
@@ -537,7 +645,7 @@ std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
 }
 
 void StateStore::LoadEndedUsage(double half_life_s) const {
-  Statement s(db_,
+  Statement s(*statements_,
               "SELECT j.user, a.ranks, a.ran_from, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job "
               "WHERE a.ran_from > 0 AND a.ended_at IS NOT NULL");
   ended_usage_.emplace(half_life_s);
@@ -547,7 +655,7 @@ void StateStore::LoadEndedUsage(double half_life_s) const {
 std::map<std::string, double> StateStore::DecayedRankSeconds(double now, double half_life_s) const {
   if (!ended_usage_ || ended_usage_->half_life_s() != half_life_s) LoadEndedUsage(half_life_s);
   std::map<std::string, double> usage = ended_usage_->At(now);
-  Statement running(db_,
+  Statement running(*statements_,
                     "SELECT j.user, a.ranks, a.ran_from FROM attempts a JOIN jobs j ON j.id = a.job "
                     "WHERE a.ended_at IS NULL AND a.ran_from > 0");
   while (running.Step())
@@ -565,9 +673,10 @@ double AttemptRecord::GpuSeconds(double now) const {
 }
 
 void StateStore::Requeue(int64_t id, const std::string& reason, double not_before) {
-  Statement s(db_, "UPDATE jobs SET state = 'QUEUED', reason = ?, not_before = ? WHERE id = ?");
+  Statement s(*statements_, "UPDATE jobs SET state = 'QUEUED', reason = ?, not_before = ? WHERE id = ?");
   s.Bind(1, reason).Bind(2, not_before).Bind(3, id);
   s.Step();
+  UpdateQueued(id);
 }
 
 namespace {
@@ -595,7 +704,7 @@ AttemptRecord ReadAttemptRow(const Statement& s) {
 }  // namespace
 
 std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
-  Statement s(db_, std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE job = ? ORDER BY attempt");
+  Statement s(*statements_, std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE job = ? ORDER BY attempt");
   s.Bind(1, id);
   std::vector<AttemptRecord> out;
   while (s.Step()) out.push_back(ReadAttemptRow(s));
@@ -603,7 +712,7 @@ std::vector<AttemptRecord> StateStore::Attempts(int64_t id) const {
 }
 
 std::vector<AttemptRecord> StateStore::OpenAttempts() const {
-  Statement s(db_,
+  Statement s(*statements_,
               std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE ended_at IS NULL ORDER BY job, attempt");
   std::vector<AttemptRecord> out;
   while (s.Step()) out.push_back(ReadAttemptRow(s));
@@ -611,7 +720,7 @@ std::vector<AttemptRecord> StateStore::OpenAttempts() const {
 }
 
 bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
-  Statement s(db_,
+  Statement s(*statements_,
               "INSERT OR IGNORE INTO epochs(job, epoch, attempt, csv_line, csv_header, breakdown_json) "
               "VALUES(?, ?, ?, ?, ?, ?)");
   s.Bind(1, id).Bind(2, int64_t(row.epoch)).Bind(3, int64_t(row.attempt)).Bind(4, row.csv_line);
@@ -621,7 +730,7 @@ bool StateStore::AddEpochRow(int64_t id, const EpochRecord& row) {
 }
 
 std::vector<EpochRecord> StateStore::EpochRows(int64_t id) const {
-  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch");
+  Statement s(*statements_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch");
   s.Bind(1, id);
   std::vector<EpochRecord> out;
   while (s.Step()) out.push_back(ReadEpochRow(s));
@@ -660,7 +769,7 @@ std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
   std::string sql =
       std::string("SELECT ") + kListedJobColumns + " FROM jobs" + FilterClause(filter, true) + " ORDER BY id DESC";
   if (filter.limit > 0) sql += " LIMIT ?";
-  Statement s(db_, sql);
+  Statement s(*statements_, sql);
   const int bound = BindFilter(filter, true, &s);
   if (filter.limit > 0) s.Bind(bound + 1, filter.limit);
   std::vector<JobRecord> out;
@@ -669,14 +778,15 @@ std::vector<JobRecord> StateStore::JobsMatching(const JobFilter& filter) const {
 }
 
 int64_t StateStore::CountMatching(const JobFilter& filter) const {
-  Statement s(db_, "SELECT COUNT(*) FROM jobs" + FilterClause(filter, false));
+  Statement s(*statements_, "SELECT COUNT(*) FROM jobs" + FilterClause(filter, false));
   BindFilter(filter, false, &s);
   s.Step();
   return s.Int(0);
 }
 
 std::optional<EpochRecord> StateStore::NewestEpochRow(int64_t id) const {
-  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch DESC LIMIT 1");
+  Statement s(*statements_,
+              std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? ORDER BY epoch DESC LIMIT 1");
   s.Bind(1, id);
   if (!s.Step()) return std::nullopt;
   return ReadEpochRow(s);
@@ -684,21 +794,21 @@ std::optional<EpochRecord> StateStore::NewestEpochRow(int64_t id) const {
 
 std::optional<EpochRecord> StateStore::NewestRowWith(int64_t id, const std::string& column) const {
   // A header is its column names joined by commas (epochs.csv's first line).
-  Statement s(db_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? AND " +
-                       "instr(',' || csv_header || ',', ',' || ? || ',') > 0 ORDER BY epoch DESC LIMIT 1");
+  Statement s(*statements_, std::string("SELECT ") + kEpochColumns + " FROM epochs WHERE job = ? AND " +
+                                "instr(',' || csv_header || ',', ',' || ? || ',') > 0 ORDER BY epoch DESC LIMIT 1");
   s.Bind(1, id).Bind(2, column);
   if (!s.Step()) return std::nullopt;
   return ReadEpochRow(s);
 }
 
 void StateStore::AddEvent(int64_t id, const std::string& text, double now) {
-  Statement s(db_, "INSERT INTO events(job, at, text) VALUES(?, ?, ?)");
+  Statement s(*statements_, "INSERT INTO events(job, at, text) VALUES(?, ?, ?)");
   s.Bind(1, id).Bind(2, now).Bind(3, text);
   s.Step();
 }
 
 std::vector<std::string> StateStore::Events(int64_t id) const {
-  Statement s(db_, "SELECT text FROM events WHERE job = ? ORDER BY rowid");
+  Statement s(*statements_, "SELECT text FROM events WHERE job = ? ORDER BY rowid");
   s.Bind(1, id);
   std::vector<std::string> out;
   while (s.Step()) out.push_back(s.Text(0));
@@ -706,7 +816,7 @@ std::vector<std::string> StateStore::Events(int64_t id) const {
 }
 
 std::vector<EventRecord> StateStore::TimedEvents(int64_t id) const {
-  Statement s(db_, "SELECT at, text FROM events WHERE job = ? ORDER BY rowid");
+  Statement s(*statements_, "SELECT at, text FROM events WHERE job = ? ORDER BY rowid");
   s.Bind(1, id);
   std::vector<EventRecord> out;
   while (s.Step()) out.push_back({s.Real(0), s.Text(1)});
@@ -714,14 +824,14 @@ std::vector<EventRecord> StateStore::TimedEvents(int64_t id) const {
 }
 
 std::map<std::pair<std::string, std::string>, int64_t> StateStore::JobCountsByStateAndUser() const {
-  Statement s(db_, "SELECT state, user, COUNT(*) FROM jobs GROUP BY state, user");
+  Statement s(*statements_, "SELECT state, user, COUNT(*) FROM jobs GROUP BY state, user");
   std::map<std::pair<std::string, std::string>, int64_t> out;
   while (s.Step()) out[{s.Text(0), s.Text(1)}] = s.Int(2);
   return out;
 }
 
 std::vector<double> StateStore::SecondsToFirstStart() const {
-  Statement s(db_,
+  Statement s(*statements_,
               "SELECT MAX(0, MIN(a.started_at) - j.submitted_at) FROM attempts a JOIN jobs j ON j.id = a.job "
               "GROUP BY a.job");
   std::vector<double> out;
@@ -730,7 +840,7 @@ std::vector<double> StateStore::SecondsToFirstStart() const {
 }
 
 std::map<wire::Outcome, int64_t> StateStore::AttemptOutcomes() const {
-  Statement s(db_, "SELECT outcome, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY outcome");
+  Statement s(*statements_, "SELECT outcome, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY outcome");
   std::map<wire::Outcome, int64_t> out;
   while (s.Step()) out[OutcomeFromName(s.Text(0))] += s.Int(1);
   return out;
@@ -782,7 +892,7 @@ TrialRecord ReadTrial(const Statement& s) {
 
 void StateStore::AddSearch(const SearchRecord& search, const std::vector<TrialRecord>& trials) {
   Transaction transaction(*this);
-  Statement s(db_,
+  Statement s(*statements_,
               "INSERT INTO searches(job, method, metric, maximize, eta, max_epochs, max_concurrent, rungs) "
               "VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
   s.Bind(1, search.job).Bind(2, search.method).Bind(3, search.metric).Bind(4, int64_t(search.maximize));
@@ -790,8 +900,8 @@ void StateStore::AddSearch(const SearchRecord& search, const std::vector<TrialRe
   s.Bind(8, JoinInts(search.rungs));
   s.Step();
   for (const TrialRecord& t : trials) {
-    Statement insert(db_, std::string("INSERT INTO trials(") + kTrialColumns +
-                              ") VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)");
+    Statement insert(*statements_, std::string("INSERT INTO trials(") + kTrialColumns +
+                                       ") VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)");
     insert.Bind(1, search.job).Bind(2, int64_t(t.trial)).Bind(3, t.name).Bind(4, t.params_json).Bind(5, t.yaml);
     insert.Bind(6, t.base_dir).Bind(7, t.source).Bind(8, int64_t(t.job_fields.priority));
     insert.Bind(9, int64_t(t.job_fields.ranks)).Bind(10, int64_t(t.job_fields.max_restarts));
@@ -803,7 +913,7 @@ void StateStore::AddSearch(const SearchRecord& search, const std::vector<TrialRe
 }
 
 std::optional<SearchRecord> StateStore::FindSearch(int64_t job) const {
-  Statement s(db_,
+  Statement s(*statements_,
               "SELECT job, method, metric, maximize, eta, max_epochs, max_concurrent, rungs FROM searches "
               "WHERE job = ?");
   s.Bind(1, job);
@@ -821,7 +931,7 @@ std::optional<SearchRecord> StateStore::FindSearch(int64_t job) const {
 }
 
 std::vector<TrialRecord> StateStore::Trials(int64_t search) const {
-  Statement s(db_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE search = ? ORDER BY trial");
+  Statement s(*statements_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE search = ? ORDER BY trial");
   s.Bind(1, search);
   std::vector<TrialRecord> out;
   while (s.Step()) out.push_back(ReadTrial(s));
@@ -829,26 +939,26 @@ std::vector<TrialRecord> StateStore::Trials(int64_t search) const {
 }
 
 std::optional<TrialRecord> StateStore::TrialOfJob(int64_t job) const {
-  Statement s(db_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE job = ? AND job != 0");
+  Statement s(*statements_, std::string("SELECT ") + kTrialColumns + " FROM trials WHERE job = ? AND job != 0");
   s.Bind(1, job);
   if (!s.Step()) return std::nullopt;
   return ReadTrial(s);
 }
 
 void StateStore::SetTrialJob(int64_t search, int trial, int64_t job) {
-  Statement s(db_, "UPDATE trials SET job = ? WHERE search = ? AND trial = ?");
+  Statement s(*statements_, "UPDATE trials SET job = ? WHERE search = ? AND trial = ?");
   s.Bind(1, job).Bind(2, search).Bind(3, int64_t(trial));
   s.Step();
 }
 
 void StateStore::SetTrialStopped(int64_t search, int trial, int epoch) {
-  Statement s(db_, "UPDATE trials SET stopped_at = ? WHERE search = ? AND trial = ?");
+  Statement s(*statements_, "UPDATE trials SET stopped_at = ? WHERE search = ? AND trial = ?");
   s.Bind(1, int64_t(epoch)).Bind(2, search).Bind(3, int64_t(trial));
   s.Step();
 }
 
 bool StateStore::AddRungResult(int64_t search, int epoch, const RungResult& result, double now) {
-  Statement s(db_,
+  Statement s(*statements_,
               "INSERT OR IGNORE INTO rung_results(search, epoch, trial, value, promoted, at) VALUES(?, ?, ?, ?, ?, ?)");
   s.Bind(1, search).Bind(2, int64_t(epoch)).Bind(3, int64_t(result.trial));
   s.Bind(4, result.value).Bind(5, int64_t(result.promoted)).Bind(6, now);
@@ -857,7 +967,8 @@ bool StateStore::AddRungResult(int64_t search, int epoch, const RungResult& resu
 }
 
 std::vector<RungResult> StateStore::RungResults(int64_t search, int epoch) const {
-  Statement s(db_, "SELECT trial, value, promoted FROM rung_results WHERE search = ? AND epoch = ? ORDER BY rowid");
+  Statement s(*statements_,
+              "SELECT trial, value, promoted FROM rung_results WHERE search = ? AND epoch = ? ORDER BY rowid");
   s.Bind(1, search).Bind(2, int64_t(epoch));
   std::vector<RungResult> out;
   while (s.Step())  // SQLite stores a NaN as NULL

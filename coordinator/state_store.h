@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -149,6 +150,8 @@ struct Usage {
   double rank_seconds = 0, gpu_seconds = 0;
 };
 
+class StatementCache;  // state_store.cc: Note [Prepared statements]
+
 class StateStore {
  public:
   // Opens or creates the database, and holds an exclusive lock on it ("<path>.lock")
@@ -189,6 +192,9 @@ class StateStore {
   // scheduling pass or a page of the API need not read every job file); Find reads it.
   std::vector<JobRecord> Jobs() const;
   std::vector<JobRecord> JobsIn(JobState state) const;
+  // The queued jobs (JobsIn(kQueued)) by id, from memory: Note [The queue in memory].
+  // The reference is valid until the next call that changes the store.
+  const std::map<int64_t, JobRecord>& Queued() const;
   // The jobs `filter` matches, newest first.
   std::vector<JobRecord> JobsMatching(const JobFilter& filter) const;
   // How many jobs match `filter`'s states, user and name, on every page: its limit and
@@ -258,6 +264,7 @@ class StateStore {
   void Lock(const std::string& path);
   void CheckNotEmptied(const std::string& path, bool start_fresh) const;
   void Open(const std::string& path);
+  void CloseDatabase();
   void CheckIntegrity(const std::string& path) const;
   // Throws StoreError unless the database can be written (a read-only file, or a
   // folder the journal cannot be created in): found at start, not at the first change.
@@ -279,13 +286,19 @@ class StateStore {
 
   // Loads ended_usage_ from every ended attempt in the store.
   void LoadEndedUsage(double half_life_s) const;
+  // Brings job `id`'s entry in queued_ (if loaded) in step with its row.
+  void UpdateQueued(int64_t id);
 
   sqlite3* db_ = nullptr;
+  std::unique_ptr<StatementCache> statements_;  // of db_
   int lock_fd_ = -1;
   int transaction_depth_ = 0;
   // Note [Fair share]: the ended attempts' decayed usage; empty until the first
   // DecayedRankSeconds, and again after a rollback (it is then read afresh).
   mutable std::optional<DecayedUsage> ended_usage_;
+  // Note [The queue in memory]: the queued jobs' listed rows; empty until the first
+  // Queued(), and again after a rollback.
+  mutable std::optional<std::map<int64_t, JobRecord>> queued_;
 };
 
 }  // namespace trainyard

@@ -315,6 +315,67 @@ TEST_F(StateStoreTest, FairShareTotalsKeptAsAttemptsEndEqualTheClosedForm) {
   expect_equal(reopened.DecayedRankSeconds(later, h), closed_form(later));
 }
 
+// Note [The queue in memory]: after every kind of change, and after a rollback that undid
+// changes already applied in memory, Queued() holds exactly the rows SQLite says are queued.
+TEST_F(StateStoreTest, TheQueueInMemoryFollowsEveryChangeAndEveryRollback) {
+  StateStore store(path_, false);
+  const auto expect_in_step = [&](const std::string& after) {
+    std::map<int64_t, JobRecord> want;
+    for (const JobRecord& job : store.Jobs())
+      if (job.state == JobState::kQueued) want.emplace(job.id, job);
+    const std::map<int64_t, JobRecord>& got = store.Queued();
+    ASSERT_EQ(got.size(), want.size()) << after;
+    for (const auto& [id, job] : want) {
+      ASSERT_TRUE(got.count(id)) << after << ": job " << id;
+      const JobRecord& mine = got.at(id);
+      EXPECT_EQ(mine.attempts, job.attempts) << after;
+      EXPECT_EQ(mine.reason, job.reason) << after;
+      EXPECT_EQ(mine.not_before, job.not_before) << after;
+      EXPECT_EQ(mine.user, job.user) << after;
+      EXPECT_EQ(mine.priority, job.priority) << after;
+      EXPECT_TRUE(mine.spec_yaml.empty()) << after;
+    }
+  };
+  bool created = false;
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    NewJob job = Job("q" + std::to_string(i));
+    job.user = i % 2 ? "ana" : "bo";
+    job.priority = i;
+    ids.push_back(store.Submit(job, 1.0 + i, &created).id);
+  }
+  expect_in_step("submitted");
+  NewJob again = Job("q0");
+  again.user = "bo";
+  store.Submit(again, 9.0, &created);  // the same owner and key: no new job
+  EXPECT_FALSE(created);
+  expect_in_step("resubmitted");
+  store.StartAttempt(ids[0], "w:0,1", 10.0);
+  expect_in_step("started");
+  store.Requeue(ids[0], "its host was lost", 40.0);
+  expect_in_step("requeued");
+  store.SetState(ids[1], JobState::kCancelled, "cancelled by ana");
+  expect_in_step("cancelled");
+  try {
+    StateStore::Transaction transaction(store);
+    store.StartAttempt(ids[2], "w:0,1", 11.0);
+    store.SetState(ids[3], JobState::kFailed, "x");
+    store.Requeue(ids[0], "changed, then rolled back", 99.0);
+    NewJob late = Job("late");
+    store.Submit(late, 12.0, &created);
+    throw std::runtime_error("killed between the writes");
+  } catch (const std::runtime_error&) {
+  }
+  expect_in_step("rolled back");
+  EXPECT_EQ(store.Queued().at(ids[0]).not_before, 40.0);
+  StateStore::Transaction transaction(store);
+  store.StartAttempt(ids[4], "w:0,1", 13.0);
+  store.SetState(ids[5], JobState::kSucceeded, "");
+  transaction.Commit();
+  expect_in_step("committed");
+  EXPECT_EQ(store.Queued().size(), 3u);  // jobs 0, 2 and 3
+}
+
 // jobctl list's filters: states, an exact owner and a name's substring, newest first,
 // and a limit that keeps the newest; pages before an id; counts of every page. Text that
 // would be a pattern in SQL's LIKE is plain. Listings leave the job files out.
