@@ -19,7 +19,11 @@ Scenarios (--scenario, repeatable):
   lost        steady load, with 10% of the agents gone at once (their sockets closed
               without a word) midway;
   preemption  the cluster filled with preemptible jobs of priority 0, then a wave of
-              priority-10 jobs each needing a whole host, under --preemption on.
+              priority-10 jobs each needing a whole host, under --preemption on;
+  users       Kueue's scale test in kind: --users-jobs jobs of 5 users with quotas and
+              a few priority-10 jobs under --preemption on, submitted user after user;
+              how soon every job has started, and each user's share of what ran;
+  search      one random search of --trials trials, --trials-concurrent at once.
 
 It prints one JSON object per scenario and writes them all to --out."""
 import argparse
@@ -43,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from harness import wire  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")  # no child inherits a ZeroMQ context
-NAME = re.compile(r"^name: sim-(\d+)$", re.M)
+NAME = re.compile(r"^name: sim-(\d+)(?:\.t\d+)?$", re.M)  # a job, or a trial of a search so named
 
 
 def free_port():
@@ -201,10 +205,11 @@ def agents_main(endpoint, keys, first, count, slots_per_host, heartbeat_s, preem
 class Sim:
     """A coordinator, its keys and state, and the processes of simulated agents."""
 
-    def __init__(self, args, work, coordinator_flags=()):
+    def __init__(self, args, work, coordinator_flags=(), users=()):
         self.args, self.work = args, work
         self.keys_dir = os.path.join(work, "keys")
         subprocess.run([args.coordinator, "--init", "--keys", self.keys_dir], check=True, capture_output=True)
+        self.user_keys = {user: self.add_client(user) for user in users}  # before the coordinator reads the allowlist
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.http = free_port()
         self.flags = list(coordinator_flags)
@@ -278,25 +283,39 @@ class Sim:
             lower, below = bound, count
         return None
 
-    def submit(self, jobs, window=64):
-        """Submits each (name, ranks, priority, preemptible) over one CURVE client, with
-        up to `window` in flight; returns the ids in order."""
+    def add_client(self, user):
+        """The keys of a new client key pair for `user` (coordinator --add-client)."""
+        folder = os.path.join(self.keys_dir, "clients", user)
+        subprocess.run([self.args.coordinator, "--add-client", user, "--keys", self.keys_dir], check=True,
+                       capture_output=True)
+        return wire.read_keys(folder, "client.key")
+
+    def submit(self, jobs, window=64, keys=None):
+        """Submits each (name, ranks, priority, preemptible) over one CURVE client (the
+        admin's, or `keys`), with up to `window` in flight; returns the ids in order."""
+        files = []
+        for i, (name, ranks, priority, preemptible) in enumerate(jobs):
+            files.append((f"name: {name}\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\n"
+                          f"model:\n  preset: tiny\nresources:\n  ranks: {ranks}\n  max_restarts: 1\n"
+                          f"  priority: {priority}\n  preemptible: {'true' if preemptible else 'false'}\n",
+                          f"{name}.yaml"))
+        return self.submit_files(files, window, keys)
+
+    def submit_files(self, files, window=64, keys=None):
+        """Submits each (job file text, source name); returns the ids in order."""
         import zmq
         context = zmq.Context()
         s = context.socket(zmq.DEALER)
-        s.curve_publickey, s.curve_secretkey, s.curve_serverkey = (k.encode() for k in self.client_keys)
+        s.curve_publickey, s.curve_secretkey, s.curve_serverkey = (k.encode() for k in keys or self.client_keys)
         s.linger = 0
         s.connect(self.endpoint)
-        ids, pending, sent_at, queue = [], 0, {}, list(enumerate(jobs))
+        ids, pending, sent_at, queue = [], 0, {}, list(enumerate(files))
         queue.reverse()
         while queue or pending:
             while queue and pending < window:
-                i, (name, ranks, priority, preemptible) = queue.pop()
-                yaml = (f"name: {name}\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\n"
-                        f"model:\n  preset: tiny\nresources:\n  ranks: {ranks}\n  max_restarts: 1\n"
-                        f"  priority: {priority}\n  preemptible: {'true' if preemptible else 'false'}\n")
+                i, (yaml, source) = queue.pop()
                 s.send(wire.envelope(submit=wire.message("SubmitRequest")(
-                    yaml=yaml, source=f"{name}.yaml", base_dir=self.work,
+                    yaml=yaml, source=source, base_dir=self.work,
                     idempotency_key=f"sim-{time.time_ns()}-{i}")).SerializeToString())
                 sent_at[i] = time.time()
                 pending += 1
@@ -313,6 +332,10 @@ class Sim:
         for job in ids:
             self.submitted.setdefault(job, first_sent)
         return ids
+
+    def job_state(self, job):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/api/jobs/{job}", timeout=10) as r:
+            return json.loads(r.read())["state"]
 
     def collect(self):
         for pipe in self.pipes:
@@ -550,6 +573,164 @@ def scenario_preemption(args, work):
         sim.close()
 
 
+def scenario_users(args, work):
+    """Kueue's scale test in kind: --users-jobs jobs of 5 users, each under a quota of 30%
+    of the slots, submitted in turns of 250 a user, 5% of each user's at priority 10
+    under --preemption on. The scheduling work is done when every job has started once.
+    Each user's share of the rank-seconds run, from the first submission until the first
+    user's last job started (while all five had jobs queued), is set beside the policy's:
+    equal usage among equal priorities (Note [Fair share] in coordinator/state_store.h)."""
+    rng = random.Random(args.seed)
+    users = [f"user{u}" for u in range(1, 6)]
+    quota = int(0.3 * args.agents)  # each agent is one slot
+    sim = Sim(args, work, ["--preemption", "on", "--user-max-ranks", str(quota), "--user-max-priority", "10"], users)
+    try:
+        sim.wait_registered(args.agents)
+        mine = {user: [(name, ranks, 10 if rng.random() < 0.05 else 0, True) for name, ranks, _, _ in
+                       job_mix(rng, args.users_jobs // len(users), args.slots_per_host, args.min_ms // 4,
+                               args.max_ms // 4)] for user in users}
+        owner, ranks_of = {}, {}
+        cpu0, start = sim.usage()[0], time.time()
+        for turn in range(0, max(len(jobs) for jobs in mine.values()), 250):
+            for user in users:
+                jobs = mine[user][turn:turn + 250]
+                for job_id, job in zip(sim.submit(jobs, keys=sim.user_keys[user]), jobs):
+                    owner[job_id], ranks_of[job_id] = user, job[1]
+        ids = list(owner)
+        ok = wait_ended(sim, len(ids), 60 + len(ids) * args.max_ms / 1000 / args.agents * 8)
+        elapsed = time.time() - start
+        cpu = sim.usage()[0] - cpu0
+        latencies, run_twice, first = lead_figures(sim)
+        scheduled_in = max(first.values()) - start if len(first) == len(ids) else None
+        shares = user_shares(sim.events, owner, ranks_of, start)
+        worst = max(abs(share - 1 / len(users)) * len(users) for share in shares.values()) if shares else None
+        return result(sim, "users", len(ids), latencies, run_twice, len(first) / elapsed, 100 * cpu / elapsed,
+                      {"all_ended": ok, "seconds": round(elapsed, 1),
+                       "scheduled_in_s": round(scheduled_in, 1) if scheduled_in else None,
+                       "preemptions": sim.metric_sum("trainyard_preemptions_total"),
+                       "user_shares_pct": {u: round(100 * s, 2) for u, s in sorted(shares.items())},
+                       "fair_share_error_pct": round(100 * worst, 1) if worst is not None else None})
+    finally:
+        sim.close()
+
+
+def user_shares(events, owner, ranks_of, since):
+    """Each user's fraction of the rank-seconds run from `since` until the first user's
+    last job started (while every user still had jobs queued), from the leads' events;
+    fair_share_error_pct is the largest distance from an equal share, in % of it."""
+    began, intervals, last_start = {}, [], {}
+    for kind, job, attempt, at in sorted(events, key=lambda e: e[3]):
+        if job not in owner:
+            continue
+        if kind == "assigned":
+            began[(job, attempt)] = at
+            last_start[owner[job]] = max(last_start.get(owner[job], at), at)
+        elif (job, attempt) in began:
+            intervals.append((owner[job], ranks_of[job], began.pop((job, attempt)), at))
+    if not last_start:
+        return {}
+    until = min(last_start.values())
+    used = {user: 0.0 for user in set(owner.values())}
+    for user, ranks, start, end in intervals + [(owner[j], ranks_of[j], t, until) for (j, _), t in began.items()]:
+        used[user] += ranks * max(0.0, min(end, until) - max(start, since))
+    total = sum(used.values())
+    return {user: value / total for user, value in used.items()} if total > 0 else {}
+
+
+def scenario_search(args, work):
+    """One random search of --trials trials of one rank and --max-ms/4 each,
+    --trials-concurrent at once (Note [Search life cycle] in coordinator/search.h): how
+    fast the coordinator keeps its trials going (ideal_s: the waves of trials back to
+    back), and that each runs once and the search ends."""
+    sim = Sim(args, work)
+    try:
+        sim.wait_registered(args.agents)
+        with open(os.path.join(work, "search.yaml"), "w") as f:
+            f.write(f"name: sim-{args.max_ms // 4}\nkind: search\nbase:\n  name: sim-{args.max_ms // 4}\n"
+                    f"  data:\n    train: train.tsv\n"
+                    f"    tokenizer:\n      vocab: vocab.txt\n  model:\n    preset: tiny\n"
+                    f"search:\n  method: random\n  metric: train_loss\n  max_trials: {args.trials}\n"
+                    f"  max_concurrent: {args.trials_concurrent}\n  params:\n"
+                    f"    train.lr: {{log_uniform: [1.0e-5, 1.0e-1]}}\n    seed: {{int_uniform: [1, 1000000]}}\n")
+        cpu0, start = sim.usage()[0], time.time()
+        with open(os.path.join(work, "search.yaml")) as f:
+            search = sim.submit_files([(f.read(), "search.yaml")])[0]
+        ok = wait_ended(sim, args.trials + 1, 60 + args.trials * args.max_ms / 4000 / args.trials_concurrent * 4)
+        elapsed = time.time() - start
+        cpu = sim.usage()[0] - cpu0
+        latencies, run_twice, first = lead_figures(sim)
+        state = sim.job_state(search)
+        return result(sim, "search", args.trials, None, run_twice, len(first) / elapsed, 100 * cpu / elapsed,
+                      {"all_ended": ok, "seconds": round(elapsed, 1), "search_state": state,
+                       "ideal_s": -(-args.trials // args.trials_concurrent) * args.max_ms / 4000,
+                       "jobs_lost": args.trials - len(first)})
+    finally:
+        sim.close()
+
+
+def curve_point(args, work, agents):
+    """A burst of --jobs jobs on `agents` agents, measured over --curve-window seconds
+    from the end of the submissions, while the queue stays deep: placements a second
+    against the slots' bound, the pass's p99 and the coordinator's CPU."""
+    point_args = argparse.Namespace(**{**vars(args), "agents": agents})
+    rng = random.Random(args.seed)
+    sim = Sim(point_args, work)
+    try:
+        sim.wait_registered(agents, timeout=300)
+        jobs = job_mix(rng, args.jobs, args.slots_per_host, args.min_ms // 4, args.max_ms // 4)
+        sim.submit(jobs)
+        cpu0, start = sim.usage()[0], time.time()
+        time.sleep(args.curve_window)
+        cpu, end = sim.usage()[0] - cpu0, time.time()
+        _, run_twice, first = lead_figures(sim)
+        placed = sum(1 for at in first.values() if start <= at < end)
+        mean_ranks = sum(ranks for _, ranks, _, _ in jobs) / len(jobs)
+        mean_s = (args.min_ms + args.max_ms) / 8000
+        return {"scenario": "curve", "agents": agents, "jobs": len(jobs), "window_s": args.curve_window,
+                "placed_per_s": round(placed / (end - start), 1),
+                "slots_bound_per_s": round(agents / (mean_ranks * mean_s), 1),
+                "pass_p99_ms": round(sim.pass_p99_ms() or 0, 2),
+                "coordinator_cpu_pct": round(100 * cpu / (end - start), 1),
+                "coordinator_rss_mb": round(sim.usage()[1], 1), "jobs_run_twice": run_twice}
+    finally:
+        sim.close()
+
+
+def curve_svg(points):
+    """Placements a second (with the slots' bound, dashed) and the pass's p99 against the
+    agents, on a logarithmic axis: an SVG of two panels."""
+    import math
+    xs = [p["agents"] for p in points]
+    lo, hi = math.log10(min(xs)), math.log10(max(xs))
+    width, height, pad = 360, 240, 48
+
+    def panel(left, title, series):
+        top = max(max(v for v in values if v is not None) for values, _ in series) * 1.15 or 1
+        x = lambda a: left + pad + (math.log10(a) - lo) / max(hi - lo, 1e-9) * (width - 2 * pad)  # noqa: E731
+        y = lambda v: height - pad - v / top * (height - 2 * pad)  # noqa: E731
+        out = [f'<text x="{left + width / 2}" y="20" text-anchor="middle" font-weight="bold">{title}</text>',
+               f'<line x1="{left + pad}" y1="{height - pad}" x2="{left + width - pad}" y2="{height - pad}" stroke="#333"/>',
+               f'<line x1="{left + pad}" y1="{pad}" x2="{left + pad}" y2="{height - pad}" stroke="#333"/>']
+        for a in xs:
+            out.append(f'<text x="{x(a):.1f}" y="{height - pad + 16}" text-anchor="middle">{a}</text>')
+        for k in range(5):
+            v = top * k / 4
+            out.append(f'<text x="{left + pad - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+        out.append(f'<text x="{left + width / 2}" y="{height - 8}" text-anchor="middle">agents</text>')
+        for values, style in series:
+            path = " ".join(f"{x(a):.1f},{y(v):.1f}" for a, v in zip(xs, values) if v is not None)
+            out.append(f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="2" {style}/>')
+            out += [f'<circle cx="{x(a):.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4"/>'
+                    for a, v in zip(xs, values) if v is not None and not style]
+        return out
+
+    body = panel(0, "placements / s", [([p["placed_per_s"] for p in points], ""),
+                                       ([p["slots_bound_per_s"] for p in points], 'stroke-dasharray="5,4"')])
+    body += panel(width, "scheduling pass p99, ms", [([p["pass_p99_ms"] for p in points], "")])
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width}" height="{height}" '
+            f'font-family="sans-serif" font-size="11">\n' + "\n".join(body) + "\n</svg>\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--coordinator", required=True)
@@ -562,15 +743,28 @@ def main():
     p.add_argument("--max-ms", type=int, default=20000, help="longest simulated job")
     p.add_argument("--heartbeat", type=float, default=1.0)
     p.add_argument("--preempt-delay", type=float, default=0.5, help="seconds a preempted job takes to stop")
-    p.add_argument("--scenario", action="append", choices=["steady", "burst", "restart", "lost", "preemption"])
+    p.add_argument("--users-jobs", type=int, default=15000, help="jobs of the users scenario")
+    p.add_argument("--trials", type=int, default=1000, help="trials of the search scenario")
+    p.add_argument("--trials-concurrent", type=int, default=500, help="the search's max_concurrent")
+    p.add_argument("--scenario", action="append",
+                   choices=["steady", "burst", "restart", "lost", "preemption", "users", "search"])
+    p.add_argument("--curve", help="instead of the scenarios: a burst at each of these agent counts "
+                   "(comma-separated, e.g. 100,300,1000,3000), measured over --curve-window seconds")
+    p.add_argument("--curve-window", type=float, default=30)
+    p.add_argument("--svg", help="with --curve: draw the curve to this SVG file")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write the figures here as a JSON list")
     args = p.parse_args()
-    scenarios = args.scenario or ["steady", "burst", "restart", "lost", "preemption"]
+    scenarios = args.scenario or ["steady", "burst", "restart", "lost", "preemption", "users", "search"]
     runs = {"steady": lambda w: scenario_steady(args, w), "burst": lambda w: scenario_burst(args, w),
             "restart": lambda w: scenario_burst(args, w, restart=True),
             "lost": lambda w: scenario_steady(args, w, lose_fraction=0.1),
-            "preemption": lambda w: scenario_preemption(args, w)}
+            "preemption": lambda w: scenario_preemption(args, w), "users": lambda w: scenario_users(args, w),
+            "search": lambda w: scenario_search(args, w)}
+    if args.curve:
+        counts = [int(n) for n in args.curve.split(",")]
+        runs = {f"curve-{n}": (lambda w, n=n: curve_point(args, w, n)) for n in counts}
+        scenarios = list(runs)
     figures = []
     for name in scenarios:
         with tempfile.TemporaryDirectory(prefix=f"ty_scale_{name}_") as work:
@@ -581,6 +775,9 @@ def main():
             print(f"scenario {name}: {args.agents} agents", file=sys.stderr, flush=True)
             figures.append(runs[name](work))
             print(json.dumps(figures[-1]), flush=True)
+    if args.curve and args.svg:
+        with open(args.svg, "w") as f:
+            f.write(curve_svg(figures))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(figures, f, indent=1)
@@ -590,16 +787,19 @@ def main():
 COLUMNS = [("scenario", "scenario"), ("agents", "agents"), ("jobs", "jobs"), ("placed_per_s", "placed/s"),
            ("submit_to_running_p50_ms", "submit→running p50 ms"), ("submit_to_running_p99_ms", "p99 ms"),
            ("pass_p99_ms", "pass p99 ms"), ("coordinator_cpu_pct", "coordinator CPU %"), ("coordinator_loop_cpu_pct", "its loop %"),
-           ("coordinator_rss_mb", "RSS MB"), ("restart_to_scheduling_s", "restart→scheduling s"),
+           ("slots_bound_per_s", "slots' bound/s"), ("coordinator_rss_mb", "RSS MB"),
+           ("restart_to_scheduling_s", "restart→scheduling s"),
            ("lost_detected_s", "lost agents found s"),
            ("jobs_lost", "lost"), ("jobs_run_twice", "run twice")]
 
 
 def markdown_table(figures):
-    """The figures as the Markdown table docs/coordinator.md shows."""
-    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The figures as the Markdown table docs/coordinator.md shows: the columns some
+    figure has."""
+    columns = [(key, title) for key, title in COLUMNS if any(f.get(key) is not None for f in figures)]
+    lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "---|" * len(columns)]
     for f in figures:
-        lines.append("| " + " | ".join("–" if f.get(key) is None else str(f[key]) for key, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join("–" if f.get(key) is None else str(f[key]) for key, _ in columns) + " |")
     return "\n".join(lines)
 
 
