@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <set>
 
 namespace trainyard {
 namespace {
@@ -89,7 +91,11 @@ class Pass {
        const std::vector<RunningJob>& running, const SchedulerPolicy& policy)
       : queue_(queue), now_(now), policy_(policy), pools_(Pools(slots, now)) {
     result_.waiting.reserve(queue.size());
-    for (const RunningJob& r : running) running_[r.id] = r;
+    for (const QueuedJob* job : queue) queued_ids_.insert(job->id);
+    for (const RunningJob& r : running) {
+      running_[r.id] = r;
+      if (r.preemptible) lowest_preemptible_ = std::min(lowest_preemptible_, r.priority);
+    }
     for (const WorkerRank& slot : slots) {
       if (slot.job.empty()) continue;
       ++job_slots_[slot.job];
@@ -157,53 +163,106 @@ class Pass {
     if (policy_.preemption) Preempt(job);
   }
 
-  // Rule 5.
-  void Preempt(const QueuedJob& head) {
-    std::vector<std::string> best;
-    std::string best_device;
-    bool found = false, already_stopping = false;
+  // What rule 5 finds for one job on one device kind: the running jobs it would stop,
+  // the stopping ones it counts as freed for it, and whether that is enough.
+  struct Room {
+    std::string device;
+    std::vector<std::string> victims, stopping;
+    bool enough = false;
+  };
+
+  // `with_free`: the pool's free slots count too (the head's; a later job's are not its
+  // own). The stopping jobs that count for `job`: those stopping for it, then, as far as
+  // it needs them, those that no other job counted in this pass of lower priority
+  // stopping for no job still queued, and the slots of ended jobs whose ranks have not
+  // reported them ended yet.
+  Room RoomOn(const QueuedJob& job, const std::string& device, const Pool& p, bool with_free) {
+    Room room{device, {}, {}, false};
+    int available = with_free ? static_cast<int>(p.free_count) : 0;
+    std::vector<const RunningJob*> candidates;
+    std::vector<std::string> unclaimed;
+    for (const auto& [id, count] : job_slots_) {
+      if (job_device_[id] != device) continue;
+      auto it = running_.find(id);
+      if (it == running_.end()) {  // its attempt has ended: its slots free as its ranks report it
+        if (!counted_stopping_.count(id)) unclaimed.push_back(id);
+        continue;
+      }
+      const RunningJob& r = it->second;
+      if (r.stopping && r.stopping_for == job.id) {
+        available += count;
+        room.stopping.push_back(id);
+      } else if (r.stopping) {
+        if (r.priority < job.priority && !queued_ids_.count(r.stopping_for) && !counted_stopping_.count(id))
+          unclaimed.push_back(id);
+      } else if (r.preemptible && r.priority < job.priority) {
+        candidates.push_back(&r);
+      }
+    }
+    for (size_t i = 0; i < unclaimed.size() && available < job.ranks; ++i) {
+      available += job_slots_[unclaimed[i]];
+      room.stopping.push_back(unclaimed[i]);
+    }
+    if (available < job.ranks) room.victims = Victims(std::move(candidates), job.ranks - available);
+    for (const std::string& id : room.victims) available += job_slots_[id];
+    room.enough = available >= job.ranks;
+    return room;
+  }
+
+  // Of the device kinds `job` may run on, one where enough is stopping for it already,
+  // else the one needing the fewest victims (the first by name of those).
+  std::optional<Room> BestRoom(const QueuedJob& job, bool with_free) {
+    std::optional<Room> best;
     for (const auto& [device, p] : pools_) {
-      if (!Matches(head, device) || p.total < head.ranks) continue;
-      int available = static_cast<int>(p.free_count);
-      std::vector<const RunningJob*> candidates;
-      for (const auto& [id, count] : job_slots_) {
-        if (job_device_[id] != device) continue;
-        auto it = running_.find(id);
-        if (it == running_.end()) continue;
-        if (it->second.stopping)
-          available += count;
-        else if (it->second.preemptible && it->second.priority < head.priority)
-          candidates.push_back(&it->second);
-      }
-      if (available >= head.ranks) {
-        already_stopping = true;
-        best_device = device;
-        break;
-      }
-      const std::vector<std::string> victims = Victims(std::move(candidates), head.ranks - available);
-      for (const std::string& id : victims) available += job_slots_[id];
-      if (available >= head.ranks && (!found || victims.size() < best.size())) {
-        best = victims;
-        best_device = device;
-        found = true;
-      }
+      if (!Matches(job, device) || p.total < job.ranks) continue;
+      Room room = RoomOn(job, device, p, with_free);
+      if (!room.enough) continue;
+      if (room.victims.empty()) return room;
+      if (!best || room.victims.size() < best->victims.size()) best = std::move(room);
     }
-    if (already_stopping || found) {
-      // The head starts as soon as its victims stop: no backfill may take the free slots
-      // it counts on (rule 4, with the reservation at now on that kind, lets none in).
-      result_.reservation->device = best_device;
-      result_.reservation->start = now_;
-    }
-    if (already_stopping) {
-      result_.waiting[head.id] = "Preempting: waiting for preempted jobs to stop and free their slots";
+    return best;
+  }
+
+  // Marks the room's jobs as stopping for `job`, the new victims to be told, and says why
+  // the job waits.
+  void Claim(const QueuedJob& job, const Room& room) {
+    counted_stopping_.insert(room.stopping.begin(), room.stopping.end());
+    if (room.victims.empty()) {
+      result_.waiting[job.id] = "Preempting: waiting for preempted jobs to stop and free their slots";
       return;
     }
-    if (!found) return NameHolders(head);
-    for (const std::string& id : best) running_[id].stopping = true;
-    result_.preempt.insert(result_.preempt.end(), best.begin(), best.end());
     std::string names;
-    for (const std::string& id : best) names += (names.empty() ? "job " : ", job ") + id;
-    result_.waiting[head.id] = "Preempting: stopping " + names + " (lower priority) to make room";
+    for (const std::string& id : room.victims) {
+      running_[id].stopping = true;
+      running_[id].stopping_for = job.id;
+      counted_stopping_.insert(id);
+      result_.preempt.push_back(id);
+      result_.preempt_for.push_back(job.id);
+      names += (names.empty() ? "job " : ", job ") + id;
+    }
+    result_.waiting[job.id] = "Preempting: stopping " + names + " (lower priority) to make room";
+  }
+
+  // Rule 5 for the head.
+  void Preempt(const QueuedJob& head) {
+    const std::optional<Room> room = BestRoom(head, true);
+    if (!room) return NameHolders(head);
+    // The head starts as soon as its victims stop: no backfill may take the free slots
+    // it counts on (rule 4, with the reservation at now on that kind, lets none in).
+    result_.reservation->device = room->device;
+    result_.reservation->start = now_;
+    Claim(head, *room);
+  }
+
+  // Rule 5 for a job behind the head that fits nowhere now; whether it makes room.
+  bool PreemptBehindHead(const QueuedJob& job) {
+    if (!policy_.preemption || job.priority <= lowest_preemptible_ || tries_behind_head_ >= kMaxPreemptingPerPass)
+      return false;
+    ++tries_behind_head_;
+    const std::optional<Room> room = BestRoom(job, false);
+    if (!room) return false;
+    Claim(job, *room);
+    return true;
   }
 
   // A head that preemption cannot help: names the lower-priority jobs it may not preempt
@@ -260,6 +319,7 @@ class Pass {
       const bool leaves_room = device != head.device || ShadowTime(p, head_.ranks + job.ranks, now_) <= head.start;
       if (ends_in_time || leaves_room) return Start(job, p, true);
     }
+    if (!fits_now && PreemptBehindHead(job)) return;
     result_.waiting[job.id] = WhyBehindHead(job, fits_now);
   }
 
@@ -285,6 +345,10 @@ class Pass {
   std::map<std::string, int> job_slots_;           // running job -> slots it holds
   std::map<std::string, std::string> job_device_;  // running job -> its device kind
   std::map<std::string, int> user_ranks_;          // user -> ranks running (and started in this pass)
+  std::set<std::string> queued_ids_;
+  std::set<std::string> counted_stopping_;  // stopping jobs a job has counted as freed for it in this pass
+  int lowest_preemptible_ = std::numeric_limits<int>::max();  // of the running jobs, stopping or not
+  int tries_behind_head_ = 0;
   QueuedJob head_;
   ScheduleResult result_;
 };

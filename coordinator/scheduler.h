@@ -28,10 +28,15 @@
 //      (most ranks) until one more job suffices; of the jobs that suffice, the last
 //      victim is the one of lowest priority, then fewest ranks, then most recently
 //      started. So as few jobs stop as any choice allows, and a large job is spared
-//      where a small one makes room. Jobs already stopping
-//      for an earlier preemption count as freed: nothing more is stopped while they make
-//      room. Only strictly lower priority is preempted, and fair share never preempts,
-//      so two jobs can never preempt each other back and forth.
+//      where a small one makes room. Jobs already stopping for an earlier preemption
+//      count as freed for the job they were stopped for (for any of higher priority,
+//      when that one is no longer queued): nothing more is stopped while they make room. A later job that
+//      fits nowhere now may preempt too, in the same pass and by the same choice, from
+//      the running jobs no earlier job stops, and without the free slots the head counts
+//      on; at most kMaxPreemptingPerPass jobs do in one pass, so a wave of urgent jobs
+//      makes room at once rather than one a pass. Only strictly lower priority is
+//      preempted, and fair share never preempts, so two jobs can never preempt each
+//      other back and forth.
 // Every queued job that does not start gets a reason, in the manner of squeue's reason
 // column: "<Code>: <detail>", Code one of Resources, Priority, FairShare, Reservation,
 // QuotaRanks, Unplaceable, Preempting.
@@ -80,9 +85,14 @@ struct RunningJob {
   int priority = 0;
   std::string user;
   bool preemptible = true;
-  bool stopping = false;  // told to stop by an earlier preemption, not yet stopped
-  int64_t started = 0;    // start order: larger is more recent
+  bool stopping = false;          // told to stop by an earlier preemption, not yet stopped
+  int64_t started = 0;            // start order: larger is more recent
+  std::string stopping_for = {};  // while stopping: the queued job it makes room for (empty: unknown)
 };
+
+// Rule 5: how many jobs behind the head may try to preempt in one pass (each try reads
+// the running jobs of its device kinds).
+constexpr int kMaxPreemptingPerPass = 32;
 
 struct SchedulerPolicy {
   bool preemption = false;
@@ -105,6 +115,7 @@ struct ScheduleResult {
   std::optional<Reservation> reservation;
   std::vector<std::string> unplaceable;                  // need more slots than the matching kind has
   std::vector<std::string> preempt;                      // running jobs to stop (rule 5)
+  std::vector<std::string> preempt_for;                  // the queued job each of them makes room for
   std::unordered_map<std::string, std::string> waiting;  // why each queued job that does not start waits
 };
 

@@ -144,7 +144,7 @@ Server::Server(ServerOptions options)
   loop_metrics_->DeclareHistogram("trainyard_scheduling_pass_seconds",
                                   "Scheduling passes over a non-empty queue since the coordinator started: from "
                                   "reading the queue to the last assignment sent, on the loop.",
-                                  {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5});
+                                  {0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2, 5});
   if (options_.runs_dir.size() > 1 && options_.runs_dir.back() == '/') options_.runs_dir.pop_back();
   CheckRunsDir();
   outputs_ = std::make_unique<OutputFiles>(options_.runs_dir, options_.max_output_bytes);

@@ -579,7 +579,7 @@ void Server::PlaceQueued(const std::vector<QueuedJob>& queue, double now) {
   for (auto& backoff : waiting_) result.waiting.insert(std::move(backoff));
   waiting_ = std::move(result.waiting);
   StartAttempts(result.start, now);
-  for (const std::string& victim : result.preempt) Preempt(std::stoll(victim), result.reservation->job);
+  for (size_t i = 0; i < result.preempt.size(); ++i) Preempt(std::stoll(result.preempt[i]), result.preempt_for[i]);
   for (const std::string& id : result.unplaceable) {
     const int64_t job = std::stoll(id);
     if (reported_unplaceable_.insert(job).second) store_->AddEvent(job, "waiting: " + waiting_.at(id), now);
@@ -637,7 +637,8 @@ std::vector<RunningJob> Server::RunningForScheduler() const {
   for (const auto& [id, attempt] : running_)
     running.push_back({std::to_string(id), attempt.priority, attempt.user,
                        attempt.preemptible && attempt.slurm_job.empty(), attempt.preempted_by != 0,
-                       static_cast<int64_t>(attempt.started_at * 1000)});
+                       static_cast<int64_t>(attempt.started_at * 1000),
+                       attempt.preempted_by != 0 ? std::to_string(attempt.preempted_by) : ""});
   return running;
 }
 

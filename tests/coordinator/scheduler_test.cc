@@ -233,6 +233,63 @@ TEST_F(Preemption, NoPingPongAndNoSecondVictimWhileTheFirstStops) {
   EXPECT_EQ(r.waiting.at("urgent").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("urgent");
 }
 
+// A wave of urgent jobs makes room in one pass: each job behind the head that fits nowhere
+// stops its own victims, never one an earlier job stops, and never with the free slots
+// the head counts on.
+TEST_F(Preemption, AWaveOfUrgentJobsPreemptsInOnePass) {
+  ScheduleResult r =
+      s_.Schedule({Job("u1", 2, 9, 10), Job("u2", 2, 10, 10), Job("u3", 2, 11, 10)}, slots_, 0, running_, on_);
+  EXPECT_EQ(r.preempt, (std::vector<std::string>{"low", "mid"}));
+  EXPECT_EQ(r.preempt_for, (std::vector<std::string>{"u1", "u2"}));
+  EXPECT_EQ(r.waiting.at("u2"), "Preempting: stopping job mid (lower priority) to make room");
+  EXPECT_EQ(r.waiting.at("u3").rfind("Resources: needs 2 slots; behind job u1", 0), 0u) << r.waiting.at("u3");
+  // The next pass: each counts the job stopping for it, and stops nothing more.
+  running_[0].stopping = running_[1].stopping = true;
+  running_[0].stopping_for = "u1";
+  running_[1].stopping_for = "u2";
+  r = s_.Schedule({Job("u1", 2, 9, 10), Job("u2", 2, 10, 10), Job("u3", 2, 11, 10)}, slots_, 0, running_, on_);
+  EXPECT_TRUE(r.preempt.empty());
+  EXPECT_EQ(r.waiting.at("u1").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("u1");
+  EXPECT_EQ(r.waiting.at("u2").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("u2");
+  // u1 started elsewhere meanwhile: the job stopping for it is anyone's, the first to ask.
+  r = s_.Schedule({Job("u2", 2, 10, 10), Job("u3", 2, 11, 10)}, slots_, 0, running_, on_);
+  EXPECT_TRUE(r.preempt.empty());
+  EXPECT_EQ(r.waiting.at("u2").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("u2");
+  EXPECT_EQ(r.waiting.at("u3").rfind("Preempting: waiting", 0), 0u) << r.waiting.at("u3");
+}
+
+// The free slot the head counts on is the head's: a job behind it stops a whole job's
+// worth of its own rather than share it, and a job that fits now, or of no higher
+// priority than any running job, stops nothing.
+TEST_F(Preemption, AJobBehindTheHeadNeverCountsTheHeadsFreeSlots) {
+  auto slots = Join(Agents("h", 4), Agents("g", 1));
+  slots[0].job = slots[1].job = "low";
+  slots[2].job = slots[3].job = "mid";
+  ScheduleResult r =
+      s_.Schedule({Job("u1", 3, 9, 10), Job("u2", 1, 10, 10), Job("u3", 2, 11, 10)}, slots, 0, running_, on_);
+  EXPECT_EQ(r.preempt, (std::vector<std::string>{"low", "mid"}));  // u1: the free slot and low's two
+  EXPECT_EQ(r.preempt_for, (std::vector<std::string>{"u1", "u3"}));
+  EXPECT_EQ(r.waiting.at("u2").rfind("Reservation: it fits now", 0), 0u) << r.waiting.at("u2");
+  EXPECT_EQ(r.waiting.at("u3"), "Preempting: stopping job mid (lower priority) to make room");
+  r = s_.Schedule({Job("u1", 3, 9, 10), Job("peer", 2, 10, 0)}, slots, 0, running_, on_);
+  EXPECT_EQ(r.preempt, (std::vector<std::string>{"low"}));
+}
+
+// However long the queue, at most kMaxPreemptingPerPass jobs behind the head try.
+TEST_F(Preemption, AtMostSoManyJobsBehindTheHeadTryInOnePass) {
+  std::vector<WorkerRank> slots;
+  std::vector<RunningJob> running;
+  std::vector<QueuedJob> queue;
+  for (int i = 0; i < kMaxPreemptingPerPass + 8; ++i) {
+    const std::string id = "low" + std::to_string(i);
+    slots.push_back({"w" + std::to_string(i), 0, "h" + std::to_string(i), "cpu", id, 0});
+    running.push_back({id, 0, "a", true, false, i});
+    queue.push_back(Job("u" + std::to_string(i), 1, 100 + i, 10));
+  }
+  ScheduleResult r = s_.Schedule(queue, slots, 0, running, on_);
+  EXPECT_EQ(r.preempt.size(), size_t(kMaxPreemptingPerPass) + 1);  // the head and those behind it
+}
+
 TEST(Scheduler, FairShareOrdersEqualPriorityByUsageThenSubmission) {
   Scheduler s;
   auto slot = Agents("h", 1);
