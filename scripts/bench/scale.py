@@ -711,37 +711,42 @@ def busy_rank_seconds(events, ranks_of, start, end):
 
 
 def curve_svg(points):
-    """Placements a second and the pass's p99 against the agents, on a logarithmic axis:
-    an SVG of two panels."""
+    """Placements a second (both axes logarithmic: a straight line of slope 1 is linear
+    scaling) and the pass's p99 against the agents: an SVG of two panels."""
     import math
     xs = [p["agents"] for p in points]
-    lo, hi = math.log10(min(xs)), math.log10(max(xs))
+    x_lo, x_hi = math.log10(min(xs)), math.log10(max(xs))
     width, height, pad = 360, 240, 48
 
-    def panel(left, title, series):
-        top = max(max(v for v in values if v is not None) for values, _ in series) * 1.15 or 1
-        x = lambda a: left + pad + (math.log10(a) - lo) / max(hi - lo, 1e-9) * (width - 2 * pad)  # noqa: E731
-        y = lambda v: height - pad - v / top * (height - 2 * pad)  # noqa: E731
+    def panel(left, title, values, log_y):
+        top = max(values)
+        if log_y:
+            y_lo, y_hi = math.floor(math.log10(min(values))), math.ceil(math.log10(top))
+            ticks = [10 ** k for k in range(y_lo, y_hi + 1)]
+            scale = lambda v: (math.log10(v) - y_lo) / max(y_hi - y_lo, 1)  # noqa: E731
+        else:
+            step = 10 ** math.floor(math.log10(top)) / 2
+            y_hi = step * math.ceil(top * 1.1 / step)
+            ticks = [y_hi * k / 4 for k in range(5)]
+            scale = lambda v: v / y_hi  # noqa: E731
+        x = lambda a: left + pad + (math.log10(a) - x_lo) / max(x_hi - x_lo, 1e-9) * (width - 2 * pad)  # noqa: E731
+        y = lambda v: height - pad - scale(v) * (height - 2 * pad)  # noqa: E731
         out = [f'<text x="{left + width / 2}" y="20" text-anchor="middle" font-weight="bold">{title}</text>',
                f'<line x1="{left + pad}" y1="{height - pad}" x2="{left + width - pad}" y2="{height - pad}" stroke="#333"/>',
-               f'<line x1="{left + pad}" y1="{pad}" x2="{left + pad}" y2="{height - pad}" stroke="#333"/>']
-        for a in xs:
-            out.append(f'<text x="{x(a):.1f}" y="{height - pad + 16}" text-anchor="middle">{a}</text>')
-        for k in range(5):
-            v = top * k / 4
-            out.append(f'<text x="{left + pad - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
-        out.append(f'<text x="{left + width / 2}" y="{height - 8}" text-anchor="middle">agents</text>')
-        for values, style in series:
-            path = " ".join(f"{x(a):.1f},{y(v):.1f}" for a, v in zip(xs, values) if v is not None)
-            out.append(f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="2" {style}/>')
-            out += [f'<circle cx="{x(a):.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4"/>'
-                    for a, v in zip(xs, values) if v is not None and not style]
+               f'<line x1="{left + pad}" y1="{pad}" x2="{left + pad}" y2="{height - pad}" stroke="#333"/>',
+               f'<text x="{left + width / 2}" y="{height - 8}" text-anchor="middle">agents</text>']
+        out += [f'<text x="{x(a):.1f}" y="{height - pad + 16}" text-anchor="middle">{a}</text>' for a in xs]
+        out += [f'<text x="{left + pad - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>' for v in ticks]
+        path = " ".join(f"{x(a):.1f},{y(v):.1f}" for a, v in zip(xs, values))
+        out.append(f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
+        out += [f'<circle cx="{x(a):.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4"/>' for a, v in zip(xs, values)]
         return out
 
-    body = panel(0, "placements / s", [([p["placed_per_s"] for p in points], "")])
-    body += panel(width, "scheduling pass p99, ms", [([p["pass_p99_ms"] for p in points], "")])
+    body = panel(0, "placements / s (log)", [p["placed_per_s"] for p in points], True)
+    body += panel(width, "scheduling pass p99, ms", [p["pass_p99_ms"] for p in points], False)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width}" height="{height}" '
-            f'font-family="sans-serif" font-size="11">\n' + "\n".join(body) + "\n</svg>\n")
+            f'font-family="sans-serif" font-size="11">\n<rect width="100%" height="100%" fill="white"/>\n'
+            + "\n".join(body) + "\n</svg>\n")
 
 
 def main():
