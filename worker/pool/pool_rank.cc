@@ -79,6 +79,63 @@ std::optional<Clock::time_point> Earliest(std::optional<Clock::time_point> a, st
   return a ? a : b;
 }
 
+// When a lead ends its job's mpirun (PoolRank::Lead's loop calls each check on every
+// turn): a stop the coordinator asked for gets the stop grace; a failed rank gets the
+// abort grace; an mpirun it ended gets the kill grace, then is killed.
+class MpirunEnding {
+ public:
+  MpirunEnding(JobProcess& job, int64_t job_id) : job_(job), job_id_(job_id) {}
+
+  void AskStop() {
+    if (stop_asked_) return;
+    stop_asked_ = true;
+    asked_at_ = Clock::now();
+  }
+
+  void CheckStopGrace(double grace_s) {
+    if (stop_asked_ && !terminated_ && SecondsSince(asked_at_) > grace_s)
+      Terminate(StrFormat("no stop after %.0f s", grace_s));
+  }
+
+  // A failed rank aborts the job, and mpirun then stops the others through each host's
+  // daemon. It waits for an unreachable host's daemon without end (a cut link, a
+  // powered-off host), so the failure is not left waiting on it. The ending starts when
+  // mpirun says a rank failed or when rank 0 says the job failed, whichever comes first:
+  // mpirun's own words may never come (its help text can fail to print while a host is
+  // unreachable).
+  void CheckFailure(const std::optional<JobOutcome>& said, double abort_grace_s) {
+    if (!failure_said_ && said && said->end == JobEnd::kFailed) failure_said_ = Clock::now();
+    const auto ending = Earliest(job_.EndingSince(), failure_said_);
+    if (!ending || terminated_ || SecondsSince(*ending) <= abort_grace_s) return;
+    stuck_ = true;
+    Terminate(StrFormat(
+        "a rank failed and its mpirun had not ended the job %.0f s later (a host of the job may be unreachable)",
+        abort_grace_s));
+  }
+
+  void CheckKillGrace(double kill_grace_s) {
+    if (terminated_ && SecondsSince(terminated_at_) > kill_grace_s) job_.Kill();
+  }
+
+  bool stop_asked() const { return stop_asked_; }
+  bool terminated() const { return terminated_; }
+  bool stuck() const { return stuck_; }  // ended by the abort grace
+
+ private:
+  void Terminate(const std::string& why) {
+    LogWarn(StrFormat("job %ld: %s; ending its mpirun", long(job_id_), why.c_str()));
+    job_.Terminate();
+    terminated_ = true;
+    terminated_at_ = Clock::now();
+  }
+
+  JobProcess& job_;
+  const int64_t job_id_;
+  bool stop_asked_ = false, terminated_ = false, stuck_ = false;
+  Clock::time_point asked_at_, terminated_at_;
+  std::optional<Clock::time_point> failure_said_;
+};
+
 }  // namespace
 
 PoolRank::PoolRank(PoolAgent& agent, JobLaunchOptions options) : agent_(agent), options_(std::move(options)) {}
@@ -106,60 +163,38 @@ JobOutcome PoolRank::Lead(const Assignment& a) {
   JobOutcome outcome;
   try {
     JobRelay relay;
-    JobLaunch launch{options_.mpirun,   options_.worker,           {}, {}, relay.endpoint(), a.job_id,
-                     options_.job_args, options_.allow_run_as_root};
-    for (const JobPlace& place : a.places) {
-      if (place.host.empty() || place.slot < 0)
-        throw std::runtime_error("the assignment names no host or slot for " + place.world);
-      launch.hosts.push_back(place.host);
-      launch.slots.push_back(place.slot);
-    }
-    JobProcess job(launch, [this](const std::string& line) { agent_.AppendOutput(line); });
-    bool stop_asked = false, terminated = false, stuck = false;
-    Clock::time_point asked_at, terminated_at;
-    std::optional<Clock::time_point> failure_said;
-    auto terminate = [&](const std::string& why) {
-      LogWarn(StrFormat("job %ld: %s; ending its mpirun", long(a.job_id), why.c_str()));
-      job.Terminate();
-      terminated = true;
-      terminated_at = Clock::now();
-    };
+    JobProcess job(LaunchOf(a, relay.endpoint()), [this](const std::string& line) { agent_.AppendOutput(line); });
+    MpirunEnding ending(job, a.job_id);
     while (!job.Exited()) {
       relay.Pump(50, a, agent_);
-      if (agent_.StopRequested() && !stop_asked) {
-        stop_asked = true;
-        asked_at = Clock::now();
-      }
-      if (stop_asked) relay.Stop("the coordinator asked", a, agent_.StopIsPreemption());
-      const double stop_grace = agent_.StopGrace() > 0 ? agent_.StopGrace() : options_.stop_grace_s;
-      if (stop_asked && !terminated && SecondsSince(asked_at) > stop_grace)
-        terminate(StrFormat("no stop after %.0f s", stop_grace));
-      // A failed rank aborts the job, and mpirun then stops the others through each
-      // host's daemon. It waits for an unreachable host's daemon without end (a cut
-      // link, a powered-off host), so the failure is not left waiting on it. The ending
-      // starts when mpirun says a rank failed or when rank 0 says the job failed,
-      // whichever comes first: mpirun's own words may never come (its help text can fail
-      // to print while a host is unreachable).
-      if (!failure_said && relay.result() && relay.result()->end == JobEnd::kFailed) failure_said = Clock::now();
-      const auto ending = Earliest(job.EndingSince(), failure_said);
-      if (ending && !terminated && SecondsSince(*ending) > options_.abort_grace_s) {
-        stuck = true;
-        terminate(
-            StrFormat("a rank failed and its mpirun had not ended the job %.0f s later (a host of the job may "
-                      "be unreachable)",
-                      options_.abort_grace_s));
-      }
-      if (terminated && SecondsSince(terminated_at) > options_.kill_grace_s) job.Kill();
+      if (agent_.StopRequested()) ending.AskStop();
+      if (ending.stop_asked()) relay.Stop("the coordinator asked", a, agent_.StopIsPreemption());
+      ending.CheckStopGrace(agent_.StopGrace() > 0 ? agent_.StopGrace() : options_.stop_grace_s);
+      ending.CheckFailure(relay.result(), options_.abort_grace_s);
+      ending.CheckKillGrace(options_.kill_grace_s);
     }
-    if (terminated) job.Kill();  // what mpirun left behind (its ssh to a host gone away)
-    relay.Pump(0, a, agent_);    // what it said last
-    outcome = EndOf(job, relay, stop_asked, stuck);
+    if (ending.terminated()) job.Kill();  // what mpirun left behind (its ssh to a host gone away)
+    relay.Pump(0, a, agent_);             // what it said last
+    outcome = EndOf(job, relay, ending.stop_asked(), ending.stuck());
   } catch (const std::exception& e) {
     outcome = Outcome(JobEnd::kFailed, std::string("the pool agent could not run the job: ") + e.what());
   }
   LogInfo(StrFormat("job %ld attempt %d: %s%s%s", long(a.job_id), a.attempt, JobEndName(outcome.end).c_str(),
                     outcome.message.empty() ? "" : ": ", outcome.message.c_str()));
   return outcome;
+}
+
+// The job's own mpirun over the hosts and slots the assignment names.
+JobLaunch PoolRank::LaunchOf(const Assignment& a, const std::string& relay_endpoint) const {
+  JobLaunch launch{options_.mpirun,   options_.worker,           {}, {}, relay_endpoint, a.job_id,
+                   options_.job_args, options_.allow_run_as_root};
+  for (const JobPlace& place : a.places) {
+    if (place.host.empty() || place.slot < 0)
+      throw std::runtime_error("the assignment names no host or slot for " + place.world);
+    launch.hosts.push_back(place.host);
+    launch.slots.push_back(place.slot);
+  }
+  return launch;
 }
 
 JobOutcome PoolRank::HoldSlot(const Assignment& a) {

@@ -12,6 +12,8 @@
 
 namespace trainyard {
 
+struct JobLaunch;  // worker/pool/job_process.h
+
 struct JobLaunchOptions {
   std::string mpirun = "mpirun";
   std::string worker;                 // this binary
@@ -35,6 +37,7 @@ class PoolRank {
 
  private:
   JobOutcome Lead(const Assignment& assignment);
+  JobLaunch LaunchOf(const Assignment& assignment, const std::string& relay_endpoint) const;
   JobOutcome HoldSlot(const Assignment& assignment);
 
   PoolAgent& agent_;
