@@ -576,7 +576,9 @@ std::string Server::WaitingText(const JobRecord& job) const {
   if (job.state != JobState::kQueued) return "";
   auto it = waiting_.find(std::to_string(job.id));
   if (it != waiting_.end()) return it->second;
-  return ranks_.empty() ? "Resources: no pool agent is registered" : "Pending: not yet considered by the scheduler";
+  // Under --slurm no pass fills waiting_, and Slurm, not a pool, runs the job.
+  return ranks_.empty() && !slurm_ ? "Resources: no pool agent is registered"
+                                   : "Pending: not yet considered by the scheduler";
 }
 
 void Server::FillWaiting(const JobRecord& job, wire::JobInfo* info) const { info->set_waiting(WaitingText(job)); }
