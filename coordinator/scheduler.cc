@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 namespace trainyard {
 namespace {
@@ -91,7 +92,6 @@ class Pass {
        const std::vector<RunningJob>& running, const SchedulerPolicy& policy)
       : queue_(queue), now_(now), policy_(policy), pools_(Pools(slots, now)) {
     result_.waiting.reserve(queue.size());
-    for (const QueuedJob* job : queue) queued_ids_.insert(job->id);
     for (const RunningJob& r : running) {
       running_[r.id] = r;
       if (r.preemptible) lowest_preemptible_ = std::min(lowest_preemptible_, r.priority);
@@ -193,7 +193,7 @@ class Pass {
         available += count;
         room.stopping.push_back(id);
       } else if (r.stopping) {
-        if (r.priority < job.priority && !queued_ids_.count(r.stopping_for) && !counted_stopping_.count(id))
+        if (r.priority < job.priority && !counted_stopping_.count(id) && !IsQueued(r.stopping_for))
           unclaimed.push_back(id);
       } else if (r.preemptible && r.priority < job.priority) {
         candidates.push_back(&r);
@@ -207,6 +207,15 @@ class Pass {
     for (const std::string& id : room.victims) available += job_slots_[id];
     room.enough = available >= job.ranks;
     return room;
+  }
+
+  // Only preemption asks, and only of jobs stopping for another: the set is made then.
+  bool IsQueued(const std::string& id) {
+    if (!queued_ids_) {
+      queued_ids_.emplace();
+      for (const QueuedJob* job : queue_) queued_ids_->insert(job->id);
+    }
+    return queued_ids_->count(id) > 0;
   }
 
   // Of the device kinds `job` may run on, one where enough is stopping for it already,
@@ -342,10 +351,10 @@ class Pass {
   const SchedulerPolicy& policy_;
   std::map<std::string, Pool> pools_;
   std::map<std::string, RunningJob> running_;
-  std::map<std::string, int> job_slots_;           // running job -> slots it holds
-  std::map<std::string, std::string> job_device_;  // running job -> its device kind
-  std::map<std::string, int> user_ranks_;          // user -> ranks running (and started in this pass)
-  std::set<std::string> queued_ids_;
+  std::map<std::string, int> job_slots_;                       // running job -> slots it holds
+  std::map<std::string, std::string> job_device_;              // running job -> its device kind
+  std::map<std::string, int> user_ranks_;                      // user -> ranks running (and started in this pass)
+  std::optional<std::unordered_set<std::string>> queued_ids_;  // IsQueued's
   std::set<std::string> counted_stopping_;  // stopping jobs a job has counted as freed for it in this pass
   int lowest_preemptible_ = std::numeric_limits<int>::max();  // of the running jobs, stopping or not
   int tries_behind_head_ = 0;

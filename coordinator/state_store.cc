@@ -543,13 +543,14 @@ std::vector<JobRecord> StateStore::Jobs() const {
 // to the copy, so a rollback drops it, and the next Queued() reads it afresh.
 const std::map<int64_t, JobRecord>& StateStore::Queued() const {
   if (!queued_) {
-    queued_.emplace();
+    std::map<int64_t, JobRecord> queued;  // kept only once whole: a failed read leaves none
     Statement s(*statements_, std::string("SELECT ") + kListedJobColumns + " FROM jobs WHERE state = 'QUEUED'");
     while (s.Step()) {
       JobRecord job = ReadJob(s);
       const int64_t id = job.id;
-      queued_->emplace(id, std::move(job));
+      queued.emplace(id, std::move(job));
     }
+    queued_ = std::move(queued);
   }
   return *queued_;
 }

@@ -614,25 +614,36 @@ def scenario_users(args, work):
         sim.close()
 
 
+def attempt_spans(events):
+    """Each attempt a lead ran, from the leads' events: (job, start, end), end None while
+    it still runs."""
+    began, spans = {}, []
+    for kind, job, attempt, at in sorted(events, key=lambda e: e[3]):
+        if kind == "assigned":
+            began[(job, attempt)] = at
+        elif (job, attempt) in began:
+            spans.append((job, began.pop((job, attempt)), at))
+    return spans + [(job, at, None) for (job, _), at in began.items()]
+
+
+def overlap(span_start, span_end, start, end):
+    return max(0.0, min(span_end, end) - max(span_start, start))
+
+
 def user_shares(events, owner, ranks_of, since):
     """Each user's fraction of the rank-seconds run from `since` until the first user's
     last job started (while every user still had jobs queued), from the leads' events;
     fair_share_error_pct is the largest distance from an equal share, in % of it."""
-    began, intervals, last_start = {}, [], {}
-    for kind, job, attempt, at in sorted(events, key=lambda e: e[3]):
-        if job not in owner:
-            continue
-        if kind == "assigned":
-            began[(job, attempt)] = at
-            last_start[owner[job]] = max(last_start.get(owner[job], at), at)
-        elif (job, attempt) in began:
-            intervals.append((owner[job], ranks_of[job], began.pop((job, attempt)), at))
+    spans = [span for span in attempt_spans(events) if span[0] in owner]
+    last_start = {}
+    for job, start, _ in spans:
+        last_start[owner[job]] = max(last_start.get(owner[job], start), start)
     if not last_start:
         return {}
     until = min(last_start.values())
     used = {user: 0.0 for user in set(owner.values())}
-    for user, ranks, start, end in intervals + [(owner[j], ranks_of[j], t, until) for (j, _), t in began.items()]:
-        used[user] += ranks * max(0.0, min(end, until) - max(start, since))
+    for job, start, end in spans:
+        used[owner[job]] += ranks_of[job] * overlap(start, until if end is None else end, since, until)
     total = sum(used.values())
     return {user: value / total for user, value in used.items()} if total > 0 else {}
 
@@ -699,15 +710,8 @@ def curve_point(args, work, agents):
 def busy_rank_seconds(events, ranks_of, start, end):
     """Rank-seconds the leads' attempts ran within [start, end); an attempt still running
     counts to `end`."""
-    began, busy = {}, 0.0
-    for kind, job, attempt, at in sorted(events, key=lambda e: e[3]):
-        if kind == "assigned":
-            began[(job, attempt)] = at
-        elif (job, attempt) in began:
-            busy += ranks_of.get(job, 0) * max(0.0, min(at, end) - max(began.pop((job, attempt)), start))
-    for (job, _), at in began.items():
-        busy += ranks_of.get(job, 0) * max(0.0, end - max(at, start))
-    return busy
+    return sum(ranks_of.get(job, 0) * overlap(s, end if e is None else e, start, end)
+               for job, s, e in attempt_spans(events))
 
 
 def curve_svg(points):
@@ -749,6 +753,17 @@ def curve_svg(points):
             + "\n".join(body) + "\n</svg>\n")
 
 
+def agent_counts(text):
+    """--curve's value: positive agent counts, comma-separated."""
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive agent counts such as 100,300,1000, not {text!r}")
+    return counts
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--coordinator", required=True)
@@ -766,7 +781,7 @@ def main():
     p.add_argument("--trials-concurrent", type=int, default=500, help="the search's max_concurrent")
     p.add_argument("--scenario", action="append",
                    choices=["steady", "burst", "restart", "lost", "preemption", "users", "search"])
-    p.add_argument("--curve", help="instead of the scenarios: a burst at each of these agent counts "
+    p.add_argument("--curve", type=agent_counts, help="instead of the scenarios: a burst at each of these agent counts "
                    "(comma-separated, e.g. 100,300,1000,3000), measured over --curve-window seconds")
     p.add_argument("--curve-window", type=float, default=30)
     p.add_argument("--svg", help="with --curve: draw the curve to this SVG file")
@@ -780,8 +795,7 @@ def main():
             "preemption": lambda w: scenario_preemption(args, w), "users": lambda w: scenario_users(args, w),
             "search": lambda w: scenario_search(args, w)}
     if args.curve:
-        counts = [int(n) for n in args.curve.split(",")]
-        runs = {f"curve-{n}": (lambda w, n=n: curve_point(args, w, n)) for n in counts}
+        runs = {f"curve-{n}": (lambda w, n=n: curve_point(args, w, n)) for n in args.curve}
         scenarios = list(runs)
     figures = []
     for name in scenarios:
