@@ -85,6 +85,21 @@ void Metrics::Observe(const std::string& name, const MetricLabels& labels, doubl
   ++h.count;
 }
 
+void Metrics::ObserveFolded(const std::string& name, const MetricLabels& labels,
+                            const std::map<double, int64_t>& by_upper_bound, double sum, int64_t count) {
+  if (count <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Family& family = Named(name);
+  Histogram& h = family.histograms[labels];
+  if (h.counts.empty()) h.counts.assign(family.bounds.size() + 1, 0);
+  for (const auto& [bound, n] : by_upper_bound) {
+    const size_t bucket = std::lower_bound(family.bounds.begin(), family.bounds.end(), bound) - family.bounds.begin();
+    h.counts[bucket] += uint64_t(n);
+  }
+  h.sum += sum;
+  h.count += uint64_t(count);
+}
+
 std::string Metrics::Render() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream out;

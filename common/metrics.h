@@ -3,6 +3,7 @@
 // thread-safe, cheap enough to update on every request.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -23,6 +24,12 @@ class Metrics {
   void Add(const std::string& name, const MetricLabels& labels, double value = 1);
   void Set(const std::string& name, const MetricLabels& labels, double value);
   void Observe(const std::string& name, const MetricLabels& labels, double value);
+  // Adds observations already counted in buckets: `by_upper_bound` maps an upper bound
+  // (infinity for +Inf) to how many fell at or below it and above the one before; each
+  // count goes to this histogram's first bucket at or above its bound (the same bucket
+  // where the bounds are the same). Nothing when `count` is 0.
+  void ObserveFolded(const std::string& name, const MetricLabels& labels,
+                     const std::map<double, int64_t>& by_upper_bound, double sum, int64_t count);
 
   std::string Render() const;
 

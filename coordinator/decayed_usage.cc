@@ -25,6 +25,13 @@ void DecayedUsage::AddEnded(const std::string& user, double ranks, double from, 
   total.as_of = at;
 }
 
+void DecayedUsage::AddTotal(const std::string& user, double value, double as_of) {
+  Total& total = totals_[user];
+  const double at = std::max(total.as_of, as_of);
+  total.value = total.value * Decay(at - total.as_of) + value * Decay(at - as_of);
+  total.as_of = at;
+}
+
 std::map<std::string, double> DecayedUsage::At(double now) const {
   std::map<std::string, double> out;
   // A clock that went back reads the figures at their own moment.

@@ -22,6 +22,9 @@ class DecayedUsage {
   double half_life_s() const { return half_life_s_; }
   // Adds `user`'s interval of `ranks` ranks from `from` to `to`; nothing if to <= from.
   void AddEnded(const std::string& user, double ranks, double from, double to);
+  // Adds a figure already decayed to the moment `as_of` (a total folded from intervals
+  // whose rows are gone: Note [History retention] in coordinator/state_store.h).
+  void AddTotal(const std::string& user, double value, double as_of);
   // Each user's decayed rank-seconds at `now`, of the intervals added. Exact (to
   // rounding) for `now` at or after the end of each of them.
   std::map<std::string, double> At(double now) const;

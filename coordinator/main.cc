@@ -183,6 +183,10 @@ void AddOptions(CLI::App& app, CommandLine* c) {
                  "jobs in one reply to a listing (default 500); jobctl list and the Python client ask\n"
                  "page after page, so a long history never holds the loop for long")
       ->check(CLI::Range(int64_t(1), int64_t(100000)));
+  app.add_option("--keep-history", o.keep_history_days,
+                 "forget the jobs that ended more than this many days ago (their rows, not their run\n"
+                 "folders), keeping their totals for usage, fair share and /metrics (default 0: keep all)")
+      ->check(CLI::Range(0.0, 36500.0));
   app.add_option("--max-output-mb", c->max_output_mb,
                  "each attempt's output (<runs>/<job id>/attempt-<n>/output.log) is rotated to output.log.1\n"
                  "when it would grow past this many MiB (default 64)")

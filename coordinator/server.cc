@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <climits>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <zmq_addon.hpp>
 
 #include "common/atomic_file.h"
 #include "common/bounded_json.h"
@@ -23,43 +25,6 @@
 #include "proto/wire_names.h"
 
 namespace trainyard {
-namespace {
-
-void Fill(const JobRecord& j, wire::JobInfo* info) {
-  info->set_id(j.id);
-  info->set_name(j.name);
-  info->set_job_state(ToWire(j.state));
-  info->set_priority(j.priority);
-  info->set_ranks(j.ranks);
-  info->set_device(j.device);
-  info->set_attempts(j.attempts);
-  info->set_reason(j.reason);
-  info->set_submitted_at(j.submitted_at);
-  info->set_user(j.user);
-  info->set_preemptible(j.preemptible);
-  info->set_is_search(j.is_search);
-  info->set_search_id(j.search);
-}
-
-}  // namespace
-
-wire::JobState ToWire(JobState state) {
-  switch (state) {
-    case JobState::kQueued:
-      return wire::JOB_QUEUED;
-    case JobState::kRunning:
-      return wire::JOB_RUNNING;
-    case JobState::kSucceeded:
-      return wire::JOB_SUCCEEDED;
-    case JobState::kFailed:
-      return wire::JOB_FAILED;
-    case JobState::kCancelled:
-      return wire::JOB_CANCELLED;
-    case JobState::kStopped:
-      return wire::JOB_STOPPED;
-  }
-  return wire::JOB_STATE_UNSPECIFIED;
-}
 
 // Who a request's key acts as, in events: its user, or the role of a key with no name.
 std::string Who(const ClientIdentity& client) {
@@ -72,52 +37,6 @@ std::string PlainUser(const std::string& user) {
   std::string out = user.substr(0, kMaxUserBytes);
   for (char& c : out)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '@') c = '?';
-  return out;
-}
-
-// The listeners a running serve job wrote to its endpoints.json (serve_frontend does, once
-// bound), as (protocol, URL) pairs: ("http", "http://127.0.0.1:8000"); none if there is no
-// such file or it is not what serve_frontend writes. A regular file of at most 64 KiB:
-// read on the loop.
-std::vector<std::pair<std::string, std::string>> ServeEndpoints(const std::string& runs_dir,
-                                                                const std::string& relative) {
-  const FileRead read = ReadFileBeneath(runs_dir, relative, size_t(64) << 10);
-  if (!read.ok()) return {};
-  const nlohmann::json endpoints = ParseBoundedJsonOrDiscarded(read.bytes);
-  std::vector<std::pair<std::string, std::string>> out;
-  if (!endpoints.is_object()) return out;
-  for (const char* kind : {"http", "grpc", "metrics"})
-    if (endpoints.contains(kind) && endpoints[kind].is_string()) out.emplace_back(kind, endpoints[kind]);
-  return out;
-}
-
-// Note [A job's metric]: the metrics tried after the one a job names, in order, from its
-// newest epoch row's header.
-std::vector<std::string> FallbackMetrics(const std::string& csv_header) {
-  std::vector<std::string> out;
-  for (const std::string& column : SplitCsv(csv_header))
-    if (column.rfind("eval_", 0) == 0 && column != "eval_loss") out.push_back(column);
-  out.push_back("eval_loss");
-  out.push_back("train_loss");
-  return out;
-}
-
-// A listing's states as the store names them; an unknown or unset one is bad input.
-std::vector<JobState> StatesFromWire(const google::protobuf::RepeatedField<int>& states) {
-  std::vector<JobState> out;
-  for (int wire_state : states) {
-    bool known = false;
-    for (JobState state : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
-                           JobState::kCancelled, JobState::kStopped})
-      if (int(ToWire(state)) == wire_state) {
-        out.push_back(state);
-        known = true;
-      }
-    if (!known)
-      throw std::invalid_argument("a listing asked for job state " + std::to_string(wire_state) +
-                                  ", which is none of QUEUED, RUNNING, SUCCEEDED, FAILED, "
-                                  "CANCELLED and STOPPED");
-  }
   return out;
 }
 
@@ -180,14 +99,20 @@ Server::Server(ServerOptions options)
   web_socket_.bind(kWebEndpoint);
   parser_ = std::make_unique<SubmitParser>(context_, options_.submit_budget, options_.max_pending_submits);
   started_at_ = Now();
-  last_wake_ = started_at_;
+  listening_.Start(started_at_, std::max(options_.heartbeat_s, 0.5));
   // Tokens of worlds no running attempt names and none registered for 30 days go; the
   // rest bind their ids from the first message on (Note [Worlds cannot be squatted]).
   store_->ForgetWorldsRegisteredBefore(started_at_ - kWorldTokenDays * 86400.0);
-  world_tokens_ = store_->WorldTokens();
+  ranks_ = std::make_unique<RankRegistry>(
+      *store_, listening_,
+      RankRegistry::Limits{options_.heartbeat_s * options_.liveness, options_.max_ranks_per_worker_key});
   RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
   if (options_.slurm.enabled) slurm_ = std::make_unique<SlurmClient>(options_.slurm);
+  views_ = std::make_unique<JobViews>(
+      JobViews::Sources{*store_, *ranks_, running_, waiting_, *outputs_, *loop_metrics_, preemptions_},
+      JobViews::Settings{options_.runs_dir, options_.policy.fairshare_half_life_h * 3600.0, options_.slurm.enabled,
+                         options_.list_page, options_.heartbeat_s, [this] { return Now(); }});
 }
 
 Server::~Server() = default;
@@ -209,33 +134,37 @@ void Server::CheckRunsDir() const {
 std::string Server::endpoint() const { return socket_.get(zmq::sockopt::last_endpoint); }
 
 void Server::Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_keys) {
-  zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0},
-                             {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0},
-                             {static_cast<void*>(web_socket_), 0, ZMQ_POLLIN, 0}};
   while (!stop) {
-    try {
-      zmq::poll(items, 3, std::chrono::milliseconds(100));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;  // a signal; `stop` says whether to go on
-      throw;
-    }
-    AdvanceListeningClock(Now());
     if (reload_keys && reload_keys->exchange(false)) {
       ReloadKeys();
       ++key_reloads_;
     }
-    // Drain what arrived (bounded, so timers still run under a flood), then the timers.
-    for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
-      ReceiveOne();
-      items[0].revents = socket_.get(zmq::sockopt::events) & ZMQ_POLLIN;
-    }
-    if (items[1].revents & ZMQ_POLLIN) FinishSubmissions();
-    if (items[2].revents & ZMQ_POLLIN) AnswerWebQueries();
-    try {
-      Tick();
-    } catch (const std::exception& e) {  // timers never end the daemon; the next tick retries
-      spdlog::error("timer work failed: {}", e.what());
-    }
+    Step(0.1);
+  }
+}
+
+void Server::Step(double wait_s) {
+  zmq::pollitem_t items[] = {{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0},
+                             {static_cast<void*>(parser_->ready_socket()), 0, ZMQ_POLLIN, 0},
+                             {static_cast<void*>(web_socket_), 0, ZMQ_POLLIN, 0}};
+  try {
+    zmq::poll(items, 3, std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000)));
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return;  // a signal; the caller decides whether to go on
+    throw;
+  }
+  AdvanceListeningClock(Now());
+  // Drain what arrived (bounded, so timers still run under a flood), then the timers.
+  for (int i = 0; i < 1000 && (items[0].revents & ZMQ_POLLIN); ++i) {
+    ReceiveOne();
+    items[0].revents = socket_.get(zmq::sockopt::events) & ZMQ_POLLIN;
+  }
+  if (items[1].revents & ZMQ_POLLIN) FinishSubmissions();
+  if (items[2].revents & ZMQ_POLLIN) AnswerWebQueries();
+  try {
+    Tick();
+  } catch (const std::exception& e) {  // timers never end the daemon; the next tick retries
+    spdlog::error("timer work failed: {}", e.what());
   }
 }
 
@@ -264,17 +193,14 @@ bool Server::ReloadKeys() {
 }
 
 void Server::AdvanceListeningClock(double now) {
-  const double cap = std::max(options_.heartbeat_s, 0.5);
-  const double step = now - last_wake_;
-  listened_ += std::clamp(step, 0.0, cap);
-  last_wake_ = now;
-  if (step <= cap) return;
+  const double stall = listening_.Advance(now);
+  if (stall == 0) return;
   // After a stall, every rank gets a whole liveness window (and every attempt its start
   // grace) from now: what they sent meanwhile is still queued, and an agent that gave up
   // on us mid-stall is reconnecting.
-  spdlog::warn("the coordinator did not run for {:.1f} s; every rank gets a fresh liveness window", step);
-  for (auto& [key, entry] : ranks_) entry.last_seen = listened_;
-  for (auto& [id, attempt] : running_) attempt.started_listening = listened_;
+  spdlog::warn("the coordinator did not run for {:.1f} s; every rank gets a fresh liveness window", stall);
+  ranks_->HearAllNow();
+  for (auto& [id, attempt] : running_) attempt.started_listening = listening_.Now();
 }
 
 void Server::ReceiveOne() {
@@ -367,6 +293,7 @@ void Server::Reply(const zmq::message_t& identity, const wire::Envelope& reply) 
 void Server::Send(const std::string& identity, const wire::Envelope& message) {
   wire::Envelope copy = message;
   copy.set_version(kProtocolVersion);
+  if (options_.outbox) return options_.outbox(identity, copy);
   std::string bytes = copy.SerializeAsString();
   socket_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
   socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
@@ -413,19 +340,19 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
 wire::Envelope Server::Handle(const ClientIdentity& client, const wire::Envelope& request) {
   switch (request.body_case()) {
     case wire::Envelope::kList:
-      return List(request.list());
+      return views_->List(request.list());
     case wire::Envelope::kStatus:
-      return Status(request.status().job_id());
+      return views_->Status(request.status().job_id());
     case wire::Envelope::kCancel:
       return Cancel(request.cancel().job_id(), client);
     case wire::Envelope::kLogs:
-      return Logs(request.logs());
+      return views_->Logs(request.logs());
     case wire::Envelope::kReport:
-      return Report(request.report().job_id());
+      return views_->Report(request.report().job_id());
     case wire::Envelope::kWorkers:
-      return Workers();
+      return views_->Workers();
     case wire::Envelope::kUsage:
-      return UsageReport(request.usage().per_user());
+      return views_->UsageReport(request.usage().per_user());
     default:
       return ErrorEnvelope(2, "this coordinator does not accept that message");
   }
@@ -572,115 +499,6 @@ int Server::QueuedJobsOf(const std::string& user) const {
       std::count_if(queued.begin(), queued.end(), [&](const auto& entry) { return entry.second.user == user; }));
 }
 
-std::string Server::WaitingText(const JobRecord& job) const {
-  if (job.state != JobState::kQueued) return "";
-  auto it = waiting_.find(std::to_string(job.id));
-  if (it != waiting_.end()) return it->second;
-  // Under --slurm no pass fills waiting_, and Slurm, not a pool, runs the job.
-  return ranks_.empty() && !slurm_ ? "Resources: no pool agent is registered"
-                                   : "Pending: not yet considered by the scheduler";
-}
-
-void Server::FillWaiting(const JobRecord& job, wire::JobInfo* info) const { info->set_waiting(WaitingText(job)); }
-
-wire::Envelope Server::List(const wire::ListRequest& request) {
-  JobFilter filter;
-  try {
-    filter.states = StatesFromWire(request.states());
-  } catch (const std::invalid_argument& e) {
-    return ErrorEnvelope(2, e.what());
-  }
-  if (request.limit() < 0) return ErrorEnvelope(2, "a listing's limit must be 0 (no limit) or more");
-  if (request.before_id() < 0) return ErrorEnvelope(2, "a listing's before_id must be 0 (none) or more");
-  filter.user = request.user();
-  filter.name_contains = request.name_contains();
-  filter.before_id = request.before_id();
-  // One job past the page says whether there is a next one (ListReply in trainyard.proto).
-  const int64_t most = options_.list_page;
-  const int64_t page = request.limit() > 0 ? std::min<int64_t>(request.limit(), most) : most;
-  filter.limit = page + 1;
-  std::vector<JobRecord> matched = store_->JobsMatching(filter);
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::ListReply* jobs = reply.mutable_jobs();  // set even when empty: it is the reply's body
-  if (int64_t(matched.size()) > page) {
-    matched.pop_back();
-    jobs->set_next_before_id(matched.back().id);
-  }
-  std::map<int64_t, std::string> search_metrics;  // a search's metric, once per listing
-  for (const JobRecord& j : matched) {
-    wire::JobInfo* info = jobs->add_jobs();
-    Fill(j, info);
-    FillWaiting(j, info);
-    FillMetric(j, &search_metrics, info);
-  }
-  return reply;
-}
-
-void Server::FillMetric(const JobRecord& job, std::map<int64_t, std::string>* search_metrics,
-                        wire::JobInfo* info) const {
-  if (job.is_search) {
-    wire::SearchReport search;
-    FillSearchReport(job.id, &search);
-    if (search.best_trial() > 0) {
-      info->set_metric(search.metric());
-      info->set_metric_value(search.trials(search.best_trial() - 1).best());
-    }
-    return;
-  }
-  std::string metric = job.metric;
-  if (job.search != 0) {
-    auto known = search_metrics->find(job.search);
-    if (known == search_metrics->end()) {
-      const auto search = store_->FindSearch(job.search);
-      known = search_metrics->emplace(job.search, search ? search->metric : "").first;
-    }
-    metric = known->second;
-  }
-  // Most jobs' metric is in their newest row; an older row is read only where it is not.
-  const auto newest = store_->NewestRowWith(job.id, "epoch");
-  if (!newest) return;
-  std::vector<std::string> candidates = FallbackMetrics(newest->csv_header);
-  if (!metric.empty()) candidates.insert(candidates.begin(), metric);
-  for (const std::string& name : candidates) {
-    double value = MetricOf(newest->csv_header, newest->csv_line, name);
-    if (std::isnan(value)) {
-      const auto row = store_->NewestRowWith(job.id, name);
-      if (row) value = MetricOf(row->csv_header, row->csv_line, name);
-    }
-    if (std::isnan(value)) continue;
-    info->set_metric(name);
-    info->set_metric_value(value);
-    return;
-  }
-}
-
-wire::Envelope Server::Status(int64_t id) {
-  auto job = store_->Find(id);
-  if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::JobInfo* info = reply.mutable_job();
-  Fill(*job, info);
-  FillWaiting(*job, info);
-  std::map<int64_t, std::string> search_metrics;
-  FillMetric(*job, &search_metrics, info);
-  info->set_slurm(SlurmText(id));
-  for (const EventRecord& event : store_->TimedEvents(id)) {
-    info->add_events(event.text);
-    info->add_event_times(event.at);
-  }
-  if (job->state == JobState::kRunning)
-    for (const auto& [protocol, url] :
-         ServeEndpoints(options_.runs_dir, std::to_string(id) + "/" + job->name + "/endpoints.json")) {
-      info->add_endpoints(protocol + " " + url);
-      wire::Endpoint* listener = info->add_listeners();
-      listener->set_protocol(protocol);
-      listener->set_url(url);
-    }
-  return reply;
-}
-
 wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
   auto job = store_->Find(id);
   if (!job) return ErrorEnvelope(2, "no job " + std::to_string(id));
@@ -694,7 +512,7 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
   const double now = Now();
   if (job->state == JobState::kQueued) {
     StateStore::Transaction transaction(*store_);
-    store_->SetState(id, JobState::kCancelled, "cancelled while queued by " + Who(client));
+    store_->SetState(id, JobState::kCancelled, "cancelled while queued by " + Who(client), now);
     store_->AddEvent(id, "cancelled while queued by " + Who(client), now);
     transaction.Commit();
     spdlog::info("job {} cancelled", id);
@@ -705,118 +523,20 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
     spdlog::info("job {} cancelled while running", id);
   }
   search_due_ = search_due_ || job->search != 0;
-  return Status(id);
+  return views_->Status(id);
 }
 
-wire::Envelope Server::Report(int64_t id) {
-  wire::Envelope status = Status(id);
-  if (status.has_error()) return status;
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::ReportReply* report = reply.mutable_job_report();
-  *report->mutable_job() = status.job();
-  for (const AttemptRecord& a : store_->Attempts(id)) {
-    wire::AttemptInfo* info = report->add_attempts();
-    info->set_attempt(a.attempt);
-    info->set_placement(a.placement);
-    info->set_started_at(a.started_at);
-    info->set_ended_at(a.ended_at);
-    info->set_rank_seconds(a.RankSeconds(Now()));
-    info->set_gpu_seconds(a.GpuSeconds(Now()));
-    info->set_end(a.end);
-    info->set_end_reason(a.end_reason);
+void Server::AnswerWebQueries() {
+  for (int i = 0; i < 100; ++i) {
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(web_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return;
+    if (frames.size() != 2) continue;  // [asker][target]: only DashboardServer speaks here
+    const WebReply reply = AnswerWebQuery(frames[1].to_string());
+    const std::string status = std::to_string(reply.status);
+    std::array<zmq::const_buffer, 4> out = {zmq::buffer(frames[0].data(), frames[0].size()), zmq::buffer(status),
+                                            zmq::buffer(reply.content_type), zmq::buffer(reply.body)};
+    zmq::send_multipart(web_socket_, out, zmq::send_flags::dontwait);
   }
-  for (const EpochRecord& row : store_->EpochRows(id)) {
-    if (report->csv_header().empty()) report->set_csv_header(row.csv_header);
-    report->add_csv_lines(row.csv_line);
-    report->add_row_attempts(row.attempt);
-  }
-  const FileRead summary = ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/summary.json", kMaxSummaryBytes);
-  if (summary.ok()) report->set_summary_json(summary.bytes);
-  if (status.job().is_search()) FillSearchReport(id, report->mutable_search());
-  return reply;
-}
-
-wire::Envelope Server::UsageReport(bool per_user) {
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::UsageReply* rows = reply.mutable_usage_rows();  // set even when empty: it is the reply's body
-  const double now = Now();
-  const std::map<std::string, double> decayed =
-      store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
-  std::map<std::string, int> running_ranks, queued;
-  for (const auto& [id, attempt] : running_) running_ranks[per_user ? attempt.user : ""] += int(attempt.slots.size());
-  for (const auto& [id, j] : store_->Queued()) ++queued[per_user ? j.user : ""];
-  for (const Usage& u : store_->UsageBy(per_user, now)) {
-    wire::UsageRow* row = rows->add_rows();
-    row->set_user(u.user);
-    row->set_jobs(u.jobs);
-    row->set_attempts(u.attempts);
-    row->set_rank_seconds(u.rank_seconds);
-    row->set_gpu_seconds(u.gpu_seconds);
-    double fairshare = 0;
-    for (const auto& [user, seconds] : decayed) fairshare += (!per_user || user == u.user) ? seconds : 0;
-    row->set_fairshare_rank_seconds(fairshare);
-    row->set_running_ranks(running_ranks[u.user]);
-    row->set_queued_jobs(queued[u.user]);
-  }
-  return reply;
-}
-
-wire::Envelope Server::Workers() {
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::WorkersReply* list = reply.mutable_worker_list();
-  for (const auto& [key, entry] : ranks_) {
-    wire::WorkerInfo* info = list->add_workers();
-    *info->mutable_rank() = entry.info;
-    info->set_job_id(entry.job);
-    info->set_attempt(entry.attempt);
-    info->set_seen_ago_s(listened_ - entry.last_seen);
-    info->set_last_log_line(entry.last_log_line);
-  }
-  return reply;
-}
-
-wire::Envelope Server::Logs(const wire::LogsRequest& request) {
-  auto job = store_->Find(request.job_id());
-  if (!job) return ErrorEnvelope(2, "no job " + std::to_string(request.job_id()));
-  if (request.output()) return OutputLogs(*job, request);
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  reply.mutable_log_rows();
-  auto rows = store_->EpochRows(request.job_id());
-  for (size_t i = static_cast<size_t>(std::max(0, request.after())); i < rows.size(); ++i)
-    reply.mutable_log_rows()->add_csv_lines(rows[i].csv_line);
-  if (!rows.empty()) reply.mutable_log_rows()->set_csv_header(rows.front().csv_header);
-  reply.mutable_log_rows()->set_job_state(ToWire(job->state));
-  reply.mutable_log_rows()->set_reason(job->reason);
-  return reply;
-}
-
-// Note [Job output]: the latest attempt unless one is named; bad input for one the job
-// has not had.
-wire::Envelope Server::OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const {
-  const int attempt = request.attempt() > 0 ? request.attempt() : job.attempts;
-  if (attempt > job.attempts)
-    return ErrorEnvelope(2, "job " + std::to_string(job.id) + " has had " + std::to_string(job.attempts) +
-                                " attempt(s), not " + std::to_string(attempt));
-  if (request.offset() < 0) return ErrorEnvelope(2, "a negative output offset");
-  if (request.has_rank() && request.rank() < 0) return ErrorEnvelope(2, "a negative rank");
-  wire::Envelope reply;
-  reply.set_version(kProtocolVersion);
-  wire::LogsReply* logs = reply.mutable_log_rows();
-  logs->set_job_state(ToWire(job.state));
-  logs->set_reason(job.reason);
-  logs->set_attempt(attempt);
-  logs->set_attempts(job.attempts);
-  if (attempt == 0) return reply;
-  const OutputRead read =
-      outputs_->Read(job.id, attempt, request.offset(), kMaxOutputReadBytes, request.has_rank() ? request.rank() : -1);
-  logs->set_output(read.text);
-  logs->set_output_offset(read.next_offset);
-  logs->set_output_restarted(read.restarted);
-  return reply;
 }
 
 }  // namespace trainyard

@@ -44,20 +44,12 @@
 // the store and the registry belong to the loop. So each GET of its JSON API or of
 // /metrics becomes one query on an inproc ZeroMQ socket (kWebEndpoint) that the loop
 // polls beside its ROUTER: [target] in, [status][content type][body] out. The loop
-// answers between worker messages (AnswerWebQuery, server_web.cc), from the same state
-// jobctl's answers come from. The HTTP side never writes anything, so the API is
-// read-only by construction.
+// answers between worker messages (AnswerWebQueries), with the same JobViews
+// (coordinator/job_views.h) jobctl's answers come from; they hold the loop's state by
+// const reference, and the HTTP side never writes anything, so the API is read-only by
+// construction.
 //
-// Note [Listening time]
-// Silence is measured in time the coordinator was able to listen, not in wall time. A
-// coordinator that was stopped (SIGSTOP, a swapped-out host, a long stall) has not
-// heard the heartbeats sent meanwhile; blaming the workers for that would fail healthy
-// jobs the moment it resumes. So each wake of the loop advances the listening clock by
-// the time since the last wake, capped at one poll period (max(heartbeat, 0.5 s)), and
-// rank liveness and the start/re-adoption grace are read on that clock. A wake after a
-// longer stall also starts every rank's liveness window and every attempt's start grace
-// afresh: the agents' messages queued during the stall, or their re-registrations, come
-// in within it (the agents heartbeat on while they wait to reconnect).
+// The listening clock: Note [Listening time] in coordinator/listening_clock.h.
 #pragma once
 
 #include <atomic>
@@ -78,6 +70,10 @@
 #include "common/regular_file.h"
 #include "coordinator/artifacts.h"
 #include "coordinator/job_output.h"
+#include "coordinator/job_views.h"
+#include "coordinator/listening_clock.h"
+#include "coordinator/rank_registry.h"
+#include "coordinator/running_attempt.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/slurm.h"
 #include "coordinator/state_store.h"
@@ -128,6 +124,7 @@ struct ServerOptions {
   YamlBudget submit_budget;                      // size, node and depth caps of a submitted job file
   size_t max_pending_submits = 64;
   int64_t list_page = 500;                  // jobs in one listing reply (ListReply in proto/trainyard.proto)
+  double keep_history_days = 0;             // --keep-history (Note [History retention]); 0: keep every job
   int64_t max_ranks_per_worker_key = 4096;  // registered at once (Note [Peer text is bounded at reception])
   SlurmOptions slurm;                       // --slurm: each attempt is a Slurm job (Note [Attempts as Slurm jobs])
   SchedulingPolicy policy;
@@ -137,74 +134,17 @@ struct ServerOptions {
   // move by hand, so hours of usage or a backoff pass without sleeping; a jump of more
   // than a heartbeat reads as a stall of the loop (every rank gets a fresh window).
   std::function<double()> clock;
+  // Where the loop's messages to peers go: empty, the ROUTER socket. In-process tests
+  // collect them here and feed the loop with HandleFrame and Step, so a whole attempt's
+  // life is driven message by message, on the clock above, without sockets or sleeps.
+  // Called on the loop thread with the peer's routing id and the message.
+  std::function<void(const std::string& identity, const wire::Envelope& message)> outbox;
 };
 
 // Options that cannot work (a runs folder that cannot be written): found at start.
 class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
-};
-
-// One answer to a dashboard query.
-struct WebReply {
-  int status = 200;
-  std::string content_type;
-  std::string body;
-};
-
-// A registered worker rank, as its own messages describe it.
-struct RankEntry {
-  wire::RankInfo info;
-  std::string token;     // the rank token it registered with
-  std::string identity;  // ZeroMQ routing id of its latest authenticated message
-  double last_seen = 0;  // on the listening clock (Note [Listening time])
-  int64_t job = 0;       // what its latest heartbeat says it runs; 0: idle
-  int attempt = 0;
-  std::string last_log_line;
-  std::string worker_key;  // the public key it registered with (Note [Peer text is bounded at reception])
-};
-
-// A pool slot: (world, rank) of an agent (an agent is a world of its own, rank 0).
-using RankKey = std::pair<std::string, int>;
-
-// An attempt the coordinator believes is running.
-struct RunningAttempt {
-  int64_t job = 0;
-  int attempt = 0;
-  // Of its job, for preemption and quotas.
-  int priority = 0;
-  std::string user;
-  bool preemptible = true;
-  // Note [Preemption]: the job it was stopped for, and when (on the listening clock).
-  int64_t preempted_by = 0;
-  double preempt_asked = 0;
-  // Note [ASHA] in coordinator/search.h: the rung epoch its search stopped this trial at; 0: none.
-  int search_stop_at = 0;
-  std::vector<RankKey> slots;                // job rank order; slots[0] leads the job
-  double started_at = 0, estimated_end = 0;  // wall clock
-  double started_listening = 0;              // on the listening clock
-  std::set<RankKey> finished;                // slots whose JobResult arrived
-  std::set<RankKey> present;                 // slots seen running it (re-adoption)
-  bool adopted = true;                       // false after a restart until every slot is back
-  std::string summary_json;
-  // --slurm (Note [Attempts as Slurm jobs]): its Slurm job, what squeue last said of it,
-  // and whether it has started (the start grace counts from then).
-  std::string slurm_job;
-  SlurmJobState slurm_state;
-  bool slurm_started = false;
-  // What its rank 0 reported, when not a success: the attempt ends once Slurm says how
-  // its job ended (FollowSlurmJobs), which names the cause (NODE_FAIL, TIMEOUT) and tells
-  // a preemption or time limit (requeued free) from an scancel (counted).
-  wire::Outcome reported = wire::OUTCOME_UNSPECIFIED;
-  std::string reported_reason;
-  double reported_at = 0;  // on the listening clock; a Slurm job not ended `grace_s` later is cancelled
-  bool cancel_sent = false;
-};
-
-// A warning the dashboard shows (a squat attempt: Note [Worlds cannot be squatted]).
-struct Warning {
-  double at = 0;  // wall clock
-  std::string text;
 };
 
 // Note [Files a job wrote]
@@ -214,10 +154,10 @@ struct Warning {
 // ReadFileBeneath (common/regular_file.h): no symlink below the runs folder, nothing but
 // a regular file, opened without blocking, and capped. A FIFO or /dev/zero in its place
 // is refused in microseconds instead of stalling the loop and failing healthy jobs.
-inline constexpr size_t kMaxSummaryBytes = size_t(4) << 20;
 inline constexpr int64_t kWireMarginBytes = 64 << 10;
 inline constexpr double kWorldTokenDays = 30;
-inline constexpr size_t kMaxHeatmapBytes = size_t(8) << 20;
+inline constexpr double kHistoryPassS = 600;
+inline constexpr int64_t kHistoryBatch = 200;           // jobs forgotten in one transaction
 inline constexpr size_t kMaxUserBytes = 256;            // of the user a submission names
 inline constexpr size_t kMaxIdempotencyKeyBytes = 256;  // of a submission's --key
 
@@ -237,13 +177,6 @@ std::string CutText(const std::string& text, size_t max);
 // Cuts the free text of a worker message (Note [Peer text is bounded at reception]).
 void BoundPeerText(wire::Envelope* message);
 
-// Note [A job's metric]
-// `jobctl list` and `status` show each job's metric as its newest epoch row gave it (the
-// rows the coordinator keeps, so it holds across hosts). The first of these with a value
-// there: the metric the job names (checkpoint.best_metric) or its search judges it by (a
-// trial), the rows' evaluation metrics besides the loss (eval_acc), eval_loss, and
-// train_loss. A search shows its best trial's. A job with no row yet shows none.
-
 class Server {
  public:
   // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
@@ -254,6 +187,11 @@ class Server {
   // and becomes true (the coordinator's SIGHUP), the loop clears it and re-reads the
   // allowlists (ReloadKeys).
   void Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_keys = nullptr);
+  // One turn of the loop: waits up to `wait_s` for a message, a finished submission check
+  // or a dashboard query, handles what came, then runs the timers (liveness, grace
+  // periods, Slurm, searches, scheduling). Run is Step(0.1) until `stop`; in-process
+  // tests call it directly.
+  void Step(double wait_s);
   // Re-reads workers.allow and clients.allow from the key folder for the connections
   // made from now on; connections already admitted stay. A folder that does not load
   // (KeyError: a bad line, a missing file) is logged and the lists in use are kept. True
@@ -277,11 +215,9 @@ class Server {
   // Answers one GET of the dashboard's API (/api/jobs, /api/jobs/<id>,
   // /api/jobs/<id>/heatmap.svg, /api/workers) or /metrics: the loop's side of a query,
   // public for tests. Unknown paths and jobs get 404.
-  WebReply AnswerWebQuery(const std::string& target);
+  WebReply AnswerWebQuery(const std::string& target) const { return views_->Answer(target); }
 
  private:
-  static constexpr size_t kKeptWarnings = 20;
-
   // ServerOptions::clock's time, or the system clock's.
   double Now() const;
   void ReceiveOne();
@@ -321,42 +257,17 @@ class Server {
   int QueuedJobsOf(const std::string& user) const;
   // Why `user` may not queue one more job (--user-max-queued), or "".
   std::string QueueFullRefusal(const std::string& user) const;
-  wire::Envelope List(const wire::ListRequest& request);
-  wire::Envelope Status(int64_t id);
-  // Note [A job's metric]. `search_metrics` caches each search's metric across one listing.
-  void FillMetric(const JobRecord& job, std::map<int64_t, std::string>* search_metrics, wire::JobInfo* info) const;
-  void FillWaiting(const JobRecord& job, wire::JobInfo* info) const;
-  // Why a queued job waits ("<Code>: <detail>"); "" for a job not queued.
-  std::string WaitingText(const JobRecord& job) const;
   // Only the job's owner or an admin may cancel it (Note [Client keys name users]).
   wire::Envelope Cancel(int64_t id, const ClientIdentity& client);
-  wire::Envelope Logs(const wire::LogsRequest& request);
-  wire::Envelope Report(int64_t id);
-  wire::Envelope Workers();
-  wire::Envelope UsageReport(bool per_user);
   void Reply(const zmq::message_t& identity, const wire::Envelope& reply);
-
-  // The dashboard's API (server_web.cc).
+  // Note [Dashboard queries]: answers what the dashboard's threads asked, from views_.
   void AnswerWebQueries();
-  WebReply ApiJobs(const std::string& target);
-  WebReply ApiJob(int64_t id);
-  WebReply HeatmapSvg(int64_t id);
-  // The job's latency_heatmap.svg, a regular file beneath the runs folder (never a
-  // FIFO, device or symlink: Note [Files a job wrote]).
-  FileRead HeatmapFile(int64_t id, const std::string& job_name) const;
-  WebReply ApiWorkers();
-  std::string MetricsText();
-  void AddJobMetrics(Metrics* m);
-  void AddAttemptMetrics(Metrics* m);
-  void AddWorkerMetrics(Metrics* m);
   void Send(const std::string& identity, const wire::Envelope& message);
 
   // Worker pools (server_pool.cc).
   void ReloadRunningAttempts();
   // `worker_key`: the public key the registration came with (empty under --insecure).
   void OnRegister(const std::string& identity, const std::string& worker_key, const wire::Register& message);
-  // Ranks registered with `worker_key`, other than `except`.
-  int64_t RanksOfKey(const std::string& worker_key, const RankKey& except) const;
   void OnHeartbeat(const std::string& identity, const wire::Heartbeat& message);
   void OnEpoch(const std::string& identity, const wire::EpochReport& message);
   void OnResult(const std::string& identity, const wire::JobResult& message);
@@ -385,9 +296,13 @@ class Server {
   const std::string& OwnHost() const;
   // Whether (world, rank) is job rank 0 of the job's attempt `attempt`, as the store placed it.
   bool IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const;
-  wire::Envelope OutputLogs(const JobRecord& job, const wire::LogsRequest& request) const;
   void Tick();
   void ExpireSilentRanks();
+  // Every kHistoryPassS: marks the worlds of registered ranks in use and forgets the
+  // worlds unused for kWorldTokenDays (Note [Worlds cannot be squatted]), and, under
+  // --keep-history, forgets a batch of jobs that ended before it (Note [History
+  // retention]), a batch per tick while there are more.
+  void TrimHistory(double now);
   void CheckAttemptsStarted();
   void ScheduleQueued(double now);
   // Starts what the scheduler places of `queue` (not empty), preempts its victims and
@@ -426,7 +341,6 @@ class Server {
   // Ends a trial its search stopped at `epoch`: STOPPED, with its running attempt ended.
   void EndStoppedTrial(int64_t job, int epoch);
   wire::Envelope CancelSearch(const JobRecord& search, const ClientIdentity& client);
-  void FillSearchReport(int64_t search, wire::SearchReport* out) const;
   void WriteSearchCsv(int64_t search);
   // --slurm (server_slurm.cc, Note [Attempts as Slurm jobs]).
   void ScheduleOnSlurm(double now);
@@ -441,8 +355,6 @@ class Server {
   // and its job requeued after a backoff, with an event and a dashboard warning.
   void GiveUpSquattedSlurmJob(const JobRecord& job, const std::string& slurm_job, double now);
   void NoteSlurmStart(RunningAttempt* attempt);
-  // "job <id>: <state> (<reason>)" for a running Slurm attempt of job `id`; "" otherwise.
-  std::string SlurmText(int64_t id) const;
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);
   // What ending an attempt leaves behind: its outcome and reason in the store, the job
   // ended in `job_state` (or, for kQueued, queued again from `requeue_at`) with
@@ -479,7 +391,7 @@ class Server {
   void SendStopIfStale(const RankEntry& rank);
   // The running attempt this rank belongs to and whose result it has not sent; null if none.
   RunningAttempt* AttemptAwaiting(const RankKey& key);
-  std::string DescribeRank(const RankKey& key) const;
+  std::string DescribeRank(const RankKey& key) const { return ranks_->Describe(key); }
   std::string JobRunsDir(int64_t job) const;
   std::string AttemptDir(int64_t job, int attempt) const;
   // Writes `bytes` to `folder`/`name` atomically, `folder` being JobRunsDir or an
@@ -502,13 +414,9 @@ class Server {
   int64_t next_file_query_ = 1;
   int64_t bad_frames_ = 0, refused_messages_ = 0;
   std::atomic<int64_t> key_reloads_{0};
-  LogLimiter log_limiter_;  // what peers can make the loop log
-  // world id -> its token, as the store keeps it (Note [Worlds cannot be squatted])
-  std::map<std::string, std::string> world_tokens_;
-  int64_t squat_attempts_ = 0;
-  std::deque<Warning> squat_warnings_;   // the newest kKeptWarnings
-  double listened_ = 0, last_wake_ = 0;  // Note [Listening time]
-  std::map<RankKey, RankEntry> ranks_;
+  LogLimiter log_limiter_;                     // what peers can make the loop log
+  ListeningClock listening_;                   // Note [Listening time]
+  std::unique_ptr<RankRegistry> ranks_;        // after store_ and listening_: destroyed before them
   std::map<int64_t, RunningAttempt> running_;  // by job id
   std::set<int64_t> reported_unplaceable_;
   // Why each queued job waits, as of the last pass, by job id in decimal (the scheduler's
@@ -520,13 +428,14 @@ class Server {
   double last_search_pass_ = 0;
   std::set<int64_t> stale_search_csvs_;  // searches whose search.csv the next search pass rewrites
   double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;
+  double last_history_pass_ = 0;
+  bool history_left_ = false;  // the last batch forgot jobs: there may be more
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only
+  std::unique_ptr<JobViews> views_;              // last: reads the members above
   std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token
 };
 
-// A job state on the wire.
-wire::JobState ToWire(JobState state);
 // A placement as the store keeps it ("<world>:<rank>,...", in job rank order) as its
 // slots; false for anything else.
 bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots);

@@ -70,21 +70,20 @@ std::map<std::string, RankKey> Server::AgentsOnJobHosts(int64_t job, std::vector
     std::vector<RankKey> slots;
     if (!ParsePlacement(a.placement, &slots)) continue;
     for (const RankKey& slot : slots) {
-      const auto rank = ranks_.find(slot);
-      if (rank == ranks_.end()) {
+      const RankEntry* rank = ranks_->Find(slot);
+      if (!rank) {
         unknown->push_back("agent " + slot.first + " (attempt " + std::to_string(a.attempt) +
                            "): no longer registered, so its host is not known");
         continue;
       }
-      const std::string& host = rank->second.info.host();
+      const std::string& host = rank->info.host();
       if (host != OwnHost()) agents.emplace(host, slot);
     }
   }
   // A host's agent that ran the job may be gone while another agent there lives on.
   for (auto& [host, key] : agents)
-    if (!ranks_.count(key))
-      for (const auto& [other, entry] : ranks_)
-        if (entry.info.host() == host) key = other;
+    if (!ranks_->Find(key))
+      if (const auto* other = ranks_->OnHost(host)) key = other->first;
   std::sort(unknown->begin(), unknown->end());
   unknown->erase(std::unique(unknown->begin(), unknown->end()), unknown->end());
   return agents;
@@ -118,7 +117,7 @@ std::optional<wire::Envelope> Server::Artifacts(const std::string& identity, con
     ask.mutable_list_files()->set_request_id(id);
     ask.mutable_list_files()->set_root(options_.runs_dir);
     ask.mutable_list_files()->set_relative(std::to_string(job->id));
-    Send(ranks_.at(agent).identity, ask);
+    Send(ranks_->entries().at(agent).identity, ask);
     query.waiting.insert(host);
   }
   for (const std::string& why : unknown) query.listing.add_unreachable(why);
@@ -149,9 +148,8 @@ std::optional<wire::Envelope> Server::Fetch(const std::string& identity, const C
     reply.mutable_fetched()->set_size(read.size);
     return reply;
   }
-  const auto agent =
-      std::find_if(ranks_.begin(), ranks_.end(), [&](const auto& entry) { return entry.second.info.host() == host; });
-  if (agent == ranks_.end()) return ErrorEnvelope(1, "no agent on host " + host + " is registered to read it from");
+  const auto* agent = ranks_->OnHost(host);
+  if (!agent) return ErrorEnvelope(1, "no agent on host " + host + " is registered to read it from");
   if (file_queries_.size() >= kMaxFileQueries)
     return ErrorEnvelope(1, "the coordinator is waiting on agents for too many listings and fetches; try again");
   const int64_t id = next_file_query_++;
@@ -183,7 +181,7 @@ void Server::OnFileList(const std::string& identity, const wire::FileList& messa
   FileQuery* query =
       AnsweredQuery(identity, message.request_id(), message.world(), message.world_rank(), message.rank_token());
   if (!query || query->fetch) return;
-  const std::string host = ranks_.at(RankKey{message.world(), message.world_rank()}).info.host();
+  const std::string host = ranks_->entries().at(RankKey{message.world(), message.world_rank()}).info.host();
   if (!message.error().empty()) query->listing.add_unreachable(host + ": " + message.error());
   AddListing(host, message.files(), &query->listing);
   if (message.truncated()) query->listing.set_truncated(true);
@@ -194,7 +192,7 @@ void Server::OnFileChunk(const std::string& identity, const wire::FileChunk& mes
   FileQuery* query =
       AnsweredQuery(identity, message.request_id(), message.world(), message.world_rank(), message.rank_token());
   if (!query || !query->fetch) return;
-  const std::string host = ranks_.at(RankKey{message.world(), message.world_rank()}).info.host();
+  const std::string host = ranks_->entries().at(RankKey{message.world(), message.world_rank()}).info.host();
   if (!message.error().empty()) {
     Send(query->client, ErrorEnvelope(message.missing() ? 2 : 1,
                                       "job " + std::to_string(query->job) + " on " + host + ": " + message.error()));

@@ -125,16 +125,6 @@ void Server::WriteJobFile(const std::string& folder, const std::string& name, co
   }
 }
 
-std::string Server::DescribeRank(const RankKey& key) const {
-  // An agent is a world of its own; rank > 0 only comes from agents of protocol 3.
-  std::string text =
-      key.second == 0 ? "agent " + key.first : "rank " + std::to_string(key.second) + " of world " + key.first;
-  auto it = ranks_.find(key);
-  if (it != ranks_.end())
-    text += " (pid " + std::to_string(it->second.info.pid()) + " on " + it->second.info.host() + ")";
-  return text;
-}
-
 RunningAttempt* Server::AttemptAwaiting(const RankKey& key) {
   for (auto& [id, attempt] : running_)
     if (std::count(attempt.slots.begin(), attempt.slots.end(), key) && !attempt.finished.count(key)) return &attempt;
@@ -155,13 +145,13 @@ void Server::ReloadRunningAttempts() {
     attempt.job = open.job;
     attempt.attempt = open.attempt;
     attempt.started_at = open.started_at;
-    attempt.started_listening = listened_;
+    attempt.started_listening = listening_.Now();
     attempt.adopted = false;
     attempt.priority = job->priority;
     attempt.user = job->user;
     attempt.preemptible = job->preemptible;
     attempt.preempted_by = open.preempted_by;  // its stop was sent; its grace starts again
-    attempt.preempt_asked = listened_;
+    attempt.preempt_asked = listening_.Now();
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     if (const auto trial = store_->TrialOfJob(open.job)) attempt.search_stop_at = trial->stopped_at;
@@ -202,11 +192,10 @@ void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
 
 RankEntry* Server::Authenticated(const std::string& identity, const std::string& world, int rank,
                                  const std::string& token, const char* what) {
-  auto it = ranks_.find({world, rank});
-  if (it != ranks_.end() && !token.empty() && it->second.token == token) return &it->second;
-  Refuse(identity, std::string(what) + " for rank " + std::to_string(rank) + " of world " + world + " " +
-                       (it == ranks_.end() ? "which is not registered" : "with a token that is not its own"));
-  return nullptr;
+  std::string refusal;
+  RankEntry* entry = ranks_->Authenticated({world, rank}, token, &refusal);
+  if (!entry) Refuse(identity, std::string(what) + " for " + refusal);
+  return entry;
 }
 
 // World ids go into placements ("<world>:<rank>,...") and logs: letters, digits, '.',
@@ -234,29 +223,13 @@ bool PlausibleWorldId(const std::string& world) {
   });
 }
 
-// Note [Worlds cannot be squatted]
-// A world's token binds its id from the first registration on, in the store, so across
-// restarts too, and whether or not its agent is heard from: a silent agent (a stalled
-// host) comes back with its own token and is taken back, while anyone else claiming the
-// id (a worker-key holder hoping for the silent agent's next assignment) is refused,
-// counted, and shown on the dashboard as a warning. Under --slurm the ids "slurm-<id>"
-// are the coordinator's own, and Slurm's job ids are easy to guess: only a registration
-// with the world token of the coordinator's own submission of that Slurm job may bind
-// one (ExpectedSlurmWorld), so no one can claim the next job's world ahead of it.
+// Note [Worlds cannot be squatted] in coordinator/rank_registry.h.
 void Server::RefuseSquat(const std::string& identity, const RankKey& key, const std::string& why) {
-  ++squat_attempts_;
   const std::string what =
       "a registration as " + DescribeRank(key) +
       (why.empty() ? " with another world token: the world is bound to the token it first registered with" : why);
-  squat_warnings_.push_back({Now(), "refused " + what});
-  if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
+  ranks_->NoteSquat("refused " + what, Now());
   Refuse(identity, what);
-}
-
-int64_t Server::RanksOfKey(const std::string& worker_key, const RankKey& except) const {
-  return std::count_if(ranks_.begin(), ranks_.end(), [&](const auto& entry) {
-    return entry.first != except && entry.second.worker_key == worker_key;
-  });
 }
 
 void Server::OnRegister(const std::string& identity, const std::string& worker_key, const wire::Register& message) {
@@ -273,33 +246,15 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
   if (!PlausibleToken(message.world_token()) || !PlausibleToken(message.rank_token()))
     return Refuse(identity, "a registration needs a world token and a rank token of 32 or more characters");
   const RankKey key{rank.world(), rank.rank()};
-  auto world = world_tokens_.find(key.first);
-  if (world != world_tokens_.end() && world->second != message.world_token()) return RefuseSquat(identity, key);
+  if (ranks_->BoundElsewhere(key.first, message.world_token())) return RefuseSquat(identity, key);
   if (slurm_ && !SlurmJobOfWorld(key.first).empty() && !ExpectedSlurmWorld(key.first, message.world_token()))
     return RefuseSquat(identity, key,
                        ": under --slurm a slurm-<id> world is one of the coordinator's own Slurm jobs, and no "
                        "submission of it carries this world token");
-  auto held = ranks_.find(key);
-  const double limit = options_.heartbeat_s * options_.liveness;
-  if (held != ranks_.end() && held->second.token != message.rank_token() && listened_ - held->second.last_seen <= limit)
-    return Refuse(identity, DescribeRank(key) + " is held by a live process; a registration cannot take its slot");
-  if (!worker_key.empty() && RanksOfKey(worker_key, key) >= options_.max_ranks_per_worker_key)
-    return Refuse(identity, "worker key " + worker_key.substr(0, 8) + "... already holds " +
-                                std::to_string(options_.max_ranks_per_worker_key) +
-                                " registered ranks, the most --max-ranks-per-worker-key allows");
-  if (world == world_tokens_.end()) {  // a new world: bound to its token in the store (S8)
-    store_->KeepWorldToken(key.first, message.world_token(), Now());
-    world_tokens_[key.first] = message.world_token();
-  }
-  const bool known = held != ranks_.end() && held->second.token == message.rank_token();
-  RankEntry& entry = ranks_[key];
-  entry.info = rank;
-  entry.token = message.rank_token();
-  entry.identity = identity;
-  entry.worker_key = worker_key;
-  entry.last_seen = listened_;
-  entry.job = message.job_id();
-  entry.attempt = message.attempt();
+  if (const std::string why = ranks_->HolderRefusal(key, message.rank_token(), worker_key); !why.empty())
+    return Refuse(identity, why);
+  const bool known = ranks_->Register(message, identity, worker_key, Now());
+  const RankEntry& entry = *ranks_->Find(key);
   if (!known)
     spdlog::info("{} registered (slot {} on {}, {}, pid {}{})", DescribeRank(key), entry.info.slot(), entry.info.host(),
                  entry.info.device(), entry.info.pid(), entry.job ? ", running job " + std::to_string(entry.job) : "");
@@ -318,8 +273,7 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
 }
 
 void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& message) {
-  auto it = ranks_.find({message.world(), message.rank()});
-  if (it == ranks_.end()) {  // registered with an earlier coordinator process
+  if (!ranks_->Find({message.world(), message.rank()})) {  // registered with an earlier coordinator process
     wire::Envelope e;
     e.mutable_reregister();
     Send(identity, e);
@@ -328,11 +282,7 @@ void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& mes
   RankEntry* entry = Authenticated(identity, message.world(), message.rank(), message.rank_token(), "a heartbeat");
   if (!entry) return;
   const bool freed = entry->job != 0 && message.job_id() == 0;
-  entry->identity = identity;
-  entry->last_seen = listened_;
-  entry->job = message.job_id();
-  entry->attempt = message.attempt();
-  if (!message.last_log_line().empty()) entry->last_log_line = message.last_log_line();
+  ranks_->NoteHeartbeat(entry, identity, message);
   SendStopIfStale(*entry);
   if (freed) schedule_due_ = true;
 }
@@ -461,7 +411,7 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
       attempt.finished.insert(from);
       attempt.reported = message.end();
       attempt.reported_reason = reason;
-      attempt.reported_at = listened_;
+      attempt.reported_at = listening_.Now();
       return;
     }
     FailAttempt(message.job_id(), reason, bad_input ? Retry::kNever : preempted ? Retry::kFree : Retry::kCounted);
@@ -482,11 +432,11 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
     if (message.forwarded()) how += " (forwarded by its supervisor: the agent was being stopped)";
   }
   std::string last_line = message.last_log_line();
-  auto entry = ranks_.find(key);
-  if (entry != ranks_.end() && last_line.empty()) last_line = entry->second.last_log_line;
+  const RankEntry* entry = ranks_->Find(key);
+  if (entry && last_line.empty()) last_line = entry->last_log_line;
   const std::string who = DescribeRank(key);
   spdlog::warn("{} {}", who, how);
-  if (entry != ranks_.end()) ranks_.erase(entry);
+  ranks_->Remove(key);
   // A signal forwarded by the supervisor came from outside the job: its pool is being
   // stopped (a rank that failed on its own is reported, and ends the attempt, first).
   if (const RunningAttempt* attempt = AttemptAwaiting(key))
@@ -509,27 +459,42 @@ void Server::Tick() {
   }
   ExpireFileQueries();
   AdvanceSearches(now);
+  if (history_left_ || now - last_history_pass_ >= kHistoryPassS) TrimHistory(now);
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }
 
+void Server::TrimHistory(double now) {
+  if (!history_left_) {  // once a pass, not once a batch
+    last_history_pass_ = now;
+    std::vector<std::string> in_use;
+    for (const auto& [key, entry] : ranks_->entries()) in_use.push_back(key.first);
+    store_->TouchWorlds(in_use, now);
+    store_->ForgetWorldsRegisteredBefore(now - kWorldTokenDays * 86400.0);
+    ranks_->ReloadBindings();
+  }
+  history_left_ = false;
+  if (options_.keep_history_days <= 0) return;
+  const double before = now - options_.keep_history_days * 86400.0;
+  const int64_t forgotten = store_->PruneHistory(before, now, options_.policy.fairshare_half_life_h * 3600.0,
+                                                 SubmitToRunningBounds(), kHistoryBatch);
+  if (forgotten == 0) return;
+  history_left_ = true;
+  spdlog::info("forgot {} jobs that ended more than {} days ago (--keep-history; their run folders stay)", forgotten,
+               options_.keep_history_days);
+}
+
 void Server::ExpireSilentRanks() {
-  const double limit = options_.heartbeat_s * options_.liveness;
-  for (auto it = ranks_.begin(); it != ranks_.end();) {
-    if (listened_ - it->second.last_seen <= limit) {
-      ++it;
+  for (const RankKey& key : ranks_->Silent()) {
+    if (!SlurmJobOfWorld(key.first).empty() && !AttemptAwaiting(key)) {
+      ranks_->Remove(key);  // a Slurm job's rank 0 after its attempt ended: gone with its job
       continue;
     }
-    if (!SlurmJobOfWorld(it->first.first).empty() && !AttemptAwaiting(it->first)) {
-      it = ranks_.erase(it);  // a Slurm job's rank 0 after its attempt ended: gone with its job
-      continue;
-    }
-    const std::string who = DescribeRank(it->first);
+    const RankEntry& entry = *ranks_->Find(key);
     const std::string reason =
-        WithLastLine(who + " stopped heartbeating (silent for " + Seconds(listened_ - it->second.last_seen) + ")",
-                     it->second.last_log_line);
+        WithLastLine(DescribeRank(key) + " stopped heartbeating (silent for " + Seconds(ranks_->SilentFor(entry)) + ")",
+                     entry.last_log_line);
     spdlog::warn("{}", reason);
-    const RankKey key = it->first;
-    it = ranks_.erase(it);
+    ranks_->Remove(key);
     const RunningAttempt* attempt = AttemptAwaiting(key);
     if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;
@@ -542,15 +507,15 @@ void Server::CheckAttemptsStarted() {
   std::vector<std::pair<int64_t, std::string>> failed, abandoned;
   for (auto& [id, attempt] : running_) {
     if (!attempt.slurm_job.empty() && !attempt.slurm_started) continue;  // Slurm has not started it
-    if (listened_ - attempt.started_listening < options_.grace_s) continue;
+    if (listening_.Now() - attempt.started_listening < options_.grace_s) continue;
     if (!attempt.adopted) {
       abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
                                      " s of a coordinator restart");
       continue;
     }
     for (const RankKey& slot : attempt.slots) {
-      auto entry = ranks_.find(slot);
-      const bool started = entry != ranks_.end() && entry->second.job == id && entry->second.attempt == attempt.attempt;
+      const RankEntry* entry = ranks_->Find(slot);
+      const bool started = entry && entry->job == id && entry->attempt == attempt.attempt;
       if (!started && !attempt.finished.count(slot)) {
         failed.emplace_back(id, DescribeRank(slot) + " did not start the attempt within " +
                                     std::to_string(int(options_.grace_s)) + " s");
@@ -568,7 +533,7 @@ void Server::ScheduleQueued(double now) {
   if (slurm_) return ScheduleOnSlurm(now);
   const Clock::time_point began = Clock::now();
   std::vector<QueuedJob> queue = QueueForScheduler(now);
-  if (queue.empty() || ranks_.empty()) return;
+  if (queue.empty() || ranks_->empty()) return;
   PlaceQueued(queue, now);
   loop_metrics_->Observe("trainyard_scheduling_pass_seconds", {}, SecondsSince(began));
 }
@@ -617,8 +582,8 @@ std::vector<WorkerRank> Server::SlotsForScheduler() const {
     for (const RankKey& slot : attempt.slots)
       if (!attempt.finished.count(slot)) awaiting.emplace(slot, &attempt);
   std::vector<WorkerRank> slots;
-  slots.reserve(ranks_.size());
-  for (const auto& [key, entry] : ranks_) {
+  slots.reserve(ranks_->entries().size());
+  for (const auto& [key, entry] : ranks_->entries()) {
     if (!SlurmJobOfWorld(key.first).empty()) continue;  // a Slurm job's rank 0, never a pool slot
     WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
     if (auto it = awaiting.find(key); it != awaiting.end()) {
@@ -661,7 +626,7 @@ void Server::Preempt(int64_t victim, const std::string& head) {
   RunningAttempt& attempt = it->second;
   auto head_job = store_->Find(std::stoll(head));
   attempt.preempted_by = std::stoll(head);
-  attempt.preempt_asked = listened_;
+  attempt.preempt_asked = listening_.Now();
   ++preemptions_;
   const std::string event = "preempted by job " + head + " (priority " +
                             std::to_string(head_job ? head_job->priority : 0) +
@@ -676,9 +641,8 @@ void Server::Preempt(int64_t victim, const std::string& head) {
 }
 
 void Server::SendPreemptStop(const RunningAttempt& attempt) {
-  auto lead = ranks_.find(attempt.slots.front());
-  if (lead != ranks_.end())
-    Send(lead->second.identity,
+  if (const RankEntry* lead = ranks_->Find(attempt.slots.front()))
+    Send(lead->identity,
          StopFor(attempt.job, attempt.attempt, "preempted by job " + std::to_string(attempt.preempted_by), true,
                  options_.policy.preempt_grace_s));
 }
@@ -688,7 +652,7 @@ void Server::CheckPreemptions() {
   std::vector<RunningAttempt> overdue;
   for (const auto& [id, attempt] : running_)
     if (attempt.preempted_by != 0 &&
-        listened_ - attempt.preempt_asked > options_.policy.preempt_grace_s + kReportMarginS)
+        listening_.Now() - attempt.preempt_asked > options_.policy.preempt_grace_s + kReportMarginS)
       overdue.push_back(attempt);
   for (const RunningAttempt& attempt : overdue)
     FailAttempt(attempt.job,
@@ -705,7 +669,7 @@ bool Server::MakeAttemptFolder(const JobRecord& job, double now) {
   } catch (const std::exception& e) {  // the job cannot run here; the daemon goes on
     const std::string reason = "the coordinator cannot create its runs folder: " + std::string(e.what());
     StateStore::Transaction transaction(*store_);
-    store_->SetState(job.id, JobState::kFailed, reason);
+    store_->SetState(job.id, JobState::kFailed, reason, now);
     store_->AddEvent(job.id, reason, now);
     transaction.Commit();
     spdlog::error("job {} failed: {}", job.id, reason);
@@ -722,7 +686,7 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
   attempt.preemptible = job.preemptible;
   attempt.slots = slots;
   attempt.started_at = now;
-  attempt.started_listening = listened_;
+  attempt.started_listening = listening_.Now();
   if (job.estimate_s > 0) attempt.estimated_end = now + job.estimate_s;
   StateStore::Transaction transaction(*store_);
   attempt.attempt = store_->StartAttempt(job.id, PlacementText(slots), now);
@@ -762,8 +726,9 @@ bool Server::StartAttempt(const JobRecord& job, const Placement& placement, doub
   if (!MakeAttemptFolder(job, now)) return false;
   const RunningAttempt& attempt = OpenAttempt(
       job, slots, "started on " + PlacementText(slots) + (placement.backfilled ? " (backfilled)" : ""), now);
-  const auto gpus = std::count_if(slots.begin(), slots.end(),
-                                  [this](const RankKey& slot) { return ranks_.at(slot).info.device() == "cuda"; });
+  const auto gpus = std::count_if(slots.begin(), slots.end(), [this](const RankKey& slot) {
+    return ranks_->entries().at(slot).info.device() == "cuda";
+  });
   store_->StartUsage(job.id, attempt.attempt, now, static_cast<int>(slots.size()), static_cast<int>(gpus));
   return true;
 }
@@ -777,7 +742,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   assign->set_source(job.source);
   assign->set_base_dir(job.base_dir);
   for (const RankKey& slot : attempt.slots) {
-    const wire::RankInfo& info = ranks_.at(slot).info;
+    const wire::RankInfo& info = ranks_->entries().at(slot).info;
     wire::JobPlace* place = assign->add_places();
     place->set_world(slot.first);
     place->set_rank(slot.second);
@@ -786,7 +751,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   }
   assign->set_runs_dir(JobRunsDir(job.id));
   assign->set_resume(attempt.attempt > 1);
-  Send(ranks_.at(to).identity, e);
+  Send(ranks_->entries().at(to).identity, e);
 }
 
 void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
@@ -799,7 +764,7 @@ void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
   if (ending.job_state == JobState::kQueued)
     store_->Requeue(id, ending.job_reason, ending.requeue_at);
   else
-    store_->SetState(id, ending.job_state, ending.job_reason);
+    store_->SetState(id, ending.job_state, ending.job_reason, now);
   store_->AddEvent(id, ending.event, now);
   transaction.Commit();
   if (attempt) {
@@ -865,8 +830,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
 void Server::StopRanks(const RunningAttempt& attempt, const std::string& reason) {
   const wire::Envelope e = StopFor(attempt.job, attempt.attempt, reason);
   for (const RankKey& slot : attempt.slots) {
-    auto entry = ranks_.find(slot);
-    if (entry != ranks_.end()) Send(entry->second.identity, e);
+    if (const RankEntry* entry = ranks_->Find(slot)) Send(entry->identity, e);
   }
 }
 

@@ -129,7 +129,7 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   if (created) {
     std::vector<TrialRecord> trials;
     for (const SearchTrial& t : spec.trials) trials.push_back(TrialFrom(t, spec));
-    store_->SetState(record.id, JobState::kRunning, "");
+    store_->SetState(record.id, JobState::kRunning, "", now);
     store_->AddSearch(RecordOf(spec, record.id), trials);
     store_->AddEvent(record.id,
                      "search submitted by " + (record.user.empty() ? std::string("an unnamed user") : record.user) +
@@ -222,7 +222,7 @@ void Server::SubmitTrial(const JobRecord& search, const TrialRecord& trial, doub
 
 void Server::FinishSearch(const JobRecord& search, double now) {
   wire::SearchReport report;
-  FillSearchReport(search.id, &report);
+  views_->FillSearchReport(search.id, &report);
   int succeeded = 0, stopped = 0, failed = 0, cancelled = 0;
   for (const wire::TrialInfo& t : report.trials()) {
     succeeded += t.job_state() == wire::JOB_SUCCEEDED;
@@ -240,7 +240,7 @@ void Server::FinishSearch(const JobRecord& search, double now) {
   }
   const bool any = succeeded + stopped > 0;
   StateStore::Transaction transaction(*store_);
-  store_->SetState(search.id, any ? JobState::kSucceeded : JobState::kFailed, any ? "" : "no trial succeeded");
+  store_->SetState(search.id, any ? JobState::kSucceeded : JobState::kFailed, any ? "" : "no trial succeeded", now);
   store_->AddEvent(search.id, "search ended: " + summary, now);
   transaction.Commit();
   WriteSearchCsv(search.id);
@@ -287,14 +287,14 @@ void Server::StopTrial(int64_t job, int attempt, int epoch) {
 }
 
 void Server::SendSearchStop(const RunningAttempt& attempt) {
-  auto lead = ranks_.find(attempt.slots.front());
-  if (lead == ranks_.end() || lead->second.identity.empty()) return;  // re-adoption sends it again
+  const RankEntry* lead = ranks_->Find(attempt.slots.front());
+  if (!lead || lead->identity.empty()) return;  // re-adoption sends it again
   wire::Envelope e;
   wire::StopJob* stop = e.mutable_stop();
   stop->set_job_id(attempt.job);
   stop->set_attempt(attempt.attempt);
   stop->set_reason("stopped by its search at epoch " + std::to_string(attempt.search_stop_at));
-  Send(lead->second.identity, e);
+  Send(lead->identity, e);
 }
 
 void Server::EndStoppedTrial(int64_t job, int epoch) {
@@ -311,10 +311,10 @@ void Server::EndStoppedTrial(int64_t job, int epoch) {
 // The search ends first, so that a crash midway leaves no search submitting trials;
 // then each trial not yet ended is cancelled as its owner's cancel would.
 wire::Envelope Server::CancelSearch(const JobRecord& search, const ClientIdentity& client) {
-  if (search.state != JobState::kRunning) return Status(search.id);
+  if (search.state != JobState::kRunning) return views_->Status(search.id);
   const double now = Now();
   StateStore::Transaction transaction(*store_);
-  store_->SetState(search.id, JobState::kCancelled, "cancelled by " + Who(client));
+  store_->SetState(search.id, JobState::kCancelled, "cancelled by " + Who(client), now);
   store_->AddEvent(search.id, "cancelled by " + Who(client) + ", with its trials not yet ended", now);
   transaction.Commit();
   for (const TrialRecord& t : store_->Trials(search.id)) {
@@ -323,57 +323,7 @@ wire::Envelope Server::CancelSearch(const JobRecord& search, const ClientIdentit
   }
   WriteSearchCsv(search.id);
   spdlog::info("search {} cancelled", search.id);
-  return Status(search.id);
-}
-
-void Server::FillSearchReport(int64_t search_id, wire::SearchReport* out) const {
-  const auto search = store_->FindSearch(search_id);
-  if (!search) return;
-  out->set_method(search->method);
-  out->set_metric(search->metric);
-  out->set_maximize(search->maximize);
-  for (int r : search->rungs) out->add_rungs(r);
-  out->set_max_epochs(search->max_epochs);
-  out->set_max_concurrent(search->max_concurrent);
-  const double now = Now(), nan = std::numeric_limits<double>::quiet_NaN();
-  double best = nan;
-  for (const TrialRecord& t : store_->Trials(search_id)) {
-    wire::TrialInfo* info = out->add_trials();
-    info->set_trial(t.trial);
-    info->set_name(t.name);
-    info->set_job_id(t.job);
-    info->set_stopped_at(t.stopped_at);
-    const json params = ParseBoundedJsonOrDiscarded(t.params_json);
-    if (params.is_array())
-      for (const json& p : params)
-        if (p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string())
-          info->add_params(p[0].get<std::string>() + "=" + p[1].get<std::string>());
-    info->set_best(nan);
-    const auto job = t.job ? store_->Find(t.job) : std::nullopt;
-    if (!job) continue;
-    info->set_job_state(ToWire(job->state));
-    double seconds = 0;
-    for (const AttemptRecord& a : store_->Attempts(t.job)) seconds += a.RankSeconds(now);
-    info->set_rank_seconds(seconds);
-    double trial_best = nan;
-    for (const EpochRecord& row : store_->EpochRows(t.job)) {
-      const double value = MetricOf(row.csv_header, row.csv_line, search->metric);
-      info->add_curve(value);
-      if ((t.stopped_at == 0 || row.epoch <= t.stopped_at) && Better(value, trial_best, search->maximize))
-        trial_best = value;
-    }
-    info->set_best(trial_best);
-    if (job->state != JobState::kSucceeded) continue;
-    const FileRead summary =
-        ReadFileBeneath(options_.runs_dir, std::to_string(t.job) + "/summary.json", kMaxSummaryBytes);
-    const json parsed = summary.ok() ? ParseBoundedJsonOrDiscarded(summary.bytes) : json();
-    if (parsed.is_object() && parsed.contains("model_dir") && parsed["model_dir"].is_string())
-      info->set_model_dir(parsed["model_dir"].get<std::string>());
-    if (Better(trial_best, best, search->maximize)) {
-      best = trial_best;
-      out->set_best_trial(t.trial);
-    }
-  }
+  return views_->Status(search.id);
 }
 
 // runs/<search id>/search.csv: a row per trial. Writing it reads every trial, so a change
@@ -382,7 +332,7 @@ void Server::FillSearchReport(int64_t search_id, wire::SearchReport* out) const 
 void Server::WriteSearchCsv(int64_t search) {
   stale_search_csvs_.erase(search);
   wire::SearchReport report;
-  FillSearchReport(search, &report);
+  views_->FillSearchReport(search, &report);
   std::string text = "trial,job,name,state,epochs,stopped_at,best_" + report.metric() + ",rank_seconds,model_dir";
   const wire::TrialInfo* first = report.trials_size() ? &report.trials(0) : nullptr;
   if (first)

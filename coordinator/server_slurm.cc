@@ -48,7 +48,7 @@ void Server::TakeSlurmSubmissions(double now) {
       // again cannot help. The job fails with what Slurm said.
       const std::string reason = "Slurm did not accept the job: " + done.error;
       StateStore::Transaction transaction(*store_);
-      store_->SetState(done.job, JobState::kFailed, reason);
+      store_->SetState(done.job, JobState::kFailed, reason, now);
       store_->AddEvent(done.job, reason, now);
       transaction.Commit();
       spdlog::error("job {} failed: {}", done.job, reason);
@@ -61,42 +61,39 @@ void Server::TakeSlurmSubmissions(double now) {
     // job unusable: it is given up and the job submitted again, under a new id, after a
     // backoff, with an event.
     const std::string world = SlurmWorld(done.slurm_job);
-    if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end() && bound->second != world_token) {
+    if (ranks_->BoundElsewhere(world, world_token)) {
       GiveUpSquattedSlurmJob(*job, done.slurm_job, now);
       continue;
     }
-    store_->KeepWorldToken(world, world_token, now);  // ignored where it is bound already
-    world_tokens_[world] = world_token;
+    ranks_->Bind(world, world_token, now);  // unless its rank 0 bound it already
     RunningAttempt& attempt = OpenAttempt(*job, {{world, 0}}, "submitted to Slurm as job " + done.slurm_job, now);
     attempt.slurm_job = done.slurm_job;
-    const auto rank = ranks_.find({world, 0});
-    if (rank != ranks_.end() && rank->second.job == 0) AssignSlurmLead(rank->first);  // it was quicker
+    const RankEntry* rank = ranks_->Find({world, 0});
+    if (rank && rank->job == 0) AssignSlurmLead({world, 0});  // it was quicker
   }
 }
 
 void Server::GiveUpSquattedSlurmJob(const JobRecord& job, const std::string& slurm_job, double now) {
-  ++squat_attempts_;
   const double backoff = std::max(10.0, options_.restart_backoff_s);
   const std::string what = "the world of Slurm job " + slurm_job +
                            " was registered before the job was submitted; it is cancelled and the job submitted "
                            "again in " +
                            std::to_string(static_cast<int>(backoff)) + " s";
-  squat_warnings_.push_back({now, what});
-  if (squat_warnings_.size() > kKeptWarnings) squat_warnings_.pop_front();
+  ranks_->NoteSquat(what, now);
   spdlog::warn("job {}: {}", job.id, what);
   StateStore::Transaction transaction(*store_);
   store_->Requeue(job.id, what, now + backoff);
   store_->AddEvent(job.id, what, now);
   transaction.Commit();
   slurm_->Cancel(slurm_job);
-  ranks_.erase({SlurmWorld(slurm_job), 0});
+  ranks_->Remove({SlurmWorld(slurm_job), 0});
 }
 
 // A "slurm-<id>" world is the coordinator's own: bound already to this token (a rank
 // re-registering, after a restart too), or the world token of an sbatch in flight (a
 // rank 0 quicker than sbatch's answer). Any other registration as one is a squat.
 bool Server::ExpectedSlurmWorld(const std::string& world, const std::string& token) const {
-  if (const auto bound = world_tokens_.find(world); bound != world_tokens_.end()) return bound->second == token;
+  if (ranks_->IsBound(world)) return !ranks_->BoundElsewhere(world, token);
   for (const auto& [job, pending] : slurm_tokens_)
     if (pending == token) return true;
   return false;
@@ -139,7 +136,7 @@ void Server::FollowSlurmJobs() {
       // Its ranks have said how it ended: a Slurm job that lingers (a step stuck on an
       // unreachable node) is ended for them.
       if (attempt.reported != wire::OUTCOME_UNSPECIFIED && !attempt.cancel_sent &&
-          listened_ - attempt.reported_at > options_.grace_s) {
+          listening_.Now() - attempt.reported_at > options_.grace_s) {
         attempt.cancel_sent = true;
         slurm_->Cancel(attempt.slurm_job);
       }
@@ -166,16 +163,9 @@ void Server::FollowSlurmJobs() {
 void Server::NoteSlurmStart(RunningAttempt* attempt) {
   if (attempt->slurm_started) return;
   attempt->slurm_started = true;
-  attempt->started_listening = listened_;  // the start grace counts from here
+  attempt->started_listening = listening_.Now();  // the start grace counts from here
   if (const auto job = store_->Find(attempt->job))
     store_->StartUsage(job->id, attempt->attempt, Now(), job->ranks, job->device == "cuda" ? job->ranks : 0);
-}
-
-std::string Server::SlurmText(int64_t id) const {
-  const auto it = running_.find(id);
-  if (it == running_.end() || it->second.slurm_job.empty()) return "";
-  const std::string& state = it->second.slurm_state.state;
-  return "job " + it->second.slurm_job + ": " + (state.empty() ? "submitted" : it->second.slurm_state.Describe());
 }
 
 }  // namespace trainyard

@@ -16,111 +16,17 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "coordinator/sqlite_statement.h"
 #include "proto/wire_names.h"
 
 namespace trainyard {
-namespace {
 
 std::atomic<int64_t> full_scan_steps{0};  // FullScanSteps()
 
-}  // namespace
-
-// Note [Prepared statements]
-// Preparing a statement (parsing and planning its SQL) costs more than running most of
-// the loop's queries, and the loop runs the same few dozen texts again and again. So each
-// connection keeps one idle prepared statement per SQL text: a Statement takes it (or
-// prepares one when it is taken already, as by a query nested in another's loop) and gives
-// it back reset, with its binds cleared, when it goes out of scope. Texts are the store's
-// own, with every value bound, so they are few; past kMaxIdle the extra ones are finalized.
-// All are finalized before the connection closes.
-class StatementCache {
- public:
-  explicit StatementCache(sqlite3* db) : db_(db) {}
-  ~StatementCache() {
-    for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
-  }
-  StatementCache(const StatementCache&) = delete;
-  StatementCache& operator=(const StatementCache&) = delete;
-  sqlite3* db() const { return db_; }
-
-  sqlite3_stmt* Take(const std::string& sql) {
-    if (auto it = idle_.find(sql); it != idle_.end()) {
-      sqlite3_stmt* stmt = it->second;
-      idle_.erase(it);
-      return stmt;
-    }
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK)
-      throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db_)) + " in: " + sql);
-    return stmt;
-  }
-
-  void GiveBack(const std::string& sql, sqlite3_stmt* stmt) {
-    sqlite3_reset(stmt);
-    sqlite3_clear_bindings(stmt);
-    if (idle_.size() >= kMaxIdle || !idle_.emplace(sql, stmt).second) sqlite3_finalize(stmt);
-  }
-
- private:
-  static constexpr size_t kMaxIdle = 256;
-  sqlite3* db_;
-  std::unordered_map<std::string, sqlite3_stmt*> idle_;
-};
-
 namespace {
 
-// A prepared statement with positional binds: the cache's (Note [Prepared statements]),
-// or, made from a bare connection, one of its own. On scope exit its full-scan steps are
-// added to FullScanSteps(), and it is given back or finalized.
-class Statement {
- public:
-  Statement(StatementCache& cache, std::string sql)
-      : db_(cache.db()), cache_(&cache), sql_(std::move(sql)), stmt_(cache.Take(sql_)) {}
-  Statement(sqlite3* db, const std::string& sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
-      throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db)) + " in: " + sql);
-  }
-  ~Statement() {
-    full_scan_steps += sqlite3_stmt_status(stmt_, SQLITE_STMTSTATUS_FULLSCAN_STEP, 1);
-    if (cache_)
-      cache_->GiveBack(sql_, stmt_);
-    else
-      sqlite3_finalize(stmt_);
-  }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-  Statement& Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
-  Statement& Bind(int i, double v) { return Check(sqlite3_bind_double(stmt_, i, v)); }
-  Statement& Bind(int i, const std::string& v) {
-    return Check(sqlite3_bind_text(stmt_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-  }
-  bool Step() {  // true while a row is available
-    int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    throw StoreError("SQLite: " + std::string(sqlite3_errmsg(db_)));
-  }
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
-  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-  std::string Text(int col) const {
-    const auto* text = sqlite3_column_text(stmt_, col);
-    return text ? reinterpret_cast<const char*>(text) : "";
-  }
-
- private:
-  Statement& Check(int rc) {
-    if (rc != SQLITE_OK) throw StoreError("SQLite bind: " + std::string(sqlite3_errmsg(db_)));
-    return *this;
-  }
-  sqlite3* db_;
-  StatementCache* cache_ = nullptr;
-  std::string sql_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
 // The schema this build writes; the versions are listed above StateStore::Migrate.
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 int SchemaVersion(sqlite3* db) {
   Statement s(db, "PRAGMA user_version");
@@ -344,7 +250,7 @@ void StateStore::CreateSchema() {
       not_before REAL NOT NULL DEFAULT 0, base_dir TEXT NOT NULL DEFAULT '',
       estimate_s REAL NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '',
       preemptible INTEGER NOT NULL DEFAULT 1, search INTEGER NOT NULL DEFAULT 0,
-      kind TEXT NOT NULL DEFAULT '', metric TEXT NOT NULL DEFAULT '');
+      kind TEXT NOT NULL DEFAULT '', metric TEXT NOT NULL DEFAULT '', ended_at REAL NOT NULL DEFAULT 0);
     CREATE TABLE IF NOT EXISTS attempts(
       job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, placement TEXT NOT NULL,
       started_at REAL NOT NULL, ended_at REAL, outcome TEXT, ran_from REAL NOT NULL DEFAULT 0,
@@ -371,6 +277,9 @@ void StateStore::CreateSchema() {
     CREATE TABLE IF NOT EXISTS rung_results(
       search INTEGER NOT NULL REFERENCES jobs(id), epoch INTEGER NOT NULL, trial INTEGER NOT NULL,
       value REAL, promoted INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY(search, epoch, trial));
+    CREATE TABLE IF NOT EXISTS history_totals(
+      kind TEXT NOT NULL, user TEXT NOT NULL, key TEXT NOT NULL, value REAL NOT NULL,
+      as_of REAL NOT NULL DEFAULT 0, PRIMARY KEY(kind, user, key));
     COMMIT;)");
   if (new_database) Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
 }
@@ -385,6 +294,8 @@ void StateStore::CreateSchema() {
 //   3  an attempt's outcome is the wire's Outcome by its name alone ("failed", as
 //      proto/wire_names.h gives it), its reason in end_reason; before, one text
 //      ("failed: <reason>").
+//   4  a job's end in jobs.ended_at (for an ended job of version 3, its newest event, or
+//      its submission if it has none), and history_totals (Note [History retention]).
 // Each step is tested on a database made by that version's own schema
 // (tests/coordinator/data/schema_v*.sql).
 void StateStore::Migrate(const std::string& path) {
@@ -399,6 +310,7 @@ void StateStore::Migrate(const std::string& path) {
     if (from < 2)
       Exec("UPDATE jobs SET idempotency_key = user || '/' || idempotency_key WHERE idempotency_key IS NOT NULL");
     if (from < 3) MigrateToOutcomeNames();
+    if (from < 4) MigrateToEndedAt();
     Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
     transaction.Commit();
   }
@@ -446,6 +358,13 @@ void StateStore::MigrateToOutcomeNames() {
       "outcome = substr(outcome, 1, instr(outcome, ': ') - 1) WHERE instr(outcome, ': ') > 0");
 }
 
+void StateStore::MigrateToEndedAt() {
+  AddColumnIfMissing("jobs", "ended_at", "REAL NOT NULL DEFAULT 0");
+  Exec(
+      "UPDATE jobs SET ended_at = COALESCE((SELECT MAX(at) FROM events WHERE events.job = jobs.id), submitted_at) "
+      "WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'STOPPED')");
+}
+
 // An index for each query the loop makes per job or per scheduling pass, so that none
 // reads a whole table however long the history (FullScanSteps() counts what still does).
 void StateStore::CreateIndexes() {
@@ -453,7 +372,9 @@ void StateStore::CreateIndexes() {
     CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs(user, id);
     CREATE INDEX IF NOT EXISTS attempts_open ON attempts(job, attempt) WHERE ended_at IS NULL;
     CREATE INDEX IF NOT EXISTS events_by_job ON events(job);
-    CREATE INDEX IF NOT EXISTS trials_by_job ON trials(job) WHERE job != 0;)");
+    CREATE INDEX IF NOT EXISTS trials_by_job ON trials(job) WHERE job != 0;
+    CREATE INDEX IF NOT EXISTS jobs_by_search ON jobs(search);
+    CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended_at) WHERE ended_at > 0;)");
 }
 
 void StateStore::AddColumnIfMissing(const std::string& table, const std::string& column,
@@ -472,6 +393,16 @@ std::map<std::string, std::string> StateStore::WorldTokens() const {
   Statement s(*statements_, "SELECT world, token FROM worlds");
   while (s.Step()) tokens[s.Text(0)] = s.Text(1);
   return tokens;
+}
+
+void StateStore::TouchWorlds(const std::vector<std::string>& worlds, double now) {
+  Transaction transaction(*this);
+  for (const std::string& world : worlds) {
+    Statement s(*statements_, "UPDATE worlds SET registered_at = ? WHERE world = ?");
+    s.Bind(1, now).Bind(2, world);
+    s.Step();
+  }
+  transaction.Commit();
 }
 
 void StateStore::ForgetWorldsRegisteredBefore(double before) {
@@ -580,9 +511,11 @@ std::vector<JobRecord> StateStore::JobsIn(JobState state) const {
   return out;
 }
 
-void StateStore::SetState(int64_t id, JobState state, const std::string& reason) {
-  Statement s(*statements_, "UPDATE jobs SET state = ?, reason = ? WHERE id = ?");
-  s.Bind(1, std::string(ToString(state))).Bind(2, reason).Bind(3, id);
+void StateStore::SetState(int64_t id, JobState state, const std::string& reason, double now) {
+  const bool final_state = state == JobState::kSucceeded || state == JobState::kFailed ||
+                           state == JobState::kCancelled || state == JobState::kStopped;
+  Statement s(*statements_, "UPDATE jobs SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
+  s.Bind(1, std::string(ToString(state))).Bind(2, reason).Bind(3, final_state ? now : 0.0).Bind(4, id);
   s.Step();
   UpdateQueued(id);
 }
@@ -640,8 +573,23 @@ std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
                   "SUM(a.gpus * MAX(0, IFNULL(a.ended_at, ?1) - a.ran_from)) "
                   "FROM attempts a JOIN jobs j ON j.id = a.job WHERE a.ran_from > 0 GROUP BY 1 ORDER BY 1");
   s.Bind(1, now);
+  std::map<std::string, Usage> by_user;
+  while (s.Step()) by_user[s.Text(0)] = {s.Text(0), s.Int(1), s.Int(2), s.Real(3), s.Real(4)};
+  // Note [History retention]: the forgotten jobs' usage.
+  const auto add_forgotten = [&](const char* kind, auto field) {
+    for (const auto& [user_key, value] : HistoryTotals(kind)) {
+      Usage& u = by_user[per_user ? user_key.first : ""];
+      u.user = per_user ? user_key.first : "";
+      field(u, value);
+    }
+  };
+  add_forgotten("usage_jobs", [](Usage& u, double v) { u.jobs += int64_t(v); });
+  add_forgotten("usage_attempts", [](Usage& u, double v) { u.attempts += int64_t(v); });
+  add_forgotten("rank_seconds", [](Usage& u, double v) { u.rank_seconds += v; });
+  add_forgotten("gpu_seconds", [](Usage& u, double v) { u.gpu_seconds += v; });
   std::vector<Usage> out;
-  while (s.Step()) out.push_back({s.Text(0), s.Int(1), s.Int(2), s.Real(3), s.Real(4)});
+  out.reserve(by_user.size());
+  for (auto& [user_name, u] : by_user) out.push_back(std::move(u));
   return out;
 }
 
@@ -651,6 +599,8 @@ void StateStore::LoadEndedUsage(double half_life_s) const {
               "WHERE a.ran_from > 0 AND a.ended_at IS NOT NULL");
   ended_usage_.emplace(half_life_s);
   while (s.Step()) ended_usage_->AddEnded(s.Text(0), double(s.Int(1)), s.Real(2), s.Real(3));
+  Statement folded(*statements_, "SELECT user, value, as_of FROM history_totals WHERE kind = 'fairshare'");
+  while (folded.Step()) ended_usage_->AddTotal(folded.Text(0), folded.Real(1), folded.Real(2));
 }
 
 std::map<std::string, double> StateStore::DecayedRankSeconds(double now, double half_life_s) const {
@@ -828,6 +778,8 @@ std::map<std::pair<std::string, std::string>, int64_t> StateStore::JobCountsBySt
   Statement s(*statements_, "SELECT state, user, COUNT(*) FROM jobs GROUP BY state, user");
   std::map<std::pair<std::string, std::string>, int64_t> out;
   while (s.Step()) out[{s.Text(0), s.Text(1)}] = s.Int(2);
+  for (const auto& [user_state, count] : HistoryTotals("jobs"))
+    out[{user_state.second, user_state.first}] += int64_t(count);
   return out;
 }
 
@@ -844,6 +796,8 @@ std::map<wire::Outcome, int64_t> StateStore::AttemptOutcomes() const {
   Statement s(*statements_, "SELECT outcome, COUNT(*) FROM attempts WHERE ended_at IS NOT NULL GROUP BY outcome");
   std::map<wire::Outcome, int64_t> out;
   while (s.Step()) out[OutcomeFromName(s.Text(0))] += s.Int(1);
+  for (const auto& [user_outcome, count] : HistoryTotals("outcomes"))
+    out[OutcomeFromName(user_outcome.second)] += int64_t(count);
   return out;
 }
 

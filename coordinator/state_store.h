@@ -68,7 +68,7 @@ struct NewJob {
   bool preemptible = true;
   int64_t search = 0;
   bool is_search = false;
-  std::string metric;  // checkpoint.best_metric (Note [A job's metric] in coordinator/server.h)
+  std::string metric;  // checkpoint.best_metric (Note [A job's metric] in coordinator/job_views.h)
 };
 
 // A hyperparameter search (coordinator/search.h): how it judges its trials.
@@ -150,7 +150,33 @@ struct Usage {
   double rank_seconds = 0, gpu_seconds = 0;
 };
 
-class StatementCache;  // state_store.cc: Note [Prepared statements]
+// Note [History retention]
+// A coordinator that runs for months keeps every job it ever ran unless told otherwise.
+// With --keep-history DAYS the store forgets the jobs that ended more than DAYS ago, a
+// few hundred per transaction: each job's row, attempts, epoch rows and events, and a
+// search with its trials, rung results and trial jobs (a trial job goes only with its
+// search, so a search's report stays whole while it is kept). Run folders stay: they are
+// the user's. What the coordinator counts over its whole history keeps counting the
+// jobs it forgot: before their rows go, in the same transaction, their figures are added
+// to history_totals (jobs by state and owner, attempts by outcome, each owner's usage,
+// the submit-to-running seconds in buckets, and each owner's fair-share usage decayed to
+// the moment of pruning), and every reader of those figures adds the totals to what the
+// rows still say. So `jobctl usage`, fair share and /metrics' counters and histogram read
+// the same before and after a prune; only listings and a forgotten job's own queries
+// lose it, and its idempotency key names nothing any more. A fair-share total decays on
+// from its moment at the half-life in force then; one folded under another
+// --fairshare-half-life is not recomputed. A job's end is `ended_at`, set when it moves
+// to a final state (SUCCEEDED, FAILED, CANCELLED, STOPPED).
+
+// Submit-to-running observations of forgotten jobs: how many at each upper bound of the
+// buckets they were folded into (infinity last), their sum and their number.
+struct FoldedHistogram {
+  std::map<double, int64_t> by_upper_bound;
+  double sum = 0;
+  int64_t count = 0;
+};
+
+class StatementCache;  // sqlite_statement.h: Note [Prepared statements]
 
 class StateStore {
  public:
@@ -200,7 +226,9 @@ class StateStore {
   // How many jobs match `filter`'s states, user and name, on every page: its limit and
   // before_id are ignored.
   int64_t CountMatching(const JobFilter& filter) const;
-  void SetState(int64_t id, JobState state, const std::string& reason);
+  // A final state (SUCCEEDED, FAILED, CANCELLED, STOPPED) records `now` as the job's end
+  // (Note [History retention]); any other clears it.
+  void SetState(int64_t id, JobState state, const std::string& reason, double now);
   // Opens attempt n+1 of a job and marks it running; returns n+1.
   int StartAttempt(int64_t id, const std::string& placement, double now);
   void EndAttempt(int64_t id, int attempt, wire::Outcome end, const std::string& reason, double now);
@@ -238,6 +266,16 @@ class StateStore {
   std::map<wire::Outcome, int64_t> AttemptOutcomes() const;
   std::string journal_mode() const;
 
+  // Note [History retention] (state_store_history.cc). Forgets at most `most` of the jobs
+  // that ended before `before`, the oldest first, folding their figures into the history
+  // totals in one transaction: their fair-share usage decayed to `now` at `half_life_s`,
+  // their submit-to-running seconds into buckets of the ascending `first_start_bounds`.
+  // Returns how many jobs it forgot, a search's trial jobs included.
+  int64_t PruneHistory(double before, double now, double half_life_s, const std::vector<double>& first_start_bounds,
+                       int64_t most);
+  // The submit-to-running observations PruneHistory folded.
+  FoldedHistogram PrunedFirstStarts() const;
+
   // Searches (coordinator/search.h). AddSearch stores the search and its trials, none
   // submitted yet.
   void AddSearch(const SearchRecord& search, const std::vector<TrialRecord>& trials);
@@ -252,11 +290,14 @@ class StateStore {
   // The results at a rung, in the order they were recorded.
   std::vector<RungResult> RungResults(int64_t search, int epoch) const;
 
-  // World tokens (Note [Worlds cannot be squatted] in server.h): the first token a world
-  // registered with, kept across restarts. KeepWorldToken ignores a world already kept.
+  // World tokens (Note [Worlds cannot be squatted] in rank_registry.h): the first token a world
+  // registered with, kept across restarts, with the last moment the world was known in
+  // use. KeepWorldToken ignores a world already kept.
   void KeepWorldToken(const std::string& world, const std::string& token, double now);
   std::map<std::string, std::string> WorldTokens() const;
-  // Forgets the worlds first registered before `before` that no open attempt names.
+  // Marks `worlds` as in use at `now`: their bindings outlive ForgetWorldsRegisteredBefore.
+  void TouchWorlds(const std::vector<std::string>& worlds, double now);
+  // Forgets the worlds last known in use before `before` that no open attempt names.
   void ForgetWorldsRegisteredBefore(double before);
 
  private:
@@ -279,13 +320,23 @@ class StateStore {
   void Migrate(const std::string& path);
   void MigrateToVersionTwoColumns();
   void MigrateToOutcomeNames();
+  void MigrateToEndedAt();
   void CreateIndexes();
   // Adds `column` (with its SQL declaration) to `table` of a database made by a version
   // that did not have it.
   void AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& declaration);
 
-  // Loads ended_usage_ from every ended attempt in the store.
+  // Loads ended_usage_ from every ended attempt in the store, and the fair-share totals
+  // of the jobs it forgot (Note [History retention]).
   void LoadEndedUsage(double half_life_s) const;
+  // Adds `delta` to the history total (kind, user, key) (Note [History retention]).
+  void AddToHistory(const std::string& kind, const std::string& user, const std::string& key, double delta);
+  // The history totals of `kind`, by (user, key).
+  std::map<std::pair<std::string, std::string>, double> HistoryTotals(const std::string& kind) const;
+  // Folds job `id`'s figures into the history totals and deletes its rows; a search's
+  // trial jobs go with it. Returns the jobs deleted.
+  int64_t ForgetJob(int64_t id, double now, double half_life_s, const std::vector<double>& first_start_bounds);
+  void FoldFairShare(const std::map<std::string, double>& decayed_at_now, double now, double half_life_s);
   // Brings job `id`'s entry in queued_ (if loaded) in step with its row.
   void UpdateQueued(int64_t id);
 

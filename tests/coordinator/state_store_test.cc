@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,7 +67,7 @@ TEST_F(StateStoreTest, TransactionCommitsTogetherOrRollsBackOnAnException) {
     EXPECT_TRUE(store.Events(id).empty());
     StateStore::Transaction transaction(store);
     store.EndAttempt(id, store.StartAttempt(id, "w:0,1", 2.0), wire::OUTCOME_SUCCEEDED, "", 4.0);
-    store.SetState(id, JobState::kSucceeded, "");
+    store.SetState(id, JobState::kSucceeded, "", 5.0);
     transaction.Commit();
   }
   StateStore reopened(path_, false);
@@ -153,7 +155,7 @@ TEST_F(StateStoreTest, AVersionOneDatabaseHasItsKeysScopedByOwner) {
   sqlite3_stmt* version = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_step(version), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(version, 0), 3);
+  EXPECT_EQ(sqlite3_column_int(version, 0), 4);
   sqlite3_finalize(version);
   sqlite3_close(db);
 }
@@ -354,12 +356,12 @@ TEST_F(StateStoreTest, TheQueueInMemoryFollowsEveryChangeAndEveryRollback) {
   expect_in_step("started");
   store.Requeue(ids[0], "its host was lost", 40.0);
   expect_in_step("requeued");
-  store.SetState(ids[1], JobState::kCancelled, "cancelled by ana");
+  store.SetState(ids[1], JobState::kCancelled, "cancelled by ana", 5.0);
   expect_in_step("cancelled");
   try {
     StateStore::Transaction transaction(store);
     store.StartAttempt(ids[2], "w:0,1", 11.0);
-    store.SetState(ids[3], JobState::kFailed, "x");
+    store.SetState(ids[3], JobState::kFailed, "x", 5.0);
     store.Requeue(ids[0], "changed, then rolled back", 99.0);
     NewJob late = Job("late");
     store.Submit(late, 12.0, &created);
@@ -370,7 +372,7 @@ TEST_F(StateStoreTest, TheQueueInMemoryFollowsEveryChangeAndEveryRollback) {
   EXPECT_EQ(store.Queued().at(ids[0]).not_before, 40.0);
   StateStore::Transaction transaction(store);
   store.StartAttempt(ids[4], "w:0,1", 13.0);
-  store.SetState(ids[5], JobState::kSucceeded, "");
+  store.SetState(ids[5], JobState::kSucceeded, "", 5.0);
   transaction.Commit();
   expect_in_step("committed");
   EXPECT_EQ(store.Queued().size(), 3u);  // jobs 0, 2 and 3
@@ -390,8 +392,8 @@ TEST_F(StateStoreTest, JobsMatchingFiltersByStateUserAndNameNewestFirst) {
   };
   const int64_t a1 = submit("bert-lr1e-5", "alice"), b1 = submit("bert-lr3e-5", "bob"),
                 a2 = submit("gpt2-small", "alice"), a3 = submit("bert_%", "alice");
-  store.SetState(a1, JobState::kSucceeded, "");
-  store.SetState(a2, JobState::kRunning, "");
+  store.SetState(a1, JobState::kSucceeded, "", 5.0);
+  store.SetState(a2, JobState::kRunning, "", 5.0);
   auto filter_of = [](std::vector<JobState> states, const std::string& user, const std::string& name, int64_t limit,
                       int64_t before_id) {
     JobFilter filter;
@@ -449,7 +451,7 @@ TEST_F(StateStoreTest, TheLoopsQueriesSearchIndexesInsteadOfScanningTables) {
     store.AddEvent(last, "started", 2.0);
     if (!finish) return;
     store.EndAttempt(last, attempt, wire::OUTCOME_SUCCEEDED, "", 3.0);
-    store.SetState(last, JobState::kSucceeded, "");
+    store.SetState(last, JobState::kSucceeded, "", 5.0);
   };
   for (int i = 0; i < 100; ++i) add(i, true);
   add(100, false);  // one running
@@ -475,13 +477,14 @@ TEST_F(StateStoreTest, TheLoopsQueriesSearchIndexesInsteadOfScanningTables) {
   EXPECT_EQ(store.JobsMatching(alices).size(), 5u);
   EXPECT_EQ(store.CountMatching(queued), 0);
   EXPECT_FALSE(store.TrialOfJob(last));
+  EXPECT_EQ(store.PruneHistory(6.0, 7.0, 3600, {1, 10}, 10), 10);  // Note [History retention]
   EXPECT_EQ(FullScanSteps() - before, 0);
 
   // The count itself: a query on a column with no index steps from each row to the next.
   JobFilter named;
   named.name_contains = "langid";
-  EXPECT_EQ(store.CountMatching(named), 101);
-  EXPECT_EQ(FullScanSteps() - before, 100);
+  EXPECT_EQ(store.CountMatching(named), 91);
+  EXPECT_EQ(FullScanSteps() - before, 90);
 }
 
 // A job's metric comes from its newest row that has the column, whatever rows without it
@@ -583,7 +586,7 @@ TEST_F(StateStoreTest, EveryEarlierSchemaIsBroughtToThisOneKeepingItsRows) {
   { StateStore fresh(path_, false); }
   int fresh_version = 0;
   const auto fresh_layout = Layout(path_, &fresh_version);
-  EXPECT_EQ(fresh_version, 3);
+  EXPECT_EQ(fresh_version, 4);
   int fixtures = 0;
   for (const auto& entry : fs::directory_iterator(SourcePath("tests/coordinator/data"))) {
     const std::string name = entry.path().filename().string();
@@ -636,13 +639,185 @@ TEST_F(StateStoreTest, EveryEarlierSchemaIsBroughtToThisOneKeepingItsRows) {
     }
     int version = 0;
     const auto layout = Layout(old, &version);
-    EXPECT_EQ(version, 3);
+    EXPECT_EQ(version, 4);
     for (const auto& [table, columns] : fresh_layout) EXPECT_EQ(layout.at(table), columns) << table;
     StateStore again(old, false);  // a second opening changes nothing
     EXPECT_EQ(again.Attempts(1).at(0).end_reason,
               "job rank 1 (pid 41 on h1) was killed by signal 9 (SIGKILL): out of memory");
   }
-  EXPECT_GE(fixtures, 10);
+  EXPECT_GE(fixtures, 11);
+}
+
+// A version 3 database has no jobs.ended_at: an ended job's end is its newest event, or
+// its submission, so that --keep-history can forget it; a trial stays with its search.
+TEST_F(StateStoreTest, AVersionThreeDatabaseGetsTheEndsOfItsEndedJobs) {
+  ExecOn(path_, ReadAll(SourcePath("tests/coordinator/data/schema_v3.sql")));
+  StateStore store(path_, false);
+  EXPECT_EQ(store.PruneHistory(110, 1000, 0, {1, 10}, 100), 1) << "job 4 ended at its submission, 100";
+  EXPECT_FALSE(store.Find(4));
+  EXPECT_TRUE(store.Find(1)) << "job 1 ended at its newest event, 115";
+  EXPECT_EQ(store.PruneHistory(116, 1000, 0, {1, 10}, 100), 1);
+  EXPECT_FALSE(store.Find(1));
+  for (int64_t kept : {2, 3, 5, 6}) EXPECT_TRUE(store.Find(kept)) << kept;
+}
+
+// The figures a coordinator counts over a store's whole history (Note [History
+// retention]): usage per user and in all, jobs by state and owner, attempts by outcome,
+// and the submit-to-running seconds in the buckets of `bounds`, forgotten ones included.
+struct HistoryFigures {
+  std::vector<Usage> usage, total;
+  std::map<std::pair<std::string, std::string>, int64_t> counts;
+  std::map<wire::Outcome, int64_t> outcomes;
+  std::map<double, int64_t> first_start_buckets;
+  double first_start_sum = 0;
+  int64_t first_starts = 0;
+};
+
+HistoryFigures FiguresOf(const StateStore& store, double now, const std::vector<double>& bounds) {
+  HistoryFigures f;
+  f.usage = store.UsageBy(true, now);
+  f.total = store.UsageBy(false, now);
+  f.counts = store.JobCountsByStateAndUser();
+  f.outcomes = store.AttemptOutcomes();
+  const FoldedHistogram folded = store.PrunedFirstStarts();
+  f.first_start_buckets = folded.by_upper_bound;
+  f.first_start_sum = folded.sum;
+  f.first_starts = folded.count;
+  for (double seconds : store.SecondsToFirstStart()) {
+    const auto bound = std::lower_bound(bounds.begin(), bounds.end(), seconds);
+    ++f.first_start_buckets[bound == bounds.end() ? std::numeric_limits<double>::infinity() : *bound];
+    f.first_start_sum += seconds;
+    ++f.first_starts;
+  }
+  return f;
+}
+
+void ExpectSameUsage(const std::vector<Usage>& before, const std::vector<Usage>& after) {
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    SCOPED_TRACE(before[i].user);
+    EXPECT_EQ(after[i].user, before[i].user);
+    EXPECT_EQ(after[i].jobs, before[i].jobs);
+    EXPECT_EQ(after[i].attempts, before[i].attempts);
+    EXPECT_NEAR(after[i].rank_seconds, before[i].rank_seconds, 1e-9 * before[i].rank_seconds);
+    EXPECT_NEAR(after[i].gpu_seconds, before[i].gpu_seconds, 1e-9 * before[i].gpu_seconds + 1e-12);
+  }
+}
+
+void ExpectSameFigures(const HistoryFigures& before, const HistoryFigures& after) {
+  ExpectSameUsage(before.usage, after.usage);
+  ExpectSameUsage(before.total, after.total);
+  EXPECT_EQ(after.counts, before.counts);
+  EXPECT_EQ(after.outcomes, before.outcomes);
+  EXPECT_EQ(after.first_start_buckets, before.first_start_buckets);
+  EXPECT_NEAR(after.first_start_sum, before.first_start_sum, 1e-9);
+  EXPECT_EQ(after.first_starts, before.first_starts);
+}
+
+// A history of jobs on a store, each attempt's interval kept for the closed form of fair share.
+class JobHistory {
+ public:
+  explicit JobHistory(StateStore* store) : store_(store) {}
+  // A job of `user` submitted at `at` (of search `search`, or a search itself).
+  int64_t Submit(const std::string& key, const std::string& user, double at, int64_t search = 0,
+                 bool is_search = false) {
+    NewJob job;
+    job.name = "history";
+    job.idempotency_key = key;
+    job.spec_yaml = "name: history\n";
+    job.source = "job.yaml";
+    job.user = user;
+    job.search = search;
+    job.is_search = is_search;
+    bool created = false;
+    const int64_t id = store_->Submit(job, at, &created).id;
+    store_->AddEvent(id, "submitted", at);
+    return id;
+  }
+  // ... run once from `at + wait` for `seconds` on `ranks` ranks, ending in `state`, or
+  // left running for kRunning.
+  int64_t Run(const std::string& key, const std::string& user, double at, double wait, double seconds, int ranks,
+              JobState state, int64_t search = 0) {
+    const int64_t id = Submit(key, user, at, search);
+    const int attempt = store_->StartAttempt(id, "w:0", at + wait);
+    store_->StartUsage(id, attempt, at + wait, ranks, ranks / 2);
+    const bool running = state == JobState::kRunning;
+    intervals_.push_back(
+        {user, ranks, at + wait, running ? std::numeric_limits<double>::infinity() : at + wait + seconds});
+    if (running) return id;
+    const wire::Outcome end = state == JobState::kSucceeded ? wire::OUTCOME_SUCCEEDED : wire::OUTCOME_FAILED;
+    store_->EndAttempt(id, attempt, end, "", at + wait + seconds);
+    store_->SetState(id, state, "", at + wait + seconds);
+    return id;
+  }
+  // Each user's fair-share usage at `now` by the closed form, over every interval run.
+  std::map<std::string, double> ClosedForm(double now, double half_life_s) const {
+    std::map<std::string, double> out;
+    for (const Interval& i : intervals_)
+      out[i.user] += DecayedUsage::Of(i.ranks, i.from, std::min(i.to, now), now, half_life_s);
+    return out;
+  }
+
+ private:
+  struct Interval {
+    std::string user;
+    int ranks;
+    double from, to;
+  };
+  StateStore* store_;
+  std::vector<Interval> intervals_;
+};
+
+// Note [History retention]: forgetting old jobs keeps every figure the coordinator counts
+// over its whole history (usage, fair share against the closed form, jobs by state,
+// outcomes, the submit-to-running histogram), across a reopening too, and forgets only
+// what ended before the cut: never a running or queued job, a trial without its search,
+// or a search whose trial still runs.
+TEST_F(StateStoreTest, ForgettingOldJobsKeepsEveryFigureCountedOverTheWholeHistory) {
+  const double half_life = 3600, now = 50'000;
+  const std::vector<double> bounds = {1, 10, 100};
+  auto store = std::make_unique<StateStore>(path_, false);
+  JobHistory history(store.get());
+  const int64_t old_a = history.Run("a", "ana", 100, 0.5, 600, 4, JobState::kSucceeded);
+  const int64_t old_b = history.Run("b", "bo", 200, 30, 1200, 2, JobState::kFailed);
+  const int64_t old_c = history.Run("c", "ana", 300, 500, 60, 8, JobState::kSucceeded);
+  const int64_t cancelled = history.Submit("d", "", 400);  // never ran
+  store->SetState(cancelled, JobState::kCancelled, "cancelled while queued", 450);
+  const int64_t search = history.Submit("s", "bo", 500, 0, true);
+  const int64_t trial = history.Run("t1", "bo", 510, 5, 300, 2, JobState::kSucceeded, search);
+  store->SetState(search, JobState::kSucceeded, "", 900);
+  const int64_t live_search = history.Submit("s2", "", 600, 0, true);
+  store->SetState(live_search, JobState::kCancelled, "", 700);
+  const int64_t live_trial = history.Run("t2", "", 610, 2, 0, 2, JobState::kRunning, live_search);
+  const int64_t recent = history.Run("r", "ana", 40'000, 3, 100, 4, JobState::kSucceeded);
+  const int64_t running = history.Run("u", "bo", 45'000, 12, 0, 6, JobState::kRunning);
+  const int64_t queued = history.Submit("q", "", 46'000);
+  const HistoryFigures before = FiguresOf(*store, now, bounds);
+  store->DecayedRankSeconds(now, half_life);  // the running totals, loaded before the prune
+
+  int64_t forgotten = 0;
+  for (int64_t batch; (batch = store->PruneHistory(10'000, now, half_life, bounds, 2)) > 0;) forgotten += batch;
+  EXPECT_EQ(forgotten, 6) << "a, b, c, the cancelled one, the search and its trial";
+  for (int64_t gone : {old_a, old_b, old_c, cancelled, search, trial}) EXPECT_FALSE(store->Find(gone)) << gone;
+  for (int64_t kept : {live_search, live_trial, recent, running, queued}) EXPECT_TRUE(store->Find(kept)) << kept;
+  EXPECT_TRUE(store->Trials(search).empty());
+  EXPECT_FALSE(store->FindSearch(search));
+
+  const double later = now + 3600;  // fair share an hour on, against the closed form
+  const std::map<std::string, double> closed = history.ClosedForm(later, half_life);
+  for (const bool reopen : {false, true}) {
+    SCOPED_TRACE(reopen ? "reopened" : "the store that forgot");
+    if (reopen) {
+      store.reset();
+      store = std::make_unique<StateStore>(path_, false);
+    }
+    ExpectSameFigures(before, FiguresOf(*store, now, bounds));
+    const auto decayed = store->DecayedRankSeconds(later, half_life);
+    EXPECT_EQ(decayed.size(), closed.size());
+    for (const auto& [user, value] : closed) EXPECT_NEAR(decayed.at(user), value, 1e-9 * value + 1e-9) << user;
+  }
+  bool created = false;
+  EXPECT_EQ(store->Submit(Job("z"), now, &created).id, queued + 1) << "ids are never reused";
 }
 
 TEST_F(StateStoreTest, ADatabaseOfANewerSchemaIsRefused) {
@@ -652,7 +827,7 @@ TEST_F(StateStoreTest, ADatabaseOfANewerSchemaIsRefused) {
     StateStore store(path_, false);
     FAIL() << "a database of schema version 9 was opened";
   } catch (const StoreError& e) {
-    EXPECT_NE(std::string(e.what()).find("written by a newer coordinator (schema version 9; this one knows up to 3)"),
+    EXPECT_NE(std::string(e.what()).find("written by a newer coordinator (schema version 9; this one knows up to 4)"),
               std::string::npos)
         << e.what();
   }

@@ -56,7 +56,7 @@ const std::string& SeededStore() {
     job.max_restarts = 1;
     bool created = false;
     if (store.Submit(job, WallNow(), &created).id != kJob) std::abort();
-    store.SetState(kJob, JobState::kRunning, "");
+    store.SetState(kJob, JobState::kRunning, "", 5.0);
     if (store.StartAttempt(kJob, std::string(kWorld) + ":0,1", WallNow()) != kAttempt) std::abort();
     return template_path;
   }();

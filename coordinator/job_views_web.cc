@@ -16,15 +16,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <vector>
-#include <zmq_addon.hpp>
 
 #include "common/bounded_json.h"
 #include "common/csv.h"
 #include "common/metrics.h"
 #include "common/query_string.h"
 #include "common/regular_file.h"
+#include "coordinator/job_views.h"
 #include "coordinator/search_json.h"
-#include "coordinator/server.h"
 #include "proto/wire_names.h"
 
 namespace trainyard {
@@ -167,7 +166,7 @@ double NumberOr(const json& object, const char* key, double fallback) {
 
 }  // namespace
 
-WebReply Server::AnswerWebQuery(const std::string& target) {
+WebReply JobViews::Answer(const std::string& target) const {
   const std::string path = target.substr(0, target.find('?'));
   try {
     if (path == "/api/jobs") return ApiJobs(target);
@@ -192,11 +191,11 @@ WebReply Server::AnswerWebQuery(const std::string& target) {
 }
 
 // Note [Paged job listing].
-WebReply Server::ApiJobs(const std::string& target) {
+WebReply JobViews::ApiJobs(const std::string& target) const {
   const JobFilter filter = JobPageFilter(target);
   JobFilter one_more = filter;  // a row past the page says whether there is a next one
   ++one_more.limit;
-  std::vector<JobRecord> page = store_->JobsMatching(one_more);
+  std::vector<JobRecord> page = sources_.store.JobsMatching(one_more);
   const bool more = int64_t(page.size()) > filter.limit;
   if (more) page.pop_back();
   json jobs = json::array();
@@ -204,26 +203,26 @@ WebReply Server::ApiJobs(const std::string& target) {
     json job = JobJson(j);
     job["slurm"] = SlurmText(j.id);
     job["waiting"] = WaitingText(j);
-    const json latest = LatestEpoch(store_->NewestEpochRow(j.id));
+    const json latest = LatestEpoch(sources_.store.NewestEpochRow(j.id));
     job["epochs"] = latest.is_null() ? 0 : NumberOr(latest, "epoch", 0);
     job["ms_per_step"] = latest.is_null() ? json(nullptr) : json(NumberOr(latest, "ms_per_step", 0));
     jobs.push_back(job);
   }
   return JsonReply(200, {{"jobs", jobs},
                          {"now", Now()},
-                         {"total", store_->CountMatching(filter)},
+                         {"total", sources_.store.CountMatching(filter)},
                          {"limit", filter.limit},
                          {"next", more ? json(NextPageUrl(filter, page.back().id)) : json(nullptr)}});
 }
 
-WebReply Server::ApiJob(int64_t id) {
-  const auto record = store_->Find(id);
+WebReply JobViews::ApiJob(int64_t id) const {
+  const auto record = sources_.store.Find(id);
   if (!record) return NotFound("no job " + std::to_string(id));
   json job = JobJson(*record);
   job["slurm"] = SlurmText(id);
   job["waiting"] = WaitingText(*record);
   json attempts = json::array(), events = json::array(), epochs = json::array(), breakdowns = json::array();
-  for (const AttemptRecord& a : store_->Attempts(id))
+  for (const AttemptRecord& a : sources_.store.Attempts(id))
     attempts.push_back({{"attempt", a.attempt},
                         {"placement", a.placement},
                         {"outcome", DescribeEnd(a.end, a.end_reason)},
@@ -231,8 +230,8 @@ WebReply Server::ApiJob(int64_t id) {
                         {"ended_at", a.ended_at > 0 ? json(a.ended_at) : json(nullptr)},
                         {"rank_seconds", a.RankSeconds(Now())},
                         {"gpu_seconds", a.GpuSeconds(Now())}});
-  for (const EventRecord& e : store_->TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
-  for (const EpochRecord& row : store_->EpochRows(id)) {
+  for (const EventRecord& e : sources_.store.TimedEvents(id)) events.push_back({{"at", e.at}, {"text", e.text}});
+  for (const EpochRecord& row : sources_.store.EpochRows(id)) {
     epochs.push_back(EpochJson(SplitCsv(row.csv_header), row));
     json breakdown = ParseBoundedJsonOrDiscarded(row.breakdown_json);
     if (breakdown.is_object()) {
@@ -247,8 +246,9 @@ WebReply Server::ApiJob(int64_t id) {
   job["breakdown"] = breakdowns;
   job["step_parts"] = {"wait", "h2d", "forward", "backward", "comm", "optimizer"};
   // Note [Job output]: the tail of the latest attempt's output.log.
-  job["output"] = {{"attempt", record->attempts},
-                   {"tail", record->attempts > 0 ? outputs_->Tail(id, record->attempts, kDashboardOutputBytes) : ""}};
+  job["output"] = {
+      {"attempt", record->attempts},
+      {"tail", record->attempts > 0 ? sources_.outputs.Tail(id, record->attempts, kDashboardOutputBytes) : ""}};
   const bool heatmap = HeatmapFile(id, record->name).ok();
   job["heatmap"] = heatmap ? json("/api/jobs/" + std::to_string(id) + "/heatmap.svg") : json(nullptr);
   if (record->is_search) {
@@ -259,14 +259,14 @@ WebReply Server::ApiJob(int64_t id) {
   return JsonReply(200, job);
 }
 
-FileRead Server::HeatmapFile(int64_t id, const std::string& job_name) const {
-  return ReadFileBeneath(options_.runs_dir, std::to_string(id) + "/" + job_name + "/latency_heatmap.svg",
+FileRead JobViews::HeatmapFile(int64_t id, const std::string& job_name) const {
+  return ReadFileBeneath(settings_.runs_dir, std::to_string(id) + "/" + job_name + "/latency_heatmap.svg",
                          kMaxHeatmapBytes);
 }
 
 // A benchmark job's latency heatmap, as its worker drew it (worker/report/bench_report.h).
-WebReply Server::HeatmapSvg(int64_t id) {
-  const auto record = store_->Find(id);
+WebReply JobViews::HeatmapSvg(int64_t id) const {
+  const auto record = sources_.store.Find(id);
   if (!record) return NotFound("no job " + std::to_string(id));
   FileRead svg = HeatmapFile(id, record->name);
   if (svg.status == FileRead::kMissing)
@@ -275,11 +275,11 @@ WebReply Server::HeatmapSvg(int64_t id) {
   return {200, "image/svg+xml", std::move(svg.bytes)};
 }
 
-WebReply Server::ApiWorkers() {
+WebReply JobViews::ApiWorkers() const {
   json workers = json::array();
-  const double lost_after = options_.heartbeat_s * options_.liveness;
-  for (const auto& [key, entry] : ranks_) {
-    const double silent = listened_ - entry.last_seen;
+  const double lost_after = sources_.ranks.silence_s();
+  for (const auto& [key, entry] : sources_.ranks.entries()) {
+    const double silent = sources_.ranks.SilentFor(entry);
     workers.push_back({{"world", entry.info.world()},
                        {"rank", entry.info.rank()},
                        {"world_size", entry.info.world_size()},
@@ -294,11 +294,11 @@ WebReply Server::ApiWorkers() {
                        {"last_log_line", entry.last_log_line}});
   }
   json warnings = json::array();
-  for (const Warning& w : squat_warnings_) warnings.push_back({{"at", w.at}, {"text", w.text}});
+  for (const Warning& w : sources_.ranks.warnings()) warnings.push_back({{"at", w.at}, {"text", w.text}});
   return JsonReply(200, {{"workers", workers},
                          {"warnings", warnings},
-                         {"squat_attempts", squat_attempts_},
-                         {"heartbeat_s", options_.heartbeat_s},
+                         {"squat_attempts", sources_.ranks.squat_attempts()},
+                         {"heartbeat_s", settings_.heartbeat_s},
                          {"lost_after_s", lost_after}});
 }
 
@@ -308,8 +308,7 @@ void DeclareCoordinatorMetrics(Metrics* m) {
   m->DeclareGauge("trainyard_jobs", "Jobs by state.");
   m->DeclareGauge("trainyard_queue_depth", "Jobs waiting to run (QUEUED).");
   m->DeclareHistogram("trainyard_submit_to_running_seconds",
-                      "From a job's submission to the start of its first attempt.",
-                      {0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400});
+                      "From a job's submission to the start of its first attempt.", SubmitToRunningBounds());
   m->DeclareCounter("trainyard_attempts_total", "Ended attempts by outcome.");
   m->DeclareGauge("trainyard_running_attempts", "Attempts running now.");
   m->DeclareGauge("trainyard_worker_up", "1 for a registered rank heard within its liveness window, else 0.");
@@ -334,28 +333,31 @@ void DeclareCoordinatorMetrics(Metrics* m) {
 // Everything is derived from the store and the registry at scrape time, so the counters
 // and the histogram survive a coordinator restart unchanged: they only ever grow with
 // the durable history.
-std::string Server::MetricsText() {
+std::string JobViews::MetricsText() const {
   Metrics m;
   DeclareCoordinatorMetrics(&m);
   AddJobMetrics(&m);
   AddAttemptMetrics(&m);
   AddWorkerMetrics(&m);
-  return m.Render() + loop_metrics_->Render();
+  return m.Render() + sources_.loop_metrics.Render();
 }
 
 // Jobs by state and owner, submit-to-running latency, and running jobs' step times.
-void Server::AddJobMetrics(Metrics* m) {
+void JobViews::AddJobMetrics(Metrics* m) const {
   std::map<std::string, int64_t> by_state;
   for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"}) by_state[state] = 0;
-  for (const auto& [state_user, count] : store_->JobCountsByStateAndUser()) {
+  for (const auto& [state_user, count] : sources_.store.JobCountsByStateAndUser()) {
     by_state[state_user.first] += count;
     m->Set("trainyard_user_jobs", {{"user", state_user.second}, {"state", state_user.first}}, double(count));
   }
   for (const auto& [state, count] : by_state) m->Set("trainyard_jobs", {{"state", state}}, double(count));
   m->Set("trainyard_queue_depth", {}, double(by_state["QUEUED"]));
-  for (double seconds : store_->SecondsToFirstStart()) m->Observe("trainyard_submit_to_running_seconds", {}, seconds);
-  for (const JobRecord& j : store_->JobsIn(JobState::kRunning)) {
-    const json latest = LatestEpoch(store_->NewestEpochRow(j.id));
+  for (double seconds : sources_.store.SecondsToFirstStart())
+    m->Observe("trainyard_submit_to_running_seconds", {}, seconds);
+  const FoldedHistogram forgotten = sources_.store.PrunedFirstStarts();  // Note [History retention]
+  m->ObserveFolded("trainyard_submit_to_running_seconds", {}, forgotten.by_upper_bound, forgotten.sum, forgotten.count);
+  for (const JobRecord& j : sources_.store.JobsIn(JobState::kRunning)) {
+    const json latest = LatestEpoch(sources_.store.NewestEpochRow(j.id));
     if (latest.is_null()) continue;
     const MetricLabels labels = {{"job", std::to_string(j.id)}, {"name", j.name}, {"user", j.user}};
     m->Set("trainyard_job_ms_per_step", labels, NumberOr(latest, "ms_per_step", 0));
@@ -364,17 +366,17 @@ void Server::AddJobMetrics(Metrics* m) {
 }
 
 // Ended attempts, running ones (with their Slurm jobs), usage, preemptions and squats.
-void Server::AddAttemptMetrics(Metrics* m) {
-  m->Add("trainyard_preemptions_total", {}, double(preemptions_));
-  for (const auto& [outcome, count] : store_->AttemptOutcomes())
+void JobViews::AddAttemptMetrics(Metrics* m) const {
+  m->Add("trainyard_preemptions_total", {}, double(sources_.preemptions));
+  for (const auto& [outcome, count] : sources_.store.AttemptOutcomes())
     m->Add("trainyard_attempts_total", {{"outcome", OutcomeName(outcome)}}, double(count));
-  m->Set("trainyard_running_attempts", {}, double(running_.size()));
-  m->Add("trainyard_squat_attempts_total", {}, double(squat_attempts_));
-  for (const Usage& u : store_->UsageBy(/*per_user=*/true, Now())) {
+  m->Set("trainyard_running_attempts", {}, double(sources_.running.size()));
+  m->Add("trainyard_squat_attempts_total", {}, double(sources_.ranks.squat_attempts()));
+  for (const Usage& u : sources_.store.UsageBy(/*per_user=*/true, Now())) {
     m->Add("trainyard_rank_seconds_total", {{"user", u.user}}, u.rank_seconds);
     m->Add("trainyard_gpu_seconds_total", {{"user", u.user}}, u.gpu_seconds);
   }
-  for (const auto& [id, attempt] : running_)
+  for (const auto& [id, attempt] : sources_.running)
     if (!attempt.slurm_job.empty())
       m->Set("trainyard_slurm_job",
              {{"job", std::to_string(id)},
@@ -385,27 +387,13 @@ void Server::AddAttemptMetrics(Metrics* m) {
 }
 
 // Each registered rank's liveness.
-void Server::AddWorkerMetrics(Metrics* m) {
-  const double lost_after = options_.heartbeat_s * options_.liveness;
-  for (const auto& [key, entry] : ranks_) {
+void JobViews::AddWorkerMetrics(Metrics* m) const {
+  for (const auto& [key, entry] : sources_.ranks.entries()) {
     const MetricLabels labels = {
         {"world", key.first}, {"rank", std::to_string(key.second)}, {"host", entry.info.host()}};
-    const double silent = listened_ - entry.last_seen;
-    m->Set("trainyard_worker_up", labels, silent <= lost_after ? 1 : 0);
+    const double silent = sources_.ranks.SilentFor(entry);
+    m->Set("trainyard_worker_up", labels, sources_.ranks.Alive(entry) ? 1 : 0);
     m->Set("trainyard_worker_heartbeat_age_seconds", labels, silent);
-  }
-}
-
-void Server::AnswerWebQueries() {
-  for (int i = 0; i < 100; ++i) {
-    std::vector<zmq::message_t> frames;
-    if (!zmq::recv_multipart(web_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return;
-    if (frames.size() != 2) continue;  // [asker][target]: only DashboardServer speaks here
-    const WebReply reply = AnswerWebQuery(frames[1].to_string());
-    const std::string status = std::to_string(reply.status);
-    std::array<zmq::const_buffer, 4> out = {zmq::buffer(frames[0].data(), frames[0].size()), zmq::buffer(status),
-                                            zmq::buffer(reply.content_type), zmq::buffer(reply.body)};
-    zmq::send_multipart(web_socket_, out, zmq::send_flags::dontwait);
   }
 }
 

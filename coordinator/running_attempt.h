@@ -1,0 +1,51 @@
+// An attempt as the coordinator's loop follows it while it runs: its gang of slots, who
+// has reported, and what preemption, a search or Slurm has asked of it. The store holds
+// the durable part (coordinator/state_store.h); this is what the loop adds between
+// messages, rebuilt from the store after a restart (Server::ReloadRunningAttempts).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coordinator/rank_registry.h"
+#include "coordinator/slurm.h"
+#include "trainyard.pb.h"
+
+namespace trainyard {
+
+struct RunningAttempt {
+  int64_t job = 0;
+  int attempt = 0;
+  // Of its job, for preemption and quotas.
+  int priority = 0;
+  std::string user;
+  bool preemptible = true;
+  // Note [Preemption]: the job it was stopped for, and when (on the listening clock).
+  int64_t preempted_by = 0;
+  double preempt_asked = 0;
+  // Note [ASHA] in coordinator/search.h: the rung epoch its search stopped this trial at; 0: none.
+  int search_stop_at = 0;
+  std::vector<RankKey> slots;                // job rank order; slots[0] leads the job
+  double started_at = 0, estimated_end = 0;  // wall clock
+  double started_listening = 0;              // on the listening clock
+  std::set<RankKey> finished;                // slots whose JobResult arrived
+  std::set<RankKey> present;                 // slots seen running it (re-adoption)
+  bool adopted = true;                       // false after a restart until every slot is back
+  std::string summary_json;
+  // --slurm (Note [Attempts as Slurm jobs]): its Slurm job, what squeue last said of it,
+  // and whether it has started (the start grace counts from then).
+  std::string slurm_job;
+  SlurmJobState slurm_state;
+  bool slurm_started = false;
+  // What its rank 0 reported, when not a success: the attempt ends once Slurm says how
+  // its job ended (FollowSlurmJobs), which names the cause (NODE_FAIL, TIMEOUT) and tells
+  // a preemption or time limit (requeued free) from an scancel (counted).
+  wire::Outcome reported = wire::OUTCOME_UNSPECIFIED;
+  std::string reported_reason;
+  double reported_at = 0;  // on the listening clock; a Slurm job not ended `grace_s` later is cancelled
+  bool cancel_sent = false;
+};
+
+}  // namespace trainyard
