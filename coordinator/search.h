@@ -1,5 +1,5 @@
 // The decisions of a hyperparameter search (`kind: search`, common/spec/search_spec.h),
-// as pure functions: the coordinator's loop (server_search.cc) stores what they decide.
+// as pure functions: the coordinator's SearchDriver (search_driver.h) stores what they decide.
 //
 // Note [Search life cycle]
 // A search is a job row of its own that never runs ranks. At submission every trial's job

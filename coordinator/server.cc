@@ -113,6 +113,8 @@ Server::Server(ServerOptions options)
       JobViews::Sources{*store_, *ranks_, running_, waiting_, *outputs_, *loop_metrics_, preemptions_},
       JobViews::Settings{options_.runs_dir, options_.policy.fairshare_half_life_h * 3600.0, options_.slurm.enabled,
                          options_.list_page, options_.heartbeat_s, [this] { return Now(); }});
+  SearchLoop& loop = *this;  // a private base: the driver reaches the loop only through it
+  searches_ = std::make_unique<SearchDriver>(*store_, *views_, loop, options_.policy.user_max_queued);
 }
 
 Server::~Server() = default;
@@ -508,7 +510,10 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
                                 "; only its owner "
                                 "or an admin may cancel it, and " +
                                 client.user + " is neither");
-  if (job->is_search) return CancelSearch(*job, client);
+  if (job->is_search) {
+    searches_->Cancel(*job, client, Who(client), Now());
+    return views_->Status(id);
+  }
   const double now = Now();
   if (job->state == JobState::kQueued) {
     StateStore::Transaction transaction(*store_);
@@ -522,7 +527,7 @@ wire::Envelope Server::Cancel(int64_t id, const ClientIdentity& client) {
              "cancelled while running by " + Who(client) + "; its ranks were told to stop", "cancelled by the user"});
     spdlog::info("job {} cancelled while running", id);
   }
-  search_due_ = search_due_ || job->search != 0;
+  if (job->search != 0) searches_->MarkDue();
   return views_->Status(id);
 }
 

@@ -75,6 +75,7 @@
 #include "coordinator/rank_registry.h"
 #include "coordinator/running_attempt.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/search_driver.h"
 #include "coordinator/slurm.h"
 #include "coordinator/state_store.h"
 #include "coordinator/submit_parser.h"
@@ -177,7 +178,7 @@ std::string CutText(const std::string& text, size_t max);
 // Cuts the free text of a worker message (Note [Peer text is bounded at reception]).
 void BoundPeerText(wire::Envelope* message);
 
-class Server {
+class Server : private SearchLoop {
  public:
   // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
   // checks that the runs folder can be written (ConfigError) and binds.
@@ -254,7 +255,7 @@ class Server {
   // QuotaRefusal for a search that runs at most `concurrent` trials of at most `ranks`
   // ranks at once (Note [Policy by role]).
   std::string SearchQuotaRefusal(const std::string& user, int concurrent, int ranks) const;
-  int QueuedJobsOf(const std::string& user) const;
+  int QueuedJobsOf(const std::string& user) const override;
   // Why `user` may not queue one more job (--user-max-queued), or "".
   std::string QueueFullRefusal(const std::string& user) const;
   // Only the job's owner or an admin may cancel it (Note [Client keys name users]).
@@ -326,22 +327,20 @@ class Server {
                               double now);
   // Creates the folder of `job`'s next attempt; false (the job failed, said why) if it cannot be.
   bool MakeAttemptFolder(const JobRecord& job, double now);
-  // Searches (server_search.cc, Note [Search life cycle] in coordinator/search.h).
+  // Searches' submissions and stops (server_search.cc; the rest in SearchDriver, Note [Search
+  // life cycle] in coordinator/search.h).
   void FinishSearchSubmission(const ParsedSubmission& parsed);
-  void AdvanceSearches(double now);
-  void AdvanceSearch(const JobRecord& search, double now);
-  void SubmitTrial(const JobRecord& search, const TrialRecord& trial, double now);
-  void FinishSearch(const JobRecord& search, double now);
-  // Judges a trial's epoch row (Note [ASHA]) inside the caller's transaction. Returns the
-  // rung epoch the trial was stopped at, now or before; 0 while it goes on.
-  int JudgeTrialEpoch(int64_t job, int epoch, const std::string& csv_header, const std::string& csv_line, double now);
+  // SearchLoop: what the search driver asks of the loop.
+  void TrialQueued() override { schedule_due_ = true; }
+  void CancelTrial(int64_t id, const ClientIdentity& client) override { Cancel(id, client); }
+  void WriteRunsFile(int64_t job, const std::string& name, const std::string& bytes) override {
+    WriteJobFile(JobRunsDir(job), name, bytes, job);
+  }
   // Acts on a stop decision: a running trial is told to stop, a queued one ends at once.
   void StopTrial(int64_t job, int attempt, int epoch);
   void SendSearchStop(const RunningAttempt& attempt);
   // Ends a trial its search stopped at `epoch`: STOPPED, with its running attempt ended.
   void EndStoppedTrial(int64_t job, int epoch);
-  wire::Envelope CancelSearch(const JobRecord& search, const ClientIdentity& client);
-  void WriteSearchCsv(int64_t search);
   // --slurm (server_slurm.cc, Note [Attempts as Slurm jobs]).
   void ScheduleOnSlurm(double now);
   void SubmitToSlurm(const JobRecord& job, double now);
@@ -424,15 +423,13 @@ class Server {
   std::unordered_map<std::string, std::string> waiting_;
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
-  bool search_due_ = true;  // a search may submit trials, or end
-  double last_search_pass_ = 0;
-  std::set<int64_t> stale_search_csvs_;  // searches whose search.csv the next search pass rewrites
   double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;
   double last_history_pass_ = 0;
   bool history_left_ = false;  // the last batch forgot jobs: there may be more
   Scheduler scheduler_;
   std::unique_ptr<SlurmClient> slurm_;           // --slurm only
-  std::unique_ptr<JobViews> views_;              // last: reads the members above
+  std::unique_ptr<JobViews> views_;              // reads the members above
+  std::unique_ptr<SearchDriver> searches_;       // last: uses the store, the views and the loop
   std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token
 };
 

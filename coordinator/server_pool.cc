@@ -342,12 +342,12 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
   StateStore::Transaction transaction(*store_);
   const bool added = store_->AddEpochRow(message.job_id(), row);
   const int stop_at =
-      JudgeTrialEpoch(message.job_id(), message.epoch(), message.csv_header(), message.csv_line(), Now());
+      searches_->Judge(message.job_id(), message.epoch(), message.csv_header(), message.csv_line(), Now());
   transaction.Commit();
   if (added) WriteEpochFiles(message.job_id());  // committed first
   Send(identity, AckFor(message.job_id(), message.attempt(), "epoch", message.epoch()));
   if (stop_at > 0) StopTrial(message.job_id(), message.attempt(), stop_at);
-  if (const auto trial = store_->TrialOfJob(message.job_id())) stale_search_csvs_.insert(trial->search);
+  if (const auto trial = store_->TrialOfJob(message.job_id())) searches_->MarkStale(trial->search);
 }
 
 void Server::WriteEpochFiles(int64_t job) {
@@ -458,7 +458,7 @@ void Server::Tick() {
     FollowSlurmJobs();
   }
   ExpireFileQueries();
-  AdvanceSearches(now);
+  searches_->Advance(now);
   if (history_left_ || now - last_history_pass_ >= kHistoryPassS) TrimHistory(now);
   if (schedule_due_ || now - last_schedule_ >= 0.5) ScheduleQueued(now);
 }
@@ -774,7 +774,7 @@ void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
       slurm_->Cancel(attempt->slurm_job);  // its allocation, if any is left
   }
   schedule_due_ = true;
-  search_due_ = true;
+  searches_->MarkDue();
 }
 
 void Server::SucceedAttempt(RunningAttempt attempt) {  // a copy: ending it erases the running one

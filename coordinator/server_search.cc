@@ -1,5 +1,5 @@
-// Hyperparameter searches on the coordinator's loop: Note [Search life cycle] and
-// Note [ASHA] in coordinator/search.h.
+// A search's submission, and stopping its trials, on the coordinator's loop (Note [Search
+// life cycle] and Note [ASHA] in coordinator/search.h; the rest in search_driver.cc).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -19,28 +19,6 @@ namespace trainyard {
 namespace {
 
 using json = nlohmann::json;
-
-bool Ended(JobState state) {
-  return state == JobState::kSucceeded || state == JobState::kFailed || state == JobState::kCancelled ||
-         state == JobState::kStopped;
-}
-
-std::string MetricText(double value) {
-  if (std::isnan(value)) return "none";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", value);
-  return text;
-}
-
-std::string ParamsText(const std::string& params_json) {
-  const json params = ParseBoundedJsonOrDiscarded(params_json);
-  std::string out;
-  if (!params.is_array()) return out;
-  for (const json& p : params)
-    if (p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string())
-      out += (out.empty() ? "" : ", ") + p[0].get<std::string>() + "=" + p[1].get<std::string>();
-  return out;
-}
 
 TrialRecord TrialFrom(const SearchTrial& trial, const SearchSpec& spec) {
   TrialRecord t;
@@ -73,13 +51,6 @@ SearchRecord RecordOf(const SearchSpec& spec, int64_t job) {
   r.max_concurrent = spec.max_concurrent;
   if (spec.method == SearchMethod::kAsha) r.rungs = spec.asha.Rungs();
   return r;
-}
-
-// A CSV cell: the rows Trainyard writes hold no comma (common/csv.h).
-std::string Cell(std::string text) {
-  std::replace(text.begin(), text.end(), ',', ';');
-  std::replace(text.begin(), text.end(), '\n', ' ');
-  return text;
 }
 
 }  // namespace
@@ -142,7 +113,7 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   if (created) {
     spdlog::info("search {} '{}' accepted: {} trials ({})", record.id, record.name, spec.trials.size(),
                  ToString(spec.method));
-    search_due_ = true;
+    searches_->MarkDue();
   }
   wire::Envelope reply;
   reply.set_version(kProtocolVersion);
@@ -151,130 +122,8 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
   Send(parsed.identity, reply);
 }
 
-// On every change that may end a trial, and every 2 s besides, so that no way a trial
-// ends can leave its search waiting.
-void Server::AdvanceSearches(double now) {
-  if (!search_due_ && now - last_search_pass_ < 2) return;
-  search_due_ = false;
-  last_search_pass_ = now;
-  for (const JobRecord& job : store_->JobsIn(JobState::kRunning))
-    if (job.is_search) AdvanceSearch(job, now);
-  for (int64_t search : std::exchange(stale_search_csvs_, {})) WriteSearchCsv(search);
-}
-
-void Server::AdvanceSearch(const JobRecord& search, double now) {
-  const auto record = store_->FindSearch(search.id);
-  if (!record) return;
-  const std::vector<TrialRecord> trials = store_->Trials(search.id);
-  int active = 0;
-  bool all_ended = true;
-  for (const TrialRecord& t : trials) {
-    if (t.job == 0) {
-      all_ended = false;
-      continue;
-    }
-    const auto job = store_->Find(t.job);
-    if (job && !Ended(job->state)) {
-      ++active;
-      all_ended = false;
-    }
-  }
-  if (all_ended) return FinishSearch(search, now);
-  // Under --user-max-queued, trials wait while their user's queue is full.
-  const int queue_limit = options_.policy.user_max_queued;
-  int queued = queue_limit > 0 ? QueuedJobsOf(search.user) : 0;
-  for (const TrialRecord& t : trials) {
-    if (active >= record->max_concurrent || (queue_limit > 0 && queued >= queue_limit)) break;
-    if (t.job != 0) continue;
-    SubmitTrial(search, t, now);
-    ++active;
-    ++queued;
-  }
-}
-
-// The trial's job and the trial's record of it commit together, so a restart can neither
-// lose a trial nor submit one twice.
-void Server::SubmitTrial(const JobRecord& search, const TrialRecord& trial, double now) {
-  NewJob job = trial.job_fields;
-  job.name = trial.name;
-  job.spec_yaml = trial.yaml;
-  job.source = trial.source;
-  job.base_dir = trial.base_dir;
-  job.user = search.user;
-  job.search = search.id;
-  bool created = false;
-  StateStore::Transaction transaction(*store_);
-  const JobRecord record = store_->Submit(job, now, &created);
-  store_->SetTrialJob(search.id, trial.trial, record.id);
-  const std::string params = ParamsText(trial.params_json);
-  store_->AddEvent(record.id,
-                   "submitted by search " + std::to_string(search.id) + " as trial " + std::to_string(trial.trial) +
-                       " (" + params + ") for " + (search.user.empty() ? std::string("an unnamed user") : search.user),
-                   now);
-  store_->AddEvent(
-      search.id,
-      "trial " + std::to_string(trial.trial) + " (" + params + ") submitted as job " + std::to_string(record.id), now);
-  transaction.Commit();
-  spdlog::info("search {}: trial {} queued as job {}", search.id, trial.trial, record.id);
-  schedule_due_ = true;
-  stale_search_csvs_.insert(search.id);
-}
-
-void Server::FinishSearch(const JobRecord& search, double now) {
-  wire::SearchReport report;
-  views_->FillSearchReport(search.id, &report);
-  int succeeded = 0, stopped = 0, failed = 0, cancelled = 0;
-  for (const wire::TrialInfo& t : report.trials()) {
-    succeeded += t.job_state() == wire::JOB_SUCCEEDED;
-    stopped += t.job_state() == wire::JOB_STOPPED;
-    failed += t.job_state() == wire::JOB_FAILED;
-    cancelled += t.job_state() == wire::JOB_CANCELLED;
-  }
-  std::string summary = std::to_string(report.trials_size()) + " trials: " + std::to_string(succeeded) +
-                        " succeeded, " + std::to_string(stopped) + " stopped by the search, " + std::to_string(failed) +
-                        " failed, " + std::to_string(cancelled) + " cancelled";
-  if (report.best_trial() > 0) {
-    const wire::TrialInfo& best = report.trials(report.best_trial() - 1);
-    summary += "; best: trial " + std::to_string(best.trial()) + " (job " + std::to_string(best.job_id()) + "), " +
-               report.metric() + " " + MetricText(best.best());
-  }
-  const bool any = succeeded + stopped > 0;
-  StateStore::Transaction transaction(*store_);
-  store_->SetState(search.id, any ? JobState::kSucceeded : JobState::kFailed, any ? "" : "no trial succeeded", now);
-  store_->AddEvent(search.id, "search ended: " + summary, now);
-  transaction.Commit();
-  WriteSearchCsv(search.id);
-  spdlog::info("search {} ended: {}", search.id, summary);
-}
-
-int Server::JudgeTrialEpoch(int64_t job, int epoch, const std::string& csv_header, const std::string& csv_line,
-                            double now) {
-  const auto trial = store_->TrialOfJob(job);
-  if (!trial) return 0;
-  if (trial->stopped_at > 0) return trial->stopped_at;
-  const auto search = store_->FindSearch(trial->search);
-  if (!search || std::find(search->rungs.begin(), search->rungs.end(), epoch) == search->rungs.end()) return 0;
-  const std::vector<RungResult> earlier = store_->RungResults(trial->search, epoch);
-  for (const RungResult& r : earlier)
-    if (r.trial == trial->trial) return r.promoted ? 0 : epoch;  // judged already
-  const double value = MetricOf(csv_header, csv_line, search->metric);
-  const bool promoted = AshaPromotes(earlier, value, search->maximize, search->eta);
-  store_->AddRungResult(trial->search, epoch, {trial->trial, value, promoted}, now);
-  const size_t keep = std::max<size_t>(1, (earlier.size() + 1) / size_t(search->eta));
-  const std::string verdict = search->metric + " " + MetricText(value) + " at epoch " + std::to_string(epoch) +
-                              (promoted ? " is" : " is not") + " among the best " + std::to_string(keep) + " of " +
-                              std::to_string(earlier.size() + 1) +
-                              " at this rung: " + (promoted ? "it goes on" : "stopped by the search");
-  store_->AddEvent(job, "search " + std::to_string(trial->search) + ": " + verdict, now);
-  store_->AddEvent(trial->search,
-                   "trial " + std::to_string(trial->trial) + " (job " + std::to_string(job) + "): " + verdict, now);
-  if (promoted) return 0;
-  store_->SetTrialStopped(trial->search, trial->trial, epoch);
-  return epoch;
-}
-
 void Server::StopTrial(int64_t job, int attempt, int epoch) {
-  search_due_ = true;
+  searches_->MarkDue();
   auto it = running_.find(job);
   if (it != running_.end()) {
     if (it->second.attempt != attempt || it->second.search_stop_at != 0) return;
@@ -305,50 +154,7 @@ void Server::EndStoppedTrial(int64_t job, int epoch) {
   EndJobsAttempt(job, {wire::OUTCOME_STOPPED, why, JobState::kStopped, why, 0, why,
                        "the trial was stopped by its search: this slot is free"});
   spdlog::info("job {} {}", job, why);
-  stale_search_csvs_.insert(record->search);
-}
-
-// The search ends first, so that a crash midway leaves no search submitting trials;
-// then each trial not yet ended is cancelled as its owner's cancel would.
-wire::Envelope Server::CancelSearch(const JobRecord& search, const ClientIdentity& client) {
-  if (search.state != JobState::kRunning) return views_->Status(search.id);
-  const double now = Now();
-  StateStore::Transaction transaction(*store_);
-  store_->SetState(search.id, JobState::kCancelled, "cancelled by " + Who(client), now);
-  store_->AddEvent(search.id, "cancelled by " + Who(client) + ", with its trials not yet ended", now);
-  transaction.Commit();
-  for (const TrialRecord& t : store_->Trials(search.id)) {
-    const auto job = t.job ? store_->Find(t.job) : std::nullopt;
-    if (job && !Ended(job->state)) Cancel(t.job, client);
-  }
-  WriteSearchCsv(search.id);
-  spdlog::info("search {} cancelled", search.id);
-  return views_->Status(search.id);
-}
-
-// runs/<search id>/search.csv: a row per trial. Writing it reads every trial, so a change
-// to one trial (submitted, a new epoch row, stopped) only marks it stale, and the next
-// search pass (within 2 s) rewrites it once; the search's end writes it at once.
-void Server::WriteSearchCsv(int64_t search) {
-  stale_search_csvs_.erase(search);
-  wire::SearchReport report;
-  views_->FillSearchReport(search, &report);
-  std::string text = "trial,job,name,state,epochs,stopped_at,best_" + report.metric() + ",rank_seconds,model_dir";
-  const wire::TrialInfo* first = report.trials_size() ? &report.trials(0) : nullptr;
-  if (first)
-    for (const std::string& p : first->params()) text += "," + Cell(p.substr(0, p.find('=')));
-  text += "\n";
-  for (const wire::TrialInfo& t : report.trials()) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f", t.rank_seconds());
-    text += std::to_string(t.trial()) + "," + std::to_string(t.job_id()) + "," + Cell(t.name()) + "," +
-            (t.job_id() ? JobStateName(t.job_state()) : std::string("PENDING")) + "," + std::to_string(t.curve_size()) +
-            "," + std::to_string(t.stopped_at()) + "," + (std::isnan(t.best()) ? std::string() : MetricText(t.best())) +
-            "," + seconds + "," + Cell(t.model_dir());
-    for (const std::string& p : t.params()) text += "," + Cell(p.substr(p.find('=') + 1));
-    text += "\n";
-  }
-  WriteJobFile(JobRunsDir(search), "search.csv", text, search);
+  searches_->MarkStale(record->search);
 }
 
 }  // namespace trainyard
