@@ -110,7 +110,7 @@ Server::Server(ServerOptions options)
   ReloadRunningAttempts();
   if (options_.slurm.enabled) slurm_ = std::make_unique<SlurmClient>(options_.slurm);
   views_ = std::make_unique<JobViews>(
-      JobViews::Sources{*store_, *ranks_, running_, waiting_, *outputs_, *loop_metrics_, preemptions_},
+      JobViews::Sources{*store_, *ranks_, running_.all(), waiting_, *outputs_, *loop_metrics_, preemptions_},
       JobViews::Settings{options_.runs_dir, options_.policy.fairshare_half_life_h * 3600.0, options_.slurm.enabled,
                          options_.list_page, options_.heartbeat_s, [this] { return Now(); }});
   SearchLoop& loop = *this;  // a private base: the driver reaches the loop only through it
@@ -202,7 +202,7 @@ void Server::AdvanceListeningClock(double now) {
   // on us mid-stall is reconnecting.
   spdlog::warn("the coordinator did not run for {:.1f} s; every rank gets a fresh liveness window", stall);
   ranks_->HearAllNow();
-  for (auto& [id, attempt] : running_) attempt.started_listening = listening_.Now();
+  running_.RestartGraces(listening_.Now());
 }
 
 void Server::ReceiveOne() {

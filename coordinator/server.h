@@ -69,6 +69,7 @@
 #include "common/log_limiter.h"
 #include "common/regular_file.h"
 #include "coordinator/artifacts.h"
+#include "coordinator/attempt_book.h"
 #include "coordinator/job_output.h"
 #include "coordinator/job_views.h"
 #include "coordinator/listening_clock.h"
@@ -389,7 +390,7 @@ class Server : private SearchLoop {
   void NoteAdoption(RunningAttempt* attempt, const RankKey& slot);
   void SendStopIfStale(const RankEntry& rank);
   // The running attempt this rank belongs to and whose result it has not sent; null if none.
-  RunningAttempt* AttemptAwaiting(const RankKey& key);
+  RunningAttempt* AttemptAwaiting(const RankKey& key) { return running_.Awaiting(key); }
   std::string DescribeRank(const RankKey& key) const { return ranks_->Describe(key); }
   std::string JobRunsDir(int64_t job) const;
   std::string AttemptDir(int64_t job, int attempt) const;
@@ -413,10 +414,10 @@ class Server : private SearchLoop {
   int64_t next_file_query_ = 1;
   int64_t bad_frames_ = 0, refused_messages_ = 0;
   std::atomic<int64_t> key_reloads_{0};
-  LogLimiter log_limiter_;                     // what peers can make the loop log
-  ListeningClock listening_;                   // Note [Listening time]
-  std::unique_ptr<RankRegistry> ranks_;        // after store_ and listening_: destroyed before them
-  std::map<int64_t, RunningAttempt> running_;  // by job id
+  LogLimiter log_limiter_;               // what peers can make the loop log
+  ListeningClock listening_;             // Note [Listening time]
+  std::unique_ptr<RankRegistry> ranks_;  // after store_ and listening_: destroyed before them
+  AttemptBook running_;                  // the attempts running now, by job id
   std::set<int64_t> reported_unplaceable_;
   // Why each queued job waits, as of the last pass, by job id in decimal (the scheduler's
   // ids): a pass replaces it whole.

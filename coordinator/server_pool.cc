@@ -125,12 +125,6 @@ void Server::WriteJobFile(const std::string& folder, const std::string& name, co
   }
 }
 
-RunningAttempt* Server::AttemptAwaiting(const RankKey& key) {
-  for (auto& [id, attempt] : running_)
-    if (std::count(attempt.slots.begin(), attempt.slots.end(), key) && !attempt.finished.count(key)) return &attempt;
-  return nullptr;
-}
-
 void Server::ReloadRunningAttempts() {
   for (const AttemptRecord& open : store_->OpenAttempts()) {
     auto job = store_->Find(open.job);
@@ -155,7 +149,7 @@ void Server::ReloadRunningAttempts() {
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     if (const auto trial = store_->TrialOfJob(open.job)) attempt.search_stop_at = trial->stopped_at;
-    running_[open.job] = attempt;
+    running_.Add(attempt);
     spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
                  open.placement, options_.grace_s);
   }
@@ -258,10 +252,8 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
   if (!known)
     spdlog::info("{} registered (slot {} on {}, {}, pid {}{})", DescribeRank(key), entry.info.slot(), entry.info.host(),
                  entry.info.device(), entry.info.pid(), entry.job ? ", running job " + std::to_string(entry.job) : "");
-  auto running = running_.find(entry.job);
-  if (running != running_.end() && running->second.attempt == entry.attempt &&
-      std::count(running->second.slots.begin(), running->second.slots.end(), key))
-    NoteAdoption(&running->second, key);
+  RunningAttempt* running = running_.Find(entry.job, entry.attempt);
+  if (running && std::count(running->slots.begin(), running->slots.end(), key)) NoteAdoption(running, key);
   SendStopIfStale(entry);
   if (slurm_ && entry.job == 0) AssignSlurmLead(key);
   Send(identity, [] {
@@ -291,8 +283,7 @@ void Server::OnHeartbeat(const std::string& identity, const wire::Heartbeat& mes
 // on during a restart) is told again to stop: StopJob is idempotent on the worker.
 void Server::SendStopIfStale(const RankEntry& rank) {
   if (rank.job == 0) return;
-  auto running = running_.find(rank.job);
-  if (running != running_.end() && running->second.attempt == rank.attempt) return;
+  if (running_.Find(rank.job, rank.attempt)) return;
   Send(rank.identity, StopFor(rank.job, rank.attempt, "the coordinator no longer runs this attempt"));
 }
 
@@ -376,9 +367,9 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
     rank->job = 0;
     rank->attempt = 0;
   }
-  auto it = running_.find(message.job_id());
-  if (it == running_.end() || it->second.attempt != message.attempt()) return;  // already ended
-  RunningAttempt& attempt = it->second;
+  RunningAttempt* found = running_.Find(message.job_id(), message.attempt());
+  if (!found) return;  // already ended
+  RunningAttempt& attempt = *found;
   const RankKey from{message.world(), message.world_rank()};
   if (!std::count(attempt.slots.begin(), attempt.slots.end(), from))
     return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " + DescribeRank(from) +
@@ -577,10 +568,7 @@ std::vector<QueuedJob> Server::QueueForScheduler(double now) {
 // The pool's slots. A slot is busy while an attempt awaits its result, and while its
 // heartbeats still name a job (one being cancelled, or given up on).
 std::vector<WorkerRank> Server::SlotsForScheduler() const {
-  std::map<RankKey, const RunningAttempt*> awaiting;  // AttemptAwaiting's answer for every rank, in one walk
-  for (const auto& [id, attempt] : running_)
-    for (const RankKey& slot : attempt.slots)
-      if (!attempt.finished.count(slot)) awaiting.emplace(slot, &attempt);
+  const std::map<RankKey, const RunningAttempt*> awaiting = running_.AwaitingBySlot();
   std::vector<WorkerRank> slots;
   slots.reserve(ranks_->entries().size());
   for (const auto& [key, entry] : ranks_->entries()) {
@@ -621,9 +609,9 @@ std::vector<RunningJob> Server::RunningForScheduler() const {
 // killed 10 s later), and resumes from the checkpoint before. A lead that reports nothing within the grace and another
 // 30 s (it died with its host) ends the attempt from here.
 void Server::Preempt(int64_t victim, const std::string& head) {
-  auto it = running_.find(victim);
-  if (it == running_.end()) return;
-  RunningAttempt& attempt = it->second;
+  RunningAttempt* found = running_.Find(victim);
+  if (!found) return;
+  RunningAttempt& attempt = *found;
   auto head_job = store_->Find(std::stoll(head));
   attempt.preempted_by = std::stoll(head);
   attempt.preempt_asked = listening_.Now();
@@ -694,7 +682,7 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
   transaction.Commit();
   reported_unplaceable_.erase(job.id);
   spdlog::info("job {} '{}' attempt {} {}", job.id, job.name, attempt.attempt, how);
-  return running_[job.id] = attempt;
+  return running_.Add(attempt);
 }
 
 // The attempts a pass starts are recorded in one transaction (one fsync however many
@@ -711,11 +699,11 @@ void Server::StartAttempts(const std::vector<Placement>& placements, double now)
     }
     transaction.Commit();
   } catch (...) {  // the placed jobs were queued: none of them ran before this pass
-    for (const Placement& placement : placements) running_.erase(std::stoll(placement.job));
+    for (const Placement& placement : placements) running_.Remove(std::stoll(placement.job));
     throw;
   }
   for (const JobRecord& job : started) {
-    const RunningAttempt& attempt = running_.at(job.id);
+    const RunningAttempt& attempt = *running_.Find(job.id);
     for (const RankKey& slot : attempt.slots) SendAssign(job, attempt, slot);
   }
 }
@@ -756,9 +744,8 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
 
 void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
   const double now = Now();
-  auto it = running_.find(id);
-  const std::optional<RunningAttempt> attempt =
-      it != running_.end() ? std::optional<RunningAttempt>(it->second) : std::nullopt;
+  const RunningAttempt* running = running_.Find(id);
+  const std::optional<RunningAttempt> attempt = running ? std::optional<RunningAttempt>(*running) : std::nullopt;
   StateStore::Transaction transaction(*store_);
   if (attempt) store_->EndAttempt(id, attempt->attempt, ending.outcome, ending.reason, now);
   if (ending.job_state == JobState::kQueued)
@@ -768,7 +755,7 @@ void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
   store_->AddEvent(id, ending.event, now);
   transaction.Commit();
   if (attempt) {
-    running_.erase(id);
+    running_.Remove(id);
     StopRanks(*attempt, ending.stop_message);  // the gang's other ranks hold their slots until told
     if (slurm_ && !attempt->slurm_job.empty() && ending.outcome != wire::OUTCOME_SUCCEEDED)
       slurm_->Cancel(attempt->slurm_job);  // its allocation, if any is left
@@ -790,11 +777,11 @@ void Server::SucceedAttempt(RunningAttempt attempt) {  // a copy: ending it eras
 }
 
 void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
-  auto it = running_.find(id);
-  if (it == running_.end()) return;
+  const RunningAttempt* running = running_.Find(id);
+  if (!running) return;
   // A trial its search stopped is never retried, however its ranks ended.
-  if (it->second.search_stop_at != 0) return EndStoppedTrial(id, it->second.search_stop_at);
-  const int attempt = it->second.attempt;
+  if (running->search_stop_at != 0) return EndStoppedTrial(id, running->search_stop_at);
+  const int attempt = running->attempt;
   const bool free = retry == Retry::kFree;
   const std::string what = "attempt " + std::to_string(attempt) + (free ? " interrupted: " : " failed: ") + reason;
   const JobRecord job = *store_->Find(id);

@@ -124,11 +124,10 @@ void Server::FinishSearchSubmission(const ParsedSubmission& parsed) {
 
 void Server::StopTrial(int64_t job, int attempt, int epoch) {
   searches_->MarkDue();
-  auto it = running_.find(job);
-  if (it != running_.end()) {
-    if (it->second.attempt != attempt || it->second.search_stop_at != 0) return;
-    it->second.search_stop_at = epoch;
-    SendSearchStop(it->second);
+  if (RunningAttempt* running = running_.Find(job)) {
+    if (running->attempt != attempt || running->search_stop_at != 0) return;
+    running->search_stop_at = epoch;
+    SendSearchStop(*running);
     return;
   }
   const auto record = store_->Find(job);
