@@ -50,8 +50,12 @@ std::map<std::pair<std::string, std::string>, double> StateStore::HistoryTotals(
 
 int64_t StateStore::PruneHistory(double before, double now, double half_life_s,
                                  const std::vector<double>& first_start_bounds, int64_t most) {
+  // A search whose trial still runs (its cancel was cut short by a crash) is kept whole,
+  // and never fills a batch that older jobs are waiting behind.
   Statement pick(*statements_,
-                 "SELECT id FROM jobs WHERE ended_at > 0 AND ended_at < ? AND search = 0 ORDER BY ended_at LIMIT ?");
+                 "SELECT id FROM jobs j WHERE ended_at > 0 AND ended_at < ? AND search = 0 AND NOT EXISTS "
+                 "(SELECT 1 FROM jobs t WHERE t.search = j.id AND t.state IN ('QUEUED', 'RUNNING')) "
+                 "ORDER BY ended_at LIMIT ?");
   pick.Bind(1, before).Bind(2, most);
   std::vector<int64_t> ids;
   while (pick.Step()) ids.push_back(pick.Int(0));

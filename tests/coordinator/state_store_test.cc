@@ -796,7 +796,9 @@ TEST_F(StateStoreTest, ForgettingOldJobsKeepsEveryFigureCountedOverTheWholeHisto
   store->DecayedRankSeconds(now, half_life);  // the running totals, loaded before the prune
 
   int64_t forgotten = 0;
-  for (int64_t batch; (batch = store->PruneHistory(10'000, now, half_life, bounds, 2)) > 0;) forgotten += batch;
+  // Batches of one: the cancelled search whose trial runs on ended first of all (700),
+  // and must not stop the jobs behind it from going.
+  for (int64_t batch; (batch = store->PruneHistory(10'000, now, half_life, bounds, 1)) > 0;) forgotten += batch;
   EXPECT_EQ(forgotten, 6) << "a, b, c, the cancelled one, the search and its trial";
   for (int64_t gone : {old_a, old_b, old_c, cancelled, search, trial}) EXPECT_FALSE(store->Find(gone)) << gone;
   for (int64_t kept : {live_search, live_trial, recent, running, queued}) EXPECT_TRUE(store->Find(kept)) << kept;
