@@ -154,6 +154,17 @@ class ServerLifecycleTest : public ::testing::Test {
     return reply ? reply->submitted().job_id() : 0;
   }
 
+  // A coordinator with agents a and b registered and a two-rank job submitted, after the
+  // turn of its loop that places it; the job's id, or 0.
+  int64_t StartATwoRankJobOnAAndB() {
+    Start();
+    Register(a_);
+    Register(b_);
+    const int64_t job = Submit(2, "k1");
+    server_->Step(0);
+    return job;
+  }
+
   // The messages of `kind` sent to `identity` since the last Take, which forgets them all.
   std::vector<wire::Envelope> Take(const std::string& identity, wire::Envelope::BodyCase kind) {
     std::vector<wire::Envelope> out;
@@ -238,12 +249,8 @@ TEST_F(ServerLifecycleTest, AnAttemptRunsToSuccessMessageByMessage) {
 }
 
 TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterItsBackoff) {
-  Start();
-  Register(a_);
-  Register(b_);
-  const int64_t job = Submit(2, "k1");
+  const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
-  server_->Step(0);
   ASSERT_EQ(Sent(wire::Envelope::kAssign).size(), 2u);
   sent_.clear();
 
@@ -279,12 +286,8 @@ TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterIts
 }
 
 TEST_F(ServerLifecycleTest, RanksThatNeverStartTheirAssignmentFailItAfterTheGrace) {
-  Start();
-  Register(a_);
-  Register(b_);
-  const int64_t job = Submit(2, "k1");
+  const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
-  server_->Step(0);
   ASSERT_EQ(Sent(wire::Envelope::kAssign).size(), 2u);
   // Both stay alive, but b's heartbeats never name the job (its Assign was lost).
   Pass(4, [&] {
@@ -302,12 +305,8 @@ TEST_F(ServerLifecycleTest, RanksThatNeverStartTheirAssignmentFailItAfterTheGrac
 }
 
 TEST_F(ServerLifecycleTest, AStallOfTheCoordinatorGivesEveryRankAFreshWindowNotAFailure) {
-  Start();
-  Register(a_);
-  Register(b_);
-  const int64_t job = Submit(2, "k1");
+  const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
-  server_->Step(0);
   Pass(2, Beating({&a_, &b_}, job, 1));
   Pass(2, Beating({&a_}, job, 1));  // b silent for 2 of its 3 s when the coordinator stops
   now_ += 120;                      // stopped for two minutes: b's heartbeats wait in the socket, unheard
@@ -323,12 +322,8 @@ TEST_F(ServerLifecycleTest, AStallOfTheCoordinatorGivesEveryRankAFreshWindowNotA
 }
 
 TEST_F(ServerLifecycleTest, ARestartedCoordinatorReadoptsTheAttemptWhenItsRanksComeBack) {
-  Start();
-  Register(a_);
-  Register(b_);
-  const int64_t job = Submit(2, "k1");
+  const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
-  server_->Step(0);
   Pass(1, Beating({&a_, &b_}, job, 1));
   server_.reset();  // the coordinator's process ends; the store holds the attempt
   sent_.clear();
@@ -347,12 +342,8 @@ TEST_F(ServerLifecycleTest, ARestartedCoordinatorReadoptsTheAttemptWhenItsRanksC
 // forgotten (its status is gone, its run folder stays), while /metrics still counts it.
 TEST_F(ServerLifecycleTest, KeepHistoryForgetsAnOldJobButNotItsTotals) {
   options_.keep_history_days = 1;
-  Start();
-  Register(a_);
-  Register(b_);
-  const int64_t job = Submit(2, "k1");
+  const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
-  server_->Step(0);
   const wire::Envelope* assign = Last(a_.identity(), wire::Envelope::kAssign);
   ASSERT_NE(assign, nullptr);
   Pass(2, Beating({&a_, &b_}, job, 1));
