@@ -17,6 +17,10 @@ from harness import SOURCE_DIR, skip
 
 LANGID = os.path.join(SOURCE_DIR, "data", "prepared", "langid")
 # The environment mpirun needs here: containers run as root, and tests oversubscribe the cores.
+# Every standalone `mpirun` a test starts is started with SIGPIPE ignored
+# (subprocess's restore_signals=False keeps Python's SIG_IGN), as the pool agent starts a
+# job's: Open MPI 4.1's mpirun can die of a late SIGPIPE at its own shutdown, after the job
+# finished (Note [Job isolation] in worker/pool/job_process.h). Its ranks get the default back.
 MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
 # Evaluation in a test's job: the first 750 of langid's 2,250 dev examples, which hold

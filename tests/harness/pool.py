@@ -157,7 +157,8 @@ def final_losses_of_standalone_run(c, work, job_file, name):
     """summary.json's final losses of `job_file` run by mpirun -n 2, without a pool."""
     runs = os.path.join(work, "standalone")
     r = subprocess.run([c.args.mpirun, "--oversubscribe", "--bind-to", "none", "-n", "2", c.args.worker,
-                        job_file, "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=300)
+                        job_file, "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=300,
+                       restore_signals=False)
     check(r.returncode == 0, r.stderr)
     with open(os.path.join(runs, name, "summary.json")) as f:
         return json.load(f)["final"]

@@ -197,7 +197,7 @@ def generate(args, work):
         command = [worker, job, "--runs-dir", os.path.join(work, "runs")]
         if ranks > 1:
             command = [mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + command
-        result = subprocess.run(command, capture_output=True, text=True, env=MPI_ENV)
+        result = subprocess.run(command, capture_output=True, text=True, env=MPI_ENV, restore_signals=False)
         check(result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         out = os.path.join(work, "runs", name)
         cells = {(int(c["batch"]), int(c["seq_len"]), c["precision"]): c
@@ -233,7 +233,7 @@ def multirank(args, work):
     runs2, runs1 = os.path.join(work, "runs2"), os.path.join(work, "runs1")
     for job in (sweep_job, infer_job):
         r = subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", worker, job, "--runs-dir", runs2],
-                           capture_output=True, text=True, env=MPI_ENV)
+                           capture_output=True, text=True, env=MPI_ENV, restore_signals=False)
         check(r.returncode == 0, f"{job} on 2 ranks failed:\n{r.stdout}\n{r.stderr}")
     subprocess.run([worker, infer_job, "--runs-dir", runs1], check=True, capture_output=True)
     cells = list(csv.DictReader(open(os.path.join(runs2, "mr_sweep", "benchmark.csv"))))

@@ -37,7 +37,7 @@ def run_job(args, work, name, ranks, extra, train_count=1600):
     job = write(os.path.join(work, name + ".yaml"), job_yaml(name, train, extra))
     runs = os.path.join(work, "runs")
     result = subprocess.run(mpirun(args, ranks) + [job, "--runs-dir", runs], capture_output=True, text=True,
-                            env=MPI_ENV, timeout=600)
+                            env=MPI_ENV, timeout=600, restore_signals=False)
     check(result.returncode == 0,
           f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return os.path.join(runs, name), result
@@ -190,7 +190,7 @@ def fault(args, work, sig):
         name, train, f"train:\n  batch_size: 16\n  epochs: 5\ndistributed:\n  timeout_s: {timeout_s}\n"))
     runs = os.path.join(work, "runs")
     proc = subprocess.Popen(mpirun(args, 4) + [job, "--runs-dir", runs], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=MPI_ENV, text=True)
+                            stderr=subprocess.STDOUT, env=MPI_ENV, text=True, restore_signals=False)
     output = TimedOutput(proc)
     pids = rank_pids(proc.pid, 4, time.time() + 60)
     steps_file = os.path.join(runs, name, "steps.jsonl")

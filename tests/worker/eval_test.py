@@ -172,7 +172,7 @@ eval: {{test: {test}, batch_size: 32}}
     job = write(os.path.join(work, "two.yaml"), text)
     result = subprocess.run([args.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", args.worker, job,
                              "--runs-dir", os.path.join(work, "two_runs")], capture_output=True, text=True,
-                            timeout=600, env=MPI_ENV)
+                            timeout=600, env=MPI_ENV, restore_signals=False)
     check(result.returncode == 0, f"the 2-rank job failed:\n{result.stderr[-3000:]}")
     exported = open(os.path.join(work, "two_runs", "two", "model", "vocab.txt"), "rb").read()
     check(exported == open(os.path.join(LANGID, "vocab.txt"), "rb").read(),

@@ -31,7 +31,7 @@ from transformers import AutoModelForSequenceClassification, BertTokenizer  # no
 
 
 def run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kw)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, restore_signals=False, **kw)
 
 
 def dev_accuracy(model):

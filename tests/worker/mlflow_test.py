@@ -96,7 +96,8 @@ log:
 def run_job(worker, job, runs, ranks=2):
     start = time.time()
     r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(ranks), worker, job,
-                        "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=600)
+                        "--runs-dir", runs], capture_output=True, text=True, env=MPI_ENV, timeout=600,
+                       restore_signals=False)
     return r, time.time() - start
 
 

@@ -71,7 +71,8 @@ def command(args, ranks, job, runs):
 
 
 def run(args, ranks, job, runs):
-    return subprocess.run(command(args, ranks, job, runs), capture_output=True, text=True, env=MPI_ENV, timeout=600)
+    return subprocess.run(command(args, ranks, job, runs), capture_output=True, text=True, env=MPI_ENV, timeout=600,
+                          restore_signals=False)
 
 
 def killed_then_resumed(args, ranks, job, runs, name):

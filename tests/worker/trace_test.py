@@ -33,7 +33,7 @@ def run(worker, work, name, epochs, keep):
     job = write(os.path.join(work, f"{name}.yaml"), text)
     runs = os.path.join(work, "runs")
     r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", "2", worker, job, "--runs-dir", runs],
-                       capture_output=True, text=True, env=MPI_ENV, timeout=600)
+                       capture_output=True, text=True, env=MPI_ENV, timeout=600, restore_signals=False)
     check(r.returncode == 0, r.stderr[-3000:])
     buckets = int(re.search(r"all-reduce over \w+: (\d+) buckets", r.stdout + r.stderr).group(1))
     return os.path.join(runs, name), buckets

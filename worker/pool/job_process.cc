@@ -137,7 +137,8 @@ JobProcess::JobProcess(const JobLaunch& launch, LineSink on_line) : on_line_(std
   if (pid_ == 0) {  // only async-signal-safe calls from here to exec
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the agent, which decides
+    ::setpgid(0, 0);             // a terminal's Ctrl-C reaches the agent, which decides
+    ::signal(SIGPIPE, SIG_IGN);  // Note [Job isolation]: a late write at mpirun's shutdown
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
     ::close_range(3, ~0U, 0);

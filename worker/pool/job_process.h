@@ -19,6 +19,13 @@
 // environment is scrubbed first, or the inner mpirun would take itself for a process
 // of the pool's world; the user's OMPI_MCA_* settings and the run-as-root consent are
 // kept.
+//
+// mpirun starts with SIGPIPE ignored. Open MPI 4.1's mpirun handles SIGPIPE itself only
+// while it runs: at shutdown it puts back the disposition it inherited, and a late write
+// to a rank that has just exited (its PMIx or I/O channel) then kills it with SIGPIPE
+// after the job has finished, which would read as a failed attempt. Ignored, that write
+// fails with EPIPE and mpirun exits with the job's status. mpirun's daemons give the job
+// processes the default disposition back before exec.
 #pragma once
 
 #include <sys/types.h>

@@ -4,12 +4,14 @@
 #include "worker/pool/job_process.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <thread>
 
@@ -82,13 +84,15 @@ TEST(JobProcessTest, ParsesTheHostOfALostDaemon) {
 }
 
 // A fake "mpirun" (a shell script) stands in for the real one: the process runs, its
-// output is kept, and its end is reported.
+// output is kept, and its end is reported. It starts with SIGPIPE ignored (Note [Job
+// isolation]), which /proc says of the script's own shell.
 TEST(JobProcessTest, RunsTheCommandAndKeepsItsOutputAndEnd) {
   const std::string script = ::testing::TempDir() + "/fake_mpirun_" + std::to_string(::getpid());
   {
     std::ofstream out(script);
-    out << "#!/bin/sh\necho \"env ${OMPI_COMM_WORLD_RANK:-clean}\"\necho 'error: rank 1: job failed: boom' >&2\n"
-           "exit 3\n";
+    out << "#!/bin/sh\necho \"env ${OMPI_COMM_WORLD_RANK:-clean}\"\n"
+           "echo \"ignored $(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status)\"\n"
+           "echo 'error: rank 1: job failed: boom' >&2\nexit 3\n";
   }
   ::chmod(script.c_str(), 0700);
   ::setenv("OMPI_COMM_WORLD_RANK", "7", 1);
@@ -108,9 +112,11 @@ TEST(JobProcessTest, RunsTheCommandAndKeepsItsOutputAndEnd) {
   EXPECT_FALSE(job.Succeeded());
   EXPECT_EQ(job.ExitText(), "exited with code 3");
   const std::vector<std::string> tail = job.OutputTail();
-  ASSERT_EQ(tail.size(), 2u);
+  ASSERT_EQ(tail.size(), 3u);
   EXPECT_EQ(tail[0], "env clean");
-  EXPECT_EQ(tail[1], "error: rank 1: job failed: boom");
+  const uint64_t ignored = std::stoull(tail[1].substr(tail[1].find(' ') + 1), nullptr, 16);
+  EXPECT_TRUE(ignored & (uint64_t{1} << (SIGPIPE - 1))) << tail[1];
+  EXPECT_EQ(tail[2], "error: rank 1: job failed: boom");
   ::unlink(script.c_str());
 }
 
