@@ -1,9 +1,39 @@
 #include "coordinator/attempt_book.h"
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 
 namespace trainyard {
+
+std::string PlacementText(const std::vector<RankKey>& slots) {
+  std::string text;
+  for (size_t i = 0; i < slots.size(); ++i)
+    text += (i ? "," : "") + slots[i].first + ":" + std::to_string(slots[i].second);
+  return text;
+}
+
+// An entry without a world ("...,<rank>") continues the world before it, as protocol 3
+// wrote "<world>:<r>,<r>".
+bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots) {
+  std::stringstream in(text);
+  std::string world;
+  for (std::string cell; std::getline(in, cell, ',');) {
+    const size_t colon = cell.rfind(':');
+    if (colon != std::string::npos) world = cell.substr(0, colon);
+    if (world.empty()) return false;
+    try {
+      size_t used = 0;
+      const std::string number = colon == std::string::npos ? cell : cell.substr(colon + 1);
+      const int rank = std::stoi(number, &used);
+      if (used != number.size()) return false;
+      slots->emplace_back(world, rank);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return !slots->empty();
+}
 
 RunningAttempt* AttemptBook::Find(int64_t job) {
   auto it = attempts_.find(job);
@@ -31,6 +61,20 @@ std::optional<RunningAttempt> AttemptBook::Remove(int64_t job) {
   RunningAttempt attempt = std::move(it->second);
   attempts_.erase(it);
   return attempt;
+}
+
+std::optional<RunningAttempt> AttemptBook::End(StateStore& store, int64_t job, const AttemptEnding& ending,
+                                               double now) {
+  const RunningAttempt* running = Find(job);
+  StateStore::Transaction transaction(store);
+  if (running) store.EndAttempt(job, running->attempt, ending.outcome, ending.reason, now);
+  if (ending.job_state == JobState::kQueued)
+    store.Requeue(job, ending.job_reason, ending.requeue_at);
+  else
+    store.SetState(job, ending.job_state, ending.job_reason, now);
+  store.AddEvent(job, ending.event, now);
+  transaction.Commit();
+  return Remove(job);
 }
 
 RunningAttempt* AttemptBook::Awaiting(const RankKey& slot) {

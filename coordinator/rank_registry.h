@@ -11,7 +11,7 @@
 // counted, and shown on the dashboard as a warning. Under --slurm the ids "slurm-<id>"
 // are the coordinator's own, and Slurm's job ids are easy to guess: only a registration
 // with the world token of the coordinator's own submission of that Slurm job may bind
-// one (Server::ExpectedSlurmWorld), so no one can claim the next job's world ahead of it.
+// one (SlurmLauncher::RegistrationRefusal), so no one can claim the next job's world ahead of it.
 // A rank's slot is held against another rank token while its holder is alive (heard
 // within the silence limit); a silent holder's slot goes to whoever registers with the
 // world's token.

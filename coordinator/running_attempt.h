@@ -40,12 +40,17 @@ struct RunningAttempt {
   SlurmJobState slurm_state;
   bool slurm_started = false;
   // What its rank 0 reported, when not a success: the attempt ends once Slurm says how
-  // its job ended (FollowSlurmJobs), which names the cause (NODE_FAIL, TIMEOUT) and tells
+  // its job ended (SlurmLauncher::Follow), which names the cause (NODE_FAIL, TIMEOUT) and tells
   // a preemption or time limit (requeued free) from an scancel (counted).
   wire::Outcome reported = wire::OUTCOME_UNSPECIFIED;
   std::string reported_reason;
   double reported_at = 0;  // on the listening clock; a Slurm job not ended `grace_s` later is cancelled
   bool cancel_sent = false;
 };
+
+// A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank
+// order (attempts.placement), and back into its slots; false for anything else.
+std::string PlacementText(const std::vector<RankKey>& slots);
+bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots);
 
 }  // namespace trainyard

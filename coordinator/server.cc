@@ -22,6 +22,7 @@
 #include "common/regular_file.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/search.h"
+#include "coordinator/slurm_launcher.h"
 #include "proto/wire_names.h"
 
 namespace trainyard {
@@ -108,7 +109,14 @@ Server::Server(ServerOptions options)
       RankRegistry::Limits{options_.heartbeat_s * options_.liveness, options_.max_ranks_per_worker_key});
   RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
-  if (options_.slurm.enabled) slurm_ = std::make_unique<SlurmClient>(options_.slurm);
+  LaunchLoop& launch_loop = *this;  // a private base: the launcher reaches the loop only through it
+  if (options_.slurm.enabled)
+    launcher_ = std::make_unique<SlurmLauncher>(
+        options_.slurm, SlurmLauncher::Timing{options_.grace_s, options_.restart_backoff_s},
+        SlurmLauncher::Sources{*store_, *ranks_, running_, listening_, launch_loop});
+  else
+    launcher_ = std::make_unique<PoolLauncher>(
+        options_.policy, PoolLauncher::Sources{*store_, *ranks_, running_, *loop_metrics_, waiting_, launch_loop});
   views_ = std::make_unique<JobViews>(
       JobViews::Sources{*store_, *ranks_, running_.all(), waiting_, *outputs_, *loop_metrics_, preemptions_},
       JobViews::Settings{options_.runs_dir, options_.policy.fairshare_half_life_h * 3600.0, options_.slurm.enabled,

@@ -72,10 +72,11 @@
 #include "coordinator/attempt_book.h"
 #include "coordinator/job_output.h"
 #include "coordinator/job_views.h"
+#include "coordinator/launcher.h"
 #include "coordinator/listening_clock.h"
+#include "coordinator/pool_launcher.h"
 #include "coordinator/rank_registry.h"
 #include "coordinator/running_attempt.h"
-#include "coordinator/scheduler.h"
 #include "coordinator/search_driver.h"
 #include "coordinator/slurm.h"
 #include "coordinator/state_store.h"
@@ -99,16 +100,6 @@ class Metrics;  // common/metrics.h
 // slots it needs (coordinator/scheduler.h, rule 5). A search counts as its
 // max_concurrent jobs against --user-max-queued, and as that many of its largest trial
 // against --user-max-ranks.
-
-// How the pool is shared (coordinator/scheduler.h, Note [Preemption]).
-struct SchedulingPolicy {
-  bool preemption = false;             // --preemption on
-  double preempt_grace_s = 60;         // a victim not stopped by then has its mpirun ended
-  double fairshare_half_life_h = 168;  // Note [Fair share]; 0: no decay
-  int user_max_ranks = 0;              // 0: no limit
-  int user_max_queued = 0;             // 0: no limit
-  int user_max_priority = 0;           // the most a user key's job may ask (Note [Policy by role])
-};
 
 struct ServerOptions {
   std::string listen = "tcp://127.0.0.1:5555";
@@ -179,7 +170,7 @@ std::string CutText(const std::string& text, size_t max);
 // Cuts the free text of a worker message (Note [Peer text is bounded at reception]).
 void BoundPeerText(wire::Envelope* message);
 
-class Server : private SearchLoop {
+class Server : private SearchLoop, private LaunchLoop {
  public:
   // Opens the store (StoreError if it is corrupt and not `fresh`, or cannot be written),
   // checks that the runs folder can be written (ConfigError) and binds.
@@ -221,7 +212,7 @@ class Server : private SearchLoop {
 
  private:
   // ServerOptions::clock's time, or the system clock's.
-  double Now() const;
+  double Now() const override;
   void ReceiveOne();
   void AdvanceListeningClock(double now);
   void CheckRunsDir() const;
@@ -306,28 +297,19 @@ class Server : private SearchLoop {
   // retention]), a batch per tick while there are more.
   void TrimHistory(double now);
   void CheckAttemptsStarted();
+  // A pass of the launcher's (Note [Launchers]).
   void ScheduleQueued(double now);
-  // Starts what the scheduler places of `queue` (not empty), preempts its victims and
-  // notes why the rest waits.
-  void PlaceQueued(const std::vector<QueuedJob>& queue, double now);
-  // The queue and the running jobs as the scheduler takes them.
-  std::vector<QueuedJob> QueueForScheduler(double now);
-  std::vector<WorkerRank> SlotsForScheduler() const;
-  std::vector<RunningJob> RunningForScheduler() const;
   // Note [Preemption].
-  void Preempt(int64_t victim, const std::string& head);
+  void Preempt(int64_t victim, const std::string& head) override;
   void SendPreemptStop(const RunningAttempt& attempt);
   void CheckPreemptions();
-  // Starts the attempts of a pass's placements (one transaction, then the assignments).
-  void StartAttempts(const std::vector<Placement>& placements, double now);
-  // Records one attempt of `job` on its placement, inside the caller's transaction; false
-  // (the job failed, said why) if its folder cannot be made.
-  bool StartAttempt(const JobRecord& job, const Placement& placement, double now);
-  // Records a new attempt of `job` on `slots` (one transaction) and keeps it running.
+  // LaunchLoop: what the launcher asks of the loop (Note [Launchers]).
   RunningAttempt& OpenAttempt(const JobRecord& job, const std::vector<RankKey>& slots, const std::string& how,
-                              double now);
-  // Creates the folder of `job`'s next attempt; false (the job failed, said why) if it cannot be.
-  bool MakeAttemptFolder(const JobRecord& job, double now);
+                              double now) override;
+  bool MakeAttemptFolder(const JobRecord& job, double now) override;
+  void WriteAttemptFile(int64_t job, int attempt, const std::string& name, const std::string& bytes) override {
+    WriteJobFile(AttemptDir(job, attempt), name, bytes, job);
+  }
   // Searches' submissions and stops (server_search.cc; the rest in SearchDriver, Note [Search
   // life cycle] in coordinator/search.h).
   void FinishSearchSubmission(const ParsedSubmission& parsed);
@@ -342,49 +324,17 @@ class Server : private SearchLoop {
   void SendSearchStop(const RunningAttempt& attempt);
   // Ends a trial its search stopped at `epoch`: STOPPED, with its running attempt ended.
   void EndStoppedTrial(int64_t job, int epoch);
-  // --slurm (server_slurm.cc, Note [Attempts as Slurm jobs]).
-  void ScheduleOnSlurm(double now);
-  void SubmitToSlurm(const JobRecord& job, double now);
-  void TakeSlurmSubmissions(double now);
-  void FollowSlurmJobs();
-  void AssignSlurmLead(const RankKey& key);
-  // Whether a registration as the Slurm world `world` with `token` is one of the
-  // coordinator's own attempts (Note [Worlds cannot be squatted]).
-  bool ExpectedSlurmWorld(const std::string& world, const std::string& token) const;
-  // A Slurm job whose world was bound to another token before it was submitted: cancelled,
-  // and its job requeued after a backoff, with an event and a dashboard warning.
-  void GiveUpSquattedSlurmJob(const JobRecord& job, const std::string& slurm_job, double now);
-  void NoteSlurmStart(RunningAttempt* attempt);
-  void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to);
-  // What ending an attempt leaves behind: its outcome and reason in the store, the job
-  // ended in `job_state` (or, for kQueued, queued again from `requeue_at`) with
-  // `job_reason`, an event, and the message its gang's ranks are freed with.
-  struct AttemptEnding {
-    wire::Outcome outcome = wire::OUTCOME_UNSPECIFIED;
-    std::string reason;
-    JobState job_state = JobState::kQueued;
-    std::string job_reason;
-    double requeue_at = 0;
-    std::string event;
-    std::string stop_message;
-  };
+  void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) override;
   // Every path that ends a job's running attempt (success, failure, interruption, a
-  // cancel, a search's stop) ends it here: the attempt's outcome, the job's state and
-  // its event in one transaction, committed before anyone is told; then the attempt
-  // leaves the running set, its ranks are freed, a Slurm allocation it still holds is
-  // cancelled, and a scheduling pass is due. A job with no running attempt changes state
-  // the same way.
+  // cancel, a search's stop) ends it here: through the book (AttemptBook::End: the store
+  // first, committed before anyone is told), then its ranks are freed, the launcher gives
+  // back what it holds outside (a Slurm allocation), and a scheduling pass is due.
   void EndJobsAttempt(int64_t job, const AttemptEnding& ending);
   void SucceedAttempt(RunningAttempt attempt);
-  // How an ended attempt counts against resources.max_restarts.
-  enum class Retry {
-    kCounted,  // the job's own failure (or one we cannot tell apart from it): uses a restart
-    kFree,     // interrupted from outside (its pool was stopped, or never came back): requeued as is
-    kNever,    // its input is at fault: retrying cannot help
-  };
   // Ends the attempt and requeues the job (with a backoff for counted failures), unless
   // the policy or the spent restarts say it fails with `reason`.
-  void FailAttempt(int64_t job, const std::string& reason, Retry retry = Retry::kCounted);
+  void FailAttempt(int64_t job, const std::string& reason, Retry retry) override;
+  void FailAttempt(int64_t job, const std::string& reason) { FailAttempt(job, reason, Retry::kCounted); }
   void StopRanks(const RunningAttempt& attempt, const std::string& reason);
   void WriteEpochFiles(int64_t job);
   void NoteAdoption(RunningAttempt* attempt, const RankKey& slot);
@@ -393,7 +343,7 @@ class Server : private SearchLoop {
   RunningAttempt* AttemptAwaiting(const RankKey& key) { return running_.Awaiting(key); }
   std::string DescribeRank(const RankKey& key) const { return ranks_->Describe(key); }
   std::string JobRunsDir(int64_t job) const;
-  std::string AttemptDir(int64_t job, int attempt) const;
+  std::string AttemptDir(int64_t job, int attempt) const override;
   // Writes `bytes` to `folder`/`name` atomically, `folder` being JobRunsDir or an
   // AttemptDir, created as needed; logs instead of throwing, and writes nothing where a
   // symlink or a file stands in the folder's way (Note [Files a job wrote]).
@@ -418,25 +368,17 @@ class Server : private SearchLoop {
   ListeningClock listening_;             // Note [Listening time]
   std::unique_ptr<RankRegistry> ranks_;  // after store_ and listening_: destroyed before them
   AttemptBook running_;                  // the attempts running now, by job id
-  std::set<int64_t> reported_unplaceable_;
-  // Why each queued job waits, as of the last pass, by job id in decimal (the scheduler's
-  // ids): a pass replaces it whole.
-  std::unordered_map<std::string, std::string> waiting_;
+  WaitReasons waiting_;                  // filled by the pool's passes (PoolLauncher)
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
   double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;
   double last_history_pass_ = 0;
-  bool history_left_ = false;  // the last batch forgot jobs: there may be more
-  Scheduler scheduler_;
-  std::unique_ptr<SlurmClient> slurm_;           // --slurm only
-  std::unique_ptr<JobViews> views_;              // reads the members above
-  std::unique_ptr<SearchDriver> searches_;       // last: uses the store, the views and the loop
-  std::map<int64_t, std::string> slurm_tokens_;  // jobs whose sbatch is in flight: their world token
+  bool history_left_ = false;               // the last batch forgot jobs: there may be more
+  std::unique_ptr<Launcher> launcher_;      // Note [Launchers]: the pool's, or Slurm's under --slurm
+  std::unique_ptr<JobViews> views_;         // reads the members above
+  std::unique_ptr<SearchDriver> searches_;  // last: uses the store, the views and the loop
 };
 
-// A placement as the store keeps it ("<world>:<rank>,...", in job rank order) as its
-// slots; false for anything else.
-bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots);
 // Who a request's key acts as, in events: its user, or the role of a key with no name.
 std::string Who(const ClientIdentity& client);
 // A submission's user (Note [Usage]) as kept: login-name characters only, each other

@@ -7,26 +7,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
-#include "common/metrics.h"
 #include "coordinator/server.h"
 
 namespace trainyard {
 namespace {
-
-// A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank order.
-std::string PlacementText(const std::vector<std::pair<std::string, int>>& slots) {
-  std::string text;
-  for (size_t i = 0; i < slots.size(); ++i)
-    text += (i ? "," : "") + slots[i].first + ":" + std::to_string(slots[i].second);
-  return text;
-}
 
 // Tokens are 32 hex digits (128 bits); anything shorter is refused, so an empty or
 // guessable token can never bind a slot.
@@ -35,12 +24,6 @@ bool PlausibleToken(const std::string& token) { return token.size() >= 32 && tok
 std::string SignalName(int signal) {
   const char* abbrev = sigabbrev_np(signal);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
-}
-
-std::string Seconds(double s) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f s", s);
-  return text;
 }
 
 std::string WithLastLine(std::string reason, const std::string& last_line) {
@@ -84,29 +67,6 @@ wire::Envelope AckFor(int64_t job, int attempt, const std::string& what, int epo
 }
 
 }  // namespace
-
-// A placement as the store keeps it (PlacementText) back into its slots; false for anything else. An entry without a
-// world
-// ("...,<rank>") continues the world before it, as protocol 3 wrote "<world>:<r>,<r>".
-bool ParsePlacement(const std::string& text, std::vector<std::pair<std::string, int>>* slots) {
-  std::stringstream in(text);
-  std::string world;
-  for (std::string cell; std::getline(in, cell, ',');) {
-    const size_t colon = cell.rfind(':');
-    if (colon != std::string::npos) world = cell.substr(0, colon);
-    if (world.empty()) return false;
-    try {
-      size_t used = 0;
-      const std::string number = colon == std::string::npos ? cell : cell.substr(colon + 1);
-      const int rank = std::stoi(number, &used);
-      if (used != number.size()) return false;
-      slots->emplace_back(world, rank);
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-  return !slots->empty();
-}
 
 std::string Server::JobRunsDir(int64_t job) const { return options_.runs_dir + "/" + std::to_string(job); }
 
@@ -241,10 +201,8 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
     return Refuse(identity, "a registration needs a world token and a rank token of 32 or more characters");
   const RankKey key{rank.world(), rank.rank()};
   if (ranks_->BoundElsewhere(key.first, message.world_token())) return RefuseSquat(identity, key);
-  if (slurm_ && !SlurmJobOfWorld(key.first).empty() && !ExpectedSlurmWorld(key.first, message.world_token()))
-    return RefuseSquat(identity, key,
-                       ": under --slurm a slurm-<id> world is one of the coordinator's own Slurm jobs, and no "
-                       "submission of it carries this world token");
+  if (const std::string why = launcher_->RegistrationRefusal(key, message.world_token()); !why.empty())
+    return RefuseSquat(identity, key, why);
   if (const std::string why = ranks_->HolderRefusal(key, message.rank_token(), worker_key); !why.empty())
     return Refuse(identity, why);
   const bool known = ranks_->Register(message, identity, worker_key, Now());
@@ -255,7 +213,7 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
   RunningAttempt* running = running_.Find(entry.job, entry.attempt);
   if (running && std::count(running->slots.begin(), running->slots.end(), key)) NoteAdoption(running, key);
   SendStopIfStale(entry);
-  if (slurm_ && entry.job == 0) AssignSlurmLead(key);
+  if (entry.job == 0) launcher_->RankIdle(key);
   Send(identity, [] {
     wire::Envelope e;
     e.mutable_pulse();
@@ -398,13 +356,7 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
                                 : preempted ? "was preempted: "
                                             : "failed: ") +
                                message.message();
-    if (!attempt.slurm_job.empty()) {  // its Slurm job's end decides (FollowSlurmJobs)
-      attempt.finished.insert(from);
-      attempt.reported = message.end();
-      attempt.reported_reason = reason;
-      attempt.reported_at = listening_.Now();
-      return;
-    }
+    if (launcher_->DefersEnd(&attempt, from, message.end(), reason)) return;
     FailAttempt(message.job_id(), reason, bad_input ? Retry::kNever : preempted ? Retry::kFree : Retry::kCounted);
     return;
   }
@@ -444,10 +396,7 @@ void Server::Tick() {
     CheckAttemptsStarted();
     CheckPreemptions();
   }
-  if (slurm_) {
-    TakeSlurmSubmissions(now);
-    FollowSlurmJobs();
-  }
+  launcher_->Follow(now);
   ExpireFileQueries();
   searches_->Advance(now);
   if (history_left_ || now - last_history_pass_ >= kHistoryPassS) TrimHistory(now);
@@ -481,9 +430,9 @@ void Server::ExpireSilentRanks() {
       continue;
     }
     const RankEntry& entry = *ranks_->Find(key);
-    const std::string reason =
-        WithLastLine(DescribeRank(key) + " stopped heartbeating (silent for " + Seconds(ranks_->SilentFor(entry)) + ")",
-                     entry.last_log_line);
+    const std::string reason = WithLastLine(
+        DescribeRank(key) + " stopped heartbeating (silent for " + SecondsText(ranks_->SilentFor(entry)) + ")",
+        entry.last_log_line);
     spdlog::warn("{}", reason);
     ranks_->Remove(key);
     const RunningAttempt* attempt = AttemptAwaiting(key);
@@ -497,7 +446,7 @@ void Server::ExpireSilentRanks() {
 void Server::CheckAttemptsStarted() {
   std::vector<std::pair<int64_t, std::string>> failed, abandoned;
   for (auto& [id, attempt] : running_) {
-    if (!attempt.slurm_job.empty() && !attempt.slurm_started) continue;  // Slurm has not started it
+    if (!launcher_->Started(attempt)) continue;
     if (listening_.Now() - attempt.started_listening < options_.grace_s) continue;
     if (!attempt.adopted) {
       abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
@@ -521,78 +470,7 @@ void Server::CheckAttemptsStarted() {
 void Server::ScheduleQueued(double now) {
   last_schedule_ = now;
   schedule_due_ = false;
-  if (slurm_) return ScheduleOnSlurm(now);
-  const Clock::time_point began = Clock::now();
-  std::vector<QueuedJob> queue = QueueForScheduler(now);
-  if (queue.empty() || ranks_->empty()) return;
-  PlaceQueued(queue, now);
-  loop_metrics_->Observe("trainyard_scheduling_pass_seconds", {}, SecondsSince(began));
-}
-
-void Server::PlaceQueued(const std::vector<QueuedJob>& queue, double now) {
-  const SchedulerPolicy policy{options_.policy.preemption, options_.policy.user_max_ranks};
-  ScheduleResult result = scheduler_.Schedule(queue, SlotsForScheduler(), now, RunningForScheduler(), policy);
-  for (auto& backoff : waiting_) result.waiting.insert(std::move(backoff));
-  waiting_ = std::move(result.waiting);
-  StartAttempts(result.start, now);
-  for (size_t i = 0; i < result.preempt.size(); ++i) Preempt(std::stoll(result.preempt[i]), result.preempt_for[i]);
-  for (const std::string& id : result.unplaceable) {
-    const int64_t job = std::stoll(id);
-    if (reported_unplaceable_.insert(job).second) store_->AddEvent(job, "waiting: " + waiting_.at(id), now);
-  }
-}
-
-// The queued jobs the scheduler may start now, with their owners' fair-share usage
-// (Note [Fair share]); waiting_ is left holding why the others wait (their backoff).
-std::vector<QueuedJob> Server::QueueForScheduler(double now) {
-  const std::map<int64_t, JobRecord>& queued = store_->Queued();
-  std::vector<QueuedJob> queue;
-  waiting_.clear();
-  if (queued.empty()) return queue;
-  const std::map<std::string, double> usage =
-      store_->DecayedRankSeconds(now, options_.policy.fairshare_half_life_h * 3600.0);
-  queue.reserve(queued.size());
-  for (const auto& [id, job] : queued) {
-    if (job.not_before > now) {
-      waiting_[std::to_string(id)] =
-          "Backoff: requeued after a failed attempt; eligible again in " + Seconds(job.not_before - now);
-      continue;
-    }
-    auto used = usage.find(job.user);
-    queue.push_back({std::to_string(job.id), job.priority, job.id, job.ranks, job.device, job.estimate_s, job.user,
-                     used == usage.end() ? 0.0 : used->second});
-  }
-  return queue;
-}
-
-// The pool's slots. A slot is busy while an attempt awaits its result, and while its
-// heartbeats still name a job (one being cancelled, or given up on).
-std::vector<WorkerRank> Server::SlotsForScheduler() const {
-  const std::map<RankKey, const RunningAttempt*> awaiting = running_.AwaitingBySlot();
-  std::vector<WorkerRank> slots;
-  slots.reserve(ranks_->entries().size());
-  for (const auto& [key, entry] : ranks_->entries()) {
-    if (!SlurmJobOfWorld(key.first).empty()) continue;  // a Slurm job's rank 0, never a pool slot
-    WorkerRank w{key.first, key.second, entry.info.host(), entry.info.device(), "", 0};
-    if (auto it = awaiting.find(key); it != awaiting.end()) {
-      w.job = std::to_string(it->second->job);
-      w.estimated_end = it->second->estimated_end;
-    } else if (entry.job != 0) {
-      w.job = std::to_string(entry.job);
-    }
-    slots.push_back(std::move(w));
-  }
-  return slots;
-}
-
-std::vector<RunningJob> Server::RunningForScheduler() const {
-  std::vector<RunningJob> running;
-  for (const auto& [id, attempt] : running_)
-    running.push_back({std::to_string(id), attempt.priority, attempt.user,
-                       attempt.preemptible && attempt.slurm_job.empty(), attempt.preempted_by != 0,
-                       static_cast<int64_t>(attempt.started_at * 1000),
-                       attempt.preempted_by != 0 ? std::to_string(attempt.preempted_by) : ""});
-  return running;
+  launcher_->Schedule(now);
 }
 
 // Note [Preemption]
@@ -619,7 +497,7 @@ void Server::Preempt(int64_t victim, const std::string& head) {
   const std::string event = "preempted by job " + head + " (priority " +
                             std::to_string(head_job ? head_job->priority : 0) +
                             "): asked to stop after its step in progress, checkpoint and requeue within " +
-                            Seconds(options_.policy.preempt_grace_s);
+                            SecondsText(options_.policy.preempt_grace_s);
   StateStore::Transaction transaction(*store_);
   store_->MarkPreempted(victim, attempt.attempt, attempt.preempted_by);
   store_->AddEvent(victim, event, Now());
@@ -646,7 +524,7 @@ void Server::CheckPreemptions() {
     FailAttempt(attempt.job,
                 "preempted by job " + std::to_string(attempt.preempted_by) + "; its lead " +
                     DescribeRank(attempt.slots.front()) + " reported no end within " +
-                    Seconds(options_.policy.preempt_grace_s + kReportMarginS),
+                    SecondsText(options_.policy.preempt_grace_s + kReportMarginS),
                 Retry::kFree);
 }
 
@@ -680,45 +558,8 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
   attempt.attempt = store_->StartAttempt(job.id, PlacementText(slots), now);
   store_->AddEvent(job.id, "attempt " + std::to_string(attempt.attempt) + " " + how, now);
   transaction.Commit();
-  reported_unplaceable_.erase(job.id);
   spdlog::info("job {} '{}' attempt {} {}", job.id, job.name, attempt.attempt, how);
   return running_.Add(attempt);
-}
-
-// The attempts a pass starts are recorded in one transaction (one fsync however many
-// start), and their ranks are told only once it has committed. A commit that fails takes
-// the pass's attempts out of the running set again, as if the pass had not been.
-void Server::StartAttempts(const std::vector<Placement>& placements, double now) {
-  std::vector<JobRecord> started;
-  try {
-    StateStore::Transaction transaction(*store_);
-    for (const Placement& placement : placements) {
-      waiting_.erase(placement.job);
-      auto job = store_->Find(std::stoll(placement.job));  // with its job file, which the queue lacks
-      if (job && StartAttempt(*job, placement, now)) started.push_back(std::move(*job));
-    }
-    transaction.Commit();
-  } catch (...) {  // the placed jobs were queued: none of them ran before this pass
-    for (const Placement& placement : placements) running_.Remove(std::stoll(placement.job));
-    throw;
-  }
-  for (const JobRecord& job : started) {
-    const RunningAttempt& attempt = *running_.Find(job.id);
-    for (const RankKey& slot : attempt.slots) SendAssign(job, attempt, slot);
-  }
-}
-
-bool Server::StartAttempt(const JobRecord& job, const Placement& placement, double now) {
-  std::vector<RankKey> slots;
-  for (const SlotRef& slot : placement.slots) slots.emplace_back(slot.world, slot.rank);
-  if (!MakeAttemptFolder(job, now)) return false;
-  const RunningAttempt& attempt = OpenAttempt(
-      job, slots, "started on " + PlacementText(slots) + (placement.backfilled ? " (backfilled)" : ""), now);
-  const auto gpus = std::count_if(slots.begin(), slots.end(), [this](const RankKey& slot) {
-    return ranks_->entries().at(slot).info.device() == "cuda";
-  });
-  store_->StartUsage(job.id, attempt.attempt, now, static_cast<int>(slots.size()), static_cast<int>(gpus));
-  return true;
 }
 
 void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) {
@@ -743,22 +584,9 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
 }
 
 void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
-  const double now = Now();
-  const RunningAttempt* running = running_.Find(id);
-  const std::optional<RunningAttempt> attempt = running ? std::optional<RunningAttempt>(*running) : std::nullopt;
-  StateStore::Transaction transaction(*store_);
-  if (attempt) store_->EndAttempt(id, attempt->attempt, ending.outcome, ending.reason, now);
-  if (ending.job_state == JobState::kQueued)
-    store_->Requeue(id, ending.job_reason, ending.requeue_at);
-  else
-    store_->SetState(id, ending.job_state, ending.job_reason, now);
-  store_->AddEvent(id, ending.event, now);
-  transaction.Commit();
-  if (attempt) {
-    running_.Remove(id);
-    StopRanks(*attempt, ending.stop_message);  // the gang's other ranks hold their slots until told
-    if (slurm_ && !attempt->slurm_job.empty() && ending.outcome != wire::OUTCOME_SUCCEEDED)
-      slurm_->Cancel(attempt->slurm_job);  // its allocation, if any is left
+  if (const std::optional<RunningAttempt> attempt = running_.End(*store_, id, ending, Now())) {
+    StopRanks(*attempt, ending.stop_message);    // the gang's other ranks hold their slots until told
+    launcher_->Ended(*attempt, ending.outcome);  // a Slurm allocation, if any is left
   }
   schedule_due_ = true;
   searches_->MarkDue();
@@ -801,7 +629,7 @@ void Server::FailAttempt(int64_t id, const std::string& reason, Retry retry) {
     ending.requeue_at = Now() + backoff;
     ending.event = what + "; requeued to resume from its last checkpoint" +
                    (free ? " (not counted as a restart)"
-                         : " in " + Seconds(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
+                         : " in " + SecondsText(backoff) + " (restart " + std::to_string(restarts_used + 1) + " of " +
                                std::to_string(job.max_restarts) + ")");
   } else {
     ending.event = what + (retry == Retry::kNever ? " (not retried: the input is at fault)"

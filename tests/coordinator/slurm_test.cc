@@ -1,8 +1,11 @@
 // The pure parts of `coordinator --slurm` (Note [Attempts as Slurm jobs]): the generated
-// sbatch script, squeue's answer, and the world a Slurm job's rank 0 registers as.
+// sbatch script, squeue's answer, the world a Slurm job's rank 0 registers as, and how an
+// attempt ends when its Slurm job does.
 #include "coordinator/slurm.h"
 
 #include <gtest/gtest.h>
+
+#include "coordinator/slurm_launcher.h"
 
 namespace trainyard {
 namespace {
@@ -75,6 +78,47 @@ TEST(SlurmWorld, RoundTripsOnlyNumericJobIds) {
   EXPECT_EQ(SlurmJobOfWorld(SlurmWorld("42")), "42");
   for (const char* world : {"slurm-", "slurm-4x", "host-slurm-4", "slurm-1-2", "h2-1234-abcd"})
     EXPECT_EQ(SlurmJobOfWorld(world), "") << world;
+}
+
+// What rank 0 said, and whether the coordinator itself cancelled the Slurm job, decide how
+// the attempt ends: an scancel from outside is the job's failure (counted) even after a
+// preemption report; a preemption or time limit is free; bad input is never retried; a
+// job that ended before rank 0 said anything is a counted failure naming Slurm's state.
+TEST(SlurmLauncherTest, ASlurmJobsEndDecidesHowItsAttemptEnds) {
+  RunningAttempt attempt;
+  attempt.slurm_job = "42";
+  const SlurmJobState node_fail{"NODE_FAIL", "None"}, cancelled{"CANCELLED", "None"}, gone{"", ""};
+
+  SlurmAttemptEnd end = EndOfSlurmAttempt(attempt, node_fail);
+  EXPECT_EQ(end.retry, Retry::kCounted);
+  EXPECT_EQ(end.reason,
+            "its Slurm job 42 ended " + node_fail.Describe() + " before the job's rank 0 reported a result");
+
+  attempt.reported = wire::OUTCOME_PREEMPTED;
+  attempt.reported_reason = "the job led by r0 was preempted: time limit ahead";
+  end = EndOfSlurmAttempt(attempt, gone);
+  EXPECT_EQ(end.retry, Retry::kFree);
+  EXPECT_EQ(end.reason, attempt.reported_reason + " (its Slurm job 42 ended " + gone.Describe() + ")");
+
+  end = EndOfSlurmAttempt(attempt, cancelled);  // not the coordinator's scancel
+  EXPECT_EQ(end.retry, Retry::kCounted);
+  EXPECT_EQ(end.reason, "its Slurm job 42 ended " + cancelled.Describe() + ", cancelled outside the coordinator; " +
+                            attempt.reported_reason);
+
+  attempt.cancel_sent = true;  // the coordinator's own, after the report: the report decides
+  EXPECT_EQ(EndOfSlurmAttempt(attempt, cancelled).retry, Retry::kFree);
+
+  attempt.reported = wire::OUTCOME_BAD_INPUT;
+  attempt.reported_reason = "the job led by r0 rejected its input: no such file";
+  end = EndOfSlurmAttempt(attempt, node_fail);
+  EXPECT_EQ(end.retry, Retry::kNever);
+  EXPECT_EQ(end.reason, attempt.reported_reason);
+
+  attempt.reported = wire::OUTCOME_FAILED;
+  attempt.reported_reason = "the job led by r0 failed: boom";
+  end = EndOfSlurmAttempt(attempt, node_fail);
+  EXPECT_EQ(end.retry, Retry::kCounted);
+  EXPECT_EQ(end.reason, "its Slurm job 42 ended " + node_fail.Describe() + "; " + attempt.reported_reason);
 }
 
 }  // namespace
