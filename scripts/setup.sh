@@ -43,7 +43,7 @@ MLFLOW_VENV="${TRAINYARD_MLFLOW_VENV:-$HOME/.cache/trainyard/mlflow-venv}"
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv python3-pip
   openmpi-bin libopenmpi-dev
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev libsodium-dev
   libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev
   libgtest-dev googletest
