@@ -1,0 +1,64 @@
+#include "worker/elastic/elastic_replica.h"
+
+#include <utility>
+
+namespace trainyard {
+
+ElasticReplica::ElasticReplica(RingListener& listener, QuorumLink& link, ElasticModel model, RingOptions ring_options)
+    : listener_(listener), link_(link), model_(std::move(model)), ring_options_(std::move(ring_options)) {}
+
+int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
+  std::optional<QuorumView> view = link_.Join(committed);
+  while (view && committed < last) {
+    std::vector<float> gradient;
+    const bool ok = TakeStep(*view, &gradient);
+    StepVerdict verdict = link_.Vote(view->id, view->step, ok);
+    if (verdict.commit) {
+      model_.apply(view->step, gradient);
+      committed = view->step;
+    } else {
+      ++retried_;
+    }
+    view = verdict.next ? std::move(verdict.next) : link_.Join(committed);  // left out: join again
+  }
+  ring_.reset();
+  return committed;
+}
+
+bool ElasticReplica::TakeStep(const QuorumView& view, std::vector<float>* gradient) {
+  try {
+    if (!ring_ || ring_quorum_ != view.id) {  // a new membership: its own ring
+      ring_.reset();
+      ring_ = std::make_unique<TcpRing>(listener_, view.rings, view.position, view.id, ring_options_);
+      ring_quorum_ = view.id;
+      ++rings_formed_;
+    }
+    Heal(view);
+    const auto members = static_cast<int64_t>(view.rings.size());
+    const int64_t batch = model_.global_batch;
+    gradient->assign(model_.gradient_size, 0.0f);
+    model_.accumulate(view.step, batch * view.position / members, batch * (view.position + 1) / members, gradient);
+    ring_->AllReduceSum(gradient->data(), gradient->size());
+    const float scale = 1.0f / static_cast<float>(batch);
+    for (float& g : *gradient) g *= scale;
+    return true;
+  } catch (const RingFailure& e) {
+    ring_.reset();  // unusable now; the next quorum forms its own
+    last_failure_ = e.what();
+    return false;
+  }
+}
+
+void ElasticReplica::Heal(const QuorumView& view) {
+  for (const auto& [source, target] : view.heals) {
+    std::vector<uint8_t> state;
+    if (view.position == source) state = model_.save();
+    uint64_t size = state.size();
+    ring_->Broadcast(&size, sizeof size, source);
+    state.resize(size);
+    ring_->Broadcast(state.data(), state.size(), source);
+    if (view.position == target) model_.load(state);
+  }
+}
+
+}  // namespace trainyard

@@ -1,0 +1,104 @@
+// Note [Elastic steps]
+// One replica's side of an elastic job's steps (the quorum's side is Note [Step quorum]
+// in coordinator/quorum_service.h; the ring is Note [The replica ring] in tcp_ring.h).
+// A replica joins, is given a quorum, and for each step:
+//  1. forms the quorum's ring if the quorum's id is new to it (a new membership);
+//  2. if the quorum names heals, passes each source's state along the ring (the state's
+//     size, then its bytes); the member to be healed loads it: the weights, optimizer
+//     state and step it would have had, from a live peer, not a checkpoint;
+//  3. computes its share of the step's global batch, examples
+//     [B i / q, B (i+1) / q) of the step's B for member i of q, and sums the gradients
+//     of those examples over the ring; the step's gradient is that sum over B;
+//  4. votes: ok if 3 completed, failed if the ring broke (a member died, froze or was
+//     cut off) or the ring could not be formed;
+//  5. applies the gradient only if the decision commits; otherwise it drops it and
+//     takes the step again in the quorum the decision gives.
+// So the global batch, and with it the learning rate and the schedule, stays what the
+// job asked whatever the number of replicas: fewer replicas each take a larger share
+// and the step takes longer. No example of a committed step is lost or counted twice,
+// since nothing of a step that does not commit is kept.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/elastic/tcp_ring.h"
+
+namespace trainyard {
+
+// A quorum as a replica is given it.
+struct QuorumView {
+  uint64_t id = 0;
+  int64_t step = 0;
+  int position = -1;                       // this replica's place in the ring
+  std::vector<RingMember> rings;           // every member's ring address, ring order
+  std::vector<std::pair<int, int>> heals;  // (source, target) positions, in order
+};
+
+// A decision on a step, as a replica is told it.
+struct StepVerdict {
+  bool commit = false;
+  std::optional<QuorumView> next;  // none: no quorum includes this replica now (it must join again)
+  std::string why;
+};
+
+// How a replica reaches the quorum service: over the coordinator's wire in a job, in
+// process in tests. Both calls block until answered.
+class QuorumLink {
+ public:
+  virtual ~QuorumLink() = default;
+  // Joins, having committed `committed_step`; the first quorum that includes it, or
+  // nullopt if none will (the job gave up, or its time ran out).
+  virtual std::optional<QuorumView> Join(int64_t committed_step) = 0;
+  // Votes on `step` of quorum `id`; the decision.
+  virtual StepVerdict Vote(uint64_t id, int64_t step, bool ok) = 0;
+};
+
+// What the replica trains: the caller's model, seen through these.
+struct ElasticModel {
+  int64_t global_batch = 0;  // B: examples a step, whatever the number of replicas
+  size_t gradient_size = 0;  // floats
+  // Adds to `sum` the gradients of the step's examples [begin, end) (of its B).
+  std::function<void(int64_t step, int64_t begin, int64_t end, std::vector<float>* sum)> accumulate;
+  // Applies the step's gradient (the mean over its B examples); only for a committed step.
+  std::function<void(int64_t step, const std::vector<float>& gradient)> apply;
+  // The replica's whole state (weights, optimizer, RNG, the step it has committed), and
+  // its loading on a replica that is healed.
+  std::function<std::vector<uint8_t>()> save;
+  std::function<void(const std::vector<uint8_t>&)> load;
+};
+
+class ElasticReplica {
+ public:
+  ElasticReplica(RingListener& listener, QuorumLink& link, ElasticModel model, RingOptions ring_options);
+  // Takes steps until step `last` has committed (Note [Elastic steps]); the step it had
+  // committed before comes from `committed`. Returns the last step committed, which is
+  // less than `last` if no quorum includes the replica any more.
+  int64_t RunUntil(int64_t committed, int64_t last);
+  // Steps this replica voted on that did not commit, and rings it formed.
+  int retried() const { return retried_; }
+  int rings_formed() const { return rings_formed_; }
+  // Why the last step that failed here failed.
+  const std::string& last_failure() const { return last_failure_; }
+
+ private:
+  // Steps 1-3 of the Note for the quorum `view`; false if the ring failed.
+  bool TakeStep(const QuorumView& view, std::vector<float>* gradient);
+  void Heal(const QuorumView& view);
+
+  RingListener& listener_;
+  QuorumLink& link_;
+  ElasticModel model_;
+  RingOptions ring_options_;
+  std::unique_ptr<TcpRing> ring_;
+  uint64_t ring_quorum_ = 0;
+  int retried_ = 0, rings_formed_ = 0;
+  std::string last_failure_;
+};
+
+}  // namespace trainyard
