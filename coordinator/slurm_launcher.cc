@@ -39,8 +39,7 @@ void SlurmLauncher::Submit(const JobRecord& job, double now) {
 }
 
 void SlurmLauncher::Follow(double now) {
-  (void)now;
-  TakeSubmissions(sources_.loop.Now());
+  TakeSubmissions(now);
   FollowJobs();
 }
 

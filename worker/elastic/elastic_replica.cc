@@ -9,8 +9,8 @@ ElasticReplica::ElasticReplica(RingListener& listener, QuorumLink& link, Elastic
 
 int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
   std::optional<QuorumView> view = link_.Join(committed);
+  std::vector<float> gradient;  // reused: each step refills it
   while (view && committed < last) {
-    std::vector<float> gradient;
     const bool ok = TakeStep(*view, &gradient);
     StepVerdict verdict = link_.Vote(view->id, view->step, ok);
     if (verdict.commit) {
