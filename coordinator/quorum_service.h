@@ -31,7 +31,9 @@
 // Ids only grow. A message naming an older quorum id, or a vote from a replica that is
 // not a member of the current quorum, is fenced: the replica's view is old (it was
 // partitioned, stopped, or left), it may not commit anything, and it must join again
-// (and be healed) to take part.
+// (and be healed) to take part. The store keeps each job's last id, written before any
+// replica hears of a quorum, so ids grow across attempts and coordinator restarts too
+// (the wire side: elastic_quorums.h).
 #pragma once
 
 #include <cstdint>

@@ -107,6 +107,7 @@ Server::Server(ServerOptions options)
   ranks_ = std::make_unique<RankRegistry>(
       *store_, listening_,
       RankRegistry::Limits{options_.heartbeat_s * options_.liveness, options_.max_ranks_per_worker_key});
+  quorums_ = std::make_unique<ElasticQuorums>(*store_);
   RequeueRunningWithoutAttempt();
   ReloadRunningAttempts();
   LaunchLoop& launch_loop = *this;  // a private base: the launcher reaches the loop only through it
@@ -282,7 +283,8 @@ std::string Server::RoleRefusal(const std::string& role, const wire::Envelope& r
   if (options_.insecure) return "";
   const bool worker_message = request.has_register_() || request.has_heartbeat() || request.has_epoch() ||
                               request.has_result() || request.has_rank_exit() || request.has_output() ||
-                              request.has_file_list() || request.has_file_chunk();
+                              request.has_file_list() || request.has_file_chunk() || request.has_replica_join() ||
+                              request.has_replica_beat() || request.has_step_vote();
   const char* needed = ToString(worker_message ? WireRole::kWorker : WireRole::kClient);
   if (role == needed) return "";
   return "a " + (role.empty() ? std::string("key without a role") : role + " key") + " cannot send " +
@@ -335,6 +337,15 @@ std::optional<wire::Envelope> Server::Dispatch(const std::string& identity, cons
       return std::nullopt;
     case wire::Envelope::kFileChunk:
       OnFileChunk(identity, request.file_chunk());
+      return std::nullopt;
+    case wire::Envelope::kReplicaJoin:
+      OnReplicaJoin(identity, request.replica_join());
+      return std::nullopt;
+    case wire::Envelope::kReplicaBeat:
+      OnReplicaBeat(identity, request.replica_beat());
+      return std::nullopt;
+    case wire::Envelope::kStepVote:
+      OnStepVote(identity, request.step_vote());
       return std::nullopt;
     case wire::Envelope::kArtifacts:
       return Artifacts(identity, client, request.artifacts());

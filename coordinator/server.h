@@ -70,6 +70,7 @@
 #include "common/regular_file.h"
 #include "coordinator/artifacts.h"
 #include "coordinator/attempt_book.h"
+#include "coordinator/elastic_quorums.h"
 #include "coordinator/job_output.h"
 #include "coordinator/job_views.h"
 #include "coordinator/launcher.h"
@@ -289,6 +290,29 @@ class Server : private SearchLoop, private LaunchLoop {
   const std::string& OwnHost() const;
   // Whether (world, rank) is job rank 0 of the job's attempt `attempt`, as the store placed it.
   bool IsJobRankZero(int64_t job, int attempt, const std::string& world, int rank) const;
+  // Elastic attempts' quorums (server_elastic.cc; Note [Step quorum]): a replica's
+  // messages, from an authenticated rank of the attempt, to quorums_, and what it answers.
+  void OnReplicaJoin(const std::string& identity, const wire::ReplicaJoin& message);
+  void OnReplicaBeat(const std::string& identity, const wire::ReplicaBeat& message);
+  void OnStepVote(const std::string& identity, const wire::StepVote& message);
+  // Whether (world, rank) is one of the ranks the store placed the attempt on.
+  bool IsRankOfAttempt(int64_t job, int attempt, const std::string& world, int rank) const;
+  // Who a replica's message says it is from, and for which attempt.
+  struct ReplicaSender {
+    int64_t job = 0;
+    int attempt = 0;
+    std::string world;
+    int rank = 0;
+    std::string token;
+  };
+  // Whether the sender holds its rank token and is a rank of the attempt; refused if not.
+  bool AdmitReplicaMessage(const std::string& identity, const ReplicaSender& sender, const char* what);
+  // Refuses the message with `refusal` if there is one, else sends what quorums_ answered.
+  void AnswerReplica(const std::string& identity, const std::string& refusal);
+  // Sends what quorums_ answered and records its events.
+  void SendQuorumAnswers();
+  // (world, rank) is gone: the replica it speaks for leaves its quorum.
+  void ReplicaGone(const RankKey& key);
   void Tick();
   void ExpireSilentRanks();
   // Every kHistoryPassS: marks the worlds of registered ranks in use and forgets the
@@ -364,11 +388,12 @@ class Server : private SearchLoop, private LaunchLoop {
   int64_t next_file_query_ = 1;
   int64_t bad_frames_ = 0, refused_messages_ = 0;
   std::atomic<int64_t> key_reloads_{0};
-  LogLimiter log_limiter_;               // what peers can make the loop log
-  ListeningClock listening_;             // Note [Listening time]
-  std::unique_ptr<RankRegistry> ranks_;  // after store_ and listening_: destroyed before them
-  AttemptBook running_;                  // the attempts running now, by job id
-  WaitReasons waiting_;                  // filled by the pool's passes (PoolLauncher)
+  LogLimiter log_limiter_;                   // what peers can make the loop log
+  ListeningClock listening_;                 // Note [Listening time]
+  std::unique_ptr<RankRegistry> ranks_;      // after store_ and listening_: destroyed before them
+  AttemptBook running_;                      // the attempts running now, by job id
+  std::unique_ptr<ElasticQuorums> quorums_;  // Note [Step quorum]: the elastic attempts'
+  WaitReasons waiting_;                      // filled by the pool's passes (PoolLauncher)
   int64_t preemptions_ = 0;
   bool schedule_due_ = true;
   double last_liveness_check_ = 0, last_schedule_ = 0, started_at_ = 0;

@@ -380,6 +380,7 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
   const std::string who = DescribeRank(key);
   spdlog::warn("{} {}", who, how);
   ranks_->Remove(key);
+  ReplicaGone(key);
   // A signal forwarded by the supervisor came from outside the job: its pool is being
   // stopped (a rank that failed on its own is reported, and ends the attempt, first).
   if (const RunningAttempt* attempt = AttemptAwaiting(key))
@@ -397,6 +398,8 @@ void Server::Tick() {
     CheckPreemptions();
   }
   launcher_->Follow(now);
+  quorums_->Advance(listening_.Now());
+  SendQuorumAnswers();
   ExpireFileQueries();
   searches_->Advance(now);
   if (history_left_ || now - last_history_pass_ >= kHistoryPassS) TrimHistory(now);
@@ -435,6 +438,7 @@ void Server::ExpireSilentRanks() {
         entry.last_log_line);
     spdlog::warn("{}", reason);
     ranks_->Remove(key);
+    ReplicaGone(key);
     const RunningAttempt* attempt = AttemptAwaiting(key);
     if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;
@@ -585,6 +589,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
 
 void Server::EndJobsAttempt(int64_t id, const AttemptEnding& ending) {
   if (const std::optional<RunningAttempt> attempt = running_.End(*store_, id, ending, Now())) {
+    quorums_->Close(attempt->job, attempt->attempt);
     StopRanks(*attempt, ending.stop_message);    // the gang's other ranks hold their slots until told
     launcher_->Ended(*attempt, ending.outcome);  // a Slurm allocation, if any is left
   }

@@ -280,6 +280,8 @@ void StateStore::CreateSchema() {
     CREATE TABLE IF NOT EXISTS history_totals(
       kind TEXT NOT NULL, user TEXT NOT NULL, key TEXT NOT NULL, value REAL NOT NULL,
       as_of REAL NOT NULL DEFAULT 0, PRIMARY KEY(kind, user, key));
+    CREATE TABLE IF NOT EXISTS quorums(
+      job INTEGER PRIMARY KEY REFERENCES jobs(id), last_id INTEGER NOT NULL);
     COMMIT;)");
   if (new_database) Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
 }
@@ -296,6 +298,9 @@ void StateStore::CreateSchema() {
 //      ("failed: <reason>").
 //   4  a job's end in jobs.ended_at (for an ended job of version 3, its newest event, or
 //      its submission if it has none), and history_totals (Note [History retention]).
+// A table that only adds (quorums, an elastic job's last quorum id) is made by
+// CreateSchema on every opening and needs no version: a coordinator that predates it
+// leaves it alone.
 // Each step is tested on a database made by that version's own schema
 // (tests/coordinator/data/schema_v*.sql).
 void StateStore::Migrate(const std::string& path) {
@@ -403,6 +408,20 @@ void StateStore::TouchWorlds(const std::vector<std::string>& worlds, double now)
     s.Step();
   }
   transaction.Commit();
+}
+
+uint64_t StateStore::LastQuorumId(int64_t job) const {
+  Statement s(*statements_, "SELECT last_id FROM quorums WHERE job = ?");
+  s.Bind(1, job);
+  return s.Step() ? static_cast<uint64_t>(s.Int(0)) : 0;
+}
+
+void StateStore::KeepQuorumId(int64_t job, uint64_t id) {
+  Statement s(*statements_,
+              "INSERT INTO quorums(job, last_id) VALUES(?, ?) "
+              "ON CONFLICT(job) DO UPDATE SET last_id = MAX(last_id, excluded.last_id)");
+  s.Bind(1, job).Bind(2, static_cast<int64_t>(id));
+  s.Step();
 }
 
 void StateStore::ForgetWorldsRegisteredBefore(double before) {

@@ -300,6 +300,12 @@ class StateStore {
   // Forgets the worlds last known in use before `before` that no open attempt names.
   void ForgetWorldsRegisteredBefore(double before);
 
+  // The highest quorum id given to `job`'s elastic steps, across its attempts and the
+  // coordinator's restarts (Note [Step quorum]: ids only grow); 0: none. KeepQuorumId
+  // never lowers it.
+  uint64_t LastQuorumId(int64_t job) const;
+  void KeepQuorumId(int64_t job, uint64_t id);
+
  private:
   void Exec(const std::string& sql) const;
   void Lock(const std::string& path);

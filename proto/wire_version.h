@@ -12,6 +12,7 @@ namespace trainyard {
 //    agent (JobPlace), and RankInfo names the slot's index on its host.
 // 5: job states and outcomes are enums (JobState, Outcome), no longer strings.
 // 6: the coordinator pulses no rank; agents watch their link with ZMTP heartbeats.
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: elastic replicas join, beat and vote on steps (Note [Step quorum]).
+inline constexpr uint32_t kProtocolVersion = 7;
 
 }  // namespace trainyard

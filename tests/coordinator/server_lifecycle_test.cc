@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -246,6 +247,54 @@ TEST_F(ServerLifecycleTest, AnAttemptRunsToSuccessMessageByMessage) {
   std::getline(epochs, header);
   std::getline(epochs, row);
   EXPECT_EQ(header + "|" + row, "epoch,train_loss|1,0.5");
+}
+
+// A replica's join, beat and vote (Note [Step quorum]) reach the quorum only from a rank
+// of the attempt holding its rank token, and only for an attempt that has a quorum: each
+// refusal is an error to the sender, and nothing is answered.
+TEST_F(ServerLifecycleTest, AReplicasMessagesAreRefusedFromStrangersAndForAttemptsWithoutAQuorum) {
+  Start();
+  Register(a_);
+  Register(b_);
+  Register(c_);
+  const int64_t job = Submit(2, "k1");
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  const std::vector<std::string> assigned = Sent(wire::Envelope::kAssign);
+  ASSERT_EQ(assigned.size(), 2u);
+  const Agent& stranger = std::find(assigned.begin(), assigned.end(), a_.identity()) == assigned.end()   ? a_
+                          : std::find(assigned.begin(), assigned.end(), b_.identity()) == assigned.end() ? b_
+                                                                                                         : c_;
+  const Agent& member = &stranger == &a_ ? b_ : a_;
+  sent_.clear();
+  auto join = [&](const Agent& from, const std::string& token) {
+    wire::Envelope e;
+    wire::ReplicaJoin* m = e.mutable_replica_join();
+    m->set_job_id(job);
+    m->set_attempt(1);
+    m->set_ring_host("198.18.0.1");
+    m->set_ring_port(7001);
+    m->set_world(from.world);
+    m->set_rank_token(token);
+    Deliver(from.identity(), e);
+    const wire::Envelope* error = Last(from.identity(), wire::Envelope::kError);
+    return error ? error->error().message() : std::string("(no error)");
+  };
+  EXPECT_EQ(join(member, std::string(32, 'x')).find("refused: a replica's join for "), 0u) << "a wrong rank token";
+  EXPECT_EQ(join(stranger, stranger.rank_token()), "refused: a replica's join for job " + std::to_string(job) +
+                                                       " attempt 1 from a rank that is not one of its ranks");
+  EXPECT_EQ(join(member, member.rank_token()),
+            "refused: job " + std::to_string(job) + " attempt 1 has no elastic quorum (it is not elastic, or over)");
+  wire::Envelope vote;
+  vote.mutable_step_vote()->set_job_id(job);
+  vote.mutable_step_vote()->set_attempt(1);
+  vote.mutable_step_vote()->set_world(member.world);
+  vote.mutable_step_vote()->set_rank_token(member.rank_token());
+  Deliver(member.identity(), vote);
+  EXPECT_EQ(Last(member.identity(), wire::Envelope::kError)->error().message().find("refused: job "), 0u);
+  EXPECT_TRUE(Sent(wire::Envelope::kStepDecision).empty());
+  EXPECT_TRUE(Sent(wire::Envelope::kFenced).empty());
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "a refused message changes nothing";
 }
 
 TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterItsBackoff) {

@@ -792,6 +792,8 @@ TEST_F(StateStoreTest, ForgettingOldJobsKeepsEveryFigureCountedOverTheWholeHisto
   const int64_t recent = history.Run("r", "ana", 40'000, 3, 100, 4, JobState::kSucceeded);
   const int64_t running = history.Run("u", "bo", 45'000, 12, 0, 6, JobState::kRunning);
   const int64_t queued = history.Submit("q", "", 46'000);
+  store->KeepQuorumId(old_a, 7);  // an elastic job's ids go with it (Note [Step quorum])
+  store->KeepQuorumId(recent, 3);
   const HistoryFigures before = FiguresOf(*store, now, bounds);
   store->DecayedRankSeconds(now, half_life);  // the running totals, loaded before the prune
 
@@ -804,6 +806,8 @@ TEST_F(StateStoreTest, ForgettingOldJobsKeepsEveryFigureCountedOverTheWholeHisto
   for (int64_t kept : {live_search, live_trial, recent, running, queued}) EXPECT_TRUE(store->Find(kept)) << kept;
   EXPECT_TRUE(store->Trials(search).empty());
   EXPECT_FALSE(store->FindSearch(search));
+  EXPECT_EQ(store->LastQuorumId(old_a), 0u);
+  EXPECT_EQ(store->LastQuorumId(recent), 3u);
 
   const double later = now + 3600;  // fair share an hour on, against the closed form
   const std::map<std::string, double> closed = history.ClosedForm(later, half_life);

@@ -106,6 +106,31 @@ Frame Output(int rank, int64_t offset, const std::string& text) {
 
 Frame Client(const Fill& fill) { return FrameOf(2, fill); }
 
+// An elastic replica's messages (Note [Step quorum]) from a rank of the seeded attempt.
+Frame ReplicaJoin(int rank) {
+  return FrameOf(rank, [rank](wire::Envelope* e) {
+    wire::ReplicaJoin* j = e->mutable_replica_join();
+    j->set_job_id(kJob), j->set_attempt(kAttempt), j->set_ring_host("127.0.0.1"), j->set_ring_port(7001 + rank);
+    j->set_committed_step(3), j->set_world(kWorld), j->set_world_rank(rank), j->set_rank_token(kRankTokens[rank]);
+  });
+}
+
+Frame StepVote(int rank, uint64_t quorum, int64_t step) {
+  return FrameOf(rank, [rank, quorum, step](wire::Envelope* e) {
+    wire::StepVote* v = e->mutable_step_vote();
+    v->set_job_id(kJob), v->set_attempt(kAttempt), v->set_quorum_id(quorum), v->set_step(step), v->set_ok(true);
+    v->set_world(kWorld), v->set_world_rank(rank), v->set_rank_token(kRankTokens[rank]);
+  });
+}
+
+Frame ReplicaBeat(int rank, uint64_t quorum) {
+  return FrameOf(rank, [rank, quorum](wire::Envelope* e) {
+    wire::ReplicaBeat* b = e->mutable_replica_beat();
+    b->set_job_id(kJob), b->set_attempt(kAttempt), b->set_quorum_id(quorum);
+    b->set_world(kWorld), b->set_world_rank(rank), b->set_rank_token(kRankTokens[rank]);
+  });
+}
+
 // An agent's answers to the coordinator's file questions (numbered from 1).
 Frame FileListAnswer(int rank, int64_t request) {
   return FrameOf(rank, [rank, request](wire::Envelope* e) {
@@ -177,6 +202,9 @@ std::vector<std::pair<std::string, std::vector<Frame>>> Seeds() {
       {"life_succeeded",
        {Register(0), Register(1), Heartbeat(0), Heartbeat(1), Epoch(1), Epoch(1), Epoch(2), Result(0, "succeeded"),
         Result(1, "succeeded"), Client([&](wire::Envelope* e) { id(e->mutable_report()); })}},
+      {"replica",
+       {Register(0), Register(1), ReplicaJoin(0), ReplicaJoin(1), ReplicaBeat(0, 1), StepVote(0, 1, 4),
+        StepVote(1, 1, 4), FrameOf(3, [](wire::Envelope* e) { e->mutable_step_decision()->set_job_id(kJob); })}},
       {"life_rank_exit", {Register(0), Register(1), Epoch(1), RankExit(1, 11), Result(0, "cancelled")}},
       {"life_bad_input", {Register(0), Register(1), Result(1, "bad_input"), Heartbeat(0)}},
       {"life_cancel",
