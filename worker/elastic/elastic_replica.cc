@@ -12,7 +12,7 @@ int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
   std::vector<float> gradient;  // reused: each step refills it
   while (view && committed < last) {
     const bool ok = TakeStep(*view, &gradient);
-    StepVerdict verdict = link_.Vote(view->id, view->step, ok);
+    StepVerdict verdict = link_.Vote(view->id, view->step, ok, ok ? "" : last_failure_);
     if (verdict.commit) {
       model_.apply(view->step, gradient);
       committed = view->step;
@@ -29,7 +29,9 @@ bool ElasticReplica::TakeStep(const QuorumView& view, std::vector<float>* gradie
   try {
     if (!ring_ || ring_quorum_ != view.id) {  // a new membership: its own ring
       ring_.reset();
-      ring_ = std::make_unique<TcpRing>(listener_, view.rings, view.position, view.id, ring_options_);
+      RingOptions options = ring_options_;
+      if (!view.secret.empty()) options.secret = view.secret;
+      ring_ = std::make_unique<TcpRing>(listener_, view.rings, view.position, view.id, options);
       ring_quorum_ = view.id;
       ++rings_formed_;
     }

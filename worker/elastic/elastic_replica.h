@@ -27,37 +27,10 @@
 #include <utility>
 #include <vector>
 
+#include "worker/elastic/quorum_link.h"
 #include "worker/elastic/tcp_ring.h"
 
 namespace trainyard {
-
-// A quorum as a replica is given it.
-struct QuorumView {
-  uint64_t id = 0;
-  int64_t step = 0;
-  int position = -1;                       // this replica's place in the ring
-  std::vector<RingMember> rings;           // every member's ring address, ring order
-  std::vector<std::pair<int, int>> heals;  // (source, target) positions, in order
-};
-
-// A decision on a step, as a replica is told it.
-struct StepVerdict {
-  bool commit = false;
-  std::optional<QuorumView> next;  // none: no quorum includes this replica now (it must join again)
-  std::string why;
-};
-
-// How a replica reaches the quorum service: over the coordinator's wire in a job, in
-// process in tests. Both calls block until answered.
-class QuorumLink {
- public:
-  virtual ~QuorumLink() = default;
-  // Joins, having committed `committed_step`; the first quorum that includes it, or
-  // nullopt if none will (the job gave up, or its time ran out).
-  virtual std::optional<QuorumView> Join(int64_t committed_step) = 0;
-  // Votes on `step` of quorum `id`; the decision.
-  virtual StepVerdict Vote(uint64_t id, int64_t step, bool ok) = 0;
-};
 
 // What the replica trains: the caller's model, seen through these.
 struct ElasticModel {

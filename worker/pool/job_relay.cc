@@ -41,6 +41,8 @@ void WaitForInput(zmq::socket_t& socket, int timeout_ms) {
   }
 }
 
+bool IsQuorumAnswer(const wire::Envelope& e) { return e.has_step_decision() || e.has_fenced(); }
+
 }  // namespace
 
 struct JobRelay::Socket {
@@ -94,8 +96,12 @@ void JobRelay::Pump(int timeout_ms, const Assignment& assignment, PoolAgent& age
       wire::Envelope ack;
       ack.mutable_ack()->set_what("result");
       socket_->socket.send(zmq::buffer(Serialize(ack)), zmq::send_flags::dontwait);
+    } else if (in.has_replica_join() || in.has_replica_beat() || in.has_step_vote()) {
+      agent.SendToQuorum(in);
     }
   }
+  for (const std::string& answer : agent.TakeQuorumAnswers())
+    socket_->socket.send(zmq::buffer(answer), zmq::send_flags::dontwait);
 }
 
 void JobRelay::Stop(const std::string& reason, const Assignment& assignment, bool preempt) {
@@ -128,10 +134,28 @@ std::optional<wire::Envelope> RelayClient::AwaitLocked(double timeout_s, bool (*
         preempt_requested_ = preempt_requested_ || in.stop().preempt();
       }
       if (wanted && wanted(in)) return in;
+      if (IsQuorumAnswer(in)) {  // kept for AwaitQuorumAnswer, whatever waits now
+        quorum_answers_.push_back(in.SerializeAsString());
+        if (quorum_answers_.size() > PoolAgent::kMaxQuorumAnswers) quorum_answers_.pop_front();
+      }
     }
     if (SecondsSince(start) >= timeout_s) return std::nullopt;
     WaitForInput(socket_->socket, 50);
   }
+}
+
+void RelayClient::SendQuorumMessage(const wire::Envelope& message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  socket_->socket.send(zmq::buffer(Serialize(message)), zmq::send_flags::none);
+}
+
+std::optional<wire::Envelope> RelayClient::AwaitQuorumAnswer(double timeout_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (quorum_answers_.empty()) return AwaitLocked(timeout_s, IsQuorumAnswer);
+  wire::Envelope answer;
+  answer.ParseFromString(quorum_answers_.front());  // parsed once already
+  quorum_answers_.pop_front();
+  return answer;
 }
 
 std::string RelayClient::Start(const std::vector<JobRankProcess>& processes, double timeout_s) {

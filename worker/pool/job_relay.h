@@ -10,12 +10,16 @@
 //                         and sends it on to the coordinator, reliably)
 //   agent -> job          StopJob, when the coordinator asks (cancel, a stale attempt)
 //   job -> agent          the JobResult of rank 0, answered with an Ack
+//   job -> agent          an elastic replica's ReplicaJoin, ReplicaBeat and StepVote
+//                         (the agent signs them as its rank's and sends them on);
+//                         agent -> job: the coordinator's StepDecision and Fenced
 // The job's other ranks get the assignment from rank 0 (MPI_Bcast) and never touch
 // the socket. Whatever the job does not say (it crashed, or was killed), the agent
 // learns from its mpirun (job_process.h).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,6 +87,12 @@ class RelayClient : public JobHooks {
   void Aborting(const std::string& error) override;
   // Sends rank 0's outcome and waits up to `timeout_s` for the agent to have it.
   bool SendResult(const JobOutcome& outcome, double timeout_s);
+  // An elastic replica's message for the coordinator's quorum, through the agent
+  // (RelayQuorumLink in relay_quorum_link.h speaks this).
+  void SendQuorumMessage(const wire::Envelope& message);
+  // The next answer the agent relayed from the quorum (StepDecision or Fenced), oldest
+  // first, waiting up to `timeout_s`; nullopt if none came.
+  std::optional<wire::Envelope> AwaitQuorumAnswer(double timeout_s);
 
  private:
   struct Socket;
@@ -90,6 +100,8 @@ class RelayClient : public JobHooks {
   mutable std::mutex mutex_;
   mutable bool stop_requested_ = false;
   mutable bool preempt_requested_ = false;
+  // Quorum answers (envelopes' bytes) that came while something else was awaited.
+  mutable std::deque<std::string> quorum_answers_;
   // Reads what the agent sent, noting stop requests, until a message `wanted` accepts
   // (returned) or `timeout_s` has passed (nullopt; 0: what has arrived, no waiting).
   // REQUIRES: mutex_ held.

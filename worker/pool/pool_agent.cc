@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <zmq.hpp>
 
@@ -154,6 +155,8 @@ void PoolAgent::Begin(const Assignment& assignment) {
   output_ = OutputStream{};
   output_.job = assignment.job_id;
   output_.attempt = assignment.attempt;
+  quorum_outbox_.clear();
+  quorum_answers_.clear();
   stop_preempt_ = false;
   stop_grace_s_ = 0;
   stop_requested_ = false;
@@ -228,6 +231,43 @@ void PoolAgent::Queue(std::string key, std::string bytes) {
   outbox_.emplace_back(std::move(key), std::move(bytes));
 }
 
+void PoolAgent::SendToQuorum(const wire::Envelope& message) {
+  wire::Envelope e = message;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (job_id_ == 0) return;
+  auto sign = [&](auto* m) {
+    m->set_job_id(job_id_);
+    m->set_attempt(attempt_);
+    m->set_world(self_.world);
+    m->set_world_rank(self_.rank);
+    m->set_rank_token(self_.rank_token);
+  };
+  if (e.has_replica_join())
+    sign(e.mutable_replica_join());
+  else if (e.has_replica_beat())
+    sign(e.mutable_replica_beat());
+  else if (e.has_step_vote())
+    sign(e.mutable_step_vote());
+  else
+    return;
+  quorum_outbox_.push_back(Serialize(e));
+}
+
+std::vector<std::string> PoolAgent::TakeQuorumAnswers() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> answers(std::make_move_iterator(quorum_answers_.begin()),
+                                   std::make_move_iterator(quorum_answers_.end()));
+  quorum_answers_.clear();
+  return answers;
+}
+
+void PoolAgent::KeepQuorumAnswer(const wire::Envelope& answer, int64_t job, int attempt) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (job != job_id_ || attempt != attempt_) return;
+  quorum_answers_.push_back(Serialize(answer));
+  if (quorum_answers_.size() > kMaxQuorumAnswers) quorum_answers_.pop_front();
+}
+
 bool PoolAgent::Drain(double timeout_s) {
   const auto start = Clock::now();
   while (SecondsSince(start) < timeout_s) {
@@ -280,6 +320,7 @@ void PoolAgent::Round(Link& link) {
   ReadLinkEvents(link);
   if (!link.up) return;
   FlushOutbox(link);
+  FlushQuorum(link);
   FlushOutput(link);
   if (SecondsSince(link.last_beat) >= options_.heartbeat_s) Heartbeat(link);
 }
@@ -369,6 +410,10 @@ void PoolAgent::Handle(Link& link, const wire::Envelope& in) {
       stop_requested_ = true;
       LogInfo(StrFormat("job %ld: stop requested (%s)", long(job_id_), in.stop().reason().c_str()));
     }
+  } else if (in.has_step_decision()) {
+    KeepQuorumAnswer(in, in.step_decision().job_id(), in.step_decision().attempt());
+  } else if (in.has_fenced()) {
+    KeepQuorumAnswer(in, in.fenced().job_id(), in.fenced().attempt());
   } else if (in.has_list_files()) {
     link.Send(Serialize(FilesOf(in.list_files())));
   } else if (in.has_read_file()) {
@@ -457,6 +502,12 @@ void PoolAgent::FlushOutbox(Link& link) {
     unacked_.push_back(std::move(item));
   }
   outbox_.clear();
+}
+
+void PoolAgent::FlushQuorum(Link& link) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::string& bytes : quorum_outbox_) link.Send(bytes);
+  quorum_outbox_.clear();
 }
 
 // One chunk in flight at a time, of whole lines, once they have gathered a moment

@@ -125,6 +125,16 @@ class PoolAgent {
   void AppendOutput(const std::string& line);
   // Waits up to `timeout_s` for the output appended so far to be acknowledged.
   bool DrainOutput(double timeout_s);
+  // An elastic replica's ReplicaJoin, ReplicaBeat or StepVote (Note [Step quorum] in
+  // coordinator/quorum_service.h) from the job this rank leads, sent on as this rank's
+  // for the running attempt, once: nothing acknowledges them, and the replica repeats
+  // what it gets no answer to. Any other envelope is ignored. Thread-safe.
+  void SendToQuorum(const wire::Envelope& message);
+  // The coordinator's answers to them (StepDecision, Fenced) for the running attempt
+  // since the last call, as envelopes' bytes, oldest first; at most kMaxQuorumAnswers
+  // wait (past that, the oldest go). Thread-safe.
+  std::vector<std::string> TakeQuorumAnswers();
+  static constexpr size_t kMaxQuorumAnswers = 64;
   static constexpr size_t kMaxPendingOutputBytes = size_t(4) << 20;
   // True once the coordinator asked to stop the running attempt (or released its slot).
   bool StopRequested() const { return stop_requested_; }
@@ -149,6 +159,9 @@ class PoolAgent {
   void Register(Link& link);
   void Handle(Link& link, const wire::Envelope& message);
   void FlushOutbox(Link& link);
+  void FlushQuorum(Link& link);
+  // Keeps a quorum answer for the running attempt (a stale one is dropped).
+  void KeepQuorumAnswer(const wire::Envelope& answer, int64_t job, int attempt);
   void FlushOutput(Link& link);
   // Answers about the files of a job's folder (Note [Artifacts] in coordinator/artifacts.h).
   wire::Envelope FilesOf(const wire::ListFiles& ask) const;
@@ -179,6 +192,8 @@ class PoolAgent {
     Clock::time_point sent_at{};
   };
   OutputStream output_;
+  std::deque<std::string> quorum_outbox_;   // a replica's messages, not yet sent
+  std::deque<std::string> quorum_answers_;  // the coordinator's answers, for the job
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stop_preempt_{false};
   std::atomic<double> stop_grace_s_{0};

@@ -78,7 +78,7 @@ class InProcessQuorum {
       });
       return view;
     }
-    StepVerdict Vote(uint64_t id, int64_t step, bool ok) override {
+    StepVerdict Vote(uint64_t id, int64_t step, bool ok, const std::string& /*why*/) override {
       std::unique_lock<std::mutex> lock(q_.mutex_);
       if (q_.service_.Vote(name_, id, step, ok, SteadySeconds()) == VoteAnswer::kFenced) return {false, {}, "fenced"};
       StepVerdict verdict;
@@ -97,7 +97,7 @@ class InProcessQuorum {
     // The decision's next quorum as this replica sees it, if it is a member.
     std::optional<QuorumView> ViewOf(const StepDecision& d) const {
       if (!d.next) return std::nullopt;
-      QuorumView view{d.next->id, d.next->step, -1, {}, {}};
+      QuorumView view{d.next->id, d.next->step, -1, {}, {}, ""};
       std::map<std::string, int> position;
       for (size_t i = 0; i < d.next->members.size(); ++i) {
         position[d.next->members[i]] = static_cast<int>(i);
