@@ -28,9 +28,9 @@ bool IsMemberOf(const Quorum& quorum, const std::string& replica) {
   return std::find(quorum.members.begin(), quorum.members.end(), replica) != quorum.members.end();
 }
 
-// "quorum 4 for step 12: a, b (b healed from a)"
-std::string Describe(const Quorum& quorum) {
-  std::string text = "quorum " + std::to_string(quorum.id) + " for step " + std::to_string(quorum.step) + ": ";
+// "quorum 4 formed for step 12: a, b (b healed from a)"
+std::string Formed(const Quorum& quorum) {
+  std::string text = "quorum " + std::to_string(quorum.id) + " formed for step " + std::to_string(quorum.step) + ": ";
   for (size_t i = 0; i < quorum.members.size(); ++i) text += (i ? ", " : "") + quorum.members[i];
   for (size_t i = 0; i < quorum.heals.size(); ++i)
     text += (i ? "; " : " (") + quorum.heals[i].target + " healed from " + quorum.heals[i].source +
@@ -40,13 +40,13 @@ std::string Describe(const Quorum& quorum) {
 
 // What the job's events say of `decision`; "" for a step that committed in the same quorum.
 std::string EventText(const StepDecision& decision, bool over) {
-  if (decision.quorum_id == 0) return decision.next ? Describe(*decision.next) + " formed" : "";
+  if (decision.quorum_id == 0) return decision.next ? Formed(*decision.next) : "";
   std::string text;
   if (!decision.commit)
     text = "step " + std::to_string(decision.step) + " of quorum " + std::to_string(decision.quorum_id) +
            " did not commit (" + decision.why + ")";
   if (decision.next && decision.next->id != decision.quorum_id)
-    text += (text.empty() ? "" : "; ") + Describe(*decision.next) + " formed";
+    text += (text.empty() ? "" : "; ") + Formed(*decision.next);
   else if (!decision.next && !text.empty())
     text += over ? "; the steps give up" : "; no quorum: fewer replicas than min_replicas";
   return text;

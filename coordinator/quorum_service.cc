@@ -147,7 +147,10 @@ std::optional<Quorum> QuorumService::Form(int64_t step, double now) {
   for (const std::string& member : q.members) {
     const Replica& r = replicas_.at(member);
     q.rings.push_back(r.ring);
-    (r.committed_step >= step - 1 ? current : behind).push_back(member);
+    // The first step starts every member from the first one's state, as a run's ranks
+    // start from rank 0's parameters: replicas made apart need not have drawn the same.
+    const bool up_to_date = step == 1 ? member == q.members.front() : r.committed_step >= step - 1;
+    (up_to_date ? current : behind).push_back(member);
   }
   for (size_t i = 0; i < behind.size() && !current.empty(); ++i)
     q.heals.push_back({current[i % current.size()], behind[i]});

@@ -11,7 +11,9 @@
 // members are every live joined replica (at most max_replicas, earliest joined first),
 // in ring order by replica name, its step the furthest committed step among them plus
 // one, and each member behind that step is healed at the start of it from one that is
-// not (HealPair: the source's live state, not a checkpoint).
+// not (HealPair: the source's live state, not a checkpoint). A quorum for step 1 heals
+// every member from the first, so that all start from one state, as a run's ranks start
+// from rank 0's parameters.
 //
 // Each member votes on the step: ok, or failed (its ring broke, its step threw). The
 // step is decided once every member has voted or is gone (RemoveReplica: its process

@@ -38,7 +38,7 @@ declare -A MAY_USE=(
   [worker/comm/]="worker/comm/ common/"
   [worker/elastic/]="worker/elastic/ common/"
   [worker/train/]="worker/train/ worker/models/ worker/kernels/ data/ common/"
-  [worker/jobs/]="worker/jobs/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
+  [worker/jobs/]="worker/jobs/ worker/elastic/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
   [worker/runtime/]="worker/runtime/ worker/jobs/ worker/pool/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )

@@ -48,7 +48,9 @@ TEST(QuorumServiceTest, AQuorumFormsWhenAllHaveJoinedOrTheWindowHasPassed) {
   EXPECT_EQ(formed.next->step, 1);
   EXPECT_EQ(formed.next->members, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(formed.next->rings, (std::vector<ReplicaAddress>{Ring(1), Ring(2)}));
-  EXPECT_TRUE(formed.next->heals.empty());
+  ASSERT_EQ(formed.next->heals.size(), 1u) << "step 1: every member starts from the first one's state";
+  EXPECT_EQ(formed.next->heals[0].source, "a");
+  EXPECT_EQ(formed.next->heals[0].target, "b");
 
   QuorumService full(Policy(2, 3), 0);
   for (const char* name : {"x", "y", "z"}) full.Join(name, Ring(7), 0, 0);

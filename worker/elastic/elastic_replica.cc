@@ -36,13 +36,9 @@ bool ElasticReplica::TakeStep(const QuorumView& view, std::vector<float>* gradie
       ++rings_formed_;
     }
     Heal(view);
-    const auto members = static_cast<int64_t>(view.rings.size());
-    const int64_t batch = model_.global_batch;
     gradient->assign(model_.gradient_size, 0.0f);
-    model_.accumulate(view.step, batch * view.position / members, batch * (view.position + 1) / members, gradient);
+    model_.accumulate(view.step, view.position, static_cast<int>(view.rings.size()), gradient);
     ring_->AllReduceSum(gradient->data(), gradient->size());
-    const float scale = 1.0f / static_cast<float>(batch);
-    for (float& g : *gradient) g *= scale;
     return true;
   } catch (const RingFailure& e) {
     ring_.reset();  // unusable now; the next quorum forms its own

@@ -6,9 +6,10 @@
 //  2. if the quorum names heals, passes each source's state along the ring (the state's
 //     size, then its bytes); the member to be healed loads it: the weights, optimizer
 //     state and step it would have had, from a live peer, not a checkpoint;
-//  3. computes its share of the step's global batch, examples
-//     [B i / q, B (i+1) / q) of the step's B for member i of q, and sums the gradients
-//     of those examples over the ring; the step's gradient is that sum over B;
+//  3. computes its share of the step's gradient, as member i of q (the model decides
+//     the share: the trainer's is examples [n i / q, n (i+1) / q) of the step's global
+//     batch of n, weighted by 1/n), and sums the shares over the ring: the step's
+//     gradient, the same bits on every member;
 //  4. votes: ok if 3 completed, failed if the ring broke (a member died, froze or was
 //     cut off) or the ring could not be formed;
 //  5. applies the gradient only if the decision commits; otherwise it drops it and
@@ -34,11 +35,12 @@ namespace trainyard {
 
 // What the replica trains: the caller's model, seen through these.
 struct ElasticModel {
-  int64_t global_batch = 0;  // B: examples a step, whatever the number of replicas
   size_t gradient_size = 0;  // floats
-  // Adds to `sum` the gradients of the step's examples [begin, end) (of its B).
-  std::function<void(int64_t step, int64_t begin, int64_t end, std::vector<float>* sum)> accumulate;
-  // Applies the step's gradient (the mean over its B examples); only for a committed step.
+  // Adds to `sum` member `position` of `members`' share of step `step`'s gradient: the
+  // members' shares add up to the step's gradient, whatever their number. (The vector
+  // may carry more than gradients, such as the step's loss sums: it is summed as a whole.)
+  std::function<void(int64_t step, int position, int members, std::vector<float>* sum)> accumulate;
+  // Applies the step's gradient (the shares' sum); only for a committed step.
   std::function<void(int64_t step, const std::vector<float>& gradient)> apply;
   // The replica's whole state (weights, optimizer, RNG, the step it has committed), and
   // its loading on a replica that is healed.

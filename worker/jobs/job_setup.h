@@ -33,6 +33,9 @@ struct RankContext {
   // signal: kind: serve (SIGINT, SIGTERM), and a standalone finetune job (SIGTERM, a
   // scheduler's preemption; SIGUSR1, a time limit ahead). True once one arrived.
   const std::atomic<bool>* stop_signal = nullptr;
+  // An elastic replica's job (Trainer::RunElastic): the replicas at full strength, which
+  // the global batch is for; 0 otherwise.
+  int elastic_replicas = 0;
 };
 
 // Note [Stop agreement]

@@ -185,7 +185,8 @@ torch::Tensor Trainer::TaskLoss(const torch::Tensor& logits, const Batch& batch,
 }
 
 int64_t Trainer::GlobalBatch() const {
-  return int64_t(spec_.train.batch_size) * ranks_.world * spec_.train.gradient_accumulation_steps;
+  const int64_t ranks = ranks_.elastic_replicas > 0 ? ranks_.elastic_replicas : ranks_.world;
+  return int64_t(spec_.train.batch_size) * ranks * spec_.train.gradient_accumulation_steps;
 }
 
 void Trainer::TrainStep(std::vector<Batch>& micro, const double* loss_weights, double lr, StepTimer& timer,
@@ -300,130 +301,103 @@ void Trainer::PlantDebugInf(const StepControls& c) {
   first.copy_(torch::where(c.device.plant_inf > 0, std::numeric_limits<double>::infinity(), first));
 }
 
-// The progress line, steps.jsonl and the epoch sums see a step only once its loss and
-// timings have been read from the device, which happens in batches (see StepTimer).
-class Trainer::StepLog {
- public:
-  // The progress line counts the steps this epoch runs (train.max_steps may end it
-  // early) out of the epochs the run has, from where a resumed epoch left off.
-  StepLog(Trainer& trainer, int64_t epoch, int64_t total_steps, RunLog* log)
-      : t_(trainer),
-        epoch_(epoch),
-        log_(log),
-        timer_(trainer.device_, kNumTimedParts),
-        line_(StrFormat("epoch %ld/%ld", long(epoch + 1), long(trainer.EpochsToRun(total_steps))),
-              std::min(trainer.steps_per_epoch_, total_steps - epoch * trainer.steps_per_epoch_),
-              trainer.spec_.log.progress && trainer.is_rank0(), trainer.progress_.next_batch) {}
+Trainer::StepLog::StepLog(Trainer& trainer, int64_t epoch, int64_t total_steps, RunLog* log)
+    : t_(trainer),
+      epoch_(epoch),
+      log_(log),
+      timer_(trainer.device_, kNumTimedParts),
+      line_(StrFormat("epoch %ld/%ld", long(epoch + 1), long(trainer.EpochsToRun(total_steps))),
+            std::min(trainer.steps_per_epoch_, total_steps - epoch * trainer.steps_per_epoch_),
+            trainer.spec_.log.progress && trainer.is_rank0(), trainer.progress_.next_batch) {}
 
-  StepTimer& timer() { return timer_; }
-  void Add(PendingStep step) { pending_.push_back(std::move(step)); }
-
-  // Reads every pending step (one wait for the device on CUDA) and, in a pool, the
-  // ranks' stop votes of the newest one. Throws JobStopped on every rank alike if any
-  // rank voted to stop.
-  void Flush() {
-    if (pending_.empty()) return;
-    // Per step: its loss and, under loss scaling, its found_inf and scale; then the votes.
-    const bool scaled = t_.scaler_->enabled();
-    const size_t per_step = scaled ? 3 : 1;
-    std::vector<torch::Tensor> values;
-    for (const auto& p : pending_) {
-      values.push_back(p.loss.to(torch::kFloat).reshape({}));
-      if (scaled) {
-        values.push_back(p.found_inf.reshape({}));
-        values.push_back(p.scale.reshape({}));
-      }
+void Trainer::StepLog::Flush() {
+  if (pending_.empty()) return;
+  // Per step: its loss and, under loss scaling, its found_inf and scale; then the votes.
+  const bool scaled = t_.scaler_->enabled();
+  const size_t per_step = scaled ? 3 : 1;
+  std::vector<torch::Tensor> values;
+  for (const auto& p : pending_) {
+    values.push_back(p.loss.to(torch::kFloat).reshape({}));
+    if (scaled) {
+      values.push_back(p.found_inf.reshape({}));
+      values.push_back(p.scale.reshape({}));
     }
-    const bool votes = t_.reducer_ && (t_.ranks_.hooks || t_.ranks_.stop_signal);
-    if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
-    torch::Tensor host = torch::stack(values).to(torch::kCPU);
-    std::vector<std::vector<double>> times = timer_.Collect();
-    const float* read = host.data_ptr<float>();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      const float* step = read + i * per_step;
-      Account(pending_[i], StepValues{step[0], scaled && step[1] != 0.0f, scaled ? double(step[2]) : 0.0}, times[i]);
-    }
-    line_.Update(t_.progress_.next_batch,
-                 StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
-                           t_.progress_.epoch_loss_sum / double(std::max<int64_t>(1, t_.progress_.epoch_examples)),
-                           MsSince(t_.totals_->start) / double(std::max<int64_t>(1, t_.totals_->steps)),
-                           100.0 * t_.totals_->wait / std::max(1e-9, MsSince(t_.totals_->start))));
-    const int64_t newest = pending_.back().step;
-    pending_.clear();
-    if (votes && read[values.size() - 1] > 0)
-      throw JobStopped(StrFormat("stopped on request after step %ld of epoch %ld", long(newest), long(epoch_ + 1)));
   }
-
-  void Finish() {
-    Flush();
-    line_.Finish();
+  const bool votes = t_.reducer_ && (t_.ranks_.hooks || t_.ranks_.stop_signal);
+  if (votes) values.push_back(t_.reducer_->StopVotes().to(torch::kFloat).reshape({}));
+  torch::Tensor host = torch::stack(values).to(torch::kCPU);
+  std::vector<std::vector<double>> times = timer_.Collect();
+  const float* read = host.data_ptr<float>();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const float* step = read + i * per_step;
+    Account(pending_[i], StepValues{step[0], scaled && step[1] != 0.0f, scaled ? double(step[2]) : 0.0}, times[i]);
   }
+  line_.Update(t_.progress_.next_batch,
+               StrFormat("loss %.4f  %.1f ms/step  wait %.1f%%",
+                         t_.progress_.epoch_loss_sum / double(std::max<int64_t>(1, t_.progress_.epoch_examples)),
+                         MsSince(t_.totals_->start) / double(std::max<int64_t>(1, t_.totals_->steps)),
+                         100.0 * t_.totals_->wait / std::max(1e-9, MsSince(t_.totals_->start))));
+  const int64_t newest = pending_.back().step;
+  pending_.clear();
+  if (votes && read[values.size() - 1] > 0)
+    throw JobStopped(StrFormat("stopped on request after step %ld of epoch %ld", long(newest), long(epoch_ + 1)));
+}
 
- private:
-  // What a step's record held on the device, read.
-  struct StepValues {
-    double loss;
-    bool skipped;
-    double loss_scale;  // 0 without loss scaling
+void Trainer::StepLog::Finish() {
+  Flush();
+  line_.Finish();
+}
+
+void Trainer::StepLog::Account(const PendingStep& p, const StepValues& v, const std::vector<double>& ms) {
+  t_.progress_.epoch_loss_sum += v.loss * double(p.examples);
+  t_.progress_.epoch_skipped += v.skipped;
+  EpochTotals& totals = *t_.totals_;
+  totals.wait += p.wait_ms;
+  double step_ms = p.wait_ms;
+  for (int part = 0; part < kNumTimedParts; ++part) {
+    totals.parts[part] += ms[part];
+    step_ms += ms[part];
+  }
+  if (t_.trace_) Trace(p, ms);
+  ++totals.steps;
+  totals.samples += p.examples;
+  if (p.step % t_.spec_.log.steps_every == 0) LogStep(p, v, step_ms, ms[kComm]);
+}
+
+// One steps.jsonl line. Every rank takes part: with several ranks the line names the
+// rank whose step took longest ("<host>:<rank>"), from one small gather per logged step.
+void Trainer::StepLog::LogStep(const PendingStep& p, const StepValues& v, double step_ms, double comm_ms) {
+  nlohmann::json line = {
+      {"step", p.step},     {"epoch", epoch_ + 1},        {"loss", v.loss},       {"lr", p.lr},
+      {"ms", step_ms},      {"wait_ms", p.wait_ms},       {"skipped", v.skipped}, {"loss_scale", v.loss_scale},
+      {"tokens", p.tokens}, {"padded_len", p.padded_len}, {"comm_ms", comm_ms}};
+  if (t_.device_.is_cuda()) line["cuda_allocated_mb"] = CudaAllocatedMb(t_.device_);
+  if (p.buckets_in_backward >= 0) line["buckets_in_backward"] = p.buckets_in_backward;
+  if (p.replicas > 0) line["replicas"] = p.replicas;
+  if (t_.ranks_.comm && t_.ranks_.world > 1) {
+    const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
+    int slowest = 0;
+    for (int r = 1; r < int(all.size()); ++r)
+      if (all[r][0] > all[slowest][0]) slowest = r;
+    line["slowest"] = t_.ranks_.comm->RankName(slowest);
+    line["slowest_ms"] = all[slowest][0];
+  }
+  if (log_) log_->AddStep(line);
+}
+
+// The step's parts laid end to end from the start of its wait: exact on the CPU,
+// where the parts are host time between marks; on CUDA they are device times, laid
+// from the host's start.
+void Trainer::StepLog::Trace(const PendingStep& p, const std::vector<double>& ms) {
+  int64_t at = p.begin_us;
+  auto span = [&](const char* name, double part_ms) {
+    const int64_t end = at + std::llround(part_ms * 1000.0);
+    t_.trace_->Span(name, TraceRecorder::kStepTrack, p.step, at, end);
+    at = end;
   };
-
-  void Account(const PendingStep& p, const StepValues& v, const std::vector<double>& ms) {
-    t_.progress_.epoch_loss_sum += v.loss * double(p.examples);
-    t_.progress_.epoch_skipped += v.skipped;
-    EpochTotals& totals = *t_.totals_;
-    totals.wait += p.wait_ms;
-    double step_ms = p.wait_ms;
-    for (int part = 0; part < kNumTimedParts; ++part) {
-      totals.parts[part] += ms[part];
-      step_ms += ms[part];
-    }
-    if (t_.trace_) Trace(p, ms);
-    ++totals.steps;
-    totals.samples += p.examples;
-    if (p.step % t_.spec_.log.steps_every == 0) LogStep(p, v, step_ms, ms[kComm]);
-  }
-
-  // One steps.jsonl line. Every rank takes part: with several ranks the line names the
-  // rank whose step took longest ("<host>:<rank>"), from one small gather per logged step.
-  void LogStep(const PendingStep& p, const StepValues& v, double step_ms, double comm_ms) {
-    nlohmann::json line = {
-        {"step", p.step},     {"epoch", epoch_ + 1},        {"loss", v.loss},       {"lr", p.lr},
-        {"ms", step_ms},      {"wait_ms", p.wait_ms},       {"skipped", v.skipped}, {"loss_scale", v.loss_scale},
-        {"tokens", p.tokens}, {"padded_len", p.padded_len}, {"comm_ms", comm_ms}};
-    if (t_.device_.is_cuda()) line["cuda_allocated_mb"] = CudaAllocatedMb(t_.device_);
-    if (p.buckets_in_backward >= 0) line["buckets_in_backward"] = p.buckets_in_backward;
-    if (t_.ranks_.comm && t_.ranks_.world > 1) {
-      const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
-      int slowest = 0;
-      for (int r = 1; r < int(all.size()); ++r)
-        if (all[r][0] > all[slowest][0]) slowest = r;
-      line["slowest"] = t_.ranks_.comm->RankName(slowest);
-      line["slowest_ms"] = all[slowest][0];
-    }
-    if (log_) log_->AddStep(line);
-  }
-
-  // The step's parts laid end to end from the start of its wait: exact on the CPU,
-  // where the parts are host time between marks; on CUDA they are device times, laid
-  // from the host's start.
-  void Trace(const PendingStep& p, const std::vector<double>& ms) {
-    int64_t at = p.begin_us;
-    auto span = [&](const char* name, double part_ms) {
-      const int64_t end = at + std::llround(part_ms * 1000.0);
-      t_.trace_->Span(name, TraceRecorder::kStepTrack, p.step, at, end);
-      at = end;
-    };
-    span(kStepParts[0], p.wait_ms);
-    for (int part = 0; part < kNumTimedParts; ++part) span(kStepParts[part + 1], ms[part]);
-  }
-
-  Trainer& t_;
-  int64_t epoch_;
-  RunLog* log_;
-  StepTimer timer_;
-  ProgressLine line_;
-  std::vector<PendingStep> pending_;
-};
+  span(kStepParts[0], p.wait_ms);
+  for (int part = 0; part < kNumTimedParts; ++part) span(kStepParts[part + 1], ms[part]);
+}
 
 Trainer::MicroPlan Trainer::PlanMicroBatches(int64_t epoch) const {
   std::vector<BatchIndices> plan = sampler_->EpochPlan(epoch);
@@ -590,6 +564,10 @@ void Trainer::TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log) {
                        StrFormat(" (%s); checkpoint of step %ld written, a rerun resuming from it goes on there",
                                  ranks_.stop_signal ? "a signal" : "a preemption", long(progress_.global_step)));
   }
+  CloseEpoch(epoch, total_steps, log);
+}
+
+void Trainer::CloseEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
   // train.max_steps (--max-steps) or early stopping may end the run inside an epoch.
   // Its checkpoint keeps the place there: a resume goes on from the epoch's next batch,
   // and the row below is replaced once the epoch is whole. The evaluation comes first,

@@ -9,11 +9,13 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
@@ -38,6 +40,19 @@
 
 namespace trainyard {
 
+class QuorumLink;
+class RingListener;
+
+// How an elastic replica reaches its peers: the quorum (QuorumLink, worker/elastic/
+// quorum_link.h) and its ring's listening socket, with the ring's deadline and the
+// secret it uses until a quorum brings the attempt's own.
+struct ElasticRun {
+  QuorumLink* link = nullptr;
+  RingListener* listener = nullptr;
+  double timeout_s = 300;
+  std::string secret;
+};
+
 class Trainer {
  public:
   // Throws InputError for bad inputs. Makes no collective call, so ranks can agree on
@@ -50,6 +65,14 @@ class Trainer {
   // runs/<job>/; checkpoints go to every host's own disk (checkpoint_sharing.h). Throws
   // std::runtime_error for a failure mid-run.
   nlohmann::json Run();
+
+  // Trains as one replica of an elastic job (Note [Elastic finetune] in
+  // trainer_elastic.cc): the steps, their evaluations, rows and checkpoints as Run's,
+  // each step's gradient summed over the replicas of its quorum and applied only once
+  // the quorum commits it. The replica is this process alone (ranks.world 1, with
+  // ranks.elastic_replicas set). Throws std::runtime_error when no quorum takes it
+  // any more, InputError for a job elastic steps cannot run.
+  nlohmann::json RunElastic(const ElasticRun& elastic);
 
   std::string run_dir() const;
   bool is_rank0() const { return ranks_.rank == 0; }
@@ -72,6 +95,9 @@ class Trainer {
   bool HasEpochToRun(int64_t total_steps) const;
   // One epoch's training, evaluation, epoch row and checkpoint.
   void TrainAndEvaluateEpoch(int64_t total_steps, RunLog* log);
+  // After an epoch's last step (or the run's): its evaluation, row and checkpoint, and
+  // the pool told of the row. Collective.
+  void CloseEpoch(int64_t epoch, int64_t total_steps, RunLog* log);
   // After a step: its flush, the evaluation and checkpoint due, debug.step_pause_ms.
   // Returns false where early stopping ends the run. Collective.
   bool AfterStep(StepLog& steps, RunLog* log);
@@ -100,7 +126,8 @@ class Trainer {
   // mean where one had examples, the mean over its examples where several had, else 0.
   torch::Tensor AccumulateGradients(Batch* micro, size_t count, const double* loss_weights,
                                     const StepControls& controls, StepTimer* timer);
-  // Examples in an optimizer step: batch_size x ranks x gradient_accumulation_steps.
+  // Examples in an optimizer step: batch_size x ranks x gradient_accumulation_steps
+  // (an elastic replica's: x the replicas at full strength, however many there are).
   int64_t GlobalBatch() const;
   void PlantDebugInf(const StepControls& controls);
   // train.cuda_graph against the device and the communicator: whether steps are graphed.
@@ -150,6 +177,20 @@ class Trainer {
   torch::Tensor TaskLoss(const torch::Tensor& logits, const Batch& batch,
                          torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) const;
   double LrAt(int64_t step, int64_t total_steps) const;
+
+  // trainer_elastic.cc: one replica of an elastic job.
+  struct ElasticProgress;
+  // Member `position` of `members`' share of step `step`'s gradient, added to `sum`
+  // with its loss sum and examples after the gradients.
+  void ElasticAccumulate(ElasticProgress& e, int64_t step, int position, int members, std::vector<float>* sum);
+  // The summed shares into the gradients, the optimizer step, and the step's records,
+  // evaluations, checkpoints and, after an epoch's last step, its row.
+  void ElasticApply(ElasticProgress& e, int64_t step, const std::vector<float>& sum);
+  // The epoch's step log, made at its first step.
+  void OpenElasticSteps(ElasticProgress& e, int64_t epoch);
+  // This replica's whole state as a checkpoint's bytes, and its loading (a heal).
+  std::vector<uint8_t> SaveElasticState();
+  void LoadElasticState(const std::vector<uint8_t>& bytes);
 
   // trainer_consistency.cc: the ranks in step.
   // The ranks' maximum of found_inf, on the device (MAX-reduced where there are ranks).
