@@ -1,5 +1,6 @@
 #include "worker/elastic/elastic_replica.h"
 
+#include <string>
 #include <utility>
 
 namespace trainyard {
@@ -53,6 +54,10 @@ void ElasticReplica::Heal(const QuorumView& view) {
     if (view.position == source) state = model_.save();
     uint64_t size = state.size();
     ring_->Broadcast(&size, sizeof size, source);
+    if (size > model_.max_state_bytes)
+      throw RingFailure(source, "the state to heal member " + std::to_string(target) + " from member " +
+                                    std::to_string(source) + " is " + std::to_string(size) +
+                                    " bytes, over the cap of " + std::to_string(model_.max_state_bytes));
     state.resize(size);
     ring_->Broadcast(state.data(), state.size(), source);
     if (view.position == target) model_.load(state);

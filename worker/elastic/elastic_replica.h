@@ -46,6 +46,10 @@ struct ElasticModel {
   // its loading on a replica that is healed.
   std::function<std::vector<uint8_t>()> save;
   std::function<void(const std::vector<uint8_t>&)> load;
+  // The largest state a heal may pass: every member holds it whole on its way round the
+  // ring, and its size comes from a peer. A larger one fails the step on every member,
+  // naming the cap (and, failing again each retry, ends the job's steps).
+  uint64_t max_state_bytes = uint64_t(8) << 30;
 };
 
 class ElasticReplica {

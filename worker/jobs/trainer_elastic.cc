@@ -208,8 +208,8 @@ void Trainer::LoadElasticState(const std::vector<uint8_t>& bytes) {
   ScratchFile file(run_dir());
   std::ofstream(file.path(), std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
   progress_ = LoadCheckpoint(file.path(), *model_, *optimizer_, *scaler_, 0, steps_per_epoch_).progress;
-  LogInfo(StrFormat("healed from a live replica: step %ld, epoch %ld", long(progress_.global_step),
-                    long(progress_.epoch + 1)));
+  LogInfo(StrFormat("healed from a live replica (%.1f MB): after step %ld, in epoch %ld", double(bytes.size()) / 1e6,
+                    long(progress_.global_step), long(progress_.epoch + 1)));
 }
 
 nlohmann::json Trainer::RunElastic(const ElasticRun& elastic) {

@@ -153,5 +153,42 @@ TEST(ElasticReplicaTest, SurvivorsRetryTheStepAndAJoinerIsHealedWithTheSameWeigh
   EXPECT_GE(r.retried["a"], 1) << "step 6 failed with c gone";
 }
 
+// A heal whose state is over the cap fails the step on every member, naming the cap,
+// without allocating it; failing on each retry, it ends the steps.
+TEST(ElasticReplicaTest, AHealOverTheStateCapFailsTheStepOnEveryMemberWithoutAllocatingIt) {
+  QuorumService::Options options;
+  options.min_replicas = 2;
+  options.max_replicas = 2;
+  options.timeout_s = 5;
+  InProcessQuorum quorum(options);
+  Replicas r;
+  std::map<std::string, std::string> failures;
+  std::vector<std::thread> threads;
+  for (const std::string name : {"a", "b"}) {
+    r.models[name];
+    threads.emplace_back([&, name] {
+      RingListener listener;
+      InProcessQuorum::Link link(quorum, name, listener.port());
+      ElasticModel view = r.models.at(name).View();
+      view.max_state_bytes = kWeights * sizeof(float) - 1;  // step 1 heals b from a: one byte too many
+      ElasticReplica replica(listener, link, view, RingOptions{5, "the job's secret"});
+      const int64_t last = replica.RunUntil(0, kLast);
+      std::lock_guard<std::mutex> lock(r.mutex);
+      r.reached[name] = last;
+      r.retried[name] = replica.retried();
+      failures[name] = replica.last_failure();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const char* name : {"a", "b"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(r.reached[name], 0) << "no step committed";
+    EXPECT_EQ(r.retried[name], QuorumService::kMaxRetries);
+    EXPECT_EQ(failures[name], "the state to heal member 1 from member 0 is 16384 bytes, over the cap of 16383");
+    EXPECT_TRUE(r.models[name].applied.empty());
+  }
+  EXPECT_TRUE(quorum.GivenUp());
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -50,6 +50,10 @@ class InProcessQuorum {
     beating_[name] = false;
     service_.RemoveReplica(name, SteadySeconds());
   }
+  bool GivenUp() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return service_.given_up();
+  }
   int64_t CommittedSteps() {
     std::lock_guard<std::mutex> lock(mutex_);
     int64_t committed = 0;
@@ -69,7 +73,7 @@ class InProcessQuorum {
       std::optional<QuorumView> view;
       q_.changed_.wait(lock, [&] {
         for (size_t i = from; i < q_.decisions_.size() && !view; ++i) view = ViewOf(q_.decisions_[i]);
-        return view.has_value();
+        return view.has_value() || q_.service_.given_up();  // none will form again
       });
       return view;
     }
