@@ -16,12 +16,13 @@ constexpr size_t kMaxAttemptsHeld = 4096;
 OutputFiles::OutputFiles(std::string runs_dir, int64_t rotate_bytes)
     : runs_dir_(std::move(runs_dir)), rotate_bytes_(rotate_bytes) {}
 
-std::string OutputFiles::File(int64_t job, int attempt) const {
-  return std::to_string(job) + "/attempt-" + std::to_string(attempt) + "/output.log";
+std::string OutputFiles::File(int64_t job, int attempt, int replica) const {
+  return std::to_string(job) + "/attempt-" + std::to_string(attempt) + "/output" +
+         (replica > 0 ? ".replica-" + std::to_string(replica) : std::string()) + ".log";
 }
 
-int64_t OutputFiles::Append(int64_t job, int attempt, int64_t offset, const std::string& text) {
-  const std::pair<int64_t, int> key{job, attempt};
+int64_t OutputFiles::Append(int64_t job, int attempt, int64_t offset, const std::string& text, int replica) {
+  const Key key{job, attempt, replica};
   auto held = held_.find(key);
   if (held == held_.end()) {  // first heard of since this coordinator started: taken at its word
     if (heard_order_.size() >= kMaxAttemptsHeld) {
@@ -38,7 +39,7 @@ int64_t OutputFiles::Append(int64_t job, int attempt, int64_t offset, const std:
     bytes = "[trainyard: " + std::to_string(offset - held->second) +
             " bytes of this attempt's output were dropped by its agent while the coordinator was unreachable]\n";
   bytes.append(text, size_t(std::max<int64_t>(0, held->second - offset)));
-  AppendFileBeneath(runs_dir_, File(job, attempt), bytes, rotate_bytes_);
+  AppendFileBeneath(runs_dir_, File(job, attempt, replica), bytes, rotate_bytes_);
   held->second = end;
   return end;
 }

@@ -30,6 +30,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace trainyard {
@@ -52,8 +53,10 @@ class OutputFiles {
 
   // Takes a chunk of job `job`'s attempt `attempt` that starts at `offset` of its
   // output; returns the offset now held (to acknowledge). Throws std::runtime_error when
-  // the file cannot be written (nothing is counted as held then).
-  int64_t Append(int64_t job, int attempt, int64_t offset, const std::string& text);
+  // the file cannot be written (nothing is counted as held then). Replica r > 0 of an
+  // elastic attempt (its slot's index) has an output of its own, output.replica-<r>.log;
+  // Read and Tail read replica 0's, output.log.
+  int64_t Append(int64_t job, int attempt, int64_t offset, const std::string& text, int replica = 0);
 
   // At most `max_bytes` of the attempt's output from byte `offset` of output.log, in
   // whole lines; with `rank` >= 0 only the lines of that job rank and the lines no
@@ -65,13 +68,14 @@ class OutputFiles {
   std::string Tail(int64_t job, int attempt, size_t max_bytes) const;
 
  private:
-  std::string File(int64_t job, int attempt) const;
+  std::string File(int64_t job, int attempt, int replica = 0) const;
+  using Key = std::tuple<int64_t, int, int>;  // job, attempt, replica
 
   std::string runs_dir_;
   int64_t rotate_bytes_;
   // The output offset held, of the attempts heard from most recently (bounded).
-  std::map<std::pair<int64_t, int>, int64_t> held_;
-  std::deque<std::pair<int64_t, int>> heard_order_;
+  std::map<Key, int64_t> held_;
+  std::deque<Key> heard_order_;
 };
 
 // Keeps the lines of `text` (each ending in '\n') that job rank `rank` wrote, or that

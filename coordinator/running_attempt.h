@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ struct RunningAttempt {
   std::string reported_reason;
   double reported_at = 0;  // on the listening clock; a Slurm job not ended `grace_s` later is cancelled
   bool cancel_sent = false;
+  // An elastic attempt (Note [Elastic finetune] in worker/jobs/trainer_elastic.cc): each
+  // slot leads a replica of its own, a replica's end is its own, and the attempt ends once
+  // every replica has ended: succeeded if one did.
+  bool elastic = false;
+  std::map<RankKey, std::string> replica_failures;            // replicas that ended without success: why
+  wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first of them ended
 };
 
 // A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank

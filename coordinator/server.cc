@@ -425,6 +425,16 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.device = spec.resources.device;
   job.priority = spec.resources.priority;
   job.ranks = spec.resources.ranks;
+  if (const ElasticSpec& elastic = spec.distributed.elastic; elastic.enabled()) {  // a gang of its replicas
+    if (options_.slurm.enabled) {
+      Send(parsed.identity,
+           ErrorEnvelope(2, request.source() + ": distributed.elastic: elastic jobs run on a pool's agents; this "
+                                               "coordinator runs each attempt as a Slurm job (--slurm)"));
+      return;
+    }
+    job.ranks = elastic.max_replicas;
+    job.elastic = {elastic.min_replicas, elastic.max_replicas, elastic.join_window_s, spec.distributed.timeout_s};
+  }
   job.max_restarts = spec.resources.max_restarts;
   job.base_dir = request.base_dir();
   job.estimate_s = spec.resources.estimate_minutes * 60.0;

@@ -313,6 +313,13 @@ class Server : private SearchLoop, private LaunchLoop {
   void SendQuorumAnswers();
   // (world, rank) is gone: the replica it speaks for leaves its quorum.
   void ReplicaGone(const RankKey& key);
+  // An attempt of an elastic job (the store keeps its options) is elastic, with a quorum.
+  void OpenQuorumIfElastic(RunningAttempt* attempt);
+  // A replica of an elastic attempt ended (its lead's result, or its rank lost): it leaves
+  // the quorum, its slot is free, and once every replica has ended so does the attempt,
+  // succeeded if one did (RunningAttempt::elastic).
+  void ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Outcome end, const std::string& message,
+                    const std::string& summary_json);
   void Tick();
   void ExpireSilentRanks();
   // Every kHistoryPassS: marks the worlds of registered ranks in use and forgets the

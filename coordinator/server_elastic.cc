@@ -3,10 +3,12 @@
 // named after the rank that speaks for it, and only a rank the store placed the attempt
 // on, holding its rank token, may speak for one.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "coordinator/server.h"
+#include "proto/wire_names.h"
 
 namespace trainyard {
 namespace {
@@ -58,6 +60,48 @@ void Server::OnStepVote(const std::string& identity, const wire::StepVote& m) {
 void Server::ReplicaGone(const RankKey& key) {
   quorums_->ReplicaGone(ReplicaName(key.first, key.second), listening_.Now());
   SendQuorumAnswers();
+}
+
+void Server::OpenQuorumIfElastic(RunningAttempt* attempt) {
+  const std::optional<ElasticOptions> elastic = store_->ElasticOptionsOf(attempt->job);
+  if (!elastic) return;
+  attempt->elastic = true;
+  QuorumService::Options options;
+  options.min_replicas = elastic->min_replicas;
+  options.max_replicas = elastic->max_replicas;
+  options.timeout_s = elastic->timeout_s;
+  options.join_window_s = elastic->join_window_s;
+  quorums_->Open(attempt->job, attempt->attempt, options);
+}
+
+void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Outcome end, const std::string& message,
+                          const std::string& summary_json) {
+  if (!attempt.finished.insert(slot).second) return;
+  if (end == wire::OUTCOME_SUCCEEDED) {
+    // It has taken every step: the quorum, which waits for a step after the last, ends
+    // with the attempt.
+    if (attempt.summary_json.empty()) attempt.summary_json = summary_json;
+  } else {
+    attempt.replica_failures[slot] = message;
+    if (attempt.replica_failure == wire::OUTCOME_UNSPECIFIED) attempt.replica_failure = end;
+    store_->AddEvent(attempt.job, "replica " + DescribeRank(slot) + " ended (" + OutcomeName(end) + "): " + message,
+                     Now());
+    ReplicaGone(slot);
+  }
+  if (attempt.finished.size() < attempt.slots.size()) return;
+  if (attempt.replica_failures.size() < attempt.slots.size()) return SucceedAttempt(attempt);
+  if (attempt.search_stop_at != 0) return EndStoppedTrial(attempt.job, attempt.search_stop_at);
+  const std::string reason =
+      "every replica ended without success; the first: " + DescribeRank(attempt.replica_failures.begin()->first) +
+      ": " + attempt.replica_failures.begin()->second;
+  if (attempt.preempted_by != 0)
+    return FailAttempt(attempt.job, "preempted by job " + std::to_string(attempt.preempted_by) + ": " + reason,
+                       Retry::kFree);
+  const wire::Outcome how = attempt.replica_failure;
+  FailAttempt(attempt.job, reason,
+              how == wire::OUTCOME_BAD_INPUT   ? Retry::kNever
+              : how == wire::OUTCOME_PREEMPTED ? Retry::kFree
+                                               : Retry::kCounted);
 }
 
 void Server::SendQuorumAnswers() {

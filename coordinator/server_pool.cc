@@ -109,6 +109,7 @@ void Server::ReloadRunningAttempts() {
     attempt.slurm_job = SlurmJobOfWorld(attempt.slots.front().first);
     if (job->estimate_s > 0) attempt.estimated_end = open.started_at + job->estimate_s;
     if (const auto trial = store_->TrialOfJob(open.job)) attempt.search_stop_at = trial->stopped_at;
+    OpenQuorumIfElastic(&attempt);
     running_.Add(attempt);
     spdlog::info("job {} attempt {} was running on {}: waiting up to {} s for its ranks", open.job, open.attempt,
                  open.placement, options_.grace_s);
@@ -263,11 +264,20 @@ void Server::OnOutput(const std::string& identity, const wire::JobOutput& messag
   if (message.text().size() > kMaxOutputChunkBytes || message.offset() < 0 ||
       (!message.text().empty() && message.text().back() != '\n'))
     return Refuse(identity, what + " that is not whole lines of at most 64 KiB at an offset >= 0");
-  if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
+  // An elastic attempt's replicas each lead their own: slot r's goes to replica r's file.
+  const RunningAttempt* running = running_.Find(message.job_id(), message.attempt());
+  int replica = 0;
+  if (running && running->elastic) {
+    const auto slot =
+        std::find(running->slots.begin(), running->slots.end(), RankKey{message.world(), message.world_rank()});
+    if (slot == running->slots.end()) return Refuse(identity, what + " from a rank that is not one of its replicas");
+    replica = static_cast<int>(slot - running->slots.begin());
+  } else if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank())) {
     return Refuse(identity, what + " from a rank that is not its job rank 0");
+  }
   int64_t held = 0;
   try {
-    held = outputs_->Append(message.job_id(), message.attempt(), message.offset(), message.text());
+    held = outputs_->Append(message.job_id(), message.attempt(), message.offset(), message.text(), replica);
   } catch (const std::exception& e) {
     if (int64_t left_out = 0; log_limiter_.Allow("output", SteadySeconds(), &left_out))
       spdlog::error("job {}: cannot keep its output: {}{}", message.job_id(), e.what(), LeftOutNote(left_out));
@@ -282,7 +292,11 @@ void Server::OnOutput(const std::string& identity, const wire::JobOutput& messag
 // may have ended since (a report resent after a reconnect), so the store decides.
 void Server::OnEpoch(const std::string& identity, const wire::EpochReport& message) {
   if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an epoch report")) return;
-  if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
+  // Every replica of an elastic attempt reports each epoch (the first report is kept).
+  const RunningAttempt* running = running_.Find(message.job_id(), message.attempt());
+  const bool from_replica = running && running->elastic &&
+                            IsRankOfAttempt(message.job_id(), message.attempt(), message.world(), message.world_rank());
+  if (!from_replica && !IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
     return Refuse(identity, "an epoch report for job " + std::to_string(message.job_id()) + " attempt " +
                                 std::to_string(message.attempt()) + " from a rank that is not its job rank 0");
   EpochRecord row{message.attempt(), message.epoch(), message.csv_line(), message.csv_header(),
@@ -333,6 +347,7 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
     return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " + DescribeRank(from) +
                                 ", which is not one of its slots");
   NoteAdoption(&attempt, from);
+  if (attempt.elastic) return ReplicaEnded(attempt, from, message.end(), message.message(), message.summary_json());
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
   // it; another slot's result only says that it is free again.
   if (from != attempt.slots.front()) return;
@@ -383,7 +398,9 @@ void Server::OnRankExit(const std::string& identity, const wire::RankExit& messa
   ReplicaGone(key);
   // A signal forwarded by the supervisor came from outside the job: its pool is being
   // stopped (a rank that failed on its own is reported, and ends the attempt, first).
-  if (const RunningAttempt* attempt = AttemptAwaiting(key))
+  if (RunningAttempt* attempt = AttemptAwaiting(key); attempt && attempt->elastic)
+    ReplicaEnded(*attempt, key, wire::OUTCOME_FAILED, WithLastLine(who + " " + how, last_line), "");
+  else if (attempt)
     FailAttempt(attempt->job, WithLastLine(who + " " + how, last_line),
                 message.forwarded() ? Retry::kFree : Retry::kCounted);
   schedule_due_ = true;
@@ -439,8 +456,11 @@ void Server::ExpireSilentRanks() {
     spdlog::warn("{}", reason);
     ranks_->Remove(key);
     ReplicaGone(key);
-    const RunningAttempt* attempt = AttemptAwaiting(key);
-    if (attempt && attempt->adopted) FailAttempt(attempt->job, reason);  // else: the restart grace decides
+    RunningAttempt* attempt = AttemptAwaiting(key);
+    if (attempt && attempt->elastic && attempt->adopted)
+      ReplicaEnded(*attempt, key, wire::OUTCOME_FAILED, reason, "");
+    else if (attempt && attempt->adopted)
+      FailAttempt(attempt->job, reason);  // else: the restart grace decides
     schedule_due_ = true;
   }
 }
@@ -562,6 +582,7 @@ RunningAttempt& Server::OpenAttempt(const JobRecord& job, const std::vector<Rank
   attempt.attempt = store_->StartAttempt(job.id, PlacementText(slots), now);
   store_->AddEvent(job.id, "attempt " + std::to_string(attempt.attempt) + " " + how, now);
   transaction.Commit();
+  OpenQuorumIfElastic(&attempt);
   spdlog::info("job {} '{}' attempt {} {}", job.id, job.name, attempt.attempt, how);
   return running_.Add(attempt);
 }
@@ -575,6 +596,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   assign->set_source(job.source);
   assign->set_base_dir(job.base_dir);
   for (const RankKey& slot : attempt.slots) {
+    if (attempt.elastic && slot != to) continue;  // each slot leads a replica of its own
     const wire::RankInfo& info = ranks_->entries().at(slot).info;
     wire::JobPlace* place = assign->add_places();
     place->set_world(slot.first);
@@ -584,6 +606,7 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   }
   assign->set_runs_dir(JobRunsDir(job.id));
   assign->set_resume(attempt.attempt > 1);
+  if (attempt.elastic) assign->set_elastic_replicas(static_cast<int>(attempt.slots.size()));
   Send(ranks_->entries().at(to).identity, e);
 }
 

@@ -280,8 +280,10 @@ void StateStore::CreateSchema() {
     CREATE TABLE IF NOT EXISTS history_totals(
       kind TEXT NOT NULL, user TEXT NOT NULL, key TEXT NOT NULL, value REAL NOT NULL,
       as_of REAL NOT NULL DEFAULT 0, PRIMARY KEY(kind, user, key));
-    CREATE TABLE IF NOT EXISTS quorums(
-      job INTEGER PRIMARY KEY REFERENCES jobs(id), last_id INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS elastic_jobs(
+      job INTEGER PRIMARY KEY REFERENCES jobs(id), min_replicas INTEGER NOT NULL DEFAULT 1,
+      max_replicas INTEGER NOT NULL DEFAULT 0, join_window_s REAL NOT NULL DEFAULT 10,
+      timeout_s REAL NOT NULL DEFAULT 300, last_quorum_id INTEGER NOT NULL DEFAULT 0);
     COMMIT;)");
   if (new_database) Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
 }
@@ -298,9 +300,9 @@ void StateStore::CreateSchema() {
 //      ("failed: <reason>").
 //   4  a job's end in jobs.ended_at (for an ended job of version 3, its newest event, or
 //      its submission if it has none), and history_totals (Note [History retention]).
-// A table that only adds (quorums, an elastic job's last quorum id) is made by
-// CreateSchema on every opening and needs no version: a coordinator that predates it
-// leaves it alone.
+// A table that only adds (elastic_jobs: an elastic job's options and last quorum id) is
+// made by CreateSchema on every opening and needs no version: a coordinator that
+// predates it leaves it alone (and runs such a job as a plain gang of its replicas).
 // Each step is tested on a database made by that version's own schema
 // (tests/coordinator/data/schema_v*.sql).
 void StateStore::Migrate(const std::string& path) {
@@ -410,16 +412,25 @@ void StateStore::TouchWorlds(const std::vector<std::string>& worlds, double now)
   transaction.Commit();
 }
 
+std::optional<ElasticOptions> StateStore::ElasticOptionsOf(int64_t job) const {
+  Statement s(*statements_,
+              "SELECT min_replicas, max_replicas, join_window_s, timeout_s FROM elastic_jobs "
+              "WHERE job = ? AND max_replicas > 0");
+  s.Bind(1, job);
+  if (!s.Step()) return std::nullopt;
+  return ElasticOptions{int(s.Int(0)), int(s.Int(1)), s.Real(2), s.Real(3)};
+}
+
 uint64_t StateStore::LastQuorumId(int64_t job) const {
-  Statement s(*statements_, "SELECT last_id FROM quorums WHERE job = ?");
+  Statement s(*statements_, "SELECT last_quorum_id FROM elastic_jobs WHERE job = ?");
   s.Bind(1, job);
   return s.Step() ? static_cast<uint64_t>(s.Int(0)) : 0;
 }
 
 void StateStore::KeepQuorumId(int64_t job, uint64_t id) {
   Statement s(*statements_,
-              "INSERT INTO quorums(job, last_id) VALUES(?, ?) "
-              "ON CONFLICT(job) DO UPDATE SET last_id = MAX(last_id, excluded.last_id)");
+              "INSERT INTO elastic_jobs(job, last_quorum_id) VALUES(?, ?) "
+              "ON CONFLICT(job) DO UPDATE SET last_quorum_id = MAX(last_quorum_id, excluded.last_quorum_id)");
   s.Bind(1, job).Bind(2, static_cast<int64_t>(id));
   s.Step();
 }
@@ -461,9 +472,19 @@ JobRecord StateStore::Submit(const NewJob& job, double now, bool* created) {
   insert.Bind(8, job.device).Bind(9, now).Bind(10, job.base_dir).Bind(11, job.estimate_s).Bind(12, job.user);
   insert.Bind(13, int64_t(job.preemptible ? 1 : 0)).Bind(14, job.search);
   insert.Bind(15, std::string(job.is_search ? "search" : "")).Bind(16, job.metric);
+  Transaction transaction(*this);
   insert.Step();
   *created = true;
   const int64_t id = sqlite3_last_insert_rowid(db_);
+  if (job.elastic.max_replicas > 0) {
+    Statement elastic(*statements_,
+                      "INSERT INTO elastic_jobs(job, min_replicas, max_replicas, join_window_s, timeout_s) "
+                      "VALUES(?, ?, ?, ?, ?)");
+    elastic.Bind(1, id).Bind(2, int64_t(job.elastic.min_replicas)).Bind(3, int64_t(job.elastic.max_replicas));
+    elastic.Bind(4, job.elastic.join_window_s).Bind(5, job.elastic.timeout_s);
+    elastic.Step();
+  }
+  transaction.Commit();
   UpdateQueued(id);
   return *Find(id);
 }

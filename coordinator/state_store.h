@@ -61,6 +61,13 @@ struct JobFilter {
   int64_t before_id = 0;         // only jobs with a smaller id (the next page's cursor); 0: any
 };
 
+// An elastic job's replicas and quorum (distributed.elastic; Note [Step quorum] in
+// coordinator/quorum_service.h). Not elastic while max_replicas is 0.
+struct ElasticOptions {
+  int min_replicas = 1, max_replicas = 0;
+  double join_window_s = 10, timeout_s = 300;
+};
+
 struct NewJob {
   std::string name, idempotency_key, spec_yaml, source, base_dir, device = "any", user;
   int priority = 0, ranks = 1, max_restarts = 0;
@@ -69,6 +76,7 @@ struct NewJob {
   int64_t search = 0;
   bool is_search = false;
   std::string metric;  // checkpoint.best_metric (Note [A job's metric] in coordinator/job_views.h)
+  ElasticOptions elastic;
 };
 
 // A hyperparameter search (coordinator/search.h): how it judges its trials.
@@ -300,6 +308,8 @@ class StateStore {
   // Forgets the worlds last known in use before `before` that no open attempt names.
   void ForgetWorldsRegisteredBefore(double before);
 
+  // An elastic job's options, as submitted; nullopt for any other job.
+  std::optional<ElasticOptions> ElasticOptionsOf(int64_t job) const;
   // The highest quorum id given to `job`'s elastic steps, across its attempts and the
   // coordinator's restarts (Note [Step quorum]: ids only grow); 0: none. KeepQuorumId
   // never lowers it.

@@ -112,9 +112,9 @@ int64_t StateStore::ForgetJob(int64_t id, double now, double half_life_s,
     s.Step();
   }
   for (int64_t job : jobs)
-    for (const char* sql :
-         {"DELETE FROM epochs WHERE job = ?", "DELETE FROM events WHERE job = ?", "DELETE FROM quorums WHERE job = ?",
-          "DELETE FROM attempts WHERE job = ?", "DELETE FROM jobs WHERE id = ?"}) {
+    for (const char* sql : {"DELETE FROM epochs WHERE job = ?", "DELETE FROM events WHERE job = ?",
+                            "DELETE FROM elastic_jobs WHERE job = ?", "DELETE FROM attempts WHERE job = ?",
+                            "DELETE FROM jobs WHERE id = ?"}) {
       Statement s(*statements_, sql);
       s.Bind(1, job);
       s.Step();

@@ -39,7 +39,7 @@ declare -A MAY_USE=(
   [worker/elastic/]="worker/elastic/ common/"
   [worker/train/]="worker/train/ worker/models/ worker/kernels/ data/ common/"
   [worker/jobs/]="worker/jobs/ worker/elastic/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
-  [worker/runtime/]="worker/runtime/ worker/jobs/ worker/pool/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
+  [worker/runtime/]="worker/runtime/ worker/jobs/ worker/elastic/ worker/pool/ worker/train/ worker/comm/ worker/generation/ worker/compiled/ worker/models/ worker/kernels/ worker/report/ data/ common/"
   [tests/]="common/ proto/ data/ coordinator/ worker/ tests/"
 )
 TORCH_FOLDERS="worker/kernels/ worker/models/ worker/compiled/ worker/generation/ worker/comm/ worker/train/ worker/jobs/ worker/runtime/ tests/worker/ tests/gpu/ tests/tools/"

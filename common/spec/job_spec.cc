@@ -484,9 +484,36 @@ void ParseResources(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
   r.ReadBool(rs, "preemptible", "resources", &spec->resources.preemptible);
 }
 
+// distributed.elastic, checked against what elastic steps can run (Note [Elastic
+// finetune]): a finetune job, one rank a replica, no graphed steps or per-step hash.
+void ParseElastic(const SpecReader& r, const YAML::Node& node, JobSpec& spec) {
+  constexpr int kMaxReplicas = 256;
+  const std::string path = "distributed.elastic";
+  r.CheckKeys(node, path, {"min_replicas", "max_replicas", "join_window_s"});
+  const YAML::Node& e = node;
+  ElasticSpec& out = spec.distributed.elastic;
+  if (!e["max_replicas"].IsDefined()) r.Fail(node, path + ".max_replicas", "required: the replicas at full strength");
+  r.ReadInt(e, "max_replicas", path, &out.max_replicas, 1, kMaxReplicas);
+  r.ReadInt(e, "min_replicas", path, &out.min_replicas, 1, kMaxReplicas);
+  r.ReadDouble(e, "join_window_s", path, &out.join_window_s, 0.0, 3600.0);
+  if (out.min_replicas > out.max_replicas)
+    r.Fail(e["min_replicas"], path + ".min_replicas",
+           "at most max_replicas (" + std::to_string(out.max_replicas) + "), got " + std::to_string(out.min_replicas));
+  if (spec.kind != JobKind::kFinetune) r.Fail(node, path, "only kind: finetune trains elastically");
+  if (spec.resources.ranks != 1)
+    r.Fail(node, path,
+           "a replica is one rank: resources.ranks must be 1 (the job runs max_replicas of them), got " +
+               std::to_string(spec.resources.ranks));
+  if (spec.train.cuda_graph == GraphMode::kOn)
+    r.Fail(node, path, "elastic steps are not graphed: train.cuda_graph must not be true");
+  if (spec.distributed.check_consistency)
+    r.Fail(node, path, "every replica applies the same summed gradients: distributed.check_consistency is not used");
+}
+
 void ParseDistributed(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
-  YAML::Node ds = r.Section(root, "distributed",
-                            {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency"});
+  YAML::Node ds =
+      r.Section(root, "distributed",
+                {"backend", "bucket_mb", "overlap", "compression", "timeout_s", "check_consistency", "elastic"});
   DistributedSpec& dist = spec->distributed;
   r.ReadEnum(ds, "backend", "distributed",
              std::map<std::string, CommBackend>{
@@ -498,6 +525,7 @@ void ParseDistributed(const SpecReader& r, const YAML::Node& root, JobSpec* spec
              &dist.fp16_compression);
   r.ReadDouble(ds, "timeout_s", "distributed", &dist.timeout_s, 0.1, 86400.0);
   r.ReadBool(ds, "check_consistency", "distributed", &dist.check_consistency);
+  if (ds["elastic"].IsDefined()) ParseElastic(r, ds["elastic"], *spec);
 }
 
 void ParseDebugAndLog(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {

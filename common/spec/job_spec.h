@@ -185,6 +185,16 @@ struct ResourcesSpec {
 
 enum class CommBackend { kAuto, kMpi, kNccl };
 
+// distributed.elastic: the job's replicas (one rank each) train through a quorum per
+// step and go on when one is lost (Note [Elastic finetune] in worker/jobs/
+// trainer_elastic.cc; docs/many-hosts.md). Off while max_replicas is 0.
+struct ElasticSpec {
+  int min_replicas = 1;
+  int max_replicas = 0;       // the replicas at full strength; the global batch is for them
+  double join_window_s = 10;  // how long a forming quorum waits for max_replicas
+  bool enabled() const { return max_replicas > 0; }
+};
+
 struct DistributedSpec {
   CommBackend backend = CommBackend::kAuto;  // auto: NCCL for CUDA jobs when built, else MPI
   double bucket_mb = 25.0;                   // gradient bucket size
@@ -192,6 +202,7 @@ struct DistributedSpec {
   bool fp16_compression = false;
   double timeout_s = 300.0;        // deadline of every collective
   bool check_consistency = false;  // compare a parameter hash across ranks every step
+  ElasticSpec elastic;
 };
 
 // How a model's forward runs: libtorch eagerly, a TorchScript file, a captured CUDA

@@ -297,6 +297,45 @@ TEST_F(ServerLifecycleTest, AReplicasMessagesAreRefusedFromStrangersAndForAttemp
   EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "a refused message changes nothing";
 }
 
+// An elastic job (Note [Elastic finetune]) runs as a gang of its replicas, each slot
+// leading one of its own: each Assign places that slot alone and names the replicas at
+// full strength; every replica may report an epoch; one that fails leaves the attempt
+// running (it leaves the quorum, and its slot is free), and the attempt succeeds once
+// every replica has ended and one succeeded.
+TEST_F(ServerLifecycleTest, AnElasticAttemptRunsAReplicaASlotAndOutlivesALostOne) {
+  Start();
+  for (const Agent* agent : {&a_, &b_, &c_}) Register(*agent);
+  const int64_t job = SubmitFile(
+      "name: elastic\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+      "distributed:\n  elastic:\n    min_replicas: 2\n    max_replicas: 3\n");
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  for (const Agent* agent : {&a_, &b_, &c_}) {
+    const wire::Envelope* assign = Last(agent->identity(), wire::Envelope::kAssign);
+    ASSERT_NE(assign, nullptr) << agent->world;
+    ASSERT_EQ(assign->assign().places_size(), 1) << "a replica a slot";
+    EXPECT_EQ(assign->assign().places(0).world(), agent->world);
+    EXPECT_EQ(assign->assign().elastic_replicas(), 3);
+  }
+  sent_.clear();
+  Pass(2, Beating({&a_, &b_, &c_}, job, 1));
+  Epoch(b_, job, 1, 1);
+  EXPECT_EQ(Last(b_.identity(), wire::Envelope::kAck)->ack().what(), "epoch") << "any replica reports an epoch";
+  Result(c_, job, 1, wire::OUTCOME_FAILED, "killed");
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "a lost replica is not the attempt's end";
+  EXPECT_TRUE(Sent(wire::Envelope::kStop).empty()) << "nobody is stopped";
+  Result(a_, job, 1, wire::OUTCOME_SUCCEEDED);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "b still takes its steps";
+  Result(b_, job, 1, wire::OUTCOME_SUCCEEDED);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_SUCCEEDED);
+  ASSERT_EQ(Attempts(job).size(), 1u);
+  bool noted = false;
+  const wire::ReportReply report = Report(job);
+  for (const std::string& event : report.job().events())
+    noted = noted || event.find("replica agent agent-c") != std::string::npos;
+  EXPECT_TRUE(noted) << "the lost replica's end is an event";
+}
+
 TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterItsBackoff) {
   const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);

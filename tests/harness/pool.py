@@ -176,20 +176,30 @@ def descends_from(pid, root):
     return False
 
 
-def job_processes(worker, pool_pid):
-    """{job rank: pid} of the running job processes (a lead agent's mpirun of `worker --pool-job`)
-    under this cluster's pool only: other tests' pools may run at the same time."""
-    found = {}
+def job_process_pids(worker, pool_pid):
+    """The pids of the running job processes (`worker --pool-job`, not the mpirun that
+    started them) under this cluster's pool only: other tests' pools may run at the same
+    time."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            if os.fsencode(worker) not in argv or b"--pool-job" not in argv:
-                continue
-            if descends_from(int(entry), pool_pid):
-                found[world_rank(entry)] = int(entry)
+        except OSError:
+            continue
+        if argv[0] == os.fsencode(worker) and b"--pool-job" in argv and descends_from(int(entry), pool_pid):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def job_processes(worker, pool_pid):
+    """{job rank: pid} of the running job processes under this cluster's pool."""
+    found = {}
+    for pid in job_process_pids(worker, pool_pid):
+        try:
+            found[world_rank(str(pid))] = pid
         except (OSError, KeyError, ValueError):
             continue
     return found

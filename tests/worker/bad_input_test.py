@@ -116,6 +116,9 @@ def cases(work, train, checkpoints):
             good + "train:\n  cuda_graph: true\n  gradient_accumulation_steps: 2\n",
             r"train\.cuda_graph: a graphed step holds one batch, not train\.gradient_accumulation_steps micro-batches"),
         "NaN lr": (good + "train:\n  lr: .nan\n", r"train\.lr: expected a finite number, got '\.nan'"),
+        "elastic without a coordinator": (good + "distributed:\n  elastic:\n    max_replicas: 2\n",
+                                          r"distributed\.elastic\.max_replicas: elastic replicas agree on each step through a "
+                                          r"coordinator: submit the job to one"),
         "name ..": (good.replace("name: bad", "name: .."), r"name: expected one path component"),
         "name with a newline": (good.replace("name: bad", 'name: "bad\\nname"'), r"name: expected one path component"),
         "complex key": ("? [a, b]\n: 1\n" + good, r"<document>: expected a plain key"),

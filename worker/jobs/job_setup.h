@@ -25,6 +25,8 @@ namespace trainyard {
 
 // Where this process sits in the job. `comm` is null for a single rank; `hooks` is
 // null outside a worker pool.
+struct ElasticRun;  // worker/jobs/trainer.h
+
 struct RankContext {
   int rank = 0, world = 1, local_rank = 0;
   Communicator* comm = nullptr;
@@ -34,8 +36,9 @@ struct RankContext {
   // scheduler's preemption; SIGUSR1, a time limit ahead). True once one arrived.
   const std::atomic<bool>* stop_signal = nullptr;
   // An elastic replica's job (Trainer::RunElastic): the replicas at full strength, which
-  // the global batch is for; 0 otherwise.
+  // the global batch is for, and how it reaches its peers; 0 and null otherwise.
   int elastic_replicas = 0;
+  const ElasticRun* elastic = nullptr;
 };
 
 // Note [Stop agreement]

@@ -67,6 +67,7 @@ JobEnd JobEndFromWire(wire::Outcome end) {
 Assignment AssignmentFrom(const wire::Assign& a) {
   Assignment out{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(), {}, a.resume()};
   for (const wire::JobPlace& p : a.places()) out.places.push_back({p.world(), p.rank(), p.host(), p.slot()});
+  out.elastic_replicas = a.elastic_replicas();
   return out;
 }
 
@@ -78,6 +79,7 @@ void ToWire(const Assignment& a, wire::Assign* out) {
   out->set_base_dir(a.base_dir);
   out->set_runs_dir(a.runs_dir);
   out->set_resume(a.resume);
+  out->set_elastic_replicas(a.elastic_replicas);
   for (const JobPlace& p : a.places) {
     wire::JobPlace* place = out->add_places();
     place->set_world(p.world);

@@ -76,6 +76,7 @@ struct Assignment {
   std::string yaml, source, base_dir, runs_dir;
   std::vector<JobPlace> places;  // in job rank order; places[0] leads the job
   bool resume = false;
+  int elastic_replicas = 0;  // an elastic attempt's replica, of this many at full strength (Assign)
 };
 
 // How a job rank's part in an attempt ended. The values are the wire's Outcome

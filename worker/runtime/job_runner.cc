@@ -114,6 +114,11 @@ nlohmann::json RunServe(JobSpec spec, RankContext ranks) {
 // alike, so that the stop agrees). In a pool the pool owns the signals, and the
 // coordinator's stop comes through the hooks.
 nlohmann::json RunFinetune(JobSpec spec, RankContext ranks) {
+  if (ranks.elastic) return MakeRunner<Trainer>(std::move(spec), ranks)->RunElastic(*ranks.elastic);  // a pool's
+  if (spec.distributed.elastic.enabled())
+    throw InputError(spec.Where("distributed.elastic.max_replicas") +
+                     ": elastic replicas agree on each step through a coordinator: submit the job to one (jobctl "
+                     "submit), whose pool runs its replicas");
   if (ranks.hooks && !StopSignals::kept_from_start()) return RunKind<Trainer>(std::move(spec), ranks);
   StopSignals signals({SIGTERM, SIGUSR1});
   ranks.stop_signal = StopSignals::flag();
@@ -161,7 +166,7 @@ int LocalRank() {
   return local;
 }
 
-RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks) {
+RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks, const ElasticRun* elastic) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -186,6 +191,10 @@ RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks
   }
   Communicator* communicator = nccl ? nccl.get() : static_cast<Communicator*>(mpi.get());
   RankContext ranks{rank, world, local_rank, communicator, hooks};
+  if (elastic) {
+    ranks.elastic = elastic;
+    ranks.elastic_replicas = spec.distributed.elastic.max_replicas;
+  }
   try {
     nlohmann::json summary = RunKindOf(std::move(spec), ranks);
     RankResult result;

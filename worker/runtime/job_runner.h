@@ -11,6 +11,8 @@
 
 namespace trainyard {
 
+struct ElasticRun;  // worker/jobs/trainer.h
+
 // A standalone finetune job stopped by a signal after writing its checkpoint (rerun it
 // with checkpoint.resume: auto to go on).
 constexpr int kPreemptedExitCode = 3;
@@ -26,8 +28,10 @@ struct RankResult {
 };
 
 // Runs `spec` over the ranks of `comm` (collective over it). Reports bad input on
-// rank 0's stderr and failures in the log; never throws. `hooks` is null standalone.
-RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks);
+// rank 0's stderr and failures in the log; never throws. `hooks` is null standalone;
+// `elastic`, set for a replica of a pool's elastic attempt, trains it as one
+// (Trainer::RunElastic).
+RankResult RunJobOn(JobSpec spec, MPI_Comm comm, int local_rank, JobHooks* hooks, const ElasticRun* elastic = nullptr);
 
 // This process's rank among the ranks of MPI_COMM_WORLD on its node (picks its GPU).
 int LocalRank();

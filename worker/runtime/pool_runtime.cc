@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -15,7 +16,15 @@
 #include "common/log.h"
 #include "worker/pool/job_relay.h"
 #include "worker/pool/rank_supervisor.h"
+#include "worker/pool/relay_quorum_link.h"
 #include "worker/runtime/job_runner.h"
+#ifdef TRAINYARD_WITH_ELASTIC
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include "worker/elastic/tcp_ring.h"
+#include "worker/jobs/trainer.h"
+#endif
 
 namespace trainyard {
 namespace {
@@ -81,13 +90,61 @@ std::string Broadcast(std::string bytes, int rank) {
   return bytes;
 }
 
-RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks) {
+#ifdef TRAINYARD_WITH_ELASTIC
+// Where this host's replica ring listens, as its peers reach it: the first IPv4 address
+// its name resolves to that is not loopback, else a loopback one (a pool on one host).
+std::string RingHost() {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  std::string host = "127.0.0.1";
+  if (::getaddrinfo(Hostname().c_str(), nullptr, &hints, &found) != 0) return host;
+  for (const addrinfo* a = found; a; a = a->ai_next) {
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    if (!::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) continue;
+    host = text;
+    if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) break;
+  }
+  ::freeaddrinfo(found);
+  return host;
+}
+
+// A replica of an elastic attempt (Note [Elastic finetune]): its ring's listener, and
+// its quorum reached through the agent that leads it.
+RankResult RunReplica(JobSpec spec, int local_rank, JobHooks* hooks, RelayClient& relay) {
+  std::unique_ptr<RingListener> made;
+  try {
+    made = std::make_unique<RingListener>(RingHost(), 0);
+  } catch (const std::exception& e) {
+    RankResult failed;
+    failed.exit_code = 1;
+    failed.outcome.end = JobEnd::kFailed;
+    failed.outcome.message = std::string("the replica's ring cannot listen: ") + e.what();
+    return failed;
+  }
+  RingListener& listener = *made;
+  // Replicas that share a host (a pool's slots) each keep a run folder of their own.
+  spec.log.runs_dir += "/replica-" + std::to_string(local_rank);
+  const double timeout_s = spec.distributed.timeout_s;
+  RelayQuorumLink link(relay, {RingHost(), listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
+  const ElasticRun elastic{&link, &listener, timeout_s, ""};
+  return RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks, &elastic);
+}
+#endif
+
+RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, RelayClient* relay = nullptr) {
   RankResult result;
   try {
     JobSpec spec = ParseJobSpec(a.yaml, a.source, a.base_dir);
     spec.log.runs_dir = a.runs_dir;
     spec.log.progress = false;
     if (a.resume) spec.checkpoint.resume = "auto";
+#ifdef TRAINYARD_WITH_ELASTIC
+    if (a.elastic_replicas > 0 && relay) return RunReplica(std::move(spec), local_rank, hooks, *relay);
+#else
+    (void)relay;
+#endif
     result = RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks);
   } catch (const SpecError& e) {  // the coordinator checked it; its files may have changed since
     result.exit_code = 2;
@@ -196,7 +253,8 @@ int RunPoolJob(const std::string& relay, const std::vector<int>& slots) {
   const Assignment a = ParseAssignment(bytes);
   const int local_rank = static_cast<size_t>(rank) < slots.size() ? slots[static_cast<size_t>(rank)] : LocalRank();
   SilentHooks silent;
-  RankResult result = RunAssignment(a, local_rank, rank == 0 ? static_cast<JobHooks*>(client.get()) : &silent);
+  RankResult result =
+      RunAssignment(a, local_rank, rank == 0 ? static_cast<JobHooks*>(client.get()) : &silent, client.get());
   if (rank == 0 && !client->SendResult(result.outcome, 5))
     LogWarn("the pool agent did not confirm this job's result; it will judge by the exit code");
   if (result.abort_world && world > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the others may be inside a collective

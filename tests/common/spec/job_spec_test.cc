@@ -785,5 +785,31 @@ TEST_F(ServeSpecTest, AnAccessTokenOpensOtherAddresses) {
   EXPECT_EQ(spec.serve.access_token, "0123456789abcdef-token");
 }
 
+// distributed.elastic (Note [Elastic finetune]): its replicas and join window, and each
+// thing elastic steps cannot run refused at its line.
+TEST_F(JobSpecTest, ElasticReplicasAreReadAndWhatElasticStepsCannotRunIsRefused) {
+  const JobSpec spec =
+      Parse(Valid() + "distributed:\n  timeout_s: 20\n  elastic:\n    min_replicas: 2\n    max_replicas: 3\n");
+  EXPECT_TRUE(spec.distributed.elastic.enabled());
+  EXPECT_EQ(spec.distributed.elastic.min_replicas, 2);
+  EXPECT_EQ(spec.distributed.elastic.max_replicas, 3);
+  EXPECT_EQ(spec.distributed.elastic.join_window_s, 10);
+  EXPECT_FALSE(Parse(Valid()).distributed.elastic.enabled());
+  const std::string elastic = "distributed:\n  elastic:\n    max_replicas: 3\n";
+  EXPECT_EQ(ErrorOf(Valid() + "distributed:\n  elastic:\n    min_replicas: 4\n    max_replicas: 3\n"),
+            "job.yaml:10:19: distributed.elastic.min_replicas: at most max_replicas (3), got 4");
+  EXPECT_EQ(ErrorOf(Valid() + "distributed:\n  elastic:\n    min_replicas: 1\n"),
+            "job.yaml:10:5: distributed.elastic.max_replicas: required: the replicas at full strength");
+  EXPECT_NE(ErrorOf(Valid() + "distributed:\n  elastic:\n    max_replica: 3\n").find("did you mean"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf(Valid() + "resources:\n  ranks: 2\n" + elastic),
+            "job.yaml:12:5: distributed.elastic: a replica is one rank: resources.ranks must be 1 (the job runs "
+            "max_replicas of them), got 2");
+  EXPECT_EQ(ErrorOf(Valid("  cuda_graph: true\n") + elastic),
+            "job.yaml:11:5: distributed.elastic: elastic steps are not graphed: train.cuda_graph must not be true");
+  EXPECT_EQ(ErrorOf("kind: benchmark\n" + Valid() + elastic).find("distributed.elastic: only kind: finetune"),
+            std::string("job.yaml:11:5: ").size());
+}
+
 }  // namespace
 }  // namespace trainyard
