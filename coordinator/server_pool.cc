@@ -531,10 +531,14 @@ void Server::Preempt(int64_t victim, const std::string& head) {
 }
 
 void Server::SendPreemptStop(const RunningAttempt& attempt) {
-  if (const RankEntry* lead = ranks_->Find(attempt.slots.front()))
-    Send(lead->identity,
-         StopFor(attempt.job, attempt.attempt, "preempted by job " + std::to_string(attempt.preempted_by), true,
-                 options_.policy.preempt_grace_s));
+  const wire::Envelope stop =
+      StopFor(attempt.job, attempt.attempt, "preempted by job " + std::to_string(attempt.preempted_by), true,
+              options_.policy.preempt_grace_s);
+  for (const RankKey& slot : attempt.slots) {  // a lead, or every replica of an elastic attempt
+    if (attempt.elastic && attempt.finished.count(slot)) continue;
+    if (const RankEntry* lead = ranks_->Find(slot)) Send(lead->identity, stop);
+    if (!attempt.elastic) break;
+  }
 }
 
 void Server::CheckPreemptions() {

@@ -12,6 +12,10 @@ int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
   std::optional<QuorumView> view = link_.Join(committed);
   std::vector<float> gradient;  // reused: each step refills it
   while (view && committed < last) {
+    if (model_.stop_requested && model_.stop_requested()) {
+      stopped_ = true;
+      break;
+    }
     const bool ok = TakeStep(*view, &gradient);
     StepVerdict verdict = link_.Vote(view->id, view->step, ok, ok ? "" : last_failure_);
     if (verdict.commit) {

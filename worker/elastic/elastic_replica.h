@@ -50,6 +50,9 @@ struct ElasticModel {
   // ring, and its size comes from a peer. A larger one fails the step on every member,
   // naming the cap (and, failing again each retry, ends the job's steps).
   uint64_t max_state_bytes = uint64_t(8) << 30;
+  // Asked before each step (none: never): true makes the replica leave its quorum there,
+  // with every step it took committed or dropped (a cancel, a preemption).
+  std::function<bool()> stop_requested;
 };
 
 class ElasticReplica {
@@ -57,10 +60,12 @@ class ElasticReplica {
   ElasticReplica(RingListener& listener, QuorumLink& link, ElasticModel model, RingOptions ring_options);
   // Takes steps until step `last` has committed (Note [Elastic steps]); the step it had
   // committed before comes from `committed`. Returns the last step committed, which is
-  // less than `last` if no quorum includes the replica any more.
+  // less than `last` if no quorum includes the replica any more, or if it was asked to
+  // stop (stopped()).
   int64_t RunUntil(int64_t committed, int64_t last);
   // Steps this replica voted on that did not commit, and rings it formed.
   int retried() const { return retried_; }
+  bool stopped() const { return stopped_; }
   int rings_formed() const { return rings_formed_; }
   // Why the last step that failed here failed.
   const std::string& last_failure() const { return last_failure_; }
@@ -77,6 +82,7 @@ class ElasticReplica {
   std::unique_ptr<TcpRing> ring_;
   uint64_t ring_quorum_ = 0;
   int retried_ = 0, rings_formed_ = 0;
+  bool stopped_ = false;
   std::string last_failure_;
 };
 

@@ -188,6 +188,8 @@ class Trainer {
   void ElasticApply(ElasticProgress& e, int64_t step, const std::vector<float>& sum);
   // The epoch's step log, made at its first step.
   void OpenElasticSteps(ElasticProgress& e, int64_t epoch);
+  // Throws JobStopped, or JobPreempted once a checkpoint keeps the place.
+  [[noreturn]] void StopElastic(ElasticProgress& e);
   // This replica's whole state as a checkpoint's bytes, and its loading (a heal).
   std::vector<uint8_t> SaveElasticState();
   void LoadElasticState(const std::vector<uint8_t>& bytes);

@@ -197,6 +197,20 @@ void Trainer::ElasticApply(ElasticProgress& e, int64_t step, const std::vector<f
   }
 }
 
+// A cancel or a preemption, between steps: every step this replica took is committed.
+// A preemption keeps the place in a checkpoint, as Run does (each replica its own; the
+// next attempt heals the ones behind from the furthest).
+void Trainer::StopElastic(ElasticProgress& e) {
+  if (e.steps) e.steps->Finish();
+  const std::string where = StrFormat("stopped on request after step %ld of epoch %ld", long(progress_.global_step),
+                                      long(progress_.epoch + 1));
+  if (!StopIsPreemption()) throw JobStopped(where);
+  SaveCheckpointNow("preempted");
+  throw JobPreempted(where + StrFormat(" (a preemption); checkpoint of step %ld written, a rerun resuming from it "
+                                       "goes on there",
+                                       long(progress_.global_step)));
+}
+
 std::vector<uint8_t> Trainer::SaveElasticState() {
   ScratchFile file(run_dir());
   SaveCheckpoint(file.path(), *model_, *optimizer_, *scaler_, progress_, {CaptureRngState(*model_)});
@@ -238,10 +252,12 @@ nlohmann::json Trainer::RunElastic(const ElasticRun& elastic) {
   view.apply = [this, &e](int64_t step, const std::vector<float>& sum) { ElasticApply(e, step, sum); };
   view.save = [this] { return SaveElasticState(); };
   view.load = [this](const std::vector<uint8_t>& bytes) { LoadElasticState(bytes); };
+  view.stop_requested = [this] { return StopAsked(ranks_); };
   ElasticReplica replica(*elastic.listener, *elastic.link, std::move(view),
                          RingOptions{elastic.timeout_s, elastic.secret});
   try {
     const int64_t reached = replica.RunUntil(progress_.global_step, e.total_steps);
+    if (replica.stopped()) StopElastic(e);
     if (reached < e.total_steps)
       throw std::runtime_error(
           StrFormat("no quorum takes this replica any more, after step %ld%s", long(reached),

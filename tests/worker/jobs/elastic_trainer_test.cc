@@ -19,10 +19,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "common/spec/job_spec.h"
 #include "tests/worker/elastic/in_process_quorum.h"
 #include "worker/elastic/tcp_ring.h"
 #include "worker/jobs/trainer.h"
+#include "worker/report/job_hooks.h"
 
 namespace trainyard {
 namespace {
@@ -242,6 +244,55 @@ TEST_F(ElasticTrainerTest, AReplicaLostMidStepCostsARetryAndAJoinerIsHealedFromA
   ASSERT_FALSE(joined.empty());
   EXPECT_GT(joined.begin()->first, 3) << "d's first step is after its heal";
   EXPECT_EQ(joined.rbegin()->first, kSteps);
+}
+
+// A pool's stop, asked of every replica at once (a preemption): each leaves its quorum
+// between steps, writes a checkpoint where it stopped, and ends as preempted; none takes
+// a step the others did not commit.
+class PreemptAfter : public JobHooks {
+ public:
+  PreemptAfter(InProcessQuorum& quorum, int64_t step) : quorum_(quorum), step_(step) {}
+  void EpochDone(const EpochRow&, const std::string&, const std::string&) override {}
+  bool StopRequested() const override { return quorum_.CommittedSteps() >= step_; }
+  bool PreemptRequested() const override { return StopRequested(); }
+
+ private:
+  InProcessQuorum& quorum_;
+  int64_t step_;
+};
+
+TEST_F(ElasticTrainerTest, APreemptionStopsEveryReplicaBetweenStepsWithACheckpoint) {
+  InProcessQuorum quorum(Policy(1));
+  PreemptAfter hooks(quorum, 3);
+  Outcome outcome;
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (const char* name : {"a", "b", "c"}) {
+    RankContext ranks;
+    ranks.elastic_replicas = kReplicas;
+    ranks.hooks = &hooks;
+    JobSpec spec = Spec(kBatchPerReplica, name);
+    spec.debug.step_pause_ms = 100;
+    torch::manual_seed(1234);
+    trainers.push_back(std::make_unique<Trainer>(std::move(spec), ranks));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kReplicas; ++i)
+    threads.emplace_back([&, i] { RunReplica(quorum, *trainers[i], std::string(1, char('a' + i)), outcome); });
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(outcome.failures.size(), 3u) << "every replica stopped";
+  const int64_t committed = quorum.CommittedSteps();
+  EXPECT_GE(committed, 3);
+  EXPECT_LT(committed, kSteps);
+  for (const auto& [name, why] : outcome.failures) {
+    SCOPED_TRACE(name);
+    EXPECT_NE(why.find("(a preemption); checkpoint of step"), std::string::npos) << why;
+    const auto steps = StepLosses(name);
+    ASSERT_FALSE(steps.empty());
+    EXPECT_LE(steps.rbegin()->first, committed) << "no step past the committed ones";
+    const fs::path checkpoint = dir_ / "runs" / name / "elastic" / "checkpoints" /
+                                StrFormat("step-%09ld.safetensors", long(steps.rbegin()->first));
+    EXPECT_TRUE(fs::exists(checkpoint)) << checkpoint;
+  }
 }
 
 }  // namespace
