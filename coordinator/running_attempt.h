@@ -53,6 +53,7 @@ struct RunningAttempt {
   bool elastic = false;
   std::map<RankKey, std::string> replica_failures;            // replicas that ended without success: why
   wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first of them ended
+  std::string first_replica_failure;                          // which it was, and why
 };
 
 // A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank

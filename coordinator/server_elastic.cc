@@ -83,7 +83,10 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
     if (attempt.summary_json.empty()) attempt.summary_json = summary_json;
   } else {
     attempt.replica_failures[slot] = message;
-    if (attempt.replica_failure == wire::OUTCOME_UNSPECIFIED) attempt.replica_failure = end;
+    if (attempt.replica_failure == wire::OUTCOME_UNSPECIFIED) {
+      attempt.replica_failure = end;
+      attempt.first_replica_failure = DescribeRank(slot) + ": " + message;
+    }
     store_->AddEvent(attempt.job, "replica " + DescribeRank(slot) + " ended (" + OutcomeName(end) + "): " + message,
                      Now());
     ReplicaGone(slot);
@@ -91,9 +94,7 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
   if (attempt.finished.size() < attempt.slots.size()) return;
   if (attempt.replica_failures.size() < attempt.slots.size()) return SucceedAttempt(attempt);
   if (attempt.search_stop_at != 0) return EndStoppedTrial(attempt.job, attempt.search_stop_at);
-  const std::string reason =
-      "every replica ended without success; the first: " + DescribeRank(attempt.replica_failures.begin()->first) +
-      ": " + attempt.replica_failures.begin()->second;
+  const std::string reason = "every replica ended without success; the first: " + attempt.first_replica_failure;
   if (attempt.preempted_by != 0)
     return FailAttempt(attempt.job, "preempted by job " + std::to_string(attempt.preempted_by) + ": " + reason,
                        Retry::kFree);

@@ -336,6 +336,28 @@ TEST_F(ServerLifecycleTest, AnElasticAttemptRunsAReplicaASlotAndOutlivesALostOne
   EXPECT_TRUE(noted) << "the lost replica's end is an event";
 }
 
+// An elastic attempt whose every replica failed has failed, for the reason of the one that
+// failed first.
+TEST_F(ServerLifecycleTest, AnElasticAttemptFailsOnceEveryReplicaHasForTheFirstOnesReason) {
+  Start();
+  Register(a_);
+  Register(b_);
+  const int64_t job = SubmitFile(
+      "name: elastic\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+      "resources:\n  max_restarts: 0\ndistributed:\n  elastic:\n    max_replicas: 2\n");
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  Pass(2, Beating({&a_, &b_}, job, 1));
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "b's ring broke");
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING);
+  Result(a_, job, 1, wire::OUTCOME_FAILED, "a's ring broke");
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_FAILED);
+  ASSERT_EQ(Attempts(job).size(), 1u);
+  EXPECT_NE(Attempts(job)[0].end_reason().find("the first: agent agent-b"), std::string::npos)
+      << Attempts(job)[0].end_reason();
+  EXPECT_NE(Attempts(job)[0].end_reason().find("b's ring broke"), std::string::npos);
+}
+
 TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterItsBackoff) {
   const int64_t job = StartATwoRankJobOnAAndB();
   ASSERT_GT(job, 0);
