@@ -295,7 +295,7 @@ class Server : private SearchLoop, private LaunchLoop {
   void OnReplicaJoin(const std::string& identity, const wire::ReplicaJoin& message);
   void OnReplicaBeat(const std::string& identity, const wire::ReplicaBeat& message);
   void OnStepVote(const std::string& identity, const wire::StepVote& message);
-  // Whether (world, rank) is one of the ranks the store placed the attempt on.
+  // Whether (world, rank) is one of the slots of the attempt, which runs.
   bool IsRankOfAttempt(int64_t job, int attempt, const std::string& world, int rank) const;
   // Who a replica's message says it is from, and for which attempt.
   struct ReplicaSender {

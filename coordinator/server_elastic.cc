@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "coordinator/server.h"
 #include "proto/wire_names.h"
@@ -17,13 +16,12 @@ std::string ReplicaName(const std::string& world, int rank) { return world + ":"
 
 }  // namespace
 
+// The running attempt's slots, in memory: a replica's every vote asks, and a message for
+// an attempt that has ended has no quorum to go to anyway.
 bool Server::IsRankOfAttempt(int64_t job, int attempt, const std::string& world, int rank) const {
-  for (const AttemptRecord& a : store_->Attempts(job)) {
-    std::vector<RankKey> slots;
-    if (a.attempt == attempt && ParsePlacement(a.placement, &slots))
-      return std::find(slots.begin(), slots.end(), RankKey{world, rank}) != slots.end();
-  }
-  return false;
+  const RunningAttempt* running = running_.Find(job);
+  return running && running->attempt == attempt &&
+         std::count(running->slots.begin(), running->slots.end(), RankKey{world, rank}) > 0;
 }
 
 bool Server::AdmitReplicaMessage(const std::string& identity, const ReplicaSender& sender, const char* what) {

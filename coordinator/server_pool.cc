@@ -294,8 +294,9 @@ void Server::OnEpoch(const std::string& identity, const wire::EpochReport& messa
   if (!Authenticated(identity, message.world(), message.world_rank(), message.rank_token(), "an epoch report")) return;
   // Every replica of an elastic attempt reports each epoch (the first report is kept).
   const RunningAttempt* running = running_.Find(message.job_id(), message.attempt());
-  const bool from_replica = running && running->elastic &&
-                            IsRankOfAttempt(message.job_id(), message.attempt(), message.world(), message.world_rank());
+  const bool from_replica =
+      running && running->elastic &&
+      std::count(running->slots.begin(), running->slots.end(), RankKey{message.world(), message.world_rank()}) > 0;
   if (!from_replica && !IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank()))
     return Refuse(identity, "an epoch report for job " + std::to_string(message.job_id()) + " attempt " +
                                 std::to_string(message.attempt()) + " from a rank that is not its job rank 0");

@@ -81,7 +81,7 @@ struct Trainer::ElasticProgress {
   int64_t plan_epoch = -1;
   int members = 0;  // of the step being taken
   int64_t tokens = 0, padded_len = 0;
-  bool ended_early = false;  // early stopping
+  std::unique_ptr<DeviceTransfer> transfer;  // made at the first step, kept for every later one
 };
 
 // Thrown from a step's application when early stopping ends the run: the replica
@@ -116,7 +116,7 @@ void Trainer::ElasticAccumulate(ElasticProgress& e, int64_t step, int position, 
   const auto [shard_begin, shard_end] = RankShard(n, position, members);
   const int count = spec_.train.gradient_accumulation_steps;
   const PipelineOptions options = BatchOptions(train_tokens_.get());
-  DeviceTransfer transfer(device_);
+  if (!e.transfer) e.transfer = std::make_unique<DeviceTransfer>(device_);
   std::vector<Batch> micro;
   std::vector<double> weights;
   e.tokens = e.padded_len = 0;
@@ -127,7 +127,7 @@ void Trainer::ElasticAccumulate(ElasticProgress& e, int64_t step, int position, 
                                options.pad_lengths);
     e.tokens += batch.real_tokens;
     if (batch.input_ids.dim() == 2) e.padded_len = std::max<int64_t>(e.padded_len, batch.input_ids.size(1));
-    micro.push_back(transfer.ToDevice(std::move(batch)));
+    micro.push_back(e.transfer->ToDevice(std::move(batch)));
     weights.push_back(double(end - begin) / double(n));
   }
   timer.Mark(kH2d);
@@ -191,10 +191,7 @@ void Trainer::ElasticApply(ElasticProgress& e, int64_t step, const std::vector<f
     e.steps.reset();
     CloseEpoch(e.steps_epoch, e.total_steps, e.log);
   }
-  if (!go_on) {
-    e.ended_early = true;
-    throw ElasticEarlyStop{};
-  }
+  if (!go_on) throw ElasticEarlyStop{};
 }
 
 // A cancel or a preemption, between steps: every step this replica took is committed.

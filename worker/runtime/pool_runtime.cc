@@ -113,9 +113,10 @@ std::string RingHost() {
 // A replica of an elastic attempt (Note [Elastic finetune]): its ring's listener, and
 // its quorum reached through the agent that leads it.
 RankResult RunReplica(JobSpec spec, int local_rank, JobHooks* hooks, RelayClient& relay) {
+  const std::string host = RingHost();
   std::unique_ptr<RingListener> made;
   try {
-    made = std::make_unique<RingListener>(RingHost(), 0);
+    made = std::make_unique<RingListener>(host, 0);
   } catch (const std::exception& e) {
     RankResult failed;
     failed.exit_code = 1;
@@ -127,7 +128,7 @@ RankResult RunReplica(JobSpec spec, int local_rank, JobHooks* hooks, RelayClient
   // Replicas that share a host (a pool's slots) each keep a run folder of their own.
   spec.log.runs_dir += "/replica-" + std::to_string(local_rank);
   const double timeout_s = spec.distributed.timeout_s;
-  RelayQuorumLink link(relay, {RingHost(), listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
+  RelayQuorumLink link(relay, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
   const ElasticRun elastic{&link, &listener, timeout_s, ""};
   return RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks, &elastic);
 }
