@@ -15,6 +15,11 @@ std::string PlacementText(const std::vector<RankKey>& slots) {
 
 // An entry without a world ("...,<rank>") continues the world before it, as protocol 3
 // wrote "<world>:<r>,<r>".
+int ReplicaNumber(const RunningAttempt& attempt, const RankKey& slot) {
+  if (const auto it = attempt.replica_numbers.find(slot); it != attempt.replica_numbers.end()) return it->second;
+  return static_cast<int>(std::find(attempt.slots.begin(), attempt.slots.end(), slot) - attempt.slots.begin());
+}
+
 bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots) {
   std::stringstream in(text);
   std::string world;

@@ -40,7 +40,8 @@ std::string Formed(const Quorum& quorum) {
 
 // What the job's events say of `decision`; "" for a step that committed in the same quorum.
 std::string EventText(const StepDecision& decision, bool over) {
-  if (decision.quorum_id == 0) return decision.next ? Formed(*decision.next) : "";
+  if (decision.quorum_id == 0)
+    return decision.next ? Formed(*decision.next) : over ? decision.why + "; the steps give up" : "";
   std::string text;
   if (!decision.commit)
     text = "step " + std::to_string(decision.step) + " of quorum " + std::to_string(decision.quorum_id) +
@@ -123,6 +124,13 @@ void ElasticQuorums::ReplicaGone(const std::string& replica, double now) {
     open.service.RemoveReplica(replica, now);
     Settle(key, open, now);
   }
+}
+
+void ElasticQuorums::Finish(int64_t job, int attempt) {
+  OpenAttempt* open = Find(job, attempt);
+  if (!open || open->service.given_up()) return;
+  open->service.Finish();
+  Answer({job, attempt}, *open, StepDecision{});
 }
 
 void ElasticQuorums::Advance(double now) {

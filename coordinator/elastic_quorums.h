@@ -58,6 +58,9 @@ class ElasticQuorums {
   std::string Join(const std::string& identity, const std::string& replica, const wire::ReplicaJoin& join, double now);
   std::string Beat(const std::string& identity, const std::string& replica, const wire::ReplicaBeat& beat, double now);
   std::string Vote(const std::string& identity, const std::string& replica, const wire::StepVote& vote, double now);
+  // A replica took the attempt's last step: no quorum forms again, and the replicas
+  // still waiting to join are told so.
+  void Finish(int64_t job, int attempt);
   // `replica`'s process ended, or its agent was lost: it is out of every quorum.
   void ReplicaGone(const std::string& replica, double now);
   // The services' timers (silences, step deadlines, forming windows).

@@ -45,6 +45,9 @@ class LaunchLoop {
                                       double now) = 0;
   // Sends `job`'s Assign for `attempt` to its slot `to`.
   virtual void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) = 0;
+  // Starts a replica of the elastic `attempt` on the free `slot`, in place of a lost one
+  // (Note [Replacement replicas] in pool_launcher.h).
+  virtual void AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) = 0;
   // Ends `job`'s running attempt as failed or interrupted, requeueing it as `retry` and
   // its restarts allow.
   virtual void FailAttempt(int64_t job, const std::string& reason, Retry retry) = 0;

@@ -4,8 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "common/clock.h"
@@ -22,9 +24,72 @@ std::string SecondsText(double s) {
 void PoolLauncher::Schedule(double now) {
   const Clock::time_point began = Clock::now();
   std::vector<QueuedJob> queue = Queue(now);
-  if (queue.empty() || sources_.ranks.empty()) return;
-  Place(queue, now);
-  sources_.metrics.Observe("trainyard_scheduling_pass_seconds", {}, SecondsSince(began));
+  if (sources_.ranks.empty()) return;
+  if (!queue.empty()) {
+    Place(queue, now);
+    sources_.metrics.Observe("trainyard_scheduling_pass_seconds", {}, SecondsSince(began));
+  }
+  ReplaceLostReplicas(now);
+}
+
+void PoolLauncher::ReplaceLostReplicas(double now) {
+  std::vector<RunningAttempt*> short_of;
+  for (auto& [id, attempt] : sources_.running) {
+    const int live = static_cast<int>(attempt.slots.size() - attempt.finished.size());
+    if (attempt.elastic && attempt.adopted && live > 0 && live < attempt.max_replicas && attempt.preempted_by == 0 &&
+        attempt.search_stop_at == 0 && !attempt.replica_succeeded && !attempt.replica_bad_input)
+      short_of.push_back(&attempt);
+  }
+  if (short_of.empty() || QueueWaitsForSlots()) return;
+  std::vector<WorkerRank> free;
+  for (WorkerRank& slot : Slots())
+    if (slot.job.empty()) free.push_back(std::move(slot));
+  for (RunningAttempt* attempt : short_of) {
+    for (int live = static_cast<int>(attempt->slots.size() - attempt->finished.size()); live < attempt->max_replicas;
+         ++live) {
+      const auto slot = SlotForReplica(*attempt, free, now);
+      if (slot == free.end()) break;
+      sources_.loop.AddReplica(*attempt, {slot->world, slot->rank}, now);
+      free.erase(slot);
+    }
+  }
+}
+
+bool PoolLauncher::QueueWaitsForSlots() const {
+  for (const auto& [job, reason] : sources_.waiting) {
+    const std::string code = reason.substr(0, reason.find(':'));
+    if (code == "Resources" || code == "Priority" || code == "FairShare" || code == "Reservation" ||
+        code == "Preempting")
+      return true;
+  }
+  return false;
+}
+
+std::vector<WorkerRank>::iterator PoolLauncher::SlotForReplica(const RunningAttempt& attempt,
+                                                               std::vector<WorkerRank>& free, double now) const {
+  std::string device;  // its live replicas'
+  std::map<std::string, int> live_on;
+  for (const RankKey& slot : attempt.slots) {
+    const RankEntry* entry = sources_.ranks.Find(slot);
+    if (!entry || attempt.finished.count(slot)) continue;
+    device = entry->info.device();
+    ++live_on[entry->info.host()];
+  }
+  auto failures = [&attempt](const WorkerRank& slot) {
+    const auto it = attempt.slot_failures.find({slot.world, slot.rank});
+    return it == attempt.slot_failures.end() ? RunningAttempt::SlotFailures{} : it->second;
+  };
+  auto rank = [&](const WorkerRank& slot) {
+    return std::make_tuple(failures(slot).count, live_on[slot.host], slot.host, slot.world, slot.rank);
+  };
+  auto best = free.end();
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    const RunningAttempt::SlotFailures failed = failures(*it);
+    if (!device.empty() && it->device != device) continue;
+    if (failed.count > 0 && now - failed.at < std::min(60.0, std::ldexp(1.0, failed.count - 1))) continue;
+    if (best == free.end() || rank(*it) < rank(*best)) best = it;
+  }
+  return best;
 }
 
 void PoolLauncher::Place(const std::vector<QueuedJob>& queue, double now) {

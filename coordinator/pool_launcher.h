@@ -33,6 +33,25 @@ struct SchedulingPolicy {
 // ids): a pass replaces it whole.
 using WaitReasons = std::unordered_map<std::string, std::string>;
 
+// Note [Replacement replicas]
+// An elastic attempt (Note [Elastic finetune] in worker/jobs/trainer_elastic.cc) that
+// has lost a replica goes on with the others at once; the pool gives it a new one on a
+// free slot once there is one, so the attempt regains its strength without a restart.
+// Each scheduling pass, after the queue has been placed:
+//  - replacements take only slots that no queued job waits for: none is placed while a
+//    queued job waits for slots (Resources, Priority, FairShare, Reservation,
+//    Preempting). A lost replica's slot is the pool's, and the attempt goes on without it.
+//  - An attempt takes replacements while it runs fewer than max_replicas replicas and is
+//    not being stopped (preempted, or its search trial stopped at a rung), and while none
+//    of its replicas has taken the last step or ended on its job's bad input.
+//  - Of the free slots of its replicas' device kind, it takes the one on which the
+//    fewest of its replicas failed, then one on the host holding the fewest of its live
+//    replicas, then by host, world and rank. A slot on which n of its replicas failed
+//    takes another only 2^(n-1) s (at most 60 s) after the last failed, so a slot that
+//    kills every replica does not take one each pass.
+//  - The new replica has the attempt's next replica number (its run folder, replica-<n>,
+//    and its output file), starts from nothing, joins the quorum, and is healed from a
+//    live replica at the next step boundary (Note [Step quorum] in quorum_service.h).
 class PoolLauncher : public Launcher {
  public:
   // What it reads and changes of the loop's state, all owned by the loop and outliving it.
@@ -56,6 +75,13 @@ class PoolLauncher : public Launcher {
   std::vector<QueuedJob> Queue(double now);
   std::vector<WorkerRank> Slots() const;
   std::vector<RunningJob> Running() const;
+  // Note [Replacement replicas]: after a pass, free slots go to elastic attempts that
+  // lost replicas, unless queued jobs wait for slots.
+  void ReplaceLostReplicas(double now);
+  bool QueueWaitsForSlots() const;
+  // The free slot of `free` the replica that `attempt` lacks takes; free.end() if none may.
+  std::vector<WorkerRank>::iterator SlotForReplica(const RunningAttempt& attempt, std::vector<WorkerRank>& free,
+                                                   double now) const;
   // Starts the attempts of a pass's placements (one transaction, then the assignments).
   void StartAttempts(const std::vector<Placement>& placements, double now);
   // Records one attempt of `job` on its placement, inside the caller's transaction; false

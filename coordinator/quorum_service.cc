@@ -70,8 +70,11 @@ std::vector<StepDecision> QuorumService::Advance(double now) {
     }
     const int joined = static_cast<int>(replicas_.size());
     if (joined >= options_.min_replicas && (joined >= options_.max_replicas || now - first >= options_.join_window_s)) {
-      if (auto formed = Form(furthest + 1, now))
+      std::string why;
+      if (auto formed = Form(furthest + 1, now, &why))
         decided_.push_back({0, formed->step, false, "a quorum formed", std::move(formed)});
+      else if (given_up_)
+        decided_.push_back({0, furthest + 1, false, why, std::nullopt});
     }
   }
   return std::exchange(decided_, {});
@@ -103,8 +106,10 @@ void QuorumService::Decide(bool commit, const std::string& why, double now) {
   StepDecision decision{ended.id, ended.step, commit, why, std::nullopt};
   const bool member_lost = !gone_.empty() || std::any_of(ended.members.begin(), ended.members.end(),
                                                          [&](const std::string& m) { return !replicas_.count(m); });
-  if (commit)
+  if (commit) {
     for (const std::string& member : ended.members) replicas_.at(member).committed_step = ended.step;
+    committed_ = ended.step;
+  }
   current_.reset();
   votes_.clear();
   gone_.clear();
@@ -119,9 +124,16 @@ void QuorumService::Decide(bool commit, const std::string& why, double now) {
     given_at_ = now;
     decision.next = current_;
   } else {
-    decision.next = Form(commit ? ended.step + 1 : ended.step, now);
+    std::string lost;
+    decision.next = Form(commit ? ended.step + 1 : ended.step, now, &lost);
+    if (!lost.empty()) decision.why += (decision.why.empty() ? "" : "; ") + lost;
   }
   decided_.push_back(std::move(decision));
+}
+
+void QuorumService::Finish() {
+  given_up_ = true;
+  current_.reset();
 }
 
 bool QuorumService::MembershipChanged(const Quorum& quorum, double now) const {
@@ -131,11 +143,21 @@ bool QuorumService::MembershipChanged(const Quorum& quorum, double now) const {
   return live > members && members < options_.max_replicas;
 }
 
-std::optional<Quorum> QuorumService::Form(int64_t step, double now) {
+std::optional<Quorum> QuorumService::Form(int64_t step, double now, std::string* why) {
   std::vector<std::pair<double, std::string>> live;
+  int64_t furthest = 0;
   for (const auto& [name, r] : replicas_)
-    if (Live(r, now)) live.emplace_back(r.joined_at, name);
+    if (Live(r, now)) {
+      live.emplace_back(r.joined_at, name);
+      furthest = std::max(furthest, r.committed_step);
+    }
   if (static_cast<int>(live.size()) < options_.min_replicas) return std::nullopt;
+  if (furthest < committed_) {  // healing from nobody would start again from an older state
+    given_up_ = true;
+    *why = "no live replica holds the state of step " + std::to_string(committed_) +
+           " (the replicas that took it are gone); a later attempt resumes from the checkpoints";
+    return std::nullopt;
+  }
   std::sort(live.begin(), live.end());
   if (static_cast<int>(live.size()) > options_.max_replicas) live.resize(options_.max_replicas);
   Quorum q;

@@ -28,7 +28,11 @@
 //    kMaxRetries times in a row with no member lost is given up (its failure is the
 //    job's own): no next quorum.
 // Fewer than min_replicas left: no quorum, the job waits for joins; the caller fails
-// the attempt if none come in its own time.
+// the attempt if none come in its own time. A quorum never forms without the state of
+// the last committed step: once no live replica holds it (every member that took it is
+// gone, and only joiners are left), the steps give up, and the job's checkpoints are
+// the way on (the next attempt's resume). Finish (a replica took the last step) ends
+// the steps too: a replica still joining then has nothing left to take part in.
 //
 // Ids only grow. A message naming an older quorum id, or a vote from a replica that is
 // not a member of the current quorum, is fenced: the replica's view is old (it was
@@ -105,7 +109,10 @@ class QuorumService {
   std::vector<StepDecision> Advance(double now);
 
   const std::optional<Quorum>& current() const { return current_; }
-  // A step failed kMaxRetries times with every member there: no quorum forms again.
+  // A replica has taken the job's last step: no quorum forms again.
+  void Finish();
+  // No quorum forms again: a step failed kMaxRetries times with every member there, no
+  // live replica holds the last committed step's state, or Finish.
   bool given_up() const { return given_up_; }
   uint64_t last_id() const { return last_id_; }
 
@@ -121,8 +128,9 @@ class QuorumService {
   void DecideIfDue(double now);
   void Decide(bool commit, const std::string& why, double now);
   // A quorum of the live joined replicas for `step`, under a new id; nullopt if fewer
-  // than min_replicas are live.
-  std::optional<Quorum> Form(int64_t step, double now);
+  // than min_replicas are live, or (giving up, `why` said) if none of them holds the
+  // last committed step's state.
+  std::optional<Quorum> Form(int64_t step, double now, std::string* why);
   bool Live(const Replica& replica, double now) const { return now - replica.last_heard <= options_.timeout_s; }
   // Whether replicas wait to join `quorum` and there is room for them.
   bool MembershipChanged(const Quorum& quorum, double now) const;
@@ -135,6 +143,7 @@ class QuorumService {
   std::map<std::string, bool> votes_;  // of the current step, by member
   std::set<std::string> gone_;         // members of the current quorum that left it
   int retries_ = 0;                    // of the current step, with no member lost
+  int64_t committed_ = 0;              // the last step committed
   bool given_up_ = false;
   std::vector<StepDecision> decided_;
 };

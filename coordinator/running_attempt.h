@@ -50,11 +50,29 @@ struct RunningAttempt {
   // An elastic attempt (Note [Elastic finetune] in worker/jobs/trainer_elastic.cc): each
   // slot leads a replica of its own, a replica's end is its own, and the attempt ends once
   // every replica has ended: succeeded if one did.
+  // A lost replica is replaced on a free slot (Note [Replacement replicas] in
+  // pool_launcher.h): `slots` holds every slot the attempt's replicas have run on, and a
+  // slot whose replica ended may take a new one, when it leaves `finished` again.
   bool elastic = false;
+  int max_replicas = 0;                        // at full strength
+  int replicas_started = 0;                    // numbers the next replica
+  std::map<RankKey, int> replica_numbers;      // each slot's latest replica
+  std::map<RankKey, double> replica_assigned;  // a replacement's Assign (listening clock)
+  struct SlotFailures {
+    int count = 0;  // replicas of the attempt that failed on the slot
+    double at = 0;  // when the last did (the loop's clock)
+  };
+  std::map<RankKey, SlotFailures> slot_failures;
+  bool replica_succeeded = false;                             // one took every step
+  bool replica_bad_input = false;                             // one ended on its job's bad input
   std::map<RankKey, std::string> replica_failures;            // replicas that ended without success: why
   wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first of them ended
   std::string first_replica_failure;                          // which it was, and why
 };
+
+// Which of `attempt`'s replicas (0.. in start order) runs on `slot`: its output file and
+// run folder are that replica's.
+int ReplicaNumber(const RunningAttempt& attempt, const RankKey& slot);
 
 // A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank
 // order (attempts.placement), and back into its slots; false for anything else.

@@ -356,6 +356,7 @@ class Server : private SearchLoop, private LaunchLoop {
   // Ends a trial its search stopped at `epoch`: STOPPED, with its running attempt ended.
   void EndStoppedTrial(int64_t job, int epoch);
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) override;
+  void AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) override;
   // Every path that ends a job's running attempt (success, failure, interruption, a
   // cancel, a search's stop) ends it here: through the book (AttemptBook::End: the store
   // first, committed before anyone is told), then its ranks are freed, the launcher gives

@@ -64,6 +64,8 @@ void Server::OpenQuorumIfElastic(RunningAttempt* attempt) {
   const std::optional<ElasticOptions> elastic = store_->ElasticOptionsOf(attempt->job);
   if (!elastic) return;
   attempt->elastic = true;
+  attempt->max_replicas = elastic->max_replicas;
+  attempt->replicas_started = static_cast<int>(attempt->slots.size());
   QuorumService::Options options;
   options.min_replicas = elastic->min_replicas;
   options.max_replicas = elastic->max_replicas;
@@ -76,11 +78,18 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
                           const std::string& summary_json) {
   if (!attempt.finished.insert(slot).second) return;
   if (end == wire::OUTCOME_SUCCEEDED) {
-    // It has taken every step: the quorum, which waits for a step after the last, ends
-    // with the attempt.
+    // It has taken every step: the quorum's other members have too, and a replica still
+    // joining has none left to take.
     if (attempt.summary_json.empty()) attempt.summary_json = summary_json;
+    attempt.replica_succeeded = true;
+    quorums_->Finish(attempt.job, attempt.attempt);
+    SendQuorumAnswers();
   } else {
     attempt.replica_failures[slot] = message;
+    attempt.replica_bad_input = attempt.replica_bad_input || end == wire::OUTCOME_BAD_INPUT;
+    RunningAttempt::SlotFailures& failures = attempt.slot_failures[slot];
+    ++failures.count;
+    failures.at = Now();
     if (attempt.replica_failure == wire::OUTCOME_UNSPECIFIED) {
       attempt.replica_failure = end;
       attempt.first_replica_failure = DescribeRank(slot) + ": " + message;
@@ -90,7 +99,7 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
     ReplicaGone(slot);
   }
   if (attempt.finished.size() < attempt.slots.size()) return;
-  if (attempt.replica_failures.size() < attempt.slots.size()) return SucceedAttempt(attempt);
+  if (attempt.replica_succeeded) return SucceedAttempt(attempt);
   if (attempt.search_stop_at != 0) return EndStoppedTrial(attempt.job, attempt.search_stop_at);
   const std::string reason = "every replica ended without success; the first: " + attempt.first_replica_failure;
   if (attempt.preempted_by != 0)
@@ -101,6 +110,28 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
               how == wire::OUTCOME_BAD_INPUT   ? Retry::kNever
               : how == wire::OUTCOME_PREEMPTED ? Retry::kFree
                                                : Retry::kCounted);
+}
+
+void Server::AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) {
+  const std::optional<JobRecord> job = store_->Find(attempt.job);
+  if (!job) return;
+  const bool again = attempt.finished.count(slot) > 0;  // the slot's last replica ended
+  std::vector<RankKey> slots = attempt.slots;
+  if (!again) slots.push_back(slot);
+  const int replica = attempt.replicas_started;
+  StateStore::Transaction transaction(*store_);  // kept before the attempt changes
+  if (!again) store_->SetPlacement(attempt.job, attempt.attempt, PlacementText(slots));
+  store_->AddEvent(attempt.job,
+                   "replica " + std::to_string(replica) + " starts on " + DescribeRank(slot) +
+                       " in place of a lost one; it joins the quorum and is healed from a live replica",
+                   now);
+  transaction.Commit();
+  attempt.finished.erase(slot);
+  attempt.slots = std::move(slots);
+  attempt.replica_numbers[slot] = replica;
+  attempt.replica_assigned[slot] = listening_.Now();  // its start grace counts from now
+  ++attempt.replicas_started;
+  SendAssign(*job, attempt, slot);
 }
 
 void Server::SendQuorumAnswers() {

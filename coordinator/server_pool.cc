@@ -264,14 +264,14 @@ void Server::OnOutput(const std::string& identity, const wire::JobOutput& messag
   if (message.text().size() > kMaxOutputChunkBytes || message.offset() < 0 ||
       (!message.text().empty() && message.text().back() != '\n'))
     return Refuse(identity, what + " that is not whole lines of at most 64 KiB at an offset >= 0");
-  // An elastic attempt's replicas each lead their own: slot r's goes to replica r's file.
+  // An elastic attempt's replicas each lead their own: replica r's goes to its own file.
   const RunningAttempt* running = running_.Find(message.job_id(), message.attempt());
   int replica = 0;
   if (running && running->elastic) {
-    const auto slot =
-        std::find(running->slots.begin(), running->slots.end(), RankKey{message.world(), message.world_rank()});
-    if (slot == running->slots.end()) return Refuse(identity, what + " from a rank that is not one of its replicas");
-    replica = static_cast<int>(slot - running->slots.begin());
+    const RankKey slot{message.world(), message.world_rank()};
+    if (std::count(running->slots.begin(), running->slots.end(), slot) == 0)
+      return Refuse(identity, what + " from a rank that is not one of its replicas");
+    replica = ReplicaNumber(*running, slot);
   } else if (!IsJobRankZero(message.job_id(), message.attempt(), message.world(), message.world_rank())) {
     return Refuse(identity, what + " from a rank that is not its job rank 0");
   }
@@ -470,6 +470,7 @@ void Server::ExpireSilentRanks() {
 // never came back naming them, are given up after the grace period.
 void Server::CheckAttemptsStarted() {
   std::vector<std::pair<int64_t, std::string>> failed, abandoned;
+  std::vector<std::pair<int64_t, RankKey>> replicas_not_started;  // of elastic attempts: each its own
   for (auto& [id, attempt] : running_) {
     if (!launcher_->Started(attempt)) continue;
     if (listening_.Now() - attempt.started_listening < options_.grace_s) continue;
@@ -481,7 +482,11 @@ void Server::CheckAttemptsStarted() {
     for (const RankKey& slot : attempt.slots) {
       const RankEntry* entry = ranks_->Find(slot);
       const bool started = entry && entry->job == id && entry->attempt == attempt.attempt;
-      if (!started && !attempt.finished.count(slot)) {
+      if (!started && !attempt.finished.count(slot) && attempt.elastic) {
+        const auto assigned = attempt.replica_assigned.find(slot);
+        if (assigned == attempt.replica_assigned.end() || listening_.Now() - assigned->second >= options_.grace_s)
+          replicas_not_started.emplace_back(id, slot);
+      } else if (!started && !attempt.finished.count(slot)) {
         failed.emplace_back(id, DescribeRank(slot) + " did not start the attempt within " +
                                     std::to_string(int(options_.grace_s)) + " s");
         break;
@@ -490,6 +495,10 @@ void Server::CheckAttemptsStarted() {
   }
   for (const auto& [id, reason] : failed) FailAttempt(id, reason);
   for (const auto& [id, reason] : abandoned) FailAttempt(id, reason, Retry::kFree);
+  for (const auto& [id, slot] : replicas_not_started)
+    if (RunningAttempt* attempt = running_.Find(id))
+      ReplicaEnded(*attempt, slot, wire::OUTCOME_FAILED,
+                   "did not start its replica within " + std::to_string(int(options_.grace_s)) + " s", "");
 }
 
 void Server::ScheduleQueued(double now) {
@@ -611,7 +620,10 @@ void Server::SendAssign(const JobRecord& job, const RunningAttempt& attempt, con
   }
   assign->set_runs_dir(JobRunsDir(job.id));
   assign->set_resume(attempt.attempt > 1);
-  if (attempt.elastic) assign->set_elastic_replicas(static_cast<int>(attempt.slots.size()));
+  if (attempt.elastic) {
+    assign->set_elastic_replicas(attempt.max_replicas);
+    assign->set_elastic_replica(ReplicaNumber(attempt, to));
+  }
   Send(ranks_->entries().at(to).identity, e);
 }
 

@@ -604,6 +604,12 @@ void StateStore::MarkPreempted(int64_t id, int attempt, int64_t by) {
   s.Step();
 }
 
+void StateStore::SetPlacement(int64_t id, int attempt, const std::string& placement) {
+  Statement s(*statements_, "UPDATE attempts SET placement = ? WHERE job = ? AND attempt = ?");
+  s.Bind(1, placement).Bind(2, id).Bind(3, int64_t(attempt));
+  s.Step();
+}
+
 std::vector<Usage> StateStore::UsageBy(bool per_user, double now) const {
   const std::string user = per_user ? "j.user" : "''";
   Statement s(*statements_,

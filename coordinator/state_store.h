@@ -245,6 +245,9 @@ class StateStore {
   // Records that the attempt was asked to stop for job `by` (Note [Preemption]), so that a
   // restarted coordinator still counts its slots as freeing.
   void MarkPreempted(int64_t id, int attempt, int64_t by);
+  // The attempt runs on `placement` now: an elastic attempt's replica replacing a lost one
+  // on a slot it had not run on (Note [Replacement replicas]).
+  void SetPlacement(int64_t id, int attempt, const std::string& placement);
   // The usage of every attempt that has run, up to `now`: one total, or one per user.
   std::vector<Usage> UsageBy(bool per_user, double now) const;
   // Note [Fair share]: each user's decayed rank-seconds at `now`.

@@ -241,6 +241,24 @@ TEST_F(ElasticQuorumsTest, AStepThatKeepsFailingGivesUpAndSaysSoToEveryone) {
   EXPECT_TRUE(Sent().at("id-a:0").step_decision().over());
 }
 
+// A replica took the last step (Finish): a replica still waiting to join is told the
+// steps are over, and so is one that joins later; the lost state's give-up is an event.
+TEST_F(ElasticQuorumsTest, FinishTellsWaitingJoinersTheStepsAreOver) {
+  quorums_->Open(job_, kAttempt, Policy(1, 1));
+  Join("a:0", 7001, 0);
+  const uint64_t quorum = Sent().at("id-a:0").step_decision().next().id();
+  Vote("a:0", quorum, 1, true, 1);
+  Sent();
+  Join("b:0", 7002, 2);  // no room: it waits at the boundary
+  EXPECT_TRUE(Sent().empty());
+  quorums_->Finish(job_, kAttempt);
+  const wire::StepDecision over = Sent().at("id-b:0").step_decision();
+  EXPECT_TRUE(over.over());
+  EXPECT_FALSE(over.has_next());
+  Join("c:0", 7003, 3);
+  EXPECT_TRUE(Sent().at("id-c:0").step_decision().over());
+}
+
 // Ids only grow: a new ElasticQuorums (a coordinator restart) on the same store, and a
 // later attempt of the job, go on from the store's last id.
 TEST_F(ElasticQuorumsTest, QuorumIdsGoOnFromTheStoreAcrossARestartAndAttempts) {

@@ -3,11 +3,15 @@ replicas, each a one-rank job of its own led by its own agent, agree on every st
 the coordinator's quorum and sum their shares on their ring.
 
 replica_lost: one replica's process is killed (SIGKILL) mid-run. The survivors retry the
-step it left and go on as a quorum of two: the job succeeds as its one attempt, with no
-restart and no checkpoint read, every step in a survivor's steps.jsonl exactly once (and
-taken by two replicas after the kill), each epoch row once, and the membership change in
-the job's events."""
+step it left and go on as a quorum of two at once; the pool starts a replacement on the
+freed slot (Note [Replacement replicas]), which joins at a step boundary, healed from a
+live replica, and takes every step from there with the others. The job succeeds as its
+one attempt, with no restart and no checkpoint read: every step in a survivor's
+steps.jsonl exactly once, two replicas in the step after the kill and three again once
+the replacement is in, the replacement's final weights equal to the survivors' bit for
+bit, each epoch row once, and the membership changes in the job's events."""
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -28,6 +32,18 @@ def replica_steps(runs, job_id):
         with open(path) as f:
             out[path] = [json.loads(line) for line in f if line.strip()]
     return out
+
+
+def trained_state(folder, step):
+    """A digest of a replica's checkpoint at `step`: its weights and AdamW's moments (not
+    its RNG state, which is each replica's own)."""
+    from safetensors import safe_open
+    digest = hashlib.sha256()
+    with safe_open(os.path.join(folder, "elastic", "checkpoints", f"step-{step:09d}.safetensors"), "np") as f:
+        for key in sorted(f.keys()):
+            if key.startswith(("model.", "optim.")):
+                digest.update(key.encode() + f.get_tensor(key).tobytes())
+    return digest.hexdigest()
 
 
 def replica_lost(c, work):
@@ -58,18 +74,27 @@ debug:
     check(done["state"] == "SUCCEEDED", f"the job succeeded with two replicas left: {done}\n{events}")
     check(len(report["attempts"]) == 1, f"one attempt, no restart: {report['attempts']}")
     total = 2 * (EXAMPLES // 24)
-    survivors = [lines for lines in replica_steps(c.runs, job_id).values() if lines and lines[-1]["step"] == total]
-    check(len(survivors) == 2, f"two replicas took every step: {[len(s) for s in replica_steps(c.runs, job_id).values()]}")
+    runs = replica_steps(c.runs, job_id)
+    survivors = [lines for path, lines in runs.items() if lines and lines[0]["step"] == 1 and lines[-1]["step"] == total]
+    check(len(survivors) == 2, f"two first replicas took every step: { {p: len(s) for p, s in runs.items()} }")
     for lines in survivors:
         steps = [line["step"] for line in lines]
         check(steps == list(range(1, total + 1)), f"every step once, in order: {steps}")
-        replicas = {line["step"]: line["replicas"] for line in lines}
-        check(replicas[1] == 3 and replicas[total] == 2,
-              f"three replicas before the kill (after step {killed_at}), two after it: {replicas}")
+        replicas = [line["replicas"] for line in lines]
+        check(replicas[0] == 3 and 2 in replicas[killed_at - 1:] and replicas[-1] == 3,
+              f"three replicas before the kill (after step {killed_at}), two after it, three once replaced: {replicas}")
+    joined = runs.get(os.path.join(c.runs, str(job_id), "replica-3", "elastic", "steps.jsonl"), [])
+    check(joined and joined[0]["step"] > killed_at and [line["step"] for line in joined] ==
+          list(range(joined[0]["step"], total + 1)) and all(line["replicas"] == 3 for line in joined),
+          f"the replacement (replica 3) took every step after it joined, with two others: {joined}")
+    finishers = [os.path.dirname(os.path.dirname(path)) for path, lines in runs.items() if lines[-1]["step"] == total]
+    finals = {os.path.basename(folder): trained_state(folder, total) for folder in finishers}
+    check(len(finals) == 3 and all(state == finals["replica-3"] for state in finals.values()),
+          f"the healed replacement's weights and moments equal the survivors' bit for bit: {sorted(finals)}")
     check("did not commit" in events, f"the step the lost replica left is retried: {events}")
     check("ended (failed)" in events, f"the lost replica's end is an event: {events}")
+    check("replica 3 starts on" in events and "healed from" in events, f"the replacement and its heal: {events}")
     check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
-
 
 if __name__ == "__main__":
     run_case({"replica_lost": on_cluster(replica_lost)}, flags=POOL_FLAGS, description=__doc__)

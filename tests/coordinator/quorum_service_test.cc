@@ -29,6 +29,16 @@ StepDecision OnlyDecision(QuorumService& q, double now) {
   return made.empty() ? StepDecision{} : made.front();
 }
 
+// a and b join at 0, form a quorum and commit step 1 at 1: the quorum for step 2.
+Quorum TwoCommitTheFirstStep(QuorumService& q) {
+  q.Join("a", Ring(1), 0, 0);
+  q.Join("b", Ring(2), 0, 0);
+  const Quorum first = *OnlyDecision(q, 0.5).next;
+  q.Vote("a", first.id, 1, true, 1);
+  q.Vote("b", first.id, 1, true, 1);
+  return *OnlyDecision(q, 1).next;
+}
+
 // A quorum waits for max_replicas, or for the join window once min_replicas are in; its
 // members are in ring order by name with their addresses, its id after the store's last,
 // its step after the furthest step committed.
@@ -164,12 +174,7 @@ TEST(QuorumServiceTest, AMemberBackAsANewProcessFailsItsStepAndIsHealedInTheRetr
 // furthest step committed, once enough are back.
 TEST(QuorumServiceTest, BelowTheMinimumTheJobWaitsForJoins) {
   QuorumService q(Policy(2, 2), 0);
-  q.Join("a", Ring(1), 0, 0);
-  q.Join("b", Ring(2), 0, 0);
-  const Quorum first = *OnlyDecision(q, 0.5).next;
-  q.Vote("a", first.id, 1, true, 1);
-  q.Vote("b", first.id, 1, true, 1);
-  const Quorum second = *OnlyDecision(q, 1).next;
+  const Quorum second = TwoCommitTheFirstStep(q);
   q.RemoveReplica("b", 2);
   EXPECT_TRUE(q.Advance(2).empty()) << "a's vote is still to come";
   q.Vote("a", second.id, 2, false, 2.1);  // its ring broke with b gone
@@ -210,6 +215,52 @@ TEST(QuorumServiceTest, AStepThatKeepsFailingWithEveryMemberThereIsGivenUp) {
   q.Beat("a", 0, 10);
   q.Beat("b", 0, 10);
   EXPECT_TRUE(q.Advance(30).empty());
+}
+
+// Once every replica that took the last committed step is gone, no quorum forms from
+// the joiners left: healing from nobody would train again from an older state. The
+// steps give up, saying so, and the checkpoints are the way on.
+TEST(QuorumServiceTest, NoQuorumFormsWithoutTheLastCommittedStepsState) {
+  QuorumService q(Policy(1, 2), 0);
+  const Quorum second = TwoCommitTheFirstStep(q);
+  q.RemoveReplica("b", 2);
+  q.Join("c", Ring(3), 0, 2.5);  // a new replica, with nothing committed
+  q.RemoveReplica("a", 3);       // the last holder of step 1's state
+  const StepDecision d = OnlyDecision(q, 3);
+  EXPECT_FALSE(d.commit);
+  EXPECT_EQ(d.quorum_id, second.id);
+  EXPECT_FALSE(d.next) << "c alone would start again from nothing";
+  EXPECT_NE(d.why.find("no live replica holds the state of step 1"), std::string::npos) << d.why;
+  EXPECT_TRUE(q.given_up());
+
+  QuorumService waiting(Policy(2, 2), 0);  // no quorum stands when the holder goes
+  const Quorum next = TwoCommitTheFirstStep(waiting);
+  waiting.RemoveReplica("b", 2);
+  waiting.Vote("a", next.id, 2, false, 2);
+  EXPECT_FALSE(OnlyDecision(waiting, 2).next) << "below the minimum: a waits";
+  waiting.RemoveReplica("a", 3);
+  waiting.Join("c", Ring(3), 0, 4);
+  waiting.Join("d", Ring(4), 0, 4);
+  const StepDecision gave_up = OnlyDecision(waiting, 4.5);
+  EXPECT_FALSE(gave_up.next);
+  EXPECT_NE(gave_up.why.find("no live replica holds the state of step 1"), std::string::npos) << gave_up.why;
+  EXPECT_TRUE(waiting.given_up());
+}
+
+// A replica took the last step: the steps are over, and joiners get no quorum.
+TEST(QuorumServiceTest, FinishEndsTheSteps) {
+  QuorumService q(Policy(1, 2), 0);
+  q.Join("a", Ring(1), 0, 0);
+  q.Join("b", Ring(2), 0, 0);
+  const Quorum first = *OnlyDecision(q, 0.5).next;
+  q.Vote("a", first.id, 1, true, 1);
+  q.Vote("b", first.id, 1, true, 1);
+  ASSERT_TRUE(OnlyDecision(q, 1).commit);
+  q.Finish();
+  EXPECT_TRUE(q.given_up());
+  EXPECT_FALSE(q.current());
+  q.Join("c", Ring(3), 0, 2);
+  EXPECT_TRUE(q.Advance(20).empty());
 }
 
 }  // namespace

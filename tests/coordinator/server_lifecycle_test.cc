@@ -204,7 +204,7 @@ class ServerLifecycleTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
   double now_ = 2'000'000'000.0;
   std::vector<std::pair<std::string, wire::Envelope>> sent_;
-  const Agent a_{"agent-a"}, b_{"agent-b"}, c_{"agent-c"};
+  const Agent a_{"agent-a"}, b_{"agent-b"}, c_{"agent-c"}, d_{"agent-d"};
 };
 
 TEST_F(ServerLifecycleTest, AnAttemptRunsToSuccessMessageByMessage) {
@@ -356,6 +356,90 @@ TEST_F(ServerLifecycleTest, AnElasticAttemptFailsOnceEveryReplicaHasForTheFirstO
   EXPECT_NE(Attempts(job)[0].end_reason().find("the first: agent agent-b"), std::string::npos)
       << Attempts(job)[0].end_reason();
   EXPECT_NE(Attempts(job)[0].end_reason().find("b's ring broke"), std::string::npos);
+}
+
+constexpr const char* kElasticJob =
+    "name: elastic\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+    "distributed:\n  elastic:\n    min_replicas: 1\n    max_replicas: 2\n";
+
+// Note [Replacement replicas]: a lost replica is replaced on a free slot, preferring one
+// where none of the attempt's replicas failed, as the attempt's next replica; a slot where
+// one failed takes another after its backoff; the attempt is one attempt throughout, and
+// it succeeds once a replica has taken the last step and the rest have ended.
+TEST_F(ServerLifecycleTest, ALostReplicaIsReplacedOnAFreeSlotAsTheAttemptsNextReplica) {
+  Start();
+  for (const Agent* agent : {&a_, &b_, &c_}) Register(*agent);
+  const int64_t job = SubmitFile(kElasticJob);
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  ASSERT_NE(Last(a_.identity(), wire::Envelope::kAssign), nullptr);
+  ASSERT_NE(Last(b_.identity(), wire::Envelope::kAssign), nullptr);
+  EXPECT_EQ(Last(b_.identity(), wire::Envelope::kAssign)->assign().elastic_replica(), 1);
+  EXPECT_EQ(Last(c_.identity(), wire::Envelope::kAssign), nullptr) << "two replicas at full strength";
+  sent_.clear();
+  Pass(2, Beating({&a_, &b_, &c_}, job, 1));
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "killed");
+  Pass(1, [&] {
+    Heartbeat(a_, job, 1);
+    Heartbeat(b_);
+    Heartbeat(c_);
+  });
+  const std::vector<wire::Envelope> onto_c = Take(c_.identity(), wire::Envelope::kAssign);
+  ASSERT_EQ(onto_c.size(), 1u) << "the free slot where no replica failed takes the replacement";
+  EXPECT_EQ(onto_c[0].assign().attempt(), 1);
+  EXPECT_EQ(onto_c[0].assign().elastic_replica(), 2) << "the attempt's third replica";
+  EXPECT_EQ(onto_c[0].assign().elastic_replicas(), 2);
+  EXPECT_FALSE(onto_c[0].assign().resume()) << "it starts from nothing and is healed";
+  ASSERT_EQ(Attempts(job).size(), 1u);
+  EXPECT_EQ(Attempts(job)[0].placement(), "agent-a:0,agent-b:0,agent-c:0");
+
+  // The replacement fails too: b, free since, takes the next one once its backoff is past.
+  Result(c_, job, 1, wire::OUTCOME_FAILED, "killed again");
+  Pass(2, [&] {
+    Heartbeat(a_, job, 1);
+    Heartbeat(b_);
+    Heartbeat(c_);
+  });
+  const std::vector<wire::Envelope> onto_b = Take(b_.identity(), wire::Envelope::kAssign);
+  ASSERT_EQ(onto_b.size(), 1u);
+  EXPECT_EQ(onto_b[0].assign().elastic_replica(), 3);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING);
+
+  Result(a_, job, 1, wire::OUTCOME_SUCCEEDED);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "replica 3 has not ended";
+  Pass(3, Beating({&b_, &c_}));
+  EXPECT_TRUE(Sent(wire::Envelope::kAssign).empty()) << "no replacement once a replica took the last step";
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "no quorum takes this replica any more");
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_SUCCEEDED);
+  ASSERT_EQ(Attempts(job).size(), 1u);
+  std::string events;
+  const wire::ReportReply report = Report(job);
+  for (const std::string& event : report.job().events()) events += event + "\n";
+  EXPECT_NE(events.find("replica 2 starts on agent agent-c"), std::string::npos) << events;
+  EXPECT_NE(events.find("replica 3 starts on agent agent-b"), std::string::npos) << events;
+}
+
+// A replacement never takes a slot a queued job waits for.
+TEST_F(ServerLifecycleTest, AQueuedJobWaitingForSlotsComesBeforeAReplacementReplica) {
+  Start();
+  for (const Agent* agent : {&a_, &b_, &c_}) Register(*agent);
+  const int64_t job = SubmitFile(kElasticJob);
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  sent_.clear();
+  const int64_t waiting = Submit(3, "three");
+  ASSERT_GT(waiting, 0);
+  Pass(2, Beating({&a_, &b_, &c_}, job, 1));
+  EXPECT_EQ(Job(waiting).waiting().rfind("Resources", 0), 0u) << Job(waiting).waiting();
+  sent_.clear();
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "killed");
+  Pass(3, [&] {
+    Heartbeat(a_, job, 1);
+    Heartbeat(b_);
+    Heartbeat(c_);
+  });
+  EXPECT_TRUE(Sent(wire::Envelope::kAssign).empty()) << "b and c stay free for the queued job";
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING);
 }
 
 TEST_F(ServerLifecycleTest, ASilentRankFailsItsAttemptAndTheJobRunsAgainAfterItsBackoff) {

@@ -68,6 +68,7 @@ Assignment AssignmentFrom(const wire::Assign& a) {
   Assignment out{a.job_id(), a.attempt(), a.yaml(), a.source(), a.base_dir(), a.runs_dir(), {}, a.resume()};
   for (const wire::JobPlace& p : a.places()) out.places.push_back({p.world(), p.rank(), p.host(), p.slot()});
   out.elastic_replicas = a.elastic_replicas();
+  out.elastic_replica = a.elastic_replica();
   return out;
 }
 
@@ -80,6 +81,7 @@ void ToWire(const Assignment& a, wire::Assign* out) {
   out->set_runs_dir(a.runs_dir);
   out->set_resume(a.resume);
   out->set_elastic_replicas(a.elastic_replicas);
+  out->set_elastic_replica(a.elastic_replica);
   for (const JobPlace& p : a.places) {
     wire::JobPlace* place = out->add_places();
     place->set_world(p.world);

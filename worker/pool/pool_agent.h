@@ -77,6 +77,7 @@ struct Assignment {
   std::vector<JobPlace> places;  // in job rank order; places[0] leads the job
   bool resume = false;
   int elastic_replicas = 0;  // an elastic attempt's replica, of this many at full strength (Assign)
+  int elastic_replica = 0;   // and which of the attempt's replicas it is (its run folder)
 };
 
 // How a job rank's part in an attempt ended. The values are the wire's Outcome

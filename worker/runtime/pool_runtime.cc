@@ -112,7 +112,7 @@ std::string RingHost() {
 
 // A replica of an elastic attempt (Note [Elastic finetune]): its ring's listener, and
 // its quorum reached through the agent that leads it.
-RankResult RunReplica(JobSpec spec, int local_rank, JobHooks* hooks, RelayClient& relay) {
+RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks, RelayClient& relay) {
   const std::string host = RingHost();
   std::unique_ptr<RingListener> made;
   try {
@@ -125,8 +125,9 @@ RankResult RunReplica(JobSpec spec, int local_rank, JobHooks* hooks, RelayClient
     return failed;
   }
   RingListener& listener = *made;
-  // Replicas that share a host (a pool's slots) each keep a run folder of their own.
-  spec.log.runs_dir += "/replica-" + std::to_string(local_rank);
+  // Replicas that share a host (a pool's slots) each keep a run folder of their own, and
+  // one that replaces a lost replica on the same slot does not write over its files.
+  spec.log.runs_dir += "/replica-" + std::to_string(replica);
   const double timeout_s = spec.distributed.timeout_s;
   RelayQuorumLink link(relay, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
   const ElasticRun elastic{&link, &listener, timeout_s, ""};
@@ -142,7 +143,8 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, R
     spec.log.progress = false;
     if (a.resume) spec.checkpoint.resume = "auto";
 #ifdef TRAINYARD_WITH_ELASTIC
-    if (a.elastic_replicas > 0 && relay) return RunReplica(std::move(spec), local_rank, hooks, *relay);
+    if (a.elastic_replicas > 0 && relay)
+      return RunReplica(std::move(spec), a.elastic_replica, local_rank, hooks, *relay);
 #else
     (void)relay;
 #endif
