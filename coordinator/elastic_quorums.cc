@@ -81,7 +81,12 @@ std::string ElasticQuorums::Join(const std::string& identity, const std::string&
     messages_.push_back({identity, DecisionFor(key, *open, StepDecision{}, replica)});
     return "";
   }
-  open->service.Join(replica, {join.ring_host(), join.ring_port()}, join.committed_step(), now);
+  if (open->service.Join(replica, {join.ring_host(), join.ring_port()}, join.committed_step(), now)) {
+    const Quorum& current = *open->service.current();  // it is in it: told again
+    messages_.push_back(
+        {identity, DecisionFor(key, *open, StepDecision{0, current.step, false, "", current}, replica)});
+    return "";
+  }
   open->waiting[replica] = Waiting{identity, false, 0, 0};
   Settle(key, *open, now);
   return "";

@@ -22,10 +22,20 @@ bool QuorumService::IsMember(const std::string& replica) const {
          gone_.count(replica) == 0;
 }
 
-void QuorumService::Join(const std::string& replica, const ReplicaAddress& ring, int64_t committed_step, double now) {
-  if (IsMember(replica)) gone_.insert(replica);  // a new process: the old one left the step
+bool QuorumService::Join(const std::string& replica, const ReplicaAddress& ring, int64_t committed_step, double now) {
+  if (IsMember(replica)) {
+    Replica& known = replicas_.at(replica);
+    // The same process (its ring's address), at the quorum's step, that missed the news
+    // of the quorum it is in: it is one of its members still.
+    if (known.ring == ring && committed_step == current_->step - 1 && !votes_.count(replica)) {
+      known.last_heard = now;
+      return true;
+    }
+    gone_.insert(replica);  // a new process: the old one left the step
+  }
   replicas_[replica] = Replica{ring, committed_step, now, now};
   DecideIfDue(now);
+  return false;
 }
 
 VoteAnswer QuorumService::Beat(const std::string& replica, uint64_t quorum_id, double now) {

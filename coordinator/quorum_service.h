@@ -94,8 +94,11 @@ class QuorumService {
   QuorumService(Options options, uint64_t last_id);
 
   // `replica` joins (again: a replica back after a failure), reachable at `ring`, having
-  // committed step `committed_step` (0: none). Out of any quorum until the next one forms.
-  void Join(const std::string& replica, const ReplicaAddress& ring, int64_t committed_step, double now);
+  // committed step `committed_step` (0: none). Out of any quorum until the next one forms,
+  // unless it is a member of the current one that has not voted, at the same ring address
+  // and at its step (the same process, which missed the news of it): true then, and it
+  // stays a member.
+  bool Join(const std::string& replica, const ReplicaAddress& ring, int64_t committed_step, double now);
   // A beat from `replica` naming the quorum it holds; kFenced if its view is old.
   VoteAnswer Beat(const std::string& replica, uint64_t quorum_id, double now);
   // `replica`'s vote on `step` of quorum `quorum_id`; kFenced if it is not one of the

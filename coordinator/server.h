@@ -318,6 +318,9 @@ class Server : private SearchLoop, private LaunchLoop {
   // A replica of an elastic attempt ended (its lead's result, or its rank lost): it leaves
   // the quorum, its slot is free, and once every replica has ended so does the attempt,
   // succeeded if one did (RunningAttempt::elastic).
+  // The agent of `slot`, whose replica of `attempt` was ended when the agent was lost,
+  // registered again still running it: the replica is one of the attempt's again.
+  void ReplicaBack(RunningAttempt& attempt, const RankKey& slot);
   void ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Outcome end, const std::string& message,
                     const std::string& summary_json);
   void Tick();

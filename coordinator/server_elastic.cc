@@ -112,6 +112,19 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
                                                : Retry::kCounted);
 }
 
+// Its agent was lost (a cut link, a stall) and registers again with the replica still
+// running: the replica is the attempt's again. Its quorum let it go, so its next message
+// names an old view, is fenced, and it joins again to be healed; nothing it did while
+// away commits.
+void Server::ReplicaBack(RunningAttempt& attempt, const RankKey& slot) {
+  if (attempt.replica_succeeded || !quorums_->IsOpen(attempt.job, attempt.attempt)) return;
+  attempt.finished.erase(slot);
+  store_->AddEvent(attempt.job,
+                   "replica " + std::to_string(ReplicaNumber(attempt, slot)) + " on " + DescribeRank(slot) +
+                       " is back after its agent was lost; it joins the quorum again",
+                   Now());
+}
+
 void Server::AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) {
   const std::optional<JobRecord> job = store_->Find(attempt.job);
   if (!job) return;

@@ -212,7 +212,10 @@ void Server::OnRegister(const std::string& identity, const std::string& worker_k
     spdlog::info("{} registered (slot {} on {}, {}, pid {}{})", DescribeRank(key), entry.info.slot(), entry.info.host(),
                  entry.info.device(), entry.info.pid(), entry.job ? ", running job " + std::to_string(entry.job) : "");
   RunningAttempt* running = running_.Find(entry.job, entry.attempt);
-  if (running && std::count(running->slots.begin(), running->slots.end(), key)) NoteAdoption(running, key);
+  if (running && std::count(running->slots.begin(), running->slots.end(), key)) {
+    NoteAdoption(running, key);
+    if (running->elastic && running->adopted && running->finished.count(key)) ReplicaBack(*running, key);
+  }
   SendStopIfStale(entry);
   if (entry.job == 0) launcher_->RankIdle(key);
   Send(identity, [] {

@@ -241,6 +241,21 @@ TEST_F(ElasticQuorumsTest, AStepThatKeepsFailingGivesUpAndSaysSoToEveryone) {
   EXPECT_TRUE(Sent().at("id-a:0").step_decision().over());
 }
 
+// A member's join again as the same process (its quorum's news lost on the way) is
+// answered with the quorum it is in.
+TEST_F(ElasticQuorumsTest, AMemberJoiningAgainIsToldItsQuorumAgain) {
+  quorums_->Open(job_, kAttempt, Policy(2, 2));
+  Join("a:0", 7001, 0);
+  Join("b:0", 7002, 0);
+  const uint64_t quorum = Sent().at("id-b:0").step_decision().next().id();
+  Join("b:0", 7002, 0.5);
+  const wire::StepDecision again = Sent().at("id-b:0").step_decision();
+  ASSERT_TRUE(again.has_next());
+  EXPECT_EQ(again.next().id(), quorum);
+  EXPECT_EQ(again.next().position(), 1);
+  EXPECT_FALSE(again.next().ring_secret().empty());
+}
+
 // A replica took the last step (Finish): a replica still waiting to join is told the
 // steps are over, and so is one that joins later; the lost state's give-up is an event.
 TEST_F(ElasticQuorumsTest, FinishTellsWaitingJoinersTheStepsAreOver) {

@@ -170,6 +170,24 @@ TEST(QuorumServiceTest, AMemberBackAsANewProcessFailsItsStepAndIsHealedInTheRetr
   EXPECT_EQ(d.next->heals[0].target, "b");
 }
 
+// A member that joins again as the same process (same ring address, at the quorum's
+// step, not yet voted) missed the news of its quorum: it stays a member, and the step
+// goes on. One that has voted, or comes from another address, is a new process.
+TEST(QuorumServiceTest, AMemberThatMissedItsQuorumStaysInIt) {
+  QuorumService q(Policy(2, 2), 0);
+  q.Join("a", Ring(1), 4, 0);
+  q.Join("b", Ring(2), 4, 0);
+  const Quorum first = *OnlyDecision(q, 0.5).next;
+  EXPECT_TRUE(q.Join("b", Ring(2), 4, 1));
+  q.Vote("a", first.id, 5, true, 1.2);
+  q.Vote("b", first.id, 5, true, 1.3);
+  EXPECT_TRUE(OnlyDecision(q, 1.4).commit);
+  q.Vote("a", first.id, 6, true, 2);
+  EXPECT_FALSE(q.Join("a", Ring(1), 5, 2.1)) << "a has voted on step 6";
+  q.Vote("b", first.id, 6, true, 2.15);
+  EXPECT_FALSE(OnlyDecision(q, 2.2).commit) << "a left the step";
+}
+
 // Below min_replicas no quorum is given (the job waits); one forms again, after the
 // furthest step committed, once enough are back.
 TEST(QuorumServiceTest, BelowTheMinimumTheJobWaitsForJoins) {

@@ -185,6 +185,19 @@ class Rig:
                     pass
             time.sleep(0.05)
 
+    def power_off(self, host):
+        """`host` goes as a power cut takes it: its link first, so that nothing it had open
+        says goodbye to its peers (no FIN, no RST), then every process on it. Its disk stays."""
+        self.link(host, up=False)
+        self.kill(host, None)
+
+    def power_on(self, host):
+        """`host` boots again after power_off: the same name, address and disk, its link up
+        and its sshd running, and nothing else."""
+        self.hold(host)
+        self.link(host, up=True)
+        self.start_sshd(host)
+
     # --- up and down ---------------------------------------------------------------------
     def __enter__(self):
         self.up()
@@ -239,9 +252,15 @@ class Rig:
         run(["ip", "-n", space, "addr", "add", f"{self.address(host)}/24", "dev", "eth0"])
         run(["ip", "-n", space, "link", "set", "eth0", "up"])
         run(["ip", "-n", space, "link", "set", "lo", "up"])
-        # The process holding the host's UTS and mount namespaces (and sitting in its network
-        # namespace): its pid is how everything else enters the host.
+        self.hold(host)
+
+    def hold(self, host):
+        """Starts the process holding `host`'s UTS and mount namespaces (and sitting in its
+        network namespace): its pid is how everything else enters the host."""
+        space = self.namespace(host)
         pid_file = os.path.join(self.shared, f"init-{host}")
+        if os.path.exists(pid_file):
+            os.remove(pid_file)
         # /dev is the machine's, bound read-only: its devices work as ever, but nothing on a
         # host can unlink or replace one (a /dev/null replaced by a regular file breaks every
         # process on the machine that reads or writes it).

@@ -160,6 +160,7 @@ void PoolAgent::Begin(const Assignment& assignment) {
   output_.job = assignment.job_id;
   output_.attempt = assignment.attempt;
   quorum_outbox_.clear();
+  quorum_awaiting_.clear();
   quorum_answers_.clear();
   stop_preempt_ = false;
   stop_grace_s_ = 0;
@@ -255,6 +256,7 @@ void PoolAgent::SendToQuorum(const wire::Envelope& message) {
   else
     return;
   quorum_outbox_.push_back(Serialize(e));
+  if (!e.has_replica_beat()) quorum_awaiting_ = quorum_outbox_.back();
 }
 
 std::vector<std::string> PoolAgent::TakeQuorumAnswers() {
@@ -268,6 +270,7 @@ std::vector<std::string> PoolAgent::TakeQuorumAnswers() {
 void PoolAgent::KeepQuorumAnswer(const wire::Envelope& answer, int64_t job, int attempt) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (job != job_id_ || attempt != attempt_) return;
+  quorum_awaiting_.clear();
   quorum_answers_.push_back(Serialize(answer));
   if (quorum_answers_.size() > kMaxQuorumAnswers) quorum_answers_.pop_front();
 }
@@ -393,7 +396,8 @@ void PoolAgent::Register(Link& link) {
   reg->set_attempt(attempt_);
   link.Send(Serialize(e));
   for (const auto& [key, bytes] : unacked_) link.Send(bytes);
-  output_.in_flight_end = 0;  // sent again by the next round
+  if (!quorum_awaiting_.empty()) link.Send(quorum_awaiting_);  // answered again, or fenced
+  output_.in_flight_end = 0;                                   // sent again by the next round
 }
 
 void PoolAgent::Handle(Link& link, const wire::Envelope& in) {

@@ -194,7 +194,10 @@ class PoolAgent {
     Clock::time_point sent_at{};
   };
   OutputStream output_;
-  std::deque<std::string> quorum_outbox_;   // a replica's messages, not yet sent
+  std::deque<std::string> quorum_outbox_;  // a replica's messages, not yet sent
+  // Its last join or vote, until an answer comes: sent again after a registration, since
+  // one sent while the coordinator had let this agent go was refused unanswered.
+  std::string quorum_awaiting_;
   std::deque<std::string> quorum_answers_;  // the coordinator's answers, for the job
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stop_preempt_{false};
