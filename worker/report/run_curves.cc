@@ -82,6 +82,12 @@ void RunCurves::AddStep(const nlohmann::json& line) {
   if (std::isnan(step)) return;
   train_loss_.emplace_back(step, number("loss"));
   learning_rate_.emplace_back(step, number("lr"));
+  const double replicas = number("replicas");
+  if (std::isnan(replicas)) return;
+  const int now = static_cast<int>(replicas);
+  if (replicas_ != 0 && now != replicas_)
+    membership_.push_back({step, std::to_string(replicas_) + " -> " + std::to_string(now) + " replicas"});
+  replicas_ = now;
 }
 
 void RunCurves::AddEvaluation(const nlohmann::json& line) {
@@ -111,6 +117,7 @@ std::vector<ChartPanel> RunCurves::Panels(const std::vector<EpochRow>& rows) con
   ChartPanel lr = StepPanel("learning rate", "lr");
   lr.y_scale = AxisScale::kLinear;
   if (!learning_rate_.empty()) lr.series.push_back({"lr", Thinned(learning_rate_)});
+  for (ChartPanel* panel : {&loss, &metrics, &lr}) panel->marks = membership_;
   ChartPanel speed = EpochPanel(rows, "throughput", "samples / s");
   speed.series.push_back(EpochSeries(rows, "train", [](const EpochRow& r) { return r.samples_per_s; }));
   return {loss, metrics, lr, StepTimePanel(rows), speed};

@@ -17,7 +17,8 @@ namespace trainyard {
 
 class RunCurves {
  public:
-  // A steps.jsonl line: its "loss" and "lr" at its "step".
+  // A steps.jsonl line: its "loss" and "lr" at its "step". An elastic job's line names
+  // its quorum's size ("replicas"): where that changes, the step panels mark it.
   void AddStep(const nlohmann::json& line);
   // An evals.jsonl line. Only the dev set's ("split": "eval") are drawn: the test split is
   // evaluated once, at the end, and summary.json has it.
@@ -36,6 +37,8 @@ class RunCurves {
  private:
   using Points = std::vector<std::pair<double, double>>;
   Points train_loss_, learning_rate_;
+  int replicas_ = 0;                                 // the last step's quorum size; 0: none named
+  std::vector<ChartMark> membership_;                // where it changed: "3 -> 2 replicas"
   std::vector<std::pair<std::string, Points>> dev_;  // by metric ("eval_f1"), in first-seen order
 };
 

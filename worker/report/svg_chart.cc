@@ -158,6 +158,25 @@ std::string DrawSeries(const Frame& f, const Axis& x, const Axis& y, const Chart
   return out;
 }
 
+// Each mark a dashed line; labelled while few enough to read (the first kLabelledMarks).
+std::string DrawMarks(const Frame& f, const Axis& x, const ChartPanel& panel) {
+  constexpr size_t kLabelledMarks = 12;
+  std::string out;
+  for (size_t i = 0; i < panel.marks.size(); ++i) {
+    const ChartMark& mark = panel.marks[i];
+    if (!Usable(mark.x, x.log) || mark.x < x.lo || mark.x > x.hi) continue;
+    const double px = f.X(x, mark.x);
+    out += fmt::format(
+        "<line x1='{0:.1f}' y1='{1:.1f}' x2='{0:.1f}' y2='{2:.1f}' stroke='#d62728' "
+        "stroke-dasharray='4 3'><title>{3}</title></line>\n",
+        px, f.y0, f.y1, XmlEscape(mark.label));
+    if (panel.marks.size() <= kLabelledMarks)
+      out += fmt::format("<text x='{:.1f}' y='{:.1f}' font-size='10' fill='#d62728'>{}</text>\n", px + 3,
+                         f.y0 + 10 + 11 * double(i % 3), XmlEscape(mark.label));
+  }
+  return out;
+}
+
 std::string DrawPanel(const ChartPanel& panel, int top, int width, int height) {
   std::vector<double> xs, ys;
   for (const auto& s : panel.series)
@@ -170,7 +189,7 @@ std::string DrawPanel(const ChartPanel& panel, int top, int width, int height) {
   const Frame f{double(kLeft), double(width - kRight), double(top + kTop), double(top + height - kBottom)};
   std::string out = fmt::format("<text x='{}' y='{}' font-size='14' font-weight='bold'>{}</text>\n", kLeft, top + 22,
                                 XmlEscape(panel.title));
-  return out + DrawAxes(f, x, y, panel) + DrawSeries(f, x, y, panel);
+  return out + DrawAxes(f, x, y, panel) + DrawSeries(f, x, y, panel) + DrawMarks(f, x, panel);
 }
 
 }  // namespace

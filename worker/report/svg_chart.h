@@ -22,11 +22,19 @@ struct ChartSeries {
   std::vector<std::pair<double, double>> points;
 };
 
+// Something that happened at `x` (a membership change of an elastic job's replicas): a
+// dashed vertical line across the panel, labelled at its top.
+struct ChartMark {
+  double x = 0;
+  std::string label;
+};
+
 struct ChartPanel {
   std::string title, x_label, y_label;
   AxisScale x_scale = AxisScale::kLinear, y_scale = AxisScale::kAuto;
   std::vector<double> x_ticks;  // where given (batch sizes, epochs), these instead of computed ones
   std::vector<ChartSeries> series;
+  std::vector<ChartMark> marks;  // drawn where inside the x axis's range
 };
 
 // Tick positions: for a linear axis about `target` round values (1, 2 or 5 times a power

@@ -67,6 +67,31 @@ TEST(RunCurvesTest, AOneEpochRunDrawsItsLoggedStepsAndEveryDevEvaluationOverStep
   EXPECT_NE(svg.find("optimizer step"), std::string::npos);
 }
 
+// An elastic job's steps name their quorum's size: each change is marked on the step
+// panels, at the first step taken with the new size, and drawn as a dashed line.
+TEST(RunCurvesTest, AnElasticJobsMembershipChangesAreMarkedOnTheStepPanels) {
+  RunCurves curves;
+  const int replicas[] = {3, 3, 2, 2, 2, 3, 3};
+  for (int step = 1; step <= 7; ++step)
+    curves.AddStep({{"step", step}, {"loss", 1.0}, {"lr", 1e-3}, {"replicas", replicas[step - 1]}});
+  const std::vector<ChartPanel> panels = curves.Panels({OneEpoch(1, 7, 1.0)});
+  for (int panel : {0, 1, 2}) {
+    ASSERT_EQ(panels[panel].marks.size(), 2u) << panels[panel].title;
+    EXPECT_EQ(panels[panel].marks[0].x, 3);
+    EXPECT_EQ(panels[panel].marks[0].label, "3 -> 2 replicas");
+    EXPECT_EQ(panels[panel].marks[1].x, 6);
+    EXPECT_EQ(panels[panel].marks[1].label, "2 -> 3 replicas");
+  }
+  EXPECT_TRUE(panels[3].marks.empty()) << "an epoch panel";
+  const std::string svg = curves.Render({OneEpoch(1, 7, 1.0)});
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);
+  EXPECT_NE(svg.find("2 -&gt; 3 replicas"), std::string::npos);
+
+  RunCurves plain;  // no quorum named: no marks
+  for (int step = 1; step <= 3; ++step) plain.AddStep({{"step", step}, {"loss", 1.0}, {"lr", 1e-3}});
+  EXPECT_TRUE(plain.Panels({OneEpoch(1, 3, 1.0)})[0].marks.empty());
+}
+
 TEST(RunCurvesTest, WithoutLoggedStepsTheTrainLossIsEachEpochsAtTheStepThatEndedIt) {
   RunCurves curves;
   const std::vector<ChartPanel> panels = curves.Panels({OneEpoch(1, 7, 0.9), OneEpoch(2, 7, 0.5)});

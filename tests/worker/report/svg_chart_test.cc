@@ -59,7 +59,8 @@ TEST(SvgChart, SeriesColoursNeverRepeatWithinAPanel) {
 }
 
 TEST(SvgChart, PanelsHaveTicksLabelsLegendAndEscapedText) {
-  ChartPanel panel{"a <b> & 'c'", "batch size", "sequences / s", AxisScale::kLog, AxisScale::kAuto, {1, 2, 4, 8}, {}};
+  ChartPanel panel{
+      "a <b> & 'c'", "batch size", "sequences / s", AxisScale::kLog, AxisScale::kAuto, {1, 2, 4, 8}, {}, {}};
   for (int s = 0; s < 12; ++s)
     panel.series.push_back({"seq_len " + std::to_string(s), {{1, 10.0 + s}, {8, 5000.0 + s}}});
   const std::string svg = RenderChart({panel});
