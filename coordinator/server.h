@@ -373,6 +373,8 @@ class Server : private SearchLoop, private LaunchLoop {
   void StopRanks(const RunningAttempt& attempt, const std::string& reason);
   void WriteEpochFiles(int64_t job);
   void NoteAdoption(RunningAttempt* attempt, const RankKey& slot);
+  // `attempt` runs again as the coordinator's, `how` saying with what (its events).
+  void Adopt(RunningAttempt* attempt, const std::string& how);
   void SendStopIfStale(const RankEntry& rank);
   // The running attempt this rank belongs to and whose result it has not sent; null if none.
   RunningAttempt* AttemptAwaiting(const RankKey& key) { return running_.Awaiting(key); }

@@ -137,9 +137,14 @@ void Server::NoteAdoption(RunningAttempt* attempt, const RankKey& slot) {
   attempt->present.insert(slot);
   for (const RankKey& s : attempt->slots)
     if (!attempt->present.count(s)) return;
+  Adopt(attempt, "");
+}
+
+void Server::Adopt(RunningAttempt* attempt, const std::string& how) {
   attempt->adopted = true;
   store_->AddEvent(attempt->job,
-                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart", Now());
+                   "attempt " + std::to_string(attempt->attempt) + " re-adopted after a coordinator restart" + how,
+                   Now());
   spdlog::info("job {} attempt {} re-adopted", attempt->job, attempt->attempt);
   if (attempt->preempted_by != 0) SendPreemptStop(*attempt);  // the stop may not have reached it
   if (attempt->search_stop_at != 0) SendSearchStop(*attempt);
@@ -477,7 +482,10 @@ void Server::CheckAttemptsStarted() {
   for (auto& [id, attempt] : running_) {
     if (!launcher_->Started(attempt)) continue;
     if (listening_.Now() - attempt.started_listening < options_.grace_s) continue;
-    if (!attempt.adopted) {
+    if (!attempt.adopted && attempt.elastic && !attempt.present.empty()) {
+      // An elastic attempt goes on with the replicas that came back; the rest end below.
+      Adopt(&attempt, " with " + std::to_string(attempt.present.size()) + " of its replicas");
+    } else if (!attempt.adopted) {
       abandoned.emplace_back(id, "its ranks did not come back within " + std::to_string(int(options_.grace_s)) +
                                      " s of a coordinator restart");
       continue;
@@ -501,7 +509,9 @@ void Server::CheckAttemptsStarted() {
   for (const auto& [id, slot] : replicas_not_started)
     if (RunningAttempt* attempt = running_.Find(id))
       ReplicaEnded(*attempt, slot, wire::OUTCOME_FAILED,
-                   "did not start its replica within " + std::to_string(int(options_.grace_s)) + " s", "");
+                   "was not running its replica " + std::to_string(int(options_.grace_s)) +
+                       " s after its start or a coordinator restart",
+                   "");
 }
 
 void Server::ScheduleQueued(double now) {

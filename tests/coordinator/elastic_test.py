@@ -9,13 +9,19 @@ live replica, and takes every step from there with the others. The job succeeds 
 one attempt, with no restart and no checkpoint read: every step in a survivor's
 steps.jsonl exactly once, two replicas in the step after the kill and three again once
 the replacement is in, the replacement's final weights equal to the survivors' bit for
-bit, each epoch row once, and the membership changes in the job's events."""
+bit, each epoch row once, and the membership changes in the job's events.
+
+coordinator_restart: the coordinator is killed (kill -9) mid-run and started again. The
+replicas' agents register again, the attempt is re-adopted with its replicas, whose
+quorum forms again from the store's ids, and the job succeeds as its one attempt, each
+replica the same process throughout with every step once."""
 import glob
 import hashlib
 import json
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case  # noqa: E402
@@ -46,10 +52,9 @@ def trained_state(folder, step):
     return digest.hexdigest()
 
 
-def replica_lost(c, work):
-    c.start(3)
-    train = subset_tsv(work, EXAMPLES)
-    job = write(os.path.join(work, "elastic.yaml"), job_yaml("elastic", train, """train:
+def elastic_job(work):
+    """Three replicas (two at least) of a job of 2 epochs of 10 steps, pausing 400 ms a step."""
+    return write(os.path.join(work, "elastic.yaml"), job_yaml("elastic", subset_tsv(work, EXAMPLES), """train:
   epochs: 2
   batch_size: 8
 distributed:
@@ -60,12 +65,23 @@ distributed:
 debug:
   step_pause_ms: 400
 """))
-    job_id = c.submit(job)
+
+
+def three_replicas_training(c, work):
+    """Starts a pool of three and the job; (its id, its replica processes' pids) once a
+    replica has committed three steps."""
+    c.start(3)
+    job_id = c.submit(elastic_job(work))
     c.wait_state(job_id, ["RUNNING"], 60)
     wait_for(lambda: any(len(lines) >= 3 for lines in replica_steps(c.runs, job_id).values()), 120,
              "three steps committed")
     pids = wait_for(lambda: (lambda p: p if len(p) == 3 else None)(job_process_pids(c.args.worker, c.pool.pid)), 30,
                     "three replica processes")
+    return job_id, pids
+
+
+def replica_lost(c, work):
+    job_id, pids = three_replicas_training(c, work)
     os.kill(pids[0], signal.SIGKILL)
     killed_at = max(len(lines) for lines in replica_steps(c.runs, job_id).values())
     done = c.wait_state(job_id, ["SUCCEEDED", "FAILED"], 240)
@@ -96,5 +112,28 @@ debug:
     check("replica 3 starts on" in events and "healed from" in events, f"the replacement and its heal: {events}")
     check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
 
+
+def coordinator_restart(c, work):
+    job_id, pids = three_replicas_training(c, work)
+    c.coordinator.send_signal(signal.SIGKILL)
+    c.coordinator.wait()
+    time.sleep(2)
+    c.start_coordinator()
+    done = c.wait_state(job_id, ["SUCCEEDED", "FAILED"], 240)
+    events = "\n".join(done.get("events", []))
+    check(done["state"] == "SUCCEEDED", f"the job succeeded across the coordinator's restart: {done}\n{events}")
+    check(len(c.jobctl("report", str(job_id))["attempts"]) == 1, "one attempt, re-adopted")
+    check("re-adopted after a coordinator restart" in events, f"the re-adoption is an event: {events}")
+    total = 2 * (EXAMPLES // 24)
+    runs = replica_steps(c.runs, job_id)
+    for lines in runs.values():
+        steps = [line["step"] for line in lines]
+        check(steps == list(range(1, total + 1)), f"each replica took every step once, in order: {steps}")
+    check(len(runs) == 3, f"the three replicas went on as the same processes: {sorted(runs)}")
+    check(all(os.path.exists(f"/proc/{pid}") is False for pid in pids), "and have ended")
+    check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
+
+
 if __name__ == "__main__":
-    run_case({"replica_lost": on_cluster(replica_lost)}, flags=POOL_FLAGS, description=__doc__)
+    run_case({"replica_lost": on_cluster(replica_lost), "coordinator_restart": on_cluster(coordinator_restart)},
+             flags=POOL_FLAGS, description=__doc__)

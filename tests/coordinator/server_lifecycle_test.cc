@@ -532,6 +532,32 @@ TEST_F(ServerLifecycleTest, ARestartedCoordinatorReadoptsTheAttemptWhenItsRanksC
   EXPECT_TRUE(Sent(wire::Envelope::kAssign).empty()) << "it was never started twice";
 }
 
+// An elastic attempt is re-adopted with the replicas that come back after a restart:
+// the one that does not is ended alone, and the attempt goes on.
+TEST_F(ServerLifecycleTest, ARestartedCoordinatorReadoptsAnElasticAttemptWithTheReplicasThatCameBack) {
+  Start();
+  for (const Agent* agent : {&a_, &b_}) Register(*agent);
+  const int64_t job = SubmitFile(kElasticJob);
+  ASSERT_GT(job, 0);
+  server_->Step(0);
+  Pass(1, Beating({&a_, &b_}, job, 1));
+  server_.reset();
+  sent_.clear();
+  Start();
+  Register(a_, job, 1);
+  Pass(8, Beating({&a_}, job, 1));
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "a's replica goes on";
+  ASSERT_EQ(Attempts(job).size(), 1u);
+  std::string events;
+  const wire::ReportReply report = Report(job);
+  for (const std::string& event : report.job().events()) events += event + "\n";
+  EXPECT_NE(events.find("re-adopted after a coordinator restart with 1 of its replicas"), std::string::npos) << events;
+  EXPECT_NE(events.find("replica agent agent-b ended (failed): was not running its replica"), std::string::npos)
+      << events;
+  Result(a_, job, 1, wire::OUTCOME_SUCCEEDED);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_SUCCEEDED);
+}
+
 // Note [History retention]: under --keep-history a job that ended long enough ago is
 // forgotten (its status is gone, its run folder stays), while /metrics still counts it.
 TEST_F(ServerLifecycleTest, KeepHistoryForgetsAnOldJobButNotItsTotals) {
