@@ -9,7 +9,8 @@ ElasticReplica::ElasticReplica(RingListener& listener, QuorumLink& link, Elastic
     : listener_(listener), link_(link), model_(std::move(model)), ring_options_(std::move(ring_options)) {}
 
 int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
-  std::optional<QuorumView> view = link_.Join(committed);
+  const std::function<bool()> stop = model_.stop_requested ? model_.stop_requested : std::function<bool()>();
+  std::optional<QuorumView> view = link_.Join(committed, stop);
   std::vector<float> gradient;  // reused: each step refills it
   while (view && committed < last) {
     if (model_.stop_requested && model_.stop_requested()) {
@@ -24,8 +25,9 @@ int64_t ElasticReplica::RunUntil(int64_t committed, int64_t last) {
     } else {
       ++retried_;
     }
-    view = verdict.next ? std::move(verdict.next) : link_.Join(committed);  // left out: join again
+    view = verdict.next ? std::move(verdict.next) : link_.Join(committed, stop);  // left out: join again
   }
+  if (!view && stop && stop()) stopped_ = true;  // asked while it waited for a quorum
   ring_.reset();
   return committed;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -40,8 +41,9 @@ class QuorumLink {
  public:
   virtual ~QuorumLink() = default;
   // Joins, having committed `committed_step`; the first quorum that includes it, or
-  // nullopt if none will (the job gave up, or its time ran out).
-  virtual std::optional<QuorumView> Join(int64_t committed_step) = 0;
+  // nullopt if none will (the job gave up, or its time ran out), or once `stop` (if set,
+  // asked at least every half second while it waits) says the replica is to stop.
+  virtual std::optional<QuorumView> Join(int64_t committed_step, const std::function<bool()>& stop) = 0;
   // Votes on `step` of quorum `id` (`why`: why not ok, for the job's events); the decision.
   virtual StepVerdict Vote(uint64_t id, int64_t step, bool ok, const std::string& why) = 0;
 };

@@ -31,14 +31,16 @@ void RelayQuorumLink::SendJoin(int64_t committed_step) {
   relay_.SendQuorumMessage(e);
 }
 
-std::optional<QuorumView> RelayQuorumLink::Join(int64_t committed_step) {
+std::optional<QuorumView> RelayQuorumLink::Join(int64_t committed_step, const std::function<bool()>& stop) {
+  constexpr double kStopCheckS = 0.5;
   if (over_) return std::nullopt;
   const auto start = Clock::now();
   SendJoin(committed_step);
   auto last_beat = Clock::now();
   while (SecondsSince(start) < options_.join_timeout_s) {
-    const double wait = std::max(
-        0.0, std::min(options_.beat_s - SecondsSince(last_beat), options_.join_timeout_s - SecondsSince(start)));
+    if (stop && stop()) return std::nullopt;
+    const double wait = std::max(0.0, std::min({options_.beat_s - SecondsSince(last_beat),
+                                                options_.join_timeout_s - SecondsSince(start), kStopCheckS}));
     if (const std::optional<wire::Envelope> answer = relay_.AwaitQuorumAnswer(wait)) {
       if (answer->has_fenced()) {  // dropped as a silent joiner, or a beat named an old quorum
         SendJoin(committed_step);

@@ -32,7 +32,7 @@ struct RelayQuorumOptions {
 class RelayQuorumLink : public QuorumLink {
  public:
   RelayQuorumLink(RelayClient& relay, RelayQuorumOptions options) : relay_(relay), options_(std::move(options)) {}
-  std::optional<QuorumView> Join(int64_t committed_step) override;
+  std::optional<QuorumView> Join(int64_t committed_step, const std::function<bool()>& stop) override;
   StepVerdict Vote(uint64_t id, int64_t step, bool ok, const std::string& why) override;
   // Whether the coordinator said the attempt's steps are over (they gave up).
   bool over() const { return over_; }

@@ -65,7 +65,7 @@ class InProcessQuorum {
   class Link : public QuorumLink {
    public:
     Link(InProcessQuorum& q, std::string name, int port) : q_(q), name_(std::move(name)), port_(port) {}
-    std::optional<QuorumView> Join(int64_t committed_step) override {
+    std::optional<QuorumView> Join(int64_t committed_step, const std::function<bool()>& /*stop*/) override {
       std::unique_lock<std::mutex> lock(q_.mutex_);
       const size_t from = q_.decisions_.size();
       q_.service_.Join(name_, {"127.0.0.1", port_}, committed_step, SteadySeconds());

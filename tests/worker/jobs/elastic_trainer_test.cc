@@ -138,7 +138,9 @@ class MortalLink : public QuorumLink {
  public:
   explicit MortalLink(int64_t die_at) : die_at_(die_at) {}
   void Wrap(QuorumLink& link) { link_ = &link; }
-  std::optional<QuorumView> Join(int64_t committed) override { return link_->Join(committed); }
+  std::optional<QuorumView> Join(int64_t committed, const std::function<bool()>& stop) override {
+    return link_->Join(committed, stop);
+  }
   StepVerdict Vote(uint64_t id, int64_t step, bool ok, const std::string& why) override {
     if (step == die_at_) throw Died{};
     return link_->Vote(id, step, ok, why);

@@ -135,7 +135,7 @@ class RelayQuorumLinkTest : public ::testing::Test {
 // replica's ring address; beats follow while it waits; a decision for another attempt is
 // not relayed; the first quorum comes back as the replica's view of it.
 TEST_F(RelayQuorumLinkTest, AJoinIsSignedByTheAgentBeatsWhileItWaitsAndGetsItsQuorum) {
-  auto joined = std::async(std::launch::async, [this] { return link_->Join(3); });
+  auto joined = std::async(std::launch::async, [this] { return link_->Join(3, {}); });
   const std::optional<wire::Envelope> join = coordinator_.Next(wire::Envelope::kReplicaJoin, milliseconds(5000));
   ASSERT_TRUE(join);
   const wire::ReplicaJoin& j = join->replica_join();
@@ -210,7 +210,7 @@ TEST_F(RelayQuorumLinkTest, AVoteGetsTheDecisionOnItsStepAndAFenceOrSilenceCommi
 // Once the coordinator says the steps are over, the join gets no quorum, and a later
 // join returns at once without asking.
 TEST_F(RelayQuorumLinkTest, StepsThatAreOverEndTheJoinAndEveryLaterOne) {
-  auto joined = std::async(std::launch::async, [this] { return link_->Join(0); });
+  auto joined = std::async(std::launch::async, [this] { return link_->Join(0, {}); });
   ASSERT_TRUE(coordinator_.Next(wire::Envelope::kReplicaJoin, milliseconds(5000)));
   coordinator_.Send([](wire::Envelope* e) {
     e->mutable_step_decision()->set_job_id(kJob), e->mutable_step_decision()->set_attempt(kAttempt);
@@ -219,8 +219,20 @@ TEST_F(RelayQuorumLinkTest, StepsThatAreOverEndTheJoinAndEveryLaterOne) {
   ASSERT_EQ(joined.wait_for(seconds(5)), std::future_status::ready);
   EXPECT_FALSE(joined.get());
   EXPECT_TRUE(link_->over());
-  EXPECT_FALSE(link_->Join(0));
+  EXPECT_FALSE(link_->Join(0, {}));
   EXPECT_FALSE(coordinator_.Next(wire::Envelope::kReplicaJoin, milliseconds(300))) << "nothing asked";
+}
+
+// A replica asked to stop while it waits for a quorum stops waiting within half a second.
+TEST_F(RelayQuorumLinkTest, AJoinEndsWhenTheReplicaIsAskedToStop) {
+  std::atomic<bool> stop{false};
+  auto joined = std::async(std::launch::async, [&] { return link_->Join(0, [&] { return stop.load(); }); });
+  ASSERT_TRUE(coordinator_.Next(wire::Envelope::kReplicaJoin, milliseconds(5000)));
+  EXPECT_EQ(joined.wait_for(milliseconds(300)), std::future_status::timeout) << "it waits for its quorum";
+  stop = true;
+  ASSERT_EQ(joined.wait_for(seconds(2)), std::future_status::ready);
+  EXPECT_FALSE(joined.get());
+  EXPECT_FALSE(link_->over()) << "the steps are not over: this replica stops";
 }
 
 }  // namespace
