@@ -1,6 +1,7 @@
 #include "coordinator/elastic_quorums.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "common/curve/curve_keys.h"
@@ -29,6 +30,12 @@ bool IsMemberOf(const Quorum& quorum, const std::string& replica) {
 }
 
 // "quorum 4 formed for step 12: a, b (b healed from a)"
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
+}
+
 std::string Formed(const Quorum& quorum) {
   std::string text = "quorum " + std::to_string(quorum.id) + " formed for step " + std::to_string(quorum.step) + ": ";
   for (size_t i = 0; i < quorum.members.size(); ++i) text += (i ? ", " : "") + quorum.members[i];
@@ -40,12 +47,15 @@ std::string Formed(const Quorum& quorum) {
 
 // What the job's events say of `decision`; "" for a step that committed in the same quorum.
 std::string EventText(const StepDecision& decision, bool over) {
+  const std::string took = " after " + Seconds(decision.took_s);
   if (decision.quorum_id == 0)
-    return decision.next ? Formed(*decision.next) : over ? decision.why + "; the steps give up" : "";
+    return decision.next ? Formed(*decision.next) + ", " + Seconds(decision.took_s) + " after the first join"
+           : over        ? decision.why + "; the steps give up"
+                         : "";
   std::string text;
   if (!decision.commit)
     text = "step " + std::to_string(decision.step) + " of quorum " + std::to_string(decision.quorum_id) +
-           " did not commit (" + decision.why + ")";
+           " did not commit" + took + " (" + decision.why + ")";
   if (decision.next && decision.next->id != decision.quorum_id)
     text += (text.empty() ? "" : "; ") + Formed(*decision.next);
   else if (!decision.next && !text.empty())

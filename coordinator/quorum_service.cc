@@ -82,9 +82,9 @@ std::vector<StepDecision> QuorumService::Advance(double now) {
     if (joined >= options_.min_replicas && (joined >= options_.max_replicas || now - first >= options_.join_window_s)) {
       std::string why;
       if (auto formed = Form(furthest + 1, now, &why))
-        decided_.push_back({0, formed->step, false, "a quorum formed", std::move(formed)});
+        decided_.push_back({0, formed->step, false, "a quorum formed", std::move(formed), now - first});
       else if (given_up_)
-        decided_.push_back({0, furthest + 1, false, why, std::nullopt});
+        decided_.push_back({0, furthest + 1, false, why, std::nullopt, now - first});
     }
   }
   return std::exchange(decided_, {});
@@ -113,7 +113,7 @@ void QuorumService::DecideIfDue(double now) {
 void QuorumService::Decide(bool commit, const std::string& why, double now) {
   const Quorum ended = *current_;
   const bool joiners_wait = MembershipChanged(ended, now);
-  StepDecision decision{ended.id, ended.step, commit, why, std::nullopt};
+  StepDecision decision{ended.id, ended.step, commit, why, std::nullopt, now - given_at_};
   const bool member_lost = !gone_.empty() || std::any_of(ended.members.begin(), ended.members.end(),
                                                          [&](const std::string& m) { return !replicas_.count(m); });
   if (commit) {

@@ -77,6 +77,9 @@ struct StepDecision {
   bool commit = false;
   std::string why;             // why not, when it did not commit
   std::optional<Quorum> next;  // the quorum of the next step (this one again on a failure); none: wait
+  // How long it took: from the quorum's giving to the decision on its step, or for a
+  // quorum formed of joiners (quorum_id 0), from the first join to it.
+  double took_s = 0;
 };
 
 enum class VoteAnswer { kCounted, kFenced };

@@ -128,7 +128,8 @@ TEST_F(ElasticQuorumsTest, JoinersHearOfTheirQuorumAndVotersOfTheirStep) {
   EXPECT_EQ(store_->LastQuorumId(job_), 1u);
   const auto events = quorums_->TakeEvents();
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].text, "quorum 1 formed for step 1: w1:0, w2:0 (w2:0 healed from w1:0)");
+  EXPECT_EQ(events[0].text,
+            "quorum 1 formed for step 1: w1:0, w2:0 (w2:0 healed from w1:0), 0.5 s after the first join");
 
   EXPECT_EQ(Vote("w1:0", 1, 1, true, 1), "");
   EXPECT_TRUE(Sent().empty()) << "one vote of two decides nothing";
@@ -173,7 +174,7 @@ TEST_F(ElasticQuorumsTest, ASilentMemberIsOutAtTheDeadlineAndItsLateVoteIsFenced
   const auto events = quorums_->TakeEvents();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].text,
-            "step 1 of quorum 1 did not commit (no vote in time: b:0); quorum 2 formed for step 1: a:0");
+            "step 1 of quorum 1 did not commit after 5.0 s (no vote in time: b:0); quorum 2 formed for step 1: a:0");
 
   EXPECT_EQ(Vote("b:0", 1, 1, true, 6), "");
   sent = Sent();

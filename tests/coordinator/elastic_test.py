@@ -14,7 +14,12 @@ bit, each epoch row once, and the membership changes in the job's events.
 coordinator_restart: the coordinator is killed (kill -9) mid-run and started again. The
 replicas' agents register again, the attempt is re-adopted with its replicas, whose
 quorum forms again from the store's ids, and the job succeeds as its one attempt, each
-replica the same process throughout with every step once."""
+replica the same process throughout with every step once.
+
+all_lost: every replica's process is killed at once, past a checkpoint. The attempt fails
+(no live replica holds the state), and the next attempt's replicas resume from their own
+checkpoints and form their first quorum at the step after them: every step once in each
+replica's steps.jsonl, each epoch row once."""
 import glob
 import hashlib
 import json
@@ -53,10 +58,15 @@ def trained_state(folder, step):
 
 
 def elastic_job(work):
-    """Three replicas (two at least) of a job of 2 epochs of 10 steps, pausing 400 ms a step."""
+    """Three replicas (two at least) of a job of 2 epochs of 10 steps, pausing 400 ms a step
+    and checkpointing every 4."""
     return write(os.path.join(work, "elastic.yaml"), job_yaml("elastic", subset_tsv(work, EXAMPLES), """train:
   epochs: 2
   batch_size: 8
+checkpoint:
+  every_steps: 4
+resources:
+  max_restarts: 1
 distributed:
   timeout_s: 20
   elastic:
@@ -134,6 +144,31 @@ def coordinator_restart(c, work):
     check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
 
 
+
+def all_lost(c, work):
+    job_id, pids = three_replicas_training(c, work)
+    wait_for(lambda: min(len(lines) for lines in replica_steps(c.runs, job_id).values()) >= 6, 60,
+             "every replica past step 6 (a checkpoint at step 4)")
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    done = c.wait_state(job_id, ["SUCCEEDED", "FAILED"], 240)
+    report = c.jobctl("report", str(job_id))
+    events = "\n".join(done.get("events", []))
+    check(done["state"] == "SUCCEEDED", f"the job succeeded: {done}\n{events}")
+    check(len(report["attempts"]) == 2, f"every replica lost fails the attempt; the next one finishes: "
+                                        f"{report['attempts']}")
+    check("every replica ended without success" in report["attempts"][0]["outcome"], report["attempts"][0]["outcome"])
+    total = 2 * (EXAMPLES // 24)
+    runs = replica_steps(c.runs, job_id)
+    check(len(runs) == 3, f"each replica resumed in its own folder: {sorted(runs)}")
+    for lines in runs.values():
+        steps = [line["step"] for line in lines]
+        check(steps == list(range(1, total + 1)), f"every step once, the resumed ones after the checkpoint: {steps}")
+    check("quorum" in events and "formed for step 1:" not in events.split("attempt 2")[-1],
+          f"attempt 2's first quorum is at the checkpoint's step, not step 1: {events}")
+    check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
+
+
 if __name__ == "__main__":
-    run_case({"replica_lost": on_cluster(replica_lost), "coordinator_restart": on_cluster(coordinator_restart)},
-             flags=POOL_FLAGS, description=__doc__)
+    run_case({"replica_lost": on_cluster(replica_lost), "coordinator_restart": on_cluster(coordinator_restart),
+              "all_lost": on_cluster(all_lost)}, flags=POOL_FLAGS, description=__doc__)
