@@ -321,6 +321,9 @@ class Server : private SearchLoop, private LaunchLoop {
   // The agent of `slot`, whose replica of `attempt` was ended when the agent was lost,
   // registered again still running it: the replica is one of the attempt's again.
   void ReplicaBack(RunningAttempt& attempt, const RankKey& slot);
+  // Whether a result from `slot` naming replica number `replica` is from a replica of
+  // `attempt` that a later one has replaced there.
+  bool IsEarlierReplica(const RunningAttempt& attempt, const RankKey& slot, int replica) const;
   void ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Outcome end, const std::string& message,
                     const std::string& summary_json);
   void Tick();

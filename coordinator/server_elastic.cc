@@ -125,6 +125,14 @@ void Server::ReplicaBack(RunningAttempt& attempt, const RankKey& slot) {
                    Now());
 }
 
+// A result sent again after a replacement started on the slot (its first ack lost) is
+// the ended replica's, not the running one's. After a coordinator restart the numbers
+// are not known, and any result is the slot's.
+bool Server::IsEarlierReplica(const RunningAttempt& attempt, const RankKey& slot, int replica) const {
+  const auto it = attempt.replica_numbers.find(slot);
+  return it != attempt.replica_numbers.end() && replica < it->second;
+}
+
 void Server::AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) {
   const std::optional<JobRecord> job = store_->Find(attempt.job);
   if (!job) return;

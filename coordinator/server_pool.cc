@@ -356,6 +356,7 @@ void Server::OnResult(const std::string& identity, const wire::JobResult& messag
     return Refuse(identity, "a result for job " + std::to_string(message.job_id()) + " from " + DescribeRank(from) +
                                 ", which is not one of its slots");
   NoteAdoption(&attempt, from);
+  if (attempt.elastic && IsEarlierReplica(attempt, from, message.elastic_replica())) return;
   if (attempt.elastic) return ReplicaEnded(attempt, from, message.end(), message.message(), message.summary_json());
   // The lead (job rank 0's agent) ran the attempt as its own mpirun and speaks for
   // it; another slot's result only says that it is free again.

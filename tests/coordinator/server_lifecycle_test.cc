@@ -122,9 +122,11 @@ class ServerLifecycleTest : public ::testing::Test {
     report->set_rank_token(lead.rank_token());
     Deliver(lead.identity(), e);
   }
-  void Result(const Agent& agent, int64_t job, int attempt, wire::Outcome end, const std::string& text = "") {
+  void Result(const Agent& agent, int64_t job, int attempt, wire::Outcome end, const std::string& text = "",
+              int elastic_replica = 0) {
     wire::Envelope e;
     wire::JobResult* result = e.mutable_result();
+    result->set_elastic_replica(elastic_replica);
     result->set_job_id(job);
     result->set_attempt(attempt);
     result->set_end(end);
@@ -394,7 +396,7 @@ TEST_F(ServerLifecycleTest, ALostReplicaIsReplacedOnAFreeSlotAsTheAttemptsNextRe
   EXPECT_EQ(Attempts(job)[0].placement(), "agent-a:0,agent-b:0,agent-c:0");
 
   // The replacement fails too: b, free since, takes the next one once its backoff is past.
-  Result(c_, job, 1, wire::OUTCOME_FAILED, "killed again");
+  Result(c_, job, 1, wire::OUTCOME_FAILED, "killed again", 2);
   Pass(2, [&] {
     Heartbeat(a_, job, 1);
     Heartbeat(b_);
@@ -409,7 +411,10 @@ TEST_F(ServerLifecycleTest, ALostReplicaIsReplacedOnAFreeSlotAsTheAttemptsNextRe
   EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "replica 3 has not ended";
   Pass(3, Beating({&b_, &c_}));
   EXPECT_TRUE(Sent(wire::Envelope::kAssign).empty()) << "no replacement once a replica took the last step";
-  Result(b_, job, 1, wire::OUTCOME_FAILED, "no quorum takes this replica any more");
+  // Replica 1's result, sent again by b's agent (its first ack lost): not replica 3's end.
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "replica 1's result, sent again", 1);
+  EXPECT_EQ(Job(job).job_state(), wire::JOB_RUNNING) << "replica 3 runs on b";
+  Result(b_, job, 1, wire::OUTCOME_FAILED, "no quorum takes this replica any more", 3);
   EXPECT_EQ(Job(job).job_state(), wire::JOB_SUCCEEDED);
   ASSERT_EQ(Attempts(job).size(), 1u);
   std::string events;

@@ -156,6 +156,7 @@ void PoolAgent::Begin(const Assignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
   job_id_ = assignment.job_id;
   attempt_ = assignment.attempt;
+  elastic_replica_ = assignment.elastic_replica;
   output_ = OutputStream{};
   output_.job = assignment.job_id;
   output_.attempt = assignment.attempt;
@@ -176,6 +177,7 @@ void PoolAgent::Finish(const JobOutcome& outcome) {
     std::lock_guard<std::mutex> lock(mutex_);
     job = job_id_;
     attempt = attempt_;
+    result->set_elastic_replica(elastic_replica_);
     job_id_ = 0;
     attempt_ = 0;
   }

@@ -198,6 +198,7 @@ class PoolAgent {
   // Its last join or vote, until an answer comes: sent again after a registration, since
   // one sent while the coordinator had let this agent go was refused unanswered.
   std::string quorum_awaiting_;
+  int elastic_replica_ = 0;                 // the running assignment's (Assignment::elastic_replica), for its result
   std::deque<std::string> quorum_answers_;  // the coordinator's answers, for the job
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stop_preempt_{false};
