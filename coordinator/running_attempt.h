@@ -65,8 +65,7 @@ struct RunningAttempt {
   std::map<RankKey, SlotFailures> slot_failures;
   bool replica_succeeded = false;                             // one took every step
   bool replica_bad_input = false;                             // one ended on its job's bad input
-  std::map<RankKey, std::string> replica_failures;            // replicas that ended without success: why
-  wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first of them ended
+  wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first to end without success ended
   std::string first_replica_failure;                          // which it was, and why
 };
 

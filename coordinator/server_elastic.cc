@@ -85,7 +85,6 @@ void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Ou
     quorums_->Finish(attempt.job, attempt.attempt);
     SendQuorumAnswers();
   } else {
-    attempt.replica_failures[slot] = message;
     attempt.replica_bad_input = attempt.replica_bad_input || end == wire::OUTCOME_BAD_INPUT;
     RunningAttempt::SlotFailures& failures = attempt.slot_failures[slot];
     ++failures.count;

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from harness.e2e import job_yaml, subset_tsv, wait_for, write  # noqa: E402
 from harness.rig import Rig, available  # noqa: E402
-from harness.rig_pool import RigPool  # noqa: E402
+from harness.rig_pool import RigPool, pool_job_pid  # noqa: E402
 
 HOSTS = ("h2", "h3", "h4")
 
@@ -73,17 +73,6 @@ def committed(c, job):
                default=0)
 
 
-def replica_pid(c, host):
-    for pid in c.pids(host, ("worker",)):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"--pool-job" in f.read().split(b"\0"):
-                    return pid
-        except OSError:
-            pass
-    return None
-
-
 def end_job(pool, job):
     pool.jobctl("cancel", str(job))
     wait_for(lambda: pool.jobctl("status", str(job))["state"] not in ("QUEUED", "RUNNING"), 120, "the job to end")
@@ -109,7 +98,7 @@ def elastic_run(c, pool, args, name, kill_every):
             break
         host = HOSTS[victim % len(HOSTS)]
         victim += 1
-        pid = replica_pid(c, host)
+        pid = pool_job_pid(c, host)
         if pid is None:
             continue
         at_kill = committed(c, job)
@@ -144,7 +133,7 @@ def restart_run(c, pool, args):
 
     wait_for(lambda: len(lines()) >= 1, 180, "the plain job's first step")
     time.sleep(args.every)
-    victim = next((pid for pid in (replica_pid(c, h) for h in HOSTS[1:]) if pid), None)
+    victim = next((pid for pid in (pool_job_pid(c, h) for h in HOSTS[1:]) if pid), None)
     if victim is None:
         sys.exit("no rank of the plain job to kill on h3 or h4")
     before = lines()

@@ -23,7 +23,6 @@ Every case ends with the job SUCCEEDED as its one attempt, every step in the fir
 replicas' steps.jsonl once and in order, and each epoch row once. Each prints its time to
 recover. Exit 77 (skipped) where the rig cannot be made."""
 import glob
-import hashlib
 import json
 import os
 import signal
@@ -32,10 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case  # noqa: E402
-from harness.e2e import job_yaml, subset_tsv, wait_for, write  # noqa: E402
+from harness.e2e import job_yaml, subset_tsv, trained_state, wait_for, write  # noqa: E402
 from harness.pool import POOL_FLAGS  # noqa: E402
 from harness.rig import on_rig  # noqa: E402
-from harness.rig_pool import RigPool  # noqa: E402
+from harness.rig_pool import RigPool, pool_job_pid  # noqa: E402
 
 HOSTS = ("h2", "h3", "h4")
 TIMEOUT_S = 2      # the job's distributed.timeout_s
@@ -93,17 +92,6 @@ debug:
                 return lines
         return []
 
-    def replica_pid(self, host):
-        """The pid of the job process (`worker --pool-job`) on `host`; None if none runs."""
-        for pid in self.c.pids(host, ("worker",)):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"--pool-job" in f.read().split(b"\0"):
-                        return pid
-            except OSError:
-                pass
-        return None
-
     def wait_for_step(self, step):
         wait_for(lambda: all(len(self.on(h)) >= step for h in HOSTS), 180, f"three replicas past step {step}")
 
@@ -130,22 +118,12 @@ debug:
         steps = [line["step"] for line in self.on(host)]
         check(steps == list(range(1, TOTAL + 1)), f"{host}'s replica took every step once, in order: {steps}")
 
-    def trained_state(self, host, folder):
-        """A digest of a replica's last checkpoint: its weights and AdamW's moments (not
-        its RNG state, which is each replica's own)."""
-        from safetensors import safe_open
-        path = self.c.outside(host, f"runs/{self.job}/{folder}/elastic/checkpoints/step-{TOTAL:09d}.safetensors")
-        digest = hashlib.sha256()
-        with safe_open(path, "np") as f:
-            for key in sorted(f.keys()):
-                if key.startswith(("model.", "optim.")):
-                    digest.update(key.encode() + f.get_tensor(key).tobytes())
-        return digest.hexdigest()
-
     def check_equal_at_the_end(self):
         """Every replica that took the last step has the same trained state; returns them."""
         finishers = [key for key, lines in self.steps().items() if lines and lines[-1]["step"] == TOTAL]
-        states = {key: self.trained_state(*key) for key in finishers}
+        states = {(host, folder): trained_state(self.c.outside(
+            host, f"runs/{self.job}/{folder}/elastic/checkpoints/step-{TOTAL:09d}.safetensors"))
+            for host, folder in finishers}
         check(len(states) == 3 and len(set(states.values())) == 1,
               f"three replicas at the end, with the same weights and moments: {states}")
         return finishers
@@ -168,7 +146,7 @@ def run_elastic(case, min_replicas=2):
 
 def power_off(rig):
     rig.wait_for_step(5)
-    survivors = {h: rig.replica_pid(h) for h in ("h2", "h3")}
+    survivors = {h: pool_job_pid(rig.c, h) for h in ("h2", "h3")}
     rig.c.power_off("h4")
     cut = time.time()
     recovered = rig.time_to_next_step(("h2", "h3"), cut)
@@ -184,7 +162,7 @@ def power_off(rig):
     events = rig.finish()
     for host, pid in survivors.items():
         rig.check_survivor(host)
-        check(rig.replica_pid(host) in (None, pid), f"{host}'s replica was never restarted")
+        check(pool_job_pid(rig.c, host) in (None, pid), f"{host}'s replica was never restarted")
     finishers = rig.check_equal_at_the_end()
     check(("h4", "replica-3") in finishers, f"the replacement on h4 took the last step: {finishers}")
     check("healed from" in events and "replica 3 starts on" in events, f"its start and its heal: {events}")
@@ -205,7 +183,7 @@ def others_go_on(rig, case, what, since):
 
 def stopped(rig):
     rig.wait_for_step(5)
-    pid = rig.replica_pid("h3")
+    pid = pool_job_pid(rig.c, "h3")
     os.kill(pid, signal.SIGSTOP)
     stop = time.time()
     try:
@@ -242,10 +220,10 @@ def link_cut(rig):
 
 def two_lost(rig):
     rig.wait_for_step(4)
-    os.kill(rig.replica_pid("h4"), signal.SIGKILL)
+    os.kill(pool_job_pid(rig.c, "h4"), signal.SIGKILL)
     first = time.time()
     rig.time_to_next_step(("h2", "h3"), first)
-    os.kill(rig.replica_pid("h3"), signal.SIGKILL)
+    os.kill(pool_job_pid(rig.c, "h3"), signal.SIGKILL)
     second = time.time()
     recovered = rig.time_to_next_step(("h2",), second)
     print(f"two_lost: h2 committed a step {recovered:.1f} s after the second loss")

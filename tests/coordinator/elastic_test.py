@@ -21,7 +21,6 @@ all_lost: every replica's process is killed at once, past a checkpoint. The atte
 checkpoints and form their first quorum at the step after them: every step once in each
 replica's steps.jsonl, each epoch row once."""
 import glob
-import hashlib
 import json
 import os
 import signal
@@ -30,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case  # noqa: E402
-from harness.e2e import job_yaml, subset_tsv, wait_for, write  # noqa: E402
+from harness.e2e import job_yaml, subset_tsv, trained_state, wait_for, write  # noqa: E402
 from harness.pool import POOL_FLAGS, epoch_column, job_process_pids, on_cluster  # noqa: E402
 
 EXAMPLES = 240  # 2 epochs of 10 steps in global batches of 24 (8 a replica)
@@ -43,18 +42,6 @@ def replica_steps(runs, job_id):
         with open(path) as f:
             out[path] = [json.loads(line) for line in f if line.strip()]
     return out
-
-
-def trained_state(folder, step):
-    """A digest of a replica's checkpoint at `step`: its weights and AdamW's moments (not
-    its RNG state, which is each replica's own)."""
-    from safetensors import safe_open
-    digest = hashlib.sha256()
-    with safe_open(os.path.join(folder, "elastic", "checkpoints", f"step-{step:09d}.safetensors"), "np") as f:
-        for key in sorted(f.keys()):
-            if key.startswith(("model.", "optim.")):
-                digest.update(key.encode() + f.get_tensor(key).tobytes())
-    return digest.hexdigest()
 
 
 def elastic_job(work):
@@ -114,7 +101,8 @@ def replica_lost(c, work):
           list(range(joined[0]["step"], total + 1)) and all(line["replicas"] == 3 for line in joined),
           f"the replacement (replica 3) took every step after it joined, with two others: {joined}")
     finishers = [os.path.dirname(os.path.dirname(path)) for path, lines in runs.items() if lines[-1]["step"] == total]
-    finals = {os.path.basename(folder): trained_state(folder, total) for folder in finishers}
+    finals = {os.path.basename(folder): trained_state(
+        os.path.join(folder, "elastic", "checkpoints", f"step-{total:09d}.safetensors")) for folder in finishers}
     check(len(finals) == 3 and all(state == finals["replica-3"] for state in finals.values()),
           f"the healed replacement's weights and moments equal the survivors' bit for bit: {sorted(finals)}")
     check("did not commit" in events, f"the step the lost replica left is retried: {events}")

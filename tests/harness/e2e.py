@@ -252,3 +252,14 @@ def print_tails(paths, lines):
         with open(name, encoding="utf-8", errors="replace") as f:
             print(f"--- {os.path.basename(name)} (last {lines} lines)\n" + "".join(f.readlines()[-lines:]))
 
+
+def trained_state(checkpoint):
+    """A digest of a checkpoint's trained weights and AdamW's moments (its "model." and
+    "optim." tensors), leaving out its RNG state, which is each rank's or replica's own."""
+    from safetensors import safe_open
+    digest = hashlib.sha256()
+    with safe_open(checkpoint, "np") as f:
+        for key in sorted(f.keys()):
+            if key.startswith(("model.", "optim.")):
+                digest.update(key.encode() + f.get_tensor(key).tobytes())
+    return digest.hexdigest()

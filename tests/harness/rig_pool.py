@@ -82,3 +82,15 @@ class RigPool:
     def dump_logs(self):
         print_tails(self.logs, 30)
 
+
+def pool_job_pid(c, host):
+    """The pid of the job process (`worker --pool-job`, not its agent) on the rig's `host`;
+    None if none runs."""
+    for pid in c.pids(host, ("worker",)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--pool-job" in f.read().split(b"\0"):
+                    return pid
+        except OSError:
+            pass
+    return None
