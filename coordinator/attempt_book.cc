@@ -1,6 +1,7 @@
 #include "coordinator/attempt_book.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <utility>
 
@@ -18,6 +19,21 @@ std::string PlacementText(const std::vector<RankKey>& slots) {
 int ReplicaNumber(const RunningAttempt& attempt, const RankKey& slot) {
   if (const auto it = attempt.replica_numbers.find(slot); it != attempt.replica_numbers.end()) return it->second;
   return static_cast<int>(std::find(attempt.slots.begin(), attempt.slots.end(), slot) - attempt.slots.begin());
+}
+
+int LiveReplicas(const RunningAttempt& attempt) {
+  return static_cast<int>(attempt.slots.size() - attempt.finished.size());
+}
+
+bool TakesReplacements(const RunningAttempt& attempt) {
+  const int live = LiveReplicas(attempt);
+  return attempt.elastic && attempt.adopted && live > 0 && live < attempt.max_replicas && attempt.preempted_by == 0 &&
+         attempt.search_stop_at == 0 && !attempt.replica_succeeded && !attempt.replica_bad_input;
+}
+
+double ReplacementBackoffS(int failures) {
+  constexpr double kLongestS = 60;
+  return failures <= 0 ? 0 : std::min(kLongestS, std::ldexp(1.0, failures - 1));
 }
 
 bool ParsePlacement(const std::string& text, std::vector<RankKey>* slots) {

@@ -378,8 +378,17 @@ void JobViews::FillSearchReport(int64_t search_id, wire::SearchReport* out) cons
 std::string JobViews::SlurmText(int64_t id) const {
   const auto it = sources_.running.find(id);
   if (it == sources_.running.end() || it->second.slurm_job.empty()) return "";
-  const std::string& state = it->second.slurm_state.state;
-  return "job " + it->second.slurm_job + ": " + (state.empty() ? "submitted" : it->second.slurm_state.Describe());
+  const RunningAttempt& attempt = it->second;
+  const auto describe = [](const SlurmJobState& s) { return s.state.empty() ? "submitted" : s.Describe(); };
+  if (!attempt.elastic) return "job " + attempt.slurm_job + ": " + describe(attempt.slurm_state);
+  std::string text;  // each live replica's own Slurm job
+  for (const RankKey& slot : attempt.slots) {
+    if (attempt.finished.count(slot)) continue;
+    const auto state = attempt.replica_slurm_states.find(slot);
+    text += std::string(text.empty() ? "jobs " : ", ") + SlurmJobOfWorld(slot.first) + ": " +
+            describe(state == attempt.replica_slurm_states.end() ? SlurmJobState{} : state->second);
+  }
+  return text;
 }
 
 }  // namespace trainyard

@@ -46,8 +46,12 @@ class LaunchLoop {
   // Sends `job`'s Assign for `attempt` to its slot `to`.
   virtual void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) = 0;
   // Starts a replica of the elastic `attempt` on the free `slot`, in place of a lost one
-  // (Note [Replacement replicas] in pool_launcher.h).
+  // (Note [Replacement replicas] in pool_launcher.h): the slot joins the attempt, and
+  // gets its Assign now if its rank is registered and idle (else once it is: RankIdle).
   virtual void AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) = 0;
+  // The replica of the elastic `attempt` on `slot` is lost, for `reason` (its Slurm job
+  // ended before it reported): it ends as failed.
+  virtual void ReplicaLost(RunningAttempt& attempt, const RankKey& slot, const std::string& reason) = 0;
   // Ends `job`'s running attempt as failed or interrupted, requeueing it as `retry` and
   // its restarts allow.
   virtual void FailAttempt(int64_t job, const std::string& reason, Retry retry) = 0;
@@ -88,6 +92,11 @@ class Launcher {
   virtual bool DefersEnd(RunningAttempt* attempt, const RankKey& from, wire::Outcome end, const std::string& reason) {
     (void)attempt, (void)from, (void)end, (void)reason;
     return false;
+  }
+  // The replica of the elastic `attempt` on `slot` has ended with `end`: what it holds
+  // outside the loop is given back unless it succeeded.
+  virtual void ReplicaEnded(const RunningAttempt& attempt, const RankKey& slot, wire::Outcome end) {
+    (void)attempt, (void)slot, (void)end;
   }
   // `attempt` has ended with `outcome`: what it holds outside the loop is given back.
   virtual void Ended(const RunningAttempt& attempt, wire::Outcome outcome) { (void)attempt, (void)outcome; }

@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -34,19 +33,14 @@ void PoolLauncher::Schedule(double now) {
 
 void PoolLauncher::ReplaceLostReplicas(double now) {
   std::vector<RunningAttempt*> short_of;
-  for (auto& [id, attempt] : sources_.running) {
-    const int live = static_cast<int>(attempt.slots.size() - attempt.finished.size());
-    if (attempt.elastic && attempt.adopted && live > 0 && live < attempt.max_replicas && attempt.preempted_by == 0 &&
-        attempt.search_stop_at == 0 && !attempt.replica_succeeded && !attempt.replica_bad_input)
-      short_of.push_back(&attempt);
-  }
+  for (auto& [id, attempt] : sources_.running)
+    if (TakesReplacements(attempt)) short_of.push_back(&attempt);
   if (short_of.empty() || QueueWaitsForSlots()) return;
   std::vector<WorkerRank> free;
   for (WorkerRank& slot : Slots())
     if (slot.job.empty()) free.push_back(std::move(slot));
   for (RunningAttempt* attempt : short_of) {
-    for (int live = static_cast<int>(attempt->slots.size() - attempt->finished.size()); live < attempt->max_replicas;
-         ++live) {
+    for (int live = LiveReplicas(*attempt); live < attempt->max_replicas; ++live) {
       const auto slot = SlotForReplica(*attempt, free, now);
       if (slot == free.end()) break;
       sources_.loop.AddReplica(*attempt, {slot->world, slot->rank}, now);
@@ -86,7 +80,7 @@ std::vector<WorkerRank>::iterator PoolLauncher::SlotForReplica(const RunningAtte
   for (auto it = free.begin(); it != free.end(); ++it) {
     const RunningAttempt::SlotFailures failed = failures(*it);
     if (!device.empty() && it->device != device) continue;
-    if (failed.count > 0 && now - failed.at < std::min(60.0, std::ldexp(1.0, failed.count - 1))) continue;
+    if (failed.count > 0 && now - failed.at < ReplacementBackoffS(failed.count)) continue;
     if (best == free.end() || rank(*it) < rank(*best)) best = it;
   }
   return best;

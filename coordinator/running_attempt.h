@@ -63,6 +63,9 @@ struct RunningAttempt {
     double at = 0;  // when the last did (the loop's clock)
   };
   std::map<RankKey, SlotFailures> slot_failures;
+  // --slurm: each replica is a Slurm job of its own (its slot's world names it), and
+  // this is what squeue last said of each.
+  std::map<RankKey, SlurmJobState> replica_slurm_states;
   bool replica_succeeded = false;                             // one took every step
   bool replica_bad_input = false;                             // one ended on its job's bad input
   wire::Outcome replica_failure = wire::OUTCOME_UNSPECIFIED;  // how the first to end without success ended
@@ -72,6 +75,16 @@ struct RunningAttempt {
 // Which of `attempt`'s replicas (0.. in start order) runs on `slot`: its output file and
 // run folder are that replica's.
 int ReplicaNumber(const RunningAttempt& attempt, const RankKey& slot);
+// How many of an elastic `attempt`'s replicas have not ended.
+int LiveReplicas(const RunningAttempt& attempt);
+// Whether the elastic `attempt` takes a replacement for a lost replica now (Note
+// [Replacement replicas] in pool_launcher.h): it runs fewer than max_replicas, at least
+// one, and it is not being stopped, and none of its replicas has taken the last step or
+// ended on its job's bad input.
+bool TakesReplacements(const RunningAttempt& attempt);
+// How long after the last of `failures` replicas failed a place (a slot; under --slurm,
+// the attempt) takes another: 2^(failures-1) s, at most 60 s; 0 before any failed.
+double ReplacementBackoffS(int failures);
 
 // A placement as the store keeps it: "<world>:<rank>,<world>:<rank>..." in job rank
 // order (attempts.placement), and back into its slots; false for anything else.

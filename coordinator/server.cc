@@ -426,12 +426,6 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   job.priority = spec.resources.priority;
   job.ranks = spec.resources.ranks;
   if (const ElasticSpec& elastic = spec.distributed.elastic; elastic.enabled()) {  // a gang of its replicas
-    if (options_.slurm.enabled) {
-      Send(parsed.identity,
-           ErrorEnvelope(2, request.source() + ": distributed.elastic: elastic jobs run on a pool's agents; this "
-                                               "coordinator runs each attempt as a Slurm job (--slurm)"));
-      return;
-    }
     job.ranks = elastic.max_replicas;
     job.elastic = {elastic.min_replicas, elastic.max_replicas, elastic.join_window_s, spec.distributed.timeout_s};
   }

@@ -363,6 +363,7 @@ class Server : private SearchLoop, private LaunchLoop {
   void EndStoppedTrial(int64_t job, int epoch);
   void SendAssign(const JobRecord& job, const RunningAttempt& attempt, const RankKey& to) override;
   void AddReplica(RunningAttempt& attempt, const RankKey& slot, double now) override;
+  void ReplicaLost(RunningAttempt& attempt, const RankKey& slot, const std::string& reason) override;
   // Every path that ends a job's running attempt (success, failure, interruption, a
   // cancel, a search's stop) ends it here: through the book (AttemptBook::End: the store
   // first, committed before anyone is told), then its ranks are freed, the launcher gives

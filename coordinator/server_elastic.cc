@@ -77,6 +77,7 @@ void Server::OpenQuorumIfElastic(RunningAttempt* attempt) {
 void Server::ReplicaEnded(RunningAttempt& attempt, const RankKey& slot, wire::Outcome end, const std::string& message,
                           const std::string& summary_json) {
   if (!attempt.finished.insert(slot).second) return;
+  launcher_->ReplicaEnded(attempt, slot, end);
   if (end == wire::OUTCOME_SUCCEEDED) {
     // It has taken every step: the quorum's other members have too, and a replica still
     // joining has none left to take.
@@ -151,7 +152,11 @@ void Server::AddReplica(RunningAttempt& attempt, const RankKey& slot, double now
   attempt.replica_numbers[slot] = replica;
   attempt.replica_assigned[slot] = listening_.Now();  // its start grace counts from now
   ++attempt.replicas_started;
-  SendAssign(*job, attempt, slot);
+  if (const RankEntry* rank = ranks_->Find(slot); rank && rank->job == 0) SendAssign(*job, attempt, slot);
+}
+
+void Server::ReplicaLost(RunningAttempt& attempt, const RankKey& slot, const std::string& reason) {
+  ReplicaEnded(attempt, slot, wire::OUTCOME_FAILED, reason, "");
 }
 
 void Server::SendQuorumAnswers() {

@@ -43,10 +43,12 @@ std::string SbatchScript(const SlurmOptions& o, const SlurmSubmission& s) {
   std::ostringstream out;
   out << "#!/bin/bash\n"
       << "# Trainyard job " << s.job << " '" << s.name << "', attempt " << s.attempt
+      << (s.replica >= 0 ? ", elastic replica " + std::to_string(s.replica) : std::string())
       << ": one Slurm job, submitted by `coordinator --slurm`.\n"
       << "# Its rank 0 registers with the coordinator with the world token that sbatch's\n"
       << "# environment carries (TRAINYARD_WORLD_TOKEN); no secret is written here.\n"
-      << "#SBATCH --job-name=trainyard-" << s.job << "\n"
+      << "#SBATCH --job-name=trainyard-" << s.job
+      << (s.replica >= 0 ? "-replica-" + std::to_string(s.replica) : std::string()) << "\n"
       << "#SBATCH --ntasks=" << s.ranks << "\n";
   if (!o.partition.empty()) out << "#SBATCH --partition=" << o.partition << "\n";
   if (!o.account.empty()) out << "#SBATCH --account=" << o.account << "\n";
@@ -168,7 +170,7 @@ void SlurmClient::Loop() {
     } else if (request) {
       const CommandResult r =
           RunCommand({"sbatch", "--parsable", request->script}, Deadline({{"TRAINYARD_WORLD_TOKEN", request->token}}));
-      Submitted done{request->submission.job, request->submission.attempt, "", ""};
+      Submitted done{request->submission.job, request->submission.attempt, "", "", request->submission.replica};
       // --parsable: "<id>" or "<id>;<cluster>".
       const std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
       if (r.ok() && !id.empty() && std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; }))

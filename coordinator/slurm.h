@@ -12,6 +12,17 @@
 //   sends it the Assign; from here the attempt is a pool attempt with one slot: epoch
 //   reports and one JobResult from rank 0, which leads the ranks srun started.
 //
+// An elastic job's attempt (Note [Elastic finetune] in worker/jobs/trainer_elastic.cc) is
+// one Slurm job per replica instead, each with a world token of its own: the attempt
+// opens once sbatch has answered for all of max_replicas, with one slot per Slurm job's
+// world, and each replica's rank 0 gets its Assign when it registers. A replica whose
+// Slurm job ends before it reported (cancelled, NODE_FAIL, killed) ends alone, and one
+// that ended without success has its Slurm job cancelled; while the attempt takes
+// replacements (Note [Replacement replicas] in pool_launcher.h) one more Slurm job is
+// submitted at a time, after the attempt's replicas' failures' backoff, and joins as
+// the next replica once sbatch answers. A replica's start grace counts from when Slurm
+// starts its job.
+//
 // Why one Slurm job per attempt, and not pools grown and shrunk as allocations: Slurm
 // then holds nothing while the queue is empty (no idle allocation to time out), each
 // attempt gets Slurm's placement, limits and accounting of its own, and a failed
@@ -65,6 +76,7 @@ struct SlurmSubmission {
   int ranks = 1;       // Slurm tasks, one per rank
   bool gpus = false;   // one GPU per task (the job asked for cuda)
   std::string folder;  // the attempt's folder: the script and Slurm's output go there
+  int replica = -1;    // an elastic job's replica, a Slurm job of its own; -1: the whole attempt
 };
 
 // The batch script for `s` (Note [Attempts as Slurm jobs]): #SBATCH lines for the
@@ -101,6 +113,7 @@ class SlurmClient {
     int attempt = 0;
     std::string slurm_job;  // empty when sbatch failed
     std::string error;      // why it failed
+    int replica = -1;       // SlurmSubmission::replica
   };
 
   explicit SlurmClient(SlurmOptions options);

@@ -15,10 +15,19 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
               ranks stop after a step, checkpoint and exit 3, the job is requeued
               (Restarts=1), and the second allocation resumes from the checkpoint; every
               step's loss and every final weight equal an uninterrupted run's, each step
-              and the epoch logged once."""
+              and the epoch logged once.
+  elastic     coordinator --slurm runs an elastic job of three replicas as three Slurm
+              jobs of one task. One replica's process is killed mid-run: the other two
+              commit a step within 5 s, as the same processes; its Slurm job's end is an
+              event, and a replacement is submitted to Slurm as a fourth Slurm job, joins
+              and is healed from a live replica. The job ends SUCCEEDED as its one
+              attempt, the survivors took every step once, and the three replicas that
+              took the last step end with the same weights and AdamW moments."""
+import glob
 import os
 import pwd
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +36,7 @@ import slurm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import check, run_case, skip  # noqa: E402
-from harness.e2e import job_yaml, steps, subset_tsv, wait_for, weights, write  # noqa: E402
+from harness.e2e import job_yaml, steps, subset_tsv, trained_state, wait_for, weights, write  # noqa: E402
 from harness.pool import POOL_FLAGS  # noqa: E402
 from harness.rig import SUBNET, Rig, skip_unless_available  # noqa: E402
 from harness.rig_pool import RigPool  # noqa: E402
@@ -473,6 +482,81 @@ def pool_start_latency(c, args):
     return first_step_after(c, submitted, job_id, "pooled", runs=pool.runs)
 
 
+ELASTIC_EXAMPLES = 840  # 2 epochs of 35 steps in global batches of 24 (8 a replica)
+ELASTIC_TOTAL = 2 * (ELASTIC_EXAMPLES // 24)
+
+
+def replica_steps(c, job_id):
+    """{(host, replica folder): its steps.jsonl steps}, on every host."""
+    out = {}
+    for h in c.names:
+        for path in glob.glob(c.outside(h, f"runs/{job_id}/replica-*/elastic/steps.jsonl")):
+            out[(h, path.split(os.sep)[-3])] = [x["step"] for x in steps_if(os.path.dirname(path))]
+    return out
+
+
+def elastic(c, s, args):
+    job = write(os.path.join(c.shared, "elastic.yaml"), job_yaml("elastic", subset_tsv(c.shared, ELASTIC_EXAMPLES), """train:
+  epochs: 2
+  batch_size: 8
+checkpoint:
+  every_steps: 10
+distributed:
+  timeout_s: 2
+  elastic:
+    min_replicas: 2
+    max_replicas: 3
+    join_window_s: 2
+debug:
+  step_pause_ms: 200
+"""))
+
+    def first(folder):
+        return int(folder.split("-")[1]) < 3
+
+    def body(pool):
+        job_id = pool.jobctl("submit", job)["job_id"]
+        wait_for(lambda: (lambda r: len(r) == 3 and all(len(x) >= 5 for x in r.values()) and r)(
+            {k: v for k, v in replica_steps(c, job_id).items() if first(k[1])}), 120, "three replicas past step 5")
+        ranks = {w["world"]: w for w in pool.workers() if w["job_id"] == job_id}
+        placement = pool.jobctl("report", str(job_id))["attempts"][0]["placement"].split(",")
+        victim = ranks[placement[2].removesuffix(":0")]
+        before = {k: len(v) for k, v in replica_steps(c, job_id).items() if first(k[1]) and k[1] != "replica-2"}
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed = time.time()
+        wait_for(lambda: all(len(replica_steps(c, job_id).get(k, [])) > n for k, n in before.items()), 60,
+                 "the survivors' next step", every=0.05)
+        recovered = time.time() - killed
+        print(f"elastic: the survivors committed a step {recovered:.1f} s after replica 2's process was killed")
+        check(recovered <= 5, f"the survivors commit a step within 5 s: {recovered:.1f} s")
+        done = ended(pool, job_id, 240, "the elastic job to end")
+        events = "\n".join(done.get("events", []))
+        report = pool.jobctl("report", str(job_id))
+        check(done["state"] == "SUCCEEDED" and len(report["attempts"]) == 1,
+              f"{done['state']} in {len(report['attempts'])} attempt(s): {events}")
+        check([int(e["epoch"]) for e in report["epochs"]] == [1, 2], f"each epoch once: {report['epochs']}")
+        slurm_jobs = [cell.removeprefix("slurm-").removesuffix(":0")
+                      for cell in report["attempts"][0]["placement"].split(",")]
+        check(len(slurm_jobs) == 4 and "one for each replica" in events and "replica 3 starts on agent slurm-" in events,
+              f"three Slurm jobs, then a fourth for the replacement: {slurm_jobs}: {events}")
+        check(f"replica 2's Slurm job {slurm_jobs[2]}" in events, f"the lost replica's Slurm job's end: {events}")
+        replicas = replica_steps(c, job_id)
+        for (h, folder), taken in replicas.items():
+            if first(folder) and folder != "replica-2":
+                check(taken == list(range(1, ELASTIC_TOTAL + 1)), f"{h}'s {folder} took every step once: {taken}")
+        finishers = [k for k, taken in replicas.items() if taken and taken[-1] == ELASTIC_TOTAL]
+        states = {k: trained_state(c.outside(k[0], f"runs/{job_id}/{k[1]}/elastic/checkpoints/"
+                                             f"step-{ELASTIC_TOTAL:09d}.safetensors")) for k in finishers}
+        check(len(states) == 3 and len(set(states.values())) == 1 and any(k[1] == "replica-3" for k in states),
+              f"three replicas at the end, the replacement among them, with the same weights and moments: {states}")
+        check("healed from" in events, f"the replacement was healed from a live replica: {events}")
+        script = c.outside("h1", f"runs/{job_id}/attempt-1/job.replica-3.sbatch")
+        check(os.path.exists(script) and "#SBATCH --ntasks=1" in open(script).read(),
+              f"the replacement's script, one task: {script}")
+
+    with_slurm_coordinator(c, s, RigPool(c, args), body)
+
+
 def answering(pool):
     try:
         return pool.jobctl("list") is not None
@@ -500,7 +584,7 @@ def under_slurm(case):
 
 
 CASES = {"standalone": under_slurm(standalone), "preempt": under_slurm(preempt), "queue": under_slurm(queue),
-         "time_limit": under_slurm(time_limit), "external": under_slurm(external)}
+         "time_limit": under_slurm(time_limit), "external": under_slurm(external), "elastic": under_slurm(elastic)}
 
 
 if __name__ == "__main__":

@@ -55,6 +55,37 @@ TEST(AttemptBookTest, AnEndedOrOtherAttemptNumberIsNotFound) {
   EXPECT_FALSE(book.Remove(7));
 }
 
+TEST(ReplacementTest, AnElasticAttemptShortOfReplicasTakesOneUnlessItIsStoppingOrDone) {
+  RunningAttempt a = Attempt(7, 1, {{"a", 0}, {"b", 0}, {"c", 0}});
+  a.elastic = true;
+  a.max_replicas = 3;
+  EXPECT_EQ(LiveReplicas(a), 3);
+  EXPECT_FALSE(TakesReplacements(a)) << "at full strength";
+  a.finished.insert({"c", 0});
+  EXPECT_EQ(LiveReplicas(a), 2);
+  EXPECT_TRUE(TakesReplacements(a));
+  for (auto stopping :
+       {+[](RunningAttempt& r) { r.preempted_by = 9; }, +[](RunningAttempt& r) { r.search_stop_at = 2; },
+        +[](RunningAttempt& r) { r.replica_succeeded = true; }, +[](RunningAttempt& r) { r.replica_bad_input = true; },
+        +[](RunningAttempt& r) { r.adopted = false; }, +[](RunningAttempt& r) { r.elastic = false; }}) {
+    RunningAttempt b = a;
+    stopping(b);
+    EXPECT_FALSE(TakesReplacements(b));
+  }
+  a.finished.insert({"a", 0});
+  a.finished.insert({"b", 0});
+  EXPECT_FALSE(TakesReplacements(a)) << "no live replica: the attempt ends instead";
+}
+
+TEST(ReplacementTest, ThePlaceOfFailedReplicasWaitsLongerEachTimeUpToAMinute) {
+  EXPECT_EQ(ReplacementBackoffS(0), 0);
+  EXPECT_EQ(ReplacementBackoffS(1), 1);
+  EXPECT_EQ(ReplacementBackoffS(2), 2);
+  EXPECT_EQ(ReplacementBackoffS(4), 8);
+  EXPECT_EQ(ReplacementBackoffS(7), 60);
+  EXPECT_EQ(ReplacementBackoffS(1000), 60);
+}
+
 TEST(AttemptBookTest, AStallRestartsEveryAttemptsStartGrace) {
   AttemptBook book;
   book.Add(Attempt(1, 1, {{"a", 0}})).started_listening = 3;

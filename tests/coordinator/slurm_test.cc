@@ -62,6 +62,17 @@ TEST(SbatchScript, LeavesOutWhatSlurmDefaults) {
     EXPECT_EQ(script.find(absent), std::string::npos) << absent;
 }
 
+TEST(SbatchScript, NamesAnElasticReplicaAndAsksForItsOneTask) {
+  SlurmSubmission s = Submission();
+  s.ranks = 1;
+  s.replica = 3;
+  const std::string script = SbatchScript(Options(), s);
+  for (const char* line : {"attempt 2, elastic replica 3: one Slurm job", "#SBATCH --job-name=trainyard-7-replica-3\n",
+                           "#SBATCH --ntasks=1\n"})
+    EXPECT_NE(script.find(line), std::string::npos) << line << "\nnot in:\n" << script;
+  EXPECT_EQ(SbatchScript(Options(), Submission()).find("replica"), std::string::npos);
+}
+
 TEST(ParseSqueue, ReadsStateAndReasonAndSkipsWhatDoesNotParse) {
   const auto jobs = ParseSqueue("12|PENDING|Resources\n13|RUNNING|None\nnoise\n|X|Y\n14_2|RUNNING|None\n15|TIMEOUT|");
   ASSERT_EQ(jobs.size(), 3u);

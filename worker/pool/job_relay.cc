@@ -212,6 +212,14 @@ void AgentHooks::EpochDone(const EpochRow& row, const std::string& csv_header, c
   agent_.ReportEpoch(report);
 }
 
+std::optional<wire::Envelope> AgentQuorumChannel::AwaitQuorumAnswer(double timeout_s) {
+  const std::optional<std::string> bytes = agent_.AwaitQuorumAnswer(timeout_s);
+  if (!bytes) return std::nullopt;
+  wire::Envelope answer;
+  answer.ParseFromString(*bytes);  // the agent parsed it once already
+  return answer;
+}
+
 bool RelayClient::StopRequested() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stop_requested_) AwaitLocked(0, nullptr);

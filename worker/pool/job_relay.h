@@ -66,8 +66,22 @@ class JobRelay {
   bool stop_sent_ = false;
 };
 
+// Where an elastic replica's messages for the coordinator's quorum go and its answers
+// come from (RelayQuorumLink in relay_quorum_link.h speaks through one): the relay to
+// the agent that leads the job (RelayClient), or, in a Slurm job's rank 0, that rank's
+// own agent (AgentQuorumChannel).
+class QuorumChannel {
+ public:
+  virtual ~QuorumChannel() = default;
+  // A ReplicaJoin, ReplicaBeat or StepVote, sent once; the agent signs it as its rank's.
+  virtual void SendQuorumMessage(const wire::Envelope& message) = 0;
+  // The next answer from the quorum (StepDecision or Fenced), oldest first, waiting up
+  // to `timeout_s`; nullopt if none came.
+  virtual std::optional<wire::Envelope> AwaitQuorumAnswer(double timeout_s) = 0;
+};
+
 // The job's end, on its rank 0: the job's JobHooks. Thread-safe.
-class RelayClient : public JobHooks {
+class RelayClient : public JobHooks, public QuorumChannel {
  public:
   // Connects to the agent at `endpoint`.
   explicit RelayClient(const std::string& endpoint);
@@ -87,12 +101,9 @@ class RelayClient : public JobHooks {
   void Aborting(const std::string& error) override;
   // Sends rank 0's outcome and waits up to `timeout_s` for the agent to have it.
   bool SendResult(const JobOutcome& outcome, double timeout_s);
-  // An elastic replica's message for the coordinator's quorum, through the agent
-  // (RelayQuorumLink in relay_quorum_link.h speaks this).
-  void SendQuorumMessage(const wire::Envelope& message);
-  // The next answer the agent relayed from the quorum (StepDecision or Fenced), oldest
-  // first, waiting up to `timeout_s`; nullopt if none came.
-  std::optional<wire::Envelope> AwaitQuorumAnswer(double timeout_s);
+  // An elastic replica's quorum messages, through the agent.
+  void SendQuorumMessage(const wire::Envelope& message) override;
+  std::optional<wire::Envelope> AwaitQuorumAnswer(double timeout_s) override;
 
  private:
   struct Socket;
@@ -123,6 +134,18 @@ class AgentHooks : public JobHooks {
   void EpochDone(const EpochRow& row, const std::string& csv_header, const std::string& csv_line) override;
   bool StopRequested() const override { return agent_.StopRequested(); }
   bool PreemptRequested() const override { return agent_.StopRequested() && agent_.StopIsPreemption(); }
+
+ private:
+  PoolAgent& agent_;
+};
+
+// An elastic replica's quorum channel in a process that is itself the coordinator's
+// rank (a Slurm job's rank 0): its messages go out through `agent`, signed as its rank's.
+class AgentQuorumChannel : public QuorumChannel {
+ public:
+  explicit AgentQuorumChannel(PoolAgent& agent) : agent_(agent) {}
+  void SendQuorumMessage(const wire::Envelope& message) override { agent_.SendToQuorum(message); }
+  std::optional<wire::Envelope> AwaitQuorumAnswer(double timeout_s) override;
 
  private:
   PoolAgent& agent_;

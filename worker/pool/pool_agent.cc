@@ -269,12 +269,25 @@ std::vector<std::string> PoolAgent::TakeQuorumAnswers() {
   return answers;
 }
 
+std::optional<std::string> PoolAgent::AwaitQuorumAnswer(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto has_answer = [this] { return !quorum_answers_.empty(); };
+  if (!quorum_answered_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), has_answer))
+    return std::nullopt;
+  std::string answer = std::move(quorum_answers_.front());
+  quorum_answers_.pop_front();
+  return answer;
+}
+
 void PoolAgent::KeepQuorumAnswer(const wire::Envelope& answer, int64_t job, int attempt) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (job != job_id_ || attempt != attempt_) return;
-  quorum_awaiting_.clear();
-  quorum_answers_.push_back(Serialize(answer));
-  if (quorum_answers_.size() > kMaxQuorumAnswers) quorum_answers_.pop_front();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (job != job_id_ || attempt != attempt_) return;
+    quorum_awaiting_.clear();
+    quorum_answers_.push_back(Serialize(answer));
+    if (quorum_answers_.size() > kMaxQuorumAnswers) quorum_answers_.pop_front();
+  }
+  quorum_answered_.notify_all();
 }
 
 bool PoolAgent::Drain(double timeout_s) {

@@ -136,6 +136,9 @@ class PoolAgent {
   // since the last call, as envelopes' bytes, oldest first; at most kMaxQuorumAnswers
   // wait (past that, the oldest go). Thread-safe.
   std::vector<std::string> TakeQuorumAnswers();
+  // The oldest of them, waiting up to `timeout_s` for one; nullopt if none came.
+  // Thread-safe.
+  std::optional<std::string> AwaitQuorumAnswer(double timeout_s);
   static constexpr size_t kMaxQuorumAnswers = 64;
   static constexpr size_t kMaxPendingOutputBytes = size_t(4) << 20;
   // True once the coordinator asked to stop the running attempt (or released its slot).
@@ -200,6 +203,7 @@ class PoolAgent {
   std::string quorum_awaiting_;
   int elastic_replica_ = 0;                 // the running assignment's (Assignment::elastic_replica), for its result
   std::deque<std::string> quorum_answers_;  // the coordinator's answers, for the job
+  std::condition_variable quorum_answered_;
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stop_preempt_{false};
   std::atomic<double> stop_grace_s_{0};

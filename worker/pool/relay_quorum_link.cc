@@ -28,7 +28,7 @@ void RelayQuorumLink::SendJoin(int64_t committed_step) {
   join->set_ring_host(options_.ring_host);
   join->set_ring_port(options_.ring_port);
   join->set_committed_step(committed_step);
-  relay_.SendQuorumMessage(e);
+  channel_.SendQuorumMessage(e);
 }
 
 std::optional<QuorumView> RelayQuorumLink::Join(int64_t committed_step, const std::function<bool()>& stop) {
@@ -41,7 +41,7 @@ std::optional<QuorumView> RelayQuorumLink::Join(int64_t committed_step, const st
     if (stop && stop()) return std::nullopt;
     const double wait = std::max(0.0, std::min({options_.beat_s - SecondsSince(last_beat),
                                                 options_.join_timeout_s - SecondsSince(start), kStopCheckS}));
-    if (const std::optional<wire::Envelope> answer = relay_.AwaitQuorumAnswer(wait)) {
+    if (const std::optional<wire::Envelope> answer = channel_.AwaitQuorumAnswer(wait)) {
       if (answer->has_fenced()) {  // dropped as a silent joiner, or a beat named an old quorum
         SendJoin(committed_step);
         continue;
@@ -55,7 +55,7 @@ std::optional<QuorumView> RelayQuorumLink::Join(int64_t committed_step, const st
     if (SecondsSince(last_beat) >= options_.beat_s) {
       wire::Envelope beat;
       beat.mutable_replica_beat()->set_quorum_id(0);
-      relay_.SendQuorumMessage(beat);
+      channel_.SendQuorumMessage(beat);
       last_beat = Clock::now();
     }
   }
@@ -69,10 +69,10 @@ StepVerdict RelayQuorumLink::Vote(uint64_t id, int64_t step, bool ok, const std:
   vote->set_step(step);
   vote->set_ok(ok);
   vote->set_why(why);
-  relay_.SendQuorumMessage(e);
+  channel_.SendQuorumMessage(e);
   const auto start = Clock::now();
   for (double left = options_.vote_timeout_s; left > 0; left = options_.vote_timeout_s - SecondsSince(start)) {
-    const std::optional<wire::Envelope> answer = relay_.AwaitQuorumAnswer(left);
+    const std::optional<wire::Envelope> answer = channel_.AwaitQuorumAnswer(left);
     if (!answer) break;
     if (answer->has_fenced()) {
       if (answer->fenced().quorum_id() != id) continue;

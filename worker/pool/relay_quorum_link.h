@@ -1,7 +1,8 @@
-// An elastic replica's QuorumLink in a pool job: the job's rank 0 reaches the
-// coordinator's quorum (Note [Step quorum] in coordinator/quorum_service.h) through the
-// agent that leads it, over the relay (job_relay.h); the agent signs each message as
-// its own rank's. Torch-free and wire-free in its header.
+// An elastic replica's QuorumLink: the job's rank 0 reaches the coordinator's quorum
+// (Note [Step quorum] in coordinator/quorum_service.h) through a QuorumChannel
+// (job_relay.h): in a pool, the relay to the agent that leads it; in a Slurm job, its
+// own agent. The agent signs each message as its rank's. Torch-free and wire-free in
+// its header.
 //
 // Join sends a ReplicaJoin and waits for the first quorum that includes the replica,
 // beating every `beat_s` meanwhile (a joiner silent for the quorum's timeout is dropped;
@@ -31,7 +32,8 @@ struct RelayQuorumOptions {
 
 class RelayQuorumLink : public QuorumLink {
  public:
-  RelayQuorumLink(RelayClient& relay, RelayQuorumOptions options) : relay_(relay), options_(std::move(options)) {}
+  RelayQuorumLink(QuorumChannel& channel, RelayQuorumOptions options)
+      : channel_(channel), options_(std::move(options)) {}
   std::optional<QuorumView> Join(int64_t committed_step, const std::function<bool()>& stop) override;
   StepVerdict Vote(uint64_t id, int64_t step, bool ok, const std::string& why) override;
   // Whether the coordinator said the attempt's steps are over (they gave up).
@@ -40,7 +42,7 @@ class RelayQuorumLink : public QuorumLink {
  private:
   void SendJoin(int64_t committed_step);
 
-  RelayClient& relay_;
+  QuorumChannel& channel_;
   RelayQuorumOptions options_;
   bool over_ = false;
 };

@@ -111,8 +111,8 @@ std::string RingHost() {
 }
 
 // A replica of an elastic attempt (Note [Elastic finetune]): its ring's listener, and
-// its quorum reached through the agent that leads it.
-RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks, RelayClient& relay) {
+// its quorum reached through `quorum`: the agent that leads it, or its own.
+RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks, QuorumChannel& quorum) {
   const std::string host = RingHost();
   std::unique_ptr<RingListener> made;
   try {
@@ -129,13 +129,13 @@ RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks
   // one that replaces a lost replica on the same slot does not write over its files.
   spec.log.runs_dir += "/replica-" + std::to_string(replica);
   const double timeout_s = spec.distributed.timeout_s;
-  RelayQuorumLink link(relay, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
+  RelayQuorumLink link(quorum, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
   const ElasticRun elastic{&link, &listener, timeout_s, ""};
   return RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks, &elastic);
 }
 #endif
 
-RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, RelayClient* relay = nullptr) {
+RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, QuorumChannel* quorum = nullptr) {
   RankResult result;
   try {
     JobSpec spec = ParseJobSpec(a.yaml, a.source, a.base_dir);
@@ -143,10 +143,10 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, R
     spec.log.progress = false;
     if (a.resume) spec.checkpoint.resume = "auto";
 #ifdef TRAINYARD_WITH_ELASTIC
-    if (a.elastic_replicas > 0 && relay)
-      return RunReplica(std::move(spec), a.elastic_replica, local_rank, hooks, *relay);
+    if (a.elastic_replicas > 0 && quorum)
+      return RunReplica(std::move(spec), a.elastic_replica, local_rank, hooks, *quorum);
 #else
-    (void)relay;
+    (void)quorum;
 #endif
     result = RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks);
   } catch (const SpecError& e) {  // the coordinator checked it; its files may have changed since
@@ -203,7 +203,9 @@ int RunSlurmAttempt(const PoolOptions& options) {
   if (agent) agent->Begin(a);
   SilentHooks silent;
   std::unique_ptr<AgentHooks> hooks = agent ? std::make_unique<AgentHooks>(*agent) : nullptr;
-  RankResult result = RunAssignment(a, LocalRank(), hooks ? static_cast<JobHooks*>(hooks.get()) : &silent);
+  std::unique_ptr<AgentQuorumChannel> quorum = agent ? std::make_unique<AgentQuorumChannel>(*agent) : nullptr;
+  RankResult result =
+      RunAssignment(a, LocalRank(), hooks ? static_cast<JobHooks*>(hooks.get()) : &silent, quorum.get());
   if (agent) {
     agent->Finish(result.outcome);
     if (!agent->Drain(5)) LogWarn("the coordinator did not confirm this attempt's result");
