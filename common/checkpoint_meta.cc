@@ -1,5 +1,6 @@
 #include "common/checkpoint_meta.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <charconv>
 #include <cmath>
@@ -92,27 +93,52 @@ TrainProgress::Evaluations ParseEvaluations(const MetaReader& r) {
   return e;
 }
 
+// An elastic run's quorum sizes, which any other checkpoint lacks (then all zero).
+TrainProgress::Membership ParseMembership(const MetaReader& r) {
+  TrainProgress::Membership m;
+  if (!r.Has("replicas_last")) return m;
+  m.last = r.Int("replicas_last", 1, kMaxRanks);
+  m.min = r.Int("replicas_min", 0, kMaxRanks);
+  m.max = r.Int("replicas_max", m.min, kMaxRanks);
+  m.changes = r.Int("replica_changes", 0, kMaxCheckpointSteps);
+  return m;
+}
+
 }  // namespace
 
 std::map<std::string, std::string> CheckpointMetaStrings(const CheckpointMeta& m) {
   const TrainProgress& p = m.progress;
-  return {{"format", kCheckpointFormat},
-          {"epoch", std::to_string(p.epoch)},
-          {"next_batch", std::to_string(p.next_batch)},
-          {"global_step", std::to_string(p.global_step)},
-          {"epoch_loss_sum", Exact(p.epoch_loss_sum)},
-          {"epoch_examples", std::to_string(p.epoch_examples)},
-          {"epoch_steps", std::to_string(p.epoch_steps)},
-          {"epoch_skipped", std::to_string(p.epoch_skipped)},
-          {"optimizer_steps", std::to_string(m.optimizer_steps)},
-          {"loss_scale", Exact(m.loss_scale)},
-          {"scale_growth_tracker", std::to_string(m.scale_growth_tracker)},
-          {"rng_ranks", std::to_string(m.rng_ranks)},
-          {"cuda_rng", m.cuda_rng ? "1" : "0"},
-          {"eval_step", std::to_string(p.evals.step)},
-          {"best_step", std::to_string(p.evals.best_step)},
-          {"evals_without_gain", std::to_string(p.evals.without_gain)},
-          {"best_value", Exact(p.evals.best_value)}};
+  std::map<std::string, std::string> strings = {{"format", kCheckpointFormat},
+                                                {"epoch", std::to_string(p.epoch)},
+                                                {"next_batch", std::to_string(p.next_batch)},
+                                                {"global_step", std::to_string(p.global_step)},
+                                                {"epoch_loss_sum", Exact(p.epoch_loss_sum)},
+                                                {"epoch_examples", std::to_string(p.epoch_examples)},
+                                                {"epoch_steps", std::to_string(p.epoch_steps)},
+                                                {"epoch_skipped", std::to_string(p.epoch_skipped)},
+                                                {"optimizer_steps", std::to_string(m.optimizer_steps)},
+                                                {"loss_scale", Exact(m.loss_scale)},
+                                                {"scale_growth_tracker", std::to_string(m.scale_growth_tracker)},
+                                                {"rng_ranks", std::to_string(m.rng_ranks)},
+                                                {"cuda_rng", m.cuda_rng ? "1" : "0"},
+                                                {"eval_step", std::to_string(p.evals.step)},
+                                                {"best_step", std::to_string(p.evals.best_step)},
+                                                {"evals_without_gain", std::to_string(p.evals.without_gain)},
+                                                {"best_value", Exact(p.evals.best_value)}};
+  if (p.replicas.last > 0) {
+    strings["replicas_min"] = std::to_string(p.replicas.min);
+    strings["replicas_max"] = std::to_string(p.replicas.max);
+    strings["replica_changes"] = std::to_string(p.replicas.changes);
+    strings["replicas_last"] = std::to_string(p.replicas.last);
+  }
+  return strings;
+}
+
+void NoteQuorumSize(TrainProgress::Membership& m, int64_t size) {
+  m.min = m.min == 0 ? size : std::min(m.min, size);
+  m.max = std::max(m.max, size);
+  if (m.last != 0 && m.last != size) ++m.changes;
+  m.last = size;
 }
 
 CheckpointMeta ParseCheckpointMeta(const std::map<std::string, std::string>& meta, const std::string& path) {
@@ -141,6 +167,7 @@ CheckpointMeta ParseCheckpointMeta(const std::map<std::string, std::string>& met
   m.rng_ranks = r.Int("rng_ranks", 1, kMaxRanks);
   m.cuda_rng = r.Int("cuda_rng", 0, 1) == 1;
   p.evals = ParseEvaluations(r);
+  p.replicas = ParseMembership(r);
   CheckConsistent(r, m);
   return m;
 }

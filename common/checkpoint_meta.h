@@ -37,7 +37,17 @@ struct TrainProgress {
     int64_t step = 0, best_step = 0, without_gain = 0;
     double best_value = 0;
   } evals;
+  // An elastic run's quorum sizes (Note [Step quorum] in coordinator/quorum_service.h)
+  // over the epoch's steps so far, how often the size changed from one step to the
+  // next, and the last step's size (carried from epoch to epoch). All zero elsewhere,
+  // and absent from such a checkpoint.
+  struct Membership {
+    int64_t min = 0, max = 0, changes = 0, last = 0;
+  } replicas;
 };
+
+// Counts a step taken by a quorum of `size` replicas in `m`.
+void NoteQuorumSize(TrainProgress::Membership& m, int64_t size);
 
 struct CheckpointMeta {
   TrainProgress progress;

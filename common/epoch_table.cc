@@ -40,7 +40,7 @@ class Columns {
 };
 
 std::string Line(const std::vector<std::string>& fields) {
-  static const int kWidths[] = {-6, 8, 6, 8, 10, 11, 10, 9, 8, 9, 10, 6, 12};
+  static const int kWidths[] = {-6, 8, 6, 8, 10, 11, 10, 9, 8, 9, 10, 6, 12, 8};
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) {
     char cell[96];
@@ -50,11 +50,23 @@ std::string Line(const std::vector<std::string>& fields) {
   return line;
 }
 
+// An elastic run's quorum sizes over the epoch: "3" while it held, else
+// "<fewest>-<most>, <n> change(s)"; "-" for any other run.
+std::string Replicas(const Columns& c) {
+  const auto low = c.Number("replicas_min"), high = c.Number("replicas_max"), changes = c.Number("replica_changes");
+  if (!low || !high) return "-";
+  const std::string most = Columns::Printf("%.0f", *high);
+  if (*low == *high && (!changes || *changes == 0)) return most;
+  const double n = changes.value_or(0);
+  return Columns::Printf("%.0f", *low) + "-" + most + ", " + Columns::Printf("%.0f", n) +
+         (n == 1 ? " change" : " changes");
+}
+
 }  // namespace
 
 std::string EpochTableHeader() {
   return Line({"epoch", "time_s", "steps", "ms/step", "samples/s", "data_wait%", "train_loss", "eval_loss", "eval_acc",
-               "lr", "loss_scale", "comm%", "slowest"});
+               "lr", "loss_scale", "comm%", "slowest", "replicas"});
 }
 
 std::string EpochTableRow(const std::vector<std::string>& header, const std::vector<std::string>& cells) {
@@ -74,7 +86,7 @@ std::string EpochTableRow(const std::vector<std::string>& header, const std::vec
                c.Formatted("ms_per_step", "%.1f"), c.Formatted("samples_per_s", "%.1f"),
                c.Formatted("data_wait_pct", "%.1f"), c.Formatted("train_loss", "%.4f"),
                c.Formatted("eval_loss", "%.4f"), c.Formatted("eval_acc", "%.4f"), c.Formatted("lr", "%.2e"),
-               c.Formatted("loss_scale", "%g"), comm_pct, slowest});
+               c.Formatted("loss_scale", "%g"), comm_pct, slowest, Replicas(c)});
 }
 
 }  // namespace trainyard

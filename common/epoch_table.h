@@ -1,7 +1,8 @@
 // The epoch table a person reads, drawn from epochs.csv's header and lines: the worker
 // prints it as epochs end, `jobctl logs` prints the same from the coordinator's rows.
 //   epoch  time_s  steps  ms/step  samples/s  data_wait%  train_loss  eval_loss  eval_acc
-//   lr  loss_scale  comm%  slowest (host:rank and its ms per step)
+//   lr  loss_scale  comm%  slowest (host:rank and its ms per step)  replicas (an elastic
+//   run's quorum sizes over the epoch: "3", or "2-3, 2 changes")
 #pragma once
 
 #include <string>

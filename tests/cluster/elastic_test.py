@@ -8,7 +8,8 @@ replicas, one a host. One case a run:
               5 s of the cut, as the same processes (no restart, no checkpoint read). The
               host comes back with a new agent: the pool starts a replacement replica
               there, which joins at a step boundary, healed from a live replica, and ends
-              with the survivors' weights and moments bit for bit
+              with the survivors' weights and moments bit for bit. The epoch rows show the
+              quorum going from 3 to 2 and back
   stopped     h3's replica is stopped (SIGSTOP) for longer than timeout_s: the others go
               on without it from the vote's deadline; continued, its old view is refused
               (fenced), it commits nothing, joins again, is healed, and every replica ends
@@ -112,6 +113,8 @@ debug:
         check(done["state"] == "SUCCEEDED", f"the job {done['state']}: {events}")
         check(len(report["attempts"]) == 1, f"one attempt, no restart: {report['attempts']}")
         check([int(e["epoch"]) for e in report["epochs"]] == [1, 2], f"each epoch once: {report['epochs']}")
+        self.sizes = [(int(e["replicas_min"]), int(e["replicas_max"]), int(e["replica_changes"]))
+                      for e in report["epochs"]]
         return events
 
     def check_survivor(self, host):
@@ -165,6 +168,8 @@ def power_off(rig):
         check(pool_job_pid(rig.c, host) in (None, pid), f"{host}'s replica was never restarted")
     finishers = rig.check_equal_at_the_end()
     check(("h4", "replica-3") in finishers, f"the replacement on h4 took the last step: {finishers}")
+    check(min(s[0] for s in rig.sizes) == 2 and max(s[1] for s in rig.sizes) == 3 and sum(s[2] for s in rig.sizes) >= 2,
+          f"the epoch rows show the quorum's sizes, 3 to 2 and back: {rig.sizes}")
     check("healed from" in events and "replica 3 starts on" in events, f"its start and its heal: {events}")
     outputs = glob.glob(rig.c.outside("h1", f"runs/{rig.job}/attempt-1/output*.log"))
     text = "".join(open(path).read() for path in outputs)

@@ -15,7 +15,7 @@ namespace {
 
 std::map<std::string, std::string> ValidMeta() {
   CheckpointMeta m;
-  m.progress = TrainProgress{1, 5, 30, 12.5, 80, 5, 1, {25, 20, 1, 0.8125}};
+  m.progress = TrainProgress{1, 5, 30, 12.5, 80, 5, 1, {25, 20, 1, 0.8125}, {2, 3, 2, 3}};
   m.optimizer_steps = 29;
   m.loss_scale = 32768.0;
   m.scale_growth_tracker = 3;
@@ -54,6 +54,38 @@ TEST(CheckpointMeta, RoundTripsEveryField) {
   EXPECT_EQ(m.progress.evals.best_step, 20);
   EXPECT_EQ(m.progress.evals.without_gain, 1);
   EXPECT_EQ(m.progress.evals.best_value, 0.8125);
+  EXPECT_EQ(m.progress.replicas.min, 2);
+  EXPECT_EQ(m.progress.replicas.max, 3);
+  EXPECT_EQ(m.progress.replicas.changes, 2);
+  EXPECT_EQ(m.progress.replicas.last, 3);
+}
+
+TEST(CheckpointMeta, OnlyAnElasticRunsCheckpointNamesItsQuorumSizes) {
+  CheckpointMeta plain;
+  EXPECT_EQ(CheckpointMetaStrings(plain).count("replicas_last"), 0u);
+  std::map<std::string, std::string> meta = ValidMeta();
+  for (const char* key : {"replicas_min", "replicas_max", "replica_changes", "replicas_last"}) meta.erase(key);
+  EXPECT_EQ(ParseCheckpointMeta(meta, "ck.safetensors").progress.replicas.last, 0);
+  meta = ValidMeta();
+  meta["replicas_max"] = "1";  // below replicas_min
+  EXPECT_NE(ErrorOf(meta).find("'replicas_max'"), std::string::npos) << ErrorOf(meta);
+  meta = ValidMeta();
+  meta["replicas_last"] = "0";
+  EXPECT_NE(ErrorOf(meta).find("'replicas_last'"), std::string::npos) << ErrorOf(meta);
+}
+
+TEST(CheckpointMeta, AQuorumSizeChangeIsCountedBetweenStepsAndAcrossEpochs) {
+  TrainProgress::Membership m;
+  for (int64_t size : {3, 3, 2, 2, 3}) NoteQuorumSize(m, size);
+  EXPECT_EQ(m.min, 2);
+  EXPECT_EQ(m.max, 3);
+  EXPECT_EQ(m.changes, 2);
+  EXPECT_EQ(m.last, 3);
+  TrainProgress::Membership next_epoch;
+  next_epoch.last = m.last;
+  NoteQuorumSize(next_epoch, 2);
+  EXPECT_EQ(next_epoch.min, 2);
+  EXPECT_EQ(next_epoch.changes, 1) << "the first step of an epoch against the last of the one before";
 }
 
 TEST(CheckpointMeta, ACheckpointWithoutEvaluationsHasNone) {

@@ -35,13 +35,25 @@ TEST(EpochTable, DrawsARowFromCsvColumnsByName) {
     at = end == std::string::npos ? row.size() : end;
   }
   EXPECT_EQ(fields, (std::vector<std::string>{"2", "12.3", "40", "25.0", "1024.6", "3.2", "0.1235", "0.2000", "0.9000",
-                                              "5.00e-04", "-", "20.0", "r1", "26.0ms"}));
+                                              "5.00e-04", "-", "20.0", "r1", "26.0ms", "-"}));
   EXPECT_EQ(EpochTableHeader().substr(0, 5), "epoch");
   std::vector<std::string> with_host = header;
   with_host.push_back("slowest_host");
   const std::string named = EpochTableRow(with_host, SplitCsv("2,1,40,25,1,1,0.1,0.2,0.9,5e-04,,5,2,1,26.04,h2"));
   EXPECT_NE(named.find(" h2:1 26.0ms"), std::string::npos) << named;
   EXPECT_EQ(EpochTableRow({"epoch"}, {"7"}).substr(0, 1), "7");
+}
+
+TEST(EpochTable, ShowsAnElasticRunsQuorumSizesAndTheirChanges) {
+  const std::vector<std::string> header = {"epoch", "replicas_min", "replicas_max", "replica_changes"};
+  const std::string steady = EpochTableRow(header, {"1", "3", "3", "0"});
+  EXPECT_EQ(steady.substr(steady.size() - 2), " 3") << steady;
+  EXPECT_EQ(steady.find("change"), std::string::npos) << steady;
+  EXPECT_NE(EpochTableRow(header, {"1", "2", "3", "2"}).find(" 2-3, 2 changes"), std::string::npos);
+  EXPECT_NE(EpochTableRow(header, {"1", "2", "3", "1"}).find(" 2-3, 1 change"), std::string::npos);
+  const std::string plain = EpochTableRow(header, {"1", "", "", ""});
+  EXPECT_EQ(plain.substr(plain.size() - 2), " -") << "not an elastic run";
+  EXPECT_NE(EpochTableHeader().find(" replicas"), std::string::npos);
 }
 
 TEST(Fnv1a, MatchesTheReferenceVectorsAndChains) {

@@ -109,6 +109,9 @@ def replica_lost(c, work):
     check("ended (failed)" in events, f"the lost replica's end is an event: {events}")
     check("replica 3 starts on" in events and "healed from" in events, f"the replacement and its heal: {events}")
     check(epoch_column(os.path.join(c.runs, str(job_id), "epochs.csv")) == [1, 2], "each epoch row once")
+    sizes = [(int(e["replicas_min"]), int(e["replicas_max"]), int(e["replica_changes"])) for e in report["epochs"]]
+    check(min(s[0] for s in sizes) == 2 and max(s[1] for s in sizes) == 3 and sum(s[2] for s in sizes) >= 2,
+          f"the epoch rows show the quorum's sizes, 3 to 2 and back: {sizes}")
 
 
 def coordinator_restart(c, work):

@@ -582,6 +582,7 @@ void Trainer::CloseEpoch(int64_t epoch, int64_t total_steps, RunLog* log) {
     next.epoch = epoch + 1;
     next.global_step = progress_.global_step;
     next.evals = progress_.evals;
+    next.replicas.last = progress_.replicas.last;
     progress_ = next;
     SaveCheckpointNow("end of epoch");  // collective
   }

@@ -180,6 +180,7 @@ void Trainer::ElasticApply(ElasticProgress& e, int64_t step, const std::vector<f
   record.tokens = e.tokens;
   record.padded_len = e.padded_len;
   record.replicas = e.members;
+  NoteQuorumSize(progress_.replicas, e.members);
   progress_.global_step = step;
   ++progress_.next_batch;
   ++progress_.epoch_steps;

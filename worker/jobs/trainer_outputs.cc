@@ -134,6 +134,9 @@ EpochRow Trainer::MakeEpochRow(int64_t epoch, const Evaluation& eval, int64_t to
   row.eval_acc = eval.accuracy;
   row.lr = LrAt(std::max<int64_t>(0, progress_.global_step - 1), total_steps);
   if (scaler_->enabled()) row.loss_scale = scaler_->scale();
+  row.replicas_min = static_cast<int>(progress_.replicas.min);
+  row.replicas_max = static_cast<int>(progress_.replicas.max);
+  row.replica_changes = static_cast<int>(progress_.replicas.changes);
   return row;
 }
 

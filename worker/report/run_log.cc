@@ -29,7 +29,7 @@ std::string EpochCsvHeader() {
       "comm_ms";
   for (const char* part : kStepParts)
     header += std::string(",") + part + "_ms_min," + part + "_ms_med," + part + "_ms_max";
-  return header + ",slowest_rank,slowest_ms_per_step,slowest_host";
+  return header + ",slowest_rank,slowest_ms_per_step,slowest_host,replicas_min,replicas_max,replica_changes";
 }
 
 std::string EpochCsvLine(const EpochRow& r) {
@@ -41,7 +41,9 @@ std::string EpochCsvLine(const EpochRow& r) {
       r.forward_ms, r.backward_ms, r.optimizer_ms, r.ranks, r.global_batch, r.comm_ms);
   for (const PartStats& p : r.parts) line += fmt::format(",{:.3f},{:.3f},{:.3f}", p.min, p.median, p.max);
   // A hostname holds no comma or quote (RFC 1123), so it needs no CSV quoting.
-  return line + fmt::format(",{},{:.3f},{}", r.slowest_rank, r.slowest_ms_per_step, r.slowest_host);
+  line += fmt::format(",{},{:.3f},{}", r.slowest_rank, r.slowest_ms_per_step, r.slowest_host);
+  if (r.replicas_max == 0) return line + ",,,";
+  return line + fmt::format(",{},{},{}", r.replicas_min, r.replicas_max, r.replica_changes);
 }
 
 namespace {
@@ -72,6 +74,9 @@ EpochRow ParseCsvLine(const std::vector<std::string>& header, const std::string&
   r.slowest_rank = static_cast<int>(get("slowest_rank"));
   r.slowest_ms_per_step = get("slowest_ms_per_step");
   r.ranks = std::max(1, static_cast<int>(get("ranks")));
+  r.replicas_min = static_cast<int>(get("replicas_min"));
+  r.replicas_max = static_cast<int>(get("replicas_max"));
+  r.replica_changes = static_cast<int>(get("replica_changes"));
   for (size_t i = 0; i < header.size(); ++i)
     if (header[i] == "slowest_host") r.slowest_host = cells[i];
   for (int part = 0; part < kNumStepParts; ++part) {

@@ -44,6 +44,9 @@ struct EpochRow {
   // Each rank's mean ms per step of each part, by job rank (not in epochs.csv: the
   // coordinator's dashboard draws it).
   std::vector<std::array<double, kNumStepParts>> rank_parts;
+  // An elastic run's quorum sizes over the epoch and how often they changed
+  // (TrainProgress::Membership); 0 elsewhere, and empty cells in epochs.csv.
+  int replicas_min = 0, replicas_max = 0, replica_changes = 0;
 };
 
 // epochs.csv's header, and one row of it.
