@@ -74,20 +74,13 @@ struct Replicas {
   std::mutex mutex;
 };
 
-// Runs replica `name` to step kLast; one with `die_at` dies computing that step (its
-// ring closes with it) and its agent reports the exit.
-void RunReplica(InProcessQuorum& quorum, Replicas& replicas, const std::string& name, int64_t die_at) {
+// Runs `view` as replica `name` to step kLast and records how far it got. One that dies
+// (throws DiedMidStep: its ring closes with it) leaves the quorum, as its agent's report
+// of the exit makes it.
+void RunModel(InProcessQuorum& quorum, Replicas& replicas, const std::string& name, ElasticModel view) {
   RingListener listener;
   InProcessQuorum::Link link(quorum, name, listener.port());
-  ElasticModel view = replicas.models.at(name).View();
-  if (die_at > 0) {
-    const auto accumulate = view.accumulate;
-    view.accumulate = [accumulate, die_at](int64_t step, int position, int members, std::vector<float>* sum) {
-      if (step == die_at) throw DiedMidStep{};
-      accumulate(step, position, members, sum);
-    };
-  }
-  ElasticReplica replica(listener, link, view, RingOptions{5, "the job's secret"});
+  ElasticReplica replica(listener, link, std::move(view), RingOptions{5, "the job's secret"});
   try {
     const int64_t last = replica.RunUntil(0, kLast);
     std::lock_guard<std::mutex> lock(replicas.mutex);
@@ -96,6 +89,19 @@ void RunReplica(InProcessQuorum& quorum, Replicas& replicas, const std::string& 
   } catch (const DiedMidStep&) {
     quorum.Remove(name);
   }
+}
+
+// Runs replica `name` to step kLast; one with `die_at` dies computing that step.
+void RunReplica(InProcessQuorum& quorum, Replicas& replicas, const std::string& name, int64_t die_at) {
+  ElasticModel view = replicas.models.at(name).View();
+  if (die_at > 0) {
+    const auto accumulate = view.accumulate;
+    view.accumulate = [accumulate, die_at](int64_t step, int position, int members, std::vector<float>* sum) {
+      if (step == die_at) throw DiedMidStep{};
+      accumulate(step, position, members, sum);
+    };
+  }
+  RunModel(quorum, replicas, name, std::move(view));
 }
 
 // The weights of a run without failures, in fp64: 1 - lr times the sum over the steps
@@ -118,13 +124,18 @@ void ExpectTheWeightsOfAnUnbrokenRun(const std::vector<float>& weights) {
 // retry it as a quorum of two, and go on. A new replica d joins once step 10 has
 // committed, is healed from a live peer at the next step boundary, and takes its share
 // from then on.
-TEST(ElasticReplicaTest, SurvivorsRetryTheStepAndAJoinerIsHealedWithTheSameWeightsAsAnUnbrokenRun) {
+// The quorum of the tests below: at least one replica, a 5 s timeout.
+QuorumService::Options QuorumOf(int max_replicas) {
   QuorumService::Options options;
   options.min_replicas = 1;
-  options.max_replicas = 3;
+  options.max_replicas = max_replicas;
   options.timeout_s = 5;
   options.join_window_s = 0.5;
-  InProcessQuorum quorum(options);
+  return options;
+}
+
+TEST(ElasticReplicaTest, SurvivorsRetryTheStepAndAJoinerIsHealedWithTheSameWeightsAsAnUnbrokenRun) {
+  InProcessQuorum quorum(QuorumOf(3));
   Replicas r;
   for (const char* name : {"a", "b", "c"}) r.models[name];
   r.models["d"].weights.assign(kWeights, -7.0f);  // a fresh process's state, to be replaced by a heal
@@ -151,6 +162,85 @@ TEST(ElasticReplicaTest, SurvivorsRetryTheStepAndAJoinerIsHealedWithTheSameWeigh
   EXPECT_GT(r.models["d"].applied.front(), 10);
   EXPECT_EQ(r.models["d"].applied.back(), kLast);
   EXPECT_GE(r.retried["a"], 1) << "step 6 failed with c gone";
+}
+
+// Which side of a heal dies in it: the live replica giving its state, or the joiner
+// taking it.
+enum class DiesHealing { kSource, kTarget };
+
+// Runs replica `name` to step kLast; it dies in the first heal of a joiner after step 10
+// that it takes part in as `side`, unless a replica died so first (`died` set already).
+void RunReplicaDyingInAHeal(InProcessQuorum& quorum, Replicas& replicas, const std::string& name, DiesHealing side,
+                            std::atomic<bool>& died) {
+  ToyModel& model = replicas.models.at(name);
+  ElasticModel view = model.View();
+  if (side == DiesHealing::kSource) {
+    const auto save = view.save;
+    view.save = [save, &model, &died] {
+      if (model.applied.size() >= 10 && !died.exchange(true)) throw DiedMidStep{};
+      return save();
+    };
+  } else {
+    const auto load = view.load;
+    view.load = [load, &died](const std::vector<uint8_t>& bytes) {
+      if (!died.exchange(true)) throw DiedMidStep{};
+      load(bytes);
+    };
+  }
+  RunModel(quorum, replicas, name, std::move(view));
+}
+
+// Three replicas a, b and c; once step 10 has committed, d joins (and, for a dying
+// target, then e). The heal's source or target dies in it: the step fails on every
+// member, is retried without the dead one, and the joiner still waiting is healed from
+// a live replica. Every replica left ends with the weights of an unbroken run.
+void ExpectAHealSurvivesADeathIn(DiesHealing side) {
+  InProcessQuorum quorum(QuorumOf(4));
+  Replicas r;
+  std::atomic<bool> died{false};
+  for (const char* name : {"a", "b", "c", "d", "e"}) r.models[name];
+  r.models["d"].weights.assign(kWeights, -7.0f);  // fresh processes' states, to be replaced by heals
+  r.models["e"].weights.assign(kWeights, -7.0f);
+  std::atomic<bool> spent{true};  // for the replicas that do not die
+  std::vector<std::thread> threads;
+  for (const char* name : {"a", "b", "c"})
+    threads.emplace_back(RunReplicaDyingInAHeal, std::ref(quorum), std::ref(r), name, DiesHealing::kSource,
+                         std::ref(side == DiesHealing::kSource ? died : spent));
+  const double deadline = SteadySeconds() + 60;
+  while (quorum.CommittedSteps() < 10 && SteadySeconds() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  threads.emplace_back(RunReplicaDyingInAHeal, std::ref(quorum), std::ref(r), "d", DiesHealing::kTarget,
+                       std::ref(side == DiesHealing::kTarget ? died : spent));
+  if (side == DiesHealing::kTarget) {  // d dies in its heal: e replaces it
+    while (!died && SteadySeconds() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    threads.emplace_back(RunReplicaDyingInAHeal, std::ref(quorum), std::ref(r), "e", DiesHealing::kTarget,
+                         std::ref(died));
+  }
+  for (auto& t : threads) t.join();
+
+  ASSERT_TRUE(died) << "a replica died in a heal";
+  std::vector<std::string> finished;
+  for (const auto& [name, last] : r.reached)
+    if (last == kLast) finished.push_back(name);
+  // kSource: two of a, b and c, and d; kTarget: a, b, c and e.
+  ASSERT_EQ(finished.size(), side == DiesHealing::kSource ? 3u : 4u) << "every replica left took every step";
+  for (const std::string& name : finished) {
+    EXPECT_EQ(
+        std::memcmp(r.models[name].weights.data(), r.models[finished[0]].weights.data(), kWeights * sizeof(float)), 0)
+        << name << "'s weights differ from " << finished[0] << "'s";
+  }
+  ExpectTheWeightsOfAnUnbrokenRun(r.models[finished[0]].weights);
+  const std::string joiner = side == DiesHealing::kSource ? "d" : "e";
+  EXPECT_EQ(r.reached[joiner], kLast) << "the joiner was healed from a live replica after all";
+  EXPECT_GE(r.retried[finished[0]], 1) << "the step of the heal failed";
+}
+
+TEST(ElasticReplicaTest, ALiveReplicaDyingWhileItHealsAJoinerFailsTheStepAndAnotherHealsIt) {
+  ExpectAHealSurvivesADeathIn(DiesHealing::kSource);
+}
+
+TEST(ElasticReplicaTest, AJoinerDyingInItsHealFailsTheStepAndTheOthersGoOnAndHealTheNext) {
+  ExpectAHealSurvivesADeathIn(DiesHealing::kTarget);
 }
 
 // A heal whose state is over the cap fails the step on every member, naming the cap,
