@@ -19,6 +19,13 @@ replicas, one a host. One case a run:
   two_lost    h4's replica, then h3's, are killed a step apart (min_replicas 1): the ones
               left go on each time within 5 s, and replacements on the freed slots bring
               the job back to three
+  coordinator_lost
+              h1, the coordinator's host and so the quorum service's, is powered off
+              mid-run (no FIN reaches the agents) and back 5 s later with the coordinator
+              started again on its own disk: no step commits while it is away, the
+              coordinator takes the attempt back, the replicas' old quorum is refused and
+              they form a new one at the step they had committed, and every replica ends
+              as the same process with the same weights and moments
 
 Every case ends with the job SUCCEEDED as its one attempt, every step in the first
 replicas' steps.jsonl once and in order, and each epoch row once. Each prints its time to
@@ -27,6 +34,7 @@ import glob
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -241,10 +249,33 @@ def two_lost(rig):
     rig.check_equal_at_the_end()
 
 
+def coordinator_lost(rig):
+    rig.wait_for_step(5)
+    replicas = {h: pool_job_pid(rig.c, h) for h in HOSTS}
+    rig.c.power_off("h1")
+    time.sleep(1)  # a vote sent before the cut may still be answered
+    away = {h: len(rig.on(h)) for h in HOSTS}
+    time.sleep(4)
+    check({h: len(rig.on(h)) for h in HOSTS} == away, f"no step committed while the quorum service was away: {away}")
+    rig.c.power_on("h1")
+    rig.c.popen("h1", rig.pool.coordinator_command(), stdout=rig.pool.log("coordinator-after-power-on"),
+                stderr=subprocess.STDOUT)
+    back = time.time()
+    resumed = rig.time_to_next_step(HOSTS, back)
+    print(f"coordinator_lost: the replicas committed a step {resumed:.1f} s after the coordinator started again")
+    events = rig.finish()
+    for host, pid in replicas.items():
+        rig.check_survivor(host)
+        check(pool_job_pid(rig.c, host) in (None, pid), f"{host}'s replica was never restarted")
+    check("re-adopted after a coordinator restart" in events, f"the attempt was taken back: {events}")
+    rig.check_equal_at_the_end()
+
+
 CASES = {"power_off": on_rig(4, run_elastic(power_off)),
          "stopped": on_rig(4, run_elastic(stopped)),
          "link_cut": on_rig(4, run_elastic(link_cut)),
-         "two_lost": on_rig(4, run_elastic(two_lost, min_replicas=1))}
+         "two_lost": on_rig(4, run_elastic(two_lost, min_replicas=1)),
+         "coordinator_lost": on_rig(4, run_elastic(coordinator_lost))}
 
 
 if __name__ == "__main__":
