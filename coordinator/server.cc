@@ -417,24 +417,11 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   }
   const JobSpec& spec = *parsed.spec;
   const wire::SubmitRequest& request = parsed.request;
-  NewJob job;
-  job.name = spec.name;
-  job.idempotency_key = request.idempotency_key();
-  job.spec_yaml = request.yaml();
-  job.source = request.source();
-  job.device = spec.resources.device;
-  job.priority = spec.resources.priority;
-  job.ranks = spec.resources.ranks;
-  if (const ElasticSpec& elastic = spec.distributed.elastic; elastic.enabled()) {  // a gang of its replicas
-    job.ranks = elastic.max_replicas;
-    job.elastic = {elastic.min_replicas, elastic.max_replicas, elastic.join_window_s, spec.distributed.timeout_s};
+  if (const std::string refusal = ElasticRefusal(spec, request.source()); !refusal.empty()) {
+    Send(parsed.identity, ErrorEnvelope(2, refusal));
+    return;
   }
-  job.max_restarts = spec.resources.max_restarts;
-  job.base_dir = request.base_dir();
-  job.estimate_s = spec.resources.estimate_minutes * 60.0;
-  job.user = PlainUser(request.user());
-  job.preemptible = spec.resources.preemptible;
-  job.metric = spec.checkpoint.best_metric;
+  const NewJob job = JobOf(spec, request);
   if (const std::string refusal = PolicyRefusal(parsed.admin, job.priority, job.preemptible); !refusal.empty()) {
     Send(parsed.identity, ErrorEnvelope(2, "refused: " + refusal));
     return;
@@ -466,6 +453,36 @@ void Server::FinishSubmission(const ParsedSubmission& parsed) {
   reply.mutable_submitted()->set_job_id(record.id);
   reply.mutable_submitted()->set_created(created);
   Send(parsed.identity, reply);
+}
+
+// The job `spec` (submitted as `request`) becomes in the store.
+NewJob Server::JobOf(const JobSpec& spec, const wire::SubmitRequest& request) {
+  NewJob job;
+  job.name = spec.name;
+  job.idempotency_key = request.idempotency_key();
+  job.spec_yaml = request.yaml();
+  job.source = request.source();
+  job.device = spec.resources.device;
+  job.priority = spec.resources.priority;
+  job.ranks = spec.resources.ranks;
+  if (const ElasticSpec& elastic = spec.distributed.elastic; elastic.enabled()) {  // a gang of its replicas
+    job.ranks = elastic.max_replicas * spec.resources.ranks;                       // every replica's ranks
+    job.elastic = {elastic.min_replicas, elastic.max_replicas, elastic.join_window_s, spec.distributed.timeout_s};
+  }
+  job.max_restarts = spec.resources.max_restarts;
+  job.base_dir = request.base_dir();
+  job.estimate_s = spec.resources.estimate_minutes * 60.0;
+  job.user = PlainUser(request.user());
+  job.preemptible = spec.resources.preemptible;
+  job.metric = spec.checkpoint.best_metric;
+  return job;
+}
+
+std::string Server::ElasticRefusal(const JobSpec& spec, const std::string& source) const {
+  if (!spec.distributed.elastic.enabled() || spec.resources.ranks == 1 || options_.slurm.enabled) return "";
+  return source +
+         ": resources.ranks: a pool's elastic replica is one rank (resources.ranks: 1); a replica of several ranks "
+         "runs under coordinator --slurm, each a Slurm job of its ranks on one node";
 }
 
 std::string Server::PolicyRefusal(bool admin, int priority, bool preemptible) const {

@@ -237,6 +237,10 @@ class Server : private SearchLoop, private LaunchLoop {
   wire::Envelope Handle(const ClientIdentity& client, const wire::Envelope& request);
   std::optional<wire::Envelope> Submit(const std::string& identity, const ClientIdentity& client,
                                        const wire::SubmitRequest& request);
+  static NewJob JobOf(const JobSpec& spec, const wire::SubmitRequest& request);
+  // Why this coordinator cannot run the elastic job `spec` (from `source`), or "": a
+  // pool's replica is one rank.
+  std::string ElasticRefusal(const JobSpec& spec, const std::string& source) const;
   // Why a job of `priority` (and `preemptible`) may not be submitted with a user key, or
   // "" (Note [Policy by role]).
   std::string PolicyRefusal(bool admin, int priority, bool preemptible) const;

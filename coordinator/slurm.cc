@@ -50,6 +50,7 @@ std::string SbatchScript(const SlurmOptions& o, const SlurmSubmission& s) {
       << "#SBATCH --job-name=trainyard-" << s.job
       << (s.replica >= 0 ? "-replica-" + std::to_string(s.replica) : std::string()) << "\n"
       << "#SBATCH --ntasks=" << s.ranks << "\n";
+  if (s.replica >= 0) out << "#SBATCH --nodes=1\n";  // an elastic replica is one host's ranks
   if (!o.partition.empty()) out << "#SBATCH --partition=" << o.partition << "\n";
   if (!o.account.empty()) out << "#SBATCH --account=" << o.account << "\n";
   if (o.time_limit_minutes > 0) out << "#SBATCH --time=" << o.time_limit_minutes << "\n";

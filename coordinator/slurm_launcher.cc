@@ -33,7 +33,7 @@ void SlurmLauncher::Schedule(double now) {
     if (const std::optional<ElasticOptions> elastic = sources_.store.ElasticOptionsOf(job.id)) {
       SubmitFirstReplicas(job, elastic->max_replicas, now);
     } else if (sources_.loop.MakeAttemptFolder(job, now)) {
-      Submit(job, job.attempts + 1, -1, now);
+      Submit(job, job.attempts + 1, -1, job.ranks);
     }
   }
   ReplaceLostReplicas(now);
@@ -44,13 +44,12 @@ bool SlurmLauncher::InFlight(int64_t job) const {
   return first_replicas_.count(job) || (it != tokens_.end() && it->first.first == job);
 }
 
-void SlurmLauncher::Submit(const JobRecord& job, int attempt, int replica, double now) {
-  (void)now;
+void SlurmLauncher::Submit(const JobRecord& job, int attempt, int replica, int ranks) {
   SlurmSubmission s;
   s.job = job.id;
   s.attempt = attempt;
   s.name = job.name;
-  s.ranks = replica >= 0 ? 1 : job.ranks;  // a replica is one rank
+  s.ranks = ranks;
   s.gpus = job.device == "cuda";
   s.folder = sources_.loop.AttemptDir(job.id, s.attempt);
   s.replica = replica;
@@ -64,7 +63,7 @@ void SlurmLauncher::Submit(const JobRecord& job, int attempt, int replica, doubl
 void SlurmLauncher::SubmitFirstReplicas(const JobRecord& job, int replicas, double now) {
   if (!sources_.loop.MakeAttemptFolder(job, now)) return;
   first_replicas_[job.id].assign(static_cast<size_t>(replicas), {});
-  for (int replica = 0; replica < replicas; ++replica) Submit(job, job.attempts + 1, replica, now);
+  for (int replica = 0; replica < replicas; ++replica) Submit(job, job.attempts + 1, replica, job.ranks / replicas);
 }
 
 void SlurmLauncher::Follow(double now) {
@@ -184,7 +183,8 @@ void SlurmLauncher::ReplaceLostReplicas(double now) {
     if (now - last < ReplacementBackoffS(failures) ||
         (refused != replacement_not_before_.end() && now < refused->second))
       continue;
-    if (const auto job = sources_.store.Find(id)) Submit(*job, attempt.attempt, attempt.replicas_started, now);
+    if (const auto job = sources_.store.Find(id))
+      Submit(*job, attempt.attempt, attempt.replicas_started, job->ranks / std::max(1, attempt.max_replicas));
   }
 }
 

@@ -67,7 +67,9 @@ class SlurmLauncher : public Launcher {
     std::string slurm_job, token, error;
   };
 
-  void Submit(const JobRecord& job, int attempt, int replica, double now);
+  // sbatch of `attempt` of `job` (an elastic job's `replica`, or -1: the whole attempt)
+  // as a Slurm job of `ranks` tasks.
+  void Submit(const JobRecord& job, int attempt, int replica, int ranks);
   void SubmitFirstReplicas(const JobRecord& job, int replicas, double now);
   void TakeSubmissions(double now);
   void TakeAttemptSubmission(const SlurmClient::Submitted& done, const std::string& token, double now);

@@ -485,7 +485,8 @@ void ParseResources(const SpecReader& r, const YAML::Node& root, JobSpec* spec) 
 }
 
 // distributed.elastic, checked against what elastic steps can run (Note [Elastic
-// finetune]): a finetune job, one rank a replica, no graphed steps or per-step hash.
+// finetune]): a finetune job, no graphed steps or per-step hash. A replica is
+// resources.ranks ranks (Note [Elastic replica of several ranks]).
 void ParseElastic(const SpecReader& r, const YAML::Node& node, JobSpec& spec) {
   constexpr int kMaxReplicas = 256;
   const std::string path = "distributed.elastic";
@@ -500,10 +501,6 @@ void ParseElastic(const SpecReader& r, const YAML::Node& node, JobSpec& spec) {
     r.Fail(e["min_replicas"], path + ".min_replicas",
            "at most max_replicas (" + std::to_string(out.max_replicas) + "), got " + std::to_string(out.min_replicas));
   if (spec.kind != JobKind::kFinetune) r.Fail(node, path, "only kind: finetune trains elastically");
-  if (spec.resources.ranks != 1)
-    r.Fail(node, path,
-           "a replica is one rank: resources.ranks must be 1 (the job runs max_replicas of them), got " +
-               std::to_string(spec.resources.ranks));
   if (spec.train.cuda_graph == GraphMode::kOn)
     r.Fail(node, path, "elastic steps are not graphed: train.cuda_graph must not be true");
   if (spec.distributed.check_consistency)

@@ -22,7 +22,11 @@ h1, slurmd on h2 and h3). Exit 77 (skipped) where the rig or Slurm cannot run he
               event, and a replacement is submitted to Slurm as a fourth Slurm job, joins
               and is healed from a live replica. The job ends SUCCEEDED as its one
               attempt, the survivors took every step once, and the three replicas that
-              took the last step end with the same weights and AdamW moments."""
+              took the last step end with the same weights and AdamW moments.
+  elastic_ranks
+              the same with two replicas of two ranks each, one Slurm job of two tasks on
+              one node a replica: the lost replica's rank 1 is killed, its Slurm job ends,
+              the other replica goes on alone, and a replacement of two ranks is healed."""
 import glob
 import os
 import pwd
@@ -482,8 +486,7 @@ def pool_start_latency(c, args):
     return first_step_after(c, submitted, job_id, "pooled", runs=pool.runs)
 
 
-ELASTIC_EXAMPLES = 840  # 2 epochs of 35 steps in global batches of 24 (8 a replica)
-ELASTIC_TOTAL = 2 * (ELASTIC_EXAMPLES // 24)
+ELASTIC_EXAMPLES = 840  # 2 epochs, in global batches of 8 x the replicas' ranks
 
 
 def replica_steps(c, job_id):
@@ -495,66 +498,132 @@ def replica_steps(c, job_id):
     return out
 
 
-def elastic(c, s, args):
-    job = write(os.path.join(c.shared, "elastic.yaml"), job_yaml("elastic", subset_tsv(c.shared, ELASTIC_EXAMPLES), """train:
+def slurm_task_pid(c, host, slurm_job, task):
+    """The pid of task `task` (SLURM_PROCID) of Slurm job `slurm_job`'s worker on `host`."""
+    for pid in c.pids(host, ("worker",)):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if env.get(b"SLURM_JOB_ID") == slurm_job.encode() and env.get(b"SLURM_PROCID") == str(task).encode():
+            return pid
+    return None
+
+
+def elastic_under_slurm(c, s, args, replicas, ranks):
+    """An elastic job of `replicas` replicas of `ranks` ranks each under coordinator --slurm;
+    the last replica's last rank is killed mid-run."""
+    name = "elastic"
+    total = 2 * -(-ELASTIC_EXAMPLES // (8 * replicas * ranks))  # an epoch's last batch may be short
+    # Without dropout, so that its steps can be compared with today's path's (below).
+    job = write(os.path.join(c.shared, name + ".yaml"), no_dropout(job_yaml(name, subset_tsv(c.shared, ELASTIC_EXAMPLES), f"""train:
   epochs: 2
   batch_size: 8
 checkpoint:
   every_steps: 10
+resources:
+  ranks: {ranks}
 distributed:
   timeout_s: 2
   elastic:
-    min_replicas: 2
-    max_replicas: 3
+    min_replicas: {replicas - 1}
+    max_replicas: {replicas}
     join_window_s: 2
 debug:
   step_pause_ms: 200
-"""))
+""")))
+    lost = f"replica-{replicas - 1}"
 
     def first(folder):
-        return int(folder.split("-")[1]) < 3
+        return int(folder.split("-")[1]) < replicas
 
     def body(pool):
         job_id = pool.jobctl("submit", job)["job_id"]
-        wait_for(lambda: (lambda r: len(r) == 3 and all(len(x) >= 5 for x in r.values()) and r)(
-            {k: v for k, v in replica_steps(c, job_id).items() if first(k[1])}), 120, "three replicas past step 5")
-        ranks = {w["world"]: w for w in pool.workers() if w["job_id"] == job_id}
+        wait_for(lambda: (lambda r: len(r) == replicas and all(len(x) >= 5 for x in r.values()) and r)(
+            {k: v for k, v in replica_steps(c, job_id).items() if first(k[1])}), 120, "every replica past step 5")
         placement = pool.jobctl("report", str(job_id))["attempts"][0]["placement"].split(",")
-        victim = ranks[placement[2].removesuffix(":0")]
-        before = {k: len(v) for k, v in replica_steps(c, job_id).items() if first(k[1]) and k[1] != "replica-2"}
-        os.kill(victim["pid"], signal.SIGKILL)
+        victim_world = placement[replicas - 1].removesuffix(":0")
+        lead = next(w for w in pool.workers() if w["world"] == victim_world)
+        pid = slurm_task_pid(c, lead["host"], victim_world.removeprefix("slurm-"), ranks - 1)
+        check(pid is not None, f"task {ranks - 1} of {victim_world} on {lead['host']}")
+        before = {k: len(v) for k, v in replica_steps(c, job_id).items() if first(k[1]) and k[1] != lost}
+        os.kill(pid, signal.SIGKILL)
         killed = time.time()
         wait_for(lambda: all(len(replica_steps(c, job_id).get(k, [])) > n for k, n in before.items()), 60,
                  "the survivors' next step", every=0.05)
         recovered = time.time() - killed
-        print(f"elastic: the survivors committed a step {recovered:.1f} s after replica 2's process was killed")
-        check(recovered <= 5, f"the survivors commit a step within 5 s: {recovered:.1f} s")
+        print(f"elastic ({replicas} x {ranks} ranks): the survivors committed a step {recovered:.1f} s after "
+              f"task {ranks - 1} of {lost} was killed")
+        # A replica of one rank is lost with its process; one of several ranks, once its rank
+        # 0's next collective with the dead rank misses its deadline (timeout_s, 2 s here).
+        bound = 5 if ranks == 1 else 2 + 5
+        check(recovered <= bound, f"the survivors commit a step within {bound} s: {recovered:.1f} s")
         done = ended(pool, job_id, 240, "the elastic job to end")
         events = "\n".join(done.get("events", []))
         report = pool.jobctl("report", str(job_id))
         check(done["state"] == "SUCCEEDED" and len(report["attempts"]) == 1,
               f"{done['state']} in {len(report['attempts'])} attempt(s): {events}")
         check([int(e["epoch"]) for e in report["epochs"]] == [1, 2], f"each epoch once: {report['epochs']}")
+        check(all(int(e["ranks"]) == ranks and int(e["global_batch"]) == 8 * replicas * ranks
+                  for e in report["epochs"]),
+              f"each row from a replica of {ranks} ranks, in global batches of {8 * replicas * ranks}: "
+              f"{[(e['ranks'], e['global_batch']) for e in report['epochs']]}")
         slurm_jobs = [cell.removeprefix("slurm-").removesuffix(":0")
                       for cell in report["attempts"][0]["placement"].split(",")]
-        check(len(slurm_jobs) == 4 and "one for each replica" in events and "replica 3 starts on agent slurm-" in events,
-              f"three Slurm jobs, then a fourth for the replacement: {slurm_jobs}: {events}")
-        check(f"replica 2's Slurm job {slurm_jobs[2]}" in events, f"the lost replica's Slurm job's end: {events}")
-        replicas = replica_steps(c, job_id)
-        for (h, folder), taken in replicas.items():
-            if first(folder) and folder != "replica-2":
-                check(taken == list(range(1, ELASTIC_TOTAL + 1)), f"{h}'s {folder} took every step once: {taken}")
-        finishers = [k for k, taken in replicas.items() if taken and taken[-1] == ELASTIC_TOTAL]
-        states = {k: trained_state(c.outside(k[0], f"runs/{job_id}/{k[1]}/elastic/checkpoints/"
-                                             f"step-{ELASTIC_TOTAL:09d}.safetensors")) for k in finishers}
-        check(len(states) == 3 and len(set(states.values())) == 1 and any(k[1] == "replica-3" for k in states),
-              f"three replicas at the end, the replacement among them, with the same weights and moments: {states}")
+        check(len(slurm_jobs) == replicas + 1 and "one for each replica" in events and
+              f"replica {replicas} starts on agent slurm-" in events,
+              f"a Slurm job a replica, then one more for the replacement: {slurm_jobs}: {events}")
+        check(f"replica {replicas - 1}'s Slurm job {slurm_jobs[replicas - 1]}" in events,
+              f"the lost replica's Slurm job's end: {events}")
+        found = replica_steps(c, job_id)
+        for (h, folder), taken in found.items():
+            if first(folder) and folder != lost:
+                check(taken == list(range(1, total + 1)), f"{h}'s {folder} took every step once: {taken}")
+        finishers = [k for k, taken in found.items() if taken and taken[-1] == total]
+        states = {k: trained_state(c.outside(k[0], f"runs/{job_id}/{k[1]}/{name}/checkpoints/"
+                                             f"step-{total:09d}.safetensors")) for k in finishers}
+        check(len(states) == replicas and len(set(states.values())) == 1 and
+              any(k[1] == f"replica-{replicas}" for k in states),
+              f"every replica at the end, the replacement among them, with the same weights and moments: {states}")
         check("healed from" in events, f"the replacement was healed from a live replica: {events}")
-        script = c.outside("h1", f"runs/{job_id}/attempt-1/job.replica-3.sbatch")
-        check(os.path.exists(script) and "#SBATCH --ntasks=1" in open(script).read(),
-              f"the replacement's script, one task: {script}")
+        script = open(c.outside("h1", f"runs/{job_id}/attempt-1/job.replica-{replicas}.sbatch")).read()
+        check(f"#SBATCH --ntasks={ranks}\n" in script and "#SBATCH --nodes=1\n" in script,
+              f"the replacement's script asks for {ranks} tasks on one node: {script}")
+        if ranks > 1:
+            same_as_one_rank(c, s, args, replicas * ranks, job_id, name)
 
     with_slurm_coordinator(c, s, RigPool(c, args), body)
+
+
+def no_dropout(text):
+    return text.replace("  dropout: 0.1\n", "  dropout: 0.0\n")
+
+
+def same_as_one_rank(c, s, args, world, job_id, name):
+    """The elastic job's first steps (replica 0's, before the failure) against today's
+    path: one standalone rank of the same job taking its whole global batch of 8 x `world`
+    examples, with the same steps in all (so the same learning-rate schedule). Each step's
+    loss is the global batch's mean in both, and agrees up to the order of the sums."""
+    compared = 5
+    straight_file = write(os.path.join(c.shared, "straight.yaml"), no_dropout(job_yaml(
+        "straight", subset_tsv(c.shared, ELASTIC_EXAMPLES), f"train:\n  epochs: 2\n  batch_size: {8 * world}\n")))
+    straight, _ = launch(s, "straight", ["srun", "-N1", "-n1", os.path.abspath(args.worker), straight_file,
+                                         "--runs-dir", os.path.join(c.host_dir, "runs")])
+    want = [x["loss"] for x in steps(straight)][:compared]
+    got = next(steps(os.path.dirname(p))[:compared] for h in c.names
+               for p in glob.glob(c.outside(h, f"runs/{job_id}/replica-0/{name}/steps.jsonl")))
+    check(len(want) == compared and all(abs(g["loss"] - w) <= 1e-4 * abs(w) for g, w in zip(got, want)),
+          f"the first {compared} steps' losses within 1e-4 of one rank's of the whole batch: "
+          f"{[g['loss'] for g in got]} against {want}")
+
+
+def elastic(c, s, args):
+    elastic_under_slurm(c, s, args, replicas=3, ranks=1)
+
+
+def elastic_ranks(c, s, args):
+    elastic_under_slurm(c, s, args, replicas=2, ranks=2)
 
 
 def answering(pool):
@@ -584,7 +653,8 @@ def under_slurm(case):
 
 
 CASES = {"standalone": under_slurm(standalone), "preempt": under_slurm(preempt), "queue": under_slurm(queue),
-         "time_limit": under_slurm(time_limit), "external": under_slurm(external), "elastic": under_slurm(elastic)}
+         "time_limit": under_slurm(time_limit), "external": under_slurm(external), "elastic": under_slurm(elastic),
+         "elastic_ranks": under_slurm(elastic_ranks)}
 
 
 if __name__ == "__main__":

@@ -338,6 +338,23 @@ TEST_F(ServerLifecycleTest, AnElasticAttemptRunsAReplicaASlotAndOutlivesALostOne
   EXPECT_TRUE(noted) << "the lost replica's end is an event";
 }
 
+// A pool's elastic replica is one rank: a job whose replicas are several is refused with
+// exit 2, naming the field and where such a job runs (under --slurm).
+TEST_F(ServerLifecycleTest, APoolRefusesAnElasticJobWhoseReplicasAreSeveralRanks) {
+  Start();
+  Register(a_);
+  const int64_t job = SubmitFile(
+      "name: elastic\ndata:\n  train: train.tsv\n  tokenizer:\n    vocab: vocab.txt\nmodel:\n  preset: tiny\n"
+      "resources:\n  ranks: 2\ndistributed:\n  elastic:\n    max_replicas: 2\n");
+  EXPECT_EQ(job, 0);
+  const wire::Envelope* error = Last(kClient, wire::Envelope::kError);
+  ASSERT_NE(error, nullptr);
+  EXPECT_EQ(error->error().code(), 2);
+  EXPECT_EQ(error->error().message().find("job.yaml: resources.ranks: a pool's elastic replica is one rank"), 0u)
+      << error->error().message();
+  EXPECT_NE(error->error().message().find("coordinator --slurm"), std::string::npos);
+}
+
 // An elastic attempt whose every replica failed has failed, for the reason of the one that
 // failed first.
 TEST_F(ServerLifecycleTest, AnElasticAttemptFailsOnceEveryReplicaHasForTheFirstOnesReason) {

@@ -64,6 +64,11 @@ class Communicator {
   void Broadcast(torch::Tensor tensor, int root, std::string what) {
     BroadcastAsync(std::move(tensor), root, std::move(what))->Wait();
   }
+  // A broadcast of a CPU tensor without the deadline, for ranks that wait for as long as
+  // their root takes to decide (an elastic replica's ranks on its rank 0, which waits on
+  // the quorum: Note [Elastic replica of several ranks] in worker/jobs/trainer_elastic.cc).
+  // Its wait is not a hang: a root that dies takes the job down through its launcher.
+  virtual void AwaitBroadcast(torch::Tensor tensor, int root, std::string what) = 0;
   // Every rank's `values` (same length on all ranks), rank-major: result[r][i].
   std::vector<std::vector<double>> AllGather(const std::vector<double>& values, std::string what);
   // Every rank's `bytes` (same length on all ranks), rank-major, exact.

@@ -93,6 +93,7 @@ struct MpiCommunicator::Status {
 
 struct MpiCommunicator::Operation : public Work {
   bool is_broadcast = false;
+  bool unbounded = false;  // AwaitBroadcast: no deadline
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   int64_t number = 0;
@@ -179,6 +180,17 @@ std::shared_ptr<Work> MpiCommunicator::BroadcastAsync(torch::Tensor tensor, int 
   return Enqueue(operation);
 }
 
+void MpiCommunicator::AwaitBroadcast(torch::Tensor tensor, int root, std::string what) {
+  if (!tensor.is_cpu()) throw std::invalid_argument("AwaitBroadcast takes a CPU tensor");
+  auto operation = std::make_shared<Operation>();
+  operation->is_broadcast = true;
+  operation->unbounded = true;
+  operation->root = root;
+  operation->what = std::move(what);
+  operation->user = std::move(tensor);
+  Enqueue(operation)->Wait();
+}
+
 std::shared_ptr<Work> MpiCommunicator::Enqueue(std::shared_ptr<Operation> operation) {
   if (!operation->user.is_contiguous()) throw std::invalid_argument("collective on a non-contiguous tensor");
   if (operation->user.is_cpu()) {
@@ -240,7 +252,8 @@ void MpiCommunicator::Execute(Operation& operation) {
                                 MpiOp(operation.op, t.scalar_type()), data_comm_, &request));
   }
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(timeout_);
+  const auto deadline =
+      operation.unbounded ? Clock::time_point::max() : start + std::chrono::duration_cast<Clock::duration>(timeout_);
   for (int polls = 0;; ++polls) {
     int done = 0;
     TY_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));

@@ -53,6 +53,7 @@ class MpiCommunicator : public Communicator {
 
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;
+  void AwaitBroadcast(torch::Tensor tensor, int root, std::string what) override;
 
   // How many collectives of a layered device communicator this rank has issued, and
   // the newest one's description. Called on the comm thread; must be thread-safe.

@@ -37,6 +37,10 @@ class NcclCommunicator : public Communicator {
 
   std::shared_ptr<Work> AllReduceAsync(torch::Tensor tensor, ReduceOp op, std::string what) override;
   std::shared_ptr<Work> BroadcastAsync(torch::Tensor tensor, int root, std::string what) override;
+  // CPU tensors only, through the bootstrap communicator.
+  void AwaitBroadcast(torch::Tensor tensor, int root, std::string what) override {
+    bootstrap_.AwaitBroadcast(std::move(tensor), root, std::move(what));
+  }
 
   // The NCCL communicator, its stream and the in-flight list. Shared by the watchdog,
   // the MPI communicator's progress probe and every Work in flight.

@@ -185,7 +185,7 @@ torch::Tensor Trainer::TaskLoss(const torch::Tensor& logits, const Batch& batch,
 }
 
 int64_t Trainer::GlobalBatch() const {
-  const int64_t ranks = ranks_.elastic_replicas > 0 ? ranks_.elastic_replicas : ranks_.world;
+  const int64_t ranks = ranks_.elastic_replicas > 0 ? ranks_.elastic_replicas * ranks_.world : ranks_.world;
   return int64_t(spec_.train.batch_size) * ranks * spec_.train.gradient_accumulation_steps;
 }
 

@@ -69,8 +69,9 @@ class Trainer {
   // Trains as one replica of an elastic job (Note [Elastic finetune] in
   // trainer_elastic.cc): the steps, their evaluations, rows and checkpoints as Run's,
   // each step's gradient summed over the replicas of its quorum and applied only once
-  // the quorum commits it. The replica is this process alone (ranks.world 1, with
-  // ranks.elastic_replicas set). Throws std::runtime_error when no quorum takes it
+  // the quorum commits it. The replica is this job's ranks (ranks.elastic_replicas
+  // set): rank 0, with `elastic`'s link and listener, is the quorum's member, and the
+  // others (with neither) follow it. Throws std::runtime_error when no quorum takes it
   // any more, InputError for a job elastic steps cannot run.
   nlohmann::json RunElastic(const ElasticRun& elastic);
 
@@ -190,9 +191,18 @@ class Trainer {
   void OpenElasticSteps(ElasticProgress& e, int64_t epoch);
   // Throws JobStopped, or JobPreempted once a checkpoint keeps the place.
   [[noreturn]] void StopElastic(ElasticProgress& e);
-  // This replica's whole state as a checkpoint's bytes, and its loading (a heal).
+  // The replica's whole state as a checkpoint's bytes (on rank 0; collective), and its
+  // loading on each rank (a heal).
   std::vector<uint8_t> SaveElasticState();
   void LoadElasticState(const std::vector<uint8_t>& bytes);
+  // Adds the replica's share (its gradients, then `counted`: its loss sum and examples)
+  // to `sum`.
+  void AddShare(const torch::Tensor& counted, std::vector<float>* sum) const;
+  // Note [Elastic replica of several ranks]: rank 0's steps as the quorum's member,
+  // and the other ranks' following them; where the steps ended.
+  struct ElasticEnd;
+  ElasticEnd LeadElasticSteps(ElasticProgress& e, const ElasticRun& elastic);
+  ElasticEnd FollowElasticSteps(ElasticProgress& e);
 
   // trainer_consistency.cc: the ranks in step.
   // The ranks' maximum of found_inf, on the device (MAX-reduced where there are ranks).

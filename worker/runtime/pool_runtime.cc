@@ -110,9 +110,19 @@ std::string RingHost() {
   return host;
 }
 
-// A replica of an elastic attempt (Note [Elastic finetune]): its ring's listener, and
-// its quorum reached through `quorum`: the agent that leads it, or its own.
-RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks, QuorumChannel& quorum) {
+// A replica of an elastic attempt (Note [Elastic finetune]): on its rank 0, its ring's
+// listener, and its quorum reached through `quorum` (the agent that leads it, or its
+// own); a replica's other ranks (`quorum` null) follow its rank 0 (Note [Elastic replica
+// of several ranks]).
+RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks, QuorumChannel* quorum) {
+  // Replicas that share a host (a pool's slots) each keep a run folder of their own, and
+  // one that replaces a lost replica on the same slot does not write over its files.
+  spec.log.runs_dir += "/replica-" + std::to_string(replica);
+  const double timeout_s = spec.distributed.timeout_s;
+  if (!quorum) {
+    const ElasticRun follower{nullptr, nullptr, timeout_s, ""};
+    return RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks, &follower);
+  }
   const std::string host = RingHost();
   std::unique_ptr<RingListener> made;
   try {
@@ -122,14 +132,11 @@ RankResult RunReplica(JobSpec spec, int replica, int local_rank, JobHooks* hooks
     failed.exit_code = 1;
     failed.outcome.end = JobEnd::kFailed;
     failed.outcome.message = std::string("the replica's ring cannot listen: ") + e.what();
+    failed.abort_world = true;  // its other ranks wait on it
     return failed;
   }
   RingListener& listener = *made;
-  // Replicas that share a host (a pool's slots) each keep a run folder of their own, and
-  // one that replaces a lost replica on the same slot does not write over its files.
-  spec.log.runs_dir += "/replica-" + std::to_string(replica);
-  const double timeout_s = spec.distributed.timeout_s;
-  RelayQuorumLink link(quorum, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
+  RelayQuorumLink link(*quorum, {host, listener.port(), 1.0, std::max(60.0, 2 * timeout_s), timeout_s + 30});
   const ElasticRun elastic{&link, &listener, timeout_s, ""};
   return RunJobOn(std::move(spec), MPI_COMM_WORLD, local_rank, hooks, &elastic);
 }
@@ -143,8 +150,10 @@ RankResult RunAssignment(const Assignment& a, int local_rank, JobHooks* hooks, Q
     spec.log.progress = false;
     if (a.resume) spec.checkpoint.resume = "auto";
 #ifdef TRAINYARD_WITH_ELASTIC
-    if (a.elastic_replicas > 0 && quorum)
-      return RunReplica(std::move(spec), a.elastic_replica, local_rank, hooks, *quorum);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (a.elastic_replicas > 0 && (quorum || rank > 0))  // rank 0 leads the replica; its others follow
+      return RunReplica(std::move(spec), a.elastic_replica, local_rank, hooks, rank == 0 ? quorum : nullptr);
 #else
     (void)quorum;
 #endif

@@ -802,9 +802,7 @@ TEST_F(JobSpecTest, ElasticReplicasAreReadAndWhatElasticStepsCannotRunIsRefused)
             "job.yaml:10:5: distributed.elastic.max_replicas: required: the replicas at full strength");
   EXPECT_NE(ErrorOf(Valid() + "distributed:\n  elastic:\n    max_replica: 3\n").find("did you mean"),
             std::string::npos);
-  EXPECT_EQ(ErrorOf(Valid() + "resources:\n  ranks: 2\n" + elastic),
-            "job.yaml:12:5: distributed.elastic: a replica is one rank: resources.ranks must be 1 (the job runs "
-            "max_replicas of them), got 2");
+  EXPECT_EQ(Parse(Valid() + "resources:\n  ranks: 2\n" + elastic).resources.ranks, 2) << "a replica of two ranks";
   EXPECT_EQ(ErrorOf(Valid("  cuda_graph: true\n") + elastic),
             "job.yaml:11:5: distributed.elastic: elastic steps are not graphed: train.cuda_graph must not be true");
   EXPECT_EQ(ErrorOf("kind: benchmark\n" + Valid() + elastic).find("distributed.elastic: only kind: finetune"),
