@@ -294,6 +294,7 @@ void SlurmLauncher::ReplicaEnded(const RunningAttempt& attempt, const RankKey& s
 }
 
 void SlurmLauncher::Ended(const RunningAttempt& attempt, wire::Outcome outcome) {
+  replacement_not_before_.erase(attempt.job);
   if (attempt.slurm_job.empty() || outcome == wire::OUTCOME_SUCCEEDED) return;
   if (!attempt.elastic) return client_->Cancel(attempt.slurm_job);  // its allocation, if any is left
   for (const RankKey& slot : attempt.slots)
