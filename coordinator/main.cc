@@ -79,6 +79,7 @@ void AddSlurmOptions(CLI::App& app, CommandLine* c) {
   auto* slurm = app.add_flag("--slurm", s.enabled,
                              "run each attempt as a Slurm batch job (sbatch) instead of on pool agents: Slurm\n"
                              "decides where and when; the script is kept as <runs>/<id>/attempt-<n>/job.sbatch.\n"
+                             "An elastic job's replicas are a Slurm job each (job.replica-<r>.sbatch).\n"
                              "Needs Slurm's client commands here and slurmctld answering (else exit 2)");
   // They become #SBATCH lines of every script: a name, nothing that could end the line.
   const CLI::Validator slurm_name(
