@@ -352,10 +352,6 @@ void ParseTrain(const SpecReader& r, const YAML::Node& root, JobSpec* spec) {
              std::map<std::string, GraphMode>{
                  {"auto", GraphMode::kAuto}, {"true", GraphMode::kOn}, {"false", GraphMode::kOff}},
              &out.cuda_graph);
-  // A captured step cannot look at its batch on the host, which unpadding's choice does.
-  if (out.cuda_graph == GraphMode::kOn && spec->model.unpad == "always")
-    r.Fail(t["cuda_graph"], "train.cuda_graph",
-           "a CUDA-graphed step runs padded batches; it cannot be combined with model.unpad: always");
   YAML::Node ls = t["loss_scale"];
   if (ls.IsDefined() && !ls.IsNull()) {
     const std::string p = "train.loss_scale";

@@ -22,6 +22,9 @@
 #   realdata  the worker fine-tuning on topics (real texts tokenized on the fly, 4
 #             loader threads, bf16, batch 64, 2 epochs of 172 steps), eager then graphed, for the
 #             epoch's mean step against the synthetic one;
+#   packed    the same graphed, padded (model.unpad: auto) then with the batches packed
+#             on the host and attended by the varlen kernel (model.unpad: always), both
+#             into realdata.txt;
 #   weights   scripts/gpu/bf16_weights_vs_autocast.py: PyTorch's own graphed step with
 #             autocast's weight casts against bf16 weights with fp32 masters;
 #   fused     N pairs of graphed runs: without and with the fused kernels
@@ -58,8 +61,8 @@ while [[ $# -gt 0 ]]; do
       case $1 in --deadline) DEADLINE=$2 ;; --spread) SPREAD=$2 ;; *) HF_SECONDS=$2 ;; esac
       shift 2 ;;
     --plan)
-      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|weights|masters|fused|latency|hftrainer)(,(profile|spread|graphed|compile|realdata|weights|masters|fused|latency|hftrainer))*$ ]] ||
-        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, weights, masters, fused, latency and hftrainer" >&2; exit 2; }
+      [[ $# -ge 2 && "$2" =~ ^(profile|spread|graphed|compile|realdata|packed|weights|masters|fused|latency|hftrainer)(,(profile|spread|graphed|compile|realdata|packed|weights|masters|fused|latency|hftrainer))*$ ]] ||
+        { echo "one_call.sh: --plan needs a comma-separated list of profile, spread, graphed, compile, realdata, packed, weights, masters, fused, latency and hftrainer" >&2; exit 2; }
       PLAN=$2; shift 2 ;;
     --tests|--target)
       [[ $# -ge 2 && -n "$2" ]] || { echo "one_call.sh: $1 needs a value" >&2; exit 2; }
@@ -117,8 +120,9 @@ pair() {  # NAME EXTRA-ARGS...: one worker run and its PyTorch eager reference
 }
 
 # The real-data fine-tune: topics as the worker reads it, on the fly, eager or graphed.
-realdata() {  # GRAPH(true|false)
-  local name=realdata_$([[ $1 == true ]] && echo graphed || echo eager) t0=$SECONDS
+realdata() {  # GRAPH(true|false) [UNPAD(auto|always)]
+  local unpad=${2:-auto}
+  local name=realdata_$([[ $1 == true ]] && echo graphed || echo eager)$([[ $unpad == always ]] && echo _packed) t0=$SECONDS
   cat > "$LOGS/$name.yaml" <<YAML
 name: $name
 data:
@@ -127,13 +131,13 @@ data:
   max_seq_len: 128
   loader_threads: 4
   tokenizer: {vocab: $PWD/data/prepared/topics/vocab.txt}
-model: {preset: base}
+model: {preset: base, unpad: $unpad}
 train: {epochs: 2, batch_size: 64, precision: bf16, cuda_graph: $1}
 runtime: {device: cuda, threads: 4}
 log: {steps_every: 10, progress: false}
 YAML
   {
-    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (topics, 2 epochs, bf16, batch 64, cuda_graph $1)"
+    echo "--- $name (clock $((SECONDS - START)) s): worker $name.yaml (topics, 2 epochs, bf16, batch 64, cuda_graph $1, unpad $unpad)"
     if build-gpu/bin/worker "$LOGS/$name.yaml" --runs-dir "$LOGS/runs" --resume none > "$LOGS/$name.out" 2>&1; then
       cat "$LOGS/runs/$name/epochs.csv"
       cp "$LOGS/runs/$name/epochs.csv" "$LOGS/$name.epochs.csv"
@@ -214,6 +218,7 @@ for step in "${STEPS_PLANNED[@]}"; do
         fits 15 && pair "masters_$i" --cuda-graph --bf16-weights --no-reference
       done ;;
     realdata) fits 60 && realdata false; fits 60 && realdata true ;;
+    packed) fits 60 && realdata true; fits 60 && realdata true always ;;
     hftrainer) fits 120 && hftrainer ;;
     latency) fits 25 && latency each_pass false; fits 25 && latency once false; fits 40 && latency once true "1, 128" ;;
     weights)

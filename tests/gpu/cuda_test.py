@@ -23,6 +23,11 @@ case exits 77 (ctest: skipped), saying so, where torch sees no CUDA device.
           the losses agree within 1e-3 relative and the saved fp32 masters within 2e-3
           (two steps of the learning rate), and both follow the graphed autocast run of
           the same job (fp32 weights, cast on each forward) within 5e-3 relative
+  graph_train_packed  batches packed on the host (model.unpad: always: the varlen
+          attention kernel over real tokens, token counts rounded up for the graphs), bf16,
+          dropout off, 20 steps: graphed against eager within 1e-3 relative in the losses,
+          and both against the padded graphed run of the same job within 2e-2 (the
+          attention kernels round differently), with more than one graph captured
   graph_memory  200 graphed steps over batches padded to 4 lengths: at least 3 shapes are
           captured, and the allocator's memory in use does not move after the last capture
   graph_nccl  one rank on the data-parallel path (distributed.backend: nccl, so the
@@ -129,9 +134,10 @@ GRAPH_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.
                "debug:\n  force_loss_scaling: true\n  plant_inf_step: 7\n")
 
 
-def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0):
+def run_graph_job(args, work, name, text, train_count, mpirun_ranks=0, model=""):
     train = subset_tsv(work, train_count)
     job_text = job_yaml(name, train, text, device="cuda", dev=FULL_DEV).replace("  dropout: 0.1", "  dropout: 0.0")
+    job_text = job_text.replace("  preset: tiny\n", "  preset: tiny\n" + model)
     job_text = job_text.replace("  max_seq_len: 64\n", "  max_seq_len: 64\n  pad_buckets: 4\n")
     job = write(os.path.join(work, name + ".yaml"), job_text)
     runs = os.path.join(work, "runs")
@@ -228,6 +234,29 @@ def graph_train_masters(args, work):
           and summary["cuda_graphs"] >= 1 and held.dtype == torch.float32 and beyond_bf16 > 0.5,
           "the graphed bf16-weights step is off the eager one or the autocast run, or saved no fp32 masters "
           "(the lines above)")
+
+
+PACKED_STEPS = ("train:\n  batch_size: 16\n  max_steps: 20\n  epochs: 1\n  lr: 1.0e-3\n  precision: bf16\n"
+                "  cuda_graph: {graph}\n")
+
+
+def graph_train_packed(args, work):
+    packed = "  unpad: always\n"
+    padded, _ = run_graph_job(args, work, "padded_graphed", PACKED_STEPS.format(graph="true"), 1000)
+    eager, _ = run_graph_job(args, work, "packed_eager", PACKED_STEPS.format(graph="false"), 1000, model=packed)
+    graphed, summary = run_graph_job(args, work, "packed_graphed", PACKED_STEPS.format(graph="true"), 1000,
+                                     model=packed)
+    a, b, c = steps(eager), steps(graphed), steps(padded)
+    gap, follow = relative_gap(b, a), max(relative_gap(a, c), relative_gap(b, c))
+    times = {name: epochs(run)[-1]["ms_per_step"] for name, run in
+             (("padded graphed", padded), ("packed eager", eager), ("packed graphed", graphed))}
+    print(f"packed, graphed ({summary['cuda_graphs']} graphs) vs eager over {len(b)} steps: worst relative loss "
+          f"difference {gap:.2e} (limit 1e-3); against the padded graphed run {follow:.2e} (limit 2e-2)")
+    print("ms per step:", times)
+    print("losses (packed, graphed):", [round(s["loss"], 5) for s in b])
+    print("losses (padded, graphed):", [round(s["loss"], 5) for s in c])
+    check(len(a) == len(b) == len(c) == 20 and gap <= 1e-3 and follow <= 2e-2 and summary["cuda_graphs"] > 1,
+          "packed steps are off the eager or the padded ones, or were not graphed (the lines above)")
 
 
 def graph_memory(args, work):
@@ -368,6 +397,7 @@ def on_cuda(case):
 
 
 CASES = {case.__name__: on_cuda(case) for case in (parity, train, graph, generate, graph_train, graph_train_masters,
+                                                   graph_train_packed,
                                                    graph_memory, graph_nccl)}
 
 

@@ -1,5 +1,6 @@
 #include "worker/jobs/graphed_steps.h"
 
+#include <array>
 #include <map>
 #include <stdexcept>
 #include <utility>
@@ -68,18 +69,32 @@ struct GraphedSteps::Impl {
     return shape;
   }
 
-  static std::pair<int64_t, int64_t> KeyOf(const Batch& batch) {
-    return {batch.input_ids.size(0), batch.input_ids.size(1)};
+  // Rows, padded length, and the packed token count of a batch the host packed (-1 for
+  // a padded one): each needs its own graph.
+  using Key = std::array<int64_t, 3>;
+  static Key KeyOf(const Batch& batch) {
+    return {batch.input_ids.size(0), batch.input_ids.size(1),
+            batch.packing.defined() ? batch.packing.index.size(0) : -1};
   }
 
   // The batch into a shape's static inputs (made on first use), on the caller's stream.
   static void FillInputs(Batch& inputs, const Batch& batch) {
     if (!inputs.input_ids.defined())
-      inputs = {torch::empty_like(batch.input_ids), torch::empty_like(batch.attention_mask),
-                torch::empty_like(batch.labels), 0};
+      inputs = {torch::empty_like(batch.input_ids),
+                torch::empty_like(batch.attention_mask),
+                torch::empty_like(batch.labels),
+                0,
+                {}};
+    if (batch.packing.defined() && !inputs.packing.defined())
+      inputs.packing = {torch::empty_like(batch.packing.index), torch::empty_like(batch.packing.starts),
+                        batch.packing.batch, batch.packing.seq};
     inputs.input_ids.copy_(batch.input_ids);
     inputs.attention_mask.copy_(batch.attention_mask);
     inputs.labels.copy_(batch.labels);
+    if (batch.packing.defined()) {
+      inputs.packing.index.copy_(batch.packing.index);
+      inputs.packing.starts.copy_(batch.packing.starts);
+    }
     inputs.real_tokens = batch.real_tokens;
   }
 
@@ -102,9 +117,13 @@ struct GraphedSteps::Impl {
       shape.graph = CaptureWithoutRunning([&] { shape.outputs = step(shape.inputs, controls); }, pool, stream);
     } catch (const std::exception& e) {
       throw std::runtime_error(
-          StrFormat("capturing the training step of batch shape %ldx%ld as a CUDA graph failed "
+          StrFormat("capturing the training step of batch shape %ldx%ld%s as a CUDA graph failed "
                     "(train.cuda_graph: false steps eagerly): %s",
-                    long(shape.inputs.input_ids.size(0)), long(shape.inputs.input_ids.size(1)), e.what()));
+                    long(shape.inputs.input_ids.size(0)), long(shape.inputs.input_ids.size(1)),
+                    shape.inputs.packing.defined()
+                        ? StrFormat(" (%ld tokens packed)", long(shape.inputs.packing.index.size(0))).c_str()
+                        : "",
+                    e.what()));
     }
   }
 
@@ -112,13 +131,13 @@ struct GraphedSteps::Impl {
   c10::cuda::CUDAStream stream;  // every capture (and first run) is on it, so the graphs share the pool
   at::cuda::MempoolId_t pool;
   StepControls controls;  // with the static device tensors
-  std::map<std::pair<int64_t, int64_t>, Shape> shapes;
+  std::map<Key, Shape> shapes;
   // Evaluation: per shape, its static inputs and the replay of its pass.
   struct Pass {
     Batch inputs;
     std::function<torch::Tensor()> replay;
   };
-  std::map<std::pair<int64_t, int64_t>, Pass> passes;
+  std::map<Key, Pass> passes;
 };
 
 GraphedSteps::GraphedSteps(torch::Device device) {

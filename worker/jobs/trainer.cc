@@ -269,7 +269,7 @@ torch::Tensor Trainer::AccumulateGradients(Batch* micro, size_t count, const dou
     torch::Tensor micro_loss;
     {
       AutocastScope autocast(device_.type(), spec_.train.precision);
-      micro_loss = TaskLoss(model_->forward(batch.input_ids, batch.attention_mask), batch, torch::kMean);
+      micro_loss = TaskLoss(ForwardBatch(*model_, batch), batch, torch::kMean);
     }
     mark(kForward);
     // loss_weight makes the average over ranks the mean over the global batch, also
@@ -425,6 +425,10 @@ PipelineOptions Trainer::BatchOptions(TokenCache* tokens) const {
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   options.cache = tokens;
   if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
+  // On a GPU, model.unpad: always has the host find an encoder's real tokens
+  // (token_index.h); auto leaves GPU batches padded.
+  if (device_.is_cuda() && !causal_lm() && spec_.model.unpad == "always")
+    options.packing = {Unpadding::kAlways, graphs_ != nullptr};
   return options;
 }
 

@@ -177,6 +177,7 @@ void Trainer::ElasticAccumulate(ElasticProgress& e, int64_t step, int position, 
     const BatchIndices indices(global.begin() + long(shard_begin + begin), global.begin() + long(shard_begin + end));
     Batch batch = CollateBatch(train_, *tokenizer_, indices, options.max_len, options.pin_memory, options.cache,
                                options.pad_lengths);
+    PackOnHost(options.packing, &batch);
     e.tokens += batch.real_tokens;
     if (batch.input_ids.dim() == 2) e.padded_len = std::max<int64_t>(e.padded_len, batch.input_ids.size(1));
     micro.push_back(e.transfer->ToDevice(std::move(batch)));

@@ -101,7 +101,7 @@ std::vector<std::pair<std::string, double>> Trainer::ReportedMetrics(const std::
 // No host waits: a CUDA graph can hold it.
 torch::Tensor Trainer::EvaluationSums(const Batch& batch) {
   AutocastScope autocast(device_.type(), spec_.train.precision);
-  torch::Tensor logits = model_->forward(batch.input_ids, batch.attention_mask);
+  torch::Tensor logits = ForwardBatch(*model_, batch);
   torch::Tensor loss = TaskLoss(logits, batch, torch::kSum).to(torch::kDouble);
   if (causal_lm()) {
     torch::Tensor targets = NextTokenTargets(batch);

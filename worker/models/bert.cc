@@ -147,15 +147,21 @@ torch::Tensor BertEncoderImpl::PositionIdsOf(const torch::Tensor& input_ids) con
   return real.cumsum(1) * real + config_.pad_token_id;
 }
 
+torch::Tensor BertEncoderImpl::Embed(const torch::Tensor& input_ids, const TokenIndex* tokens) {
+  torch::Tensor ids = input_ids, positions = PositionIdsOf(input_ids);
+  if (tokens) {
+    ids = tokens->Pack(input_ids);
+    positions = tokens->Pack(positions.expand_as(input_ids));
+  }
+  return word_embeddings_(ids) + token_type_embeddings_(torch::zeros_like(ids)) + position_embeddings_(positions);
+}
+
 torch::Tensor BertEncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                       Unpadding unpadding, Rows rows) {
-  torch::Tensor sum = word_embeddings_(input_ids) + token_type_embeddings_(torch::zeros_like(input_ids)) +
-                      position_embeddings_(PositionIdsOf(input_ids));
+                                       Unpadding unpadding, Rows rows, const TokenPacking* packing) {
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
-  std::optional<TokenIndex> tokens;
-  if (TokenIndex::Wanted(unpadding, attention_mask, keep_mask)) tokens.emplace(attention_mask);
-  torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
+  const std::optional<TokenIndex> tokens = TokensToRun(packing, unpadding, attention_mask, keep_mask);
   const TokenIndex* packed = tokens ? &*tokens : nullptr;
+  torch::Tensor hidden = dropout_(embedding_norm_(Embed(input_ids, packed)));
   for (size_t i = 0; i < layers_.size(); ++i)
     hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? rows : Rows::kAll);
   if (rows == Rows::kFirst && layers_.empty()) return FirstRows(hidden, packed);
@@ -186,7 +192,19 @@ nlohmann::json BertForSequenceClassificationImpl::HfConfig() const {
 
 torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                          const torch::Tensor& attention_mask) {
-  return classifier_(dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), head_rows()))));
+  return Run(input_ids, attention_mask, nullptr);
+}
+
+torch::Tensor BertForSequenceClassificationImpl::ForwardPacked(const torch::Tensor& input_ids,
+                                                               const torch::Tensor& attention_mask,
+                                                               const TokenPacking& packing) {
+  return Run(input_ids, attention_mask, &packing);
+}
+
+torch::Tensor BertForSequenceClassificationImpl::Run(const torch::Tensor& input_ids,
+                                                     const torch::Tensor& attention_mask, const TokenPacking* packing) {
+  return classifier_(
+      dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), head_rows(), packing))));
 }
 
 Model CreateBert(const nlohmann::json& config, ModelTask task) {

@@ -82,9 +82,10 @@ class BertEncoderImpl : public torch::nn::Module {
   BertEncoderImpl(const BertConfig& config, PositionIds positions, bool with_pooler);
   // input_ids, attention_mask [B, S] int64. Returns the last hidden states [B, S, H]
   // (zeros at padding when `unpadding` chose to skip it), or, under Rows::kFirst,
-  // position 0's alone, [B, 1, H], the last layer computing no other (layers.h).
+  // position 0's alone, [B, 1, H], the last layer computing no other (layers.h). With
+  // `packing` (the host's), it runs over those tokens (TokensToRun).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, Unpadding unpadding,
-                        Rows rows = Rows::kAll);
+                        Rows rows = Rows::kAll, const TokenPacking* packing = nullptr);
   // tanh(dense(hidden[:, 0])). REQUIRES: built with_pooler.
   torch::Tensor Pool(const torch::Tensor& hidden);
   // The longest input the position table allows.
@@ -92,6 +93,8 @@ class BertEncoderImpl : public torch::nn::Module {
 
  private:
   torch::Tensor PositionIdsOf(const torch::Tensor& input_ids) const;
+  // The embeddings' sum for input_ids [B, S], or for the packed tokens when given: [N, H].
+  torch::Tensor Embed(const torch::Tensor& input_ids, const TokenIndex* tokens);
 
   BertConfig config_;
   PositionIds positions_;
@@ -107,6 +110,8 @@ class BertForSequenceClassificationImpl : public ModelImpl {
  public:
   explicit BertForSequenceClassificationImpl(BertConfig config);
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
+  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const TokenPacking& packing) override;
   // HF's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, zero pad row.
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
@@ -115,6 +120,8 @@ class BertForSequenceClassificationImpl : public ModelImpl {
   const BertConfig& config() const { return config_; }
 
  private:
+  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+
   BertConfig config_;
   ModelInfo info_;
   BertEncoder bert_{nullptr};

@@ -128,14 +128,28 @@ nlohmann::json DistilBertForSequenceClassificationImpl::HfConfig() const { retur
 
 torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
                                                                const torch::Tensor& attention_mask) {
-  torch::Tensor positions = PositionsFromZero(input_ids, config_.max_position_embeddings);
-  torch::Tensor sum = word_embeddings_(input_ids) + position_embeddings_(positions);
+  return Run(input_ids, attention_mask, nullptr);
+}
+
+torch::Tensor DistilBertForSequenceClassificationImpl::ForwardPacked(const torch::Tensor& input_ids,
+                                                                     const torch::Tensor& attention_mask,
+                                                                     const TokenPacking& packing) {
+  return Run(input_ids, attention_mask, &packing);
+}
+
+torch::Tensor DistilBertForSequenceClassificationImpl::Run(const torch::Tensor& input_ids,
+                                                           const torch::Tensor& attention_mask,
+                                                           const TokenPacking* packing) {
+  torch::Tensor ids = input_ids, positions = PositionsFromZero(input_ids, config_.max_position_embeddings);
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
-  std::optional<TokenIndex> tokens;
-  if (TokenIndex::Wanted(unpadding(), attention_mask, keep_mask)) tokens.emplace(attention_mask);
-  torch::Tensor hidden = dropout_(embedding_norm_(tokens ? tokens->Pack(sum) : sum));
-  // The head reads position 0 alone: the last layer computes no other (head_rows()).
+  const std::optional<TokenIndex> tokens = TokensToRun(packing, unpadding(), attention_mask, keep_mask);
   const TokenIndex* packed = tokens ? &*tokens : nullptr;
+  if (packed) {
+    ids = packed->Pack(input_ids);
+    positions = packed->Pack(positions.expand_as(input_ids));
+  }
+  torch::Tensor hidden = dropout_(embedding_norm_(word_embeddings_(ids) + position_embeddings_(positions)));
+  // The head reads position 0 alone: the last layer computes no other (head_rows()).
   for (size_t i = 0; i < layers_.size(); ++i)
     hidden = layers_[i]->forward(hidden, keep_mask, packed, i + 1 == layers_.size() ? head_rows() : Rows::kAll);
   if (layers_.empty()) hidden = FirstRows(hidden, packed);

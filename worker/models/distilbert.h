@@ -57,12 +57,16 @@ class DistilBertForSequenceClassificationImpl : public ModelImpl {
  public:
   explicit DistilBertForSequenceClassificationImpl(DistilBertConfig config);
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
+  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const TokenPacking& packing) override;
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
   nlohmann::json HfConfig() const override;
   HfNaming naming() const override { return {"distilbert.", {"pre_classifier.", "classifier."}}; }
 
  private:
+  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+
   DistilBertConfig config_;
   ModelInfo info_;
   torch::nn::Embedding word_embeddings_{nullptr}, position_embeddings_{nullptr};

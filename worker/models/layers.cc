@@ -191,45 +191,6 @@ torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask) {
   return attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);
 }
 
-Unpadding UnpaddingNamed(const std::string& name) {
-  if (name == "auto") return Unpadding::kAuto;
-  if (name == "always") return Unpadding::kAlways;
-  if (name == "never") return Unpadding::kNever;
-  throw std::invalid_argument("unknown unpadding '" + name + "' (auto, always, never)");
-}
-
-TokenIndex::TokenIndex(const torch::Tensor& attention_mask)
-    : index_(attention_mask.reshape({-1}).nonzero().squeeze(1)),
-      batch_(attention_mask.size(0)),
-      seq_(attention_mask.size(1)) {}
-
-bool TokenIndex::Worth(const torch::Tensor& attention_mask) {
-  if (attention_mask.is_cuda() || attention_mask.numel() == 0) return false;
-  const double real = attention_mask.ne(0).sum().item<double>();
-  return real < kWorthShare * double(attention_mask.numel());
-}
-
-bool TokenIndex::Wanted(Unpadding policy, const torch::Tensor& attention_mask, const torch::Tensor& keep_mask) {
-  if (!keep_mask.defined() || policy == Unpadding::kNever) return false;
-  return policy == Unpadding::kAlways || Worth(attention_mask);
-}
-
-torch::Tensor TokenIndex::Pack(const torch::Tensor& padded) const {
-  std::vector<int64_t> flat = padded.sizes().vec();
-  flat.erase(flat.begin());
-  flat[0] = batch_ * seq_;
-  return padded.reshape(flat).index_select(0, index_);
-}
-
-torch::Tensor TokenIndex::Unpack(const torch::Tensor& packed) const {
-  std::vector<int64_t> flat = packed.sizes().vec();
-  flat[0] = batch_ * seq_;
-  std::vector<int64_t> padded = flat;
-  padded[0] = seq_;
-  padded.insert(padded.begin(), batch_);
-  return torch::zeros(flat, packed.options()).index_copy(0, index_, packed).view(padded);
-}
-
 void LoraSlot::Attach(torch::nn::Module& layer, int64_t in_features, int64_t out_features, int64_t r, double scaling,
                       double dropout) {
   a_ = layer.register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, r).bias(false)));
@@ -368,6 +329,15 @@ torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, Adaptable
 
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
                             const TokenIndex* tokens, Rows rows) {
+  if (tokens) {
+    const int64_t hidden = qkv.size(-1) / 3;
+    const std::vector<torch::Tensor> split = qkv.view({qkv.size(0), 3, heads, hidden / heads}).unbind(1);
+    if (TokenIndex::AttendApplies(split[0], split[1], split[2])) {
+      torch::Tensor context = tokens->Attend(split[0], split[1], split[2], dropout, rows == Rows::kFirst);
+      context = context.reshape({context.size(0), hidden});
+      return rows == Rows::kFirst ? context.unsqueeze(1) : context;
+    }
+  }
   const std::vector<torch::Tensor> parts = (tokens ? tokens->Unpack(qkv) : qkv).chunk(3, -1);
   const torch::Tensor queries = rows == Rows::kFirst ? parts[0].narrow(1, 0, 1) : parts[0];
   torch::Tensor context = MultiHeadAttention(queries, parts[1], parts[2], heads, keep_mask, dropout, false);
@@ -375,7 +345,7 @@ torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch
 }
 
 torch::Tensor FirstRows(const torch::Tensor& hidden, const TokenIndex* tokens) {
-  return (tokens ? tokens->Unpack(hidden) : hidden).narrow(1, 0, 1);
+  return tokens ? tokens->FirstRows(hidden) : hidden.narrow(1, 0, 1);
 }
 
 }  // namespace trainyard

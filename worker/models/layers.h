@@ -11,6 +11,7 @@
 #include "worker/kernels/compute_dtype_weights.h"
 #include "worker/kernels/packed_linear.h"
 #include "worker/models/low_rank_update.h"
+#include "worker/models/token_index.h"
 
 namespace trainyard {
 
@@ -102,41 +103,6 @@ torch::Tensor ScaledDotProductAttention(const torch::Tensor& q, const torch::Ten
 // Checked for CPU tensors only: on a GPU the check would stall the stream and break
 // graph capture, so GPU batches always get the mask.
 torch::Tensor KeyKeepMask(const torch::Tensor& attention_mask);
-
-// Unpadding: the dense layers of an encoder (projections, FFN, LayerNorm, dropout) work
-// on each token alone, so they can run over the real tokens only, packed into [N, X]
-// (N = the number of real tokens), and skip the padding. Only attention mixes tokens:
-// it scatters the packed q, k and v back to [B, S, X] (zeros at padding, which the key
-// mask hides), attends as usual and gathers the real rows of the result. What a real
-// token computes is the same either way; only the padding rows, which nothing reads,
-// differ (zeros instead of values). The gather and scatter cost a copy of each
-// activation per layer, so Worth() says when the skipped padding pays for them.
-enum class Unpadding { kAuto, kAlways, kNever };
-// "auto", "always", "never" (the job file's model.unpad). Throws std::invalid_argument.
-Unpadding UnpaddingNamed(const std::string& name);
-
-class TokenIndex {
- public:
-  // The real tokens of attention_mask [B, S] (nonzero = real), in row-major order.
-  explicit TokenIndex(const torch::Tensor& attention_mask);
-  // Whether unpadding a batch whose real tokens are this share of B x S pays on the
-  // CPU: below kWorthShare. (On CUDA, finding the tokens syncs the stream.)
-  static bool Worth(const torch::Tensor& attention_mask);
-  static constexpr double kWorthShare = 0.9;
-  // Whether a batch is unpadded under `policy`; keep_mask is KeyKeepMask()'s (undefined
-  // when nothing is padded, so there is nothing to skip).
-  static bool Wanted(Unpadding policy, const torch::Tensor& attention_mask, const torch::Tensor& keep_mask);
-
-  // [B, S, X...] -> [N, X...]: the real tokens' rows.
-  torch::Tensor Pack(const torch::Tensor& padded) const;
-  // [N, X...] -> [B, S, X...], zeros at padding. Differentiable, as Pack() is.
-  torch::Tensor Unpack(const torch::Tensor& packed) const;
-  int64_t tokens() const { return index_.size(0); }
-
- private:
-  torch::Tensor index_;  // [N] int64 positions in the flattened [B * S]
-  int64_t batch_, seq_;
-};
 
 // What LoRA adds to a layer, as PEFT's LoraLayer does: y += B(A(dropout(x))) * scaling,
 // with A [r, in] and B [out, r] registered on the layer as the child modules "lora_A"
@@ -230,9 +196,10 @@ torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, Adaptable
 // about a fifth of a training step's products.
 enum class Rows { kAll, kFirst };
 
-// Bidirectional multi-head self-attention (MultiHeadAttention) over qkv from
-// ProjectQkv(): [B, S, 3 * H], or, when `tokens` is given, the packed [N, 3 * H] of
-// those tokens, for which it returns the packed [N, H] result. Under Rows::kFirst the
+// Bidirectional multi-head self-attention over qkv from ProjectQkv(): [B, S, 3 * H]
+// (MultiHeadAttention), or, when `tokens` is given, the packed [N, 3 * H] of those
+// tokens, for which it returns the packed [N, H] result: through the varlen kernel where
+// it applies, else scattered (token_index.h). Under Rows::kFirst the
 // result is position 0's, [B, 1, H], packed or not.
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
                             const TokenIndex* tokens, Rows rows = Rows::kAll);

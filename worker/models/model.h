@@ -50,6 +50,14 @@ class ModelImpl : public torch::nn::Module {
   // input_ids, attention_mask: [B, S] int64, mask 1 = real token. A classifier returns
   // logits [B, labels]; a causal LM returns logits [B, S, vocab].
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) = 0;
+  // forward() over a batch whose real tokens the host has found (TokenPacking, made by
+  // the data pipeline for a GPU): an encoder runs over them, whatever unpadding() says;
+  // a family that does not unpad (GPT-2) runs forward().
+  virtual torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                      const TokenPacking& packing) {
+    (void)packing;
+    return forward(input_ids, attention_mask);
+  }
   // The family's HF initialisation.
   virtual void InitWeights() = 0;
   virtual const ModelInfo& info() const = 0;

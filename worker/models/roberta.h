@@ -19,12 +19,16 @@ class RobertaForSequenceClassificationImpl : public ModelImpl {
  public:
   explicit RobertaForSequenceClassificationImpl(BertConfig config);
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
+  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const TokenPacking& packing) override;
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
   nlohmann::json HfConfig() const override;
   HfNaming naming() const override { return {"roberta.", {"classifier."}}; }
 
  private:
+  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+
   BertConfig config_;
   ModelInfo info_;
   BertEncoder roberta_{nullptr};

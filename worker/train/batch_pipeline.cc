@@ -78,13 +78,28 @@ Batch CollateBatch(const TextDataset& data, const Tokenizer& tokenizer, const Ba
   return out;
 }
 
+torch::Tensor ForwardBatch(ModelImpl& model, const Batch& batch) {
+  if (batch.packing.defined()) return model.ForwardPacked(batch.input_ids, batch.attention_mask, batch.packing);
+  return model.forward(batch.input_ids, batch.attention_mask);
+}
+
+void PackOnHost(const HostPacking& how, Batch* batch) {
+  const torch::Tensor& mask = batch->attention_mask;
+  if (how.policy == Unpadding::kNever || !mask.is_cpu()) return;
+  if (how.policy == Unpadding::kAuto && !TokenIndex::Worth(mask)) return;
+  const int64_t granule = how.for_graphs ? GraphTokenGranule(mask.size(0), mask.size(1)) : 1;
+  batch->packing = PackTokens(mask, granule, mask.is_pinned());
+}
+
 BatchPipeline::BatchPipeline(const TextDataset& data, const Tokenizer& tokenizer, std::vector<BatchIndices> batches,
                              const PipelineOptions& options)
     : batches_(std::move(batches)) {
   auto produce = [this, &data, &tokenizer, options](size_t i) {
     if (options.before_collate) options.before_collate(i);
-    return CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory, options.cache,
-                        options.pad_lengths);
+    Batch batch = CollateBatch(data, tokenizer, batches_[i], options.max_len, options.pin_memory, options.cache,
+                               options.pad_lengths);
+    PackOnHost(options.packing, &batch);
+    return batch;
   };
   queue_ = std::make_unique<PrefetchQueue<Batch>>(batches_.size(), produce, options.threads, options.prefetch_batches);
 }

@@ -17,6 +17,8 @@
 #include "data/prefetch_queue.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
+#include "worker/models/model.h"
+#include "worker/models/token_index.h"
 
 namespace trainyard {
 
@@ -25,8 +27,24 @@ struct Batch {
   torch::Tensor attention_mask;  // [B, L] int64, 1 = real token
   torch::Tensor labels;          // [B] int64
   int64_t real_tokens = 0;
+  TokenPacking packing;  // the real tokens as the host found them (PackOnHost); undefined: none
   int64_t size() const { return labels.size(0); }
 };
+
+// The model's logits for a batch: through the host's packing where the batch has one
+// (ModelImpl::ForwardPacked), else forward().
+torch::Tensor ForwardBatch(ModelImpl& model, const Batch& batch);
+
+// Which batches the host packs for an encoder on a GPU (worker/models/token_index.h):
+// none under kNever, each under kAlways, and under kAuto those that are a tenth or more
+// padding (TokenIndex::Worth). for_graphs rounds the packed token counts up to
+// GraphTokenGranule, so that CUDA-graphed steps see few shapes.
+struct HostPacking {
+  Unpadding policy = Unpadding::kNever;
+  bool for_graphs = false;
+};
+// Sets batch->packing from its host mask as `how` says (pinned when the mask is).
+void PackOnHost(const HostPacking& how, Batch* batch);
 
 // The token ids of a dataset's examples, each encoded once, on first use, and then reused
 // by every later epoch and evaluation pass. Encoding is host work that competes with the
@@ -76,6 +94,7 @@ struct PipelineOptions {
   int max_len = 128;
   TokenCache* cache = nullptr;   // optional; must outlive the pipeline
   std::vector<int> pad_lengths;  // see CollateBatch; empty: each batch to its longest text
+  HostPacking packing;           // which batches PackOnHost packs
   // Called on the loader thread before batch `i` is collated. Lets tests slow the reader.
   std::function<void(size_t)> before_collate;
 };

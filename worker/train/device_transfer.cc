@@ -36,14 +36,15 @@ Batch DeviceTransfer::ToDevice(Batch host) {
       out.input_ids = host.input_ids.to(device_, /*non_blocking=*/true);
       out.attention_mask = host.attention_mask.to(device_, true);
       out.labels = host.labels.to(device_, true);
+      out.packing = host.packing.To(device_, true);
     }
     at::cuda::CUDAEvent copied;
     copied.record(cuda_->copy_stream);
     copied.block(compute);
     // The caching allocator must not reuse the device blocks before the compute
     // stream is done with them.
-    for (auto* t : {&out.input_ids, &out.attention_mask, &out.labels})
-      c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), compute);
+    for (auto* t : {&out.input_ids, &out.attention_mask, &out.labels, &out.packing.index, &out.packing.starts})
+      if (t->defined()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), compute);
     out.real_tokens = host.real_tokens;
     return out;
   }
@@ -52,6 +53,7 @@ Batch DeviceTransfer::ToDevice(Batch host) {
   out.input_ids = host.input_ids.to(device_);
   out.attention_mask = host.attention_mask.to(device_);
   out.labels = host.labels.to(device_);
+  out.packing = host.packing.To(device_, false);
   return out;
 }
 

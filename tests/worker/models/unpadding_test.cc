@@ -1,6 +1,8 @@
 // Unpadded training (TokenIndex: dense layers over the real tokens only) against padded
 // training of the same model on the same batches: the parameters after 20 AdamW steps,
-// and the hidden states of the real tokens. In fp64, where only the order of the sums
+// and the hidden states of the real tokens. The same for batches the host packed
+// (PackTokens, with filler up to a granule, through ForwardPacked), and what PackTokens
+// and a TokenIndex built from it hold. In fp64, where only the order of the sums
 // can differ, they agree within 1e-9. In fp32 each unpadded result is held against the
 // same computation in fp64 and may be off from it by no more than a small multiple of
 // the padded path's own fp32 error there (tests/worker/numeric_bounds.h), so the bound
@@ -9,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,7 @@
 #include "worker/models/bert.h"
 #include "worker/models/layers.h"
 #include "worker/models/model.h"
+#include "worker/models/token_index.h"
 #include "worker/train/amp.h"
 #include "worker/train/optimizer.h"
 
@@ -59,8 +64,9 @@ nlohmann::json TinyConfig(ModelFamily family) {
 
 // The parameters after `steps` AdamW steps (clipped at 1.0, as the trainer does) on the
 // same seeded batches, with the model built from one seed.
+// host_granule > 0: each batch packed on the host with that granule (ForwardPacked).
 std::map<std::string, torch::Tensor> Train(ModelFamily family, Unpadding policy, int steps,
-                                           torch::Dtype dtype = torch::kFloat) {
+                                           torch::Dtype dtype = torch::kFloat, int64_t host_granule = 0) {
   torch::manual_seed(11);
   Model model = CreateModel(TinyConfig(family), ModelTask::kSequenceClassification);
   model->to(dtype);
@@ -71,7 +77,10 @@ std::map<std::string, torch::Tensor> Train(ModelFamily family, Unpadding policy,
   for (int step = 0; step < steps; ++step) {
     Batch batch = RandomBatch(generator, model->info().pad_id);
     EXPECT_TRUE(TokenIndex::Worth(batch.mask)) << "the batches should be padded enough for auto to unpad";
-    torch::nn::functional::cross_entropy(model->forward(batch.ids, batch.mask), batch.labels).backward();
+    torch::Tensor logits = host_granule > 0
+                               ? model->ForwardPacked(batch.ids, batch.mask, PackTokens(batch.mask, host_granule))
+                               : model->forward(batch.ids, batch.mask);
+    torch::nn::functional::cross_entropy(logits, batch.labels).backward();
     ClipGradNorm(params, 1.0);
     optimizer.Step(1e-3);
     optimizer.ZeroGrad();
@@ -115,6 +124,15 @@ TEST_P(UnpaddedTraining, EqualsPaddedTrainingAfter20StepsInFp64) {
   const auto padded = Train(GetParam(), Unpadding::kNever, 20, torch::kDouble);
   const auto unpadded = Train(GetParam(), Unpadding::kAlways, 20, torch::kDouble);
   EXPECT_LE(LargestChange(padded, unpadded), 1e-9);
+}
+
+// Filler rows (padding positions packed to fill the granule) reach no real token: the
+// scattered attention hides them as keys, and the head reads each row's position 0.
+TEST_P(UnpaddedTraining, HostPackedBatchesWithFillerEqualPaddedTrainingInFp64) {
+  const auto padded = Train(GetParam(), Unpadding::kNever, 20, torch::kDouble);
+  for (int64_t granule : std::vector<int64_t>{1, 16, GraphTokenGranule(kBatch, kSeq)})
+    EXPECT_LE(LargestChange(padded, Train(GetParam(), Unpadding::kNever, 20, torch::kDouble, granule)), 1e-9)
+        << "granule " << granule;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, UnpaddedTraining,
@@ -235,6 +253,93 @@ TEST(ProjectQkv, EqualsTheThreeProjections) {
   EXPECT_TRUE(torch::equal(ProjectQkv(q, k, v, x, fused), autocasts));
   EXPECT_TRUE(torch::equal(ProjectQkv(q, k, v, x, fused), autocasts));
   EXPECT_EQ(fused.cast.copies_made(), 1);
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+std::vector<int64_t> Values(const torch::Tensor& t) {
+  torch::Tensor longs = t.to(torch::kLong).contiguous();
+  return {longs.data_ptr<int64_t>(), longs.data_ptr<int64_t>() + longs.numel()};
+}
+
+TEST(PackTokens, ListsTheRealTokensRowByRowThenFillsUpToTheGranule) {
+  // Rows of 2, 3 and 1 real tokens out of 4: positions 0 1 | 4 5 6 | 8.
+  torch::Tensor mask = torch::tensor({1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0}, torch::kLong).view({3, 4});
+  TokenPacking exact = PackTokens(mask, 1);
+  EXPECT_EQ(Values(exact.index), (std::vector<int64_t>{0, 1, 4, 5, 6, 8}));
+  EXPECT_EQ(Values(exact.starts), (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(exact.starts.scalar_type(), torch::kInt);
+  // Granule 5: 6 tokens become 10, the first 4 padding positions (2 3 7 9), cut into
+  // ceil(4 / 4) = 1 filler sequence.
+  TokenPacking five = PackTokens(mask, 5);
+  EXPECT_EQ(Values(five.index), (std::vector<int64_t>{0, 1, 4, 5, 6, 8, 2, 3, 7, 9}));
+  EXPECT_EQ(Values(five.starts), (std::vector<int64_t>{0, 2, 5, 6, 10}));
+  // Granule 10: 6 become 10 again, but the filler may reach 9 tokens, so 3 filler
+  // sequences of at most 4 are always there; the unused ones are empty.
+  TokenPacking ten = PackTokens(mask, 10);
+  EXPECT_EQ(Values(ten.starts), (std::vector<int64_t>{0, 2, 5, 6, 10, 10, 10}));
+  // Granule 8 rounds 6 up to 8; 12 would pass B x S, so 16 is capped there.
+  EXPECT_EQ(PackTokens(mask, 8).index.size(0), 8);
+  TokenPacking capped = PackTokens(mask, 16);
+  EXPECT_EQ(Values(capped.index).size(), 12u);
+  EXPECT_EQ(Values(capped.starts), (std::vector<int64_t>{0, 2, 5, 6, 10, 12, 12, 12}));
+  EXPECT_EQ(capped.batch, 3);
+  EXPECT_EQ(capped.seq, 4);
+}
+
+TEST(PackTokens, RefusesWhatIsNotAHostMaskOrAGranule) {
+  EXPECT_THROW(PackTokens(torch::ones({4}, torch::kLong), 1), std::invalid_argument);
+  EXPECT_THROW(PackTokens(torch::ones({2, 0}, torch::kLong), 1), std::invalid_argument);
+  EXPECT_THROW(PackTokens(torch::ones({2, 3}, torch::kLong), 0), std::invalid_argument);
+  EXPECT_THROW(PackTokens(torch::Tensor(), 1), std::invalid_argument);
+}
+
+TEST(PackTokens, GraphGranuleKeepsTheShapesFewAndTheFillerSmall) {
+  EXPECT_EQ(GraphTokenGranule(64, 128), 512);
+  EXPECT_EQ(GraphTokenGranule(8, 24), 16);
+  EXPECT_EQ(GraphTokenGranule(1, 5), 8);
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(3);
+  std::set<int64_t> counts;
+  for (int i = 0; i < 200; ++i) {
+    torch::Tensor lengths = torch::randint(1, 129, {64}, generator, torch::kLong);
+    torch::Tensor mask = torch::arange(128).unsqueeze(0).lt(lengths.unsqueeze(1)).to(torch::kLong);
+    TokenPacking packing = PackTokens(mask, GraphTokenGranule(64, 128));
+    const int64_t real = lengths.sum().item<int64_t>();
+    EXPECT_GE(packing.index.size(0), real);
+    EXPECT_LT(packing.index.size(0) - real, 512);
+    EXPECT_EQ(packing.starts.size(0), 64 + 1 + 4);  // 511 filler tokens fit in 4 sequences of 128
+    counts.insert(packing.index.size(0));
+  }
+  EXPECT_LE(counts.size(), 16u);
+}
+
+TEST(TokenIndex, BuiltFromAHostPackingPacksUnpacksAndReadsFirstRows) {
+  torch::Tensor mask = torch::tensor({1, 1, 0, 1, 0, 0}, torch::kLong).view({2, 3});
+  torch::Tensor padded = torch::arange(12, torch::kFloat).view({2, 3, 2});
+  TokenIndex tokens(PackTokens(mask, 4));  // positions 0 1 3, then the filler 2
+  EXPECT_EQ(tokens.tokens(), 4);
+  torch::Tensor packed = tokens.Pack(padded);
+  EXPECT_TRUE(packed.equal(torch::tensor({0, 1, 2, 3, 6, 7, 4, 5}, torch::kFloat).view({4, 2})));
+  // The filler's row comes back too; the padding it does not hold stays zero.
+  torch::Tensor expected = padded.clone();
+  expected[1][1].zero_();
+  expected[1][2].zero_();
+  EXPECT_TRUE(tokens.Unpack(packed).equal(expected));
+  EXPECT_TRUE(tokens.FirstRows(packed).equal(padded.narrow(1, 0, 1)));
+  EXPECT_EQ(Values(tokens.starts()), (std::vector<int64_t>{0, 2, 3, 4}));
+  // Built from the mask itself: the same starts, without filler.
+  EXPECT_EQ(Values(TokenIndex(mask).starts()), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_TRUE(TokenIndex(mask).FirstRows(TokenIndex(mask).Pack(padded)).equal(padded.narrow(1, 0, 1)));
+  EXPECT_THROW(TokenIndex(TokenPacking{}), std::invalid_argument);
+}
+
+TEST(TokenIndex, AttentionOnTheCpuIsScattered) {
+  torch::Tensor q = torch::randn({5, 2, 8}).to(torch::kBFloat16);
+  EXPECT_FALSE(TokenIndex::AttendApplies(q, q, q));
 }
 
 }  // namespace

@@ -80,6 +80,29 @@ TEST_F(BatchPipelineTest, CollatePadsUpToTheFirstBucketLengthThatHoldsTheBatch) 
   EXPECT_EQ(bucketed.real_tokens, longest.real_tokens);
 }
 
+TEST_F(BatchPipelineTest, HostPackingFollowsThePolicyAndTheGraphGranule) {
+  WordPieceTokenizer tokenizer(vocab_.string(), true);
+  auto packed = [&](HostPacking how, const std::vector<int>& buckets) {
+    Batch batch = CollateBatch(data_, tokenizer, {0, 1}, 64, false, nullptr, buckets);  // 4 and 8 real tokens
+    PackOnHost(how, &batch);
+    return batch;
+  };
+  EXPECT_FALSE(packed({Unpadding::kNever, false}, {}).packing.defined());
+  // Padded to 8, 4 of 16 are padding: auto packs at a tenth or more.
+  const Batch exact = packed({Unpadding::kAuto, false}, {});
+  ASSERT_TRUE(exact.packing.defined());
+  EXPECT_EQ(exact.packing.index.size(0), 12);
+  EXPECT_TRUE(exact.packing.starts.equal(torch::tensor({0, 4, 12}, torch::kInt)));
+  // For graphs, 12 real tokens of 2 x 32 round up to the granule, 8.
+  const Batch graphed = packed({Unpadding::kAlways, true}, {32});
+  EXPECT_EQ(graphed.packing.index.size(0), 16);
+  EXPECT_EQ(graphed.packing.starts.size(0), 2 + 1 + 1);
+  // A batch without enough padding is left alone under auto.
+  Batch full = CollateBatch(data_, tokenizer, {1, 1}, 64, false);
+  PackOnHost({Unpadding::kAuto, false}, &full);
+  EXPECT_FALSE(full.packing.defined());
+}
+
 TEST(PadBucketLengths, EvenlySpacedMultiplesOfEightEndingAtTheMaximum) {
   EXPECT_EQ(PadBucketLengths(0, 128), std::vector<int>{});
   EXPECT_EQ(PadBucketLengths(4, 128), (std::vector<int>{32, 64, 96, 128}));
