@@ -374,6 +374,7 @@ void Trainer::StepLog::LogStep(const PendingStep& p, const StepValues& v, double
   if (t_.device_.is_cuda()) line["cuda_allocated_mb"] = CudaAllocatedMb(t_.device_);
   if (p.buckets_in_backward >= 0) line["buckets_in_backward"] = p.buckets_in_backward;
   if (p.replicas > 0) line["replicas"] = p.replicas;
+  if (p.packed_tokens > 0) line["packed_tokens"] = p.packed_tokens;
   if (t_.ranks_.comm && t_.ranks_.world > 1) {
     const auto all = t_.ranks_.comm->AllGather({step_ms}, StrFormat("step time of step %ld", long(p.step)));
     int slowest = 0;
@@ -424,11 +425,16 @@ Trainer::MicroPlan Trainer::PlanMicroBatches(int64_t epoch) const {
 PipelineOptions Trainer::BatchOptions(TokenCache* tokens) const {
   PipelineOptions options = PipelineOptionsFor(spec_, device_);
   options.cache = tokens;
-  if (graphs_ && options.pad_lengths.empty()) options.pad_lengths = PadBucketLengths(kGraphPadBuckets, options.max_len);
-  // On a GPU, model.unpad: always has the host find an encoder's real tokens
-  // (token_index.h); auto leaves GPU batches padded.
-  if (device_.is_cuda() && !causal_lm() && spec_.model.unpad == "always")
-    options.packing = {Unpadding::kAlways, graphs_ != nullptr};
+  // model.unpad: always has the host find an encoder's real tokens (token_index.h), on
+  // any device; under auto the CPU finds them where they pay, and a GPU runs padded.
+  const bool packed = !causal_lm() && spec_.model.unpad == "always";
+  if (packed) options.packing = {Unpadding::kAlways, graphs_ != nullptr};
+  // A graph per batch shape: padded lengths bucketed to a few. A packed batch costs its
+  // token count, which has a graph of its own, whatever the padded length, so there
+  // one length (max_seq_len) keeps the graphs to the token counts'.
+  if (graphs_ && options.pad_lengths.empty())
+    options.pad_lengths =
+        packed ? std::vector<int>{options.max_len} : PadBucketLengths(kGraphPadBuckets, options.max_len);
   return options;
 }
 
@@ -503,6 +509,7 @@ void Trainer::CountStep(const std::vector<Batch>& micro, PendingStep* step) {
     step->examples += int64_t(batch.size());
     step->tokens += batch.real_tokens;
     if (batch.input_ids.dim() == 2) step->padded_len = std::max<int64_t>(step->padded_len, batch.input_ids.size(1));
+    if (batch.packing.defined()) step->packed_tokens += batch.packing.index.size(0);
   }
   ++progress_.next_batch;
   ++progress_.epoch_steps;

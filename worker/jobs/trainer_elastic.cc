@@ -103,7 +103,7 @@ struct Trainer::ElasticProgress {
   std::vector<BatchIndices> plan;
   int64_t plan_epoch = -1;
   int members = 0;  // of the step being taken
-  int64_t tokens = 0, padded_len = 0;
+  int64_t tokens = 0, padded_len = 0, packed_tokens = 0;
   std::unique_ptr<DeviceTransfer> transfer;  // made at the first step, kept for every later one
 };
 
@@ -171,7 +171,7 @@ void Trainer::ElasticAccumulate(ElasticProgress& e, int64_t step, int position, 
   if (!e.transfer) e.transfer = std::make_unique<DeviceTransfer>(device_);
   std::vector<Batch> micro;
   std::vector<double> weights;
-  e.tokens = e.padded_len = 0;
+  e.tokens = e.padded_len = e.packed_tokens = 0;
   for (int m = 0; m < count; ++m) {
     const auto [begin, end] = RankShard(shard_end - shard_begin, m, count);
     const BatchIndices indices(global.begin() + long(shard_begin + begin), global.begin() + long(shard_begin + end));
@@ -179,6 +179,7 @@ void Trainer::ElasticAccumulate(ElasticProgress& e, int64_t step, int position, 
                                options.pad_lengths);
     PackOnHost(options.packing, &batch);
     e.tokens += batch.real_tokens;
+    if (batch.packing.defined()) e.packed_tokens += batch.packing.index.size(0);
     if (batch.input_ids.dim() == 2) e.padded_len = std::max<int64_t>(e.padded_len, batch.input_ids.size(1));
     micro.push_back(e.transfer->ToDevice(std::move(batch)));
     weights.push_back(double(end - begin) * double(ranks_.world) / double(n));  // the reducer averages the ranks
@@ -241,6 +242,7 @@ void Trainer::ElasticApply(ElasticProgress& e, int64_t step, const std::vector<f
   if (scaler_->enabled()) record.scale = scaler_->scale_tensor().clone();
   record.tokens = e.tokens;
   record.padded_len = e.padded_len;
+  record.packed_tokens = e.packed_tokens;
   record.replicas = e.members;
   NoteQuorumSize(progress_.replicas, e.members);
   progress_.global_step = step;

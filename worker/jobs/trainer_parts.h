@@ -25,6 +25,7 @@ static_assert(kNumTimedParts + 1 == kNumStepParts, "the epoch table's parts are 
 struct Trainer::PendingStep {
   int64_t step = 0;  // global step, 1-based
   int64_t examples = 0, tokens = 0, padded_len = 0;
+  int64_t packed_tokens = 0;  // the tokens computed of batches packed on the host (with filler)
   double lr = 0, wait_ms = 0;
   torch::Tensor loss;       // scalar, detached
   torch::Tensor found_inf;  // [1], under loss scaling: nonzero when the step was skipped
