@@ -329,9 +329,9 @@ torch::Tensor ProjectQkv(AdaptableLinear& query, AdaptableLinear& key, Adaptable
 
 torch::Tensor SelfAttention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& keep_mask, double dropout,
                             const TokenIndex* tokens, Rows rows) {
-  if (tokens) {
+  if (tokens && qkv.is_cuda()) {
     const int64_t hidden = qkv.size(-1) / 3;
-    const std::vector<torch::Tensor> split = qkv.view({qkv.size(0), 3, heads, hidden / heads}).unbind(1);
+    const std::vector<torch::Tensor> split = qkv.reshape({qkv.size(0), 3, heads, hidden / heads}).unbind(1);
     if (TokenIndex::AttendApplies(split[0], split[1], split[2])) {
       torch::Tensor context = tokens->Attend(split[0], split[1], split[2], dropout, rows == Rows::kFirst);
       context = context.reshape({context.size(0), hidden});
