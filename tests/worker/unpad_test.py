@@ -10,12 +10,11 @@ The two differ only in the order of float32 sums, which the in-process suite
 through the pipeline, the training step and the evaluation."""
 import csv
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)) + "/..")
 from harness import check, run_test  # noqa: E402
-from harness.e2e import job_yaml, steps, subset_tsv, write  # noqa: E402
+from harness.e2e import job_yaml, run_worker, steps, subset_tsv, write  # noqa: E402
 
 STEPS = "train:\n  batch_size: 16\n  max_steps: 40\n  epochs: 1\n  lr: 1.0e-3\n"
 
@@ -26,7 +25,7 @@ def run(args, work, unpad):
     text = text.replace("  preset: tiny\n", f"  preset: tiny\n  unpad: {unpad}\n")
     job = write(os.path.join(work, name + ".yaml"), text)
     runs = os.path.join(work, "runs")
-    result = subprocess.run([args.worker, job, "--runs-dir", runs], capture_output=True, text=True, timeout=600)
+    result = run_worker(args.worker, job, runs, timeout=600)
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:])
     check(result.returncode == 0, f"{name} failed with exit code {result.returncode}")

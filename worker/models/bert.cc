@@ -190,19 +190,9 @@ nlohmann::json BertForSequenceClassificationImpl::HfConfig() const {
   return j;
 }
 
-torch::Tensor BertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
-                                                         const torch::Tensor& attention_mask) {
-  return Run(input_ids, attention_mask, nullptr);
-}
-
-torch::Tensor BertForSequenceClassificationImpl::ForwardPacked(const torch::Tensor& input_ids,
-                                                               const torch::Tensor& attention_mask,
-                                                               const TokenPacking& packing) {
-  return Run(input_ids, attention_mask, &packing);
-}
-
-torch::Tensor BertForSequenceClassificationImpl::Run(const torch::Tensor& input_ids,
-                                                     const torch::Tensor& attention_mask, const TokenPacking* packing) {
+torch::Tensor BertForSequenceClassificationImpl::Classify(const torch::Tensor& input_ids,
+                                                          const torch::Tensor& attention_mask,
+                                                          const TokenPacking* packing) {
   return classifier_(
       dropout_(bert_->Pool(bert_->forward(input_ids, attention_mask, unpadding(), head_rows(), packing))));
 }

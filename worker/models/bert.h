@@ -106,12 +106,9 @@ class BertEncoderImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BertEncoder);
 
-class BertForSequenceClassificationImpl : public ModelImpl {
+class BertForSequenceClassificationImpl : public EncoderClassifierImpl {
  public:
   explicit BertForSequenceClassificationImpl(BertConfig config);
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
-  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                              const TokenPacking& packing) override;
   // HF's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, zero pad row.
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
@@ -120,7 +117,8 @@ class BertForSequenceClassificationImpl : public ModelImpl {
   const BertConfig& config() const { return config_; }
 
  private:
-  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+  torch::Tensor Classify(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                         const TokenPacking* packing) override;
 
   BertConfig config_;
   ModelInfo info_;

@@ -126,20 +126,9 @@ void DistilBertForSequenceClassificationImpl::InitWeights() { InitHfStyle(*this,
 
 nlohmann::json DistilBertForSequenceClassificationImpl::HfConfig() const { return config_.ToJson(); }
 
-torch::Tensor DistilBertForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
-                                                               const torch::Tensor& attention_mask) {
-  return Run(input_ids, attention_mask, nullptr);
-}
-
-torch::Tensor DistilBertForSequenceClassificationImpl::ForwardPacked(const torch::Tensor& input_ids,
-                                                                     const torch::Tensor& attention_mask,
-                                                                     const TokenPacking& packing) {
-  return Run(input_ids, attention_mask, &packing);
-}
-
-torch::Tensor DistilBertForSequenceClassificationImpl::Run(const torch::Tensor& input_ids,
-                                                           const torch::Tensor& attention_mask,
-                                                           const TokenPacking* packing) {
+torch::Tensor DistilBertForSequenceClassificationImpl::Classify(const torch::Tensor& input_ids,
+                                                                const torch::Tensor& attention_mask,
+                                                                const TokenPacking* packing) {
   torch::Tensor ids = input_ids, positions = PositionsFromZero(input_ids, config_.max_position_embeddings);
   const torch::Tensor keep_mask = KeyKeepMask(attention_mask);
   const std::optional<TokenIndex> tokens = TokensToRun(packing, unpadding(), attention_mask, keep_mask);

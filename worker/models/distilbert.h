@@ -53,19 +53,17 @@ class DistilBertLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DistilBertLayer);
 
-class DistilBertForSequenceClassificationImpl : public ModelImpl {
+class DistilBertForSequenceClassificationImpl : public EncoderClassifierImpl {
  public:
   explicit DistilBertForSequenceClassificationImpl(DistilBertConfig config);
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
-  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                              const TokenPacking& packing) override;
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
   nlohmann::json HfConfig() const override;
   HfNaming naming() const override { return {"distilbert.", {"pre_classifier.", "classifier."}}; }
 
  private:
-  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+  torch::Tensor Classify(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                         const TokenPacking* packing) override;
 
   DistilBertConfig config_;
   ModelInfo info_;

@@ -82,6 +82,25 @@ class ModelImpl : public torch::nn::Module {
   Unpadding unpadding_ = Unpadding::kAuto;
   bool head_rows_only_ = true;
 };
+// A classifier over an encoder that unpads (BERT, RoBERTa, DistilBERT): forward() and
+// ForwardPacked() are one Classify(), without the host's packing or with it.
+class EncoderClassifierImpl : public ModelImpl {
+ public:
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) final {
+    return Classify(input_ids, attention_mask, nullptr);
+  }
+  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const TokenPacking& packing) final {
+    return Classify(input_ids, attention_mask, &packing);
+  }
+
+ protected:
+  // Logits [B, labels]. packing: the host's, which the encoder then runs over
+  // (TokensToRun), or null.
+  virtual torch::Tensor Classify(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                 const TokenPacking* packing) = 0;
+};
+
 using Model = std::shared_ptr<ModelImpl>;
 
 class KvCache;

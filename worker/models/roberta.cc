@@ -43,20 +43,9 @@ nlohmann::json RobertaForSequenceClassificationImpl::HfConfig() const {
   return j;
 }
 
-torch::Tensor RobertaForSequenceClassificationImpl::forward(const torch::Tensor& input_ids,
-                                                            const torch::Tensor& attention_mask) {
-  return Run(input_ids, attention_mask, nullptr);
-}
-
-torch::Tensor RobertaForSequenceClassificationImpl::ForwardPacked(const torch::Tensor& input_ids,
-                                                                  const torch::Tensor& attention_mask,
-                                                                  const TokenPacking& packing) {
-  return Run(input_ids, attention_mask, &packing);
-}
-
-torch::Tensor RobertaForSequenceClassificationImpl::Run(const torch::Tensor& input_ids,
-                                                        const torch::Tensor& attention_mask,
-                                                        const TokenPacking* packing) {
+torch::Tensor RobertaForSequenceClassificationImpl::Classify(const torch::Tensor& input_ids,
+                                                             const torch::Tensor& attention_mask,
+                                                             const TokenPacking* packing) {
   torch::Tensor first = roberta_->forward(input_ids, attention_mask, unpadding(), head_rows(), packing).select(1, 0);
   return out_proj_(dropout_(torch::tanh(dense_(dropout_(first)))));
 }

@@ -15,19 +15,17 @@ namespace trainyard {
 // RoBERTa's config.json defaults where they differ from BERT's (HF's RobertaConfig).
 BertConfig RobertaDefaults();
 
-class RobertaForSequenceClassificationImpl : public ModelImpl {
+class RobertaForSequenceClassificationImpl : public EncoderClassifierImpl {
  public:
   explicit RobertaForSequenceClassificationImpl(BertConfig config);
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) override;
-  torch::Tensor ForwardPacked(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                              const TokenPacking& packing) override;
   void InitWeights() override;
   const ModelInfo& info() const override { return info_; }
   nlohmann::json HfConfig() const override;
   HfNaming naming() const override { return {"roberta.", {"classifier."}}; }
 
  private:
-  torch::Tensor Run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, const TokenPacking* packing);
+  torch::Tensor Classify(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                         const TokenPacking* packing) override;
 
   BertConfig config_;
   ModelInfo info_;

@@ -89,10 +89,6 @@ TokenIndex::TokenIndex(const TokenPacking& packing)
 void TokenIndex::FindFirstRows() {
   const int64_t last = std::max<int64_t>(0, tokens() - 1);
   first_ = starts_.narrow(0, 0, batch_).to(torch::kLong).clamp_max(last);
-  const int64_t filler_sequences = starts_.size(0) - batch_ - 1;
-  auto options = starts_.options();
-  first_query_starts_ =
-      torch::cat({torch::arange(batch_ + 1, options), torch::full({filler_sequences}, batch_, options)});
 }
 
 bool TokenIndex::Worth(const torch::Tensor& attention_mask) {
@@ -139,7 +135,11 @@ bool TokenIndex::AttendApplies(const torch::Tensor& q, const torch::Tensor& k, c
 torch::Tensor TokenIndex::Attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout,
                                  bool first_only) const {
   if (!first_only) return VarlenAttention(q, k, v, starts_, starts_, seq_, seq_, dropout);
-  return VarlenAttention(q.index_select(0, first_), k, v, first_query_starts_, starts_, 1, seq_, dropout);
+  // One query per row (starts 0..B), none for the K filler sequences (B, K times).
+  const int64_t filler_sequences = starts_.size(0) - batch_ - 1;
+  const torch::Tensor query_starts = torch::cat(
+      {torch::arange(batch_ + 1, starts_.options()), torch::full({filler_sequences}, batch_, starts_.options())});
+  return VarlenAttention(q.index_select(0, first_), k, v, query_starts, starts_, 1, seq_, dropout);
 }
 
 std::optional<TokenIndex> TokensToRun(const TokenPacking* packing, Unpadding policy,

@@ -96,10 +96,9 @@ class TokenIndex {
  private:
   void FindFirstRows();
 
-  torch::Tensor index_;               // [N'] int64 positions in the flattened [B * S]
-  torch::Tensor starts_;              // [B + 1 + K] int32 (TokenPacking::starts)
-  torch::Tensor first_;               // [B] int64: each row's first packed token
-  torch::Tensor first_query_starts_;  // [B + 1 + K] int32: 0..B, then B K times
+  torch::Tensor index_;   // [N'] int64 positions in the flattened [B * S]
+  torch::Tensor starts_;  // [B + 1 + K] int32 (TokenPacking::starts)
+  torch::Tensor first_;   // [B] int64: each row's first packed token
   int64_t batch_, seq_;
 };
 
