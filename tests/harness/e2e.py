@@ -2,9 +2,11 @@
 the worker's runs (steps, weights, a digest of every file), safetensors files edited in
 place, free ports, polling, MPI ranks found by their environment, and stopping a process
 group."""
+import fcntl
 import hashlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -163,11 +165,60 @@ def set_metadata(path, **changes):
 
 
 # --- ports, polling, processes ---------------------------------------------------------
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# A port a test hands to a listener it starts is drawn below the kernel's ephemeral range,
+# where no outgoing connection is given a local port, and is reserved by an flock on a file
+# named after it, held until the test's process exits. So no other test running at once,
+# and no client's connection, can take it between the draw and the listener's bind: a port
+# that bind(0) gave back is free only until somebody's next connect() or bind(0).
+PORT_LOCKS = "/tmp/trainyard-test-ports"
+_held_port_locks = []
+_port_draws = random.SystemRandom()  # not the tests' seeded module-level stream
+
+
+def _test_port_range():
+    """The ports a test draws from: below the ephemeral range, or above it where that starts low."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(20000, low) if low > 21000 else range(high + 1, 65536)
+
+
+def _reserve(port):
+    """True and the port's lock held by this process, or False where another test holds it."""
+    os.makedirs(PORT_LOCKS, exist_ok=True)
+    fd = os.open(os.path.join(PORT_LOCKS, str(port)), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _held_port_locks.append(fd)
+    return True
+
+
+def _bindable(port):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on and that is this test's until its
+    process exits (see PORT_LOCKS)."""
+    ports = _test_port_range()
+    for _ in range(200):
+        port = _port_draws.choice(ports)
+        if _reserve(port):
+            if _bindable(port):
+                return port
+            os.close(_held_port_locks.pop())
+    raise AssertionError(f"no free port in {ports.start}..{ports.stop - 1} after 200 draws")
 
 
 def wait_for(predicate, timeout, what, every=0.25):

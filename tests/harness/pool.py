@@ -59,7 +59,13 @@ class Cluster:
             [self.args.mpirun, *mpirun_flags, "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
              self.args.worker, "--coordinator", self.endpoint, "--keys", self.keys, *self.AGENT_FLAGS],
             stdout=log, stderr=subprocess.STDOUT, env=env or MPI_ENV, start_new_session=True)
-        wait_for(lambda: len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
+        wait_for(lambda: self.coordinator_alive() and len(self.workers()) == ranks, 60, f"{ranks} ranks to register")
+
+    def coordinator_alive(self):
+        """True while the coordinator runs (or was never started); AssertionError, at once, once it has exited."""
+        if self.coordinator and self.coordinator.poll() is not None:
+            raise AssertionError(f"the coordinator exited with {self.coordinator.returncode}")
+        return True
 
     def start_agent(self, *flags, env=None):
         """One agent started alone, as a service manager would: no mpirun."""
