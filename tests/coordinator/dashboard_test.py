@@ -150,10 +150,12 @@ def case_dashboard(c, work):
     c.start(2)
     check_api_errors(c)
     check_crowd(c)
-    job_file = write_job(work, "dash_train", epochs=8, examples=600)
-    job = c.submit(job_file)
+    # The browser starts before the job, whose steps pause: the curve must be seen growing
+    # while the job runs, however slow chromium's start or fast the CPU.
     driver = browser(artifacts)
+    job_file = write_job(work, "dash_train", epochs=8, examples=600, pause_ms=30)
     try:
+        job = c.submit(job_file)
         driver.get(f"{c.base}/jobs/{job}?refresh=300")
         # The curve grows while the job runs: a first point, then more, before the job ends.
         first = wait_for(lambda: chart_points(driver, "chart-loss") >= 1 and chart_points(driver, "chart-loss"), 180,
